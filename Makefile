@@ -1,0 +1,35 @@
+# Two entry points: `make demo` (run a local cluster and show it working) and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test env test-env etcd protos clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[nixl,test]'
+	touch $(STAMP)
+
+env: $(STAMP)
+
+# etcd is a real server binary the tests start on a free loopback port.
+etcd:
+	@command -v etcd >/dev/null || { \
+	  if command -v apt-get >/dev/null; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server) >/dev/null; \
+	  else echo "etcd not found: install etcd 3.4+ and put it on PATH" >&2; exit 1; fi; }
+	@etcd --version | head -1
+
+demo: env
+	$(PY) -m kvplane.demo
+
+test: env etcd
+	$(PY) -m pytest -q
+
+protos: env
+	$(PY) -m kvplane.protogen
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache

@@ -1,0 +1,47 @@
+"""Chained block hashes: the cache key shared by the engine's prefix cache and the router's index.
+
+Rule: split the token ids into full blocks of `block_size`; block i's hash is
+blake2b-128(parent_hash || block token ids as little-endian uint32), where block 0's parent is
+blake2b-128("kvplane-v1" || model salt || tenant salt). A partial tail block is never hashed.
+Equal hashes therefore mean an equal model, tenant and entire token prefix (after vLLM's
+chained hashes with extra keys; a collision-resistant hash because a collision would serve
+another prompt's KV).
+"""
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Sequence
+
+from kvplane.types import BlockHash
+
+HASH_BYTES = 16
+
+
+def root_hash(model_salt: str, tenant_salt: str = "") -> BlockHash:
+    h = hashlib.blake2b(digest_size=HASH_BYTES)
+    h.update(b"kvplane-v1\x00")
+    h.update(model_salt.encode())
+    h.update(b"\x00")
+    h.update(tenant_salt.encode())
+    return BlockHash(h.digest())
+
+
+def chain_hash(parent: BlockHash, block_token_ids: Sequence[int]) -> BlockHash:
+    h = hashlib.blake2b(parent, digest_size=HASH_BYTES)
+    h.update(struct.pack(f"<{len(block_token_ids)}I", *block_token_ids))
+    return BlockHash(h.digest())
+
+
+def hash_blocks(
+    token_ids: Sequence[int], block_size: int, model_salt: str, tenant_salt: str = ""
+) -> list[BlockHash]:
+    """Hashes of every full block of `token_ids`, each chained on all blocks before it."""
+    if block_size <= 0:
+        raise ValueError(f"block_size must be positive, got {block_size}")
+    parent = root_hash(model_salt, tenant_salt)
+    hashes: list[BlockHash] = []
+    for start in range(0, len(token_ids) - block_size + 1, block_size):
+        parent = chain_hash(parent, token_ids[start : start + block_size])
+        hashes.append(parent)
+    return hashes

@@ -1,0 +1,77 @@
+"""Typed identifiers and small value types shared by the control plane and the data plane.
+
+Plain Python only: no gRPC, etcd or torch imports, so algorithms can use them freely.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, fields
+from typing import NewType
+
+WorkerId = NewType("WorkerId", str)
+BlockHash = NewType("BlockHash", bytes)
+LeaseId = NewType("LeaseId", int)
+
+
+class Role(enum.Enum):
+    PREFILL = "prefill"
+    DECODE = "decode"
+    BOTH = "both"
+
+    @property
+    def can_prefill(self) -> bool:
+        return self in (Role.PREFILL, Role.BOTH)
+
+    @property
+    def can_decode(self) -> bool:
+        return self in (Role.DECODE, Role.BOTH)
+
+
+class Tier(enum.Enum):
+    DEVICE = "device"
+    HOST = "host"
+    DISK = "disk"
+
+
+class DisaggMode(enum.Enum):
+    AUTO = "auto"
+    ALWAYS = "always"
+    NEVER = "never"
+
+
+@dataclass(frozen=True, slots=True)
+class KVLayout:
+    """What two pools must agree on before KV bytes can move between them."""
+
+    model: str
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: str
+    block_size: int
+
+    def mismatch(self, other: "KVLayout") -> str | None:
+        """A sentence naming the first field that differs, or None when the layouts match."""
+        for f in fields(self):
+            mine, theirs = getattr(self, f.name), getattr(other, f.name)
+            if mine != theirs:
+                return f"KV layout mismatch on {f.name}: this side has {mine!r}, peer has {theirs!r}"
+        return None
+
+    @property
+    def bytes_per_token(self) -> int:
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_nbytes(self.dtype)
+
+    @property
+    def block_nbytes(self) -> int:
+        return self.bytes_per_token * self.block_size
+
+
+_DTYPE_NBYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
+
+
+def dtype_nbytes(dtype: str) -> int:
+    try:
+        return _DTYPE_NBYTES[dtype]
+    except KeyError:
+        raise ValueError(f"unknown KV dtype {dtype!r}; expected one of {sorted(_DTYPE_NBYTES)}") from None

@@ -1,0 +1,88 @@
+from kvplane.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class RegisterRequest(_message.Message):
+    __slots__ = ("info", "ttl_seconds")
+    INFO_FIELD_NUMBER: _ClassVar[int]
+    TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    info: _common_pb2.WorkerInfo
+    ttl_seconds: int
+    def __init__(self, info: _Optional[_Union[_common_pb2.WorkerInfo, _Mapping]] = ..., ttl_seconds: _Optional[int] = ...) -> None: ...
+
+class RegisterResponse(_message.Message):
+    __slots__ = ("worker_id", "lease_id", "ttl_seconds", "ticket_key")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    TICKET_KEY_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    lease_id: int
+    ttl_seconds: int
+    ticket_key: bytes
+    def __init__(self, worker_id: _Optional[str] = ..., lease_id: _Optional[int] = ..., ttl_seconds: _Optional[int] = ..., ticket_key: _Optional[bytes] = ...) -> None: ...
+
+class KeepAliveRequest(_message.Message):
+    __slots__ = ("worker_id", "lease_id")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    lease_id: int
+    def __init__(self, worker_id: _Optional[str] = ..., lease_id: _Optional[int] = ...) -> None: ...
+
+class KeepAliveResponse(_message.Message):
+    __slots__ = ("ttl_seconds",)
+    TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    ttl_seconds: int
+    def __init__(self, ttl_seconds: _Optional[int] = ...) -> None: ...
+
+class ReportLoadRequest(_message.Message):
+    __slots__ = ("worker_id", "lease_id", "load", "state")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    LOAD_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    lease_id: int
+    load: _common_pb2.WorkerLoad
+    state: _common_pb2.WorkerState
+    def __init__(self, worker_id: _Optional[str] = ..., lease_id: _Optional[int] = ..., load: _Optional[_Union[_common_pb2.WorkerLoad, _Mapping]] = ..., state: _Optional[_Union[_common_pb2.WorkerState, str]] = ...) -> None: ...
+
+class ReportLoadResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class PublishKVEventsRequest(_message.Message):
+    __slots__ = ("worker_id", "lease_id", "seq", "events", "snapshot")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    lease_id: int
+    seq: int
+    events: _containers.RepeatedCompositeFieldContainer[_common_pb2.KVEvent]
+    snapshot: bool
+    def __init__(self, worker_id: _Optional[str] = ..., lease_id: _Optional[int] = ..., seq: _Optional[int] = ..., events: _Optional[_Iterable[_Union[_common_pb2.KVEvent, _Mapping]]] = ..., snapshot: _Optional[bool] = ...) -> None: ...
+
+class PublishKVEventsResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class DeregisterRequest(_message.Message):
+    __slots__ = ("worker_id", "lease_id")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    lease_id: int
+    def __init__(self, worker_id: _Optional[str] = ..., lease_id: _Optional[int] = ...) -> None: ...
+
+class DeregisterResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
