@@ -1,0 +1,36 @@
+"""Where the control plane keeps things in the store. Replicas share nothing else.
+
+/kvplane/workers/<id>       WorkerInfo            under the worker's lease
+/kvplane/load/<id>          ReportLoadRequest     under the worker's lease, overwritten per report
+/kvplane/kv/<id>/<seq:020>  PublishKVEventsRequest under the worker's lease; a snapshot batch
+                            replaces everything before it, so older batches are compacted away
+/kvplane/config/ticket_key  HMAC key for tickets, created once by whichever replica starts first
+"""
+from __future__ import annotations
+
+ROOT = "/kvplane/"
+WORKERS = ROOT + "workers/"
+LOAD = ROOT + "load/"
+KV = ROOT + "kv/"
+TICKET_KEY = ROOT + "config/ticket_key"
+
+
+def worker_key(worker_id: str) -> str:
+    return WORKERS + worker_id
+
+
+def load_key(worker_id: str) -> str:
+    return LOAD + worker_id
+
+
+def kv_prefix(worker_id: str) -> str:
+    return f"{KV}{worker_id}/"
+
+
+def kv_key(worker_id: str, seq: int) -> str:
+    return f"{kv_prefix(worker_id)}{seq:020d}"
+
+
+def parse_kv_key(key: str) -> tuple[str, int]:
+    worker_id, _, seq = key[len(KV):].rpartition("/")
+    return worker_id, int(seq)

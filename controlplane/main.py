@@ -1,0 +1,55 @@
+"""`kvplane controlplane`: run one control plane replica in the foreground."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import logging
+
+from controlplane.config import ControlPlaneConfig
+from controlplane.core.admission import AdmissionConfig
+from controlplane.core.router import RouterConfig
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    d, r, a = ControlPlaneConfig(), RouterConfig(), AdmissionConfig()
+    parser.add_argument("--host", default=d.host, help=f"address to listen on (default {d.host})")
+    parser.add_argument("--port", type=int, default=d.port, help=f"port to listen on (default {d.port}; 0 = any free port)")
+    parser.add_argument("--store", default=d.store, help="'memory' (embedded, one replica) or etcd://HOST:PORT (default %(default)s)")
+    parser.add_argument("--lease-ttl", type=int, default=d.lease_ttl_s, help="worker lease TTL in seconds (default %(default)s)")
+    parser.add_argument("--disagg-threshold", type=int, default=r.disagg_threshold_tokens,
+                        help="remote prefill only when a prompt's uncached tokens reach this (default %(default)s)")
+    parser.add_argument("--prefill-load-scale", type=float, default=r.prefill_load_scale, help="router weight of prefill work (default %(default)s)")
+    parser.add_argument("--admission", default=a.policy, help="admission policy: threshold or none (default %(default)s)")
+    parser.add_argument("--max-running", type=int, default=a.max_running, help="threshold admission: running requests per worker (default %(default)s)")
+    parser.add_argument("--max-waiting", type=int, default=a.max_waiting, help="threshold admission: waiting requests per worker (default %(default)s)")
+    parser.add_argument("--max-queued-prefill-tokens", type=int, default=a.max_queued_prefill_tokens,
+                        help="threshold admission: queued prefill tokens per worker (default %(default)s)")
+    parser.add_argument("--log-level", default="INFO", help="logging level (default %(default)s)")
+
+
+def config_from_args(args: argparse.Namespace) -> ControlPlaneConfig:
+    router = dataclasses.replace(RouterConfig(), disagg_threshold_tokens=args.disagg_threshold, prefill_load_scale=args.prefill_load_scale)
+    admission = dataclasses.replace(
+        AdmissionConfig(),
+        policy=args.admission,
+        max_running=args.max_running,
+        max_waiting=args.max_waiting,
+        max_queued_prefill_tokens=args.max_queued_prefill_tokens,
+    )
+    return ControlPlaneConfig(
+        host=args.host, port=args.port, store=args.store, lease_ttl_s=args.lease_ttl, router=router, admission=admission
+    ).validate()
+
+
+def run(args: argparse.Namespace) -> int:
+    from controlplane.server import serve
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        config = config_from_args(args)
+    except ValueError as e:
+        print(f"kvplane controlplane: {e}")
+        return 2
+    asyncio.run(serve(config))
+    return 0
