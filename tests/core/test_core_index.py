@@ -1,0 +1,204 @@
+"""CacheIndex: event ordering, idempotent replays, snapshots, removal, tier counts, overlaps."""
+from __future__ import annotations
+
+import pytest
+
+from controlplane.core.index import (
+    NO_SEQ,
+    CacheIndex,
+    ClearedEvent,
+    OverlapScore,
+    RemovedEvent,
+    StoredEvent,
+)
+from kvplane.types import Tier, WorkerId
+
+W1, W2, W3, W4 = WorkerId("w1"), WorkerId("w2"), WorkerId("w3"), WorkerId("w4")
+
+
+def tiers(device: int = 0, host: int = 0, disk: int = 0) -> dict[Tier, int]:
+    return {Tier.DEVICE: device, Tier.HOST: host, Tier.DISK: disk}
+
+
+def stored(*names: str, tier: Tier = Tier.DEVICE) -> StoredEvent:
+    return StoredEvent(tuple(n.encode() for n in names), tier)  # type: ignore[arg-type]
+
+
+def removed(*names: str, tier: Tier = Tier.DEVICE) -> RemovedEvent:
+    return RemovedEvent(tuple(n.encode() for n in names), tier)  # type: ignore[arg-type]
+
+
+def query(index: CacheIndex, *names: str) -> dict[WorkerId, OverlapScore]:
+    return index.overlaps([n.encode() for n in names])  # type: ignore[misc]
+
+
+def test_overlap_counts_leading_blocks_of_one_worker(index):
+    assert index.apply_batch(W1, 0, [stored("a", "b", "c")])
+    assert query(index, "a", "b", "c", "d") == {W1: OverlapScore(3, tiers(device=3))}
+
+
+def test_overlaps_on_branching_prefixes(index):
+    index.apply_batch(W1, 0, [stored("a", "b", "c")])
+    index.apply_batch(W2, 0, [stored("a", "b", "x")])
+    index.apply_batch(W3, 0, [stored("a")])
+    index.apply_batch(W4, 0, [stored("b", "c")])  # holds later blocks but not block 0: no match
+    assert query(index, "a", "b", "c") == {
+        W1: OverlapScore(3, tiers(device=3)),
+        W2: OverlapScore(2, tiers(device=2)),
+        W3: OverlapScore(1, tiers(device=1)),
+    }
+    assert query(index, "a", "b", "x") == {
+        W1: OverlapScore(2, tiers(device=2)),
+        W2: OverlapScore(3, tiers(device=3)),
+        W3: OverlapScore(1, tiers(device=1)),
+    }
+    assert query(index, "x") == {}  # "x" only ever follows "a", "b"; alone it is another prefix
+
+
+def test_overlap_stops_at_first_gap(index):
+    index.apply_batch(W1, 0, [stored("a", "c")])
+    assert query(index, "a", "b", "c") == {W1: OverlapScore(1, tiers(device=1))}
+
+
+def test_overlap_of_nothing_held_or_empty_query_is_empty(index):
+    index.apply_batch(W1, 0, [stored("a")])
+    assert query(index, "z", "a") == {}
+    assert query(index) == {}
+
+
+def test_block_at_several_tiers_counts_once_at_its_fastest(index):
+    index.apply_batch(W1, 0, [stored("a", tier=Tier.DISK), stored("a", tier=Tier.HOST), stored("b", tier=Tier.DEVICE)])
+    index.apply_batch(W1, 1, [stored("b", tier=Tier.DISK), stored("c", tier=Tier.DISK)])
+    assert query(index, "a", "b", "c") == {W1: OverlapScore(3, tiers(device=1, host=1, disk=1))}
+
+
+def test_overlap_walk_stops_when_no_worker_still_matches(index):
+    """Cost is O(matched blocks): the walk reads one block past the longest match, no more."""
+    index.apply_batch(W1, 0, [stored("a", "b")])
+    index.apply_batch(W2, 0, [stored("c")])  # "c" exists, but only at a worker that lacks "a"
+
+    class CountingList(list):
+        num_read = 0
+
+        def __iter__(self):
+            for item in super().__iter__():
+                self.num_read += 1
+                yield item
+
+    long_query = CountingList([b"a", b"b", b"c"] + [b"x%d" % i for i in range(1000)])
+    assert index.overlaps(long_query) == {W1: OverlapScore(2, tiers(device=2))}
+    assert long_query.num_read == 3
+    missing_first = CountingList([b"z"] + [b"x%d" % i for i in range(1000)])
+    assert index.overlaps(missing_first) == {}
+    assert missing_first.num_read == 1
+
+
+def test_events_in_a_batch_apply_in_order(index):
+    index.apply_batch(W1, 0, [stored("a"), removed("a"), removed("b"), stored("b")])
+    assert index.blocks_by_tier() == {W1: tiers(device=1)}
+    assert query(index, "b") == {W1: OverlapScore(1, tiers(device=1))}
+    assert query(index, "a") == {}
+
+
+def test_cleared_drops_every_tier_and_later_events_in_the_batch_still_apply(index):
+    index.apply_batch(W1, 0, [stored("a", "b"), stored("c", tier=Tier.HOST)])
+    index.apply_batch(W2, 0, [stored("a")])
+    index.apply_batch(W1, 1, [ClearedEvent(), stored("z", tier=Tier.DISK)])
+    assert index.blocks_by_tier() == {W1: tiers(disk=1), W2: tiers(device=1)}
+    assert query(index, "a", "b") == {W2: OverlapScore(1, tiers(device=1))}
+    assert query(index, "z") == {W1: OverlapScore(1, tiers(disk=1))}
+
+
+def test_replayed_batches_are_ignored(index):
+    first = [stored("a")]
+    assert index.apply_batch(W1, 1, first)
+    assert index.apply_batch(W1, 2, [removed("a")])
+    # The store's watch replays from an older revision: seq 1 again and seq 2 again.
+    assert index.apply_batch(W1, 1, first) is False
+    assert index.apply_batch(W1, 2, [removed("a")]) is False
+    assert query(index, "a") == {}
+    assert index.last_seq(W1) == 2
+
+
+def test_sequence_numbers_are_per_worker_and_gaps_still_apply(index):
+    assert index.apply_batch(W1, 5, [stored("a")])
+    assert index.apply_batch(W2, 0, [stored("a")])
+    assert index.apply_batch(W1, 9, [stored("b")])  # 6..8 compacted away
+    assert index.last_seq(W1) == 9
+    assert index.last_seq(W2) == 0
+    assert query(index, "a", "b") == {W1: OverlapScore(2, tiers(device=2)), W2: OverlapScore(1, tiers(device=1))}
+
+
+def test_unknown_worker_has_no_seq_and_seq_zero_applies(index):
+    assert index.last_seq(W1) == NO_SEQ == -1
+    assert index.apply_batch(W1, 0, [])
+    assert index.last_seq(W1) == 0
+    assert index.worker_ids() == {W1}
+    assert index.blocks_by_tier() == {W1: tiers()}
+
+
+def test_negative_seq_is_refused(index):
+    with pytest.raises(ValueError, match="batch seq must be >= 0, got -1 from worker 'w1'"):
+        index.apply_batch(W1, -1, [stored("a")])
+    with pytest.raises(ValueError, match="snapshot seq must be >= 0"):
+        index.apply_snapshot(W1, -1, {})
+
+
+def test_unknown_event_type_is_refused(index):
+    with pytest.raises(TypeError, match="unknown KV event str from worker 'w1'"):
+        index.apply_batch(W1, 0, ["stored a"])  # type: ignore[list-item]
+
+
+def test_snapshot_replaces_everything_and_sets_seq(index):
+    index.apply_batch(W1, 3, [stored("a", "b"), stored("c", tier=Tier.DISK)])
+    index.apply_batch(W2, 0, [stored("a")])
+    index.apply_snapshot(W1, 10, {Tier.HOST: [b"x", b"y"], Tier.DEVICE: [b"x"]})
+    assert index.blocks_by_tier() == {W1: tiers(device=1, host=2), W2: tiers(device=1)}
+    assert query(index, "a", "b") == {W2: OverlapScore(1, tiers(device=1))}
+    assert query(index, "x", "y") == {W1: OverlapScore(2, tiers(device=1, host=1))}
+    assert index.last_seq(W1) == 10
+    assert index.apply_batch(W1, 10, [stored("q")]) is False
+    assert index.apply_batch(W1, 11, [removed("y", tier=Tier.HOST)])
+    assert query(index, "x", "y") == {W1: OverlapScore(1, tiers(device=1))}
+
+
+def test_snapshot_with_lower_seq_applies_because_a_restarted_worker_renumbers(index):
+    index.apply_batch(W1, 50, [stored("a")])
+    index.apply_snapshot(W1, 0, {Tier.DEVICE: [b"b"]})
+    assert index.last_seq(W1) == 0
+    assert query(index, "a") == {}
+    assert index.apply_batch(W1, 1, [stored("c")])
+    assert index.blocks_by_tier() == {W1: tiers(device=2)}
+
+
+def test_remove_worker_forgets_blocks_and_seq_but_not_other_workers(index):
+    index.apply_batch(W1, 7, [stored("a", "b")])
+    index.apply_batch(W2, 0, [stored("a")])
+    index.remove_worker(W1)
+    index.remove_worker(WorkerId("never-seen"))  # no-op
+    assert index.worker_ids() == {W2}
+    assert index.blocks_by_tier() == {W2: tiers(device=1)}
+    assert query(index, "a", "b") == {W2: OverlapScore(1, tiers(device=1))}
+    assert index.last_seq(W1) == NO_SEQ
+    # Re-registered under the same id: numbering starts over.
+    assert index.apply_batch(W1, 0, [stored("b")])
+    assert query(index, "b") == {W1: OverlapScore(1, tiers(device=1))}
+
+
+def test_blocks_by_tier_counts_each_tier_a_block_is_held_at(index):
+    index.apply_batch(W1, 0, [stored("a", "b"), stored("a", tier=Tier.HOST), stored("d", tier=Tier.DISK)])
+    assert index.blocks_by_tier() == {W1: tiers(device=2, host=1, disk=1)}
+    # Removing from one tier keeps the copy at the other.
+    index.apply_batch(W1, 1, [removed("a"), removed("d", tier=Tier.HOST)])
+    assert index.blocks_by_tier() == {W1: tiers(device=1, host=1, disk=1)}
+    assert query(index, "a") == {W1: OverlapScore(1, tiers(host=1))}
+    index.apply_batch(W1, 2, [removed("a", tier=Tier.HOST)])
+    assert query(index, "a") == {}
+
+
+def test_duplicate_store_is_counted_once(index):
+    index.apply_batch(W1, 0, [stored("a"), stored("a")])
+    index.apply_batch(W1, 1, [stored("a")])
+    assert index.blocks_by_tier() == {W1: tiers(device=1)}
+    index.apply_batch(W1, 2, [removed("a")])
+    assert query(index, "a") == {}
