@@ -1,0 +1,296 @@
+"""etcd v3 backend, through the maintained asyncio client `aetcd` (1.0.0).
+
+Why aetcd: the `etcd3` package on PyPI is unmaintained and its generated stubs break under
+protobuf >= 4; aetcd works with protobuf 7 and grpc.aio.
+
+aetcd's own watch helper multiplexes every watch over one stream and can hang when the start
+revision is compacted, so each `watch_prefix` here opens its own Watch stream on aetcd's channel
+(its generated stubs): cancelling that one gRPC call releases exactly that watch, and close()
+cancels them all first so it never waits on a watcher.
+
+Every gRPC failure becomes a StoreError; an unreachable server (UNAVAILABLE, deadline) becomes
+StoreUnavailable, with the endpoint in the message.
+"""
+from __future__ import annotations
+
+import asyncio
+from typing import AsyncIterator, Sequence
+
+import aetcd
+import grpc
+from aetcd import rpc
+
+from kvplane.types import LeaseId
+
+from .base import (
+    Compare,
+    EventType,
+    KeyValue,
+    LeaseNotFound,
+    Op,
+    Put,
+    StoreCompacted,
+    StoreError,
+    StoreUnavailable,
+    WatchEvent,
+    check_ops,
+    check_start_revision,
+    check_ttl,
+    compacted_message,
+)
+
+DEFAULT_TIMEOUT_S = 5.0
+
+_TARGET_TO_PROTO = {
+    "value": rpc.Compare.VALUE,
+    "version": rpc.Compare.VERSION,
+    "mod_revision": rpc.Compare.MOD,
+    "create_revision": rpc.Compare.CREATE,
+}
+_OP_TO_PROTO = {
+    "==": rpc.Compare.EQUAL,
+    "!=": rpc.Compare.NOT_EQUAL,
+    "<": rpc.Compare.LESS,
+    ">": rpc.Compare.GREATER,
+}
+_RPC_TO_STUB = {
+    "Range": "kvstub",
+    "Put": "kvstub",
+    "DeleteRange": "kvstub",
+    "Txn": "kvstub",
+    "Compact": "kvstub",
+    "LeaseGrant": "leasestub",
+    "LeaseRevoke": "leasestub",
+}
+_UNAVAILABLE_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
+def _range_for_prefix(prefix: str) -> tuple[bytes, bytes]:
+    """etcd's [key, range_end) for "every key starting with prefix"."""
+    start = prefix.encode()
+    end = bytearray(start)
+    for i in reversed(range(len(end))):
+        if end[i] < 0xFF:
+            end[i] += 1
+            return start, bytes(end[: i + 1])
+    # Empty prefix (or all 0xff bytes): range_end "\0" means "to the end of the keyspace".
+    return start or b"\0", b"\0"
+
+
+def _to_key_value(kv) -> KeyValue:
+    return KeyValue(
+        key=kv.key.decode(),
+        value=bytes(kv.value),
+        create_revision=kv.create_revision,
+        mod_revision=kv.mod_revision,
+        version=kv.version,
+        lease=LeaseId(kv.lease) if kv.lease else None,
+    )
+
+
+def _being_cancelled() -> bool:
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
+class EtcdStore:
+    def __init__(self, host: str, port: int, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        self._endpoint = f"{host}:{port}"
+        self._timeout_s = timeout_s
+        self._client = aetcd.Client(host=host, port=port, timeout=timeout_s)
+        self._watch_calls: set = set()
+        self._closed = False
+
+    @property
+    def endpoint(self) -> str:
+        return self._endpoint
+
+    # ---- reads -------------------------------------------------------------------------
+
+    async def get(self, key: str) -> KeyValue | None:
+        response = await self._call("get", "Range", rpc.RangeRequest(key=key.encode()))
+        return _to_key_value(response.kvs[0]) if response.kvs else None
+
+    async def get_prefix(self, prefix: str) -> tuple[list[KeyValue], int]:
+        start, end = _range_for_prefix(prefix)
+        response = await self._call("get_prefix", "Range", rpc.RangeRequest(key=start, range_end=end))
+        return [_to_key_value(kv) for kv in response.kvs], response.header.revision
+
+    # ---- writes ------------------------------------------------------------------------
+
+    async def put(self, key: str, value: bytes, lease: LeaseId | None = None) -> int:
+        request = rpc.PutRequest(key=key.encode(), value=value, lease=lease or 0)
+        response = await self._call("put", "Put", request)
+        return response.header.revision
+
+    async def delete(self, key: str) -> bool:
+        response = await self._call("delete", "DeleteRange", rpc.DeleteRangeRequest(key=key.encode()))
+        return response.deleted > 0
+
+    async def delete_prefix(self, prefix: str) -> int:
+        start, end = _range_for_prefix(prefix)
+        response = await self._call("delete_prefix", "DeleteRange", rpc.DeleteRangeRequest(key=start, range_end=end))
+        return response.deleted
+
+    async def transaction(
+        self, compare: Sequence[Compare], success: Sequence[Op], failure: Sequence[Op] = ()
+    ) -> bool:
+        check_ops(success)
+        check_ops(failure)
+        request = rpc.TxnRequest(
+            compare=[self._compare_proto(c) for c in compare],
+            success=[self._op_proto(op) for op in success],
+            failure=[self._op_proto(op) for op in failure],
+        )
+        response = await self._call("transaction", "Txn", request)
+        return response.succeeded
+
+    async def compact(self, revision: int) -> None:
+        try:
+            await self._call("compact", "Compact", rpc.CompactionRequest(revision=revision))
+        except StoreError as err:
+            detail = str(err)
+            if "future revision" in detail:
+                raise ValueError(f"cannot compact etcd at {self._endpoint} to revision {revision}: it is in the future") from None
+            if "has been compacted" not in detail:  # compacting again is a no-op, as in memory
+                raise
+
+    # ---- watch -------------------------------------------------------------------------
+
+    def watch_prefix(self, prefix: str, start_revision: int | None = None) -> AsyncIterator[WatchEvent]:
+        check_start_revision(start_revision)
+        return self._watch(prefix, start_revision)
+
+    async def _watch(self, prefix: str, start_revision: int | None) -> AsyncIterator[WatchEvent]:
+        if self._closed:
+            return
+        await self._connect(f"watch of {prefix!r}")
+        if self._closed:
+            return
+        key, range_end = _range_for_prefix(prefix)
+        create = rpc.WatchCreateRequest(key=key, range_end=range_end, start_revision=start_revision or 0)
+        call = rpc.WatchStub(self._client.channel).Watch(metadata=self._client.metadata)
+        self._watch_calls.add(call)
+        try:
+            try:
+                await call.write(rpc.WatchRequest(create_request=create))
+                while True:
+                    response = await call.read()
+                    if response is grpc.aio.EOF:
+                        if self._closed:
+                            return
+                        raise StoreUnavailable(f"etcd at {self._endpoint} ended the watch of {prefix!r}; re-list and watch again")
+                    if response.compact_revision:
+                        rev = response.compact_revision
+                        raise StoreCompacted(compacted_message(prefix, start_revision or 0, rev), rev)
+                    if response.canceled:
+                        raise StoreError(f"etcd at {self._endpoint} cancelled the watch of {prefix!r}: {response.cancel_reason}")
+                    for event in response.events:
+                        is_put = event.type == rpc.Event.PUT
+                        yield WatchEvent(
+                            EventType.PUT if is_put else EventType.DELETE,
+                            event.kv.key.decode(),
+                            bytes(event.kv.value) if is_put else b"",
+                            event.kv.mod_revision,
+                        )
+            except asyncio.CancelledError:
+                # close() cancels the gRPC call, which surfaces here as CancelledError; that is a
+                # clean end of iteration, unlike a cancellation of the consuming task.
+                if self._closed and not _being_cancelled():
+                    return
+                raise
+            except StoreError:
+                raise
+            except Exception as err:
+                if self._closed:
+                    return
+                raise self._translate(err, f"watch of {prefix!r}") from err
+        finally:
+            self._watch_calls.discard(call)
+            call.cancel()
+
+    # ---- leases ------------------------------------------------------------------------
+
+    async def lease_grant(self, ttl_seconds: int) -> LeaseId:
+        check_ttl(ttl_seconds)
+        response = await self._call("lease_grant", "LeaseGrant", rpc.LeaseGrantRequest(TTL=ttl_seconds))
+        return LeaseId(response.ID)
+
+    async def lease_keepalive(self, lease: LeaseId) -> int:
+        await self._connect("lease_keepalive")
+        try:
+            reply = await self._client.refresh_lease(lease)
+        except Exception as err:
+            raise self._translate(err, "lease_keepalive") from err
+        return reply.TTL if reply is not None else 0  # etcd answers TTL 0 for a dead lease
+
+    async def lease_revoke(self, lease: LeaseId) -> None:
+        try:
+            await self._call("lease_revoke", "LeaseRevoke", rpc.LeaseRevokeRequest(ID=lease))
+        except LeaseNotFound:
+            pass  # already expired or revoked: the outcome the caller wanted
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for call in list(self._watch_calls):
+            call.cancel()
+        await self._client.close()
+
+    # ---- internals ---------------------------------------------------------------------
+
+    async def _connect(self, what: str) -> None:
+        if self._closed:
+            raise StoreError(f"the etcd store for {self._endpoint} is closed; open a new one with open_store()")
+        try:
+            await self._client.connect()
+        except Exception as err:
+            raise self._translate(err, what) from err
+
+    async def _call(self, what: str, rpc_name: str, request):
+        """One unary RPC with the client's timeout and error translation."""
+        await self._connect(what)
+        method = getattr(getattr(self._client, _RPC_TO_STUB[rpc_name]), rpc_name)
+        try:
+            return await method(request, timeout=self._timeout_s, metadata=self._client.metadata)
+        except Exception as err:
+            raise self._translate(err, what) from err
+
+    @staticmethod
+    def _compare_proto(compare: Compare):
+        proto = rpc.Compare(
+            key=compare.key.encode(),
+            target=_TARGET_TO_PROTO[compare.target],
+            result=_OP_TO_PROTO[compare.op],
+        )
+        setattr(proto, compare.target, compare.operand)  # the proto fields carry our target names
+        return proto
+
+    @staticmethod
+    def _op_proto(op: Op):
+        if isinstance(op, Put):
+            return rpc.RequestOp(request_put=rpc.PutRequest(key=op.key.encode(), value=op.value, lease=op.lease or 0))
+        if op.prefix:
+            start, end = _range_for_prefix(op.key)
+            return rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=start, range_end=end))
+        return rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=op.key.encode()))
+
+    def _translate(self, err: BaseException, what: str) -> StoreError:
+        rpc_err = err if isinstance(err, grpc.aio.AioRpcError) else err.__cause__
+        if isinstance(rpc_err, grpc.aio.AioRpcError):
+            code, detail = rpc_err.code(), rpc_err.details()
+        else:
+            code, detail = None, str(err) or type(err).__name__
+        if code in _UNAVAILABLE_CODES or isinstance(
+            err, (aetcd.exceptions.ConnectionFailedError, aetcd.exceptions.ConnectionTimeoutError)
+        ):
+            return StoreUnavailable(
+                f"etcd at {self._endpoint} is unavailable ({what}): {detail}; check that etcd is running and reachable"
+            )
+        if code == grpc.StatusCode.NOT_FOUND and "lease not found" in detail:
+            return LeaseNotFound(
+                f"etcd at {self._endpoint}: lease not found (expired or revoked) during {what}; "
+                "grant a new lease and write the keys again"
+            )
+        return StoreError(f"etcd at {self._endpoint} failed {what}: {detail}")
