@@ -89,7 +89,7 @@ class AdmitAll:
 
 
 @dataclass(frozen=True, slots=True)
-class _Overshoot:
+class LimitOvershoot:
     label: str
     value: float
     limit: float
@@ -119,7 +119,7 @@ class ThresholdAdmission:
                 reason=f"no candidate worker for model {request.model!r} to admit onto",
                 retry_after_s=self._config.retry_after_s,
             )
-        worker_to_overshoots: dict[WorkerId, list[_Overshoot]] = {}
+        worker_to_overshoots: dict[WorkerId, list[LimitOvershoot]] = {}
         for worker in candidates:
             overshoots = self.overshoots(worker)
             if not overshoots:
@@ -129,21 +129,21 @@ class ThresholdAdmission:
         retry_after_s = min(self._config.retry_after_s * (1 + least_excess), self._config.max_retry_after_s)
         return Reject(reason=_reason(worker_to_overshoots), retry_after_s=retry_after_s)
 
-    def overshoots(self, worker: WorkerView) -> list[_Overshoot]:
+    def overshoots(self, worker: WorkerView) -> list[LimitOvershoot]:
         """The limits this worker is strictly above, in a fixed order (empty: it has room)."""
         cfg, load = self._config, worker.load
         # A worker that has not reported its block pool yet counts as empty, not full.
         kv_usage = load.num_used_blocks / load.num_total_blocks if load.num_total_blocks > 0 else 0.0
         checks = (
-            _Overshoot("running", load.num_running, cfg.max_running),
-            _Overshoot("waiting", load.num_waiting, cfg.max_waiting),
-            _Overshoot("queued prefill tokens", load.num_queued_prefill_tokens, cfg.max_queued_prefill_tokens),
-            _Overshoot("kv use", kv_usage, cfg.max_kv_usage),
+            LimitOvershoot("running", load.num_running, cfg.max_running),
+            LimitOvershoot("waiting", load.num_waiting, cfg.max_waiting),
+            LimitOvershoot("queued prefill tokens", load.num_queued_prefill_tokens, cfg.max_queued_prefill_tokens),
+            LimitOvershoot("kv use", kv_usage, cfg.max_kv_usage),
         )
         return [o for o in checks if o.value > o.limit]
 
 
-def _reason(worker_to_overshoots: dict[WorkerId, list[_Overshoot]]) -> str:
+def _reason(worker_to_overshoots: dict[WorkerId, list[LimitOvershoot]]) -> str:
     parts = [
         f"{worker_id} ({', '.join(str(o) for o in overshoots)})"
         for worker_id, overshoots in sorted(worker_to_overshoots.items())[:_MAX_WORKERS_IN_REASON]
