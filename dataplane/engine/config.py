@@ -1,0 +1,42 @@
+"""EngineConfig: the one source of defaults for the reference engine."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+BUILTIN_MODEL = "builtin-tiny"
+SUPPORTED_DTYPES = ("float32", "float16", "bfloat16", "float64")
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    model: str = BUILTIN_MODEL  # "builtin-tiny" or a local HF-style directory
+    served_model_name: str = ""  # "" = derived from the model (see weights.model_name_for)
+    block_size: int = 16
+    num_blocks: int = 512
+    max_num_seqs: int = 16  # requests running at once (the decode batch)
+    max_tokens_limit: int = 1024  # largest max_tokens a request may ask for
+    max_num_batched_tokens: int = 2048  # tokens per step; longer prompts prefill in chunks
+    dtype: str = "float32"
+    device: str = "cpu"
+    seed: int = 0  # builtin weights and requests without their own sampling seed
+
+    def validate(self) -> "EngineConfig":
+        """Raise ValueError naming the first bad field; returns self so calls can chain."""
+        if not self.model:
+            raise ValueError("EngineConfig.model is empty; use 'builtin-tiny' or a local model directory")
+        for name in ("block_size", "num_blocks", "max_num_seqs", "max_tokens_limit", "max_num_batched_tokens"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"EngineConfig.{name} must be a positive integer, got {value!r}")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(
+                f"EngineConfig.max_num_batched_tokens ({self.max_num_batched_tokens}) must be at least "
+                f"max_num_seqs ({self.max_num_seqs}) so every running request can decode each step"
+            )
+        if self.dtype not in SUPPORTED_DTYPES:
+            raise ValueError(f"EngineConfig.dtype {self.dtype!r} is not supported; use one of {SUPPORTED_DTYPES}")
+        if not (self.device == "cpu" or self.device == "cuda" or self.device.startswith("cuda:")):
+            raise ValueError(f"EngineConfig.device {self.device!r} is not supported; use 'cpu', 'cuda' or 'cuda:N'")
+        if not isinstance(self.seed, int) or self.seed < 0:
+            raise ValueError(f"EngineConfig.seed must be a non-negative integer, got {self.seed!r}")
+        return self

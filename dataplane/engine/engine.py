@@ -1,0 +1,275 @@
+"""Engine: the reference engine's public API and its background step thread.
+
+submit() validates on the caller's thread and queues; the step thread admits, runs one batched
+model call per step (decodes plus prompt chunks), samples, and hands outputs to each request's
+sink. The block manager and queues are guarded by one lock, released during the model call: the
+call only touches blocks the running requests hold, so imports and lookups proceed meanwhile.
+"""
+from __future__ import annotations
+
+import logging
+import random
+import threading
+from collections.abc import Callable
+
+import torch
+
+from dataplane.engine.block_manager import BlockManager
+from dataplane.engine.config import EngineConfig
+from dataplane.engine.events import KVCacheEvent
+from dataplane.engine.kv_pool import KVPool
+from dataplane.engine.request import (
+    EngineCapacityError,
+    EngineInputError,
+    EngineLoad,
+    EngineOutput,
+    EngineRequest,
+)
+from dataplane.engine.runner import ModelRunner
+from dataplane.engine.sampling import make_generator
+from dataplane.engine.scheduler import Scheduler, ScheduledChunk, Sequence
+from dataplane.engine.weights import load_model
+from kvplane.types import BlockHash, KVLayout
+
+log = logging.getLogger(__name__)
+
+Sink = Callable[[EngineOutput], None]
+
+
+class Engine:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config.validate()
+        loaded = load_model(config)
+        self.model_name = loaded.name
+        self.tokenizer = loaded.tokenizer
+        self.model = loaded.model
+        cfg = loaded.config
+        self.vocab_size = cfg.vocab_size
+        self.max_context = cfg.max_position_embeddings
+        self.max_tokens_limit = config.max_tokens_limit
+        self.eos_token_ids = cfg.eos_token_ids
+        self.layout = KVLayout(
+            model=self.model_name,
+            num_layers=cfg.num_hidden_layers,
+            num_kv_heads=cfg.num_key_value_heads,
+            head_dim=cfg.head_dim,
+            dtype=config.dtype,
+            block_size=config.block_size,
+        )
+        self.pool = KVPool(self.layout, config.num_blocks, device=config.device)
+        self._blocks = BlockManager(config.num_blocks)
+        self._scheduler = Scheduler(
+            self._blocks,
+            self.model_name,
+            config.block_size,
+            config.max_num_seqs,
+            config.max_num_batched_tokens,
+            self.eos_token_ids,
+        )
+        self._runner = ModelRunner(self.model, self.pool)
+        self._seed_stream = random.Random(config.seed)
+        self._cond = threading.Condition(threading.RLock())
+        self._live_ids: set[str] = set()
+        self._abort_ids: set[str] = set()
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self._stopped = False
+
+    # --- lifecycle -----------------------------------------------------------------------
+    def start(self) -> None:
+        with self._cond:
+            if self._stopped:
+                raise RuntimeError("engine was stopped; create a new Engine")
+            if self._thread is not None:
+                return
+            self._thread = threading.Thread(target=self._loop, name=f"engine-{self.model_name}", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the step thread and abort every queued or running request."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+            thread = self._thread
+        if thread is not None:
+            thread.join()
+        with self._cond:
+            self._stopped = True
+            seqs = [*self._scheduler.waiting, *self._scheduler.running]
+            outputs = [self._end(seq, "abort") for seq in seqs]
+        self._emit(outputs)
+
+    # --- requests ------------------------------------------------------------------------
+    def submit(self, request: EngineRequest, sink: Sink) -> None:
+        self._validate(request)
+        params = request.sampling
+        with self._cond:
+            if self._stopping or self._stopped:
+                raise RuntimeError("engine is stopped and accepts no requests")
+            if request.request_id in self._live_ids:
+                raise EngineInputError(f"request_id {request.request_id!r} is already in flight")
+            seed = params.seed if params.seed is not None else self._seed_stream.getrandbits(63)
+            seq = Sequence(
+                request=request,
+                sink=sink,
+                generator=make_generator(seed) if params.temperature > 0 else None,
+                token_ids=list(request.prompt_token_ids),
+                num_prompt_tokens=len(request.prompt_token_ids),
+            )
+            self._live_ids.add(request.request_id)
+            self._scheduler.waiting.append(seq)
+            self._cond.notify_all()
+
+    def _validate(self, request: EngineRequest) -> None:
+        p = request.sampling
+        prompt = request.prompt_token_ids
+        if not request.request_id:
+            raise EngineInputError("request_id is empty")
+        if not prompt:
+            raise EngineInputError("prompt_token_ids is empty; a request needs at least one prompt token")
+        if p.max_tokens <= 0:
+            raise EngineInputError(f"max_tokens must be at least 1, got {p.max_tokens}")
+        if p.max_tokens > self.max_tokens_limit:
+            raise EngineInputError(f"max_tokens {p.max_tokens} exceeds this engine's limit of {self.max_tokens_limit}")
+        if len(prompt) + p.max_tokens > self.max_context:
+            raise EngineInputError(
+                f"prompt ({len(prompt)} tokens) + max_tokens ({p.max_tokens}) exceeds the model's context of "
+                f"{self.max_context} tokens; shorten the prompt or lower max_tokens"
+            )
+        for i, t in enumerate(prompt):
+            if not 0 <= t < self.vocab_size:
+                raise EngineInputError(
+                    f"prompt token {i} has id {t}, outside the vocabulary (0..{self.vocab_size - 1})"
+                )
+        if p.temperature < 0:
+            raise EngineInputError(f"temperature must be >= 0, got {p.temperature}")
+        if not 0.0 <= p.top_p <= 1.0:
+            raise EngineInputError(f"top_p must be in [0, 1], got {p.top_p}")
+        if p.top_k < 0:
+            raise EngineInputError(f"top_k must be >= 0 (0 = off), got {p.top_k}")
+        for b in request.held_block_ids:
+            if not 0 <= b < self.config.num_blocks:
+                raise EngineInputError(f"held block id {b} is outside the pool (0..{self.config.num_blocks - 1})")
+        needed = self._scheduler.num_blocks_needed(request)
+        if needed > self.config.num_blocks:
+            raise EngineCapacityError(
+                f"request needs {needed} KV blocks of {self.config.block_size} tokens but the pool has only "
+                f"{self.config.num_blocks}; lower max_tokens or the prompt length, or raise num_blocks"
+            )
+
+    def abort(self, request_id: str) -> None:
+        """Abort a queued or running request (its sink gets a final "abort" output); unknown ids are ignored."""
+        with self._cond:
+            if request_id in self._live_ids:
+                self._abort_ids.add(request_id)
+                self._cond.notify_all()
+
+    # --- introspection -------------------------------------------------------------------
+    def load(self) -> EngineLoad:
+        with self._cond:
+            s = self._scheduler
+            return EngineLoad(
+                num_running=len(s.running),
+                num_waiting=len(s.waiting),
+                num_queued_prefill_tokens=s.num_queued_prefill_tokens(),
+                num_free_blocks=self._blocks.num_free_blocks,
+                num_used_blocks=self._blocks.num_used_blocks,
+                num_total_blocks=self._blocks.num_blocks,
+                num_cached_blocks=self._blocks.num_cached_free_blocks,
+            )
+
+    def take_kv_events(self) -> list[KVCacheEvent]:
+        with self._cond:
+            return self._blocks.take_events()
+
+    def cached_block_hashes(self) -> list[BlockHash]:
+        with self._cond:
+            return self._blocks.cached_block_hashes()
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget all cached blocks (emits a cleared event); False while any cached block is in use."""
+        with self._cond:
+            return self._blocks.reset_prefix_cache()
+
+    # --- KV transfer support ---------------------------------------------------------------
+    def unpin(self, block_ids: list[int]) -> None:
+        with self._cond:
+            self._blocks.release(block_ids[::-1])
+
+    def missing_blocks(self, block_hashes: list[BlockHash]) -> list[int]:
+        with self._cond:
+            return [i for i, h in enumerate(block_hashes) if self._blocks.lookup(h) is None]
+
+    def allocate_for_import(self, num_blocks: int) -> list[int] | None:
+        with self._cond:
+            return self._blocks.allocate(num_blocks)
+
+    def commit_import(self, block_hashes: list[BlockHash], block_ids: list[int]) -> list[int]:
+        with self._cond:
+            holders = self._blocks.register(block_hashes, block_ids)
+            for h, b, holder in zip(block_hashes, block_ids, holders):
+                if holder != b:
+                    # The hash arrived meanwhile: keep the existing copy and hand back ours.
+                    self._blocks.take_ref(holder)
+                    self._blocks.release([b])
+            return holders
+
+    def abort_import(self, block_ids: list[int]) -> None:
+        with self._cond:
+            self._blocks.release(block_ids[::-1])
+
+    # --- step thread ---------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                outputs = self._process_aborts()
+                chunks: list[ScheduledChunk] = []
+                if not self._stopping:
+                    chunks = self._scheduler.schedule()
+                if not chunks and not outputs:
+                    if self._stopping:
+                        return
+                    self._cond.wait()
+                    continue
+            self._emit(outputs)
+            if chunks:
+                self._emit(self._step(chunks))
+
+    def _step(self, chunks: list[ScheduledChunk]) -> list[tuple[Sink, EngineOutput]]:
+        try:
+            tokens = self._runner.run(chunks)
+        except Exception as exc:  # a failed step fails its requests, not the engine
+            log.exception("engine step failed for %d requests", len(chunks))
+            with self._cond:
+                return [self._end(c.seq, "error", f"engine step failed: {exc}") for c in chunks]
+        outputs: list[tuple[Sink, EngineOutput]] = []
+        with self._cond:
+            for chunk, token in zip(chunks, tokens):
+                out = self._scheduler.update(chunk, token)
+                if out is not None:
+                    outputs.append((chunk.seq.sink, out))
+                    if out.finished:
+                        self._live_ids.discard(out.request_id)
+        return outputs
+
+    def _process_aborts(self) -> list[tuple[Sink, EngineOutput]]:
+        outputs = []
+        for request_id in sorted(self._abort_ids):
+            seq = self._scheduler.find(request_id)
+            if seq is not None:
+                outputs.append(self._end(seq, "abort"))
+        self._abort_ids.clear()
+        return outputs
+
+    def _end(self, seq: Sequence, reason: str, error: str | None = None) -> tuple[Sink, EngineOutput]:
+        self._scheduler.remove(seq)
+        self._live_ids.discard(seq.request_id)
+        self._abort_ids.discard(seq.request_id)
+        return seq.sink, seq.output([], reason, error)
+
+    def _emit(self, outputs: list[tuple[Sink, EngineOutput]]) -> None:
+        for sink, out in outputs:
+            try:
+                sink(out)
+            except Exception:  # a broken sink must not kill the step thread
+                log.exception("sink for request %s raised", out.request_id)

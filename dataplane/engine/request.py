@@ -1,0 +1,62 @@
+"""The engine's request/response types and errors (what the agent sees)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kvplane.types import BlockHash
+
+
+class EngineInputError(ValueError):
+    """The request itself is invalid; retrying it unchanged will fail again."""
+
+
+class EngineCapacityError(RuntimeError):
+    """The request can never fit in this engine's KV pool."""
+
+
+@dataclass(slots=True)
+class SamplingParams:
+    max_tokens: int = 16
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0  # 1 (or 0) = off
+    top_k: int = 0  # 0 = off
+    seed: int | None = None  # None = drawn from the engine's seeded stream
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+
+
+@dataclass(slots=True)
+class EngineRequest:
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling: SamplingParams
+    cache_salt: str = ""
+    prefill_only: bool = False
+    # Refs the caller holds (e.g. on imported blocks); the engine releases them once the request
+    # has taken its own refs on its cached prefix, at admission (or when it ends unadmitted).
+    held_block_ids: list[int] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class EngineOutput:
+    request_id: str
+    new_token_ids: list[int]
+    finished: bool
+    finish_reason: str | None  # "length" | "stop" | "eos" | "abort" | "error"
+    num_prompt_tokens: int
+    num_cached_tokens: int
+    error: str | None = None
+    # prefill_only requests, final output: the prompt's full blocks, pinned for transfer.
+    block_hashes: list[BlockHash] = field(default_factory=list)
+    pinned_block_ids: list[int] = field(default_factory=list)
+
+
+@dataclass(slots=True, frozen=True)
+class EngineLoad:
+    num_running: int
+    num_waiting: int
+    num_queued_prefill_tokens: int
+    num_free_blocks: int
+    num_used_blocks: int
+    num_total_blocks: int
+    num_cached_blocks: int  # unreferenced blocks kept for prefix reuse

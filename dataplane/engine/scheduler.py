@@ -1,0 +1,223 @@
+"""Continuous-batching scheduler with reserve-at-admission and chunked prefill (no torch here).
+
+Rule: requests are admitted first come first served while fewer than max_num_seqs run and the
+pool can reserve every block the request can ever need, ceil((prompt + max_tokens) / block_size)
+(prompt only for prefill_only), minus the blocks of its cached prefix; the head of the queue
+waits rather than being overtaken, and nothing is ever preempted. The cached prefix is capped at
+(len(prompt) - 1) // block_size blocks so at least one prompt token is computed and yields logits.
+Each step spends max_num_batched_tokens: one token per decoding request first, then prompt chunks
+in admission order. A full block is registered in the prefix cache in the step its KV is written.
+"""
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from dataplane.engine.block_manager import BlockManager
+from dataplane.engine.request import EngineOutput, EngineRequest
+from kvplane.block_hash import chain_hash, root_hash
+from kvplane.types import BlockHash
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(slots=True, eq=False)
+class Sequence:
+    request: EngineRequest
+    sink: Callable[[EngineOutput], None]
+    generator: Any  # torch.Generator for temperature sampling, else None
+    token_ids: list[int]  # prompt then generated tokens
+    num_prompt_tokens: int
+    block_ids: list[int] = field(default_factory=list)  # own refs, in position order
+    block_hashes: list[BlockHash] = field(default_factory=list)  # chained hashes of full blocks
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = 0
+    num_registered_blocks: int = 0
+    num_output_tokens: int = 0
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def is_prefilling(self) -> bool:
+        return self.num_computed_tokens < self.num_prompt_tokens
+
+    def output(self, new_token_ids: list[int], finish_reason: str | None = None, error: str | None = None) -> EngineOutput:
+        return EngineOutput(
+            request_id=self.request_id,
+            new_token_ids=new_token_ids,
+            finished=finish_reason is not None,
+            finish_reason=finish_reason,
+            num_prompt_tokens=self.num_prompt_tokens,
+            num_cached_tokens=self.num_cached_tokens,
+            error=error,
+        )
+
+
+@dataclass(slots=True, frozen=True)
+class ScheduledChunk:
+    seq: Sequence
+    start: int  # position of the first token computed this step
+    num_tokens: int
+
+    @property
+    def completes_known_tokens(self) -> bool:
+        """After this chunk every known token has KV, so the last position's logits are due."""
+        return self.start + self.num_tokens == len(self.seq.token_ids)
+
+
+class Scheduler:
+    __slots__ = ("blocks", "model_name", "block_size", "max_num_seqs", "max_num_batched_tokens", "eos_token_ids",
+                 "waiting", "running")
+
+    def __init__(
+        self,
+        blocks: BlockManager,
+        model_name: str,
+        block_size: int,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        eos_token_ids: tuple[int, ...],
+    ) -> None:
+        self.blocks = blocks
+        self.model_name = model_name
+        self.block_size = block_size
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.eos_token_ids = eos_token_ids
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+
+    # --- bookkeeping ---------------------------------------------------------------------
+    def num_blocks_needed(self, request: EngineRequest) -> int:
+        num_tokens = len(request.prompt_token_ids)
+        if not request.prefill_only:
+            num_tokens += request.sampling.max_tokens
+        return cdiv(num_tokens, self.block_size)
+
+    def num_queued_prefill_tokens(self) -> int:
+        queued = sum(s.num_prompt_tokens for s in self.waiting)
+        return queued + sum(s.num_prompt_tokens - s.num_computed_tokens for s in self.running if s.is_prefilling)
+
+    def find(self, request_id: str) -> Sequence | None:
+        for seq in (*self.waiting, *self.running):
+            if seq.request_id == request_id:
+                return seq
+        return None
+
+    def _extend_hashes(self, seq: Sequence, num_full_blocks: int) -> None:
+        bs = self.block_size
+        while len(seq.block_hashes) < num_full_blocks:
+            i = len(seq.block_hashes)
+            parent = seq.block_hashes[-1] if seq.block_hashes else root_hash(self.model_name, seq.request.cache_salt)
+            seq.block_hashes.append(chain_hash(parent, seq.token_ids[i * bs : (i + 1) * bs]))
+
+    # --- scheduling ----------------------------------------------------------------------
+    def admit(self) -> None:
+        while self.waiting and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            self._extend_hashes(seq, seq.num_prompt_tokens // self.block_size)
+            max_hit = (seq.num_prompt_tokens - 1) // self.block_size
+            got = self.blocks.allocate_with_prefix(seq.block_hashes[:max_hit], self.num_blocks_needed(seq.request))
+            if got is None:
+                return  # the head waits for blocks; later requests do not overtake it
+            self.waiting.popleft()
+            seq.block_ids, num_hit_blocks = got
+            seq.num_computed_tokens = seq.num_cached_tokens = num_hit_blocks * self.block_size
+            seq.num_registered_blocks = num_hit_blocks
+            self._release_held(seq)
+            self.running.append(seq)
+
+    def schedule(self) -> list[ScheduledChunk]:
+        """Admit what fits, then plan this step's tokens."""
+        self.admit()
+        budget = self.max_num_batched_tokens
+        chunks: list[ScheduledChunk] = []
+        for seq in self.running:
+            if not seq.is_prefilling:
+                chunks.append(ScheduledChunk(seq, seq.num_computed_tokens, 1))
+                budget -= 1
+        for seq in self.running:
+            if seq.is_prefilling and budget > 0:
+                n = min(seq.num_prompt_tokens - seq.num_computed_tokens, budget)
+                chunks.append(ScheduledChunk(seq, seq.num_computed_tokens, n))
+                budget -= n
+        return chunks
+
+    def update(self, chunk: ScheduledChunk, sampled_token: int | None) -> EngineOutput | None:
+        """Account one computed chunk (its KV is written); returns the output to send, if any."""
+        seq = chunk.seq
+        seq.num_computed_tokens = chunk.start + chunk.num_tokens
+        self._register_full_blocks(seq)
+        if seq.is_prefilling:
+            return None
+        if seq.request.prefill_only:
+            return self._finish_prefill_only(seq)
+        assert sampled_token is not None
+        seq.token_ids.append(sampled_token)
+        seq.num_output_tokens += 1
+        params = seq.request.sampling
+        reason = None
+        if not params.ignore_eos and sampled_token in self.eos_token_ids:
+            reason = "eos"
+        elif sampled_token in params.stop_token_ids:
+            reason = "stop"
+        elif seq.num_output_tokens >= params.max_tokens:
+            reason = "length"
+        if reason is not None:
+            self._free(seq)
+        return seq.output([sampled_token], reason)
+
+    def _register_full_blocks(self, seq: Sequence) -> None:
+        num_full = seq.num_computed_tokens // self.block_size
+        if num_full <= seq.num_registered_blocks:
+            return
+        self._extend_hashes(seq, num_full)
+        first = seq.num_registered_blocks
+        self.blocks.register(seq.block_hashes[first:num_full], seq.block_ids[first:num_full])
+        seq.num_registered_blocks = num_full
+
+    def _finish_prefill_only(self, seq: Sequence) -> EngineOutput:
+        num_full = seq.num_prompt_tokens // self.block_size
+        hashes = seq.block_hashes[:num_full]
+        pinned: list[int] = []
+        for i, h in enumerate(hashes):
+            holder = self.blocks.lookup(h)
+            if holder is None:
+                # Another copy held this hash when we computed it and has since been evicted:
+                # our own block has the same KV, so publish it now.
+                holder = self.blocks.register([h], [seq.block_ids[i]])[0]
+            self.blocks.take_ref(holder)
+            pinned.append(holder)
+        self._free(seq)
+        out = seq.output([], "length")
+        out.block_hashes = list(hashes)
+        out.pinned_block_ids = pinned
+        return out
+
+    # --- ending requests -----------------------------------------------------------------
+    def _release_held(self, seq: Sequence) -> None:
+        held, seq.request.held_block_ids = seq.request.held_block_ids, []
+        if held:
+            self.blocks.release(held)
+
+    def _free(self, seq: Sequence) -> None:
+        if seq in self.running:
+            self.running.remove(seq)
+        # Tail first, so the LRU evicts a chain's tail before its head.
+        self.blocks.release(seq.block_ids[::-1])
+        seq.block_ids = []
+        self._release_held(seq)
+
+    def remove(self, seq: Sequence) -> None:
+        """Drop a waiting or running request and everything it holds (abort, error, stop)."""
+        if seq in self.waiting:
+            self.waiting.remove(seq)
+            self._release_held(seq)
+        else:
+            self._free(seq)
