@@ -1,0 +1,74 @@
+"""`kvplane agent`: run one agent beside its engine in the foreground (what a sidecar runs)."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import socket
+
+from dataplane.agent.config import AgentConfig
+from dataplane.engine.config import EngineConfig
+from kvplane.types import Role
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    a, e = AgentConfig(worker_id="x"), EngineConfig()
+    parser.add_argument("--worker-id", default="", help="unique worker id (default: ROLE-HOSTNAME-PORT)")
+    parser.add_argument("--role", choices=[r.value for r in Role], default=a.role.value, help="what this worker does (default %(default)s)")
+    parser.add_argument("--host", default=a.host, help="address to listen on (default %(default)s)")
+    parser.add_argument("--port", type=int, default=a.port, help="port to listen on (default: any free port)")
+    parser.add_argument("--advertise-host", default="", help="address peers and the control plane dial (default: --host)")
+    parser.add_argument("--controlplane", default=a.controlplane, help="control plane host:port (default %(default)s)")
+    parser.add_argument("--model", default=e.model, help="'builtin-tiny' or a local Hugging Face Llama directory (default %(default)s)")
+    parser.add_argument("--block-size", type=int, default=e.block_size, help="tokens per KV block (default %(default)s)")
+    parser.add_argument("--num-blocks", type=int, default=e.num_blocks, help="KV blocks in the pool (default %(default)s)")
+    parser.add_argument("--max-num-seqs", type=int, default=e.max_num_seqs, help="largest decode batch (default %(default)s)")
+    parser.add_argument("--max-tokens-limit", type=int, default=e.max_tokens_limit, help="largest max_tokens accepted (default %(default)s)")
+    parser.add_argument("--dtype", default=e.dtype, help="KV and weight dtype (default %(default)s)")
+    parser.add_argument("--device", default=e.device, help="torch device (default %(default)s)")
+    parser.add_argument("--seed", type=int, default=e.seed, help="seed of the built-in model's weights and sampling (default %(default)s)")
+    parser.add_argument("--transports", default="", help="comma-separated KV transports, best first (default: all available)")
+    parser.add_argument("--lease-ttl", type=int, default=a.lease_ttl_s, help="lease TTL in seconds (default: the control plane's)")
+    parser.add_argument("--log-level", default="INFO", help="logging level (default %(default)s)")
+
+
+def config_from_args(args: argparse.Namespace) -> AgentConfig:
+    engine = EngineConfig(
+        model=args.model,
+        block_size=args.block_size,
+        num_blocks=args.num_blocks,
+        max_num_seqs=args.max_num_seqs,
+        max_tokens_limit=args.max_tokens_limit,
+        dtype=args.dtype,
+        device=args.device,
+        seed=args.seed,
+    )
+    worker_id = args.worker_id or f"{args.role}-{socket.gethostname()}-{args.port or 'auto'}"
+    return AgentConfig(
+        worker_id=worker_id,
+        role=Role(args.role),
+        host=args.host,
+        port=args.port,
+        advertise_host=args.advertise_host,
+        controlplane=args.controlplane,
+        engine=engine,
+        transports=tuple(t for t in args.transports.split(",") if t),
+        lease_ttl_s=args.lease_ttl,
+    ).validate()
+
+
+def run(args: argparse.Namespace) -> int:
+    from dataplane.agent.server import serve
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        config = config_from_args(args)
+    except ValueError as e:
+        print(f"kvplane agent: {e}")
+        return 2
+    try:
+        asyncio.run(serve(config))
+    except (RuntimeError, ValueError) as e:
+        print(f"kvplane agent: {e}")
+        return 1
+    return 0

@@ -1,0 +1,103 @@
+"""Runs one agent: engine, KV transports, the Agent gRPC service and the control-plane link."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+
+import grpc
+
+from dataplane.agent.config import AgentConfig
+from dataplane.agent.link import ControlPlaneLink
+from dataplane.agent.service import AgentService
+from dataplane.engine.engine import Engine
+from dataplane.transport import available_transports, make_transport
+from kvplane.grpc_util import enable_health_and_reflection, make_server
+from kvplane.v1 import agent_pb2, agent_pb2_grpc, common_pb2
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAMES = (agent_pb2.DESCRIPTOR.services_by_name["Agent"].full_name,)
+
+
+class AgentServer:
+    def __init__(self, config: AgentConfig) -> None:
+        self.config = config.validate()
+        self.engine: Engine | None = None
+        self.service: AgentService | None = None
+        self.link: ControlPlaneLink | None = None
+        self.endpoint = ""
+        self._server: grpc.aio.Server | None = None
+        self._transports: dict = {}
+
+    async def start(self) -> str:
+        config = self.config
+        # Loading weights is slow and synchronous: keep the event loop responsive meanwhile.
+        self.engine = await asyncio.to_thread(Engine, config.engine)
+        self.engine.start()
+        names = list(config.transports) or available_transports()
+        unknown = [n for n in names if n not in available_transports()]
+        if unknown:
+            raise ValueError(f"KV transports {unknown} are not available here; available: {available_transports()}")
+        self._transports = {name: make_transport(name, self.engine.pool, agent_name=config.worker_id) for name in names}
+        server = make_server()
+        port = server.add_insecure_port(f"{config.host}:{config.port}")
+        if port == 0:
+            raise RuntimeError(f"cannot listen on {config.host}:{config.port} (port in use?)")
+        self.endpoint = f"{config.advertise_host or config.host}:{port}"
+        self.link = ControlPlaneLink(
+            config,
+            info=lambda: self.service.worker_info(),
+            load=lambda: (self.service.worker_load(), self.service.state),
+            take_events=self.engine.take_kv_events,
+            snapshot=self.engine.cached_block_hashes,
+        )
+        self.service = AgentService(config, self.engine, self._transports, lambda: self.link.ticket_key, self.endpoint)
+        agent_pb2_grpc.add_AgentServicer_to_server(self.service, server)
+        enable_health_and_reflection(server, SERVICE_NAMES)
+        await server.start()
+        self._server = server
+        self.service.start()
+        await self.link.start()
+        log.info("agent %s (%s) serving %s on %s with transports %s", config.worker_id, config.role.value, self.engine.model_name, self.endpoint, names)
+        return self.endpoint
+
+    async def drain(self, timeout_s: float) -> None:
+        """Takes no new work and waits (bounded) for running requests to finish."""
+        assert self.service is not None and self.engine is not None
+        self.service.state = common_pb2.WORKER_STATE_DRAINING
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            load = self.engine.load()
+            if load.num_running + load.num_waiting == 0:
+                return
+            await asyncio.sleep(0.1)
+        log.warning("drain timed out with requests still running; they will be aborted")
+
+    async def stop(self, drain_timeout_s: float = 10.0) -> None:
+        if self.service is not None:
+            await self.drain(drain_timeout_s)
+        if self.link is not None:
+            await self.link.stop(deregister=True)
+        if self._server is not None:
+            await self._server.stop(1.0)
+        if self.service is not None:
+            await self.service.close()
+        for transport in self._transports.values():
+            transport.close()
+        if self.engine is not None:
+            self.engine.stop()
+
+
+async def serve(config: AgentConfig) -> None:
+    agent = AgentServer(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    endpoint = await agent.start()
+    print(f"kvplane agent {config.worker_id} listening on {endpoint}", flush=True)
+    await stop.wait()
+    log.info("stopping agent %s", config.worker_id)
+    await agent.stop()

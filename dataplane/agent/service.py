@@ -1,0 +1,343 @@
+"""The Agent gRPC service beside one engine: generate, prefill for a peer, serve KV pulls, drain.
+
+Disaggregated request, decode side: ask the prefill peer to prefill and pin the prompt's full
+blocks, pull only the blocks this engine lacks, commit them to the prefix cache, then run the
+request here (the prefix cache hits; at most one block's tail is computed locally). If the peer
+fails for any reason other than an incompatible layout, the request prefills locally instead,
+as Dynamo does: the caller still gets its tokens.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import grpc
+
+from dataplane.agent.bridge import TextStream, sampling_from_pb, submit
+from dataplane.agent.config import AgentConfig
+from dataplane.engine.request import EngineCapacityError, EngineInputError, EngineRequest, SamplingParams
+from dataplane.transport import LayoutMismatchError, PullSource
+from dataplane.transport.grpc_stream import iter_chunks
+from kvplane import tickets
+from kvplane.convert import layout_from_pb, layout_to_pb, role_to_pb
+from kvplane.grpc_util import aio_channel
+from kvplane.types import BlockHash
+from kvplane.v1 import agent_pb2, agent_pb2_grpc, common_pb2
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class Pin:
+    block_ids: list[int]
+    expires_at: float
+
+
+class RemotePrefillRefused(Exception):
+    """The prefill peer refused for a reason local prefill would not fix (e.g. layout mismatch)."""
+
+
+class AgentService(agent_pb2_grpc.AgentServicer):
+    def __init__(self, config: AgentConfig, engine, transports: dict, ticket_key: Callable[[], bytes], endpoint: str) -> None:
+        self._config = config
+        self.endpoint = endpoint
+        self._engine = engine
+        self._transports = transports          # name -> KVTransport, best first
+        self._ticket_key = ticket_key          # () -> bytes, set once registered
+        self.state = common_pb2.WORKER_STATE_ACTIVE
+        self._pins: dict[str, Pin] = {}
+        self._peer_stubs: dict[str, agent_pb2_grpc.AgentStub] = {}
+        self._peer_channels: list[grpc.aio.Channel] = []
+        self._janitor: asyncio.Task | None = None
+
+    @property
+    def worker_id(self) -> str:
+        return self._config.worker_id
+
+    def start(self) -> None:
+        self._janitor = asyncio.create_task(self._expire_pins(), name="pin-janitor")
+
+    async def close(self) -> None:
+        if self._janitor:
+            self._janitor.cancel()
+        for channel in self._peer_channels:
+            await channel.close()
+        for transfer_id in list(self._pins):
+            self._release(transfer_id)
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    async def _check_ticket(self, ticket: common_pb2.Ticket, context) -> None:
+        try:
+            tickets.verify(self._ticket_key(), ticket, self.worker_id)
+        except tickets.TicketError as e:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(e))
+
+    async def _check_accepting(self, context) -> None:
+        if self.state == common_pb2.WORKER_STATE_DRAINING:
+            # UNAVAILABLE, not FAILED_PRECONDITION: the control plane retries elsewhere.
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"worker {self.worker_id} is draining and takes no new requests")
+
+    def _peer(self, endpoint: str) -> agent_pb2_grpc.AgentStub:
+        stub = self._peer_stubs.get(endpoint)
+        if stub is None:
+            channel = aio_channel(endpoint)
+            self._peer_channels.append(channel)
+            stub = self._peer_stubs[endpoint] = agent_pb2_grpc.AgentStub(channel)
+        return stub
+
+    def _release(self, transfer_id: str) -> bool:
+        pin = self._pins.pop(transfer_id, None)
+        if pin is None:
+            return False
+        self._engine.unpin(pin.block_ids)
+        return True
+
+    async def _expire_pins(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            now = time.time()
+            for transfer_id in [t for t, p in self._pins.items() if p.expires_at < now]:
+                log.warning("transfer %s was not pulled in time; unpinning its blocks", transfer_id)
+                self._release(transfer_id)
+
+    def _submit(self, request: EngineRequest):
+        return submit(self._engine, request)
+
+    # -- Generate (decode side, or both) ------------------------------------------------------
+
+    async def Generate(self, request: agent_pb2.AgentGenerateRequest, context):
+        await self._check_ticket(request.ticket, context)
+        await self._check_accepting(context)
+        prompt = list(request.prompt_token_ids)
+        metrics = common_pb2.RequestMetrics(decode_worker=self.worker_id, prefill_worker=self.worker_id, prompt_tokens=len(prompt))
+        held: list[int] = []
+        remote = request.HasField("prefill_from") and request.prefill_from.endpoint
+        if remote:
+            try:
+                held = await self._remote_prefill(request, metrics)
+            except RemotePrefillRefused as e:
+                await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
+            except Exception as e:  # the peer died, timed out or ran out of room: prefill here
+                log.warning("remote prefill on %s failed (%s); prefilling locally", request.prefill_from.worker_id, e)
+                metrics.prefill_worker = self.worker_id
+                metrics.disaggregated = False
+        engine_request = EngineRequest(
+            request_id=request.request_id or uuid.uuid4().hex,
+            prompt_token_ids=prompt,
+            sampling=sampling_from_pb(request.sampling),
+            cache_salt=request.cache_salt,
+            held_block_ids=held,
+        )
+        try:
+            queue = self._submit(engine_request)
+        except EngineInputError as e:
+            self._engine.unpin(held)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        except EngineCapacityError as e:
+            self._engine.unpin(held)
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
+        started = time.monotonic()
+        text = TextStream(self._engine.tokenizer)
+        finished = False
+        try:
+            while not finished:
+                out = await queue.get()
+                finished = out.finished
+                if out.error:
+                    await context.abort(grpc.StatusCode.INTERNAL, f"engine failed on this request: {out.error}")
+                reply = agent_pb2.AgentGenerateResponse(
+                    token_ids=out.new_token_ids,
+                    text=text.push(out.new_token_ids, final=finished),
+                    finished=finished,
+                    finish_reason=out.finish_reason or "",
+                )
+                if out.new_token_ids and not metrics.ttft_ms:
+                    metrics.ttft_ms = (time.monotonic() - started) * 1000
+                if finished:
+                    if not metrics.disaggregated:
+                        metrics.cached_tokens = out.num_cached_tokens
+                        metrics.prefill_computed_tokens = out.num_prompt_tokens - out.num_cached_tokens
+                    reply.metrics.CopyFrom(metrics)
+                yield reply
+        finally:
+            if not finished:
+                # The caller went away: stop spending compute on it.
+                self._engine.abort(engine_request.request_id)
+
+    async def _remote_prefill(self, request: agent_pb2.AgentGenerateRequest, metrics: common_pb2.RequestMetrics) -> list[int]:
+        """Has the peer prefill, pulls the missing blocks into this pool; returns the refs taken on them."""
+        source = request.prefill_from
+        peer = self._peer(source.endpoint)
+        offered = [source.transport] if source.transport else list(self._transports)
+        try:
+            reply = await peer.Prefill(
+                agent_pb2.PrefillRequest(
+                    ticket=request.ticket,
+                    request_id=request.request_id,
+                    prompt_token_ids=request.prompt_token_ids,
+                    cache_salt=request.cache_salt,
+                    layout=layout_to_pb(self._engine.layout),
+                    transports=offered,
+                ),
+                timeout=self._config.prefill_timeout_s,
+            )
+        except grpc.aio.AioRpcError as e:
+            if e.code() in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMENT):
+                raise RemotePrefillRefused(f"prefill worker {source.worker_id} refused: {e.details()}") from None
+            raise
+        metrics.prefill_worker = source.worker_id
+        metrics.disaggregated = True
+        metrics.transport = reply.transport
+        metrics.cached_tokens = reply.cached_tokens
+        metrics.prefill_computed_tokens = reply.prefill_computed_tokens
+        hashes = [BlockHash(h) for h in reply.block_hashes]
+        missing = self._engine.missing_blocks(hashes)
+        transport = self._transports[reply.transport]
+        released = False
+        held: list[int] = []
+        started = time.monotonic()
+        try:
+            if missing:
+                dst = self._engine.allocate_for_import(len(missing))
+                if dst is None:
+                    raise RuntimeError(f"no free KV blocks for {len(missing)} imported blocks")
+                try:
+                    source_desc = PullSource(
+                        endpoint=source.endpoint, transfer_id=reply.transfer_id, descriptor=reply.transport_descriptor, layout=self._engine.layout
+                    )
+                    nbytes = await transport.pull(source_desc, missing, dst)
+                    released = reply.transport == "grpc"  # the gRPC pull asked the peer to unpin when done
+                except BaseException:
+                    self._engine.abort_import(dst)
+                    raise
+                held = self._engine.commit_import([hashes[i] for i in missing], dst)
+                metrics.kv_transfer_bytes = nbytes
+                metrics.kv_transfer_blocks = len(missing)
+        except LayoutMismatchError as e:
+            raise RemotePrefillRefused(str(e)) from None
+        finally:
+            metrics.kv_transfer_ms = (time.monotonic() - started) * 1000
+            if not released:
+                try:
+                    await peer.ReleaseKV(agent_pb2.ReleaseKVRequest(transfer_id=reply.transfer_id), timeout=5)
+                except grpc.aio.AioRpcError as e:
+                    log.warning("releasing transfer %s failed (%s); the peer unpins it on timeout", reply.transfer_id, e.details())
+        return held
+
+    # -- Prefill and KV serving (prefill side) --------------------------------------------------
+
+    async def Prefill(self, request: agent_pb2.PrefillRequest, context):
+        await self._check_ticket(request.ticket, context)
+        await self._check_accepting(context)
+        if not self._config.role.can_prefill:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"worker {self.worker_id} has role {self._config.role.value} and does not prefill for peers")
+        mismatch = self._engine.layout.mismatch(layout_from_pb(request.layout))
+        if mismatch:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"cannot transfer KV from {self.worker_id}: {mismatch}")
+        transport_name = next((t for t in request.transports if t in self._transports), None)
+        if transport_name is None:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"no common KV transport: the decode side offers {list(request.transports)}, this agent serves {list(self._transports)}",
+            )
+        engine_request = EngineRequest(
+            request_id=f"{request.request_id or uuid.uuid4().hex}:prefill",
+            prompt_token_ids=list(request.prompt_token_ids),
+            sampling=SamplingParams(max_tokens=1),
+            cache_salt=request.cache_salt,
+            prefill_only=True,
+        )
+        try:
+            queue = self._submit(engine_request)
+        except EngineInputError as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        except EngineCapacityError as e:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
+        out = await queue.get()
+        while not out.finished:
+            out = await queue.get()
+        if out.error or out.finish_reason == "abort":
+            self._engine.unpin(out.pinned_block_ids)
+            await context.abort(grpc.StatusCode.INTERNAL, f"prefill failed: {out.error or 'aborted'}")
+        transfer_id = uuid.uuid4().hex
+        expires_at = time.time() + self._config.pin_timeout_s
+        self._pins[transfer_id] = Pin(list(out.pinned_block_ids), expires_at)
+        return agent_pb2.PrefillResponse(
+            transfer_id=transfer_id,
+            block_hashes=list(out.block_hashes),
+            prefill_computed_tokens=out.num_prompt_tokens - out.num_cached_tokens,
+            cached_tokens=out.num_cached_tokens,
+            transport=transport_name,
+            transport_descriptor=self._transports[transport_name].describe(out.pinned_block_ids),
+            expires_at=expires_at,
+            layout=layout_to_pb(self._engine.layout),
+        )
+
+    async def PullKV(self, request: agent_pb2.PullKVRequest, context):
+        pin = self._pins.get(request.transfer_id)
+        if pin is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown or expired transfer {request.transfer_id!r}: prefill again")
+        mismatch = self._engine.layout.mismatch(layout_from_pb(request.layout))
+        if mismatch:
+            self._release(request.transfer_id)
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"cannot transfer KV from {self.worker_id}: {mismatch}")
+        bad = [i for i in request.block_indices if i >= len(pin.block_ids)]
+        if bad:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"block indices {bad[:5]} are outside the transfer's {len(pin.block_ids)} blocks")
+        try:
+            for chunk in iter_chunks(self._engine.pool, pin.block_ids, list(request.block_indices), request.chunk_bytes or 1 << 20):
+                yield chunk
+        finally:
+            if request.release_after:
+                self._release(request.transfer_id)
+
+    async def ReleaseKV(self, request: agent_pb2.ReleaseKVRequest, context):
+        return agent_pb2.ReleaseKVResponse(released=self._release(request.transfer_id))
+
+    # -- operations -------------------------------------------------------------------------------
+
+    async def Drain(self, request, context):
+        self.state = common_pb2.WORKER_STATE_DRAINING
+        load = self._engine.load()
+        log.info("draining: %d running, %d waiting requests will finish", load.num_running, load.num_waiting)
+        return agent_pb2.DrainResponse(state=self.state, num_running=load.num_running + load.num_waiting)
+
+    async def GetStatus(self, request, context):
+        return agent_pb2.GetStatusResponse(info=self.worker_info(), load=self.worker_load())
+
+    async def Tokenize(self, request, context):
+        return agent_pb2.TokenizeResponse(token_ids=self._engine.tokenizer.encode(request.text))
+
+    # -- what the link reports ---------------------------------------------------------------------
+
+    def worker_info(self) -> common_pb2.WorkerInfo:
+        e = self._engine
+        return common_pb2.WorkerInfo(
+            worker_id=self.worker_id,
+            role=role_to_pb(self._config.role),
+            endpoint=self.endpoint,
+            model=e.model_name,
+            layout=layout_to_pb(e.layout),
+            state=self.state,
+            max_context=e.max_context,
+            vocab_size=e.vocab_size,
+            transports=list(self._transports),
+            max_tokens_limit=self._config.engine.max_tokens_limit,
+        )
+
+    def worker_load(self) -> common_pb2.WorkerLoad:
+        load = self._engine.load()
+        return common_pb2.WorkerLoad(
+            num_running=load.num_running,
+            num_waiting=load.num_waiting,
+            num_queued_prefill_tokens=load.num_queued_prefill_tokens,
+            num_free_blocks=load.num_free_blocks,
+            num_used_blocks=load.num_used_blocks,
+            num_total_blocks=load.num_total_blocks,
+            num_cached_blocks=load.num_cached_blocks,
+        )
