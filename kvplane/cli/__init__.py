@@ -1,0 +1,1 @@
+"""The `kvplane` command: client commands, the local-cluster launcher and the server entry points."""

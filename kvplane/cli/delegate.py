@@ -1,0 +1,85 @@
+"""Commands whose arguments and behaviour live in other packages: the servers and the benchmarks.
+
+`kvplane controlplane`, `kvplane agent` and `kvplane bench transfer` import their module
+only when run, so that client commands start fast and never import torch. Each module
+provides `add_arguments(parser) -> None` and `run(args) -> int`; all arguments after the
+command name go to the module's own parser (its --help included).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+from dataclasses import dataclass
+
+from kvplane.cli.common import CliError
+
+
+@dataclass(frozen=True, slots=True)
+class Delegate:
+    command: tuple[str, ...]  # e.g. ("bench", "transfer")
+    module: str
+    help: str
+    description: str
+
+    @property
+    def prog(self) -> str:
+        return "kvplane " + " ".join(self.command)
+
+
+DELEGATES = (
+    Delegate(
+        ("controlplane",), "controlplane.main", "run a control plane server",
+        "Runs one control-plane replica: the client API, registry, router and admission control.",
+    ),
+    Delegate(
+        ("agent",), "dataplane.agent.main", "run a data-plane agent beside an engine",
+        "Runs a data-plane agent: registers with a control plane, serves Generate/Prefill/KV pulls.",
+    ),
+    Delegate(
+        ("bench", "transfer"), "kvplane.bench.transfer", "measure KV transfer throughput",
+        "Measures KV-block transfer throughput and latency between two processes per transport.",
+    ),
+)  # fmt: skip
+
+
+def find(argv: list[str]) -> tuple[Delegate, list[str]] | None:
+    """The delegate named at the start of argv and the arguments meant for it, if any."""
+    for delegate in DELEGATES:
+        n = len(delegate.command)
+        if tuple(argv[:n]) == delegate.command:
+            return delegate, argv[n:]
+    return None
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Placeholders so that `kvplane --help` and `kvplane bench --help` list the delegated commands.
+
+    main() dispatches delegated commands before this parser sees them.
+    """
+    bench = subparsers.add_parser("bench", help="benchmarks", description="Benchmarks of kvplane's parts.")
+    bench_commands = bench.add_subparsers(title="benchmarks", metavar="BENCHMARK")
+    for delegate in DELEGATES:
+        target = bench_commands if delegate.command[0] == "bench" else subparsers
+        target.add_parser(delegate.command[-1], help=delegate.help, add_help=False)
+    bench.set_defaults(func=lambda args: _print_help_and_fail(bench))
+
+
+def run(delegate: Delegate, argv: list[str]) -> int:
+    try:
+        module = importlib.import_module(delegate.module)
+    except ModuleNotFoundError as e:
+        # Only a missing target module is a user-facing condition; a broken import inside it is a bug.
+        if e.name is None or not delegate.module.startswith(e.name):
+            raise
+        raise CliError(
+            f"`{delegate.prog}` is not available in this installation: module {delegate.module} is missing"
+        ) from None
+    parser = argparse.ArgumentParser(prog=delegate.prog, description=delegate.description)
+    module.add_arguments(parser)
+    args = parser.parse_args(argv)
+    return int(module.run(args) or 0)
+
+
+def _print_help_and_fail(parser: argparse.ArgumentParser) -> int:
+    parser.print_help()
+    return 2

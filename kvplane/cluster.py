@@ -1,0 +1,240 @@
+"""A control plane and its agents as local child processes: for `kvplane up`, the demo and tests.
+
+Each child is `python -m kvplane controlplane|agent ...` with its output in a log file.
+Children run in their own session so that a terminal's Ctrl-C reaches only the launcher,
+which then stops them in order: agents first (so they can give up their leases while the
+control plane and its embedded store still run), then the control plane; SIGTERM first,
+SIGKILL for whatever has not exited within the grace period.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import IO
+
+from kvplane.client import Client
+from kvplane.errors import KvplaneError, UnavailableError
+
+CONTROLPLANE = "controlplane"
+LOCALHOST = "127.0.0.1"
+_ROLES = ("prefill", "decode", "both")
+_PACKAGE_ROOT = Path(__file__).resolve().parent.parent  # the directory holding kvplane/
+
+
+class ClusterError(RuntimeError):
+    """The local cluster could not start; the message carries the failing process's log tail."""
+
+
+def free_port(host: str = LOCALHOST) -> int:
+    """A port that was free a moment ago (bind port 0, read it, release it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+class LocalCluster:
+    """Starts a control plane plus `num_prefill`/`num_decode`/`num_both` agents; a context manager.
+
+    Worker ids are "<role>-<i>" (prefill-0, decode-0, both-0, ...); process names are the
+    worker ids plus "controlplane". `start()` returns once ListWorkers shows every agent.
+    """
+
+    def __init__(
+        self,
+        num_prefill: int = 1,
+        num_decode: int = 1,
+        num_both: int = 0,
+        store: str = "memory",
+        port: int | None = None,
+        agent_args: tuple[str, ...] | list[str] = (),
+        controlplane_args: tuple[str, ...] | list[str] = (),
+        log_dir: str | os.PathLike[str] | None = None,
+        *,
+        startup_timeout: float = 90.0,
+        stop_timeout: float = 10.0,
+    ) -> None:
+        counts = {"prefill": num_prefill, "decode": num_decode, "both": num_both}
+        for role, count in counts.items():
+            if count < 0:
+                raise ValueError(f"num_{role} must be >= 0, got {count}")
+        if sum(counts.values()) == 0:
+            raise ValueError("a cluster needs at least one agent (num_prefill, num_decode or num_both)")
+        self._counts = counts
+        self._store = store
+        self._port = port
+        self._agent_args = tuple(agent_args)
+        self._controlplane_args = tuple(controlplane_args)
+        self._log_dir_arg = Path(log_dir) if log_dir is not None else None
+        self._owns_log_dir = log_dir is None
+        self._startup_timeout = startup_timeout
+        self._stop_timeout = stop_timeout
+
+        self.log_dir: Path | None = None
+        self.endpoint = ""
+        self.processes: dict[str, subprocess.Popen[bytes]] = {}
+        self.worker_endpoints: dict[str, str] = {}
+        self.log_paths: dict[str, Path] = {}
+        self._log_files: list[IO[bytes]] = []
+        self._started = False
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def start(self) -> LocalCluster:
+        if self._started:
+            raise RuntimeError("this LocalCluster was already started; make a new one")
+        self._started = True
+        atexit.register(self.stop)  # a crashing caller must not leave orphan servers behind
+        try:
+            self._prepare_log_dir()
+            port = self._port or free_port()
+            self.endpoint = f"{LOCALHOST}:{port}"
+            self._spawn(CONTROLPLANE, [
+                CONTROLPLANE, "--host", LOCALHOST, "--port", str(port), "--store", self._store,
+                *self._controlplane_args,
+            ])  # fmt: skip
+            for role in _ROLES:
+                for index in range(self._counts[role]):
+                    self._start_agent(role, index, port)
+            self.wait_until_registered(self._startup_timeout)
+        except BaseException:
+            self.stop()  # also on Ctrl-C during startup
+            raise
+        return self
+
+    def wait_until_registered(self, timeout: float) -> None:
+        """Blocks until ListWorkers shows every agent; ClusterError if a child dies or time runs out."""
+        deadline = time.monotonic() + timeout
+        expected = set(self.worker_endpoints)
+        seen: set[str] = set()
+        last_error = "the control plane has not answered yet"
+        with Client(self.endpoint, timeout=2.0) as client:
+            while True:
+                exited = self.exited()
+                if exited:
+                    name, code = next(iter(exited.items()))
+                    raise ClusterError(
+                        f"{name} exited with code {code} during startup; last lines of {self.log_paths[name]}:\n"
+                        f"{self.log_tail(name)}"
+                    )
+                try:
+                    seen = {w.worker_id for w in client.workers()}
+                    last_error = ""
+                except UnavailableError as e:
+                    last_error = str(e)
+                except KvplaneError as e:
+                    last_error = f"ListWorkers failed: {e}"
+                if expected <= seen:
+                    return
+                if time.monotonic() >= deadline:
+                    break
+                time.sleep(0.2)
+        missing = sorted(expected - seen)
+        culprit = missing[0] if missing else CONTROLPLANE
+        raise ClusterError(
+            f"the cluster was not ready within {timeout:g} s: not registered: {', '.join(missing) or 'none'}"
+            f"{'; ' + last_error if last_error else ''}; last lines of {self.log_paths[culprit]}:\n"
+            f"{self.log_tail(culprit)}"
+        )
+
+    def stop(self) -> None:
+        """Stops every child (agents, then the control plane); safe to call more than once."""
+        atexit.unregister(self.stop)
+        agents = [name for name in self.processes if name != CONTROLPLANE]
+        self._terminate(agents)
+        self._terminate([CONTROLPLANE] if CONTROLPLANE in self.processes else [])
+        for log_file in self._log_files:
+            log_file.close()
+        self._log_files.clear()
+        if self._owns_log_dir and self.log_dir is not None and not self.exited(nonzero_only=True):
+            shutil.rmtree(self.log_dir, ignore_errors=True)  # kept when something failed, for reading
+
+    def __enter__(self) -> LocalCluster:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    # -- inspection and fault injection --------------------------------------------------------
+
+    def kill(self, name: str, sig: signal.Signals = signal.SIGKILL) -> None:
+        """Sends `sig` to one child (a worker id or "controlplane")."""
+        try:
+            process = self.processes[name]
+        except KeyError:
+            raise ValueError(f"no process named {name!r}; known: {', '.join(self.processes)}") from None
+        if process.poll() is None:
+            process.send_signal(sig)
+
+    def exited(self, *, nonzero_only: bool = False) -> dict[str, int]:
+        """Children that have exited, name -> exit code (negative: killed by that signal)."""
+        codes = {name: p.poll() for name, p in self.processes.items()}
+        return {
+            name: code for name, code in codes.items() if code is not None and (code != 0 or not nonzero_only)
+        }
+
+    def log_tail(self, name: str, num_lines: int = 30) -> str:
+        path = self.log_paths.get(name)
+        if path is None or not path.exists():
+            return "(no log)"
+        lines = path.read_text(errors="replace").splitlines()
+        return "\n".join(lines[-num_lines:]) or "(log is empty)"
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _prepare_log_dir(self) -> None:
+        if self._log_dir_arg is None:
+            self.log_dir = Path(tempfile.mkdtemp(prefix="kvplane-cluster-"))
+        else:
+            self.log_dir = self._log_dir_arg
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+
+    def _start_agent(self, role: str, index: int, controlplane_port: int) -> None:
+        worker_id = f"{role}-{index}"
+        port = free_port()
+        self.worker_endpoints[worker_id] = f"{LOCALHOST}:{port}"
+        self._spawn(worker_id, [
+            "agent", "--role", role, "--host", LOCALHOST, "--port", str(port),
+            "--controlplane", f"{LOCALHOST}:{controlplane_port}", "--worker-id", worker_id,
+            *self._agent_args,
+        ])  # fmt: skip
+
+    def _spawn(self, name: str, kvplane_args: list[str]) -> None:
+        assert self.log_dir is not None
+        path = self.log_dir / f"{name}.log"
+        log_file = path.open("ab")
+        self._log_files.append(log_file)
+        self.log_paths[name] = path
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        # The children import this same kvplane even when it is not installed (e.g. a checkout).
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_PACKAGE_ROOT), env.get("PYTHONPATH")]))
+        self.processes[name] = subprocess.Popen(
+            [sys.executable, "-m", "kvplane", *kvplane_args],
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+
+    def _terminate(self, names: list[str]) -> None:
+        running = [self.processes[n] for n in names if self.processes[n].poll() is None]
+        for process in running:
+            process.terminate()
+        deadline = time.monotonic() + self._stop_timeout
+        for process in running:
+            try:
+                process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
