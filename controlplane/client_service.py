@@ -17,15 +17,14 @@ from controlplane.config import ControlPlaneConfig
 from controlplane.core.admission import Reject, make_admission_policy
 from controlplane.core.router import NoCandidateError, RouteDecision, RouteRequest, Router
 from kvplane import tickets
-from kvplane.convert import STATE_NAMES, disagg_from_pb, role_from_pb
+from kvplane.convert import disagg_from_pb
+from kvplane.errors import REASON_KEY, RETRY_AFTER_MS_KEY
 from kvplane.grpc_util import aio_channel
 from kvplane.types import DisaggMode, Tier, WorkerId
 from kvplane.v1 import agent_pb2, agent_pb2_grpc, client_pb2, client_pb2_grpc, common_pb2
 
 log = logging.getLogger(__name__)
 
-RETRY_AFTER_MS_KEY = "retry-after-ms"
-REASON_KEY = "kvplane-reason"
 
 
 @dataclass(slots=True)

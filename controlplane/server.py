@@ -29,7 +29,7 @@ SERVICE_NAMES = (
 async def ensure_ticket_key(store: Store) -> bytes:
     """The cluster's ticket key: created by the first replica, read by every later one."""
     await store.transaction(
-        [Compare(keys.TICKET_KEY, "version", "==", 0)],
+        [Compare.absent(keys.TICKET_KEY)],
         [Put(keys.TICKET_KEY, secrets.token_bytes(32))],
     )
     kv = await store.get(keys.TICKET_KEY)
