@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import AsyncIterator, Literal, Protocol, Sequence, Union
+from typing import AsyncGenerator, Literal, Protocol, Sequence, Union
 
 from kvplane.types import LeaseId
 
@@ -192,12 +192,12 @@ class Store(Protocol):
         """Atomically apply `success` if every guard holds, else `failure`; True on success."""
         ...
 
-    def watch_prefix(self, prefix: str, start_revision: int | None = None) -> AsyncIterator[WatchEvent]:
+    def watch_prefix(self, prefix: str, start_revision: int | None = None) -> AsyncGenerator[WatchEvent, None]:
         """Events under `prefix` in revision order.
 
         The watch is established when iteration starts; without `start_revision` it sees writes
         from then on, so pass `start_revision` (e.g. a listing's revision + 1) when a gap matters.
-        Iteration ends cleanly when the store is closed; `aclose()` or cancelling the consuming
+        Iteration ends cleanly when the store is closed; the generator's `aclose()` or cancelling the consuming
         task releases the watch. Raises StoreCompacted for a start revision that is too old.
         """
         ...

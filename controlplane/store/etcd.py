@@ -14,7 +14,7 @@ StoreUnavailable, with the endpoint in the message.
 from __future__ import annotations
 
 import asyncio
-from typing import AsyncIterator, Sequence
+from typing import AsyncGenerator, Sequence
 
 import aetcd
 import grpc
@@ -105,6 +105,10 @@ class EtcdStore:
     def endpoint(self) -> str:
         return self._endpoint
 
+    @property
+    def num_active_watches(self) -> int:
+        return len(self._watch_calls)
+
     # ---- reads -------------------------------------------------------------------------
 
     async def get(self, key: str) -> KeyValue | None:
@@ -157,11 +161,11 @@ class EtcdStore:
 
     # ---- watch -------------------------------------------------------------------------
 
-    def watch_prefix(self, prefix: str, start_revision: int | None = None) -> AsyncIterator[WatchEvent]:
+    def watch_prefix(self, prefix: str, start_revision: int | None = None) -> AsyncGenerator[WatchEvent, None]:
         check_start_revision(start_revision)
         return self._watch(prefix, start_revision)
 
-    async def _watch(self, prefix: str, start_revision: int | None) -> AsyncIterator[WatchEvent]:
+    async def _watch(self, prefix: str, start_revision: int | None) -> AsyncGenerator[WatchEvent, None]:
         if self._closed:
             return
         await self._connect(f"watch of {prefix!r}")

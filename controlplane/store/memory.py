@@ -18,7 +18,7 @@ import bisect
 import itertools
 from collections import deque
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Sequence
+from typing import AsyncGenerator, Sequence
 
 from kvplane.types import LeaseId
 
@@ -76,6 +76,10 @@ class MemoryStore:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
 
+    @property
+    def num_active_watches(self) -> int:
+        return len(self._watchers)
+
     # ---- reads -------------------------------------------------------------------------
 
     async def get(self, key: str) -> KeyValue | None:
@@ -123,11 +127,11 @@ class MemoryStore:
 
     # ---- watch -------------------------------------------------------------------------
 
-    def watch_prefix(self, prefix: str, start_revision: int | None = None) -> AsyncIterator[WatchEvent]:
+    def watch_prefix(self, prefix: str, start_revision: int | None = None) -> AsyncGenerator[WatchEvent, None]:
         check_start_revision(start_revision)
         return self._watch(prefix, start_revision)
 
-    async def _watch(self, prefix: str, start_revision: int | None) -> AsyncIterator[WatchEvent]:
+    async def _watch(self, prefix: str, start_revision: int | None) -> AsyncGenerator[WatchEvent, None]:
         if self._closed:
             return
         self._expire_due()
