@@ -1,0 +1,156 @@
+"""A real grpc.aio server implementing the Kvplane service with scripted answers, for SDK and CLI tests.
+
+The prompt text picks the behaviour (see `ScriptedKvplane.Generate`); every other prompt is
+echoed back: its characters become token ids (ord), streamed two per message, and the last
+message carries fixed metrics. It runs on its own event loop in a background thread so that
+both the blocking client and the asyncio client (and CLI subprocesses) can call it.
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import grpc
+
+from kvplane.errors import REASON_KEY, RETRY_AFTER_MS_KEY
+from kvplane.v1 import client_pb2, client_pb2_grpc, common_pb2
+
+METRICS = common_pb2.RequestMetrics(
+    prefill_worker="prefill-0",
+    decode_worker="decode-0",
+    prompt_tokens=5,
+    cached_tokens=2,
+    kv_transfer_bytes=4096,
+    kv_transfer_blocks=1,
+    transport="grpc",
+    ttft_ms=12.5,
+    disaggregated=True,
+    route_reason="remote prefill: 3 uncached tokens >= threshold",
+    prefill_computed_tokens=3,
+    kv_transfer_ms=0.75,
+)
+WORKERS = (
+    client_pb2.WorkerStatus(
+        info=common_pb2.WorkerInfo(
+            worker_id="prefill-0", role=common_pb2.ROLE_PREFILL, endpoint="127.0.0.1:7001",
+            model="builtin-tiny", state=common_pb2.WORKER_STATE_ACTIVE, max_context=2048,
+            vocab_size=256, transports=["grpc"], max_tokens_limit=1024,
+            layout=common_pb2.KVLayout(model="builtin-tiny", num_layers=2, num_kv_heads=2, head_dim=16,
+                                       dtype="float32", block_size=16),
+        ),
+        load=common_pb2.WorkerLoad(num_running=1, num_waiting=2, num_used_blocks=10, num_total_blocks=512),
+        load_age_s=0.25,
+    ),
+    client_pb2.WorkerStatus(
+        info=common_pb2.WorkerInfo(
+            worker_id="decode-0", role=common_pb2.ROLE_DECODE, endpoint="127.0.0.1:7002",
+            model="builtin-tiny", state=common_pb2.WORKER_STATE_DRAINING,
+        ),
+    ),
+)  # fmt: skip
+
+
+class ScriptedKvplane(client_pb2_grpc.KvplaneServicer):
+    def __init__(self) -> None:
+        self.requests: list[client_pb2.GenerateRequest] = []
+        self.cancelled = threading.Event()  # set when a "long" generation is cancelled by its client
+
+    async def Generate(self, request, context):  # noqa: N802 - gRPC method name
+        self.requests.append(request)
+        text = request.text
+        if await _abort_if_scripted(text, context):
+            return
+        if text == "long":
+            try:
+                for i in range(1000):
+                    yield client_pb2.GenerateResponse(token_ids=[i % 200], text="x", request_id="req-long")
+                    await asyncio.sleep(0.01)
+            except asyncio.CancelledError:
+                self.cancelled.set()
+                raise
+            return
+        if text == "truncated":
+            yield client_pb2.GenerateResponse(token_ids=[1], text="a", request_id="req-t")
+            return
+        if text == "midstream-error":
+            yield client_pb2.GenerateResponse(token_ids=[1], text="a", request_id="req-m")
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "decode worker decode-0 went away")
+        ids = list(request.token_ids.ids) if request.HasField("token_ids") else [ord(c) for c in text]
+        ids = ids[: request.sampling.max_tokens]
+        for start in range(0, len(ids), 2):
+            part = ids[start : start + 2]
+            yield client_pb2.GenerateResponse(token_ids=part, text="".join(map(chr, part)), request_id="req-1")
+        yield client_pb2.GenerateResponse(finished=True, finish_reason="length", metrics=METRICS, request_id="req-1")
+
+    async def Route(self, request, context):  # noqa: N802
+        self.requests.append(request)
+        if await _abort_if_scripted(request.text, context):
+            return client_pb2.RouteResponse()
+        return client_pb2.RouteResponse(
+            request_id="req-r", decode_worker="decode-0", prefill_worker="prefill-0", disaggregated=True,
+            reason="long uncached prompt", prompt_tokens=40, cached_tokens=16,
+            candidates=[client_pb2.CandidateScore(worker_id="decode-0", cost=1.5, cached_tokens=16,
+                                                  admissible=True, note="best")],
+        )  # fmt: skip
+
+    async def ListWorkers(self, request, context):  # noqa: N802
+        return client_pb2.ListWorkersResponse(workers=WORKERS)
+
+    async def GetCache(self, request, context):  # noqa: N802
+        return client_pb2.GetCacheResponse(
+            workers=[client_pb2.WorkerCache(worker_id="decode-0", blocks_by_tier={"device": 7, "host": 3})]
+        )
+
+    async def DrainWorker(self, request, context):  # noqa: N802
+        if request.worker_id not in {w.info.worker_id for w in WORKERS}:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no worker {request.worker_id!r}")
+        return client_pb2.DrainWorkerResponse(worker_id=request.worker_id, state=common_pb2.WORKER_STATE_DRAINING)
+
+
+async def _abort_if_scripted(text: str, context) -> bool:
+    if text == "reject":
+        context.set_trailing_metadata(((RETRY_AFTER_MS_KEY, "1500"), (REASON_KEY, "ttft_slo")))
+        await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "no decode worker can meet the TTFT objective")
+    if text == "reject-no-hint":
+        await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "overloaded")
+    if text == "invalid":
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "max_tokens must be > 0")
+    if text == "precondition":
+        await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "no decode workers registered")
+    if text == "unavailable":
+        await context.abort(grpc.StatusCode.UNAVAILABLE, "all decode workers failed")
+    if text == "internal":
+        await context.abort(grpc.StatusCode.INTERNAL, "router crashed")
+    if text == "slow":
+        await asyncio.sleep(5)
+    return False
+
+
+class ScriptedServer:
+    """Starts on a free loopback port; `.endpoint`, `.servicer` (for recorded requests), `stop()`."""
+
+    def __init__(self) -> None:
+        self.servicer = ScriptedKvplane()
+        self.endpoint = ""
+        self._loop = asyncio.new_event_loop()
+        self._server: grpc.aio.Server | None = None
+        self._thread = threading.Thread(target=self._loop.run_forever, name="scripted-kvplane", daemon=True)
+
+    def start(self) -> ScriptedServer:
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(timeout=10)
+        return self
+
+    async def _start(self) -> None:
+        self._server = grpc.aio.server()
+        client_pb2_grpc.add_KvplaneServicer_to_server(self.servicer, self._server)
+        port = self._server.add_insecure_port("127.0.0.1:0")
+        await self._server.start()
+        self.endpoint = f"127.0.0.1:{port}"
+
+    def stop(self) -> None:
+        assert self._server is not None
+        asyncio.run_coroutine_threadsafe(self._server.stop(grace=None), self._loop).result(timeout=10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+        self._loop.close()
