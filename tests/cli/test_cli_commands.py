@@ -1,0 +1,106 @@
+"""Client commands against the scripted Kvplane server: output shapes and error lines."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from cli.conftest import run_kvplane
+from sdk.scripted_server import ScriptedServer
+
+METRIC_FIELDS = {
+    "prefill_worker", "decode_worker", "prompt_tokens", "cached_tokens", "kv_transfer_bytes",
+    "kv_transfer_blocks", "transport", "ttft_ms", "disaggregated", "route_reason",
+    "prefill_computed_tokens", "kv_transfer_ms", "request_id",
+}  # fmt: skip
+
+
+def test_generate_json_shape(server: ScriptedServer) -> None:
+    result = run_kvplane("generate", "hello", "--max-tokens", "4", "--json", "--endpoint", server.endpoint)
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert set(out) == {"token_ids", "text", "finish_reason"} | METRIC_FIELDS
+    assert out["token_ids"] == [104, 101, 108, 108]
+    assert (out["text"], out["finish_reason"]) == ("hell", "length")
+    assert (out["prefill_worker"], out["decode_worker"], out["cached_tokens"]) == ("prefill-0", "decode-0", 2)
+    assert (out["kv_transfer_bytes"], out["ttft_ms"], out["disaggregated"]) == (4096, 12.5, True)
+
+
+def test_generate_passes_options(server: ScriptedServer) -> None:
+    result = run_kvplane(
+        "generate", "hey", "--seed", "9", "--disagg", "never", "--cache-salt", "t9", "--temperature", "0.7",
+        "--json", "--endpoint", server.endpoint,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    request = server.servicer.requests[-1]
+    assert (request.sampling.seed, request.disagg, request.cache_salt) == (9, 2, "t9")
+
+
+def test_generate_plain_streams_text_then_a_summary(server: ScriptedServer) -> None:
+    result = run_kvplane("generate", "-", "--max-tokens", "3", stdin="world", env={"KVPLANE_ENDPOINT": server.endpoint})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "wor\n"
+    assert result.stderr.strip() == (
+        "[3 tokens, finish=length; prefill prefill-0 -> decode decode-0; prompt 5 tokens, 2 cached, "
+        "KV 4.0 KiB in 1 blocks via grpc; TTFT 12.5 ms]"
+    )
+
+
+def test_generate_rejection_is_one_line_with_retry_hint(server: ScriptedServer) -> None:
+    result = run_kvplane("generate", "reject", "--endpoint", server.endpoint)
+    assert result.returncode == 1
+    assert result.stderr.strip() == (
+        "kvplane: error: request rejected: no decode worker can meet the TTFT objective [ttft_slo]; retry after 1.5 s"
+    )
+
+
+def test_route(server: ScriptedServer) -> None:
+    result = run_kvplane("route", "p", "--json", "--endpoint", server.endpoint)
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert (out["decode_worker"], out["prefill_worker"], out["cached_tokens"]) == ("decode-0", "prefill-0", 16)
+    assert out["candidates"] == [{"worker_id": "decode-0", "cost": 1.5, "cached_tokens": 16, "admissible": True, "note": "best"}]
+    plain = run_kvplane("route", "p", "--endpoint", server.endpoint)
+    assert "decode worker:  decode-0" in plain.stdout and "decode-0: cost 1.500, 16 cached tokens, ok - best" in plain.stdout
+
+
+def test_workers_json_and_table(server: ScriptedServer) -> None:
+    result = run_kvplane("workers", "--json", "--endpoint", server.endpoint)
+    assert result.returncode == 0, result.stderr
+    prefill, decode = json.loads(result.stdout)
+    assert {k: prefill[k] for k in ("id", "role", "endpoint", "state", "model")} == {
+        "id": "prefill-0", "role": "prefill", "endpoint": "127.0.0.1:7001", "state": "active", "model": "builtin-tiny",
+    }  # fmt: skip
+    assert prefill["load"]["num_running"] == 1 and prefill["load"]["num_total_blocks"] == 512
+    assert (decode["role"], decode["state"], decode["layout"]) == ("decode", "draining", None)
+    table = run_kvplane("workers", "--endpoint", server.endpoint).stdout.splitlines()
+    assert table[0].split() == ["ID", "ROLE", "STATE", "ENDPOINT", "MODEL", "RUNNING", "WAITING", "BLOCKS", "LOAD", "AGE"]
+    assert table[1].split() == ["prefill-0", "prefill", "active", "127.0.0.1:7001", "builtin-tiny", "1", "2", "10/512", "0.2s"]
+
+
+def test_cache_json_and_table(server: ScriptedServer) -> None:
+    out = json.loads(run_kvplane("cache", "--json", "--endpoint", server.endpoint).stdout)
+    assert out == [{"id": "decode-0", "blocks_by_tier": {"device": 7, "host": 3}}]
+    table = run_kvplane("cache", "--endpoint", server.endpoint).stdout.splitlines()
+    assert [line.split() for line in table] == [["WORKER", "DEVICE", "HOST", "DISK", "TOTAL"], ["decode-0", "7", "3", "0", "10"]]
+
+
+def test_drain(server: ScriptedServer) -> None:
+    result = run_kvplane("drain", "decode-0", "--endpoint", server.endpoint)
+    assert (result.returncode, result.stdout) == (0, "worker decode-0 is draining\n")
+    assert json.loads(run_kvplane("drain", "decode-0", "--json", "--endpoint", server.endpoint).stdout) == {
+        "id": "decode-0", "state": "draining",
+    }  # fmt: skip
+    missing = run_kvplane("drain", "nope", "--endpoint", server.endpoint)
+    assert missing.returncode == 1 and missing.stderr.strip() == "kvplane: error: no worker 'nope'"
+
+
+def test_client_commands_do_not_import_torch(server: ScriptedServer) -> None:
+    # Client commands must start fast; the server modules (and torch) load only for server commands.
+    code = (
+        "import sys; from kvplane.cli.main import main; "
+        f"rc = main(['workers', '--json', '--endpoint', '{server.endpoint}']); "
+        "assert 'torch' not in sys.modules and 'controlplane' not in sys.modules, 'heavy import'; sys.exit(rc)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr

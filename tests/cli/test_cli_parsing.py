@@ -1,0 +1,89 @@
+"""Every command has --help; bad arguments fail with one clear line and a non-zero exit."""
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from cli.conftest import run_kvplane
+
+CLIENT_COMMANDS = (["generate"], ["route"], ["workers"], ["cache"], ["drain"], ["up"], ["bench"], [])
+
+
+@pytest.mark.parametrize("command", CLIENT_COMMANDS, ids=lambda c: " ".join(c) or "kvplane")
+def test_help_exits_zero(command: list[str]) -> None:
+    result = run_kvplane(*command, "--help")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"usage: {' '.join(['kvplane', *command])}")
+
+
+def test_top_level_help_lists_every_command() -> None:
+    out = run_kvplane("--help").stdout
+    for name in ("generate", "route", "workers", "cache", "drain", "up", "controlplane", "agent", "bench"):
+        assert name in out
+    assert "transfer" in run_kvplane("bench", "--help").stdout
+
+
+@pytest.mark.parametrize(
+    ("command", "module"),
+    [(["controlplane"], "controlplane.main"), (["agent"], "dataplane.agent.main"),
+     (["bench", "transfer"], "kvplane.bench.transfer")],  # fmt: skip
+    ids=["controlplane", "agent", "bench transfer"],
+)
+def test_delegated_help(command: list[str], module: str) -> None:
+    result = run_kvplane(*command, "--help")
+    try:
+        present = importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        present = False
+    if present:
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.startswith(f"usage: kvplane {' '.join(command)}")
+    else:  # not written yet: the command says so instead of crashing
+        assert result.returncode == 1
+        assert result.stderr.strip() == (
+            f"kvplane: error: `kvplane {' '.join(command)}` is not available in this installation: "
+            f"module {module} is missing"
+        )
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["generate", "x", "--max-tokens", "-1"], "argument --max-tokens: must be >= 0, got -1"),
+        (["generate", "x", "--disagg", "sometimes"], "argument --disagg: invalid choice: 'sometimes'"),
+        (["generate", "x", "--temperature", "warm"], "argument --temperature: invalid float value: 'warm'"),
+        (["generate"], "the following arguments are required: TEXT"),
+        (["drain"], "the following arguments are required: WORKER_ID"),
+        (["workers", "--bogus"], "unrecognized arguments: --bogus"),
+        (["up", "--store", "redis://x"], "expected 'memory' or 'etcd://HOST:PORT', got 'redis://x'"),
+        (["up", "--prefill", "two"], "argument --prefill: expected a whole number, got 'two'"),
+        (["frobnicate"], "invalid choice: 'frobnicate'"),
+    ],
+)
+def test_bad_arguments_fail_with_a_clear_message(args: list[str], message: str) -> None:
+    result = run_kvplane(*args)
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_up_with_no_agents_is_refused() -> None:
+    result = run_kvplane("up", "--prefill", "0", "--decode", "0")
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        "kvplane: error: nothing to start: give at least one of --prefill, --decode, --both a count > 0"
+    )
+
+
+def test_no_command_prints_usage_and_fails() -> None:
+    result = run_kvplane()
+    assert result.returncode == 2 and "usage: kvplane" in result.stderr
+
+
+def test_unreachable_control_plane_is_one_line() -> None:
+    result = run_kvplane("workers", "--endpoint", "127.0.0.1:1")
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1
+    assert lines[0].startswith("kvplane: error: cannot reach the kvplane control plane at 127.0.0.1:1")
