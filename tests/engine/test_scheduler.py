@@ -1,0 +1,125 @@
+"""Scheduler: admission with block reservation, token budget and chunking, finish rules.
+
+The model is not involved: chunks are accounted as if computed, with chosen sampled tokens.
+"""
+from __future__ import annotations
+
+from dataplane.engine.block_manager import BlockManager
+from dataplane.engine.request import EngineOutput, EngineRequest, SamplingParams
+from dataplane.engine.scheduler import Scheduler, Sequence
+
+EOS = 99
+
+
+def make(num_blocks: int = 16, max_num_seqs: int = 4, budget: int = 8) -> Scheduler:
+    return Scheduler(BlockManager(num_blocks), "m", block_size=4, max_num_seqs=max_num_seqs,
+                     max_num_batched_tokens=budget, eos_token_ids=(EOS,))  # fmt: skip
+
+
+def add(s: Scheduler, rid: str, prompt_len: int, max_tokens: int = 4, **kw: object) -> Sequence:
+    prefill_only = bool(kw.pop("prefill_only", False))
+    req = EngineRequest(rid, list(range(1, prompt_len + 1)), SamplingParams(max_tokens=max_tokens, **kw), prefill_only=prefill_only)  # type: ignore[arg-type]
+    seq = Sequence(req, lambda out: None, None, list(req.prompt_token_ids), prompt_len)
+    s.waiting.append(seq)
+    return seq
+
+
+def step(s: Scheduler, token: int = 7) -> list[EngineOutput]:
+    outs = []
+    for chunk in s.schedule():
+        out = s.update(chunk, token if chunk.completes_known_tokens else None)
+        if out is not None:
+            outs.append(out)
+    return outs
+
+
+def test_admission_reserves_prompt_plus_max_tokens_blocks() -> None:
+    s = make()
+    add(s, "a", prompt_len=5, max_tokens=6)  # ceil(11 / 4) = 3 blocks
+    s.admit()
+    assert [len(q.block_ids) for q in s.running] == [3]
+    assert s.blocks.num_free_blocks == 13
+    assert s.num_blocks_needed(EngineRequest("p", [1] * 5, SamplingParams(max_tokens=6), prefill_only=True)) == 2
+
+
+def test_head_of_queue_waits_and_is_not_overtaken() -> None:
+    s = make(num_blocks=4)
+    add(s, "big1", prompt_len=8, max_tokens=4)  # 3 blocks
+    add(s, "big2", prompt_len=8, max_tokens=4)  # 3 blocks: does not fit beside big1
+    add(s, "small", prompt_len=1, max_tokens=1)  # 1 block would fit, but must not overtake
+    s.admit()
+    assert [q.request_id for q in s.running] == ["big1"]
+    assert [q.request_id for q in s.waiting] == ["big2", "small"]
+
+
+def test_max_num_seqs_caps_running() -> None:
+    s = make(max_num_seqs=2)
+    for i in range(3):
+        add(s, f"r{i}", prompt_len=2)
+    s.admit()
+    assert [q.request_id for q in s.running] == ["r0", "r1"] and len(s.waiting) == 1
+
+
+def test_budget_goes_to_decodes_first_then_prompt_chunks_in_order() -> None:
+    s = make(budget=8)
+    a = add(s, "a", prompt_len=3)
+    step(s)  # a prefills its 3 tokens and samples
+    b = add(s, "b", prompt_len=10)
+    c = add(s, "c", prompt_len=5)
+    chunks = s.schedule()
+    assert [(ch.seq.request_id, ch.start, ch.num_tokens) for ch in chunks] == [("a", 3, 1), ("b", 0, 7)]
+    assert s.num_queued_prefill_tokens() == 10 + 5
+    for ch in chunks:
+        s.update(ch, 7 if ch.completes_known_tokens else None)
+    chunks = s.schedule()
+    assert [(ch.seq.request_id, ch.start, ch.num_tokens) for ch in chunks] == [("a", 4, 1), ("b", 7, 3), ("c", 0, 4)]
+    assert (a.num_output_tokens, b.num_computed_tokens, c.num_computed_tokens) == (2, 7, 0)
+
+
+def test_finish_reasons_eos_stop_length_and_ignore_eos() -> None:
+    s = make()
+    add(s, "eos", prompt_len=2)
+    [out] = step(s, token=EOS)
+    assert (out.new_token_ids, out.finish_reason, out.finished) == ([EOS], "eos", True)
+    add(s, "stop", prompt_len=2, stop_token_ids=(5,))
+    [out] = step(s, token=5)
+    assert out.finish_reason == "stop"
+    add(s, "ign", prompt_len=2, max_tokens=2, ignore_eos=True)
+    [out] = step(s, token=EOS)
+    assert (out.finished, out.finish_reason) == (False, None)
+    [out] = step(s, token=EOS)
+    assert out.finish_reason == "length"
+    assert s.running == [] and s.blocks.num_free_blocks == 16
+
+
+def test_full_blocks_are_registered_as_their_kv_is_written() -> None:
+    s = make(budget=5)
+    seq = add(s, "a", prompt_len=9, max_tokens=8)
+    step(s)  # 5 tokens computed: block 0 full
+    assert s.blocks.cached_block_hashes() == seq.block_hashes[:1]
+    step(s)  # 9 computed: block 1 full, token sampled
+    step(s)  # decode: 10 computed
+    step(s)
+    step(s)
+    step(s)  # 13 computed: block 2 full
+    assert len(s.blocks.cached_block_hashes()) == 3
+    assert s.blocks.lookup(seq.block_hashes[2]) == seq.block_ids[2]
+
+
+def test_prefix_hit_is_capped_so_one_token_is_computed() -> None:
+    s = make()
+    add(s, "a", prompt_len=8, max_tokens=1)
+    step(s)
+    b = add(s, "b", prompt_len=8, max_tokens=1)  # same 8 tokens: 2 full blocks cached
+    chunks = s.schedule()
+    assert (b.num_cached_tokens, chunks[0].start, chunks[0].num_tokens) == (4, 4, 4)
+
+
+def test_prefill_only_pins_full_blocks_and_frees_its_own() -> None:
+    s = make()
+    add(s, "p", prompt_len=9, prefill_only=True)
+    assert step(s) == []  # 8 of 9 tokens fit this step's budget
+    [out] = step(s)
+    assert (out.finished, out.new_token_ids, len(out.block_hashes)) == (True, [], 2)
+    assert [s.blocks.ref_count(b) for b in out.pinned_block_ids] == [1, 1]
+    assert s.blocks.num_used_blocks == 2 and s.running == []
