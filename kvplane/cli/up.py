@@ -8,7 +8,7 @@ import sys
 import time
 from types import FrameType
 
-from kvplane.cli.common import CliError, non_negative_int, positive_int
+from kvplane.cli.common import CliError, non_negative_int, positive_float, positive_int
 from kvplane.cluster import ClusterError, LocalCluster
 
 DEFAULT_PORT = 50051  # the SDK's default endpoint, so other commands need no --endpoint
@@ -40,7 +40,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     up.add_argument("--num-blocks", type=positive_int, default=None, metavar="N",
                     help="KV blocks per agent (agent default if unset)")  # fmt: skip
     up.add_argument("--log-dir", default=None, metavar="DIR", help="where child logs go (default: a temp dir)")
-    up.add_argument("--startup-timeout", type=float, default=120.0, metavar="SECONDS",
+    up.add_argument("--startup-timeout", type=positive_float, default=120.0, metavar="SECONDS",
                     help="how long to wait for every agent to register (default: 120)")  # fmt: skip
     up.set_defaults(func=run_up)
 
