@@ -121,6 +121,13 @@ class Put:
     value: bytes
     lease: LeaseId | None = None
 
+    def __post_init__(self) -> None:
+        # Checked here so both backends reject the same inputs (etcd would fail inside protobuf).
+        if not isinstance(self.key, str):
+            raise TypeError(f"store keys are str, got {type(self.key).__name__}")
+        if not isinstance(self.value, bytes):
+            raise TypeError(f"the value for {self.key!r} must be bytes, got {type(self.value).__name__}; encode it first")
+
 
 @dataclass(frozen=True, slots=True)
 class Delete:

@@ -95,9 +95,11 @@ def _being_cancelled() -> bool:
 
 class EtcdStore:
     def __init__(self, host: str, port: int, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
-        self._endpoint = f"{host}:{port}"
+        # aetcd joins host and port with ":", so an IPv6 literal needs its brackets back.
+        client_host = f"[{host}]" if ":" in host else host
+        self._endpoint = f"{client_host}:{port}"
         self._timeout_s = timeout_s
-        self._client = aetcd.Client(host=host, port=port, timeout=timeout_s)
+        self._client = aetcd.Client(host=client_host, port=port, timeout=timeout_s)
         self._watch_calls: set = set()
         self._closed = False
 
@@ -123,8 +125,7 @@ class EtcdStore:
     # ---- writes ------------------------------------------------------------------------
 
     async def put(self, key: str, value: bytes, lease: LeaseId | None = None) -> int:
-        request = rpc.PutRequest(key=key.encode(), value=value, lease=lease or 0)
-        response = await self._call("put", "Put", request)
+        response = await self._call("put", "Put", self._op_proto(Put(key, value, lease)).request_put)
         return response.header.revision
 
     async def delete(self, key: str) -> bool:

@@ -82,6 +82,17 @@ def test_revisions_advance_by_one_per_change_and_not_on_noop(store):
     store.run(body)
 
 
+def test_put_rejects_values_that_are_not_bytes(store):
+    async def body(s: Store, p: str) -> None:
+        with pytest.raises(TypeError, match=r"the value for '.*k' must be bytes, got str; encode it first"):
+            await s.put(p + "k", "text")  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="must be bytes, got bytearray"):
+            await s.put(p + "k", bytearray(b"x"))  # type: ignore[arg-type]
+        assert await s.get(p + "k") is None
+
+    store.run(body)
+
+
 def test_get_prefix_is_sorted_bounded_and_reports_revision(store):
     async def body(s: Store, p: str) -> None:
         for name in ["dir/é", "dir/b", "dir/a", "dir/a/x", "dirx", "di"]:
