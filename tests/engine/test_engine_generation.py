@@ -4,6 +4,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 import torch
 
 from dataplane.engine import BlockStored, Engine, EngineRequest, SamplingParams
@@ -120,3 +121,28 @@ def test_unseeded_sampling_follows_the_engine_seed(make_engine: Callable[..., En
     runs = [generate(make_engine(seed=s), prompt, max_tokens=16, temperature=1.0).token_ids for s in (7, 7, 8)]
     assert runs[0] == runs[1]
     assert runs[0] != runs[2]
+
+
+def test_model_names_and_layout(make_engine: Callable[..., Engine]) -> None:
+    assert make_engine(start=False, seed=3).model_name == "builtin-tiny-s3"  # other weights, other name
+    named = make_engine(start=False, served_model_name="tiny", block_size=8, dtype="bfloat16")
+    assert named.model_name == "tiny"
+    assert (named.layout.model, named.layout.num_layers, named.layout.num_kv_heads) == ("tiny", 2, 2)
+    assert (named.layout.head_dim, named.layout.dtype, named.layout.block_size) == (16, "bfloat16", 8)
+    assert named.pool.layout == named.layout and named.pool.buffer.dtype == torch.bfloat16
+
+
+def test_half_precision_engine_generates(make_engine: Callable[..., Engine]) -> None:
+    engine = make_engine(dtype="bfloat16")
+    out = generate(engine, byte_prompt(9, seed=8), max_tokens=10)
+    assert out.final.finish_reason == "length" and len(out.token_ids) == 10
+    assert all(0 <= t < engine.vocab_size for t in out.token_ids)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_engine_matches_cpu_greedy(make_engine: Callable[..., Engine]) -> None:
+    prompt = byte_prompt(21, seed=9)
+    on_gpu = make_engine(device="cuda")
+    assert on_gpu.pool.buffer.is_cuda
+    gpu = generate(on_gpu, prompt, max_tokens=16).token_ids
+    assert gpu == generate(make_engine(), prompt, max_tokens=16).token_ids
