@@ -115,6 +115,7 @@ class Engine:
                 generator=make_generator(seed) if params.temperature > 0 else None,
                 token_ids=list(request.prompt_token_ids),
                 num_prompt_tokens=len(request.prompt_token_ids),
+                held_block_ids=list(request.held_block_ids),
             )
             self._live_ids.add(request.request_id)
             self._scheduler.waiting.append(seq)

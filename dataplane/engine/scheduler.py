@@ -32,6 +32,7 @@ class Sequence:
     generator: Any  # torch.Generator for temperature sampling, else None
     token_ids: list[int]  # prompt then generated tokens
     num_prompt_tokens: int
+    held_block_ids: list[int] = field(default_factory=list)  # caller's refs, released at admission
     block_ids: list[int] = field(default_factory=list)  # own refs, in position order
     block_hashes: list[BlockHash] = field(default_factory=list)  # chained hashes of full blocks
     num_computed_tokens: int = 0
@@ -202,7 +203,7 @@ class Scheduler:
 
     # --- ending requests -----------------------------------------------------------------
     def _release_held(self, seq: Sequence) -> None:
-        held, seq.request.held_block_ids = seq.request.held_block_ids, []
+        held, seq.held_block_ids = seq.held_block_ids, []
         if held:
             self.blocks.release(held)
 

@@ -229,3 +229,17 @@ def test_allocate_for_import_evicts_lru_or_returns_none_and_abort_import_frees(m
     assert engine.missing_blocks(out.block_hashes) == [0, 1]
     engine.abort_import(ids)
     assert engine.load().num_free_blocks == 4
+
+
+def test_held_blocks_are_released_when_a_request_ends_before_admission(make_engine: Callable[..., Engine]) -> None:
+    engine = make_engine(start=False, block_size=BS, num_blocks=8)
+    held = engine.allocate_for_import(2)
+    assert held is not None
+    engine.submit(EngineRequest("r", prompt(9), SamplingParams(), held_block_ids=held), lambda out: None)
+    assert engine.load().num_used_blocks == 2
+    engine.abort("r")
+    engine.start()
+    deadline = threading.Event()
+    while engine.load().num_used_blocks and not deadline.wait(0.01):
+        pass
+    assert engine.load().num_used_blocks == 0

@@ -123,3 +123,24 @@ def test_prefill_only_pins_full_blocks_and_frees_its_own() -> None:
     assert (out.finished, out.new_token_ids, len(out.block_hashes)) == (True, [], 2)
     assert [s.blocks.ref_count(b) for b in out.pinned_block_ids] == [1, 1]
     assert s.blocks.num_used_blocks == 2 and s.running == []
+
+
+def test_prefill_only_republishes_its_own_block_when_the_duplicate_was_evicted() -> None:
+    s = make(num_blocks=8, budget=4)
+    seq = add(s, "p", prompt_len=8, prefill_only=True)
+    [chunk] = s.schedule()
+    # Meanwhile the same first block arrives from elsewhere (an import) and is released.
+    s._extend_hashes(seq, 2)
+    other = s.blocks.allocate(1)
+    assert other is not None
+    s.blocks.register(seq.block_hashes[:1], other)
+    s.blocks.release(other)
+    assert s.update(chunk, None) is None
+    assert s.blocks.block_hash(seq.block_ids[0]) is None  # the existing copy kept the hash
+    # Then that copy is evicted before the prompt finishes.
+    filler = s.blocks.allocate(s.blocks.num_free_blocks)
+    assert filler is not None and s.blocks.lookup(seq.block_hashes[0]) is None
+    own = list(seq.block_ids)
+    [out] = step(s)
+    assert out.pinned_block_ids == own
+    assert [s.blocks.lookup(h) for h in out.block_hashes] == own
