@@ -3,8 +3,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import torch
-
 from dataplane.engine.kv_pool import KVPool
 from dataplane.engine.model import PagedBatch, PagedLlama
 from dataplane.engine.sampling import sample
@@ -36,8 +34,3 @@ class ModelRunner:
             tokens.append(sample(row, c.seq.request.sampling, c.seq.generator) if due else None)
         return tokens
 
-
-def set_torch_threads_once() -> None:
-    """Keep torch from oversubscribing small machines when several engines share a process."""
-    if torch.get_num_threads() > 4:
-        torch.set_num_threads(4)
