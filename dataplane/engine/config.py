@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 BUILTIN_MODEL = "builtin-tiny"
+BUILTIN_WIDE_MODEL = "builtin-wide"  # KV-heavy, for transfer benchmarks
 SUPPORTED_DTYPES = ("float32", "float16", "bfloat16", "float64")
 
 

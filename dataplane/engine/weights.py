@@ -3,6 +3,7 @@
 tokenizer.json)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass
@@ -11,7 +12,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from dataplane.engine.config import BUILTIN_MODEL, EngineConfig
+from dataplane.engine.config import BUILTIN_MODEL, BUILTIN_WIDE_MODEL, EngineConfig
 from dataplane.engine.kv_pool import TORCH_DTYPES
 from dataplane.engine.model import LlamaConfig, PagedLlama
 from dataplane.engine.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
@@ -32,6 +33,15 @@ BUILTIN_CONFIG = LlamaConfig(
     eos_token_ids=(ByteTokenizer.eos_token_id,),
 )
 
+# KV-heavy sibling for transfer benchmarks: 32 KiB of KV per token in float32 (a 16-token block
+# is 512 KiB), like a small real model, while prefill stays cheap on a CPU.
+BUILTIN_WIDE_CONFIG = dataclasses.replace(
+    BUILTIN_CONFIG, hidden_size=256, intermediate_size=512, num_hidden_layers=8,
+    num_attention_heads=8, num_key_value_heads=8, head_dim=64,
+)  # fmt: skip
+
+BUILTIN_CONFIGS = {BUILTIN_MODEL: BUILTIN_CONFIG, BUILTIN_WIDE_MODEL: BUILTIN_WIDE_CONFIG}
+
 
 @dataclass(slots=True)
 class LoadedModel:
@@ -43,10 +53,10 @@ class LoadedModel:
 
 def load_model(config: EngineConfig) -> LoadedModel:
     dtype = TORCH_DTYPES[config.dtype]
-    if config.model == BUILTIN_MODEL:
-        model = builtin_model(config.seed)
+    if config.model in BUILTIN_CONFIGS:
+        model = builtin_model(config.seed, BUILTIN_CONFIGS[config.model])
         tokenizer: Tokenizer = ByteTokenizer()
-        name = BUILTIN_MODEL if config.seed == 0 else f"{BUILTIN_MODEL}-s{config.seed}"
+        name = config.model if config.seed == 0 else f"{config.model}-s{config.seed}"
     else:
         directory = Path(config.model)
         model = load_hf_directory(directory)
@@ -59,12 +69,11 @@ def load_model(config: EngineConfig) -> LoadedModel:
     return LoadedModel(config.served_model_name or name, model, tokenizer, model.config)
 
 
-def builtin_model(seed: int) -> PagedLlama:
+def builtin_model(seed: int, cfg: LlamaConfig = BUILTIN_CONFIG) -> PagedLlama:
     """The builtin tiny Llama with weights drawn from torch.Generator(seed).
 
     Embeddings ~ N(0, 1) and projections ~ N(0, 1/fan_in) keep activations O(1) through the layers,
     and a sharper LM head makes greedy output depend on context instead of repeating one token."""
-    cfg = BUILTIN_CONFIG
     gen = torch.Generator().manual_seed(seed)
     model = PagedLlama(cfg)
     with torch.no_grad():
