@@ -1,0 +1,25 @@
+"""KV transports: move pinned KV blocks from a prefill agent's pool into a decode agent's pool."""
+from dataplane.transport.base import (
+    KVPoolLike,
+    KVTransport,
+    LayoutMismatchError,
+    PullSource,
+    TransferError,
+    TransportError,
+    TransportUnavailableError,
+)
+from dataplane.transport.registry import TRANSPORT_NAMES, available_transports, make_transport, unavailable_reason
+
+__all__ = [
+    "KVPoolLike",
+    "KVTransport",
+    "LayoutMismatchError",
+    "PullSource",
+    "TRANSPORT_NAMES",
+    "TransferError",
+    "TransportError",
+    "TransportUnavailableError",
+    "available_transports",
+    "make_transport",
+    "unavailable_reason",
+]

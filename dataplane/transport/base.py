@@ -1,0 +1,123 @@
+"""The KV transport seam: what a pool must offer, what a transport does, and the errors it raises.
+
+A transfer has two sides. The prefill (server) side pins blocks and calls `describe(block_ids)`;
+the bytes go to the decode side in PrefillResponse.transport_descriptor. The decode (client)
+side calls `pull(source, src_block_indices, dst_block_ids)`, where each source index points
+into the pinned block list the descriptor was made from and each destination is a block id of
+the local pool. Blocks are single contiguous byte ranges of the pool buffer, so a transport
+moves whole blocks and never looks inside them.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from kvplane.types import KVLayout
+
+
+class TransportError(RuntimeError):
+    """A KV transfer could not be set up or did not complete."""
+
+
+class TransportUnavailableError(TransportError):
+    """The named transport cannot run in this process (library missing, backend failed)."""
+
+
+class LayoutMismatchError(TransportError):
+    """The two pools disagree on the KV layout; the message names the first differing field."""
+
+
+class TransferError(TransportError):
+    """Bytes did not arrive as promised: peer error, missing or short data, library failure."""
+
+
+class KVPoolLike(Protocol):
+    """The part of a KV pool a transport needs (dataplane.engine.kv_pool.KVPool satisfies it)."""
+
+    @property
+    def buffer(self) -> torch.Tensor: ...  # [num_blocks, layers, 2, block_size, heads, head_dim], contiguous
+    @property
+    def layout(self) -> KVLayout: ...
+    @property
+    def block_nbytes(self) -> int: ...
+    @property
+    def num_blocks(self) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class PullSource:
+    """Where a decode worker pulls from: the prefill agent and its PrefillResponse fields."""
+
+    endpoint: str        # peer agent host:port
+    transfer_id: str
+    descriptor: bytes    # PrefillResponse.transport_descriptor
+    layout: KVLayout     # the layout the peer announced (PrefillResponse.layout)
+
+
+@runtime_checkable
+class KVTransport(Protocol):
+    name: str
+
+    def describe(self, block_ids: Sequence[int]) -> bytes:
+        """Server side: a descriptor of the pinned blocks, in order, for PrefillResponse."""
+        ...
+
+    async def pull(self, source: PullSource, src_block_indices: Sequence[int], dst_block_ids: Sequence[int]) -> int:
+        """Client side: copies source blocks into local blocks; returns the number of bytes moved."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def check_layout(local: KVLayout, remote: KVLayout) -> None:
+    mismatch = local.mismatch(remote)
+    if mismatch is not None:
+        raise LayoutMismatchError(mismatch)
+
+
+def check_pool(pool: KVPoolLike) -> None:
+    """A transport addresses blocks by byte offset, so the buffer must be one dense block array."""
+    buffer = pool.buffer
+    if not buffer.is_contiguous():
+        raise ValueError("the KV pool buffer must be contiguous: transports address blocks by byte offset")
+    if buffer.shape[0] != pool.num_blocks or buffer.numel() * buffer.element_size() != pool.num_blocks * pool.block_nbytes:
+        raise ValueError(
+            f"the KV pool buffer ({tuple(buffer.shape)}, {buffer.dtype}) is not {pool.num_blocks} blocks "
+            f"of {pool.block_nbytes} bytes"
+        )
+
+
+def check_pull_args(
+    pool: KVPoolLike, num_src_blocks: int, src_block_indices: Sequence[int], dst_block_ids: Sequence[int]
+) -> None:
+    """Refuses a pull that would read outside the transfer or write outside / twice into the pool."""
+    if len(src_block_indices) != len(dst_block_ids):
+        raise ValueError(
+            f"pull got {len(src_block_indices)} source block indices but {len(dst_block_ids)} destination block ids"
+        )
+    bad_src = [i for i in src_block_indices if not 0 <= i < num_src_blocks]
+    if bad_src:
+        raise ValueError(f"source block indices {bad_src[:5]} are outside the transfer's {num_src_blocks} blocks")
+    bad_dst = [b for b in dst_block_ids if not 0 <= b < pool.num_blocks]
+    if bad_dst:
+        raise ValueError(f"destination block ids {bad_dst[:5]} are outside the local pool (0..{pool.num_blocks - 1})")
+    if len(set(dst_block_ids)) != len(dst_block_ids):
+        raise ValueError(f"destination block ids {list(dst_block_ids)[:10]} contain duplicates")
+
+
+def layout_to_dict(layout: KVLayout) -> dict:
+    return {
+        "model": layout.model,
+        "num_layers": layout.num_layers,
+        "num_kv_heads": layout.num_kv_heads,
+        "head_dim": layout.head_dim,
+        "dtype": layout.dtype,
+        "block_size": layout.block_size,
+    }
+
+
+def layout_from_dict(data: dict) -> KVLayout:
+    return KVLayout(**data)

@@ -1,0 +1,41 @@
+"""Which KV transports this process can use, best first, and how to build one by name.
+
+Preference: nixl (one-sided reads, no per-chunk Python work) when it imports and its UCX backend
+starts, then grpc (always available). The NIXL probe runs once per process and is cached.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from dataplane.transport.base import KVPoolLike, KVTransport, TransportUnavailableError
+from dataplane.transport.grpc_stream import GrpcStreamTransport
+from dataplane.transport.nixl import NixlTransport, nixl_unavailable_reason
+
+TRANSPORT_NAMES = ("nixl", "grpc")  # every transport kvplane knows, in preference order
+
+
+def available_transports() -> list[str]:
+    """The transports that work in this process, preferred first."""
+    return [name for name in TRANSPORT_NAMES if unavailable_reason(name) is None]
+
+
+def unavailable_reason(name: str) -> str | None:
+    if name == "nixl":
+        return nixl_unavailable_reason()
+    if name == "grpc":
+        return None
+    raise ValueError(f"unknown KV transport {name!r}; known transports: {list(TRANSPORT_NAMES)}")
+
+
+def make_transport(name: str, pool: KVPoolLike, *, agent_name: str = "", **options: Any) -> KVTransport:
+    """Builds transport `name` over `pool`.
+
+    agent_name: this worker's identity (the NIXL agent name is derived from it; grpc ignores it).
+    options: passed to the transport's constructor (e.g. chunk_bytes for grpc, timeout_s for both).
+    """
+    reason = unavailable_reason(name)
+    if reason is not None:
+        raise TransportUnavailableError(f"KV transport {name!r} is not available here: {reason}")
+    if name == "grpc":
+        return GrpcStreamTransport(pool, **options)
+    return NixlTransport(pool, agent_name=agent_name, **options)
