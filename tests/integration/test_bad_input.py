@@ -8,7 +8,7 @@ from kvplane import Client
 from kvplane.errors import FailedPreconditionError, InvalidArgumentError, KvplaneError
 from kvplane.v1 import agent_pb2, agent_pb2_grpc
 
-from .conftest import prompt_ids
+from .helpers import prompt_ids
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,7 @@ import pytest
 from kvplane import Client
 from kvplane.cluster import LocalCluster
 
-from .conftest import BLOCK_SIZE, prompt_ids
+from .helpers import BLOCK_SIZE, prompt_ids
 
 TRANSPORTS = ["grpc", "nixl"]
 
@@ -62,7 +62,7 @@ def test_second_prompt_reuses_prefix_on_the_holder(disagg_cluster):
         def index_has_prefix():
             return client.route(second_prompt, max_tokens=4, disagg="never").cached_tokens == len(shared)
 
-        from .conftest import wait_for
+        from .helpers import wait_for
 
         wait_for(index_has_prefix, timeout=5, what="the KV events of the first request to reach the index")
         second = client.generate(second_prompt, max_tokens=4, disagg="never")
