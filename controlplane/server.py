@@ -15,7 +15,7 @@ from controlplane.config import ControlPlaneConfig
 from controlplane.registry_service import RegistryService
 from controlplane.store import open_store
 from controlplane.store.base import Compare, Put, Store
-from kvplane.grpc_util import enable_health_and_reflection, make_server
+from kvplane.grpc_util import enable_health_and_reflection, make_server, set_serving
 from kvplane.v1 import client_pb2, client_pb2_grpc, registry_pb2, registry_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -54,11 +54,12 @@ class ControlPlane:
         server = make_server()
         client_pb2_grpc.add_KvplaneServicer_to_server(ClientService(self._state, self.config, ticket_key, self._stubs), server)
         registry_pb2_grpc.add_RegistryServicer_to_server(RegistryService(self._store, self.config, ticket_key), server)
-        enable_health_and_reflection(server, SERVICE_NAMES)
+        self._health = enable_health_and_reflection(server, SERVICE_NAMES)
         self.port = server.add_insecure_port(f"{self.config.host}:{self.config.port}")
         if self.port == 0:
             raise RuntimeError(f"cannot listen on {self.config.host}:{self.config.port} (port in use?)")
         await server.start()
+        await set_serving(self._health, SERVICE_NAMES, True)
         self._server = server
         log.info("control plane serving on %s:%d (store %s)", self.config.host, self.port, self.config.store)
         return self.port
@@ -70,6 +71,7 @@ class ControlPlane:
 
     async def stop(self, grace: float = 2.0) -> None:
         if self._server:
+            await set_serving(self._health, SERVICE_NAMES, False)
             await self._server.stop(grace)
         if self._state:
             await self._state.stop()

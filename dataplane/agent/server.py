@@ -13,7 +13,7 @@ from dataplane.agent.link import ControlPlaneLink
 from dataplane.agent.service import AgentService
 from dataplane.engine.engine import Engine
 from dataplane.transport import available_transports, make_transport
-from kvplane.grpc_util import enable_health_and_reflection, make_server
+from kvplane.grpc_util import enable_health_and_reflection, make_server, set_serving
 from kvplane.v1 import agent_pb2, agent_pb2_grpc, common_pb2
 
 log = logging.getLogger(__name__)
@@ -55,8 +55,9 @@ class AgentServer:
         )
         self.service = AgentService(config, self.engine, self._transports, lambda: self.link.ticket_key, self.endpoint)
         agent_pb2_grpc.add_AgentServicer_to_server(self.service, server)
-        enable_health_and_reflection(server, SERVICE_NAMES)
+        self._health = enable_health_and_reflection(server, SERVICE_NAMES)
         await server.start()
+        await set_serving(self._health, SERVICE_NAMES, True)
         self._server = server
         self.service.start()
         await self.link.start()
@@ -67,6 +68,7 @@ class AgentServer:
         """Takes no new work and waits (bounded) for running requests to finish."""
         assert self.service is not None and self.engine is not None
         self.service.state = common_pb2.WORKER_STATE_DRAINING
+        await set_serving(self._health, SERVICE_NAMES, False)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             load = self.engine.load()
