@@ -43,6 +43,13 @@ BACKEND = "UCX"
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
+# NIXL's exception messages are bare status names; say what they usually mean here.
+_HINTS = {
+    "nixlNotFoundError": "the described blocks are not in memory the peer registered (stale or corrupt descriptor?)",
+    "nixlRemoteDisconnectError": "the peer agent disconnected (did its process exit?)",
+    "nixlInvalidParamError": "NIXL rejected the request's parameters",
+}
+
 
 def _import_nixl():
     try:
@@ -240,7 +247,9 @@ class NixlTransport:
         except TransportError:
             raise
         except Exception as e:
-            raise TransferError(f"{where}: {type(e).__name__}: {e}") from None
+            kind = type(e).__name__
+            hint = f"; {_HINTS[kind]}" if kind in _HINTS else ""
+            raise TransferError(f"{where}: {kind}: {e}{hint}") from None
 
     @property
     def num_remote_agents(self) -> int:
