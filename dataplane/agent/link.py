@@ -176,11 +176,17 @@ class ControlPlaneLink:
                 nonlocal last_snapshot
                 async with self._lock:
                     events = self._take_events()
-                    if time.monotonic() - last_snapshot >= self._config.kv_snapshot_interval_s:
-                        # The snapshot is taken after draining events, so it includes them.
-                        await self._publish(snapshot_to_pb(self._snapshot()), snapshot=True)
-                        last_snapshot = time.monotonic()
-                    elif events:
-                        await self._publish(events_to_pb(events), snapshot=False)
+                    due = time.monotonic() - last_snapshot >= self._config.kv_snapshot_interval_s
+                    try:
+                        if due:
+                            # Taken after draining the events, so it includes them.
+                            await self._publish(snapshot_to_pb(self._snapshot()), snapshot=True)
+                            last_snapshot = time.monotonic()
+                        elif events:
+                            await self._publish(events_to_pb(events), snapshot=False)
+                    except grpc.aio.AioRpcError:
+                        # These events are gone: the next step sends a full snapshot instead.
+                        last_snapshot = 0.0
+                        raise
 
             await self._guarded("KV event publish", step)

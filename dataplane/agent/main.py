@@ -28,6 +28,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=e.device, help="torch device (default %(default)s)")
     parser.add_argument("--seed", type=int, default=e.seed, help="seed of the built-in model's weights and sampling (default %(default)s)")
     parser.add_argument("--transports", default="", help="comma-separated KV transports, best first (default: all available)")
+    parser.add_argument("--pin-timeout", type=float, default=a.pin_timeout_s,
+                        help="seconds a prefilled transfer stays pinned waiting for its pull (default %(default)s)")
     parser.add_argument("--lease-ttl", type=int, default=a.lease_ttl_s, help="lease TTL in seconds (default: the control plane's)")
     parser.add_argument("--log-level", default="INFO", help="logging level (default %(default)s)")
 
@@ -54,6 +56,7 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
         engine=engine,
         transports=tuple(t for t in args.transports.split(",") if t),
         lease_ttl_s=args.lease_ttl,
+        pin_timeout_s=args.pin_timeout,
     ).validate()
 
 

@@ -69,3 +69,17 @@ def _route_or_none(client, prompt):
     except KvplaneError:
         return None
     return route if route.cached_tokens else None
+
+
+def test_dead_prefill_worker_falls_back_to_local_prefill(tmp_path):
+    """Within the lease TTL the router still sees the killed prefill worker; the decode agent's
+    Prefill call fails and it prefills locally, so the caller still gets its tokens."""
+    with LocalCluster(num_prefill=1, num_decode=1, log_dir=tmp_path) as cluster, Client(cluster.endpoint, timeout=60) as client:
+        prompt = prompt_ids(seed=22, length=3 * BLOCK_SIZE)
+        expected = client.generate(prompt, max_tokens=6, disagg="never", cache_salt="reference")
+        cluster.kill("prefill-0", signal.SIGKILL)
+        cluster.processes["prefill-0"].wait(timeout=10)
+        result = client.generate(prompt, max_tokens=6, disagg="always")
+    assert result.metrics.disaggregated is False
+    assert result.metrics.prefill_worker == result.metrics.decode_worker == "decode-0"
+    assert result.token_ids == expected.token_ids
