@@ -18,7 +18,7 @@ from controlplane.core.admission import Reject, make_admission_policy
 from controlplane.core.router import NoCandidateError, RouteDecision, RouteRequest, Router
 from kvplane import tickets
 from kvplane.convert import disagg_from_pb
-from kvplane.errors import REASON_KEY, RETRY_AFTER_MS_KEY
+from kvplane.errors import rejection_trailers
 from kvplane.grpc_util import aio_channel
 from kvplane.types import DisaggMode, Tier, WorkerId
 from kvplane.v1 import agent_pb2, agent_pb2_grpc, client_pb2, client_pb2_grpc, common_pb2
@@ -107,9 +107,7 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
         candidates = [v for v in views if v.model == model and v.active and v.role.can_decode]
         verdict = self._admission.decide(route_request, candidates)
         if isinstance(verdict, Reject):
-            context.set_trailing_metadata(
-                ((RETRY_AFTER_MS_KEY, str(int(verdict.retry_after_s * 1000))), (REASON_KEY, verdict.reason))
-            )
+            context.set_trailing_metadata(rejection_trailers(verdict.retry_after_s, verdict.reason))
             await context.abort(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
                 f"rejected at admission: {verdict.reason}; retry after {verdict.retry_after_s:.1f} s",

@@ -165,6 +165,36 @@ class LocalCluster:
     ) -> None:
         self.stop()
 
+    def add_agent(self, role: str, worker_id: str, agent_args: tuple[str, ...] | list[str] = (), timeout: float = 60.0) -> None:
+        """Starts one more agent with its own extra arguments and waits until it has registered."""
+        if role not in _ROLES:
+            raise ValueError(f"role must be one of {_ROLES}, got {role!r}")
+        if worker_id in self.processes:
+            raise ValueError(f"a process named {worker_id!r} already runs in this cluster")
+        port = free_port()
+        self.worker_endpoints[worker_id] = f"{LOCALHOST}:{port}"
+        self._spawn(worker_id, [
+            "agent", "--role", role, "--host", LOCALHOST, "--port", str(port),
+            "--controlplane", self.endpoint, "--worker-id", worker_id, *self._agent_args, *agent_args,
+        ])  # fmt: skip
+        self.wait_until_registered(timeout)
+
+    def restart_controlplane(self, sig: signal.Signals = signal.SIGKILL, timeout: float = 60.0) -> None:
+        """Kills the control plane with `sig` and starts a fresh one on the same port and store.
+
+        Agents keep running and reconnect by themselves; returns once all have registered again
+        (with an embedded store they re-register; with etcd their leases carried over).
+        """
+        process = self.processes[CONTROLPLANE]
+        if process.poll() is None:
+            process.send_signal(sig)
+            process.wait(timeout=timeout)
+        port = self.endpoint.rpartition(":")[2]
+        self._spawn(CONTROLPLANE, [
+            CONTROLPLANE, "--host", LOCALHOST, "--port", port, "--store", self._store, *self._controlplane_args,
+        ])  # fmt: skip
+        self.wait_until_registered(timeout)
+
     # -- inspection and fault injection --------------------------------------------------------
 
     def kill(self, name: str, sig: signal.Signals = signal.SIGKILL) -> None:
