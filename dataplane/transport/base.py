@@ -9,6 +9,7 @@ moves whole blocks and never looks inside them.
 """
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -109,14 +110,7 @@ def check_pull_args(
 
 
 def layout_to_dict(layout: KVLayout) -> dict:
-    return {
-        "model": layout.model,
-        "num_layers": layout.num_layers,
-        "num_kv_heads": layout.num_kv_heads,
-        "head_dim": layout.head_dim,
-        "dtype": layout.dtype,
-        "block_size": layout.block_size,
-    }
+    return dataclasses.asdict(layout)
 
 
 def layout_from_dict(data: dict) -> KVLayout:

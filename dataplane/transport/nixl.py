@@ -47,7 +47,7 @@ T = TypeVar("T")
 _HINTS = {
     "nixlNotFoundError": "the described blocks are not in memory the peer registered (stale or corrupt descriptor?)",
     "nixlRemoteDisconnectError": "the peer agent disconnected (did its process exit?)",
-    "nixlInvalidParamError": "NIXL rejected the request's parameters",
+    "nixlBackendError": "the UCX backend could not reach the peer or move the data (is the peer alive?)",
 }
 
 

@@ -60,24 +60,25 @@ class Peer:
     info: dict
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.stdin.close()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        """Closes the peer's stdin (its signal to exit) and reaps it; kills it after 10 s."""
+        self.process.stdin.close()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.process.stdout.close()
 
 
 def start_peer(transport: str, num_blocks: int, seed: int, pinned: list[int]) -> Peer:
     """Starts a peer process and waits until it serves."""
     repo_root = Path(__file__).resolve().parents[2]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(repo_root), os.environ.get("PYTHONPATH")])))
-    process = subprocess.Popen(
-        [sys.executable, "-m", "tests.transport.kv_peer", "--transport", transport, "--num-blocks", str(num_blocks),
-         "--seed", str(seed), "--pinned", ",".join(map(str, pinned))],
-        cwd=repo_root, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-    )
+    argv = [
+        sys.executable, "-m", "tests.transport.kv_peer",
+        "--transport", transport, "--num-blocks", str(num_blocks), "--seed", str(seed), "--pinned", ",".join(map(str, pinned)),
+    ]
+    process = subprocess.Popen(argv, cwd=repo_root, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     for line in process.stdout:  # skip anything a library printed first
         if line.startswith(READY_PREFIX):
             info = json.loads(line[len(READY_PREFIX):])
