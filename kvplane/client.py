@@ -15,6 +15,7 @@ from types import TracebackType
 
 import grpc
 
+from kvplane.convert import disagg_to_pb, layout_from_pb, role_from_pb
 from kvplane.errors import KvplaneError, from_rpc_error
 from kvplane.types import DisaggMode, KVLayout, Role
 from kvplane.v1 import client_pb2, client_pb2_grpc, common_pb2
@@ -151,16 +152,6 @@ class DrainResult:
 # ---------------------------------------------------------------------------------------------
 # Conversions between the dataclasses and protobuf, shared by both clients.
 
-_DISAGG_BY_NAME = {
-    DisaggMode.AUTO.value: common_pb2.DISAGG_MODE_AUTO,
-    DisaggMode.ALWAYS.value: common_pb2.DISAGG_MODE_ALWAYS,
-    DisaggMode.NEVER.value: common_pb2.DISAGG_MODE_NEVER,
-}
-_ROLE_FROM_PROTO = {
-    common_pb2.ROLE_PREFILL: Role.PREFILL,
-    common_pb2.ROLE_DECODE: Role.DECODE,
-    common_pb2.ROLE_BOTH: Role.BOTH,
-}
 _STATE_FROM_PROTO = {
     common_pb2.WORKER_STATE_ACTIVE: WorkerState.ACTIVE,
     common_pb2.WORKER_STATE_DRAINING: WorkerState.DRAINING,
@@ -219,11 +210,10 @@ def _unsigned(name: str, value: int, maximum: int) -> int:
 
 
 def _disagg_to_proto(disagg: str | DisaggMode) -> int:
-    name = disagg.value if isinstance(disagg, DisaggMode) else disagg
     try:
-        return _DISAGG_BY_NAME[name]
-    except (KeyError, TypeError):
-        accepted = ", ".join(repr(n) for n in _DISAGG_BY_NAME)
+        return disagg_to_pb(DisaggMode(disagg))
+    except (ValueError, TypeError):
+        accepted = ", ".join(repr(m.value) for m in DisaggMode)
         raise ValueError(f"disagg must be one of {accepted}, got {disagg!r}") from None
 
 
@@ -312,13 +302,10 @@ def route_from_proto(response: client_pb2.RouteResponse) -> RouteResult:
 
 def worker_from_proto(status: client_pb2.WorkerStatus) -> WorkerStatus:
     info, load = status.info, status.load
-    layout = None
-    if info.HasField("layout"):
-        lay = info.layout
-        layout = KVLayout(lay.model, lay.num_layers, lay.num_kv_heads, lay.head_dim, lay.dtype, lay.block_size)
+    layout = layout_from_pb(info.layout) if info.HasField("layout") else None
     return WorkerStatus(
         worker_id=info.worker_id,
-        role=_ROLE_FROM_PROTO.get(info.role),
+        role=role_from_pb(info.role) if info.role != common_pb2.ROLE_UNSPECIFIED else None,
         endpoint=info.endpoint,
         model=info.model,
         state=_STATE_FROM_PROTO.get(info.state, WorkerState.UNSPECIFIED),
