@@ -33,6 +33,7 @@ class Plan:
     model: str
     token_ids: list[int]
     decision: RouteDecision
+    admissible: dict[WorkerId, bool]  # per decode candidate, by the admission policy alone
 
 
 class AgentStubs:
@@ -112,25 +113,31 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
                 f"rejected at admission: {verdict.reason}; retry after {verdict.retry_after_s:.1f} s",
             )
-        return Plan(request.request_id or uuid.uuid4().hex, model, token_ids, decision)
+        admissible = {v.worker_id: not isinstance(self._admission.decide(route_request, [v]), Reject) for v in candidates}
+        return Plan(request.request_id or uuid.uuid4().hex, model, token_ids, decision, admissible)
 
     async def _prompt_tokens(self, request, model: str, workers, context) -> list[int]:
         kind = request.WhichOneof("prompt")
         if kind == "token_ids":
             ids = list(request.token_ids.ids)
         elif kind == "text" and request.text:
-            # Tokenize on a worker of the model: the control plane loads no tokenizer of its own.
-            endpoint = next(e.info.endpoint for e in workers.values() if e.info.model == model)
-            try:
-                reply = await self._stubs.get(endpoint).Tokenize(agent_pb2.TokenizeRequest(text=request.text), timeout=10)
-            except grpc.aio.AioRpcError as e:
-                await context.abort(grpc.StatusCode.UNAVAILABLE, f"tokenizing on {endpoint} failed: {e.details()}")
-            ids = list(reply.token_ids)
+            ids = await self._tokenize(request.text, [e.info.endpoint for e in workers.values() if e.info.model == model], context)
         else:
             ids = []
         if not ids:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "prompt is empty: send text or token_ids")
         return ids
+
+    async def _tokenize(self, text: str, endpoints: list[str], context) -> list[int]:
+        """Tokenizes on a worker of the model (replicas load no tokenizer), trying each in turn."""
+        failures = []
+        for endpoint in endpoints:
+            try:
+                reply = await self._stubs.get(endpoint).Tokenize(agent_pb2.TokenizeRequest(text=text), timeout=10)
+                return list(reply.token_ids)
+            except grpc.aio.AioRpcError as e:
+                failures.append(f"{endpoint}: {e.details()}")
+        await context.abort(grpc.StatusCode.UNAVAILABLE, f"no worker could tokenize the prompt ({'; '.join(failures)})")
 
     # -- RPCs --------------------------------------------------------------------------------
 
@@ -241,5 +248,7 @@ def _route_response(plan: Plan) -> client_pb2.RouteResponse:
         cached_tokens=d.cached_tokens,
     )
     for c in d.candidates:
-        reply.candidates.add(worker_id=c.worker_id, cost=c.cost, cached_tokens=c.cached_tokens, admissible=True, note=c.note)
+        reply.candidates.add(
+            worker_id=c.worker_id, cost=c.cost, cached_tokens=c.cached_tokens, admissible=plan.admissible.get(c.worker_id, False), note=c.note
+        )
     return reply

@@ -26,7 +26,6 @@ log = logging.getLogger(__name__)
 @dataclass(slots=True)
 class WorkerEntry:
     info: common_pb2.WorkerInfo
-    lease: int | None
     load: common_pb2.WorkerLoad
     state: int
     load_at: float                  # monotonic time of the last load report
@@ -60,7 +59,7 @@ class ClusterState:
         items, revision = await self._store.get_prefix(keys.ROOT)
         # Workers first so load and KV keys of a known worker attach to it.
         for kv in sorted(items, key=lambda kv: not kv.key.startswith(keys.WORKERS)):
-            self._apply(WatchEvent(EventType.PUT, kv.key, kv.value, kv.mod_revision), lease=kv.lease)
+            self._apply(WatchEvent(EventType.PUT, kv.key, kv.value, kv.mod_revision))
         self.revision = revision
         self._watch_task = asyncio.create_task(self._watch(revision + 1), name="cluster-watch")
         self._synced.set()
@@ -89,11 +88,11 @@ class ClusterState:
 
     # -- applying store events -------------------------------------------------------------
 
-    def _apply(self, event: WatchEvent, lease: int | None = None) -> None:
+    def _apply(self, event: WatchEvent) -> None:
         key = event.key
         try:
             if key.startswith(keys.WORKERS):
-                self._apply_worker(WorkerId(key[len(keys.WORKERS):]), event, lease)
+                self._apply_worker(WorkerId(key[len(keys.WORKERS):]), event)
             elif key.startswith(keys.LOAD) and event.type is EventType.PUT:
                 self._apply_load(WorkerId(key[len(keys.LOAD):]), event.value)
             elif key.startswith(keys.KV) and event.type is EventType.PUT:
@@ -101,7 +100,7 @@ class ClusterState:
         except Exception:
             log.exception("ignoring malformed store entry %s", key)
 
-    def _apply_worker(self, worker_id: WorkerId, event: WatchEvent, lease: int | None) -> None:
+    def _apply_worker(self, worker_id: WorkerId, event: WatchEvent) -> None:
         if event.type is EventType.DELETE:
             self.workers.pop(worker_id, None)
             self.index.remove_worker(worker_id)
@@ -109,14 +108,12 @@ class ClusterState:
             return
         info = common_pb2.WorkerInfo.FromString(event.value)
         old = self.workers.get(worker_id)
-        if old is not None and old.info.endpoint == info.endpoint and old.info.SerializeToString() == event.value:
-            return
+        if old is not None and old.info == info:
+            return  # the same worker registered again; its next snapshot refreshes the index
         if old is not None:
-            # A new incarnation: its cache starts from the snapshot it publishes next.
+            # A different incarnation: its cache starts from the snapshot it publishes next.
             self.index.remove_worker(worker_id)
-        self.workers[worker_id] = WorkerEntry(
-            info=info, lease=lease, load=common_pb2.WorkerLoad(), state=info.state, load_at=time.monotonic()
-        )
+        self.workers[worker_id] = WorkerEntry(info=info, load=common_pb2.WorkerLoad(), state=info.state, load_at=time.monotonic())
         log.info("worker %s joined: %s at %s", worker_id, common_pb2.Role.Name(info.role), info.endpoint)
 
     def _apply_load(self, worker_id: WorkerId, value: bytes) -> None:

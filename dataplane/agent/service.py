@@ -208,7 +208,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                     raise RuntimeError(f"no free KV blocks for {len(missing)} imported blocks")
                 try:
                     source_desc = PullSource(
-                        endpoint=source.endpoint, transfer_id=reply.transfer_id, descriptor=reply.transport_descriptor, layout=self._engine.layout
+                        endpoint=source.endpoint, transfer_id=reply.transfer_id, descriptor=reply.transport_descriptor, layout=layout_from_pb(reply.layout)
                     )
                     nbytes = await transport.pull(source_desc, missing, dst)
                     released = reply.transport == "grpc"  # the gRPC pull asked the peer to unpin when done
