@@ -1,0 +1,44 @@
+"""Threshold admission: when every worker is over its limits the request is rejected at once,
+with a retry-after hint and a reason, through the SDK's typed exception; capacity coming back
+admits requests again."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from kvplane import Client, RejectedError
+from kvplane.cluster import LocalCluster
+
+from .helpers import prompt_ids, wait_for
+
+
+def test_overloaded_cluster_rejects_with_retry_after(tmp_path):
+    limits = ("--max-running", "1", "--max-waiting", "1")
+    with LocalCluster(
+        num_prefill=0, num_decode=0, num_both=1, controlplane_args=limits, agent_args=("--max-tokens-limit", "1900"), log_dir=tmp_path
+    ) as cluster:
+        with Client(cluster.endpoint, timeout=120) as client:
+            finished: list = []
+
+            def run_long(seed: int):
+                for chunk in client.stream(prompt_ids(seed=seed, length=20), max_tokens=1900, ignore_eos=True):
+                    if chunk.finished:
+                        finished.append(chunk)
+
+            threads = [threading.Thread(target=run_long, args=(seed,)) for seed in (40, 42)]
+            for thread in threads:
+                thread.start()
+            # The next load report shows both running: one over the limit of one.
+            wait_for(lambda: client.workers()[0].load.num_running == 2, timeout=30, what="a load report")
+            with pytest.raises(RejectedError) as info:
+                client.generate(prompt_ids(seed=41, length=10), max_tokens=2)
+            for thread in threads:
+                thread.join(120)
+            assert [c.finish_reason for c in finished] == ["length", "length"]
+            wait_for(lambda: client.workers()[0].load.num_running == 0, timeout=5, what="the worker to be idle")
+            after = client.generate(prompt_ids(seed=41, length=10), max_tokens=2)
+    assert info.value.retry_after_s is not None and info.value.retry_after_s >= 1.0
+    assert "running 2>1" in info.value.reason
+    assert "rejected at admission" in str(info.value)
+    assert len(after.token_ids) == 2
