@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from sdk.scripted_server import ScriptedServer
+from tests.sdk.scripted_server import ScriptedServer
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SERVER_MODULES = ("controlplane.main", "dataplane.agent.main", "dataplane.transport", "dataplane.engine")

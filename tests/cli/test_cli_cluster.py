@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from cli.conftest import REPO_ROOT, missing_server_modules, run_kvplane
+from tests.cli.conftest import REPO_ROOT, missing_server_modules, run_kvplane
 from kvplane.client import Client
 from kvplane.cluster import ClusterError, LocalCluster, free_port
 

@@ -5,8 +5,8 @@ import json
 import subprocess
 import sys
 
-from cli.conftest import run_kvplane
-from sdk.scripted_server import ScriptedServer
+from tests.cli.conftest import run_kvplane
+from tests.sdk.scripted_server import ScriptedServer
 
 METRIC_FIELDS = {
     "prefill_worker", "decode_worker", "prompt_tokens", "cached_tokens", "kv_transfer_bytes",

@@ -5,7 +5,7 @@ import importlib.util
 
 import pytest
 
-from cli.conftest import run_kvplane
+from tests.cli.conftest import run_kvplane
 
 CLIENT_COMMANDS = (["generate"], ["route"], ["workers"], ["cache"], ["drain"], ["up"], ["bench"], [])
 

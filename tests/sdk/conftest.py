@@ -4,7 +4,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from sdk.scripted_server import ScriptedServer
+from tests.sdk.scripted_server import ScriptedServer
 
 
 @pytest.fixture

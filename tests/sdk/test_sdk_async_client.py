@@ -9,7 +9,7 @@ import pytest
 import kvplane
 from kvplane import AsyncClient
 from kvplane.client import WorkerState
-from sdk.scripted_server import ScriptedServer
+from tests.sdk.scripted_server import ScriptedServer
 
 
 def test_generate_and_stream(server: ScriptedServer) -> None:

@@ -10,7 +10,7 @@ import kvplane
 from kvplane import Client
 from kvplane.client import DEFAULT_ENDPOINT, WorkerState, resolve_endpoint
 from kvplane.types import KVLayout, Role
-from sdk.scripted_server import ScriptedServer
+from tests.sdk.scripted_server import ScriptedServer
 
 
 def test_generate_assembles_the_stream(server: ScriptedServer) -> None:
