@@ -90,7 +90,7 @@ def from_rpc_error(e: grpc.RpcError, *, endpoint: str | None = None) -> KvplaneE
             retry_after_s=_parse_retry_after(trailers.get(RETRY_AFTER_MS_KEY)),
             reason=trailers.get(REASON_KEY, ""),
         )
-    if code == grpc.StatusCode.UNAVAILABLE and endpoint:
+    if code == grpc.StatusCode.UNAVAILABLE and endpoint and _is_connection_failure(details):
         details = (
             f"cannot reach the kvplane control plane at {endpoint} ({details or 'unavailable'}); "
             "is it running? Set --endpoint or KVPLANE_ENDPOINT to point elsewhere"
@@ -106,6 +106,12 @@ def rejection_trailers(retry_after_s: float | None, reason: str) -> tuple[tuple[
     if retry_after_s is not None:
         trailers.append((RETRY_AFTER_MS_KEY, str(max(0, math.ceil(retry_after_s * 1000)))))
     return tuple(trailers)
+
+
+def _is_connection_failure(details: str) -> bool:
+    """True when gRPC itself could not reach the server (not a server-sent UNAVAILABLE)."""
+    lowered = details.lower()
+    return not details or any(w in lowered for w in ("failed to connect", "connection refused", "dns resolution", "socket closed", "connection reset"))
 
 
 def _call_attr(e: grpc.RpcError, name: str, default: Any) -> Any:

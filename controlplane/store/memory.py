@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import itertools
+import secrets
 from collections import deque
 from dataclasses import dataclass, field
 from typing import AsyncGenerator, Sequence
@@ -71,7 +72,8 @@ class MemoryStore:
         self._sorted_keys: list[str] = []
         self._history: deque[WatchEvent] = deque()
         self._leases: dict[LeaseId, _Lease] = {}
-        self._lease_ids = itertools.count(1)
+        # Random start, like etcd: a restarted store never hands out a lease id an agent still holds.
+        self._lease_ids = itertools.count(secrets.randbits(48) + 1)
         self._watchers: set[_Watcher] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import secrets
 import socket
 
 from dataplane.agent.config import AgentConfig
@@ -13,7 +14,7 @@ from kvplane.types import Role
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     a, e = AgentConfig(worker_id="x"), EngineConfig()
-    parser.add_argument("--worker-id", default="", help="unique worker id (default: ROLE-HOSTNAME-PORT)")
+    parser.add_argument("--worker-id", default="", help="unique worker id (default: ROLE-HOSTNAME-PORT, or a random suffix with --port 0)")
     parser.add_argument("--role", choices=[r.value for r in Role], default=a.role.value, help="what this worker does (default %(default)s)")
     parser.add_argument("--host", default=a.host, help="address to listen on (default %(default)s)")
     parser.add_argument("--port", type=int, default=a.port, help="port to listen on (default: any free port)")
@@ -45,7 +46,8 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
         device=args.device,
         seed=args.seed,
     )
-    worker_id = args.worker_id or f"{args.role}-{socket.gethostname()}-{args.port or 'auto'}"
+    # Unique by default even for several agents of one role on one host with --port 0.
+    worker_id = args.worker_id or f"{args.role}-{socket.gethostname()}-{args.port or secrets.token_hex(3)}"
     return AgentConfig(
         worker_id=worker_id,
         role=Role(args.role),

@@ -95,3 +95,10 @@ def test_bare_rpc_error_becomes_unknown() -> None:
     assert type(error) is KvplaneError
     assert error.code == grpc.StatusCode.UNKNOWN
     assert str(error) == "kvplane call failed with status UNKNOWN"
+
+
+def test_server_sent_unavailable_keeps_the_servers_message() -> None:
+    # The control plane answered: its reason must reach the caller, not "cannot reach".
+    error = from_rpc_error(_Failed(grpc.StatusCode.UNAVAILABLE, "all 1 decode workers are draining"), endpoint="cp:1")
+    assert isinstance(error, UnavailableError)
+    assert error.details == "all 1 decode workers are draining"
