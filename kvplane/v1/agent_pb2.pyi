@@ -158,3 +158,19 @@ class TokenizeResponse(_message.Message):
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class ProfileRequest(_message.Message):
+    __slots__ = ("max_prompt_tokens", "max_batch")
+    MAX_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MAX_BATCH_FIELD_NUMBER: _ClassVar[int]
+    max_prompt_tokens: int
+    max_batch: int
+    def __init__(self, max_prompt_tokens: _Optional[int] = ..., max_batch: _Optional[int] = ...) -> None: ...
+
+class ProfileResponse(_message.Message):
+    __slots__ = ("profile", "model")
+    PROFILE_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    profile: _common_pb2.LatencyProfile
+    model: _common_pb2.LatencyModel
+    def __init__(self, profile: _Optional[_Union[_common_pb2.LatencyProfile, _Mapping]] = ..., model: _Optional[_Union[_common_pb2.LatencyModel, _Mapping]] = ...) -> None: ...

@@ -69,6 +69,11 @@ class AgentStub:
                 request_serializer=kvplane_dot_v1_dot_agent__pb2.TokenizeRequest.SerializeToString,
                 response_deserializer=kvplane_dot_v1_dot_agent__pb2.TokenizeResponse.FromString,
                 _registered_method=True)
+        self.Profile = channel.unary_unary(
+                '/kvplane.v1.Agent/Profile',
+                request_serializer=kvplane_dot_v1_dot_agent__pb2.ProfileRequest.SerializeToString,
+                response_deserializer=kvplane_dot_v1_dot_agent__pb2.ProfileResponse.FromString,
+                _registered_method=True)
 
 
 class AgentServicer:
@@ -121,6 +126,13 @@ class AgentServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Profile(self, request, context):
+        """Runs synthetic prefill and decode steps on the engine and returns their timings.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -158,6 +170,11 @@ def add_AgentServicer_to_server(servicer, server):
                     servicer.Tokenize,
                     request_deserializer=kvplane_dot_v1_dot_agent__pb2.TokenizeRequest.FromString,
                     response_serializer=kvplane_dot_v1_dot_agent__pb2.TokenizeResponse.SerializeToString,
+            ),
+            'Profile': grpc.unary_unary_rpc_method_handler(
+                    servicer.Profile,
+                    request_deserializer=kvplane_dot_v1_dot_agent__pb2.ProfileRequest.FromString,
+                    response_serializer=kvplane_dot_v1_dot_agent__pb2.ProfileResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -349,6 +366,33 @@ class Agent:
             '/kvplane.v1.Agent/Tokenize',
             kvplane_dot_v1_dot_agent__pb2.TokenizeRequest.SerializeToString,
             kvplane_dot_v1_dot_agent__pb2.TokenizeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Profile(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvplane.v1.Agent/Profile',
+            kvplane_dot_v1_dot_agent__pb2.ProfileRequest.SerializeToString,
+            kvplane_dot_v1_dot_agent__pb2.ProfileResponse.FromString,
             options,
             channel_credentials,
             insecure,

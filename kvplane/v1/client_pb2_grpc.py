@@ -59,6 +59,21 @@ class KvplaneStub:
                 request_serializer=kvplane_dot_v1_dot_client__pb2.DrainWorkerRequest.SerializeToString,
                 response_deserializer=kvplane_dot_v1_dot_client__pb2.DrainWorkerResponse.FromString,
                 _registered_method=True)
+        self.ProfileWorker = channel.unary_unary(
+                '/kvplane.v1.Kvplane/ProfileWorker',
+                request_serializer=kvplane_dot_v1_dot_client__pb2.ProfileWorkerRequest.SerializeToString,
+                response_deserializer=kvplane_dot_v1_dot_client__pb2.ProfileWorkerResponse.FromString,
+                _registered_method=True)
+        self.GetConfig = channel.unary_unary(
+                '/kvplane.v1.Kvplane/GetConfig',
+                request_serializer=kvplane_dot_v1_dot_client__pb2.GetConfigRequest.SerializeToString,
+                response_deserializer=kvplane_dot_v1_dot_client__pb2.ConfigResponse.FromString,
+                _registered_method=True)
+        self.SetConfig = channel.unary_unary(
+                '/kvplane.v1.Kvplane/SetConfig',
+                request_serializer=kvplane_dot_v1_dot_client__pb2.SetConfigRequest.SerializeToString,
+                response_deserializer=kvplane_dot_v1_dot_client__pb2.ConfigResponse.FromString,
+                _registered_method=True)
 
 
 class KvplaneServicer:
@@ -96,6 +111,27 @@ class KvplaneServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ProfileWorker(self, request, context):
+        """Measures a worker's latency profile and stores it; the worker's online model starts from it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetConfig(self, request, context):
+        """Cluster configuration kept in the store (admission policy, objectives); every replica
+        applies a change within a second.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetConfig(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_KvplaneServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -123,6 +159,21 @@ def add_KvplaneServicer_to_server(servicer, server):
                     servicer.DrainWorker,
                     request_deserializer=kvplane_dot_v1_dot_client__pb2.DrainWorkerRequest.FromString,
                     response_serializer=kvplane_dot_v1_dot_client__pb2.DrainWorkerResponse.SerializeToString,
+            ),
+            'ProfileWorker': grpc.unary_unary_rpc_method_handler(
+                    servicer.ProfileWorker,
+                    request_deserializer=kvplane_dot_v1_dot_client__pb2.ProfileWorkerRequest.FromString,
+                    response_serializer=kvplane_dot_v1_dot_client__pb2.ProfileWorkerResponse.SerializeToString,
+            ),
+            'GetConfig': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetConfig,
+                    request_deserializer=kvplane_dot_v1_dot_client__pb2.GetConfigRequest.FromString,
+                    response_serializer=kvplane_dot_v1_dot_client__pb2.ConfigResponse.SerializeToString,
+            ),
+            'SetConfig': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetConfig,
+                    request_deserializer=kvplane_dot_v1_dot_client__pb2.SetConfigRequest.FromString,
+                    response_serializer=kvplane_dot_v1_dot_client__pb2.ConfigResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -260,6 +311,87 @@ class Kvplane:
             '/kvplane.v1.Kvplane/DrainWorker',
             kvplane_dot_v1_dot_client__pb2.DrainWorkerRequest.SerializeToString,
             kvplane_dot_v1_dot_client__pb2.DrainWorkerResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ProfileWorker(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvplane.v1.Kvplane/ProfileWorker',
+            kvplane_dot_v1_dot_client__pb2.ProfileWorkerRequest.SerializeToString,
+            kvplane_dot_v1_dot_client__pb2.ProfileWorkerResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetConfig(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvplane.v1.Kvplane/GetConfig',
+            kvplane_dot_v1_dot_client__pb2.GetConfigRequest.SerializeToString,
+            kvplane_dot_v1_dot_client__pb2.ConfigResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetConfig(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvplane.v1.Kvplane/SetConfig',
+            kvplane_dot_v1_dot_client__pb2.SetConfigRequest.SerializeToString,
+            kvplane_dot_v1_dot_client__pb2.ConfigResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -82,7 +82,7 @@ class KVLayout(_message.Message):
     def __init__(self, model: _Optional[str] = ..., num_layers: _Optional[int] = ..., num_kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., dtype: _Optional[str] = ..., block_size: _Optional[int] = ...) -> None: ...
 
 class WorkerLoad(_message.Message):
-    __slots__ = ("num_running", "num_waiting", "num_queued_prefill_tokens", "num_free_blocks", "num_used_blocks", "num_total_blocks", "num_cached_blocks")
+    __slots__ = ("num_running", "num_waiting", "num_queued_prefill_tokens", "num_free_blocks", "num_used_blocks", "num_total_blocks", "num_cached_blocks", "running_remaining_tokens", "running_context_tokens")
     NUM_RUNNING_FIELD_NUMBER: _ClassVar[int]
     NUM_WAITING_FIELD_NUMBER: _ClassVar[int]
     NUM_QUEUED_PREFILL_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -90,6 +90,8 @@ class WorkerLoad(_message.Message):
     NUM_USED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     NUM_TOTAL_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     NUM_CACHED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_REMAINING_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_CONTEXT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     num_running: int
     num_waiting: int
     num_queued_prefill_tokens: int
@@ -97,7 +99,43 @@ class WorkerLoad(_message.Message):
     num_used_blocks: int
     num_total_blocks: int
     num_cached_blocks: int
-    def __init__(self, num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_queued_prefill_tokens: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., num_used_blocks: _Optional[int] = ..., num_total_blocks: _Optional[int] = ..., num_cached_blocks: _Optional[int] = ...) -> None: ...
+    running_remaining_tokens: _containers.RepeatedScalarFieldContainer[int]
+    running_context_tokens: int
+    def __init__(self, num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_queued_prefill_tokens: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., num_used_blocks: _Optional[int] = ..., num_total_blocks: _Optional[int] = ..., num_cached_blocks: _Optional[int] = ..., running_remaining_tokens: _Optional[_Iterable[int]] = ..., running_context_tokens: _Optional[int] = ...) -> None: ...
+
+class StepTiming(_message.Message):
+    __slots__ = ("prefill_tokens", "prefill_attention", "decode_seqs", "decode_context_tokens", "seconds")
+    PREFILL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_ATTENTION_FIELD_NUMBER: _ClassVar[int]
+    DECODE_SEQS_FIELD_NUMBER: _ClassVar[int]
+    DECODE_CONTEXT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    prefill_tokens: int
+    prefill_attention: int
+    decode_seqs: int
+    decode_context_tokens: int
+    seconds: float
+    def __init__(self, prefill_tokens: _Optional[int] = ..., prefill_attention: _Optional[int] = ..., decode_seqs: _Optional[int] = ..., decode_context_tokens: _Optional[int] = ..., seconds: _Optional[float] = ...) -> None: ...
+
+class LatencyModel(_message.Message):
+    __slots__ = ("coefficients", "num_samples", "mean_abs_pct_error", "seeded_from_profile")
+    COEFFICIENTS_FIELD_NUMBER: _ClassVar[int]
+    NUM_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    MEAN_ABS_PCT_ERROR_FIELD_NUMBER: _ClassVar[int]
+    SEEDED_FROM_PROFILE_FIELD_NUMBER: _ClassVar[int]
+    coefficients: _containers.RepeatedScalarFieldContainer[float]
+    num_samples: int
+    mean_abs_pct_error: float
+    seeded_from_profile: bool
+    def __init__(self, coefficients: _Optional[_Iterable[float]] = ..., num_samples: _Optional[int] = ..., mean_abs_pct_error: _Optional[float] = ..., seeded_from_profile: _Optional[bool] = ...) -> None: ...
+
+class LatencyProfile(_message.Message):
+    __slots__ = ("samples", "measured_at")
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    MEASURED_AT_FIELD_NUMBER: _ClassVar[int]
+    samples: _containers.RepeatedCompositeFieldContainer[StepTiming]
+    measured_at: float
+    def __init__(self, samples: _Optional[_Iterable[_Union[StepTiming, _Mapping]]] = ..., measured_at: _Optional[float] = ...) -> None: ...
 
 class WorkerInfo(_message.Message):
     __slots__ = ("worker_id", "role", "endpoint", "model", "layout", "state", "max_context", "vocab_size", "transports", "max_tokens_limit")
@@ -168,7 +206,7 @@ class Ticket(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., decode_worker_id: _Optional[str] = ..., prefill_worker_id: _Optional[str] = ..., expires_at: _Optional[float] = ..., signature: _Optional[bytes] = ...) -> None: ...
 
 class RequestMetrics(_message.Message):
-    __slots__ = ("prefill_worker", "decode_worker", "prompt_tokens", "cached_tokens", "kv_transfer_bytes", "kv_transfer_blocks", "transport", "ttft_ms", "disaggregated", "route_reason", "prefill_computed_tokens", "kv_transfer_ms")
+    __slots__ = ("prefill_worker", "decode_worker", "prompt_tokens", "cached_tokens", "kv_transfer_bytes", "kv_transfer_blocks", "transport", "ttft_ms", "disaggregated", "route_reason", "prefill_computed_tokens", "kv_transfer_ms", "predicted_ttft_ms", "predicted_tpot_ms", "priority", "queued_ms")
     PREFILL_WORKER_FIELD_NUMBER: _ClassVar[int]
     DECODE_WORKER_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -181,6 +219,10 @@ class RequestMetrics(_message.Message):
     ROUTE_REASON_FIELD_NUMBER: _ClassVar[int]
     PREFILL_COMPUTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     KV_TRANSFER_MS_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_TTFT_MS_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_TPOT_MS_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_MS_FIELD_NUMBER: _ClassVar[int]
     prefill_worker: str
     decode_worker: str
     prompt_tokens: int
@@ -193,4 +235,8 @@ class RequestMetrics(_message.Message):
     route_reason: str
     prefill_computed_tokens: int
     kv_transfer_ms: float
-    def __init__(self, prefill_worker: _Optional[str] = ..., decode_worker: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., kv_transfer_bytes: _Optional[int] = ..., kv_transfer_blocks: _Optional[int] = ..., transport: _Optional[str] = ..., ttft_ms: _Optional[float] = ..., disaggregated: _Optional[bool] = ..., route_reason: _Optional[str] = ..., prefill_computed_tokens: _Optional[int] = ..., kv_transfer_ms: _Optional[float] = ...) -> None: ...
+    predicted_ttft_ms: float
+    predicted_tpot_ms: float
+    priority: str
+    queued_ms: float
+    def __init__(self, prefill_worker: _Optional[str] = ..., decode_worker: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., kv_transfer_bytes: _Optional[int] = ..., kv_transfer_blocks: _Optional[int] = ..., transport: _Optional[str] = ..., ttft_ms: _Optional[float] = ..., disaggregated: _Optional[bool] = ..., route_reason: _Optional[str] = ..., prefill_computed_tokens: _Optional[int] = ..., kv_transfer_ms: _Optional[float] = ..., predicted_ttft_ms: _Optional[float] = ..., predicted_tpot_ms: _Optional[float] = ..., priority: _Optional[str] = ..., queued_ms: _Optional[float] = ...) -> None: ...

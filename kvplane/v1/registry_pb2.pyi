@@ -16,16 +16,18 @@ class RegisterRequest(_message.Message):
     def __init__(self, info: _Optional[_Union[_common_pb2.WorkerInfo, _Mapping]] = ..., ttl_seconds: _Optional[int] = ...) -> None: ...
 
 class RegisterResponse(_message.Message):
-    __slots__ = ("worker_id", "lease_id", "ttl_seconds", "ticket_key")
+    __slots__ = ("worker_id", "lease_id", "ttl_seconds", "ticket_key", "profile")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
     TICKET_KEY_FIELD_NUMBER: _ClassVar[int]
+    PROFILE_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     lease_id: int
     ttl_seconds: int
     ticket_key: bytes
-    def __init__(self, worker_id: _Optional[str] = ..., lease_id: _Optional[int] = ..., ttl_seconds: _Optional[int] = ..., ticket_key: _Optional[bytes] = ...) -> None: ...
+    profile: _common_pb2.LatencyProfile
+    def __init__(self, worker_id: _Optional[str] = ..., lease_id: _Optional[int] = ..., ttl_seconds: _Optional[int] = ..., ticket_key: _Optional[bytes] = ..., profile: _Optional[_Union[_common_pb2.LatencyProfile, _Mapping]] = ...) -> None: ...
 
 class KeepAliveRequest(_message.Message):
     __slots__ = ("worker_id", "lease_id")
@@ -42,16 +44,18 @@ class KeepAliveResponse(_message.Message):
     def __init__(self, ttl_seconds: _Optional[int] = ...) -> None: ...
 
 class ReportLoadRequest(_message.Message):
-    __slots__ = ("worker_id", "lease_id", "load", "state")
+    __slots__ = ("worker_id", "lease_id", "load", "state", "latency")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     LOAD_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
+    LATENCY_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     lease_id: int
     load: _common_pb2.WorkerLoad
     state: _common_pb2.WorkerState
-    def __init__(self, worker_id: _Optional[str] = ..., lease_id: _Optional[int] = ..., load: _Optional[_Union[_common_pb2.WorkerLoad, _Mapping]] = ..., state: _Optional[_Union[_common_pb2.WorkerState, str]] = ...) -> None: ...
+    latency: _common_pb2.LatencyModel
+    def __init__(self, worker_id: _Optional[str] = ..., lease_id: _Optional[int] = ..., load: _Optional[_Union[_common_pb2.WorkerLoad, _Mapping]] = ..., state: _Optional[_Union[_common_pb2.WorkerState, str]] = ..., latency: _Optional[_Union[_common_pb2.LatencyModel, _Mapping]] = ...) -> None: ...
 
 class ReportLoadResponse(_message.Message):
     __slots__ = ()
