@@ -328,6 +328,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             vocab_size=e.vocab_size,
             transports=list(self._transports),
             max_tokens_limit=self._config.engine.max_tokens_limit,
+            max_num_batched_tokens=self._config.engine.max_num_batched_tokens,
         )
 
     def worker_load(self) -> common_pb2.WorkerLoad:
