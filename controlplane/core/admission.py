@@ -14,8 +14,12 @@ policies are chosen by configuration, not by type checks at call sites. Policies
   (limits and saturation after llm-d's saturation detector: queue depth and KV utilisation;
   the relative overshoot is a cheap stand-in for "time until it drains").
 
-Predicting TTFT/TBT against a request's objective (Mooncake) is a later policy behind the same
-Protocol.
+- `predictive` (admission_predictive.py): predicts TTFT and TPOT per placement and admits to the
+  best placement that meets the request's objectives.
+
+Every policy sees the request, the decode candidates, and the placements the router ranked (best
+first, each with a latency prediction when the workers have models) plus the request's objective;
+policies that do not predict ignore the last two.
 """
 from __future__ import annotations
 
@@ -23,7 +27,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from controlplane.core.predictor import Prediction
 from controlplane.core.router import RouteRequest, WorkerView
+from controlplane.core.settings import Objective
 from kvplane.types import WorkerId
 
 # How many saturated workers a rejection reason names before summarising the rest.
@@ -62,8 +68,22 @@ class AdmissionConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class PlacementOption:
+    """One way to run a request: prefill on `prefill_worker` (== decode_worker when local)."""
+
+    decode_worker: WorkerId
+    prefill_worker: WorkerId
+    prediction: Prediction | None = None
+    tpot_recovery_s: float | None = None  # when the decode worker's TPOT would meet the objective again
+
+    @property
+    def disaggregated(self) -> bool:
+        return self.prefill_worker != self.decode_worker
+
+
+@dataclass(frozen=True, slots=True)
 class Admit:
-    pass
+    option: PlacementOption | None = None  # None: run the router's own choice
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +93,13 @@ class Reject:
 
 
 class AdmissionPolicy(Protocol):
-    def decide(self, request: RouteRequest, candidates: Sequence[WorkerView]) -> Admit | Reject: ...
+    def decide(
+        self,
+        request: RouteRequest,
+        candidates: Sequence[WorkerView],
+        options: Sequence[PlacementOption] = (),
+        objective: Objective | None = None,
+    ) -> Admit | Reject: ...
 
 
 class AdmitAll:
@@ -84,7 +110,7 @@ class AdmitAll:
     def __init__(self, config: AdmissionConfig) -> None:
         del config  # nothing to configure; same constructor shape as every policy
 
-    def decide(self, request: RouteRequest, candidates: Sequence[WorkerView]) -> Admit | Reject:
+    def decide(self, request, candidates, options=(), objective=None) -> Admit | Reject:
         return Admit()
 
 
@@ -113,7 +139,7 @@ class ThresholdAdmission:
         config.validate()
         self._config = config
 
-    def decide(self, request: RouteRequest, candidates: Sequence[WorkerView]) -> Admit | Reject:
+    def decide(self, request, candidates, options=(), objective=None) -> Admit | Reject:
         if not candidates:
             return Reject(
                 reason=f"no candidate worker for model {request.model!r} to admit onto",
@@ -154,9 +180,16 @@ def _reason(worker_to_overshoots: dict[WorkerId, list[LimitOvershoot]]) -> str:
     return f"all {len(worker_to_overshoots)} candidates over limits: " + "; ".join(parts)
 
 
+def _predictive(config: AdmissionConfig) -> AdmissionPolicy:
+    from controlplane.core.admission_predictive import PredictiveAdmission  # it builds on this module
+
+    return PredictiveAdmission(config)
+
+
 _POLICY_FACTORIES: dict[str, Callable[[AdmissionConfig], AdmissionPolicy]] = {
     "threshold": ThresholdAdmission,
     "none": AdmitAll,
+    "predictive": _predictive,
 }
 
 

@@ -26,7 +26,7 @@ def threshold(**kwargs) -> ThresholdAdmission:
 
 
 def test_registry_builds_each_named_policy():
-    assert admission_policy_names() == ["none", "threshold"]
+    assert admission_policy_names() == ["none", "predictive", "threshold"]
     assert isinstance(make_admission_policy(AdmissionConfig()), ThresholdAdmission)
     assert isinstance(make_admission_policy(AdmissionConfig(policy="none")), AdmitAll)
 
@@ -46,7 +46,7 @@ def test_default_config_matches_the_documented_defaults():
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        (dict(policy="fifo"), r"AdmissionConfig.policy 'fifo' is unknown; choose one of \['none', 'threshold'\]"),
+        (dict(policy="fifo"), r"AdmissionConfig.policy 'fifo' is unknown; choose one of \['none', 'predictive', 'threshold'\]"),
         (dict(max_running=0), r"AdmissionConfig.max_running must be an integer >= 1, got 0"),
         (dict(max_waiting=2.5), r"AdmissionConfig.max_waiting must be an integer >= 1, got 2.5"),
         (dict(max_queued_prefill_tokens=True), r"AdmissionConfig.max_queued_prefill_tokens must be an integer >= 1"),

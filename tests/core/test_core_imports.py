@@ -9,7 +9,7 @@ from pathlib import Path
 import controlplane.core
 
 _CORE_DIR = Path(controlplane.core.__file__).parent
-_ALLOWED_PROJECT_MODULES = {"kvplane.types", "kvplane.block_hash"}
+_ALLOWED_PROJECT_MODULES = {"kvplane.types", "kvplane.block_hash", "kvplane.latency"}
 
 
 def _imported_modules(path: Path) -> set[str]:

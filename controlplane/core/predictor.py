@@ -1,0 +1,137 @@
+"""Predicts, for one placement of a request, its time to first token and the time per output
+token it will see, from each worker's fitted step-time model and its reported load.
+
+Rule (after Mooncake's early-rejection predictor):
+  TTFT = queue + prefill + transfer (+ the decode worker's step that computes the prompt's tail)
+    queue    = engine steps for the prefill tokens already queued on the prefill worker, in chunks,
+               each step also carrying that worker's running decodes;
+    prefill  = engine steps for this prompt's uncached tokens, in chunks, attention over the cached
+               prefix included;
+    transfer = KV bytes to move / the measured link rate (disaggregated placements only).
+  TPOT = the decode worker's step time at the moment this request's KV arrives (t = TTFT), not now:
+    requests whose remaining tokens run out before t have left the batch, requests waiting there now
+    have joined it, and so has this one. Predicting at arrival time, not at decision time, is what
+    keeps admission from oscillating (Mooncake, FAST'25).
+The step model is kvplane.latency.StepTimeModel (linear in prefill tokens, attention work, decode
+batch and decode context). Without a model for either worker there is no prediction (None).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvplane.latency import StepTimeModel, prefill_attention
+from kvplane.types import WorkerId
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerPerf:
+    worker_id: WorkerId
+    model: StepTimeModel | None
+    chunk_tokens: int              # prefill tokens per engine step
+    block_size: int
+    num_running: int
+    num_waiting: int
+    num_queued_prefill_tokens: int
+    running_remaining_tokens: tuple[int, ...]
+    running_context_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    ttft_s: float
+    tpot_s: float
+    queue_s: float
+    prefill_s: float
+    transfer_s: float
+    decode_batch: int  # the decode batch this request is predicted to join
+
+    @property
+    def ttft_ms(self) -> float:
+        return self.ttft_s * 1000
+
+    @property
+    def tpot_ms(self) -> float:
+        return self.tpot_s * 1000
+
+
+def _prefill_steps_seconds(perf: WorkerPerf, num_tokens: int, context_before: int) -> float:
+    """Engine steps that prefill `num_tokens` after `context_before` cached ones, with the
+    worker's running decodes riding along in every step."""
+    model = perf.model
+    assert model is not None
+    seconds, done = 0.0, 0
+    chunk = max(perf.chunk_tokens, 1)
+    while done < num_tokens:
+        n = min(chunk, num_tokens - done)
+        seconds += model.step_seconds(
+            prefill_tokens=n,
+            prefill_attention=prefill_attention(n, context_before + done),
+            decode_seqs=perf.num_running,
+            decode_context_tokens=perf.running_context_tokens,
+        )
+        done += n
+    return seconds
+
+
+def predict(
+    *,
+    prompt_tokens: int,
+    max_tokens: int,
+    prefill_cached_tokens: int,
+    prefill: WorkerPerf,
+    decode: WorkerPerf,
+    transfer_bytes: int = 0,
+    link_bytes_per_s: float = 1e9,
+) -> Prediction | None:
+    """Prediction for prefilling on `prefill` and decoding on `decode` (the same worker when local)."""
+    if prefill.model is None or decode.model is None:
+        return None
+    disaggregated = prefill.worker_id != decode.worker_id
+    queue_s = _prefill_steps_seconds(prefill, prefill.num_queued_prefill_tokens, 0)
+    prefill_s = _prefill_steps_seconds(prefill, prompt_tokens - prefill_cached_tokens, prefill_cached_tokens)
+    transfer_s = transfer_bytes / link_bytes_per_s if disaggregated and link_bytes_per_s > 0 else 0.0
+    ttft_s = queue_s + prefill_s + transfer_s
+    if disaggregated:
+        # The decode worker computes the prompt's tail (the partial last block) before the first token.
+        tail = prompt_tokens - ((prompt_tokens - 1) // decode.block_size) * decode.block_size
+        ttft_s += _prefill_steps_seconds(decode, tail, prompt_tokens - tail)
+    tpot_s, batch = _tpot_at(decode, ttft_s, prompt_tokens, max_tokens)
+    return Prediction(ttft_s, tpot_s, queue_s, prefill_s, transfer_s, batch)
+
+
+def _tpot_at(decode: WorkerPerf, arrival_s: float, prompt_tokens: int, max_tokens: int) -> tuple[float, int]:
+    model = decode.model
+    assert model is not None
+    running = decode.num_running
+    avg_context = decode.running_context_tokens / running if running else float(prompt_tokens)
+    step_now = model.decode_step_seconds(max(running, 1), decode.running_context_tokens or prompt_tokens)
+    # A request with r tokens left is gone after about r steps of today's step time.
+    finished = sum(1 for r in decode.running_remaining_tokens if r * step_now <= arrival_s)
+    survivors = max(running - finished, 0)
+    batch = survivors + decode.num_waiting + 1
+    context = (survivors + decode.num_waiting) * avg_context + prompt_tokens + max_tokens / 2
+    return model.decode_step_seconds(batch, int(context)), batch
+
+
+def tpot_recovery_s(decode: WorkerPerf, target_tpot_s: float, prompt_tokens: int, max_tokens: int) -> float | None:
+    """How long until enough running requests on `decode` finish for the TPOT objective to hold
+    (None when even an idle worker misses it)."""
+    model = decode.model
+    if model is None:
+        return None
+    step_now = model.decode_step_seconds(max(decode.num_running, 1), decode.running_context_tokens or prompt_tokens)
+    remaining = sorted(decode.running_remaining_tokens)
+    avg_context = decode.running_context_tokens / decode.num_running if decode.num_running else float(prompt_tokens)
+    for num_finished in range(len(remaining) + 1):
+        survivors = max(decode.num_running - num_finished, 0)
+        batch = survivors + decode.num_waiting + 1
+        context = (survivors + decode.num_waiting) * avg_context + prompt_tokens + max_tokens / 2
+        if model.decode_step_seconds(batch, int(context)) <= target_tpot_s:
+            return 0.0 if num_finished == 0 else remaining[num_finished - 1] * step_now
+    return None
+
+
+def blocks_to_transfer(prompt_tokens: int, block_size: int, num_held_on_decode: int) -> int:
+    """Full prompt blocks a disaggregated request moves: all but those the decode worker holds."""
+    full = prompt_tokens // block_size
+    return max(full - num_held_on_decode, 0)

@@ -1,0 +1,82 @@
+"""Cluster settings changed at run time (`kvplane config set KEY VALUE`), kept in the store.
+
+Keys and values are strings so the store, the RPC and the CLI stay simple; this module is the one
+place that knows the keys, validates values and turns them into typed settings:
+
+- `admission.policy`: an admission policy name (none, threshold, predictive).
+- `objectives.<model>.<priority>.ttft_ms` / `.tpot_ms`: a latency objective in milliseconds for
+  one model (or `*` for every model) and priority (interactive, batch). The most specific key wins:
+  model before `*`, `*` before the defaults below.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+PRIORITIES = ("interactive", "batch")
+ANY_MODEL = "*"
+_OBJECTIVE_FIELDS = ("ttft_ms", "tpot_ms")
+
+
+@dataclass(frozen=True, slots=True)
+class Objective:
+    ttft_ms: float
+    tpot_ms: float
+
+
+# Defaults sized for the reference engine on a small CPU; set real ones per model in production.
+DEFAULT_OBJECTIVES = {
+    "interactive": Objective(ttft_ms=2000.0, tpot_ms=200.0),
+    "batch": Objective(ttft_ms=30000.0, tpot_ms=1000.0),
+}
+
+
+class SettingError(ValueError):
+    """A key or value that `kvplane config set` must refuse; the message says what is accepted."""
+
+
+def validate_setting(key: str, value: str, policy_names: Callable[[], list[str]]) -> None:
+    if key == "admission.policy":
+        if value not in policy_names():
+            raise SettingError(f"admission.policy must be one of {policy_names()}, got {value!r}")
+        return
+    parts = key.split(".")
+    if len(parts) >= 4 and parts[0] == "objectives":
+        model, priority, name = ".".join(parts[1:-2]), parts[-2], parts[-1]
+        if not model:
+            raise SettingError(f"{key!r}: name a model, or * for every model")
+        if priority not in PRIORITIES:
+            raise SettingError(f"{key!r}: priority must be one of {PRIORITIES}, got {priority!r}")
+        if name not in _OBJECTIVE_FIELDS:
+            raise SettingError(f"{key!r}: objective must be one of {_OBJECTIVE_FIELDS}, got {name!r}")
+        try:
+            number = float(value)
+        except ValueError:
+            raise SettingError(f"{key!r} must be a number of milliseconds, got {value!r}") from None
+        if not number > 0:
+            raise SettingError(f"{key!r} must be positive, got {value!r}")
+        return
+    raise SettingError(
+        f"unknown setting {key!r}; settable: admission.policy, objectives.<model|*>.<interactive|batch>.<ttft_ms|tpot_ms>"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterSettings:
+    values: Mapping[str, str] = field(default_factory=dict)
+
+    def admission_policy(self, default: str) -> str:
+        return self.values.get("admission.policy", default)
+
+    def objective(self, model: str, priority: str) -> Objective:
+        base = DEFAULT_OBJECTIVES[priority]
+        fields = {}
+        for name in _OBJECTIVE_FIELDS:
+            for scope in (model, ANY_MODEL):
+                raw = self.values.get(f"objectives.{scope}.{priority}.{name}")
+                if raw is not None:
+                    fields[name] = float(raw)
+                    break
+            else:
+                fields[name] = getattr(base, name)
+        return Objective(**fields)

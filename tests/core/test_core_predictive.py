@@ -1,0 +1,136 @@
+"""Predictor, predictive admission and run-time settings, with exact numbers from a known model."""
+from __future__ import annotations
+
+import pytest
+
+from controlplane.core.admission import Admit, AdmissionConfig, PlacementOption, Reject, make_admission_policy
+from controlplane.core.predictor import WorkerPerf, blocks_to_transfer, predict, tpot_recovery_s
+from controlplane.core.router import RouteRequest
+from controlplane.core.settings import DEFAULT_OBJECTIVES, ClusterSettings, Objective, SettingError, validate_setting
+from kvplane.latency import StepTimeModel
+from kvplane.types import DisaggMode, WorkerId
+
+# 1 ms per step + 10 us per prefill token + 1 ms per decoded sequence; no attention/context terms.
+MODEL = StepTimeModel(coefficients=(1e-3, 1e-5, 0.0, 1e-3, 0.0), num_samples=100, mean_abs_pct_error=0.0)
+
+
+def perf(worker_id="w", *, running=0, waiting=0, queued=0, remaining=(), context=0, model=MODEL, chunk=512) -> WorkerPerf:
+    return WorkerPerf(
+        worker_id=WorkerId(worker_id), model=model, chunk_tokens=chunk, block_size=16, num_running=running,
+        num_waiting=waiting, num_queued_prefill_tokens=queued, running_remaining_tokens=tuple(remaining),
+        running_context_tokens=context,
+    )  # fmt: skip
+
+
+def test_local_prediction_on_an_idle_worker():
+    p = predict(prompt_tokens=1000, max_tokens=10, prefill_cached_tokens=0, prefill=perf(), decode=perf())
+    # Two chunks (512 + 488 tokens): 2 ms of step overhead + 10 ms of tokens.
+    assert p.queue_s == 0
+    assert p.prefill_s == pytest.approx(0.002 + 0.010)
+    assert p.ttft_s == pytest.approx(0.012)
+    assert p.decode_batch == 1
+    assert p.tpot_s == pytest.approx(0.001 + 0.001)
+
+
+def test_queue_and_running_decodes_add_to_ttft():
+    busy = perf(running=4, queued=512)
+    p = predict(prompt_tokens=512, max_tokens=10, prefill_cached_tokens=256, prefill=busy, decode=busy)
+    step_overhead = 0.001 + 4 * 0.001  # every step also decodes the 4 running sequences
+    assert p.queue_s == pytest.approx(step_overhead + 512 * 1e-5)
+    assert p.prefill_s == pytest.approx(step_overhead + 256 * 1e-5)
+
+
+def test_disaggregated_prediction_adds_transfer_and_the_tail_step():
+    p = predict(
+        prompt_tokens=100, max_tokens=10, prefill_cached_tokens=0, prefill=perf("p"), decode=perf("d"),
+        transfer_bytes=2_000_000, link_bytes_per_s=1e9,
+    )  # fmt: skip
+    assert p.transfer_s == pytest.approx(0.002)
+    tail = 100 - 96  # the partial last block is computed on the decode worker
+    assert p.ttft_s == pytest.approx((0.001 + 100e-5) + 0.002 + (0.001 + tail * 1e-5))
+
+
+def test_tpot_counts_requests_that_finish_before_the_kv_arrives():
+    # Three running: one finishes within the predicted TTFT, two remain; one waiting joins.
+    decode = perf(running=3, waiting=1, remaining=(1, 500, 500), context=300)
+    p = predict(prompt_tokens=16, max_tokens=4, prefill_cached_tokens=0, prefill=decode, decode=decode)
+    assert p.decode_batch == 2 + 1 + 1
+    assert p.tpot_s == pytest.approx(0.001 + 4 * 0.001)
+
+
+def test_no_model_means_no_prediction():
+    assert predict(prompt_tokens=10, max_tokens=1, prefill_cached_tokens=0, prefill=perf(model=None), decode=perf()) is None
+
+
+def test_tpot_recovery_waits_for_enough_requests_to_finish():
+    decode = perf(running=3, remaining=(10, 20, 30), context=30)
+    # batch 4 -> 5 ms; needs batch <= 2 (3 ms) for a 3 ms objective: two must finish.
+    step_now = 0.001 + 3 * 0.001
+    assert tpot_recovery_s(decode, 0.003, 16, 4) == pytest.approx(20 * step_now)
+    assert tpot_recovery_s(decode, 0.0015, 16, 4) is None
+
+
+def test_blocks_to_transfer_counts_full_blocks_not_held():
+    assert blocks_to_transfer(100, 16, 0) == 6
+    assert blocks_to_transfer(100, 16, 4) == 2
+    assert blocks_to_transfer(10, 16, 0) == 0
+
+
+def _request() -> RouteRequest:
+    return RouteRequest(model="m", prompt_token_ids=[1] * 100, max_tokens=10, disagg=DisaggMode.AUTO)
+
+
+def _option(worker: str, ttft_s: float, tpot_s: float, recovery: float | None = None) -> PlacementOption:
+    from controlplane.core.predictor import Prediction
+
+    return PlacementOption(WorkerId(worker), WorkerId(worker), Prediction(ttft_s, tpot_s, 0, ttft_s, 0, 1), recovery)
+
+
+def test_predictive_admits_the_first_option_meeting_both_objectives():
+    policy = make_admission_policy(AdmissionConfig(policy="predictive"))
+    options = [_option("a", 3.0, 0.01), _option("b", 0.5, 0.5), _option("c", 0.5, 0.05)]
+    verdict = policy.decide(_request(), [], options, Objective(ttft_ms=1000, tpot_ms=100))
+    assert verdict == Admit(options[2])
+
+
+def test_predictive_rejects_with_the_closest_miss_and_a_retry_after():
+    policy = make_admission_policy(AdmissionConfig(policy="predictive"))
+    objective = Objective(ttft_ms=1000, tpot_ms=100)
+    verdict = policy.decide(_request(), [], [_option("a", 3.0, 0.01), _option("b", 1.5, 0.01)], objective)
+    assert verdict == Reject(
+        "objective=ttft predicted_ms=1500 target_ms=1000 decode_worker=b prefill_worker=b", retry_after_s=pytest.approx(0.5)
+    )
+    verdict = policy.decide(_request(), [], [_option("a", 0.1, 0.25, recovery=4.0)], objective)
+    assert isinstance(verdict, Reject) and verdict.reason.startswith("objective=tpot predicted_ms=250 target_ms=100")
+    assert verdict.retry_after_s == 4.0
+
+
+def test_predictive_admits_when_no_model_exists_yet():
+    policy = make_admission_policy(AdmissionConfig(policy="predictive"))
+    option = PlacementOption(WorkerId("a"), WorkerId("a"), None)
+    assert policy.decide(_request(), [], [option], Objective(1, 1)) == Admit(option)
+
+
+def test_settings_validate_and_resolve_most_specific_first():
+    names = lambda: ["none", "predictive", "threshold"]  # noqa: E731
+    validate_setting("admission.policy", "predictive", names)
+    validate_setting("objectives.*.batch.tpot_ms", "250", names)
+    for key, value, words in [
+        ("admission.policy", "fifo", "must be one of"),
+        ("objectives.m.urgent.ttft_ms", "5", "priority must be one of"),
+        ("objectives.m.interactive.e2e_ms", "5", "objective must be one of"),
+        ("objectives.m.interactive.ttft_ms", "-1", "must be positive"),
+        ("objectives.m.interactive.ttft_ms", "soon", "number of milliseconds"),
+        ("router.temperature", "1", "unknown setting"),
+    ]:
+        with pytest.raises(SettingError, match=words):
+            validate_setting(key, value, names)
+    settings = ClusterSettings({
+        "objectives.*.interactive.ttft_ms": "900",
+        "objectives.m.interactive.ttft_ms": "300",
+        "admission.policy": "predictive",
+    })  # fmt: skip
+    assert settings.objective("m", "interactive") == Objective(300.0, DEFAULT_OBJECTIVES["interactive"].tpot_ms)
+    assert settings.objective("other", "interactive").ttft_ms == 900.0
+    assert settings.objective("m", "batch") == DEFAULT_OBJECTIVES["batch"]
+    assert settings.admission_policy("threshold") == "predictive"
