@@ -3,12 +3,21 @@
 Both speak the same protocol (protos/kvplane/v1/client.proto) and return the same plain
 dataclasses, so code can move between them without touching result handling. Arguments are
 checked here only where the server cannot do it (a value that does not fit its wire type, a
-disagg mode name); everything else is the control plane's to validate, in one place.
+disagg mode name, a priority class); everything else is the control plane's to validate, in one place.
+
+Retrying a rejection: a RESOURCE_EXHAUSTED answer carries the server's retry-after hint. The
+clients retry on it only when asked (`reject_retries`, on the constructor or per call): they
+wait the hinted time and send the request again, at most that many times, and only while the
+call's timeout leaves room for the wait (a hint longer than the time left ends the call with
+the rejection at once, instead of a deadline error later). A stream is retried only before its
+first message; after tokens have arrived a failure goes to the caller.
 """
 from __future__ import annotations
 
+import asyncio
 import enum
 import os
+import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -16,7 +25,7 @@ from types import TracebackType
 import grpc
 
 from kvplane.convert import disagg_to_pb, layout_from_pb, role_from_pb
-from kvplane.errors import KvplaneError, from_rpc_error
+from kvplane.errors import KvplaneError, RejectedError, from_rpc_error
 from kvplane.types import DisaggMode, KVLayout, Role
 from kvplane.v1 import client_pb2, client_pb2_grpc, common_pb2
 
@@ -25,6 +34,11 @@ DEFAULT_ENDPOINT = "127.0.0.1:50051"
 
 _UINT32_MAX = 2**32 - 1
 _UINT64_MAX = 2**64 - 1
+
+# Priority classes a request may name (client.proto GenerateRequest.priority); each has its
+# own objectives. Batch requests may wait in the control plane's bounded queue.
+PRIORITIES = ("interactive", "batch")
+DEFAULT_PRIORITY = "interactive"
 
 
 def resolve_endpoint(endpoint: str | None = None) -> str:
@@ -61,6 +75,10 @@ class RequestMetrics:
     prefill_computed_tokens: int = 0
     kv_transfer_ms: float = 0.0
     request_id: str = ""
+    predicted_ttft_ms: float = 0.0  # admission's prediction when it admitted the request; 0 = none
+    predicted_tpot_ms: float = 0.0
+    priority: str = ""
+    queued_ms: float = 0.0  # time a batch request waited in the admission queue
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +167,20 @@ class DrainResult:
     state: WorkerState
 
 
+@dataclass(frozen=True, slots=True)
+class ProfileResult:
+    """A worker's measured latency profile, as the control plane fitted and stored it.
+
+    step_seconds = coefficients . (1, prefill_tokens, prefill_attention, decode_seqs,
+    decode_context_tokens) (common.proto LatencyModel).
+    """
+
+    worker_id: str
+    coefficients: tuple[float, ...]
+    num_samples: int
+    mean_abs_pct_error: float
+
+
 # ---------------------------------------------------------------------------------------------
 # Conversions between the dataclasses and protobuf, shared by both clients.
 
@@ -172,6 +204,7 @@ def build_request(
     model: str = "",
     cache_salt: str = "",
     request_id: str = "",
+    priority: str = DEFAULT_PRIORITY,
 ) -> client_pb2.GenerateRequest:
     """The GenerateRequest for these arguments; raises only for what cannot go on the wire."""
     sampling = common_pb2.SamplingParams(
@@ -190,6 +223,7 @@ def build_request(
         disagg=_disagg_to_proto(disagg),
         request_id=request_id,
         cache_salt=cache_salt,
+        priority=check_priority(priority),
     )
     if isinstance(prompt, str):
         request.text = prompt
@@ -207,6 +241,44 @@ def _unsigned(name: str, value: int, maximum: int) -> int:
     if not 0 <= value <= maximum:
         raise ValueError(f"{name} must be between 0 and {maximum}, got {value}")
     return value
+
+
+def check_priority(priority: str) -> str:
+    """`priority` if it names a priority class, else ValueError naming the accepted ones."""
+    if not isinstance(priority, str) or priority not in PRIORITIES:
+        accepted = ", ".join(map(repr, PRIORITIES))
+        raise ValueError(f"priority must be one of {accepted}, got {priority!r}")
+    return priority
+
+
+def check_reject_retries(reject_retries: int) -> int:
+    return _unsigned("reject_retries", reject_retries, _UINT32_MAX)
+
+
+def retry_wait(error: RejectedError, attempt: int, reject_retries: int, remaining_s: float | None) -> float | None:
+    """Seconds to wait before retry number `attempt + 1` of a rejected call; None = raise the rejection.
+
+    None when the caller's retries are used up, the server gave no retry-after hint, or the
+    hint does not fit in the time left of the call's timeout (`remaining_s`; None = no timeout).
+    """
+    hint = error.retry_after_s
+    if attempt >= reject_retries or hint is None:
+        return None
+    if remaining_s is not None and hint >= remaining_s:
+        return None
+    return hint
+
+
+class _Deadline:
+    """The time left of one call's timeout, across its retries."""
+
+    __slots__ = ("_end",)
+
+    def __init__(self, timeout: float | None) -> None:
+        self._end = None if timeout is None else time.monotonic() + timeout
+
+    def remaining(self) -> float | None:
+        return None if self._end is None else max(0.0, self._end - time.monotonic())
 
 
 def _disagg_to_proto(disagg: str | DisaggMode) -> int:
@@ -232,6 +304,10 @@ def metrics_from_proto(metrics: common_pb2.RequestMetrics, request_id: str = "")
         prefill_computed_tokens=metrics.prefill_computed_tokens,
         kv_transfer_ms=metrics.kv_transfer_ms,
         request_id=request_id,
+        predicted_ttft_ms=metrics.predicted_ttft_ms,
+        predicted_tpot_ms=metrics.predicted_tpot_ms,
+        priority=metrics.priority,
+        queued_ms=metrics.queued_ms,
     )
 
 
@@ -335,16 +411,45 @@ def drain_from_proto(response: client_pb2.DrainWorkerResponse) -> DrainResult:
     return DrainResult(response.worker_id, _STATE_FROM_PROTO.get(response.state, WorkerState.UNSPECIFIED))
 
 
+def profile_from_proto(response: client_pb2.ProfileWorkerResponse) -> ProfileResult:
+    model = response.model
+    return ProfileResult(
+        worker_id=response.worker_id,
+        coefficients=tuple(model.coefficients),
+        num_samples=response.num_samples or model.num_samples,
+        mean_abs_pct_error=model.mean_abs_pct_error,
+    )
+
+
+def config_from_proto(response: client_pb2.ConfigResponse) -> dict[str, str]:
+    return dict(sorted(response.values.items()))
+
+
+def build_profile_request(worker_id: str, max_prompt_tokens: int, max_batch: int) -> client_pb2.ProfileWorkerRequest:
+    return client_pb2.ProfileWorkerRequest(
+        worker_id=worker_id,
+        max_prompt_tokens=_unsigned("max_prompt_tokens", max_prompt_tokens, _UINT32_MAX),
+        max_batch=_unsigned("max_batch", max_batch, _UINT32_MAX),
+    )
+
+
 # ---------------------------------------------------------------------------------------------
 # Clients.
 
 
 class Client:
-    """Blocking client. `timeout` (seconds) bounds every call, a whole generation included."""
+    """Blocking client. `timeout` (seconds) bounds every call, a whole generation and its retries included.
 
-    def __init__(self, endpoint: str | None = None, *, timeout: float | None = None) -> None:
+    `reject_retries`: how many times generate/stream/route retry a rejection after its
+    retry-after hint (default 0: never); each of those calls may override it.
+    """
+
+    def __init__(
+        self, endpoint: str | None = None, *, timeout: float | None = None, reject_retries: int = 0
+    ) -> None:
         self.endpoint = resolve_endpoint(endpoint)
         self.timeout = timeout
+        self.reject_retries = check_reject_retries(reject_retries)
         self._channel = grpc.insecure_channel(self.endpoint)
         self._stub = client_pb2_grpc.KvplaneStub(self._channel)
 
@@ -363,15 +468,18 @@ class Client:
         model: str = "",
         cache_salt: str = "",
         request_id: str = "",
+        priority: str = DEFAULT_PRIORITY,
+        reject_retries: int | None = None,
     ) -> GenerateResult:
         """Runs one request to completion and returns all its tokens and metrics."""
         request = build_request(
             prompt, max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
             seed=seed, stop_token_ids=stop_token_ids, ignore_eos=ignore_eos, disagg=disagg,
-            model=model, cache_salt=cache_salt, request_id=request_id,
+            model=model, cache_salt=cache_salt, request_id=request_id, priority=priority,
         )  # fmt: skip
+        retries = self._retries(reject_retries)
         assembler = StreamAssembler()
-        for chunk in self._stream(request):
+        for chunk in self._stream(request, retries):
             assembler.add(chunk)
         return assembler.result()
 
@@ -390,6 +498,8 @@ class Client:
         model: str = "",
         cache_salt: str = "",
         request_id: str = "",
+        priority: str = DEFAULT_PRIORITY,
+        reject_retries: int | None = None,
     ) -> Iterator[GenerateChunk]:
         """Yields chunks as tokens arrive; the last has finished=True and the metrics.
 
@@ -398,9 +508,10 @@ class Client:
         request = build_request(
             prompt, max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
             seed=seed, stop_token_ids=stop_token_ids, ignore_eos=ignore_eos, disagg=disagg,
-            model=model, cache_salt=cache_salt, request_id=request_id,
+            model=model, cache_salt=cache_salt, request_id=request_id, priority=priority,
         )  # fmt: skip
-        return self._stream(request)
+        retries = self._retries(reject_retries)
+        return self._stream(request, retries)
 
     def route(
         self,
@@ -417,17 +528,17 @@ class Client:
         model: str = "",
         cache_salt: str = "",
         request_id: str = "",
+        priority: str = DEFAULT_PRIORITY,
+        reject_retries: int | None = None,
     ) -> RouteResult:
         """The routing decision for this request, without running it."""
         request = build_request(
             prompt, max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
             seed=seed, stop_token_ids=stop_token_ids, ignore_eos=ignore_eos, disagg=disagg,
-            model=model, cache_salt=cache_salt, request_id=request_id,
+            model=model, cache_salt=cache_salt, request_id=request_id, priority=priority,
         )  # fmt: skip
-        try:
-            return route_from_proto(self._stub.Route(request, timeout=self.timeout))
-        except grpc.RpcError as e:
-            raise from_rpc_error(e, endpoint=self.endpoint) from e
+        retries = self._retries(reject_retries)
+        return route_from_proto(self._unary(self._stub.Route, request, retries))
 
     def workers(self) -> list[WorkerStatus]:
         try:
@@ -450,6 +561,20 @@ class Client:
         except grpc.RpcError as e:
             raise from_rpc_error(e, endpoint=self.endpoint) from e
 
+    def config(self) -> dict[str, str]:
+        """Every configuration key set in the cluster's store (admission policy, objectives, ...)."""
+        return config_from_proto(self._unary(self._stub.GetConfig, client_pb2.GetConfigRequest()))
+
+    def set_config(self, key: str, value: str) -> dict[str, str]:
+        """Sets one key (an empty value restores its default); returns the whole resulting config."""
+        request = client_pb2.SetConfigRequest(key=key, value=value)
+        return config_from_proto(self._unary(self._stub.SetConfig, request))
+
+    def profile(self, worker_id: str, *, max_prompt_tokens: int = 0, max_batch: int = 0) -> ProfileResult:
+        """Measures a worker's latency profile (0 = the server's default bounds) and stores it."""
+        request = build_profile_request(worker_id, max_prompt_tokens, max_batch)
+        return profile_from_proto(self._unary(self._stub.ProfileWorker, request))
+
     def close(self) -> None:
         self._channel.close()
 
@@ -461,15 +586,45 @@ class Client:
     ) -> None:
         self.close()
 
-    def _stream(self, request: client_pb2.GenerateRequest) -> Iterator[GenerateChunk]:
-        call = self._stub.Generate(request, timeout=self.timeout)
-        try:
-            for response in call:
-                yield chunk_from_proto(response)
-        except grpc.RpcError as e:
-            raise from_rpc_error(e, endpoint=self.endpoint) from e
-        finally:
-            call.cancel()  # a no-op after completion; frees the workers when the caller stops early
+    def _retries(self, reject_retries: int | None) -> int:
+        return self.reject_retries if reject_retries is None else check_reject_retries(reject_retries)
+
+    def _unary(self, method, request, retries: int = 0):  # noqa: ANN001 - any unary stub method
+        deadline = _Deadline(self.timeout)
+        attempt = 0
+        while True:
+            try:
+                return method(request, timeout=deadline.remaining())
+            except grpc.RpcError as e:
+                error = from_rpc_error(e, endpoint=self.endpoint)
+                wait = retry_wait(error, attempt, retries, deadline.remaining()) if isinstance(error, RejectedError) else None
+                if wait is None:
+                    raise error from e
+            time.sleep(wait)
+            attempt += 1
+
+    def _stream(self, request: client_pb2.GenerateRequest, retries: int = 0) -> Iterator[GenerateChunk]:
+        deadline = _Deadline(self.timeout)
+        attempt = 0
+        while True:
+            call = self._stub.Generate(request, timeout=deadline.remaining())
+            received = False
+            try:
+                for response in call:
+                    received = True
+                    yield chunk_from_proto(response)
+                return
+            except grpc.RpcError as e:
+                error = from_rpc_error(e, endpoint=self.endpoint)
+                wait = None
+                if isinstance(error, RejectedError) and not received:
+                    wait = retry_wait(error, attempt, retries, deadline.remaining())
+                if wait is None:
+                    raise error from e
+            finally:
+                call.cancel()  # a no-op after completion; frees the workers when the caller stops early
+            time.sleep(wait)
+            attempt += 1
 
 
 class AsyncClient:
@@ -478,9 +633,12 @@ class AsyncClient:
     The channel is opened on first use, inside the running event loop that will drive it.
     """
 
-    def __init__(self, endpoint: str | None = None, *, timeout: float | None = None) -> None:
+    def __init__(
+        self, endpoint: str | None = None, *, timeout: float | None = None, reject_retries: int = 0
+    ) -> None:
         self.endpoint = resolve_endpoint(endpoint)
         self.timeout = timeout
+        self.reject_retries = check_reject_retries(reject_retries)
         self._channel: grpc.aio.Channel | None = None
         self._stub_instance: client_pb2_grpc.KvplaneStub | None = None
 
@@ -499,14 +657,17 @@ class AsyncClient:
         model: str = "",
         cache_salt: str = "",
         request_id: str = "",
+        priority: str = DEFAULT_PRIORITY,
+        reject_retries: int | None = None,
     ) -> GenerateResult:
         request = build_request(
             prompt, max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
             seed=seed, stop_token_ids=stop_token_ids, ignore_eos=ignore_eos, disagg=disagg,
-            model=model, cache_salt=cache_salt, request_id=request_id,
+            model=model, cache_salt=cache_salt, request_id=request_id, priority=priority,
         )  # fmt: skip
+        retries = self._retries(reject_retries)
         assembler = StreamAssembler()
-        async for chunk in self._stream(request):
+        async for chunk in self._stream(request, retries):
             assembler.add(chunk)
         return assembler.result()
 
@@ -525,14 +686,17 @@ class AsyncClient:
         model: str = "",
         cache_salt: str = "",
         request_id: str = "",
+        priority: str = DEFAULT_PRIORITY,
+        reject_retries: int | None = None,
     ) -> AsyncIterator[GenerateChunk]:
         """`async for chunk in client.stream(...)`; arguments are checked at the call."""
         request = build_request(
             prompt, max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
             seed=seed, stop_token_ids=stop_token_ids, ignore_eos=ignore_eos, disagg=disagg,
-            model=model, cache_salt=cache_salt, request_id=request_id,
+            model=model, cache_salt=cache_salt, request_id=request_id, priority=priority,
         )  # fmt: skip
-        return self._stream(request)
+        retries = self._retries(reject_retries)
+        return self._stream(request, retries)
 
     async def route(
         self,
@@ -549,16 +713,16 @@ class AsyncClient:
         model: str = "",
         cache_salt: str = "",
         request_id: str = "",
+        priority: str = DEFAULT_PRIORITY,
+        reject_retries: int | None = None,
     ) -> RouteResult:
         request = build_request(
             prompt, max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
             seed=seed, stop_token_ids=stop_token_ids, ignore_eos=ignore_eos, disagg=disagg,
-            model=model, cache_salt=cache_salt, request_id=request_id,
+            model=model, cache_salt=cache_salt, request_id=request_id, priority=priority,
         )  # fmt: skip
-        try:
-            return route_from_proto(await self._stub().Route(request, timeout=self.timeout))
-        except grpc.RpcError as e:
-            raise from_rpc_error(e, endpoint=self.endpoint) from e
+        retries = self._retries(reject_retries)
+        return route_from_proto(await self._unary("Route", request, retries))
 
     async def workers(self) -> list[WorkerStatus]:
         try:
@@ -581,6 +745,17 @@ class AsyncClient:
         except grpc.RpcError as e:
             raise from_rpc_error(e, endpoint=self.endpoint) from e
 
+    async def config(self) -> dict[str, str]:
+        return config_from_proto(await self._unary("GetConfig", client_pb2.GetConfigRequest()))
+
+    async def set_config(self, key: str, value: str) -> dict[str, str]:
+        request = client_pb2.SetConfigRequest(key=key, value=value)
+        return config_from_proto(await self._unary("SetConfig", request))
+
+    async def profile(self, worker_id: str, *, max_prompt_tokens: int = 0, max_batch: int = 0) -> ProfileResult:
+        request = build_profile_request(worker_id, max_prompt_tokens, max_batch)
+        return profile_from_proto(await self._unary("ProfileWorker", request))
+
     async def close(self) -> None:
         if self._channel is not None:
             await self._channel.close()
@@ -601,12 +776,42 @@ class AsyncClient:
             self._stub_instance = client_pb2_grpc.KvplaneStub(self._channel)
         return self._stub_instance
 
-    async def _stream(self, request: client_pb2.GenerateRequest) -> AsyncIterator[GenerateChunk]:
-        call = self._stub().Generate(request, timeout=self.timeout)
-        try:
-            async for response in call:
-                yield chunk_from_proto(response)
-        except grpc.RpcError as e:
-            raise from_rpc_error(e, endpoint=self.endpoint) from e
-        finally:
-            call.cancel()
+    def _retries(self, reject_retries: int | None) -> int:
+        return self.reject_retries if reject_retries is None else check_reject_retries(reject_retries)
+
+    async def _unary(self, method_name: str, request, retries: int = 0):  # noqa: ANN001
+        deadline = _Deadline(self.timeout)
+        attempt = 0
+        while True:
+            try:
+                return await getattr(self._stub(), method_name)(request, timeout=deadline.remaining())
+            except grpc.RpcError as e:
+                error = from_rpc_error(e, endpoint=self.endpoint)
+                wait = retry_wait(error, attempt, retries, deadline.remaining()) if isinstance(error, RejectedError) else None
+                if wait is None:
+                    raise error from e
+            await asyncio.sleep(wait)
+            attempt += 1
+
+    async def _stream(self, request: client_pb2.GenerateRequest, retries: int = 0) -> AsyncIterator[GenerateChunk]:
+        deadline = _Deadline(self.timeout)
+        attempt = 0
+        while True:
+            call = self._stub().Generate(request, timeout=deadline.remaining())
+            received = False
+            try:
+                async for response in call:
+                    received = True
+                    yield chunk_from_proto(response)
+                return
+            except grpc.RpcError as e:
+                error = from_rpc_error(e, endpoint=self.endpoint)
+                wait = None
+                if isinstance(error, RejectedError) and not received:
+                    wait = retry_wait(error, attempt, retries, deadline.remaining())
+                if wait is None:
+                    raise error from e
+            finally:
+                call.cancel()
+            await asyncio.sleep(wait)
+            attempt += 1

@@ -1,14 +1,17 @@
 """A real grpc.aio server implementing the Kvplane service with scripted answers, for SDK and CLI tests.
 
-The prompt text picks the behaviour (see `ScriptedKvplane.Generate`); every other prompt is
-echoed back: its characters become token ids (ord), streamed two per message, and the last
+The prompt text picks the behaviour (see `ScriptedKvplane.Generate`); "reject-then-ok:K..."
+is rejected (retry-after 50 ms) the first K times the server sees that exact text, then echoed;
+"reject-fast" is always rejected with a 50 ms hint. Every other prompt is echoed back: its characters become token ids (ord), streamed two per message, and the last
 message carries fixed metrics. It runs on its own event loop in a background thread so that
 both the blocking client and the asyncio client (and CLI subprocesses) can call it.
 """
 from __future__ import annotations
 
 import asyncio
+import collections
 import threading
+import time
 
 import grpc
 
@@ -28,6 +31,10 @@ METRICS = common_pb2.RequestMetrics(
     route_reason="remote prefill: 3 uncached tokens >= threshold",
     prefill_computed_tokens=3,
     kv_transfer_ms=0.75,
+    predicted_ttft_ms=11.0,
+    predicted_tpot_ms=2.5,
+    priority="interactive",
+    queued_ms=0.0,
 )
 WORKERS = (
     client_pb2.WorkerStatus(
@@ -50,15 +57,25 @@ WORKERS = (
 )  # fmt: skip
 
 
+FAST_RETRY_AFTER_MS = 50
+PROFILE = common_pb2.LatencyModel(coefficients=[0.002, 1.5e-5, 1e-9, 4e-4, 2e-7], num_samples=48,
+                                  mean_abs_pct_error=0.042, seeded_from_profile=True)  # fmt: skip
+CONFIG_KEYS = ("admission.policy",)  # and objectives.<model>.<priority>.<ttft_ms|tpot_ms>
+
+
 class ScriptedKvplane(client_pb2_grpc.KvplaneServicer):
     def __init__(self) -> None:
         self.requests: list[client_pb2.GenerateRequest] = []
+        self.arrivals: list[float] = []  # time.monotonic() of each Generate/Route call
+        self.seen: collections.Counter[str] = collections.Counter()  # calls per prompt text
+        self.config: dict[str, str] = {"admission.policy": "threshold"}
+        self.profile_requests: list[client_pb2.ProfileWorkerRequest] = []
         self.cancelled = threading.Event()  # set when a "long" generation is cancelled by its client
 
     async def Generate(self, request, context):  # noqa: N802 - gRPC method name
-        self.requests.append(request)
+        self._record(request)
         text = request.text
-        if await _abort_if_scripted(text, context):
+        if await self._reject_if_scripted(text, context) or await _abort_if_scripted(text, context):
             return
         if text == "long":
             try:
@@ -83,8 +100,8 @@ class ScriptedKvplane(client_pb2_grpc.KvplaneServicer):
         yield client_pb2.GenerateResponse(finished=True, finish_reason="length", metrics=METRICS, request_id="req-1")
 
     async def Route(self, request, context):  # noqa: N802
-        self.requests.append(request)
-        if await _abort_if_scripted(request.text, context):
+        self._record(request)
+        if await self._reject_if_scripted(request.text, context) or await _abort_if_scripted(request.text, context):
             return client_pb2.RouteResponse()
         return client_pb2.RouteResponse(
             request_id="req-r", decode_worker="decode-0", prefill_worker="prefill-0", disaggregated=True,
@@ -105,6 +122,40 @@ class ScriptedKvplane(client_pb2_grpc.KvplaneServicer):
         if request.worker_id not in {w.info.worker_id for w in WORKERS}:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no worker {request.worker_id!r}")
         return client_pb2.DrainWorkerResponse(worker_id=request.worker_id, state=common_pb2.WORKER_STATE_DRAINING)
+
+    async def GetConfig(self, request, context):  # noqa: N802
+        return client_pb2.ConfigResponse(values=self.config)
+
+    async def SetConfig(self, request, context):  # noqa: N802
+        parts = request.key.split(".")
+        objective = len(parts) == 4 and parts[0] == "objectives" and parts[2] in ("interactive", "batch") \
+            and parts[3] in ("ttft_ms", "tpot_ms")  # fmt: skip
+        if request.key not in CONFIG_KEYS and not objective:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"unknown config key {request.key!r}")
+        if request.value:
+            self.config[request.key] = request.value
+        else:
+            self.config.pop(request.key, None)
+        return client_pb2.ConfigResponse(values=self.config)
+
+    async def ProfileWorker(self, request, context):  # noqa: N802
+        self.profile_requests.append(request)
+        if request.worker_id not in {w.info.worker_id for w in WORKERS}:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no worker {request.worker_id!r}")
+        return client_pb2.ProfileWorkerResponse(worker_id=request.worker_id, model=PROFILE, num_samples=48)
+
+    def _record(self, request: client_pb2.GenerateRequest) -> None:
+        self.requests.append(request)
+        self.arrivals.append(time.monotonic())
+        self.seen[request.text] += 1
+
+    async def _reject_if_scripted(self, text: str, context) -> bool:
+        if text == "reject-fast" or (
+            text.startswith("reject-then-ok:") and self.seen[text] <= int(text.split(":")[1])
+        ):
+            context.set_trailing_metadata(((RETRY_AFTER_MS_KEY, str(FAST_RETRY_AFTER_MS)), (REASON_KEY, "tpot_slo")))
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "predicted TPOT 80 ms > objective 50 ms")
+        return False
 
 
 async def _abort_if_scripted(text: str, context) -> bool:

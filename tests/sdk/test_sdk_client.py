@@ -24,7 +24,8 @@ def test_generate_assembles_the_stream(server: ScriptedServer) -> None:
         prefill_worker="prefill-0", decode_worker="decode-0", prompt_tokens=5, cached_tokens=2,
         kv_transfer_bytes=4096, kv_transfer_blocks=1, transport="grpc", ttft_ms=12.5, disaggregated=True,
         route_reason="remote prefill: 3 uncached tokens >= threshold", prefill_computed_tokens=3,
-        kv_transfer_ms=0.75, request_id="req-1",
+        kv_transfer_ms=0.75, request_id="req-1", predicted_ttft_ms=11.0, predicted_tpot_ms=2.5,
+        priority="interactive", queued_ms=0.0,
     )  # fmt: skip
     assert server.servicer.requests[-1].cache_salt == "t1"
 
