@@ -4,12 +4,16 @@ submit() validates on the caller's thread and queues; the step thread admits, ru
 model call per step (decodes plus prompt chunks), samples, and hands outputs to each request's
 sink. The block manager and queues are guarded by one lock, released during the model call: the
 call only touches blocks the running requests hold, so imports and lookups proceed meanwhile.
+Each step's wall time (model call and sampling) is queued with its features (kvplane.latency)
+for take_step_timings(), from which the agent fits its step-time model.
 """
 from __future__ import annotations
 
 import logging
 import random
 import threading
+import time
+from collections import deque
 from collections.abc import Callable
 
 import torch
@@ -29,11 +33,27 @@ from dataplane.engine.runner import ModelRunner
 from dataplane.engine.sampling import make_generator
 from dataplane.engine.scheduler import Scheduler, ScheduledChunk, Sequence
 from dataplane.engine.weights import load_model
+from kvplane.latency import StepSample, prefill_attention
 from kvplane.types import BlockHash, KVLayout
 
 log = logging.getLogger(__name__)
 
 Sink = Callable[[EngineOutput], None]
+
+MAX_QUEUED_STEP_TIMINGS = 4096  # untaken timings beyond this drop the oldest
+
+
+def step_features(chunks: list[ScheduledChunk]) -> tuple[int, int, int, int]:
+    """(prefill_tokens, prefill_attention, decode_seqs, decode_context_tokens) of one step."""
+    prefill_tokens = attention = decode_seqs = decode_context = 0
+    for c in chunks:
+        if c.start < c.seq.num_prompt_tokens:  # a prompt chunk (its context: cached + earlier chunks)
+            prefill_tokens += c.num_tokens
+            attention += prefill_attention(c.num_tokens, c.start)
+        else:  # one generated token, attending over everything before it
+            decode_seqs += 1
+            decode_context += c.start + c.num_tokens
+    return prefill_tokens, attention, decode_seqs, decode_context
 
 
 class Engine:
@@ -67,6 +87,8 @@ class Engine:
             self.eos_token_ids,
         )
         self._runner = ModelRunner(self.model, self.pool)
+        self._cuda = self.pool.device.type == "cuda"  # step timings need the device to finish first
+        self._step_timings: deque[StepSample] = deque(maxlen=MAX_QUEUED_STEP_TIMINGS)
         self._seed_stream = random.Random(config.seed)
         self._cond = threading.Condition(threading.RLock())
         self._live_ids: set[str] = set()
@@ -169,6 +191,9 @@ class Engine:
     def load(self) -> EngineLoad:
         with self._cond:
             s = self._scheduler
+            remaining = tuple(
+                0 if seq.request.prefill_only else seq.request.sampling.max_tokens - seq.num_output_tokens for seq in s.running
+            )
             return EngineLoad(
                 num_running=len(s.running),
                 num_waiting=len(s.waiting),
@@ -177,7 +202,16 @@ class Engine:
                 num_used_blocks=self._blocks.num_used_blocks,
                 num_total_blocks=self._blocks.num_blocks,
                 num_cached_blocks=self._blocks.num_cached_free_blocks,
+                running_remaining_tokens=remaining,
+                running_context_tokens=sum(len(seq.token_ids) for seq in s.running),
             )
+
+    def take_step_timings(self) -> list[StepSample]:
+        """The steps measured since the last call (at most MAX_QUEUED_STEP_TIMINGS, newest kept)."""
+        with self._cond:
+            timings = list(self._step_timings)
+            self._step_timings.clear()
+            return timings
 
     def take_kv_events(self) -> list[KVCacheEvent]:
         with self._cond:
@@ -237,14 +271,20 @@ class Engine:
                 self._emit(self._step(chunks))
 
     def _step(self, chunks: list[ScheduledChunk]) -> list[tuple[Sink, EngineOutput]]:
+        features = step_features(chunks)
         try:
+            started = time.perf_counter()
             tokens = self._runner.run(chunks)
+            if self._cuda:
+                torch.cuda.synchronize(self.pool.device)
+            seconds = time.perf_counter() - started
         except Exception as exc:  # a failed step fails its requests, not the engine
             log.exception("engine step failed for %d requests", len(chunks))
             with self._cond:
                 return [self._end(c.seq, "error", f"engine step failed: {exc}") for c in chunks]
         outputs: list[tuple[Sink, EngineOutput]] = []
         with self._cond:
+            self._step_timings.append(StepSample(*features, seconds=seconds))
             for chunk, token in zip(chunks, tokens):
                 out = self._scheduler.update(chunk, token)
                 if out is not None:

@@ -60,3 +60,7 @@ class EngineLoad:
     num_used_blocks: int
     num_total_blocks: int
     num_cached_blocks: int  # unreferenced blocks kept for prefix reuse
+    # Tokens each running request may still generate (max_tokens - generated; 0 for prefill_only):
+    # an upper bound on when its decode slot frees up, since EOS may end it sooner.
+    running_remaining_tokens: tuple[int, ...] = ()
+    running_context_tokens: int = 0  # prompt + generated tokens of the running requests

@@ -1,0 +1,265 @@
+"""Step-time model: how long one engine step takes, fitted from measured steps.
+
+Rule: one engine step's duration is linear in five features,
+
+    seconds = c0 + c1*prefill_tokens + c2*prefill_attention + c3*decode_seqs + c4*decode_context_tokens
+
+where prefill_attention = sum over the step's prefill chunks of new_tokens*(context_before + new_tokens/2),
+the quadratic attention work of a chunk. c0 is the fixed cost of a step (launch, sampling, Python),
+c1 the per-token matmul work of prefill, c2 its attention, c3 the per-sequence cost of decode and
+c4 the KV reads of decode attention. This is the shape of the Mooncake and DistServe latency models
+(prefill: linear + quadratic in length; decode: linear in batch size and in total context).
+
+Fit: least squares of the relative error (each sample weighted by 1/seconds^2, since timing noise
+is proportional to the step: a 2 ms decode step and a 200 ms prefill count alike; the weight is
+capped at the 5th percentile of the timings so one freak-fast sample cannot dominate), on
+column-scaled features (each divided by its largest value, so a 1e9-sized attention term and a
+1-sized batch term meet the normal equations on equal terms), solved by Gaussian elimination
+with a tiny ridge, under non-negative coefficients (a step never
+gets cheaper with more work): a negative coefficient is dropped and the rest refitted (active set),
+until none is negative. A feature that does not vary in the samples cannot be told from the
+constant and gets 0 (a decode-only window says nothing about prefill). The error is reported as
+the mean absolute percentage error over the samples the model was fitted on.
+
+OnlineStepModel keeps the last `window` measured steps apart from a profile seed (`kvplane
+profile`), and fits on both: the seed covers the shapes live traffic may not show yet, the window
+tracks the worker as it runs.
+
+Pure Python: no numpy or torch; protobuf only in the *_pb helpers.
+"""
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kvplane.v1 import common_pb2
+
+NUM_COEFFICIENTS = 5
+MIN_SAMPLES = NUM_COEFFICIENTS  # fewer samples than coefficients: no model
+RIDGE = 1e-10  # relative to each scaled column's sum of squares; only keeps the system solvable
+
+
+def prefill_attention(num_new_tokens: int, num_context_before: int) -> int:
+    """Attention work of one prefill chunk: new_tokens x (context_before + new_tokens / 2)."""
+    if num_new_tokens <= 0:
+        return 0
+    return num_new_tokens * (2 * num_context_before + num_new_tokens) // 2
+
+
+@dataclass(frozen=True, slots=True)
+class StepSample:
+    prefill_tokens: int
+    prefill_attention: int
+    decode_seqs: int
+    decode_context_tokens: int
+    seconds: float
+
+    def features(self) -> tuple[float, float, float, float, float]:
+        return (1.0, float(self.prefill_tokens), float(self.prefill_attention), float(self.decode_seqs), float(self.decode_context_tokens))
+
+
+@dataclass(frozen=True, slots=True)
+class StepTimeModel:
+    coefficients: tuple[float, ...]  # c0..c4, see the module docstring
+    num_samples: int
+    mean_abs_pct_error: float
+    seeded_from_profile: bool = False
+
+    def step_seconds(self, prefill_tokens: int = 0, prefill_attention: int = 0, decode_seqs: int = 0, decode_context_tokens: int = 0) -> float:
+        c = self.coefficients
+        t = c[0] + c[1] * prefill_tokens + c[2] * prefill_attention + c[3] * decode_seqs + c[4] * decode_context_tokens
+        return max(t, 0.0)
+
+    def prefill_seconds(self, num_new_tokens: int, num_cached_tokens: int, chunk_tokens: int) -> float:
+        """A prompt's prefill run alone: num_new_tokens after num_cached_tokens of cached prefix, in
+        steps of at most chunk_tokens (the engine's max_num_batched_tokens)."""
+        if chunk_tokens <= 0:
+            raise ValueError(f"chunk_tokens must be positive, got {chunk_tokens}")
+        total, done = 0.0, 0
+        while done < num_new_tokens:
+            n = min(chunk_tokens, num_new_tokens - done)
+            total += self.step_seconds(prefill_tokens=n, prefill_attention=prefill_attention(n, num_cached_tokens + done))
+            done += n
+        return total
+
+    def decode_step_seconds(self, batch_size: int, context_tokens: int) -> float:
+        """One decode step of batch_size sequences holding context_tokens tokens in all."""
+        if batch_size <= 0:
+            return 0.0
+        return self.step_seconds(decode_seqs=batch_size, decode_context_tokens=context_tokens)
+
+    def to_pb(self) -> common_pb2.LatencyModel:
+        from kvplane.v1 import common_pb2
+
+        return common_pb2.LatencyModel(
+            coefficients=list(self.coefficients),
+            num_samples=self.num_samples,
+            mean_abs_pct_error=self.mean_abs_pct_error,
+            seeded_from_profile=self.seeded_from_profile,
+        )
+
+    @classmethod
+    def from_pb(cls, msg: common_pb2.LatencyModel) -> StepTimeModel | None:
+        """None for an unset or malformed message (wrong number of coefficients, NaN, negative)."""
+        coefficients = tuple(float(c) for c in msg.coefficients)
+        if len(coefficients) != NUM_COEFFICIENTS or not all(math.isfinite(c) and c >= 0 for c in coefficients):
+            return None
+        return cls(coefficients, msg.num_samples, msg.mean_abs_pct_error, msg.seeded_from_profile)
+
+
+# --- fitting ---------------------------------------------------------------------------------
+
+
+def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
+    """Gaussian elimination with partial pivoting; None when singular."""
+    n = len(b)
+    m = [row[:] + [b[i]] for i, row in enumerate(a)]
+    for col in range(n):
+        pivot = max(range(col, n), key=lambda r: abs(m[r][col]))
+        if abs(m[pivot][col]) < 1e-300:
+            return None
+        m[col], m[pivot] = m[pivot], m[col]
+        for r in range(col + 1, n):
+            f = m[r][col] / m[col][col]
+            if f:
+                for k in range(col, n + 1):
+                    m[r][k] -= f * m[col][k]
+    x = [0.0] * n
+    for r in range(n - 1, -1, -1):
+        x[r] = (m[r][n] - sum(m[r][k] * x[k] for k in range(r + 1, n))) / m[r][r]
+    return x
+
+
+def _least_squares(rows: list[tuple[float, ...]], ys: list[float], weights: list[float], active: list[int]) -> list[float] | None:
+    """Weighted least-squares coefficients for the active columns, by the normal equations + ridge."""
+    k = len(active)
+    ata = [[0.0] * k for _ in range(k)]
+    aty = [0.0] * k
+    for row, y, w in zip(rows, ys, weights):
+        x = [row[j] for j in active]
+        for i in range(k):
+            xi = x[i] * w
+            if xi:
+                aty[i] += xi * y
+                ata_i = ata[i]
+                for j in range(i, k):
+                    ata_i[j] += xi * x[j]
+    for i in range(k):
+        for j in range(i):
+            ata[i][j] = ata[j][i]
+        ata[i][i] += RIDGE * max(ata[i][i], 1.0)
+    return _solve(ata, aty)
+
+
+def fit(samples: Sequence[StepSample], *, seeded_from_profile: bool = False) -> StepTimeModel | None:
+    """Least-squares step-time model with non-negative coefficients; None below MIN_SAMPLES."""
+    if len(samples) < MIN_SAMPLES:
+        return None
+    raw = [s.features() for s in samples]
+    ys = [float(s.seconds) for s in samples]
+    scales = [1.0] * NUM_COEFFICIENTS
+    active = [0]
+    for j in range(1, NUM_COEFFICIENTS):
+        column = [r[j] for r in raw]
+        lo, hi = min(column), max(column)
+        if hi > lo:  # a constant feature is indistinguishable from c0
+            scales[j] = max(abs(lo), abs(hi))
+            active.append(j)
+    rows = [tuple(r[j] / scales[j] for j in range(NUM_COEFFICIENTS)) for r in raw]
+    floor = sorted(ys)[len(ys) // 20]
+    if floor <= 0:
+        floor = max(max(ys), 1e-9) * 1e-3
+    weights = [1.0 / max(y, floor) ** 2 for y in ys]
+    scaled = [0.0] * NUM_COEFFICIENTS
+    while active:
+        solution = _least_squares(rows, ys, weights, active)
+        if solution is None:  # cannot happen with the ridge, but never divide by zero
+            return None
+        negative = [(v, j) for v, j in zip(solution, active) if v < 0]
+        if not negative:
+            scaled = [0.0] * NUM_COEFFICIENTS
+            for v, j in zip(solution, active):
+                scaled[j] = v
+            break
+        active.remove(min(negative)[1])  # drop the most negative and refit
+    coefficients = tuple(scaled[j] / scales[j] for j in range(NUM_COEFFICIENTS))
+    model = StepTimeModel(coefficients, len(samples), 0.0, seeded_from_profile)
+    errors = [abs(model.step_seconds(*_counts(s)) - s.seconds) / s.seconds for s in samples if s.seconds > 0]
+    mape = sum(errors) / len(errors) if errors else 0.0
+    return StepTimeModel(coefficients, len(samples), mape, seeded_from_profile)
+
+
+def _counts(s: StepSample) -> tuple[int, int, int, int]:
+    return s.prefill_tokens, s.prefill_attention, s.decode_seqs, s.decode_context_tokens
+
+
+class OnlineStepModel:
+    """A step-time model refitted from the worker's latest steps, on top of a profile seed.
+
+    The window holds the last `window` samples; the seed (a profile) is kept apart so live traffic
+    never evicts it, and a new profile replaces it. model() refits lazily: once `refit_every` new
+    samples have arrived, or when the seed changed.
+    """
+
+    def __init__(self, window: int = 512, refit_every: int = 16) -> None:
+        if window < MIN_SAMPLES or refit_every <= 0:
+            raise ValueError(f"window must be at least {MIN_SAMPLES} and refit_every positive")
+        self._window: deque[StepSample] = deque(maxlen=window)
+        self._seed: list[StepSample] = []
+        self._refit_every = refit_every
+        self._num_new = 0
+        self._stale = True
+        self._model: StepTimeModel | None = None
+
+    @property
+    def num_samples(self) -> int:
+        return len(self._seed) + len(self._window)
+
+    def seed(self, profile_samples: Sequence[StepSample]) -> None:
+        self._seed = list(profile_samples)
+        self._stale = True
+
+    def add(self, samples: Sequence[StepSample]) -> None:
+        if samples:
+            self._window.extend(samples)
+            self._num_new += len(samples)
+
+    def model(self) -> StepTimeModel | None:
+        if self._stale or self._num_new >= self._refit_every or (self._model is None and self._num_new):
+            self._model = fit([*self._seed, *self._window], seeded_from_profile=bool(self._seed))
+            self._num_new = 0
+            self._stale = False
+        return self._model
+
+
+# --- protobuf --------------------------------------------------------------------------------
+
+
+def sample_to_pb(s: StepSample) -> common_pb2.StepTiming:
+    from kvplane.v1 import common_pb2
+
+    return common_pb2.StepTiming(
+        prefill_tokens=s.prefill_tokens,
+        prefill_attention=s.prefill_attention,
+        decode_seqs=s.decode_seqs,
+        decode_context_tokens=s.decode_context_tokens,
+        seconds=s.seconds,
+    )
+
+
+def sample_from_pb(msg: common_pb2.StepTiming) -> StepSample:
+    return StepSample(msg.prefill_tokens, msg.prefill_attention, msg.decode_seqs, msg.decode_context_tokens, msg.seconds)
+
+
+def samples_to_pb(samples: Sequence[StepSample], measured_at: float) -> common_pb2.LatencyProfile:
+    from kvplane.v1 import common_pb2
+
+    return common_pb2.LatencyProfile(samples=[sample_to_pb(s) for s in samples], measured_at=measured_at)
+
+
+def samples_from_pb(profile: common_pb2.LatencyProfile) -> list[StepSample]:
+    return [sample_from_pb(m) for m in profile.samples]

@@ -1,0 +1,219 @@
+"""The step-time model: exact recovery, noise, non-negativity, degenerate windows, chunked
+prefill, the online window and its seed, protobuf round trips."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from kvplane.latency import (
+    MIN_SAMPLES,
+    OnlineStepModel,
+    StepSample,
+    StepTimeModel,
+    fit,
+    prefill_attention,
+    samples_from_pb,
+    samples_to_pb,
+)
+
+# A plausible step: 2 ms fixed, 20 us/prefill token, 3 ns/attention unit, 50 us/seq, 20 ns/context token.
+TRUE = (2e-3, 2e-5, 3e-9, 5e-5, 2e-8)
+
+
+def step(coefficients, pt=0, pa=0, ds=0, dc=0, noise=0.0, rng=None) -> StepSample:
+    c = coefficients
+    t = c[0] + c[1] * pt + c[2] * pa + c[3] * ds + c[4] * dc
+    if noise:
+        t *= 1 + rng.gauss(0, noise)
+    return StepSample(pt, pa, ds, dc, t)
+
+
+def mixed_samples(coefficients=TRUE, n=300, noise=0.0, seed=0) -> list[StepSample]:
+    """Prefill-only steps (some with a cached prefix), decode-only steps and mixed steps."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        kind = i % 3
+        pt = pa = ds = dc = 0
+        if kind in (0, 2):
+            pt = rng.randint(1, 2048)
+            ctx = rng.choice([0, 0, rng.randint(0, 4096)])
+            pa = prefill_attention(pt, ctx)
+        if kind in (1, 2):
+            ds = rng.randint(1, 64)
+            dc = ds * rng.randint(1, 4096)  # mean context varies apart from the batch size
+        out.append(step(coefficients, pt, pa, ds, dc, noise, rng))
+    return out
+
+
+def test_prefill_attention_is_new_times_context_plus_half_new():
+    assert prefill_attention(0, 100) == 0
+    assert prefill_attention(1, 0) == 0
+    assert prefill_attention(2, 0) == 2
+    assert prefill_attention(10, 0) == 50
+    assert prefill_attention(10, 5) == 100
+    assert prefill_attention(3, 7) == 3 * 7 + 4  # 3 * 8.5 = 25.5, floored
+
+
+def test_recovers_known_coefficients_from_noise_free_timings():
+    model = fit(mixed_samples())
+    assert model is not None and model.num_samples == 300 and not model.seeded_from_profile
+    assert model.coefficients == pytest.approx(TRUE, rel=1e-6)
+    assert model.mean_abs_pct_error < 1e-6
+
+
+def test_recovers_coefficients_within_a_few_percent_under_noise():
+    model = fit(mixed_samples(n=600, noise=0.05, seed=6))
+    assert model is not None
+    # 5 % multiplicative noise on every step: each coefficient within 6 %, predictions within 2 %.
+    assert model.coefficients == pytest.approx(TRUE, rel=0.06)
+    assert 0.02 < model.mean_abs_pct_error < 0.06  # ~ E|N(0, 5%)| = 4 %
+    truth = StepTimeModel(TRUE, 0, 0.0)
+    for n, ctx in [(100, 0), (1000, 0), (2000, 3000)]:
+        assert model.prefill_seconds(n, ctx, 512) == pytest.approx(truth.prefill_seconds(n, ctx, 512), rel=0.02)
+    for b, ctx in [(1, 500), (16, 16_000), (64, 200_000)]:
+        assert model.decode_step_seconds(b, ctx) == pytest.approx(truth.decode_step_seconds(b, ctx), rel=0.02)
+
+
+def test_coefficients_are_never_negative():
+    # Timings that a free fit explains with a negative per-sequence cost: time falls with batch size.
+    rng = random.Random(9)
+    samples = []
+    for b in range(1, 40):
+        dc = rng.randint(b, 4000)
+        samples.append(StepSample(0, 0, b, dc, 0.01 + 1e-6 * dc - 1e-4 * b))
+    model = fit(samples)
+    assert model is not None
+    assert all(c >= 0 for c in model.coefficients)
+    assert model.coefficients[3] == 0.0
+    # Whatever is left still explains the data as well as non-negative coefficients can.
+    assert model.step_seconds(decode_seqs=20, decode_context_tokens=2000) >= 0
+
+
+def test_step_seconds_never_negative():
+    model = StepTimeModel((0.0, 0.0, 0.0, 0.0, 0.0), 10, 0.0)
+    assert model.step_seconds(prefill_tokens=5) == 0.0
+    assert model.decode_step_seconds(0, 0) == 0.0
+
+
+def test_too_few_samples_give_no_model():
+    samples = mixed_samples(n=MIN_SAMPLES - 1)
+    assert fit([]) is None
+    assert fit(samples) is None
+    assert fit(mixed_samples(n=MIN_SAMPLES)) is not None
+
+
+def test_decode_only_window_gives_prefill_coefficients_zero():
+    rng = random.Random(2)
+    samples = []
+    for _ in range(50):
+        ds = rng.randint(1, 32)
+        samples.append(step(TRUE, ds=ds, dc=ds * rng.randint(10, 1000)))
+    model = fit(samples)
+    assert model is not None
+    c = model.coefficients
+    assert c[1] == 0.0 and c[2] == 0.0
+    assert (c[0], c[3], c[4]) == pytest.approx((TRUE[0], TRUE[3], TRUE[4]), rel=1e-6)
+
+
+def test_constant_features_fold_into_the_constant():
+    # Every step decodes exactly 4 sequences: c3 cannot be told from c0.
+    samples = [step(TRUE, ds=4, dc=dc) for dc in range(100, 2000, 100)]
+    model = fit(samples)
+    assert model is not None
+    assert model.coefficients[3] == 0.0
+    assert model.coefficients[0] == pytest.approx(TRUE[0] + 4 * TRUE[3], rel=1e-6)
+    assert model.decode_step_seconds(4, 1234) == pytest.approx(samples[0].seconds + TRUE[4] * (1234 - 100), rel=1e-6)
+    # All-identical samples: the constant alone.
+    model = fit([StepSample(0, 0, 0, 0, 0.004)] * 8)
+    assert model is not None and model.coefficients == pytest.approx((0.004, 0, 0, 0, 0))
+
+
+def test_prefill_seconds_sums_chunks_with_growing_context():
+    c = (1e-3, 1e-5, 1e-8, 0.0, 0.0)
+    model = StepTimeModel(c, 10, 0.0)
+    # 1000 new tokens after 100 cached, in chunks of 400: 400 @100, 400 @500, 200 @900.
+    expected = sum(c[0] + c[1] * n + c[2] * prefill_attention(n, ctx) for n, ctx in [(400, 100), (400, 500), (200, 900)])
+    assert model.prefill_seconds(1000, 100, 400) == pytest.approx(expected, rel=1e-12)
+    # One chunk when it fits.
+    assert model.prefill_seconds(300, 0, 2048) == pytest.approx(c[0] + c[1] * 300 + c[2] * 45000)
+    assert model.prefill_seconds(0, 50, 2048) == 0.0
+    with pytest.raises(ValueError, match="chunk_tokens must be positive"):
+        model.prefill_seconds(10, 0, 0)
+
+
+def test_decode_step_seconds():
+    model = StepTimeModel(TRUE, 10, 0.0)
+    assert model.decode_step_seconds(8, 4000) == pytest.approx(TRUE[0] + 8 * TRUE[3] + 4000 * TRUE[4])
+
+
+def test_online_model_refits_lazily_over_its_window():
+    online = OnlineStepModel(window=64, refit_every=16)
+    assert online.model() is None
+    old = (1e-3, 1e-5, 0.0, 1e-4, 1e-8)
+    online.add(mixed_samples(old, n=64, seed=3))
+    first = online.model()
+    assert first is not None and first.num_samples == 64
+    assert first.coefficients == pytest.approx(old, rel=1e-6, abs=1e-15)
+    online.add(mixed_samples(TRUE, n=15, seed=4))
+    assert online.model() is first  # below refit_every: no refit
+    online.add(mixed_samples(TRUE, n=64, seed=5))
+    # The window has rolled over to the new behaviour entirely.
+    now = online.model()
+    assert now is not first and now.num_samples == 64
+    assert now.coefficients == pytest.approx(TRUE, rel=1e-6)
+
+
+def test_online_model_keeps_the_seed_apart_from_the_window():
+    online = OnlineStepModel(window=32, refit_every=1)
+    profile = mixed_samples(TRUE, n=60, seed=6)
+    online.seed(profile)
+    seeded = online.model()
+    assert seeded is not None and seeded.seeded_from_profile and seeded.num_samples == 60
+    assert seeded.coefficients == pytest.approx(TRUE, rel=1e-6)
+    # Live traffic that only decodes: the seed still knows prefill, the window cannot evict it.
+    rng = random.Random(7)
+    decodes = [step(TRUE, ds=(b := rng.randint(1, 16)), dc=b * 300) for _ in range(100)]
+    online.add(decodes)
+    model = online.model()
+    assert model.num_samples == 60 + 32
+    assert model.prefill_seconds(1000, 0, 2048) == pytest.approx(TRUE[0] + TRUE[1] * 1000 + TRUE[2] * 500_000, rel=1e-6)
+    # A new profile replaces the old seed.
+    online.seed(decodes[:10])
+    assert online.model().num_samples == 10 + 32
+
+
+def test_seeding_with_nothing_leaves_an_unseeded_model():
+    online = OnlineStepModel(window=16, refit_every=1)
+    online.seed([])
+    online.add(mixed_samples(n=10))
+    model = online.model()
+    assert model is not None and not model.seeded_from_profile
+
+
+def test_online_model_rejects_bad_parameters():
+    with pytest.raises(ValueError):
+        OnlineStepModel(window=2)
+    with pytest.raises(ValueError):
+        OnlineStepModel(refit_every=0)
+
+
+def test_model_protobuf_round_trip():
+    model = StepTimeModel(TRUE, 123, 0.07, seeded_from_profile=True)
+    assert StepTimeModel.from_pb(model.to_pb()) == model
+    from kvplane.v1 import common_pb2
+
+    assert StepTimeModel.from_pb(common_pb2.LatencyModel()) is None  # unset
+    assert StepTimeModel.from_pb(common_pb2.LatencyModel(coefficients=[1.0, -1.0, 0, 0, 0])) is None
+    assert StepTimeModel.from_pb(common_pb2.LatencyModel(coefficients=[float("nan"), 0, 0, 0, 0])) is None
+
+
+def test_samples_protobuf_round_trip():
+    samples = mixed_samples(n=20, noise=0.1, seed=8)
+    profile = samples_to_pb(samples, measured_at=1700000000.5)
+    assert profile.measured_at == 1700000000.5
+    assert samples_from_pb(profile) == samples
+    # Large attention values survive (uint64).
+    big = [StepSample(100_000, 5_000_000_000, 3, 4_000_000_000, 1.5)]
+    assert samples_from_pb(samples_to_pb(big, 0.0)) == big
