@@ -5,6 +5,7 @@ it failed. A decode worker that fails before the first token is retried once els
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 import uuid
@@ -12,12 +13,25 @@ from dataclasses import dataclass
 
 import grpc
 
+from controlplane import keys
 from controlplane.cluster_state import ClusterState
 from controlplane.config import ControlPlaneConfig
-from controlplane.core.admission import Reject, make_admission_policy
+from controlplane.batch_queue import BatchQueue
+from controlplane.core.admission import (
+    Admit,
+    AdmissionPolicy,
+    PlacementOption,
+    Reject,
+    admission_policy_names,
+    make_admission_policy,
+)
+from controlplane.core.predictor import Prediction, blocks_to_transfer, predict, tpot_recovery_s
 from controlplane.core.router import NoCandidateError, RouteDecision, RouteRequest, Router
+from controlplane.core.settings import PRIORITIES, SettingError, validate_setting
+from controlplane.store.base import Store, StoreError
 from kvplane import tickets
-from kvplane.convert import disagg_from_pb
+from kvplane.block_hash import hash_blocks
+from kvplane.convert import disagg_from_pb, layout_from_pb
 from kvplane.errors import rejection_trailers
 from kvplane.grpc_util import aio_channel
 from kvplane.types import DisaggMode, Tier, WorkerId
@@ -25,15 +39,28 @@ from kvplane.v1 import agent_pb2, agent_pb2_grpc, client_pb2, client_pb2_grpc, c
 
 log = logging.getLogger(__name__)
 
+LINK_RATE_EWMA = 0.2  # weight of the newest measured transfer rate
+
+
+
+@dataclass(slots=True)
+class Validated:
+    """A request that passed validation, tokenized once for every routing attempt."""
+
+    request_id: str
+    model: str
+    token_ids: list[int]
+    route: RouteRequest
+    priority: str
 
 
 @dataclass(slots=True)
 class Plan:
-    request_id: str
-    model: str
-    token_ids: list[int]
     decision: RouteDecision
-    admissible: dict[WorkerId, bool]  # per decode candidate, by the admission policy alone
+    prefill_worker: WorkerId | None     # None: prefill on the decode worker
+    decode_worker: WorkerId
+    prediction: Prediction | None
+    admissible: dict[WorkerId, bool]   # per decode candidate, by the admission policy alone
 
 
 class AgentStubs:
@@ -57,18 +84,21 @@ class AgentStubs:
 
 
 class ClientService(client_pb2_grpc.KvplaneServicer):
-    def __init__(self, state: ClusterState, config: ControlPlaneConfig, ticket_key: bytes, stubs: AgentStubs) -> None:
+    def __init__(self, state: ClusterState, store: Store, config: ControlPlaneConfig, ticket_key: bytes, stubs: AgentStubs) -> None:
         self._state = state
+        self._store = store
         self._config = config
         self._ticket_key = ticket_key
         self._stubs = stubs
         self._router = Router(config.router)
-        self._admission = make_admission_policy(config.admission)
+        self._policies: dict[str, AdmissionPolicy] = {}
+        self._batch_queue = BatchQueue(config.batch_queue_size)
+        self._link_bytes_per_s = config.initial_link_gb_per_s * 1e9
 
     # -- planning ------------------------------------------------------------------------------
 
-    async def _plan(self, request: client_pb2.GenerateRequest, context, exclude: frozenset[str] = frozenset()) -> Plan:
-        workers = {wid: e for wid, e in self._state.workers.items() if wid not in exclude}
+    async def _validate(self, request: client_pb2.GenerateRequest, context) -> Validated:
+        workers = self._state.workers
         if not workers:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "no workers are registered with the control plane; start agents first")
         models = sorted({e.info.model for e in workers.values()})
@@ -77,6 +107,9 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"model is required: this cluster serves {models}")
         if model not in models:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"unknown model {model!r}: this cluster serves {models}")
+        priority = request.priority or PRIORITIES[0]
+        if priority not in PRIORITIES:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"priority must be one of {list(PRIORITIES)}, got {priority!r}")
         limits = next(e.info for e in workers.values() if e.info.model == model)
         s = request.sampling
         if s.max_tokens == 0:
@@ -98,23 +131,112 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
             disagg = disagg_from_pb(request.disagg)
         except ValueError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        route_request = RouteRequest(model=model, prompt_token_ids=token_ids, max_tokens=s.max_tokens, disagg=disagg, cache_salt=request.cache_salt)
-        views = [v for v in self._state.views() if v.worker_id not in exclude]
-        try:
-            decision = self._router.route(route_request, views, self._state.index)
-        except NoCandidateError as e:
-            code = grpc.StatusCode.FAILED_PRECONDITION if disagg is DisaggMode.ALWAYS else grpc.StatusCode.UNAVAILABLE
-            await context.abort(code, str(e))
-        candidates = [v for v in views if v.model == model and v.active and v.role.can_decode]
-        verdict = self._admission.decide(route_request, candidates)
+        route = RouteRequest(model=model, prompt_token_ids=token_ids, max_tokens=s.max_tokens, disagg=disagg, cache_salt=request.cache_salt)
+        return Validated(request.request_id or uuid.uuid4().hex, model, token_ids, route, priority)
+
+    def _policy(self) -> AdmissionPolicy:
+        """The admission policy in force: a run-time setting wins over the start-up flag."""
+        name = self._state.settings.admission_policy(self._config.admission.policy)
+        policy = self._policies.get(name)
+        if policy is None:
+            policy = self._policies[name] = make_admission_policy(dataclasses.replace(self._config.admission, policy=name))
+        return policy
+
+    def _decide(self, v: Validated, exclude: frozenset[str]) -> Plan | Reject:
+        """Routes and admits; raises NoCandidateError when nothing can serve the model."""
+        views = [w for w in self._state.views() if w.worker_id not in exclude]
+        decision = self._router.route(v.route, views, self._state.index)
+        candidates = [w for w in views if w.model == v.model and w.active and w.role.can_decode]
+        options = self._options(v, decision, candidates)
+        objective = self._state.settings.objective(v.model, v.priority)
+        policy = self._policy()
+        verdict = policy.decide(v.route, candidates, options, objective)
         if isinstance(verdict, Reject):
-            context.set_trailing_metadata(rejection_trailers(verdict.retry_after_s, verdict.reason))
-            await context.abort(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"rejected at admission: {verdict.reason}; retry after {verdict.retry_after_s:.1f} s",
-            )
-        admissible = {v.worker_id: not isinstance(self._admission.decide(route_request, [v]), Reject) for v in candidates}
-        return Plan(request.request_id or uuid.uuid4().hex, model, token_ids, decision, admissible)
+            return verdict
+        chosen = verdict.option or options[0]
+        by_decode = {o.decode_worker: o for o in options[1:]}
+        admissible = {
+            w.worker_id: isinstance(policy.decide(v.route, [w], [by_decode.get(w.worker_id, options[0])], objective), Admit)
+            for w in candidates
+        }
+        prefill = chosen.prefill_worker if chosen.disaggregated else None
+        return Plan(decision, prefill, chosen.decode_worker, chosen.prediction, admissible)
+
+    def _options(self, v: Validated, decision: RouteDecision, candidates) -> list[PlacementOption]:
+        """Placements best first: the router's choice, then every other decode candidate by cost
+        (prefilling where the router's choice does), each with a latency prediction."""
+        first = PlacementOption(decision.decode_worker, decision.prefill_worker or decision.decode_worker)
+        order = [c.worker_id for c in decision.candidates if c.worker_id != decision.decode_worker]
+        others = [
+            PlacementOption(w, first.prefill_worker if first.disaggregated and first.prefill_worker != w else w)
+            for w in order
+        ]
+        return [self._with_prediction(v, o) for o in [first, *others]]
+
+    def _with_prediction(self, v: Validated, option: PlacementOption) -> PlacementOption:
+        decode, prefill = self._state.perf(option.decode_worker), self._state.perf(option.prefill_worker)
+        if decode is None or prefill is None:
+            return option
+        hashes = hash_blocks(v.token_ids, decode.block_size, v.model, v.route.cache_salt)
+        overlaps = self._state.index.overlaps(hashes) if hashes else {}
+        held = {w: o.num_blocks for w, o in overlaps.items()}
+        prompt = len(v.token_ids)
+        prefill_cached = min(held.get(option.prefill_worker, 0), (prompt - 1) // decode.block_size) * decode.block_size
+        transfer_bytes = 0
+        if option.disaggregated:
+            entry = self._state.workers[option.decode_worker]
+            block_nbytes = layout_from_pb(entry.info.layout).block_nbytes
+            transfer_bytes = blocks_to_transfer(prompt, decode.block_size, held.get(option.decode_worker, 0)) * block_nbytes
+        prediction = predict(
+            prompt_tokens=prompt,
+            max_tokens=v.route.max_tokens,
+            prefill_cached_tokens=prefill_cached,
+            prefill=prefill,
+            decode=decode,
+            transfer_bytes=transfer_bytes,
+            link_bytes_per_s=self._link_bytes_per_s,
+        )
+        objective = self._state.settings.objective(v.model, v.priority)
+        recovery = tpot_recovery_s(decode, objective.tpot_ms / 1000, prompt, v.route.max_tokens)
+        return dataclasses.replace(option, prediction=prediction, tpot_recovery_s=recovery)
+
+    async def _reject(self, context, verdict: Reject) -> None:
+        context.set_trailing_metadata(rejection_trailers(verdict.retry_after_s, verdict.reason))
+        await context.abort(
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            f"rejected at admission: {verdict.reason}; retry after {verdict.retry_after_s:.1f} s",
+        )
+
+    async def _plan(self, v: Validated, context, exclude: frozenset[str] = frozenset()) -> tuple[Plan, float]:
+        """Routes and admits, letting a batch request wait in the queue; returns the plan and the
+        seconds it waited. Aborts the call on rejection."""
+        waiter = None
+        started = time.monotonic()
+        try:
+            while True:
+                try:
+                    verdict = self._decide(v, exclude)
+                except NoCandidateError as e:
+                    code = grpc.StatusCode.FAILED_PRECONDITION if v.route.disagg is DisaggMode.ALWAYS else grpc.StatusCode.UNAVAILABLE
+                    await context.abort(code, str(e))
+                held_back = v.priority == "batch" and self._batch_queue.interactive_pressure()
+                if isinstance(verdict, Plan) and not held_back:
+                    return verdict, time.monotonic() - started
+                if v.priority != "batch":
+                    self._batch_queue.interactive_rejected()
+                    await self._reject(context, verdict)
+                if waiter is None:
+                    waiter = self._batch_queue.enter()
+                    if waiter is None:
+                        await self._reject(context, Reject(f"batch queue full ({self._batch_queue.capacity} waiting); " + _reason_of(verdict), _retry_of(verdict)))
+                if waiter.shed_reason:
+                    await self._reject(context, Reject(waiter.shed_reason, _retry_of(verdict)))
+                if time.monotonic() - started > self._config.batch_queue_timeout_s:
+                    await self._reject(context, Reject(f"waited {self._config.batch_queue_timeout_s:.0f} s in the batch queue; " + _reason_of(verdict), _retry_of(verdict)))
+                await self._batch_queue.wait(waiter, self._config.batch_poll_s)
+        finally:
+            if waiter is not None:
+                self._batch_queue.leave(waiter)
 
     async def _prompt_tokens(self, request, model: str, workers, context) -> list[int]:
         kind = request.WhichOneof("prompt")
@@ -142,34 +264,40 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
     # -- RPCs --------------------------------------------------------------------------------
 
     async def Route(self, request: client_pb2.GenerateRequest, context):
-        plan = await self._plan(request, context)
-        return _route_response(plan)
+        v = await self._validate(request, context)
+        try:
+            verdict = self._decide(v, frozenset())
+        except NoCandidateError as e:
+            code = grpc.StatusCode.FAILED_PRECONDITION if v.route.disagg is DisaggMode.ALWAYS else grpc.StatusCode.UNAVAILABLE
+            await context.abort(code, str(e))
+        if isinstance(verdict, Reject):
+            await self._reject(context, verdict)
+        return _route_response(v, verdict)
 
     async def Generate(self, request: client_pb2.GenerateRequest, context):
         started = time.monotonic()
+        v = await self._validate(request, context)
         exclude: set[str] = set()
         for attempt in range(self._config.max_route_attempts):
-            plan = await self._plan(request, context, frozenset(exclude))
+            plan, queued_s = await self._plan(v, context, frozenset(exclude))
             d = plan.decision
-            decode = self._state.workers.get(d.decode_worker)
-            prefill = self._state.workers.get(d.prefill_worker) if d.prefill_worker else None
-            if decode is None or (d.prefill_worker and prefill is None):
-                exclude.add(d.decode_worker)
+            decode = self._state.workers.get(plan.decode_worker)
+            prefill = self._state.workers.get(plan.prefill_worker) if plan.prefill_worker else None
+            if decode is None or (plan.prefill_worker and prefill is None):
+                exclude.add(plan.decode_worker)
                 continue
-            self._state.note_routed(d.decode_worker, 0 if d.disaggregated else d.prompt_tokens - d.cached_tokens)
-            if d.prefill_worker:
-                self._state.note_routed(d.prefill_worker, d.prompt_tokens)
+            self._state.note_routed(plan.decode_worker, 0 if prefill else d.prompt_tokens - d.cached_tokens)
+            if plan.prefill_worker:
+                self._state.note_routed(plan.prefill_worker, d.prompt_tokens)
             agent_request = agent_pb2.AgentGenerateRequest(
-                ticket=tickets.issue(self._ticket_key, plan.request_id, d.decode_worker, d.prefill_worker or ""),
-                request_id=plan.request_id,
-                prompt_token_ids=plan.token_ids,
+                ticket=tickets.issue(self._ticket_key, v.request_id, plan.decode_worker, plan.prefill_worker or ""),
+                request_id=v.request_id,
+                prompt_token_ids=v.token_ids,
                 sampling=request.sampling,
                 cache_salt=request.cache_salt,
             )
             if prefill is not None:
-                agent_request.prefill_from.CopyFrom(
-                    agent_pb2.PrefillSource(worker_id=d.prefill_worker, endpoint=prefill.info.endpoint)
-                )
+                agent_request.prefill_from.CopyFrom(agent_pb2.PrefillSource(worker_id=plan.prefill_worker, endpoint=prefill.info.endpoint))
             sent_any = False
             first_token_at: float | None = None
             try:
@@ -181,26 +309,36 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
                         text=reply.text,
                         finished=reply.finished,
                         finish_reason=reply.finish_reason,
-                        request_id=plan.request_id,
+                        request_id=v.request_id,
                     )
                     if reply.finished:
-                        out.metrics.CopyFrom(reply.metrics)
-                        out.metrics.route_reason = d.reason
-                        if first_token_at is not None:
-                            # TTFT as the caller sees it: routing and admission included.
-                            out.metrics.ttft_ms = (first_token_at - started) * 1000
+                        self._finish_metrics(out.metrics, reply.metrics, plan, v, queued_s, started, first_token_at)
                     sent_any = True
                     yield out
                 return
             except grpc.aio.AioRpcError as e:
                 retryable = e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
                 if retryable and not sent_any and attempt + 1 < self._config.max_route_attempts:
-                    log.warning("decode worker %s failed before the first token (%s); routing %s again", d.decode_worker, e.code().name, plan.request_id)
-                    exclude.add(d.decode_worker)
+                    log.warning("decode worker %s failed before the first token (%s); routing %s again", plan.decode_worker, e.code().name, v.request_id)
+                    exclude.add(plan.decode_worker)
                     continue
-                where = f"worker {d.decode_worker}"
-                await context.abort(e.code(), f"{where}: {e.details()}")
+                await context.abort(e.code(), f"worker {plan.decode_worker}: {e.details()}")
         await context.abort(grpc.StatusCode.UNAVAILABLE, "no worker could take the request; try again")
+
+    def _finish_metrics(self, out, agent_metrics, plan: Plan, v: Validated, queued_s: float, started: float, first_token_at: float | None) -> None:
+        out.CopyFrom(agent_metrics)
+        out.route_reason = plan.decision.reason
+        out.priority = v.priority
+        out.queued_ms = queued_s * 1000
+        if plan.prediction is not None:
+            out.predicted_ttft_ms = plan.prediction.ttft_ms
+            out.predicted_tpot_ms = plan.prediction.tpot_ms
+        if first_token_at is not None:
+            # TTFT as the caller sees it: admission, queueing and routing included.
+            out.ttft_ms = (first_token_at - started) * 1000
+        if agent_metrics.kv_transfer_bytes and agent_metrics.kv_transfer_ms > 0:
+            measured = agent_metrics.kv_transfer_bytes / (agent_metrics.kv_transfer_ms / 1000)
+            self._link_bytes_per_s += LINK_RATE_EWMA * (measured - self._link_bytes_per_s)
 
     async def ListWorkers(self, request, context):
         now = time.monotonic()
@@ -223,11 +361,53 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
                 wc.blocks_by_tier[tier.value] = by_tier.get(WorkerId(worker_id), {}).get(tier, 0)
         return reply
 
-    async def DrainWorker(self, request, context):
-        entry = self._state.workers.get(WorkerId(request.worker_id))
+    async def ProfileWorker(self, request: client_pb2.ProfileWorkerRequest, context):
+        entry = await self._worker_or_abort(request.worker_id, context)
+        try:
+            reply = await self._stubs.get(entry.info.endpoint).Profile(
+                agent_pb2.ProfileRequest(max_prompt_tokens=request.max_prompt_tokens, max_batch=request.max_batch), timeout=300
+            )
+        except grpc.aio.AioRpcError as e:
+            await context.abort(e.code(), f"profiling {request.worker_id} failed: {e.details()}")
+        try:
+            await self._store.put(keys.profile_key(request.worker_id), reply.profile.SerializeToString())
+        except StoreError as e:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"profile measured but not stored: {e}")
+        return client_pb2.ProfileWorkerResponse(worker_id=request.worker_id, model=reply.model, num_samples=len(reply.profile.samples))
+
+    async def GetConfig(self, request, context):
+        return await self._config_response(context)
+
+    async def SetConfig(self, request: client_pb2.SetConfigRequest, context):
+        try:
+            if request.value:
+                validate_setting(request.key, request.value, admission_policy_names)
+                await self._store.put(keys.setting_key(request.key), request.value.encode())
+            else:
+                await self._store.delete(keys.setting_key(request.key))
+        except SettingError as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        except StoreError as e:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"store unavailable: {e}")
+        return await self._config_response(context)
+
+    async def _config_response(self, context) -> client_pb2.ConfigResponse:
+        # Read from the store, not this replica's view, so the answer includes the write just made.
+        try:
+            items, _ = await self._store.get_prefix(keys.SETTINGS)
+        except StoreError as e:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"store unavailable: {e}")
+        return client_pb2.ConfigResponse(values={kv.key[len(keys.SETTINGS):]: kv.value.decode() for kv in items})
+
+    async def _worker_or_abort(self, worker_id: str, context):
+        entry = self._state.workers.get(WorkerId(worker_id))
         if entry is None:
             known = ", ".join(sorted(self._state.workers)) or "none"
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"no worker {request.worker_id!r}; registered workers: {known}")
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no worker {worker_id!r}; registered workers: {known}")
+        return entry
+
+    async def DrainWorker(self, request, context):
+        entry = await self._worker_or_abort(request.worker_id, context)
         try:
             reply = await self._stubs.get(entry.info.endpoint).Drain(agent_pb2.DrainRequest(), timeout=10)
         except grpc.aio.AioRpcError as e:
@@ -236,13 +416,13 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
         return client_pb2.DrainWorkerResponse(worker_id=request.worker_id, state=reply.state)
 
 
-def _route_response(plan: Plan) -> client_pb2.RouteResponse:
+def _route_response(v: Validated, plan: Plan) -> client_pb2.RouteResponse:
     d = plan.decision
     reply = client_pb2.RouteResponse(
-        request_id=plan.request_id,
-        decode_worker=d.decode_worker,
-        prefill_worker=d.prefill_worker or "",
-        disaggregated=d.disaggregated,
+        request_id=v.request_id,
+        decode_worker=plan.decode_worker,
+        prefill_worker=plan.prefill_worker or "",
+        disaggregated=plan.prefill_worker is not None,
         reason=d.reason,
         prompt_tokens=d.prompt_tokens,
         cached_tokens=d.cached_tokens,
@@ -252,3 +432,11 @@ def _route_response(plan: Plan) -> client_pb2.RouteResponse:
             worker_id=c.worker_id, cost=c.cost, cached_tokens=c.cached_tokens, admissible=plan.admissible.get(c.worker_id, False), note=c.note
         )
     return reply
+
+
+def _reason_of(verdict: Plan | Reject) -> str:
+    return verdict.reason if isinstance(verdict, Reject) else "held back while interactive requests are being rejected"
+
+
+def _retry_of(verdict: Plan | Reject) -> float:
+    return verdict.retry_after_s if isinstance(verdict, Reject) else 1.0

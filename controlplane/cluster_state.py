@@ -14,9 +14,12 @@ from dataclasses import dataclass
 
 from controlplane import keys
 from controlplane.core.index import CacheIndex, ClearedEvent, RemovedEvent, StoredEvent
+from controlplane.core.predictor import WorkerPerf
 from controlplane.core.router import WorkerLoadView, WorkerView
+from controlplane.core.settings import ClusterSettings
 from controlplane.store.base import EventType, Store, WatchEvent
 from kvplane.convert import role_from_pb, tier_from_pb
+from kvplane.latency import StepTimeModel
 from kvplane.types import BlockHash, Tier, WorkerId
 from kvplane.v1 import common_pb2, registry_pb2
 
@@ -31,6 +34,7 @@ class WorkerEntry:
     load_at: float                  # monotonic time of the last load report
     pending_prefill_tokens: int = 0  # routed here since the last load report
     pending_requests: int = 0
+    latency: StepTimeModel | None = None  # the worker's step-time model, from its load reports
 
 
 def events_from_pb(events: Sequence[common_pb2.KVEvent]) -> list[StoredEvent | RemovedEvent | ClearedEvent]:
@@ -51,6 +55,7 @@ class ClusterState:
         self._store = store
         self.workers: dict[WorkerId, WorkerEntry] = {}
         self.index = CacheIndex()
+        self.settings = ClusterSettings()
         self._watch_task: asyncio.Task | None = None
         self._synced = asyncio.Event()
         self.revision = 0
@@ -97,6 +102,8 @@ class ClusterState:
                 self._apply_load(WorkerId(key[len(keys.LOAD):]), event.value)
             elif key.startswith(keys.KV) and event.type is EventType.PUT:
                 self._apply_kv(key, event.value)
+            elif key.startswith(keys.SETTINGS):
+                self._apply_setting(key[len(keys.SETTINGS):], event)
         except Exception:
             log.exception("ignoring malformed store entry %s", key)
 
@@ -124,6 +131,8 @@ class ClusterState:
         entry.load = report.load
         entry.state = report.state or entry.state
         entry.load_at = time.monotonic()
+        if report.HasField("latency"):
+            entry.latency = StepTimeModel.from_pb(report.latency)
         # The report now counts what was routed before it.
         entry.pending_prefill_tokens = 0
         entry.pending_requests = 0
@@ -141,6 +150,15 @@ class ClusterState:
         else:
             self.index.apply_batch(WorkerId(worker_id), seq, events)
 
+    def _apply_setting(self, name: str, event: WatchEvent) -> None:
+        values = dict(self.settings.values)
+        if event.type is EventType.DELETE:
+            values.pop(name, None)
+        else:
+            values[name] = event.value.decode()
+        self.settings = ClusterSettings(values)
+        log.info("setting %s = %r", name, values.get(name))
+
     # -- views for routing -------------------------------------------------------------------
 
     def note_routed(self, worker_id: WorkerId, prefill_tokens: int) -> None:
@@ -149,6 +167,23 @@ class ClusterState:
         if entry is not None:
             entry.pending_prefill_tokens += prefill_tokens
             entry.pending_requests += 1
+
+    def perf(self, worker_id: WorkerId) -> WorkerPerf | None:
+        """What the predictor needs about one worker: its step-time model and its load."""
+        e = self.workers.get(worker_id)
+        if e is None:
+            return None
+        return WorkerPerf(
+            worker_id=worker_id,
+            model=e.latency,
+            chunk_tokens=e.info.max_num_batched_tokens or 2048,
+            block_size=e.info.layout.block_size,
+            num_running=e.load.num_running,
+            num_waiting=e.load.num_waiting + e.pending_requests,
+            num_queued_prefill_tokens=e.load.num_queued_prefill_tokens + e.pending_prefill_tokens,
+            running_remaining_tokens=tuple(e.load.running_remaining_tokens),
+            running_context_tokens=e.load.running_context_tokens,
+        )
 
     def views(self) -> list[WorkerView]:
         out = []

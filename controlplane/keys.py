@@ -5,6 +5,9 @@
 /kvplane/kv/<id>/<seq:020>  PublishKVEventsRequest under the worker's lease; a snapshot batch
                             replaces everything before it, so older batches are compacted away
 /kvplane/config/ticket_key  HMAC key for tickets, created once by whichever replica starts first
+/kvplane/config/settings/<key>  run-time settings (`kvplane config set`), watched by every replica
+/kvplane/profiles/<id>      LatencyProfile measured by `kvplane profile`; no lease, so a restarted
+                            worker starts from it
 """
 from __future__ import annotations
 
@@ -13,6 +16,16 @@ WORKERS = ROOT + "workers/"
 LOAD = ROOT + "load/"
 KV = ROOT + "kv/"
 TICKET_KEY = ROOT + "config/ticket_key"
+SETTINGS = ROOT + "config/settings/"
+PROFILES = ROOT + "profiles/"
+
+
+def setting_key(name: str) -> str:
+    return SETTINGS + name
+
+
+def profile_key(worker_id: str) -> str:
+    return PROFILES + worker_id
 
 
 def worker_key(worker_id: str) -> str:

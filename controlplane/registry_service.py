@@ -66,9 +66,11 @@ class RegistryService(registry_pb2_grpc.RegistryServicer):
         except StoreError as e:
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"store unavailable: {e}")
         log.info("registered %s (lease %x, ttl %ds)", info.worker_id, lease, ttl)
-        return registry_pb2.RegisterResponse(
-            worker_id=info.worker_id, lease_id=lease, ttl_seconds=ttl, ticket_key=self._ticket_key
-        )
+        reply = registry_pb2.RegisterResponse(worker_id=info.worker_id, lease_id=lease, ttl_seconds=ttl, ticket_key=self._ticket_key)
+        stored_profile = await self._store.get(keys.profile_key(info.worker_id))
+        if stored_profile is not None:
+            reply.profile.ParseFromString(stored_profile.value)
+        return reply
 
     async def KeepAlive(self, request: registry_pb2.KeepAliveRequest, context: grpc.aio.ServicerContext):
         try:

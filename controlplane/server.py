@@ -52,7 +52,7 @@ class ControlPlane:
         self._state = ClusterState(self._store)
         await self._state.start()
         server = make_server()
-        client_pb2_grpc.add_KvplaneServicer_to_server(ClientService(self._state, self.config, ticket_key, self._stubs), server)
+        client_pb2_grpc.add_KvplaneServicer_to_server(ClientService(self._state, self._store, self.config, ticket_key, self._stubs), server)
         registry_pb2_grpc.add_RegistryServicer_to_server(RegistryService(self._store, self.config, ticket_key), server)
         self._health = enable_health_and_reflection(server, SERVICE_NAMES)
         self.port = server.add_insecure_port(f"{self.config.host}:{self.config.port}")

@@ -179,6 +179,27 @@ class LocalCluster:
         ])  # fmt: skip
         self.wait_until_registered(timeout)
 
+    def add_controlplane(self, name: str = "controlplane-2") -> str:
+        """Starts another control-plane replica on the same store (etcd) and returns its endpoint."""
+        if not self._store.startswith("etcd://"):
+            raise ValueError("replicas share state through etcd: start the cluster with store='etcd://HOST:PORT'")
+        port = free_port()
+        self._spawn(name, [
+            CONTROLPLANE, "--host", LOCALHOST, "--port", str(port), "--store", self._store, *self._controlplane_args,
+        ])  # fmt: skip
+        endpoint = f"{LOCALHOST}:{port}"
+        deadline = time.monotonic() + self._startup_timeout
+        with Client(endpoint, timeout=2.0) as client:
+            while True:
+                try:
+                    if {w.worker_id for w in client.workers()} >= set(self.worker_endpoints):
+                        return endpoint
+                except KvplaneError:
+                    pass
+                if self.processes[name].poll() is not None or time.monotonic() > deadline:
+                    raise ClusterError(f"{name} did not start; last lines of its log:\n{self.log_tail(name)}")
+                time.sleep(0.2)
+
     def restart_controlplane(self, sig: signal.Signals = signal.SIGKILL, timeout: float = 60.0) -> None:
         """Kills the control plane with `sig` and starts a fresh one on the same port and store.
 
