@@ -1,6 +1,6 @@
 """Commands whose arguments and behaviour live in other packages: the servers and the benchmarks.
 
-`kvplane controlplane`, `kvplane agent` and `kvplane bench transfer` import their module
+`kvplane controlplane`, `kvplane agent` and `kvplane bench transfer|load` import their module
 only when run, so that client commands start fast and never import torch. Each module
 provides `add_arguments(parser) -> None` and `run(args) -> int`; all arguments after the
 command name go to the module's own parser (its --help included).
@@ -38,6 +38,12 @@ DELEGATES = (
     Delegate(
         ("bench", "transfer"), "kvplane.bench.transfer", "measure KV transfer throughput",
         "Measures KV-block transfer throughput and latency between two processes per transport.",
+    ),
+    Delegate(
+        ("bench", "load"), "kvplane.bench.load", "goodput of admission policies under open-loop load",
+        "Drives a local cluster with an open-loop Poisson arrival process (or a replayed trace) at "
+        "multiples of its measured capacity, once per admission policy, and reports goodput, objective "
+        "attainment, TTFT/TPOT percentiles and the TTFT prediction error.",
     ),
 )  # fmt: skip
 

@@ -14,7 +14,7 @@ from kvplane.cli.common import (
     non_negative_int,
     print_json,
 )
-from kvplane.client import Client, GenerateResult, RequestMetrics, StreamAssembler
+from kvplane.client import PRIORITIES, Client, GenerateResult, RequestMetrics, StreamAssembler
 
 _DISAGG_CHOICES = ("auto", "always", "never")
 
@@ -60,6 +60,14 @@ def _add_request_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="", help="model name (default: the only model served)")
     parser.add_argument("--cache-salt", default="", metavar="S", help="per-tenant prefix-cache isolation")
     parser.add_argument("--request-id", default="", metavar="ID", help="default: the control plane makes one")
+    parser.add_argument(
+        "--priority", choices=PRIORITIES, default=PRIORITIES[0],
+        help="objective class: interactive (default) or batch (may wait in a queue instead of being rejected)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--reject-retries", type=non_negative_int, default=0, metavar="N",
+        help="on a rejection, wait its retry-after and retry, at most N times (default: 0, never)",
+    )  # fmt: skip
 
 
 def _request_kwargs(args: argparse.Namespace) -> dict[str, Any]:
@@ -67,7 +75,8 @@ def _request_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     return dict(
         max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
         seed=args.seed, ignore_eos=args.ignore_eos, disagg=args.disagg, model=args.model,
-        cache_salt=args.cache_salt, request_id=args.request_id, prompt=prompt,
+        cache_salt=args.cache_salt, request_id=args.request_id, priority=args.priority,
+        reject_retries=args.reject_retries, prompt=prompt,
     )  # fmt: skip
 
 

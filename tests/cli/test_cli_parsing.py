@@ -7,7 +7,10 @@ import pytest
 
 from tests.cli.conftest import run_kvplane
 
-CLIENT_COMMANDS = (["generate"], ["route"], ["workers"], ["cache"], ["drain"], ["up"], ["bench"], [])
+CLIENT_COMMANDS = (
+    ["generate"], ["route"], ["workers"], ["cache"], ["drain"], ["up"], ["bench"], ["config"], ["config", "get"],
+    ["config", "set"], ["profile"], [],
+)  # fmt: skip
 
 
 @pytest.mark.parametrize("command", CLIENT_COMMANDS, ids=lambda c: " ".join(c) or "kvplane")
@@ -19,16 +22,17 @@ def test_help_exits_zero(command: list[str]) -> None:
 
 def test_top_level_help_lists_every_command() -> None:
     out = run_kvplane("--help").stdout
-    for name in ("generate", "route", "workers", "cache", "drain", "up", "controlplane", "agent", "bench"):
+    for name in ("generate", "route", "workers", "cache", "drain", "up", "controlplane", "agent", "bench", "config", "profile"):
         assert name in out
-    assert "transfer" in run_kvplane("bench", "--help").stdout
+    bench = run_kvplane("bench", "--help").stdout
+    assert "transfer" in bench and "load" in bench
 
 
 @pytest.mark.parametrize(
     ("command", "module"),
     [(["controlplane"], "controlplane.main"), (["agent"], "dataplane.agent.main"),
-     (["bench", "transfer"], "kvplane.bench.transfer")],  # fmt: skip
-    ids=["controlplane", "agent", "bench transfer"],
+     (["bench", "transfer"], "kvplane.bench.transfer"), (["bench", "load"], "kvplane.bench.load")],  # fmt: skip
+    ids=["controlplane", "agent", "bench transfer", "bench load"],
 )
 def test_delegated_help(command: list[str], module: str) -> None:
     result = run_kvplane(*command, "--help")
@@ -55,6 +59,11 @@ def test_delegated_help(command: list[str], module: str) -> None:
         (["generate", "x", "--temperature", "warm"], "argument --temperature: invalid float value: 'warm'"),
         (["generate"], "the following arguments are required: TEXT"),
         (["drain"], "the following arguments are required: WORKER_ID"),
+        (["profile"], "the following arguments are required: WORKER_ID"),
+        (["profile", "w", "--max-batch", "-1"], "argument --max-batch: must be >= 0, got -1"),
+        (["config", "set", "k"], "the following arguments are required: VALUE"),
+        (["generate", "x", "--priority", "urgent"], "argument --priority: invalid choice: 'urgent'"),
+        (["generate", "x", "--reject-retries", "-2"], "argument --reject-retries: must be >= 0, got -2"),
         (["workers", "--bogus"], "unrecognized arguments: --bogus"),
         (["up", "--store", "redis://x"], "expected 'memory' or 'etcd://HOST:PORT', got 'redis://x'"),
         (["up", "--prefill", "two"], "argument --prefill: expected a whole number, got 'two'"),
