@@ -18,8 +18,10 @@ column-scaled features (each divided by its largest value, so a 1e9-sized attent
 with a tiny ridge, under non-negative coefficients (a step never
 gets cheaper with more work): a negative coefficient is dropped and the rest refitted (active set),
 until none is negative. A feature that does not vary in the samples cannot be told from the
-constant and gets 0 (a decode-only window says nothing about prefill). The error is reported as
-the mean absolute percentage error over the samples the model was fitted on.
+constant and gets 0 (a decode-only window says nothing about prefill). Then one robust pass: steps
+whose relative error exceeds max(OUTLIER_MIN, OUTLIER_MADS x the median relative error) (a step
+stalled by another process, a page fault) are left out and the rest refitted. The error is
+reported as the mean absolute percentage error over all the samples, outliers included.
 
 OnlineStepModel keeps the last `window` measured steps apart from a profile seed (`kvplane
 profile`), and fits on both: the seed covers the shapes live traffic may not show yet, the window
@@ -30,8 +32,9 @@ Pure Python: no numpy or torch; protobuf only in the *_pb helpers.
 from __future__ import annotations
 
 import math
+import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -41,6 +44,8 @@ if TYPE_CHECKING:
 NUM_COEFFICIENTS = 5
 MIN_SAMPLES = NUM_COEFFICIENTS  # fewer samples than coefficients: no model
 RIDGE = 1e-10  # relative to each scaled column's sum of squares; only keeps the system solvable
+OUTLIER_MIN = 0.25  # relative error below which a step is never an outlier
+OUTLIER_MADS = 5.0  # ... and above this many median relative errors it is
 
 
 def prefill_attention(num_new_tokens: int, num_context_before: int) -> int:
@@ -159,6 +164,19 @@ def fit(samples: Sequence[StepSample], *, seeded_from_profile: bool = False) -> 
     """Least-squares step-time model with non-negative coefficients; None below MIN_SAMPLES."""
     if len(samples) < MIN_SAMPLES:
         return None
+    coefficients = _fit_coefficients(samples)
+    errors = _relative_errors(coefficients, samples)
+    if errors:
+        limit = max(OUTLIER_MIN, OUTLIER_MADS * sorted(errors)[len(errors) // 2])
+        kept = [s for s in samples if s.seconds <= 0 or abs(_predict(coefficients, s) - s.seconds) <= limit * s.seconds]
+        if MIN_SAMPLES <= len(kept) < len(samples):
+            coefficients = _fit_coefficients(kept)
+            errors = _relative_errors(coefficients, samples)
+    mape = sum(errors) / len(errors) if errors else 0.0
+    return StepTimeModel(coefficients, len(samples), mape, seeded_from_profile)
+
+
+def _fit_coefficients(samples: Sequence[StepSample]) -> tuple[float, ...]:
     raw = [s.features() for s in samples]
     ys = [float(s.seconds) for s in samples]
     scales = [1.0] * NUM_COEFFICIENTS
@@ -177,24 +195,24 @@ def fit(samples: Sequence[StepSample], *, seeded_from_profile: bool = False) -> 
     scaled = [0.0] * NUM_COEFFICIENTS
     while active:
         solution = _least_squares(rows, ys, weights, active)
-        if solution is None:  # cannot happen with the ridge, but never divide by zero
-            return None
+        if solution is None:  # cannot happen with the ridge; fall back to no terms rather than fail
+            break
         negative = [(v, j) for v, j in zip(solution, active) if v < 0]
         if not negative:
-            scaled = [0.0] * NUM_COEFFICIENTS
             for v, j in zip(solution, active):
                 scaled[j] = v
             break
         active.remove(min(negative)[1])  # drop the most negative and refit
-    coefficients = tuple(scaled[j] / scales[j] for j in range(NUM_COEFFICIENTS))
-    model = StepTimeModel(coefficients, len(samples), 0.0, seeded_from_profile)
-    errors = [abs(model.step_seconds(*_counts(s)) - s.seconds) / s.seconds for s in samples if s.seconds > 0]
-    mape = sum(errors) / len(errors) if errors else 0.0
-    return StepTimeModel(coefficients, len(samples), mape, seeded_from_profile)
+    return tuple(scaled[j] / scales[j] for j in range(NUM_COEFFICIENTS))
 
 
-def _counts(s: StepSample) -> tuple[int, int, int, int]:
-    return s.prefill_tokens, s.prefill_attention, s.decode_seqs, s.decode_context_tokens
+def _predict(c: Sequence[float], s: StepSample) -> float:
+    t = c[0] + c[1] * s.prefill_tokens + c[2] * s.prefill_attention + c[3] * s.decode_seqs + c[4] * s.decode_context_tokens
+    return max(t, 0.0)
+
+
+def _relative_errors(c: Sequence[float], samples: Sequence[StepSample]) -> list[float]:
+    return [abs(_predict(c, s) - s.seconds) / s.seconds for s in samples if s.seconds > 0]
 
 
 class OnlineStepModel:
@@ -202,15 +220,20 @@ class OnlineStepModel:
 
     The window holds the last `window` samples; the seed (a profile) is kept apart so live traffic
     never evicts it, and a new profile replaces it. model() refits lazily: once `refit_every` new
-    samples have arrived, or when the seed changed.
+    samples have arrived (and at most once per `min_interval_s`), or at once when the seed changed.
     """
 
-    def __init__(self, window: int = 512, refit_every: int = 16) -> None:
-        if window < MIN_SAMPLES or refit_every <= 0:
-            raise ValueError(f"window must be at least {MIN_SAMPLES} and refit_every positive")
+    def __init__(
+        self, window: int = 512, refit_every: int = 16, *, min_interval_s: float = 0.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        if window < MIN_SAMPLES or refit_every <= 0 or min_interval_s < 0:
+            raise ValueError(f"window must be at least {MIN_SAMPLES}, refit_every positive and min_interval_s >= 0")
         self._window: deque[StepSample] = deque(maxlen=window)
         self._seed: list[StepSample] = []
         self._refit_every = refit_every
+        self._min_interval_s = min_interval_s  # a fit of ~1,000 samples costs ~15 ms of pure Python
+        self._clock = clock
+        self._fitted_at = -math.inf
         self._num_new = 0
         self._stale = True
         self._model: StepTimeModel | None = None
@@ -229,8 +252,11 @@ class OnlineStepModel:
             self._num_new += len(samples)
 
     def model(self) -> StepTimeModel | None:
-        if self._stale or self._num_new >= self._refit_every or (self._model is None and self._num_new):
+        now = self._clock()
+        due = self._num_new >= self._refit_every and now - self._fitted_at >= self._min_interval_s
+        if self._stale or due or (self._model is None and self._num_new):
             self._model = fit([*self._seed, *self._window], seeded_from_profile=bool(self._seed))
+            self._fitted_at = now
             self._num_new = 0
             self._stale = False
         return self._model

@@ -1,6 +1,8 @@
 """The agent's link to the control plane: registration under a lease, keep-alive, load and KV events.
 
-Keep-alive runs at a third of the lease TTL (etcd's Session recipe). When the lease is gone
+Keep-alive runs at a third of the lease TTL (etcd's Session recipe). Each load report carries the
+worker's current step-time model; the profile the control plane stored for this worker (if any)
+comes back with the registration and seeds that model. When the lease is gone
 (the control plane says so, or the store lost it) the agent registers again and republishes a
 full cache snapshot, so the index never misses what the agent holds.
 """
@@ -51,12 +53,16 @@ class ControlPlaneLink:
         load: Callable[[], tuple[common_pb2.WorkerLoad, int]],
         take_events: Callable[[], list[KVCacheEvent]],
         snapshot: Callable[[], list[BlockHash]],
+        latency: Callable[[], common_pb2.LatencyModel | None] = lambda: None,
+        on_profile: Callable[[common_pb2.LatencyProfile], None] = lambda profile: None,
     ) -> None:
         self._config = config
         self._info = info
         self._load = load
         self._take_events = take_events
         self._snapshot = snapshot
+        self._latency = latency
+        self._on_profile = on_profile
         self._channel = aio_channel(config.controlplane)
         self._stub = registry_pb2_grpc.RegistryStub(self._channel)
         self.lease_id = 0
@@ -105,6 +111,8 @@ class ControlPlaneLink:
                 registry_pb2.RegisterRequest(info=self._info(), ttl_seconds=self._config.lease_ttl_s), timeout=10
             )
             self.lease_id, self.ttl_s, self.ticket_key = reply.lease_id, reply.ttl_seconds, reply.ticket_key
+            if reply.HasField("profile") and reply.profile.samples:
+                self._on_profile(reply.profile)
             # Everything the index knew is forgotten on registration: start with a snapshot.
             self._take_events()
             self._seq = 0
@@ -160,9 +168,11 @@ class ControlPlaneLink:
         while True:
             async def step():
                 load, state = self._load()
-                await self._stub.ReportLoad(
-                    registry_pb2.ReportLoadRequest(worker_id=self.worker_id, lease_id=self.lease_id, load=load, state=state), timeout=5
-                )
+                report = registry_pb2.ReportLoadRequest(worker_id=self.worker_id, lease_id=self.lease_id, load=load, state=state)
+                latency = self._latency()
+                if latency is not None:
+                    report.latency.CopyFrom(latency)
+                await self._stub.ReportLoad(report, timeout=5)
 
             await self._guarded("load report", step)
             await asyncio.sleep(self._config.load_report_interval_s)

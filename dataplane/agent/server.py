@@ -52,6 +52,8 @@ class AgentServer:
             load=lambda: (self.service.worker_load(), self.service.state),
             take_events=self.engine.take_kv_events,
             snapshot=self.engine.cached_block_hashes,
+            latency=lambda: self.service.latency_model_pb(),
+            on_profile=lambda profile: self.service.seed_latency(profile),
         )
         self.service = AgentService(config, self.engine, self._transports, lambda: self.link.ticket_key, self.endpoint)
         agent_pb2_grpc.add_AgentServicer_to_server(self.service, server)

@@ -5,6 +5,10 @@ blocks, pull only the blocks this engine lacks, commit them to the prefix cache,
 request here (the prefix cache hits; at most one block's tail is computed locally). If the peer
 fails for any reason other than an incompatible layout, the request prefills locally instead,
 as Dynamo does: the caller still gets its tokens.
+
+Latency: the engine's step timings feed an online step-time model (kvplane.latency) that the link
+reports with the load. Profile measures a seed for it by running synthetic requests through the
+normal engine path (see dataplane/agent/profile.py).
 """
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from dataplane.agent import profile
 from dataplane.agent.bridge import TextStream, sampling_from_pb, submit
 from dataplane.agent.config import AgentConfig
 from dataplane.engine.request import EngineCapacityError, EngineInputError, EngineRequest, SamplingParams
@@ -25,10 +30,13 @@ from dataplane.transport.grpc_stream import iter_chunks
 from kvplane import tickets
 from kvplane.convert import layout_from_pb, layout_to_pb, role_to_pb
 from kvplane.grpc_util import aio_channel
+from kvplane.latency import OnlineStepModel, StepSample, StepTimeModel, fit, samples_from_pb, samples_to_pb
 from kvplane.types import BlockHash
 from kvplane.v1 import agent_pb2, agent_pb2_grpc, common_pb2
 
 log = logging.getLogger(__name__)
+
+LATENCY_REFIT_INTERVAL_S = 1.0  # the online model refits at most this often (on the event loop)
 
 
 @dataclass(slots=True)
@@ -53,6 +61,9 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         self._peer_stubs: dict[str, agent_pb2_grpc.AgentStub] = {}
         self._peer_channels: list[grpc.aio.Channel] = []
         self._janitor: asyncio.Task | None = None
+        self.latency = OnlineStepModel(min_interval_s=LATENCY_REFIT_INTERVAL_S)
+        self._profile_lock = asyncio.Lock()
+        self._recording: list[StepSample] | None = None  # a profile's samples, while one runs
 
     @property
     def worker_id(self) -> str:
@@ -307,6 +318,29 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         log.info("draining: %d running, %d waiting requests will finish", load.num_running, load.num_waiting)
         return agent_pb2.DrainResponse(state=self.state, num_running=load.num_running + load.num_waiting)
 
+    async def Profile(self, request: agent_pb2.ProfileRequest, context):
+        if self.state == common_pb2.WORKER_STATE_DRAINING:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"worker {self.worker_id} is draining; profile it before draining")
+        async with self._profile_lock:  # one profile at a time; other traffic keeps running
+            plan = profile.plan(self._engine, request.max_prompt_tokens, request.max_batch)
+            try:
+                self.collect_step_timings()
+                await profile.warm_up(self._engine, plan)
+                self._engine.take_step_timings()  # warm-up steps pay one-off costs: learn nothing from them
+                self._recording = samples = []
+                await profile.run(self._engine, plan)
+                self.collect_step_timings()
+            except profile.ProfileError as e:
+                await context.abort(grpc.StatusCode.INTERNAL, str(e))
+            finally:
+                self._recording = None
+        model = fit(samples, seeded_from_profile=True)
+        if model is None:
+            await context.abort(grpc.StatusCode.INTERNAL, f"the profile measured only {len(samples)} steps, too few to fit")
+        self.latency.seed(samples)
+        log.info("profiled %d steps; step-time model %s (mean abs error %.1f%%)", len(samples), model.coefficients, 100 * model.mean_abs_pct_error)
+        return agent_pb2.ProfileResponse(profile=samples_to_pb(samples, time.time()), model=model.to_pb())
+
     async def GetStatus(self, request, context):
         return agent_pb2.GetStatusResponse(info=self.worker_info(), load=self.worker_load())
 
@@ -331,6 +365,31 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             max_num_batched_tokens=self._config.engine.max_num_batched_tokens,
         )
 
+    def collect_step_timings(self) -> list[StepSample]:
+        """Moves the engine's new step timings into the online model (or the running profile)."""
+        samples = self._engine.take_step_timings()
+        if samples:
+            if self._recording is not None:
+                self._recording.extend(samples)  # they become the seed; not counted twice
+            else:
+                self.latency.add(samples)
+        return samples
+
+    def latency_model(self) -> StepTimeModel | None:
+        self.collect_step_timings()
+        return self.latency.model()
+
+    def latency_model_pb(self) -> common_pb2.LatencyModel | None:
+        model = self.latency_model()
+        return model.to_pb() if model is not None else None
+
+    def seed_latency(self, stored: common_pb2.LatencyProfile) -> None:
+        """Seeds the online model from the profile the control plane stored for this worker."""
+        samples = samples_from_pb(stored)
+        if samples:
+            self.latency.seed(samples)
+            log.info("seeded the step-time model from a stored profile of %d steps", len(samples))
+
     def worker_load(self) -> common_pb2.WorkerLoad:
         load = self._engine.load()
         return common_pb2.WorkerLoad(
@@ -341,4 +400,6 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             num_used_blocks=load.num_used_blocks,
             num_total_blocks=load.num_total_blocks,
             num_cached_blocks=load.num_cached_blocks,
+            running_remaining_tokens=list(load.running_remaining_tokens),
+            running_context_tokens=load.running_context_tokens,
         )

@@ -76,6 +76,15 @@ def test_recovers_coefficients_within_a_few_percent_under_noise():
         assert model.decode_step_seconds(b, ctx) == pytest.approx(truth.decode_step_seconds(b, ctx), rel=0.02)
 
 
+def test_stalled_steps_are_left_out_of_the_fit_but_counted_in_its_error():
+    samples = mixed_samples(n=300)
+    stalled = [StepSample(s.prefill_tokens, s.prefill_attention, s.decode_seqs, s.decode_context_tokens, 4 * s.seconds) for s in samples[:6]]
+    model = fit(stalled + samples[6:])
+    assert model is not None and model.num_samples == 300
+    assert model.coefficients == pytest.approx(TRUE, rel=1e-6)
+    assert model.mean_abs_pct_error == pytest.approx(6 * 0.75 / 300, rel=1e-6)  # predicted 1/4 of each stalled step
+
+
 def test_coefficients_are_never_negative():
     # Timings that a free fit explains with a negative per-sequence cost: time falls with batch size.
     rng = random.Random(9)
@@ -165,6 +174,22 @@ def test_online_model_refits_lazily_over_its_window():
     assert now.coefficients == pytest.approx(TRUE, rel=1e-6)
 
 
+def test_online_model_refits_at_most_once_per_interval_but_at_once_on_a_new_seed():
+    now = [0.0]
+    online = OnlineStepModel(window=64, refit_every=1, min_interval_s=1.0, clock=lambda: now[0])
+    online.add(mixed_samples(n=20, seed=10))
+    first = online.model()
+    assert first is not None and first.num_samples == 20  # the first model comes at once
+    online.add(mixed_samples(n=20, seed=11))
+    now[0] = 0.5
+    assert online.model() is first
+    now[0] = 1.0
+    assert online.model().num_samples == 40
+    online.seed(mixed_samples(n=10, seed=12))
+    now[0] = 1.1
+    assert online.model().num_samples == 50 and online.model().seeded_from_profile
+
+
 def test_online_model_keeps_the_seed_apart_from_the_window():
     online = OnlineStepModel(window=32, refit_every=1)
     profile = mixed_samples(TRUE, n=60, seed=6)
@@ -197,6 +222,8 @@ def test_online_model_rejects_bad_parameters():
         OnlineStepModel(window=2)
     with pytest.raises(ValueError):
         OnlineStepModel(refit_every=0)
+    with pytest.raises(ValueError):
+        OnlineStepModel(min_interval_s=-1)
 
 
 def test_model_protobuf_round_trip():

@@ -1,0 +1,202 @@
+"""Agent.Profile and the online step-time model on a real worker: a real Agent service over
+loopback gRPC with a real engine (builtin-tiny on CPU); the test plays the control plane.
+
+The accuracy test is the issue's: profile the worker, then run real prefills of lengths the
+profile did not use (some chunked, one behind a cached prefix), and compare the online model's
+prefill_seconds with the measured step time (the fastest of 3 interleaved runs, since other
+processes on this noisy 2-core machine only ever slow a step down). The bound asserted is a median
+relative error of at most 25 % over the 7 cases, in one of up to 3 attempts (a load burst from
+other processes that outlasts an attempt defeats any model); quiet runs measure about 5-15 %
+(see the table printed with -s).
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import statistics
+import time
+import uuid
+
+import grpc
+import pytest
+
+from dataplane.agent.config import AgentConfig
+from dataplane.agent.service import AgentService
+from dataplane.engine import Engine, EngineConfig
+from kvplane import tickets
+from kvplane.grpc_util import aio_channel, make_server
+from kvplane.latency import StepTimeModel, samples_from_pb, samples_to_pb
+from kvplane.types import Role
+from kvplane.v1 import agent_pb2, agent_pb2_grpc, common_pb2
+
+KEY = b"test-ticket-key"
+WORKER = "both-t"
+CHUNK = 512  # max_num_batched_tokens: prompts above it prefill in chunks
+P50_BOUND = 0.25
+REPEATS = 3
+ATTEMPTS = 3
+
+
+@contextlib.asynccontextmanager
+async def agent(**engine_overrides):
+    engine = Engine(EngineConfig(**{"num_blocks": 256, "max_num_batched_tokens": CHUNK, "max_num_seqs": 8, **engine_overrides}))
+    engine.start()
+    config = AgentConfig(worker_id=WORKER, role=Role.BOTH).validate()
+    server = make_server()
+    port = server.add_insecure_port("127.0.0.1:0")
+    service = AgentService(config, engine, {}, lambda: KEY, f"127.0.0.1:{port}")
+    agent_pb2_grpc.add_AgentServicer_to_server(service, server)
+    await server.start()
+    service.start()
+    channel = aio_channel(f"127.0.0.1:{port}")
+    try:
+        yield service, engine, agent_pb2_grpc.AgentStub(channel)
+    finally:
+        await channel.close()
+        await server.stop(0)
+        await service.close()
+        engine.stop()
+
+
+async def generate(stub, request_id: str, prompt: list[int], max_tokens: int = 1, cache_salt: str = "") -> common_pb2.RequestMetrics:
+    request = agent_pb2.AgentGenerateRequest(
+        ticket=tickets.issue(KEY, request_id, WORKER),
+        request_id=request_id,
+        prompt_token_ids=prompt,
+        cache_salt=cache_salt,
+        sampling=common_pb2.SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+    )
+    last = None
+    async for reply in stub.Generate(request):
+        last = reply
+    assert last is not None and last.finished
+    return last.metrics
+
+
+def test_profile_returns_samples_and_a_model_and_seeds_the_online_model():
+    async def body():
+        async with agent() as (service, engine, stub):
+            started = time.monotonic()
+            reply = await stub.Profile(agent_pb2.ProfileRequest(max_prompt_tokens=600, max_batch=4))
+            elapsed = time.monotonic() - started
+            samples = samples_from_pb(reply.profile)
+            assert elapsed < 10 and abs(reply.profile.measured_at - time.time()) < 60
+            model = StepTimeModel.from_pb(reply.model)
+            assert model is not None and model.seeded_from_profile and model.num_samples == len(samples)
+            # Prefills up to 600 tokens (chunked at 512), prefix-cached extensions, decode batches 1..4.
+            assert max(s.prefill_tokens for s in samples) == CHUNK
+            assert any(s.prefill_tokens and s.prefill_attention > s.prefill_tokens ** 2 for s in samples)  # context before
+            assert {s.decode_seqs for s in samples} >= {1, 2, 3, 4} and max(s.decode_seqs for s in samples) == 4
+            assert all(s.seconds > 0 for s in samples)
+            # More time for more work.
+            assert model.prefill_seconds(600, 0, CHUNK) > model.prefill_seconds(50, 0, CHUNK)
+            # The agent's own online model now starts from the profile.
+            online = service.latency_model()
+            assert online is not None and online.seeded_from_profile
+            assert online.coefficients == model.coefficients
+            # Nothing of the profile is left behind in the pool except unreferenced cache.
+            load = engine.load()
+            assert load.num_running == load.num_waiting == 0 and load.num_used_blocks == 0
+
+    asyncio.run(body())
+
+
+def test_profile_defaults_and_concurrent_traffic():
+    async def body():
+        async with agent(max_num_seqs=4) as (service, engine, stub):
+            # Traffic while profiling keeps being served; its steps simply add samples.
+            profile = asyncio.ensure_future(stub.Profile(agent_pb2.ProfileRequest()))
+            metrics = await generate(stub, "live-1", list(range(1, 200)), max_tokens=8)
+            assert metrics.prompt_tokens == 199
+            reply = await profile
+            samples = samples_from_pb(reply.profile)
+            # Defaults: prompts up to min(1024, max_context / 2) = 1024 (in chunks of 512), batches up to max_num_seqs.
+            assert sum(1 for s in samples if s.prefill_tokens == CHUNK) >= 2
+            assert max(s.decode_seqs for s in samples) >= 4
+
+    asyncio.run(body())
+
+
+def test_profile_is_refused_while_draining():
+    async def body():
+        async with agent() as (service, engine, stub):
+            await stub.Drain(agent_pb2.DrainRequest())
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await stub.Profile(agent_pb2.ProfileRequest())
+            assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            assert "draining" in info.value.details()
+            assert engine.take_step_timings() == []  # no work was spent
+
+    asyncio.run(body())
+
+
+def test_worker_load_and_a_stored_profile_seed():
+    async def body():
+        async with agent() as (service, engine, stub):
+            load = service.worker_load()
+            assert list(load.running_remaining_tokens) == [] and load.running_context_tokens == 0
+            assert service.latency_model_pb() is None  # nothing measured yet
+            reply = await stub.Profile(agent_pb2.ProfileRequest(max_prompt_tokens=128, max_batch=2))
+            # A fresh agent seeded from the stored profile (what registration hands back) agrees.
+            async with agent() as (other, _, _):
+                other.seed_latency(reply.profile)
+                assert other.latency_model_pb() == reply.model
+                other.seed_latency(samples_to_pb([], 0.0))  # an empty stored profile changes nothing
+                assert other.latency_model_pb() == reply.model
+
+    asyncio.run(body())
+
+
+def test_online_model_predicts_measured_prefill_time():
+    """Profile, then prefill new lengths for real and compare prediction with measurement.
+
+    Each case runs REPEATS times, interleaved; its measured time is the fastest run, since another
+    process on this machine can only slow a step down. A burst of load from other processes that
+    outlasts a whole attempt (seconds, on 2 shared cores) would make any model look wrong, so the
+    attempt (profile + measurement) is repeated up to ATTEMPTS times and the bound must hold in
+    one. Every run is printed (pytest -s).
+    """
+
+    async def attempt(service, stub) -> float:
+        await stub.Profile(agent_pb2.ProfileRequest(max_prompt_tokens=1024, max_batch=8))
+        # New lengths (the profile's are multiples of 16 = 1024/64); 700 and 1000 prefill in
+        # two chunks; the last case is 354 new tokens behind a cached prefix of 496.
+        cases = [(40, 0), (150, 0), (300, 0), (450, 0), (700, 0), (1000, 0), (354, 496)]
+        runs: dict[tuple[int, int], list[tuple[float, float]]] = {case: [] for case in cases}
+        for rep in range(REPEATS):
+            for k, (new, cached) in enumerate(cases):
+                tag = uuid.uuid4().hex
+                prompt = [(7 * rep + 3 * j + k) % 250 + 1 for j in range(new + cached)]
+                if cached:
+                    await generate(stub, f"prefix-{tag}", prompt[:500], cache_salt=tag)
+                model = service.latency_model()  # the online model: the profile seed plus every step since
+                service.collect_step_timings()
+                metrics = await generate(stub, f"new-{tag}", prompt, cache_salt=tag)
+                steps = service.collect_step_timings()
+                assert metrics.cached_tokens == cached and metrics.prefill_computed_tokens == new
+                assert sum(s.prefill_tokens for s in steps) == new
+                runs[(new, cached)].append((model.prefill_seconds(new, cached, CHUNK), sum(s.seconds for s in steps)))
+        print("\nnew tokens  cached  predicted ms  measured ms (each run)      error of the fastest")
+        all_errors, errors = [], []
+        for (new, cached), pairs in runs.items():
+            measured = [m for _, m in pairs]
+            predicted = pairs[measured.index(min(measured))][0]
+            errors.append(abs(predicted - min(measured)) / min(measured))
+            all_errors += [abs(p - m) / m for p, m in pairs]
+            print(f"{new:10d}  {cached:6d}  {predicted * 1000:12.2f}  "
+                  f"{' '.join(f'{m * 1000:7.2f}' for m in measured):27s} {errors[-1]:6.1%}")  # fmt: skip
+        p50 = statistics.median(errors)
+        print(f"fastest runs: error p50 {p50:.1%}, max {max(errors):.1%}; every run: p50 {statistics.median(all_errors):.1%}, "
+              f"max {max(all_errors):.1%} (bound: fastest-run p50 <= {P50_BOUND:.0%})")  # fmt: skip
+        return p50
+
+    async def body():
+        async with agent() as (service, engine, stub):
+            results = []
+            for _ in range(ATTEMPTS):
+                results.append(await attempt(service, stub))
+                if results[-1] <= P50_BOUND:
+                    break
+            assert min(results) <= P50_BOUND, f"median prefill prediction error per attempt: {results}"
+
+    asyncio.run(body())

@@ -1,0 +1,88 @@
+"""The control-plane link carries the latency model: the stored profile from the registration
+seeds the agent's model, and every load report sends the current model and the load detail.
+A fake Registry over loopback gRPC plays the control plane."""
+from __future__ import annotations
+
+import asyncio
+
+from dataplane.agent.config import AgentConfig
+from dataplane.agent.link import ControlPlaneLink
+from kvplane.grpc_util import make_server
+from kvplane.latency import OnlineStepModel, StepSample, samples_from_pb, samples_to_pb
+from kvplane.v1 import common_pb2, registry_pb2, registry_pb2_grpc
+
+PROFILE = [StepSample(n, n * n // 2, 0, 0, 1e-3 + 1e-5 * n) for n in range(16, 400, 16)] + [
+    StepSample(0, 0, b, 100 * b * (b % 3 + 1), 1e-3 + 5e-5 * b) for b in range(1, 12)
+]
+
+
+class FakeRegistry(registry_pb2_grpc.RegistryServicer):
+    def __init__(self, profile: common_pb2.LatencyProfile | None) -> None:
+        self.profile = profile
+        self.reports: list[registry_pb2.ReportLoadRequest] = []
+
+    async def Register(self, request, context):
+        reply = registry_pb2.RegisterResponse(lease_id=7, ttl_seconds=10, ticket_key=b"k")
+        if self.profile is not None:
+            reply.profile.CopyFrom(self.profile)
+        return reply
+
+    async def KeepAlive(self, request, context):
+        return registry_pb2.KeepAliveResponse(ttl_seconds=10)
+
+    async def ReportLoad(self, request, context):
+        self.reports.append(request)
+        return registry_pb2.ReportLoadResponse()
+
+    async def PublishKVEvents(self, request, context):
+        return registry_pb2.PublishKVEventsResponse()
+
+    async def Deregister(self, request, context):
+        return registry_pb2.DeregisterResponse()
+
+
+async def run_link(profile: common_pb2.LatencyProfile | None) -> tuple[FakeRegistry, OnlineStepModel]:
+    registry = FakeRegistry(profile)
+    server = make_server()
+    port = server.add_insecure_port("127.0.0.1:0")
+    registry_pb2_grpc.add_RegistryServicer_to_server(registry, server)
+    await server.start()
+    online = OnlineStepModel()
+    load = common_pb2.WorkerLoad(num_running=2, running_remaining_tokens=[5, 9], running_context_tokens=321)
+
+    def latency():
+        model = online.model()
+        return model.to_pb() if model is not None else None
+
+    link = ControlPlaneLink(
+        AgentConfig(worker_id="w1", controlplane=f"127.0.0.1:{port}", load_report_interval_s=0.05).validate(),
+        info=lambda: common_pb2.WorkerInfo(worker_id="w1"),
+        load=lambda: (load, common_pb2.WORKER_STATE_ACTIVE),
+        take_events=lambda: [],
+        snapshot=lambda: [],
+        latency=latency,
+        on_profile=lambda stored: online.seed(samples_from_pb(stored)),
+    )
+    try:
+        await link.start(timeout_s=5)
+        await asyncio.sleep(0.3)
+    finally:
+        await link.stop()
+        await server.stop(0)
+    return registry, online
+
+
+def test_a_stored_profile_seeds_the_model_that_load_reports_carry():
+    registry, online = asyncio.run(run_link(samples_to_pb(PROFILE, 1700000000.0)))
+    model = online.model()
+    assert model is not None and model.seeded_from_profile and model.num_samples == len(PROFILE)
+    assert registry.reports, "no load report arrived"
+    for report in registry.reports:
+        assert report.HasField("latency") and report.latency == model.to_pb()
+        assert list(report.load.running_remaining_tokens) == [5, 9] and report.load.running_context_tokens == 321
+
+
+def test_without_a_profile_or_samples_reports_carry_no_model():
+    registry, online = asyncio.run(run_link(None))
+    assert online.model() is None
+    assert registry.reports and not any(r.HasField("latency") for r in registry.reports)
