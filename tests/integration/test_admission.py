@@ -42,3 +42,51 @@ def test_overloaded_cluster_rejects_with_retry_after(tmp_path):
     assert "running 2>1" in info.value.reason
     assert "rejected at admission" in str(info.value)
     assert len(after.token_ids) == 2
+
+
+def test_batch_requests_wait_instead_of_being_rejected_and_are_shed_for_interactive(tmp_path):
+    limits = ("--max-running", "1", "--max-waiting", "8")
+    with LocalCluster(
+        num_prefill=0, num_decode=0, num_both=1, controlplane_args=limits, agent_args=("--max-tokens-limit", "1900"), log_dir=tmp_path
+    ) as cluster, Client(cluster.endpoint, timeout=120) as client:  # fmt: skip
+
+        def run_long(seed: int) -> None:
+            client.generate(prompt_ids(seed=seed, length=20), max_tokens=600, ignore_eos=True)
+
+        def saturate() -> list[threading.Thread]:
+            threads = [threading.Thread(target=run_long, args=(seed,)) for seed in (50, 51)]
+            for thread in threads:
+                thread.start()
+            wait_for(lambda: client.workers()[0].load.num_running == 2, timeout=30, what="a saturated worker")
+            return threads
+
+        # 1. A batch request waits for room and then completes.
+        threads = saturate()
+        waited = client.generate(prompt_ids(seed=52, length=10), max_tokens=2, priority="batch")
+        for thread in threads:
+            thread.join(120)
+        assert len(waited.token_ids) == 2 and waited.metrics.priority == "batch"
+        assert waited.metrics.queued_ms > 0
+
+        # 2. A waiting batch request is shed when an interactive one is turned away.
+        wait_for(lambda: client.workers()[0].load.num_running == 0, timeout=10, what="an idle worker")
+        threads = saturate()
+        outcome: dict = {}
+
+        def run_batch() -> None:
+            try:
+                outcome["result"] = client.generate(prompt_ids(seed=53, length=10), max_tokens=2, priority="batch")
+            except RejectedError as e:
+                outcome["error"] = e
+
+        batch = threading.Thread(target=run_batch)
+        batch.start()
+        import time
+
+        time.sleep(0.5)  # let it enter the queue
+        with pytest.raises(RejectedError):
+            client.generate(prompt_ids(seed=54, length=10), max_tokens=2)
+        batch.join(60)
+        for thread in threads:
+            thread.join(120)
+    assert "shed to make room for interactive requests" in str(outcome["error"])
