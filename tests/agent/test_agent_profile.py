@@ -80,7 +80,8 @@ def test_profile_returns_samples_and_a_model_and_seeds_the_online_model():
             reply = await stub.Profile(agent_pb2.ProfileRequest(max_prompt_tokens=600, max_batch=4))
             elapsed = time.monotonic() - started
             samples = samples_from_pb(reply.profile)
-            assert elapsed < 10 and abs(reply.profile.measured_at - time.time()) < 60
+            # ~1 s on 2 idle cores (a default profile ~2 s); only a sanity bound, other processes share the cores.
+            assert elapsed < 60 and abs(reply.profile.measured_at - time.time()) < 60
             model = StepTimeModel.from_pb(reply.model)
             assert model is not None and model.seeded_from_profile and model.num_samples == len(samples)
             # Prefills up to 600 tokens (chunked at 512), prefix-cached extensions, decode batches 1..4.
