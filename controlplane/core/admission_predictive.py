@@ -62,7 +62,7 @@ class PredictiveAdmission:
         retry_after_s = min(max(retry_after_s, MIN_RETRY_AFTER_S), self._config.max_retry_after_s)
         # logfmt: machine-readable for clients, readable for people.
         reason = (
-            f"objective={which} predicted_ms={predicted:.0f} target_ms={target:.0f} "
+            f"objective={which} predicted_ms={predicted:.4g} target_ms={target:.4g} "
             f"decode_worker={closest.decode_worker} prefill_worker={closest.prefill_worker}"
         )
         return Reject(reason, retry_after_s)

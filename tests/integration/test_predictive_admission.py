@@ -1,0 +1,91 @@
+"""Predictive admission end to end: a burst that would overload decode is rejected at arrival,
+before any prefill work is spent; objectives set with the CLI change decisions on every replica."""
+from __future__ import annotations
+
+import concurrent.futures
+import subprocess
+import sys
+
+from kvplane import Client, RejectedError
+from kvplane.cluster import LocalCluster
+from kvplane.latency import StepTimeModel
+
+from .helpers import BLOCK_SIZE, prompt_ids, wait_for
+
+
+def test_burst_that_would_overload_decode_is_rejected_before_prefill(tmp_path):
+    with LocalCluster(num_prefill=0, num_decode=0, num_both=1, log_dir=tmp_path) as cluster:
+        with Client(cluster.endpoint, timeout=120) as client:
+            profile = client.profile("both-0")
+            model = StepTimeModel(tuple(profile.coefficients), profile.num_samples, profile.mean_abs_pct_error)
+            per_sequence = model.decode_step_seconds(4, 0) - model.decode_step_seconds(3, 0)
+            assert per_sequence > 0, f"the profile found no per-sequence decode cost: {profile}"
+            # An objective between the predicted step times of batches of 2 and 5 (context
+            # included): a few long requests fit, the rest would slow everyone past it.
+            context = 2 * (3 * BLOCK_SIZE + 100)
+            target_s = (model.decode_step_seconds(2, context) + model.decode_step_seconds(5, 2 * context)) / 2
+            client.set_config("objectives.*.interactive.tpot_ms", f"{target_s * 1000:.6f}")
+            client.set_config("objectives.*.interactive.ttft_ms", "60000")
+            client.set_config("admission.policy", "predictive")
+            wait_for(lambda: client.workers()[0].load.num_running == 0, timeout=10, what="an idle worker")
+
+            prompts = [prompt_ids(seed=100 + i, length=3 * BLOCK_SIZE) for i in range(8)]
+
+            def send(prompt):
+                try:
+                    return client.generate(prompt, max_tokens=200, ignore_eos=True)
+                except RejectedError as e:
+                    return e
+
+            with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
+                outcomes = list(pool.map(send, prompts))
+            admitted = [p for p, o in zip(prompts, outcomes) if not isinstance(o, RejectedError)]
+            rejected = [(p, o) for p, o in zip(prompts, outcomes) if isinstance(o, RejectedError)]
+            assert 1 <= len(admitted) < len(prompts) and rejected
+            for _, error in rejected:
+                assert error.reason.startswith("objective=tpot predicted_ms=")
+                assert "target_ms=" in error.reason
+                assert error.retry_after_s is not None and error.retry_after_s > 0
+            for result in (o for o in outcomes if not isinstance(o, RejectedError)):
+                assert result.metrics.predicted_tpot_ms > 0 and result.metrics.predicted_ttft_ms > 0
+            # No prefill was spent on a rejected prompt: its blocks were never cached anywhere.
+            client.set_config("admission.policy", "none")
+            wait_for(lambda: all(client.route(p, max_tokens=1).cached_tokens > 0 for p in admitted), timeout=5, what="admitted prompts in the index")
+            assert all(client.route(p, max_tokens=1).cached_tokens == 0 for p, _ in rejected)
+
+
+def test_objective_changed_with_the_cli_applies_on_every_replica(etcd_factory, tmp_path):
+    etcd = etcd_factory()
+    with LocalCluster(num_prefill=0, num_decode=0, num_both=1, store=etcd.url, log_dir=tmp_path) as cluster:
+        second = cluster.add_controlplane()
+        with Client(cluster.endpoint, timeout=60) as first_client, Client(second, timeout=60) as second_client:
+            first_client.profile("both-0")  # a latency model, so admission can predict
+            prompt = prompt_ids(seed=120, length=40)
+
+            def kvplane(*args: str) -> str:
+                result = subprocess.run(
+                    [sys.executable, "-m", "kvplane", *args, "--endpoint", cluster.endpoint],
+                    capture_output=True, text=True, timeout=60,
+                )  # fmt: skip
+                assert result.returncode == 0, result.stderr
+                return result.stdout
+
+            kvplane("config", "set", "admission.policy", "predictive")
+            kvplane("config", "set", "objectives.*.interactive.ttft_ms", "0.001")
+
+            def rejected_everywhere() -> bool:
+                for client in (first_client, second_client):
+                    try:
+                        client.generate(prompt, max_tokens=2)
+                        return False
+                    except RejectedError as e:
+                        assert e.reason.startswith("objective=ttft")
+                return True
+
+            wait_for(rejected_everywhere, timeout=1.0, interval=0.05, what="both replicas to apply the objective")
+            kvplane("config", "set", "objectives.*.interactive.ttft_ms", "600000")
+            wait_for(
+                lambda: all(len(c.generate(prompt, max_tokens=2).token_ids) == 2 for c in (first_client, second_client)),
+                timeout=1.0, interval=0.05, what="both replicas to admit again",
+            )  # fmt: skip
+            assert second_client.config()["objectives.*.interactive.ttft_ms"] == "600000"
