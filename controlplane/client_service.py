@@ -25,7 +25,7 @@ from controlplane.core.admission import (
     admission_policy_names,
     make_admission_policy,
 )
-from controlplane.core.predictor import Prediction, blocks_to_transfer, predict, tpot_recovery_s
+from controlplane.core.predictor import Calibration, Prediction, blocks_to_transfer, predict, tpot_recovery_s
 from controlplane.core.router import NoCandidateError, RouteDecision, RouteRequest, Router
 from controlplane.core.settings import PRIORITIES, SettingError, validate_setting
 from controlplane.store.base import Store, StoreError
@@ -94,6 +94,7 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
         self._policies: dict[str, AdmissionPolicy] = {}
         self._batch_queue = BatchQueue(config.batch_queue_size)
         self._link_bytes_per_s = config.initial_link_gb_per_s * 1e9
+        self._calibration = Calibration()
 
     # -- planning ------------------------------------------------------------------------------
 
@@ -196,8 +197,10 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
             transfer_bytes=transfer_bytes,
             link_bytes_per_s=self._link_bytes_per_s,
         )
+        if prediction is not None:
+            prediction = self._calibration.apply(prediction, _ttft_kind(option.disaggregated), "tpot")
         objective = self._state.settings.objective(v.model, v.priority)
-        recovery = tpot_recovery_s(decode, objective.tpot_ms / 1000, prompt, v.route.max_tokens)
+        recovery = tpot_recovery_s(decode, objective.tpot_ms / 1000 - self._calibration.offset("tpot"), prompt, v.route.max_tokens)
         return dataclasses.replace(option, prediction=prediction, tpot_recovery_s=recovery)
 
     async def _reject(self, context, verdict: Reject) -> None:
@@ -300,10 +303,13 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
                 agent_request.prefill_from.CopyFrom(agent_pb2.PrefillSource(worker_id=plan.prefill_worker, endpoint=prefill.info.endpoint))
             sent_any = False
             first_token_at: float | None = None
+            last_token_at, num_tokens = 0.0, 0
             try:
                 async for reply in self._stubs.get(decode.info.endpoint).Generate(agent_request):
-                    if reply.token_ids and first_token_at is None:
-                        first_token_at = time.monotonic()
+                    if reply.token_ids:
+                        last_token_at = time.monotonic()
+                        first_token_at = first_token_at or last_token_at
+                        num_tokens += len(reply.token_ids)
                     out = client_pb2.GenerateResponse(
                         token_ids=reply.token_ids,
                         text=reply.text,
@@ -313,6 +319,9 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
                     )
                     if reply.finished:
                         self._finish_metrics(out.metrics, reply.metrics, plan, v, queued_s, started, first_token_at)
+                        if first_token_at is not None:
+                            tpot_s = (last_token_at - first_token_at) / (num_tokens - 1) if num_tokens > 1 else None
+                            self._learn(plan, first_token_at - started - queued_s, tpot_s)
                     sent_any = True
                     yield out
                 return
@@ -324,6 +333,17 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
                     continue
                 await context.abort(e.code(), f"worker {plan.decode_worker}: {e.details()}")
         await context.abort(grpc.StatusCode.UNAVAILABLE, "no worker could take the request; try again")
+
+    def _learn(self, plan: Plan, ttft_s: float, tpot_s: float | None) -> None:
+        """Feeds measured latencies back into the predictor's calibration."""
+        p = plan.prediction
+        if p is None:
+            return
+        # What was predicted before calibration: the residual is learnt against the raw model.
+        kind = _ttft_kind(plan.prefill_worker is not None)
+        self._calibration.observe(kind, p.ttft_s - p.ttft_offset_s, ttft_s)
+        if tpot_s is not None:
+            self._calibration.observe("tpot", p.tpot_s - p.tpot_offset_s, tpot_s)
 
     def _finish_metrics(self, out, agent_metrics, plan: Plan, v: Validated, queued_s: float, started: float, first_token_at: float | None) -> None:
         out.CopyFrom(agent_metrics)
@@ -432,6 +452,10 @@ def _route_response(v: Validated, plan: Plan) -> client_pb2.RouteResponse:
             worker_id=c.worker_id, cost=c.cost, cached_tokens=c.cached_tokens, admissible=plan.admissible.get(c.worker_id, False), note=c.note
         )
     return reply
+
+
+def _ttft_kind(disaggregated: bool) -> str:
+    return "ttft-disaggregated" if disaggregated else "ttft-local"
 
 
 def _reason_of(verdict: Plan | Reject) -> str:

@@ -183,6 +183,7 @@ class ClusterState:
             num_queued_prefill_tokens=e.load.num_queued_prefill_tokens + e.pending_prefill_tokens,
             running_remaining_tokens=tuple(e.load.running_remaining_tokens),
             running_context_tokens=e.load.running_context_tokens,
+            max_num_seqs=e.info.max_num_seqs,
         )
 
     def views(self) -> list[WorkerView]:

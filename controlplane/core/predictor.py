@@ -12,11 +12,16 @@ Rule (after Mooncake's early-rejection predictor):
     requests whose remaining tokens run out before t have left the batch, requests waiting there now
     have joined it, and so has this one. Predicting at arrival time, not at decision time, is what
     keeps admission from oscillating (Mooncake, FAST'25).
+  A worker whose batch is full (max_num_seqs) first has to finish a request: on the prefill side
+  that wait is queueing; on a separate decode worker it runs meanwhile, so only its rest counts.
+What the model cannot see (RPC hops, process scheduling on a busy host) is learnt as a residual:
+Calibration keeps a running mean of measured - predicted per kind of placement and adds it.
 The step model is kvplane.latency.StepTimeModel (linear in prefill tokens, attention work, decode
 batch and decode context). Without a model for either worker there is no prediction (None).
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from kvplane.latency import StepTimeModel, prefill_attention
@@ -34,6 +39,7 @@ class WorkerPerf:
     num_queued_prefill_tokens: int
     running_remaining_tokens: tuple[int, ...]
     running_context_tokens: int
+    max_num_seqs: int = 0          # 0 = no slot limit known
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +50,9 @@ class Prediction:
     prefill_s: float
     transfer_s: float
     decode_batch: int  # the decode batch this request is predicted to join
+    slot_wait_s: float = 0.0  # waiting for a free decode slot on a full worker
+    ttft_offset_s: float = 0.0  # calibration added to ttft_s / tpot_s (see Calibration)
+    tpot_offset_s: float = 0.0
 
     @property
     def ttft_ms(self) -> float:
@@ -87,16 +96,58 @@ def predict(
     if prefill.model is None or decode.model is None:
         return None
     disaggregated = prefill.worker_id != decode.worker_id
-    queue_s = _prefill_steps_seconds(prefill, prefill.num_queued_prefill_tokens, 0)
+    queue_s = _prefill_steps_seconds(prefill, prefill.num_queued_prefill_tokens, 0) + _slot_wait_s(prefill)
     prefill_s = _prefill_steps_seconds(prefill, prompt_tokens - prefill_cached_tokens, prefill_cached_tokens)
     transfer_s = transfer_bytes / link_bytes_per_s if disaggregated and link_bytes_per_s > 0 else 0.0
-    ttft_s = queue_s + prefill_s + transfer_s
+    slot_wait_s = _slot_wait_s(decode) if disaggregated else 0.0
+    # The decode worker's slot frees meanwhile; only what is left of that wait adds up.
+    ttft_s = max(queue_s + prefill_s + transfer_s, slot_wait_s)
     if disaggregated:
         # The decode worker computes the prompt's tail (the partial last block) before the first token.
         tail = prompt_tokens - ((prompt_tokens - 1) // decode.block_size) * decode.block_size
         ttft_s += _prefill_steps_seconds(decode, tail, prompt_tokens - tail)
     tpot_s, batch = _tpot_at(decode, ttft_s, prompt_tokens, max_tokens)
-    return Prediction(ttft_s, tpot_s, queue_s, prefill_s, transfer_s, batch)
+    return Prediction(ttft_s, tpot_s, queue_s, prefill_s, transfer_s, batch, slot_wait_s)
+
+
+def _slot_wait_s(perf: WorkerPerf) -> float:
+    """A worker running max_num_seqs requests admits a new one only when one finishes: the k-th
+    earliest finish, k counting the requests already waiting."""
+    if not perf.max_num_seqs or perf.model is None:
+        return 0.0
+    ahead = perf.num_running + perf.num_waiting - perf.max_num_seqs
+    if ahead < 0 or not perf.running_remaining_tokens:
+        return 0.0
+    remaining = sorted(perf.running_remaining_tokens)
+    step = perf.model.decode_step_seconds(max(perf.num_running, 1), perf.running_context_tokens)
+    return remaining[min(ahead, len(remaining) - 1)] * step
+
+
+class Calibration:
+    """What the model misses (RPC hops, process scheduling, contention): an exponentially weighted
+    mean of measured - predicted, per kind of placement, added to later predictions."""
+
+    def __init__(self, weight: float = 0.1) -> None:
+        self.weight = weight
+        self._offsets: dict[str, float] = {}
+
+    def observe(self, kind: str, predicted_s: float, measured_s: float) -> None:
+        residual = measured_s - predicted_s
+        old = self._offsets.get(kind)
+        self._offsets[kind] = residual if old is None else old + self.weight * (residual - old)
+
+    def offset(self, kind: str) -> float:
+        return self._offsets.get(kind, 0.0)
+
+    def apply(self, prediction: Prediction, ttft_kind: str, tpot_kind: str) -> Prediction:
+        ttft_offset, tpot_offset = self.offset(ttft_kind), self.offset(tpot_kind)
+        return dataclasses.replace(
+            prediction,
+            ttft_s=max(prediction.ttft_s + ttft_offset, 0.0),
+            tpot_s=max(prediction.tpot_s + tpot_offset, 0.0),
+            ttft_offset_s=ttft_offset,
+            tpot_offset_s=tpot_offset,
+        )
 
 
 def _tpot_at(decode: WorkerPerf, arrival_s: float, prompt_tokens: int, max_tokens: int) -> tuple[float, int]:

@@ -363,6 +363,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             transports=list(self._transports),
             max_tokens_limit=self._config.engine.max_tokens_limit,
             max_num_batched_tokens=self._config.engine.max_num_batched_tokens,
+            max_num_seqs=self._config.engine.max_num_seqs,
         )
 
     def collect_step_timings(self) -> list[StepSample]:

@@ -134,3 +134,26 @@ def test_settings_validate_and_resolve_most_specific_first():
     assert settings.objective("other", "interactive").ttft_ms == 900.0
     assert settings.objective("m", "batch") == DEFAULT_OBJECTIVES["batch"]
     assert settings.admission_policy("threshold") == "predictive"
+
+
+def test_a_full_decode_batch_waits_for_the_earliest_finish():
+    full = perf("d", running=2, remaining=(30, 10), context=40)
+    full = WorkerPerf(**{**{f: getattr(full, f) for f in full.__slots__}, "max_num_seqs": 2})
+    p = predict(prompt_tokens=16, max_tokens=4, prefill_cached_tokens=0, prefill=perf("p"), decode=full)
+    step = 0.001 + 2 * 0.001
+    assert p.slot_wait_s == pytest.approx(10 * step)
+    assert p.ttft_s >= p.slot_wait_s
+
+
+def test_calibration_learns_the_residual_per_kind():
+    from controlplane.core.predictor import Calibration
+
+    calibration = Calibration(weight=0.5)
+    raw = predict(prompt_tokens=100, max_tokens=4, prefill_cached_tokens=0, prefill=perf(), decode=perf())
+    calibration.observe("local", raw.ttft_s, raw.ttft_s + 0.010)  # first observation is taken whole
+    calibration.observe("local", raw.ttft_s, raw.ttft_s + 0.020)  # then an exponential mean
+    assert calibration.offset("local") == pytest.approx(0.015)
+    assert calibration.offset("disagg") == 0.0
+    adjusted = calibration.apply(raw, "local", "tpot")
+    assert adjusted.ttft_s == pytest.approx(raw.ttft_s + 0.015) and adjusted.ttft_offset_s == pytest.approx(0.015)
+    assert adjusted.tpot_s == raw.tpot_s
