@@ -120,12 +120,20 @@ def _slot_wait_s(perf: WorkerPerf) -> float:
         return 0.0
     remaining = sorted(perf.running_remaining_tokens)
     step = perf.model.decode_step_seconds(max(perf.num_running, 1), perf.running_context_tokens)
-    return remaining[min(ahead, len(remaining) - 1)] * step
+    # The first len(remaining) waiters take the slots as today's requests finish; later ones wait
+    # whole rounds more, a round lasting about a mean request.
+    rounds, index = divmod(ahead, len(remaining))
+    return (remaining[index] + rounds * sum(remaining) / len(remaining)) * step
 
 
 class Calibration:
-    """What the model misses (RPC hops, process scheduling, contention): an exponentially weighted
-    mean of measured - predicted, per kind of placement, added to later predictions."""
+    """What the model misses (RPC hops, process scheduling): an exponentially weighted mean of
+    measured - predicted, per kind of placement, added to later predictions.
+
+    Only requests predicted to meet no queue are observed: their residual is the fixed overhead
+    the model lacks. Residuals under load also carry the model's queueing error, and learning those
+    would let one overloaded period inflate every later prediction until admission rejects
+    everything and nothing is left to learn from."""
 
     def __init__(self, weight: float = 0.1) -> None:
         self.weight = weight
@@ -135,6 +143,14 @@ class Calibration:
         residual = measured_s - predicted_s
         old = self._offsets.get(kind)
         self._offsets[kind] = residual if old is None else old + self.weight * (residual - old)
+
+    @staticmethod
+    def observable_ttft(prediction: Prediction) -> bool:
+        return prediction.queue_s == 0 and prediction.slot_wait_s == 0
+
+    @staticmethod
+    def observable_tpot(prediction: Prediction) -> bool:
+        return prediction.decode_batch <= 1
 
     def offset(self, kind: str) -> float:
         return self._offsets.get(kind, 0.0)

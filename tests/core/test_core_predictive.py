@@ -157,3 +157,21 @@ def test_calibration_learns_the_residual_per_kind():
     adjusted = calibration.apply(raw, "local", "tpot")
     assert adjusted.ttft_s == pytest.approx(raw.ttft_s + 0.015) and adjusted.ttft_offset_s == pytest.approx(0.015)
     assert adjusted.tpot_s == raw.tpot_s
+
+
+def test_slot_wait_counts_whole_rounds_for_long_queues():
+    full = WorkerPerf(**{**{f: getattr(perf(), f) for f in WorkerPerf.__slots__},
+                         "num_running": 2, "num_waiting": 3, "running_remaining_tokens": (10, 30), "max_num_seqs": 2})  # fmt: skip
+    p = predict(prompt_tokens=16, max_tokens=4, prefill_cached_tokens=0, prefill=full, decode=full)
+    step = 0.001 + 2 * 0.001
+    # Three ahead of us on two slots: one whole round (mean 20 tokens) plus the second finish (30).
+    assert p.slot_wait_s == 0.0  # local placement: the wait is queueing on the same worker
+    assert p.queue_s == pytest.approx((30 + 20) * step)
+
+
+def test_calibration_learns_only_from_unqueued_predictions():
+    from controlplane.core.predictor import Calibration
+
+    idle = predict(prompt_tokens=100, max_tokens=4, prefill_cached_tokens=0, prefill=perf(), decode=perf())
+    busy = predict(prompt_tokens=100, max_tokens=4, prefill_cached_tokens=0, prefill=perf(queued=1000), decode=perf())
+    assert Calibration.observable_ttft(idle) and not Calibration.observable_ttft(busy)
