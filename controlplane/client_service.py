@@ -16,10 +16,13 @@ from controlplane.cluster_state import ClusterState
 from controlplane.config import ControlPlaneConfig
 from controlplane.core.admission import Reject, make_admission_policy
 from controlplane.core.router import NoCandidateError, RouteDecision, RouteRequest, Router
+from controlplane.observe import RequestObservation, record_admission
 from kvplane import tickets
 from kvplane.convert import disagg_from_pb
 from kvplane.errors import rejection_trailers
 from kvplane.grpc_util import aio_channel
+from kvplane.telemetry import tracing
+from kvplane.telemetry.window import StatsWindow
 from kvplane.types import DisaggMode, Tier, WorkerId
 from kvplane.v1 import agent_pb2, agent_pb2_grpc, client_pb2, client_pb2_grpc, common_pb2
 
@@ -64,10 +67,14 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
         self._stubs = stubs
         self._router = Router(config.router)
         self._admission = make_admission_policy(config.admission)
+        self.stats_window = StatsWindow()  # recent per-worker request stats, served by GetStats
+        self.metrics_url = ""
 
     # -- planning ------------------------------------------------------------------------------
 
-    async def _plan(self, request: client_pb2.GenerateRequest, context, exclude: frozenset[str] = frozenset()) -> Plan:
+    async def _plan(
+        self, request: client_pb2.GenerateRequest, context, exclude: frozenset[str] = frozenset(), count: bool = False
+    ) -> Plan:
         workers = {wid: e for wid, e in self._state.workers.items() if wid not in exclude}
         if not workers:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "no workers are registered with the control plane; start agents first")
@@ -101,12 +108,17 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
         route_request = RouteRequest(model=model, prompt_token_ids=token_ids, max_tokens=s.max_tokens, disagg=disagg, cache_salt=request.cache_salt)
         views = [v for v in self._state.views() if v.worker_id not in exclude]
         try:
-            decision = self._router.route(route_request, views, self._state.index)
+            with tracing.span(tracing.SPAN_ROUTE) as span:
+                decision = self._router.route(route_request, views, self._state.index)
+                if span.is_recording():
+                    span.set_attributes(_route_attributes(decision))
         except NoCandidateError as e:
             code = grpc.StatusCode.FAILED_PRECONDITION if disagg is DisaggMode.ALWAYS else grpc.StatusCode.UNAVAILABLE
             await context.abort(code, str(e))
         candidates = [v for v in views if v.model == model and v.active and v.role.can_decode]
-        verdict = self._admission.decide(route_request, candidates)
+        with tracing.span(tracing.SPAN_ADMISSION):
+            verdict = self._admission.decide(route_request, candidates)
+            record_admission(verdict, self._config.admission.policy, count=count)
         if isinstance(verdict, Reject):
             context.set_trailing_metadata(rejection_trailers(verdict.retry_after_s, verdict.reason))
             await context.abort(
@@ -147,10 +159,12 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
 
     async def Generate(self, request: client_pb2.GenerateRequest, context):
         started = time.monotonic()
+        observation = RequestObservation(self.stats_window)
         exclude: set[str] = set()
         for attempt in range(self._config.max_route_attempts):
-            plan = await self._plan(request, context, frozenset(exclude))
+            plan = await self._plan(request, context, frozenset(exclude), count=True)
             d = plan.decision
+            observation.routed(plan.request_id, plan.model, d)
             decode = self._state.workers.get(d.decode_worker)
             prefill = self._state.workers.get(d.prefill_worker) if d.prefill_worker else None
             if decode is None or (d.prefill_worker and prefill is None):
@@ -176,6 +190,7 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
                 async for reply in self._stubs.get(decode.info.endpoint).Generate(agent_request):
                     if reply.token_ids and first_token_at is None:
                         first_token_at = time.monotonic()
+                    observation.on_reply(len(reply.token_ids))
                     out = client_pb2.GenerateResponse(
                         token_ids=reply.token_ids,
                         text=reply.text,
@@ -189,6 +204,7 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
                         if first_token_at is not None:
                             # TTFT as the caller sees it: routing and admission included.
                             out.metrics.ttft_ms = (first_token_at - started) * 1000
+                        observation.finished(out.metrics)
                     sent_any = True
                     yield out
                 return
@@ -198,9 +214,20 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
                     log.warning("decode worker %s failed before the first token (%s); routing %s again", d.decode_worker, e.code().name, plan.request_id)
                     exclude.add(d.decode_worker)
                     continue
+                observation.failed(e.code().name)
                 where = f"worker {d.decode_worker}"
                 await context.abort(e.code(), f"{where}: {e.details()}")
         await context.abort(grpc.StatusCode.UNAVAILABLE, "no worker could take the request; try again")
+
+    async def GetStats(self, request, context):
+        window = self.stats_window
+        reply = client_pb2.GetStatsResponse(window_s=min(request.window_s or window.horizon_s, window.horizon_s), metrics_url=self.metrics_url)
+        for s in window.stats(request.window_s or None):
+            reply.workers.add(
+                worker_id=s.worker_id, num_requests=s.num_requests, ttft=_summary_pb(s.ttft_s), itl=_summary_pb(s.itl_s),
+                prompt_tokens=s.prompt_tokens, cached_tokens=s.cached_tokens, kv_transfer_bytes=s.kv_transfer_bytes,
+            )  # fmt: skip
+        return reply
 
     async def ListWorkers(self, request, context):
         now = time.monotonic()
@@ -234,6 +261,22 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"draining {request.worker_id} failed: {e.details()}")
         entry.state = reply.state
         return client_pb2.DrainWorkerResponse(worker_id=request.worker_id, state=reply.state)
+
+
+def _summary_pb(s) -> client_pb2.LatencySummary:
+    return client_pb2.LatencySummary(count=s.count, mean_ms=s.mean * 1000, p50_ms=s.p50 * 1000, p90_ms=s.p90 * 1000, p99_ms=s.p99 * 1000)
+
+
+def _route_attributes(d: RouteDecision) -> dict:
+    return {
+        "kvplane.route.decode_worker": d.decode_worker,
+        "kvplane.route.prefill_worker": d.prefill_worker or d.decode_worker,
+        "kvplane.route.disaggregated": d.disaggregated,
+        "kvplane.route.reason": d.reason,
+        "kvplane.prompt.tokens": d.prompt_tokens,
+        "kvplane.prompt.cached_tokens": d.cached_tokens,
+        "kvplane.route.num_candidates": len(d.candidates),
+    }
 
 
 def _route_response(plan: Plan) -> client_pb2.RouteResponse:

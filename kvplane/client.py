@@ -17,6 +17,7 @@ import grpc
 
 from kvplane.convert import disagg_to_pb, layout_from_pb, role_from_pb
 from kvplane.errors import KvplaneError, from_rpc_error
+from kvplane.telemetry import client_spans
 from kvplane.types import DisaggMode, KVLayout, Role
 from kvplane.v1 import client_pb2, client_pb2_grpc, common_pb2
 
@@ -135,6 +136,42 @@ class WorkerStatus:
     max_tokens_limit: int
     load: WorkerLoad
     load_age_s: float
+    metrics_url: str = ""  # the agent's Prometheus endpoint
+
+
+@dataclass(frozen=True, slots=True)
+class LatencySummary:
+    """Nearest-rank percentiles in milliseconds over a window's samples."""
+
+    count: int = 0
+    mean_ms: float = 0.0
+    p50_ms: float = 0.0
+    p90_ms: float = 0.0
+    p99_ms: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerStats:
+    """Recent requests of one worker as the control plane replica saw them."""
+
+    worker_id: str
+    num_requests: int
+    ttft: LatencySummary
+    itl: LatencySummary
+    prompt_tokens: int
+    cached_tokens: int
+    kv_transfer_bytes: int
+
+    @property
+    def cache_hit_rate(self) -> float:
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterStats:
+    workers: tuple[WorkerStats, ...]
+    window_s: float
+    metrics_url: str  # the replica's own Prometheus endpoint
 
 
 @dataclass(frozen=True, slots=True)
@@ -324,7 +361,21 @@ def worker_from_proto(status: client_pb2.WorkerStatus) -> WorkerStatus:
             num_cached_blocks=load.num_cached_blocks,
         ),
         load_age_s=status.load_age_s,
+        metrics_url=info.metrics_url,
     )
+
+
+def _summary_from_proto(s: client_pb2.LatencySummary) -> LatencySummary:
+    return LatencySummary(s.count, s.mean_ms, s.p50_ms, s.p90_ms, s.p99_ms)
+
+
+def stats_from_proto(response: client_pb2.GetStatsResponse) -> ClusterStats:
+    workers = tuple(
+        WorkerStats(w.worker_id, w.num_requests, _summary_from_proto(w.ttft), _summary_from_proto(w.itl),
+                    w.prompt_tokens, w.cached_tokens, w.kv_transfer_bytes)
+        for w in response.workers
+    )  # fmt: skip
+    return ClusterStats(workers, response.window_s, response.metrics_url)
 
 
 def cache_from_proto(response: client_pb2.GetCacheResponse) -> list[WorkerCache]:
@@ -340,11 +391,15 @@ def drain_from_proto(response: client_pb2.DrainWorkerResponse) -> DrainResult:
 
 
 class Client:
-    """Blocking client. `timeout` (seconds) bounds every call, a whole generation included."""
+    """Blocking client. `timeout` (seconds) bounds every call, a whole generation included.
 
-    def __init__(self, endpoint: str | None = None, *, timeout: float | None = None) -> None:
+    Generate calls are traced with `tracer_provider` (default: OpenTelemetry's global one).
+    """
+
+    def __init__(self, endpoint: str | None = None, *, timeout: float | None = None, tracer_provider=None) -> None:
         self.endpoint = resolve_endpoint(endpoint)
         self.timeout = timeout
+        self._tracer = client_spans.tracer_for(tracer_provider)
         self._channel = grpc.insecure_channel(self.endpoint)
         self._stub = client_pb2_grpc.KvplaneStub(self._channel)
 
@@ -442,6 +497,13 @@ class Client:
         except grpc.RpcError as e:
             raise from_rpc_error(e, endpoint=self.endpoint) from e
 
+    def stats(self, window_s: float = 0.0) -> ClusterStats:
+        """Per-worker TTFT/ITL percentiles, cache hits and KV bytes of recent requests (0 = whole window)."""
+        try:
+            return stats_from_proto(self._stub.GetStats(client_pb2.GetStatsRequest(window_s=window_s), timeout=self.timeout))
+        except grpc.RpcError as e:
+            raise from_rpc_error(e, endpoint=self.endpoint) from e
+
     def drain(self, worker_id: str) -> DrainResult:
         """Stops new requests going to `worker_id`; running ones finish."""
         request = client_pb2.DrainWorkerRequest(worker_id=worker_id)
@@ -462,14 +524,20 @@ class Client:
         self.close()
 
     def _stream(self, request: client_pb2.GenerateRequest) -> Iterator[GenerateChunk]:
-        call = self._stub.Generate(request, timeout=self.timeout)
+        span, metadata = client_spans.start_generate(self._tracer, self.endpoint, request)
+        call = self._stub.Generate(request, timeout=self.timeout, metadata=metadata)
+        chunk, num_tokens, error = None, 0, None
         try:
             for response in call:
-                yield chunk_from_proto(response)
+                chunk = chunk_from_proto(response)
+                num_tokens += len(chunk.token_ids)
+                yield chunk
         except grpc.RpcError as e:
+            error = e
             raise from_rpc_error(e, endpoint=self.endpoint) from e
         finally:
             call.cancel()  # a no-op after completion; frees the workers when the caller stops early
+            client_spans.end_generate(span, chunk, num_tokens, error)
 
 
 class AsyncClient:
@@ -478,9 +546,10 @@ class AsyncClient:
     The channel is opened on first use, inside the running event loop that will drive it.
     """
 
-    def __init__(self, endpoint: str | None = None, *, timeout: float | None = None) -> None:
+    def __init__(self, endpoint: str | None = None, *, timeout: float | None = None, tracer_provider=None) -> None:
         self.endpoint = resolve_endpoint(endpoint)
         self.timeout = timeout
+        self._tracer = client_spans.tracer_for(tracer_provider)
         self._channel: grpc.aio.Channel | None = None
         self._stub_instance: client_pb2_grpc.KvplaneStub | None = None
 
@@ -574,6 +643,13 @@ class AsyncClient:
             raise from_rpc_error(e, endpoint=self.endpoint) from e
         return cache_from_proto(response)
 
+    async def stats(self, window_s: float = 0.0) -> ClusterStats:
+        try:
+            response = await self._stub().GetStats(client_pb2.GetStatsRequest(window_s=window_s), timeout=self.timeout)
+        except grpc.RpcError as e:
+            raise from_rpc_error(e, endpoint=self.endpoint) from e
+        return stats_from_proto(response)
+
     async def drain(self, worker_id: str) -> DrainResult:
         request = client_pb2.DrainWorkerRequest(worker_id=worker_id)
         try:
@@ -602,11 +678,17 @@ class AsyncClient:
         return self._stub_instance
 
     async def _stream(self, request: client_pb2.GenerateRequest) -> AsyncIterator[GenerateChunk]:
-        call = self._stub().Generate(request, timeout=self.timeout)
+        span, metadata = client_spans.start_generate(self._tracer, self.endpoint, request)
+        call = self._stub().Generate(request, timeout=self.timeout, metadata=metadata)
+        chunk, num_tokens, error = None, 0, None
         try:
             async for response in call:
-                yield chunk_from_proto(response)
+                chunk = chunk_from_proto(response)
+                num_tokens += len(chunk.token_ids)
+                yield chunk
         except grpc.RpcError as e:
+            error = e
             raise from_rpc_error(e, endpoint=self.endpoint) from e
         finally:
             call.cancel()
+            client_spans.end_generate(span, chunk, num_tokens, error)

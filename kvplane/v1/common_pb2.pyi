@@ -138,7 +138,7 @@ class LatencyProfile(_message.Message):
     def __init__(self, samples: _Optional[_Iterable[_Union[StepTiming, _Mapping]]] = ..., measured_at: _Optional[float] = ...) -> None: ...
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("worker_id", "role", "endpoint", "model", "layout", "state", "max_context", "vocab_size", "transports", "max_tokens_limit")
+    __slots__ = ("worker_id", "role", "endpoint", "model", "layout", "state", "max_context", "vocab_size", "transports", "max_tokens_limit", "metrics_url")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     ENDPOINT_FIELD_NUMBER: _ClassVar[int]
@@ -149,6 +149,7 @@ class WorkerInfo(_message.Message):
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     TRANSPORTS_FIELD_NUMBER: _ClassVar[int]
     MAX_TOKENS_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    METRICS_URL_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     role: Role
     endpoint: str
@@ -159,7 +160,8 @@ class WorkerInfo(_message.Message):
     vocab_size: int
     transports: _containers.RepeatedScalarFieldContainer[str]
     max_tokens_limit: int
-    def __init__(self, worker_id: _Optional[str] = ..., role: _Optional[_Union[Role, str]] = ..., endpoint: _Optional[str] = ..., model: _Optional[str] = ..., layout: _Optional[_Union[KVLayout, _Mapping]] = ..., state: _Optional[_Union[WorkerState, str]] = ..., max_context: _Optional[int] = ..., vocab_size: _Optional[int] = ..., transports: _Optional[_Iterable[str]] = ..., max_tokens_limit: _Optional[int] = ...) -> None: ...
+    metrics_url: str
+    def __init__(self, worker_id: _Optional[str] = ..., role: _Optional[_Union[Role, str]] = ..., endpoint: _Optional[str] = ..., model: _Optional[str] = ..., layout: _Optional[_Union[KVLayout, _Mapping]] = ..., state: _Optional[_Union[WorkerState, str]] = ..., max_context: _Optional[int] = ..., vocab_size: _Optional[int] = ..., transports: _Optional[_Iterable[str]] = ..., max_tokens_limit: _Optional[int] = ..., metrics_url: _Optional[str] = ...) -> None: ...
 
 class BlockStored(_message.Message):
     __slots__ = ("block_hashes", "tier")
