@@ -7,6 +7,7 @@ replica's StatsWindow, which GetStats serves to `kvplane top`.
 """
 from __future__ import annotations
 
+import logging
 import time
 
 from opentelemetry import trace
@@ -15,6 +16,8 @@ from controlplane.core.admission import Reject
 from kvplane.telemetry import instruments, tracing
 from kvplane.telemetry.window import StatsWindow
 from kvplane.v1 import common_pb2
+
+log = logging.getLogger(__name__)
 
 ROUTE_LOCAL, ROUTE_REMOTE, ROUTE_FETCHED = "local", "remote", "fetched"
 
@@ -64,10 +67,11 @@ def record_admission(verdict, policy: str, count: bool = True) -> None:
 
 
 class RequestObservation:
-    __slots__ = ("_window", "started", "model", "kind", "first_token_at", "last_token_at", "gaps", "num_output_tokens", "_attrs")
+    __slots__ = ("_window", "request_id", "started", "model", "kind", "first_token_at", "last_token_at", "gaps", "num_output_tokens", "_attrs")
 
     def __init__(self, window: StatsWindow) -> None:
         self._window = window
+        self.request_id = ""
         self.started = time.monotonic()
         self.model = ""
         self.kind = ""
@@ -78,7 +82,7 @@ class RequestObservation:
         self._attrs: dict = {}
 
     def routed(self, request_id: str, model: str, decision) -> None:
-        self.model, self.kind = model, route_kind(decision)
+        self.request_id, self.model, self.kind = request_id, model, route_kind(decision)
         self._attrs = {"gen_ai.request.model": model}
         instruments().kvplane_routing_decisions.add(1, {"kvplane.route.kind": self.kind})
         if tracing.enabled():
@@ -121,6 +125,13 @@ class RequestObservation:
         self._window.add_request(
             m.decode_worker, m.prefill_worker, ttft, self.gaps, m.prompt_tokens, m.cached_tokens, m.kv_transfer_bytes
         )
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("request finished", extra={
+                "request_id": self.request_id, "decode_worker": m.decode_worker, "prefill_worker": m.prefill_worker,
+                "route_kind": self.kind, "prompt_tokens": m.prompt_tokens, "cached_tokens": m.cached_tokens,
+                "output_tokens": self.num_output_tokens, "ttft_ms": round((ttft or 0.0) * 1000, 3),
+                "duration_ms": round((now - self.started) * 1000, 3), "kv_transfer_bytes": m.kv_transfer_bytes,
+            })  # fmt: skip
         if tracing.enabled():
             trace.get_current_span().set_attributes({
                 "gen_ai.usage.input_tokens": m.prompt_tokens,
@@ -132,5 +143,6 @@ class RequestObservation:
             })  # fmt: skip
 
     def failed(self, error_type: str) -> None:
+        log.debug("request failed", extra={"request_id": self.request_id, "error_type": error_type, "route_kind": self.kind})
         attrs = {**self._attrs, "kvplane.route.kind": self.kind, "error.type": error_type}
         instruments().gen_ai_server_request_duration.record(time.monotonic() - self.started, attrs)

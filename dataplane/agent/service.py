@@ -170,6 +170,12 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                         metrics.cached_tokens = out.num_cached_tokens
                         metrics.prefill_computed_tokens = out.num_prompt_tokens - out.num_cached_tokens
                     reply.metrics.CopyFrom(metrics)
+                    if log.isEnabledFor(logging.DEBUG):
+                        log.debug("generate finished", extra={
+                            "request_id": request.request_id, "prompt_tokens": metrics.prompt_tokens,
+                            "cached_tokens": metrics.cached_tokens, "output_tokens": timer.num_output_tokens,
+                            "disaggregated": metrics.disaggregated, "finish_reason": out.finish_reason or "",
+                        })  # fmt: skip
                 yield reply
         finally:
             if not finished:

@@ -39,6 +39,10 @@ DELEGATES = (
         ("bench", "transfer"), "kvplane.bench.transfer", "measure KV transfer throughput",
         "Measures KV-block transfer throughput and latency between two processes per transport.",
     ),
+    Delegate(
+        ("bench", "tracing"), "kvplane.bench.tracing", "measure the cost of tracing on the generate path",
+        "Runs the same requests against a cluster with tracing off and one with tracing on, and compares latency.",
+    ),
 )  # fmt: skip
 
 

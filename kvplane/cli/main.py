@@ -5,7 +5,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from kvplane.cli import admin, delegate, generate, up
+from kvplane.cli import admin, delegate, generate, top, up
 from kvplane.cli.common import CliError
 from kvplane.errors import KvplaneError
 
@@ -18,6 +18,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(title="commands", metavar="COMMAND")
     generate.register(subparsers)
     admin.register(subparsers)
+    top.register(subparsers)
     up.register(subparsers)
     delegate.register(subparsers)
     return parser
