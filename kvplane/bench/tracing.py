@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import sys
 import tempfile
@@ -55,6 +56,28 @@ def off_path_hook_cost(n: int = 200_000) -> dict[str, float]:
     return {"span_ns": span_ns, "record_span_ns": record_ns, "per_request_us": (4 * span_ns + 5 * record_ns) / 1000}
 
 
+def on_path_span_cost(n: int = 20_000) -> float:
+    """Microseconds per span with tracing on (SDK tracer, batch processor, a discarding exporter)."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+    class Discard(SpanExporter):
+        def export(self, spans):
+            return SpanExportResult.SUCCESS
+
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(Discard()))
+    tracer = provider.get_tracer("bench")
+    attributes = {"rpc.system": "grpc", "rpc.service": "kvplane.v1.Agent", "rpc.method": "Generate"}
+    t0 = time.perf_counter_ns()
+    for _ in range(n):
+        with tracer.start_as_current_span("kvplane.bench", attributes=attributes):
+            pass
+    elapsed = time.perf_counter_ns() - t0
+    provider.shutdown()
+    return elapsed / n / 1000
+
+
 def run(args: argparse.Namespace) -> int:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
@@ -64,7 +87,9 @@ def run(args: argparse.Namespace) -> int:
     from kvplane.telemetry.tracing import JsonLinesSpanExporter
 
     log = (lambda msg: None) if args.json else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    load_before = os.getloadavg()[0]
     hooks = off_path_hook_cost()
+    span_us = on_path_span_cost()
     workdir = Path(tempfile.mkdtemp(prefix="kvplane-bench-tracing-"))
     spans_file = workdir / "spans.jsonl"
     provider = TracerProvider()
@@ -95,23 +120,32 @@ def run(args: argparse.Namespace) -> int:
     num_spans = sum(1 for _ in spans_file.open()) if spans_file.exists() else 0
     rows = []
     for path in PATHS:
-        base = sum(latencies[(path, "off")]) / len(latencies[(path, "off")])
+        base = latencies[(path, "off")]
+        base_mean, base_p50 = sum(base) / len(base), _pct(base, 50)
         for mode in ("off", "on"):
             values = latencies[(path, mode)]
             mean = sum(values) / len(values)
             rows.append({
                 "path": PATH_NAMES[path], "tracing": mode, "requests": len(values), "mean_ms": mean,
-                "p50_ms": _pct(values, 50), "p99_ms": _pct(values, 99), "ratio": mean / base,
+                "p50_ms": _pct(values, 50), "p99_ms": _pct(values, 99),
+                "mean_ratio": mean / base_mean, "p50_ratio": _pct(values, 50) / base_p50,
             })  # fmt: skip
+    num_requests = sum(len(v) for (p, m), v in latencies.items() if m == "on") + args.warmup * len(PATHS)
+    spans_per_request = num_spans / num_requests if num_requests else 0.0
+    on_cost = {"us_per_span": span_us, "spans_per_request": spans_per_request, "per_request_us": span_us * spans_per_request}
     if args.json:
-        print(json.dumps({"rows": rows, "off_path_hooks": hooks, "spans_exported": num_spans}, indent=2))
+        print(json.dumps({"rows": rows, "off_path_hooks": hooks, "on_path_spans": on_cost, "spans_exported": num_spans,
+                          "cpus": os.cpu_count(), "load_average": [load_before, os.getloadavg()[0]]}, indent=2))  # fmt: skip
         return 0
-    print("| path | tracing | requests | mean ms | p50 ms | p99 ms | mean vs off |")
-    print("|---|---|---:|---:|---:|---:|---:|")
+    print("| path | tracing | requests | mean ms | p50 ms | p99 ms | mean vs off | p50 vs off |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['path']} | {r['tracing']} | {r['requests']} | {r['mean_ms']:.2f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {r['ratio']:.3f}x |")
+        print(f"| {r['path']} | {r['tracing']} | {r['requests']} | {r['mean_ms']:.2f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} "
+              f"| {r['mean_ratio']:.3f}x | {r['p50_ratio']:.3f}x |")  # fmt: skip
     print()
-    print(f"spans exported with tracing on: {num_spans}")
+    print(f"machine: {os.cpu_count()} CPUs, 1-minute load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after")
+    print(f"spans exported with tracing on: {num_spans} (about {spans_per_request:.1f} per request, SDK span included)")
+    print(f"one span with tracing on: {span_us:.1f} us in-process, so about {on_cost['per_request_us']:.0f} us of span work per request")
     print(
         f"hooks left on the request path with tracing off: span() {hooks['span_ns']:.0f} ns, record_span() "
         f"{hooks['record_span_ns']:.0f} ns per call, about {hooks['per_request_us']:.2f} us per request"
