@@ -28,12 +28,15 @@ from controlplane.core.admission import (
 from controlplane.core.predictor import Calibration, Prediction, blocks_to_transfer, predict, tpot_recovery_s
 from controlplane.core.router import NoCandidateError, RouteDecision, RouteRequest, Router
 from controlplane.core.settings import PRIORITIES, SettingError, validate_setting
+from controlplane.observe import RequestObservation, record_admission
 from controlplane.store.base import Store, StoreError
 from kvplane import tickets
 from kvplane.block_hash import hash_blocks
 from kvplane.convert import disagg_from_pb, layout_from_pb
 from kvplane.errors import rejection_trailers
 from kvplane.grpc_util import aio_channel
+from kvplane.telemetry import tracing
+from kvplane.telemetry.window import StatsWindow
 from kvplane.types import DisaggMode, Tier, WorkerId
 from kvplane.v1 import agent_pb2, agent_pb2_grpc, client_pb2, client_pb2_grpc, common_pb2
 
@@ -61,6 +64,10 @@ class Plan:
     decode_worker: WorkerId
     prediction: Prediction | None
     admissible: dict[WorkerId, bool]   # per decode candidate, by the admission policy alone
+
+    @property
+    def disaggregated(self) -> bool:
+        return self.prefill_worker is not None
 
 
 class AgentStubs:
@@ -95,6 +102,8 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
         self._batch_queue = BatchQueue(config.batch_queue_size)
         self._link_bytes_per_s = config.initial_link_gb_per_s * 1e9
         self._calibration = Calibration()
+        self.stats_window = StatsWindow()  # recent per-worker request stats, served by GetStats
+        self.metrics_url = ""
 
     # -- planning ------------------------------------------------------------------------------
 
@@ -143,15 +152,22 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
             policy = self._policies[name] = make_admission_policy(dataclasses.replace(self._config.admission, policy=name))
         return policy
 
-    def _decide(self, v: Validated, exclude: frozenset[str]) -> Plan | Reject:
-        """Routes and admits; raises NoCandidateError when nothing can serve the model."""
+    def _decide(self, v: Validated, exclude: frozenset[str], count: bool = False) -> Plan | Reject:
+        """Routes and admits; raises NoCandidateError when nothing can serve the model.
+        `count`: record the admission decision in metrics (Generate does; Route runs nothing)."""
         views = [w for w in self._state.views() if w.worker_id not in exclude]
-        decision = self._router.route(v.route, views, self._state.index)
+        with tracing.span(tracing.SPAN_ROUTE) as span:
+            decision = self._router.route(v.route, views, self._state.index)
+            if span.is_recording():
+                span.set_attributes(_route_attributes(decision))
         candidates = [w for w in views if w.model == v.model and w.active and w.role.can_decode]
         options = self._options(v, decision, candidates)
         objective = self._state.settings.objective(v.model, v.priority)
+        policy_name = self._state.settings.admission_policy(self._config.admission.policy)
         policy = self._policy()
-        verdict = policy.decide(v.route, candidates, options, objective)
+        with tracing.span(tracing.SPAN_ADMISSION):
+            verdict = policy.decide(v.route, candidates, options, objective)
+            record_admission(verdict, policy_name, count=count)
         if isinstance(verdict, Reject):
             return verdict
         chosen = verdict.option or options[0]
@@ -218,7 +234,7 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
         try:
             while True:
                 try:
-                    verdict = self._decide(v, exclude)
+                    verdict = self._decide(v, exclude, count=True)
                 except NoCandidateError as e:
                     code = grpc.StatusCode.FAILED_PRECONDITION if v.route.disagg is DisaggMode.ALWAYS else grpc.StatusCode.UNAVAILABLE
                     await context.abort(code, str(e))
@@ -280,10 +296,12 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
     async def Generate(self, request: client_pb2.GenerateRequest, context):
         started = time.monotonic()
         v = await self._validate(request, context)
+        observation = RequestObservation(self.stats_window)
         exclude: set[str] = set()
         for attempt in range(self._config.max_route_attempts):
             plan, queued_s = await self._plan(v, context, frozenset(exclude))
             d = plan.decision
+            observation.routed(v.request_id, v.model, plan)
             decode = self._state.workers.get(plan.decode_worker)
             prefill = self._state.workers.get(plan.prefill_worker) if plan.prefill_worker else None
             if decode is None or (plan.prefill_worker and prefill is None):
@@ -310,6 +328,7 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
                         last_token_at = time.monotonic()
                         first_token_at = first_token_at or last_token_at
                         num_tokens += len(reply.token_ids)
+                    observation.on_reply(len(reply.token_ids))
                     out = client_pb2.GenerateResponse(
                         token_ids=reply.token_ids,
                         text=reply.text,
@@ -322,6 +341,7 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
                         if first_token_at is not None:
                             tpot_s = (last_token_at - first_token_at) / (num_tokens - 1) if num_tokens > 1 else None
                             self._learn(plan, first_token_at - started - queued_s, tpot_s)
+                        observation.finished(out.metrics)
                     sent_any = True
                     yield out
                 return
@@ -331,6 +351,7 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
                     log.warning("decode worker %s failed before the first token (%s); routing %s again", plan.decode_worker, e.code().name, v.request_id)
                     exclude.add(plan.decode_worker)
                     continue
+                observation.failed(e.code().name)
                 await context.abort(e.code(), f"worker {plan.decode_worker}: {e.details()}")
         await context.abort(grpc.StatusCode.UNAVAILABLE, "no worker could take the request; try again")
 
@@ -359,6 +380,16 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
         if agent_metrics.kv_transfer_bytes and agent_metrics.kv_transfer_ms > 0:
             measured = agent_metrics.kv_transfer_bytes / (agent_metrics.kv_transfer_ms / 1000)
             self._link_bytes_per_s += LINK_RATE_EWMA * (measured - self._link_bytes_per_s)
+
+    async def GetStats(self, request, context):
+        window = self.stats_window
+        reply = client_pb2.GetStatsResponse(window_s=min(request.window_s or window.horizon_s, window.horizon_s), metrics_url=self.metrics_url)
+        for s in window.stats(request.window_s or None):
+            reply.workers.add(
+                worker_id=s.worker_id, num_requests=s.num_requests, ttft=_summary_pb(s.ttft_s), itl=_summary_pb(s.itl_s),
+                prompt_tokens=s.prompt_tokens, cached_tokens=s.cached_tokens, kv_transfer_bytes=s.kv_transfer_bytes,
+            )  # fmt: skip
+        return reply
 
     async def ListWorkers(self, request, context):
         now = time.monotonic()
@@ -452,6 +483,22 @@ def _route_response(v: Validated, plan: Plan) -> client_pb2.RouteResponse:
             worker_id=c.worker_id, cost=c.cost, cached_tokens=c.cached_tokens, admissible=plan.admissible.get(c.worker_id, False), note=c.note
         )
     return reply
+
+
+def _summary_pb(s) -> client_pb2.LatencySummary:
+    return client_pb2.LatencySummary(count=s.count, mean_ms=s.mean * 1000, p50_ms=s.p50 * 1000, p90_ms=s.p90 * 1000, p99_ms=s.p99 * 1000)
+
+
+def _route_attributes(d: RouteDecision) -> dict:
+    return {
+        "kvplane.route.decode_worker": d.decode_worker,
+        "kvplane.route.prefill_worker": d.prefill_worker or d.decode_worker,
+        "kvplane.route.disaggregated": d.disaggregated,
+        "kvplane.route.reason": d.reason,
+        "kvplane.prompt.tokens": d.prompt_tokens,
+        "kvplane.prompt.cached_tokens": d.cached_tokens,
+        "kvplane.route.num_candidates": len(d.candidates),
+    }
 
 
 def _ttft_kind(disaggregated: bool) -> str:

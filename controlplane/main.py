@@ -4,11 +4,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import logging
 
 from controlplane.config import ControlPlaneConfig
 from controlplane.core.admission import AdmissionConfig
 from controlplane.core.router import RouterConfig
+from kvplane.telemetry import flags as telemetry_flags
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-waiting", type=int, default=a.max_waiting, help="threshold admission: waiting requests per worker (default %(default)s)")
     parser.add_argument("--max-queued-prefill-tokens", type=int, default=a.max_queued_prefill_tokens,
                         help="threshold admission: queued prefill tokens per worker (default %(default)s)")
-    parser.add_argument("--log-level", default="INFO", help="logging level (default %(default)s)")
+    telemetry_flags.add_arguments(parser)
 
 
 def config_from_args(args: argparse.Namespace) -> ControlPlaneConfig:
@@ -44,12 +44,18 @@ def config_from_args(args: argparse.Namespace) -> ControlPlaneConfig:
 
 def run(args: argparse.Namespace) -> int:
     from controlplane.server import serve
+    from kvplane import telemetry
 
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         config = config_from_args(args)
+        telemetry_config = telemetry_flags.config_from_args(args, "kvplane-controlplane", f"{config.host}:{config.port}", config.host)
     except ValueError as e:
         print(f"kvplane controlplane: {e}")
+        return 2
+    try:
+        telemetry.setup(telemetry_config)
+    except (OSError, ValueError) as e:
+        print(f"kvplane controlplane: telemetry: {e}")
         return 2
     asyncio.run(serve(config))
     return 0

@@ -15,6 +15,7 @@ from controlplane.config import ControlPlaneConfig
 from controlplane.registry_service import RegistryService
 from controlplane.store import open_store
 from controlplane.store.base import Compare, Put, Store
+from kvplane import telemetry
 from kvplane.grpc_util import enable_health_and_reflection, make_server, set_serving
 from kvplane.v1 import client_pb2, client_pb2_grpc, registry_pb2, registry_pb2_grpc
 
@@ -52,7 +53,9 @@ class ControlPlane:
         self._state = ClusterState(self._store)
         await self._state.start()
         server = make_server()
-        client_pb2_grpc.add_KvplaneServicer_to_server(ClientService(self._state, self._store, self.config, ticket_key, self._stubs), server)
+        service = ClientService(self._state, self._store, self.config, ticket_key, self._stubs)
+        service.metrics_url = telemetry.metrics_url(self.config.host)
+        client_pb2_grpc.add_KvplaneServicer_to_server(service, server)
         registry_pb2_grpc.add_RegistryServicer_to_server(RegistryService(self._store, self.config, ticket_key), server)
         self._health = enable_health_and_reflection(server, SERVICE_NAMES)
         self.port = server.add_insecure_port(f"{self.config.host}:{self.config.port}")
@@ -96,3 +99,4 @@ async def serve(config: ControlPlaneConfig, ready_line: bool = True) -> None:
     await stop.wait()
     log.info("stopping control plane")
     await plane.stop()
+    telemetry.shutdown()

@@ -26,6 +26,7 @@ import grpc
 
 from kvplane.convert import disagg_to_pb, layout_from_pb, role_from_pb
 from kvplane.errors import KvplaneError, RejectedError, from_rpc_error
+from kvplane.telemetry import client_spans
 from kvplane.types import DisaggMode, KVLayout, Role
 from kvplane.v1 import client_pb2, client_pb2_grpc, common_pb2
 
@@ -153,6 +154,42 @@ class WorkerStatus:
     max_tokens_limit: int
     load: WorkerLoad
     load_age_s: float
+    metrics_url: str = ""  # the agent's Prometheus endpoint
+
+
+@dataclass(frozen=True, slots=True)
+class LatencySummary:
+    """Nearest-rank percentiles in milliseconds over a window's samples."""
+
+    count: int = 0
+    mean_ms: float = 0.0
+    p50_ms: float = 0.0
+    p90_ms: float = 0.0
+    p99_ms: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerStats:
+    """Recent requests of one worker as the control plane replica saw them."""
+
+    worker_id: str
+    num_requests: int
+    ttft: LatencySummary
+    itl: LatencySummary
+    prompt_tokens: int
+    cached_tokens: int
+    kv_transfer_bytes: int
+
+    @property
+    def cache_hit_rate(self) -> float:
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterStats:
+    workers: tuple[WorkerStats, ...]
+    window_s: float
+    metrics_url: str  # the replica's own Prometheus endpoint
 
 
 @dataclass(frozen=True, slots=True)
@@ -400,7 +437,21 @@ def worker_from_proto(status: client_pb2.WorkerStatus) -> WorkerStatus:
             num_cached_blocks=load.num_cached_blocks,
         ),
         load_age_s=status.load_age_s,
+        metrics_url=info.metrics_url,
     )
+
+
+def _summary_from_proto(s: client_pb2.LatencySummary) -> LatencySummary:
+    return LatencySummary(s.count, s.mean_ms, s.p50_ms, s.p90_ms, s.p99_ms)
+
+
+def stats_from_proto(response: client_pb2.GetStatsResponse) -> ClusterStats:
+    workers = tuple(
+        WorkerStats(w.worker_id, w.num_requests, _summary_from_proto(w.ttft), _summary_from_proto(w.itl),
+                    w.prompt_tokens, w.cached_tokens, w.kv_transfer_bytes)
+        for w in response.workers
+    )  # fmt: skip
+    return ClusterStats(workers, response.window_s, response.metrics_url)
 
 
 def cache_from_proto(response: client_pb2.GetCacheResponse) -> list[WorkerCache]:
@@ -442,14 +493,16 @@ class Client:
 
     `reject_retries`: how many times generate/stream/route retry a rejection after its
     retry-after hint (default 0: never); each of those calls may override it.
+    Generate calls are traced with `tracer_provider` (default: OpenTelemetry's global one).
     """
 
     def __init__(
-        self, endpoint: str | None = None, *, timeout: float | None = None, reject_retries: int = 0
+        self, endpoint: str | None = None, *, timeout: float | None = None, reject_retries: int = 0, tracer_provider=None
     ) -> None:
         self.endpoint = resolve_endpoint(endpoint)
         self.timeout = timeout
         self.reject_retries = check_reject_retries(reject_retries)
+        self._tracer = client_spans.tracer_for(tracer_provider)
         self._channel = grpc.insecure_channel(self.endpoint)
         self._stub = client_pb2_grpc.KvplaneStub(self._channel)
 
@@ -553,6 +606,13 @@ class Client:
         except grpc.RpcError as e:
             raise from_rpc_error(e, endpoint=self.endpoint) from e
 
+    def stats(self, window_s: float = 0.0) -> ClusterStats:
+        """Per-worker TTFT/ITL percentiles, cache hits and KV bytes of recent requests (0 = whole window)."""
+        try:
+            return stats_from_proto(self._stub.GetStats(client_pb2.GetStatsRequest(window_s=window_s), timeout=self.timeout))
+        except grpc.RpcError as e:
+            raise from_rpc_error(e, endpoint=self.endpoint) from e
+
     def drain(self, worker_id: str) -> DrainResult:
         """Stops new requests going to `worker_id`; running ones finish."""
         request = client_pb2.DrainWorkerRequest(worker_id=worker_id)
@@ -606,25 +666,34 @@ class Client:
     def _stream(self, request: client_pb2.GenerateRequest, retries: int = 0) -> Iterator[GenerateChunk]:
         deadline = _Deadline(self.timeout)
         attempt = 0
-        while True:
-            call = self._stub.Generate(request, timeout=deadline.remaining())
-            received = False
-            try:
-                for response in call:
-                    received = True
-                    yield chunk_from_proto(response)
-                return
-            except grpc.RpcError as e:
-                error = from_rpc_error(e, endpoint=self.endpoint)
-                wait = None
-                if isinstance(error, RejectedError) and not received:
-                    wait = retry_wait(error, attempt, retries, deadline.remaining())
-                if wait is None:
-                    raise error from e
-            finally:
-                call.cancel()  # a no-op after completion; frees the workers when the caller stops early
-            time.sleep(wait)
-            attempt += 1
+        # One span for the whole call, retries included.
+        span, metadata = client_spans.start_generate(self._tracer, self.endpoint, request)
+        chunk, num_tokens, failure = None, 0, None
+        try:
+            while True:
+                call = self._stub.Generate(request, timeout=deadline.remaining(), metadata=metadata)
+                received = False
+                try:
+                    for response in call:
+                        received = True
+                        chunk = chunk_from_proto(response)
+                        num_tokens += len(chunk.token_ids)
+                        yield chunk
+                    return
+                except grpc.RpcError as e:
+                    error = from_rpc_error(e, endpoint=self.endpoint)
+                    wait = None
+                    if isinstance(error, RejectedError) and not received:
+                        wait = retry_wait(error, attempt, retries, deadline.remaining())
+                    if wait is None:
+                        failure = e
+                        raise error from e
+                finally:
+                    call.cancel()  # a no-op after completion; frees the workers when the caller stops early
+                time.sleep(wait)
+                attempt += 1
+        finally:
+            client_spans.end_generate(span, chunk, num_tokens, failure)
 
 
 class AsyncClient:
@@ -634,11 +703,12 @@ class AsyncClient:
     """
 
     def __init__(
-        self, endpoint: str | None = None, *, timeout: float | None = None, reject_retries: int = 0
+        self, endpoint: str | None = None, *, timeout: float | None = None, reject_retries: int = 0, tracer_provider=None
     ) -> None:
         self.endpoint = resolve_endpoint(endpoint)
         self.timeout = timeout
         self.reject_retries = check_reject_retries(reject_retries)
+        self._tracer = client_spans.tracer_for(tracer_provider)
         self._channel: grpc.aio.Channel | None = None
         self._stub_instance: client_pb2_grpc.KvplaneStub | None = None
 
@@ -738,6 +808,13 @@ class AsyncClient:
             raise from_rpc_error(e, endpoint=self.endpoint) from e
         return cache_from_proto(response)
 
+    async def stats(self, window_s: float = 0.0) -> ClusterStats:
+        try:
+            response = await self._stub().GetStats(client_pb2.GetStatsRequest(window_s=window_s), timeout=self.timeout)
+        except grpc.RpcError as e:
+            raise from_rpc_error(e, endpoint=self.endpoint) from e
+        return stats_from_proto(response)
+
     async def drain(self, worker_id: str) -> DrainResult:
         request = client_pb2.DrainWorkerRequest(worker_id=worker_id)
         try:
@@ -796,22 +873,30 @@ class AsyncClient:
     async def _stream(self, request: client_pb2.GenerateRequest, retries: int = 0) -> AsyncIterator[GenerateChunk]:
         deadline = _Deadline(self.timeout)
         attempt = 0
-        while True:
-            call = self._stub().Generate(request, timeout=deadline.remaining())
-            received = False
-            try:
-                async for response in call:
-                    received = True
-                    yield chunk_from_proto(response)
-                return
-            except grpc.RpcError as e:
-                error = from_rpc_error(e, endpoint=self.endpoint)
-                wait = None
-                if isinstance(error, RejectedError) and not received:
-                    wait = retry_wait(error, attempt, retries, deadline.remaining())
-                if wait is None:
-                    raise error from e
-            finally:
-                call.cancel()
-            await asyncio.sleep(wait)
-            attempt += 1
+        span, metadata = client_spans.start_generate(self._tracer, self.endpoint, request)
+        chunk, num_tokens, failure = None, 0, None
+        try:
+            while True:
+                call = self._stub().Generate(request, timeout=deadline.remaining(), metadata=metadata)
+                received = False
+                try:
+                    async for response in call:
+                        received = True
+                        chunk = chunk_from_proto(response)
+                        num_tokens += len(chunk.token_ids)
+                        yield chunk
+                    return
+                except grpc.RpcError as e:
+                    error = from_rpc_error(e, endpoint=self.endpoint)
+                    wait = None
+                    if isinstance(error, RejectedError) and not received:
+                        wait = retry_wait(error, attempt, retries, deadline.remaining())
+                    if wait is None:
+                        failure = e
+                        raise error from e
+                finally:
+                    call.cancel()
+                await asyncio.sleep(wait)
+                attempt += 1
+        finally:
+            client_spans.end_generate(span, chunk, num_tokens, failure)

@@ -59,6 +59,7 @@ class LocalCluster:
         controlplane_args: tuple[str, ...] | list[str] = (),
         log_dir: str | os.PathLike[str] | None = None,
         *,
+        env: dict[str, str] | None = None,
         startup_timeout: float = 90.0,
         stop_timeout: float = 10.0,
     ) -> None:
@@ -75,6 +76,7 @@ class LocalCluster:
         self._controlplane_args = tuple(controlplane_args)
         self._log_dir_arg = Path(log_dir) if log_dir is not None else None
         self._owns_log_dir = log_dir is None
+        self._env = dict(env or {})  # extra environment of every child (e.g. OTEL_* settings)
         self._startup_timeout = startup_timeout
         self._stop_timeout = stop_timeout
 
@@ -266,7 +268,7 @@ class LocalCluster:
         log_file = path.open("ab")
         self._log_files.append(log_file)
         self.log_paths[name] = path
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **self._env)
         # The children import this same kvplane even when it is not installed (e.g. a checkout).
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_PACKAGE_ROOT), env.get("PYTHONPATH")]))
         self.processes[name] = subprocess.Popen(

@@ -1,4 +1,4 @@
-"""gRPC plumbing shared by every kvplane server and client: options, health, reflection."""
+"""gRPC plumbing shared by every kvplane server and client: options, health, reflection, tracing."""
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -6,6 +6,8 @@ from collections.abc import Iterable
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+
+from kvplane.telemetry.grpc_tracing import client_interceptors, server_interceptors
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
@@ -18,7 +20,8 @@ CHANNEL_OPTIONS = (
 
 
 def make_server() -> grpc.aio.Server:
-    return grpc.aio.server(options=CHANNEL_OPTIONS)
+    # Interceptors only when tracing is on: off, the server is exactly what it was.
+    return grpc.aio.server(options=CHANNEL_OPTIONS, interceptors=server_interceptors())
 
 
 def enable_health_and_reflection(
@@ -40,4 +43,4 @@ async def set_serving(servicer: health.aio.HealthServicer, service_names: Iterab
 
 
 def aio_channel(endpoint: str) -> grpc.aio.Channel:
-    return grpc.aio.insecure_channel(endpoint, options=CHANNEL_OPTIONS)
+    return grpc.aio.insecure_channel(endpoint, options=CHANNEL_OPTIONS, interceptors=client_interceptors(endpoint))

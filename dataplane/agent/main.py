@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import secrets
 import socket
 
 from dataplane.agent.config import AgentConfig
 from dataplane.engine.config import EngineConfig
+from kvplane.telemetry import flags as telemetry_flags
 from kvplane.types import Role
 
 
@@ -32,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pin-timeout", type=float, default=a.pin_timeout_s,
                         help="seconds a prefilled transfer stays pinned waiting for its pull (default %(default)s)")
     parser.add_argument("--lease-ttl", type=int, default=a.lease_ttl_s, help="lease TTL in seconds (default: the control plane's)")
-    parser.add_argument("--log-level", default="INFO", help="logging level (default %(default)s)")
+    telemetry_flags.add_arguments(parser)
 
 
 def config_from_args(args: argparse.Namespace) -> AgentConfig:
@@ -64,12 +64,18 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
 
 def run(args: argparse.Namespace) -> int:
     from dataplane.agent.server import serve
+    from kvplane import telemetry
 
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         config = config_from_args(args)
+        telemetry_config = telemetry_flags.config_from_args(args, "kvplane-agent", config.worker_id, config.host)
     except ValueError as e:
         print(f"kvplane agent: {e}")
+        return 2
+    try:
+        telemetry.setup(telemetry_config)
+    except (OSError, ValueError) as e:
+        print(f"kvplane agent: telemetry: {e}")
         return 2
     try:
         asyncio.run(serve(config))

@@ -13,6 +13,8 @@ from dataplane.agent.link import ControlPlaneLink
 from dataplane.agent.service import AgentService
 from dataplane.engine.engine import Engine
 from dataplane.transport import available_transports, make_transport
+from dataplane.agent.observe import register_load_gauges
+from kvplane import telemetry
 from kvplane.grpc_util import enable_health_and_reflection, make_server, set_serving
 from kvplane.v1 import agent_pb2, agent_pb2_grpc, common_pb2
 
@@ -56,6 +58,8 @@ class AgentServer:
             on_profile=lambda profile: self.service.seed_latency(profile),
         )
         self.service = AgentService(config, self.engine, self._transports, lambda: self.link.ticket_key, self.endpoint)
+        self.service.metrics_url = telemetry.metrics_url(config.advertise_host or config.host)
+        register_load_gauges(self.engine)
         agent_pb2_grpc.add_AgentServicer_to_server(self.service, server)
         self._health = enable_health_and_reflection(server, SERVICE_NAMES)
         await server.start()
@@ -105,3 +109,4 @@ async def serve(config: AgentConfig) -> None:
     await stop.wait()
     log.info("stopping agent %s", config.worker_id)
     await agent.stop()
+    telemetry.shutdown()

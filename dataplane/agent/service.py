@@ -24,6 +24,7 @@ import grpc
 from dataplane.agent import profile
 from dataplane.agent.bridge import TextStream, sampling_from_pb, submit
 from dataplane.agent.config import AgentConfig
+from dataplane.agent.observe import PHASE_GENERATE, PHASE_PREFILL, EngineTimer, record_transfer
 from dataplane.engine.request import EngineCapacityError, EngineInputError, EngineRequest, SamplingParams
 from dataplane.transport import LayoutMismatchError, PullSource
 from dataplane.transport.grpc_stream import iter_chunks
@@ -31,6 +32,7 @@ from kvplane import tickets
 from kvplane.convert import layout_from_pb, layout_to_pb, role_to_pb
 from kvplane.grpc_util import aio_channel
 from kvplane.latency import OnlineStepModel, StepSample, StepTimeModel, fit, samples_from_pb, samples_to_pb
+from kvplane.telemetry import tracing
 from kvplane.types import BlockHash
 from kvplane.v1 import agent_pb2, agent_pb2_grpc, common_pb2
 
@@ -57,6 +59,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         self._transports = transports          # name -> KVTransport, best first
         self._ticket_key = ticket_key          # () -> bytes, set once registered
         self.state = common_pb2.WORKER_STATE_ACTIVE
+        self.metrics_url = ""                  # this process's Prometheus endpoint, set by the server
         self._pins: dict[str, Pin] = {}
         self._peer_stubs: dict[str, agent_pb2_grpc.AgentStub] = {}
         self._peer_channels: list[grpc.aio.Channel] = []
@@ -130,7 +133,9 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         remote = request.HasField("prefill_from") and request.prefill_from.endpoint
         if remote:
             try:
-                held = await self._remote_prefill(request, metrics)
+                with tracing.span(tracing.SPAN_REMOTE_PREFILL, {"kvplane.prefill_worker": request.prefill_from.worker_id}):
+                    held = await self._remote_prefill(request, metrics)
+                record_transfer(metrics)
             except RemotePrefillRefused as e:
                 await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
             except Exception as e:  # the peer died, timed out or ran out of room: prefill here
@@ -144,6 +149,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             cache_salt=request.cache_salt,
             held_block_ids=held,
         )
+        timer = EngineTimer(PHASE_GENERATE)
         try:
             queue = self._submit(engine_request)
         except EngineInputError as e:
@@ -159,6 +165,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             while not finished:
                 out = await queue.get()
                 finished = out.finished
+                timer.on_output(out)
                 if out.error:
                     await context.abort(grpc.StatusCode.INTERNAL, f"engine failed on this request: {out.error}")
                 reply = agent_pb2.AgentGenerateResponse(
@@ -174,6 +181,12 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                         metrics.cached_tokens = out.num_cached_tokens
                         metrics.prefill_computed_tokens = out.num_prompt_tokens - out.num_cached_tokens
                     reply.metrics.CopyFrom(metrics)
+                    if log.isEnabledFor(logging.DEBUG):
+                        log.debug("generate finished", extra={
+                            "request_id": request.request_id, "prompt_tokens": metrics.prompt_tokens,
+                            "cached_tokens": metrics.cached_tokens, "output_tokens": timer.num_output_tokens,
+                            "disaggregated": metrics.disaggregated, "finish_reason": out.finish_reason or "",
+                        })  # fmt: skip
                 yield reply
         finally:
             if not finished:
@@ -221,7 +234,9 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                     source_desc = PullSource(
                         endpoint=source.endpoint, transfer_id=reply.transfer_id, descriptor=reply.transport_descriptor, layout=layout_from_pb(reply.layout)
                     )
-                    nbytes = await transport.pull(source_desc, missing, dst)
+                    with tracing.span(tracing.SPAN_KV_TRANSFER, {"kvplane.kv_transfer.transport": reply.transport}) as span:
+                        nbytes = await transport.pull(source_desc, missing, dst)
+                        span.set_attributes({"kvplane.kv_transfer.bytes": nbytes, "kvplane.kv_transfer.blocks": len(missing)})
                     released = reply.transport == "grpc"  # the gRPC pull asked the peer to unpin when done
                 except BaseException:
                     self._engine.abort_import(dst)
@@ -263,6 +278,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             cache_salt=request.cache_salt,
             prefill_only=True,
         )
+        timer = EngineTimer(PHASE_PREFILL)
         try:
             queue = self._submit(engine_request)
         except EngineInputError as e:
@@ -270,8 +286,10 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         except EngineCapacityError as e:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
         out = await queue.get()
+        timer.on_output(out)
         while not out.finished:
             out = await queue.get()
+            timer.on_output(out)
         if out.error or out.finish_reason == "abort":
             self._engine.unpin(out.pinned_block_ids)
             await context.abort(grpc.StatusCode.INTERNAL, f"prefill failed: {out.error or 'aborted'}")
@@ -364,6 +382,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             max_tokens_limit=self._config.engine.max_tokens_limit,
             max_num_batched_tokens=self._config.engine.max_num_batched_tokens,
             max_num_seqs=self._config.engine.max_num_seqs,
+            metrics_url=self.metrics_url,
         )
 
     def collect_step_timings(self) -> list[StepSample]:

@@ -49,6 +49,7 @@ class EngineOutput:
     # prefill_only requests, final output: the prompt's full blocks, pinned for transfer.
     block_hashes: list[BlockHash] = field(default_factory=list)
     pinned_block_ids: list[int] = field(default_factory=list)
+    admitted_at: float = 0.0  # time.monotonic() when the scheduler admitted it (0 = never admitted)
 
 
 @dataclass(slots=True, frozen=True)

@@ -10,6 +10,7 @@ in admission order. A full block is registered in the prefix cache in the step i
 """
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -39,6 +40,7 @@ class Sequence:
     num_cached_tokens: int = 0
     num_registered_blocks: int = 0
     num_output_tokens: int = 0
+    admitted_at: float = 0.0  # time.monotonic() at admission, for queue/prefill timings
 
     @property
     def request_id(self) -> str:
@@ -57,6 +59,7 @@ class Sequence:
             num_prompt_tokens=self.num_prompt_tokens,
             num_cached_tokens=self.num_cached_tokens,
             error=error,
+            admitted_at=self.admitted_at,
         )
 
 
@@ -128,6 +131,7 @@ class Scheduler:
             if got is None:
                 return  # the head waits for blocks; later requests do not overtake it
             self.waiting.popleft()
+            seq.admitted_at = time.monotonic()
             seq.block_ids, num_hit_blocks = got
             seq.num_computed_tokens = seq.num_cached_tokens = num_hit_blocks * self.block_size
             seq.num_registered_blocks = num_hit_blocks

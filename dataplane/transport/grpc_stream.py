@@ -32,7 +32,7 @@ from dataplane.transport.base import (
     layout_to_dict,
 )
 from kvplane.convert import layout_to_pb
-from kvplane.grpc_util import CHANNEL_OPTIONS, MAX_MESSAGE_BYTES
+from kvplane.grpc_util import MAX_MESSAGE_BYTES, aio_channel
 from kvplane.types import KVLayout
 from kvplane.v1 import agent_pb2, agent_pb2_grpc
 
@@ -196,7 +196,7 @@ class GrpcStreamTransport:
         if peer is not None and peer[0] is loop:
             return peer[2]
         # A channel made on another (finished) loop cannot be used or awaited here: drop it.
-        channel = grpc.aio.insecure_channel(endpoint, options=CHANNEL_OPTIONS)
+        channel = aio_channel(endpoint)  # traced when tracing is on
         stub = agent_pb2_grpc.AgentStub(channel)
         self._peers[endpoint] = (loop, channel, stub)
         return stub

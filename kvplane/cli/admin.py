@@ -71,6 +71,7 @@ def worker_to_json(w: WorkerStatus) -> dict[str, Any]:
         "max_tokens_limit": w.max_tokens_limit,
         "load": dataclasses.asdict(w.load),
         "load_age_s": w.load_age_s,
+        "metrics_url": w.metrics_url,
     }
 
 

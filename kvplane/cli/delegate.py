@@ -45,6 +45,10 @@ DELEGATES = (
         "multiples of its measured capacity, once per admission policy, and reports goodput, objective "
         "attainment, TTFT/TPOT percentiles and the TTFT prediction error.",
     ),
+    Delegate(
+        ("bench", "tracing"), "kvplane.bench.tracing", "measure the cost of tracing on the generate path",
+        "Runs the same requests against a cluster with tracing off and one with tracing on, and compares latency.",
+    ),
 )  # fmt: skip
 
 

@@ -5,7 +5,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from kvplane.cli import admin, config, delegate, generate, up
+from kvplane.cli import admin, config, delegate, generate, top, up
 from kvplane.cli.common import CliError
 from kvplane.errors import KvplaneError
 
@@ -19,6 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
     generate.register(subparsers)
     admin.register(subparsers)
     config.register(subparsers)
+    top.register(subparsers)
     up.register(subparsers)
     delegate.register(subparsers)
     return parser

@@ -74,6 +74,11 @@ class KvplaneStub:
                 request_serializer=kvplane_dot_v1_dot_client__pb2.SetConfigRequest.SerializeToString,
                 response_deserializer=kvplane_dot_v1_dot_client__pb2.ConfigResponse.FromString,
                 _registered_method=True)
+        self.GetStats = channel.unary_unary(
+                '/kvplane.v1.Kvplane/GetStats',
+                request_serializer=kvplane_dot_v1_dot_client__pb2.GetStatsRequest.SerializeToString,
+                response_deserializer=kvplane_dot_v1_dot_client__pb2.GetStatsResponse.FromString,
+                _registered_method=True)
 
 
 class KvplaneServicer:
@@ -132,6 +137,13 @@ class KvplaneServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetStats(self, request, context):
+        """Recent per-worker request statistics kept by this replica (for `kvplane top`).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_KvplaneServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -174,6 +186,11 @@ def add_KvplaneServicer_to_server(servicer, server):
                     servicer.SetConfig,
                     request_deserializer=kvplane_dot_v1_dot_client__pb2.SetConfigRequest.FromString,
                     response_serializer=kvplane_dot_v1_dot_client__pb2.ConfigResponse.SerializeToString,
+            ),
+            'GetStats': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetStats,
+                    request_deserializer=kvplane_dot_v1_dot_client__pb2.GetStatsRequest.FromString,
+                    response_serializer=kvplane_dot_v1_dot_client__pb2.GetStatsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -392,6 +409,33 @@ class Kvplane:
             '/kvplane.v1.Kvplane/SetConfig',
             kvplane_dot_v1_dot_client__pb2.SetConfigRequest.SerializeToString,
             kvplane_dot_v1_dot_client__pb2.ConfigResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetStats(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvplane.v1.Kvplane/GetStats',
+            kvplane_dot_v1_dot_client__pb2.GetStatsRequest.SerializeToString,
+            kvplane_dot_v1_dot_client__pb2.GetStatsResponse.FromString,
             options,
             channel_credentials,
             insecure,

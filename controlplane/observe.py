@@ -1,0 +1,148 @@
+"""The control plane's observability glue: per-request timings, routing and admission counts.
+
+One `RequestObservation` follows a Generate call: the time it arrived, each relayed message
+(time to first token, gaps between tokens), and the final RequestMetrics. It records the
+metrics in kvplane.telemetry.metrics.SPECS (where = controlplane) and adds the request to the
+replica's StatsWindow, which GetStats serves to `kvplane top`.
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+from opentelemetry import trace
+
+from controlplane.core.admission import Reject
+from kvplane.telemetry import instruments, tracing
+from kvplane.telemetry.window import StatsWindow
+from kvplane.v1 import common_pb2
+
+log = logging.getLogger(__name__)
+
+ROUTE_LOCAL, ROUTE_REMOTE, ROUTE_FETCHED = "local", "remote", "fetched"
+
+# Bounded label values for rejection reasons (a metric label must not carry worker ids or numbers).
+_REASON_WORDS = (
+    ("no candidate", "no_candidate"),
+    ("running", "running"),
+    ("waiting", "waiting"),
+    ("queued prefill tokens", "queued_prefill_tokens"),
+    ("kv use", "kv_use"),
+    ("ttft", "ttft"),
+    ("tpot", "tpot"),
+)
+
+
+def route_kind(decision) -> str:
+    """local: prefill on the decode worker; remote: a prefill worker plus KV transfer; fetched:
+    the decode worker pulls a cached prefix from a holder peer (a decision carrying `fetch_from`)."""
+    if getattr(decision, "fetch_from", None):
+        return ROUTE_FETCHED
+    return ROUTE_REMOTE if decision.disaggregated else ROUTE_LOCAL
+
+
+def reason_label(verdict) -> str:
+    """'admitted', or the limits/objectives a rejection names, joined by '+', else 'other'."""
+    if not isinstance(verdict, Reject):
+        return "admitted"
+    kind = getattr(verdict, "kind", None)  # a policy may classify its own rejections
+    if isinstance(kind, str) and kind:
+        return kind
+    text = verdict.reason.lower()
+    found = sorted({label for word, label in _REASON_WORDS if word in text})
+    return "+".join(found) or "other"
+
+
+def record_admission(verdict, policy: str, count: bool = True) -> None:
+    """Counts the decision (count=False for Route, which runs nothing) and annotates the current span."""
+    decision = "reject" if isinstance(verdict, Reject) else "admit"
+    label = reason_label(verdict)
+    if count:
+        instruments().kvplane_admission_decisions.add(1, {"kvplane.admission.decision": decision, "kvplane.admission.reason": label})
+    if tracing.enabled():
+        span = trace.get_current_span()
+        span.set_attributes({"kvplane.admission.decision": decision, "kvplane.admission.reason": label, "kvplane.admission.policy": policy})
+        if isinstance(verdict, Reject):
+            span.set_attributes({"kvplane.admission.detail": verdict.reason, "kvplane.admission.retry_after_s": verdict.retry_after_s})
+
+
+class RequestObservation:
+    __slots__ = ("_window", "request_id", "started", "model", "kind", "first_token_at", "last_token_at", "gaps", "num_output_tokens", "_attrs")
+
+    def __init__(self, window: StatsWindow) -> None:
+        self._window = window
+        self.request_id = ""
+        self.started = time.monotonic()
+        self.model = ""
+        self.kind = ""
+        self.first_token_at: float | None = None
+        self.last_token_at = 0.0
+        self.gaps: list[float] = []
+        self.num_output_tokens = 0
+        self._attrs: dict = {}
+
+    def routed(self, request_id: str, model: str, decision) -> None:
+        self.request_id, self.model, self.kind = request_id, model, route_kind(decision)
+        self._attrs = {"gen_ai.request.model": model}
+        instruments().kvplane_routing_decisions.add(1, {"kvplane.route.kind": self.kind})
+        if tracing.enabled():
+            span = trace.get_current_span()
+            span.set_attributes({
+                "kvplane.request_id": request_id,
+                "gen_ai.operation.name": "text_completion",
+                "gen_ai.request.model": model,
+                "kvplane.route.kind": self.kind,
+            })  # fmt: skip
+
+    def on_reply(self, num_tokens: int) -> None:
+        if not num_tokens:
+            return
+        now = time.monotonic()
+        if self.first_token_at is None:
+            self.first_token_at = now
+        else:
+            gap = (now - self.last_token_at) / num_tokens
+            histogram = instruments().kvplane_request_inter_token_latency
+            for _ in range(num_tokens):
+                histogram.record(gap, self._attrs)
+                self.gaps.append(gap)
+        self.last_token_at = now
+        self.num_output_tokens += num_tokens
+
+    def finished(self, m: common_pb2.RequestMetrics) -> None:
+        now = time.monotonic()
+        inst = instruments()
+        ttft = self.first_token_at - self.started if self.first_token_at is not None else None
+        attrs = {**self._attrs, "kvplane.route.kind": self.kind}
+        if ttft is not None:
+            inst.gen_ai_server_time_to_first_token.record(ttft, attrs)
+        inst.gen_ai_server_request_duration.record(now - self.started, attrs)
+        if self.num_output_tokens > 1 and ttft is not None:
+            inst.gen_ai_server_time_per_output_token.record((now - self.started - ttft) / (self.num_output_tokens - 1), self._attrs)
+        inst.kvplane_prompt_tokens.add(m.cached_tokens, {**self._attrs, "kvplane.token.source": "cached"})
+        inst.kvplane_prompt_tokens.add(m.prompt_tokens - m.cached_tokens, {**self._attrs, "kvplane.token.source": "computed"})
+        inst.kvplane_output_tokens.add(self.num_output_tokens, self._attrs)
+        self._window.add_request(
+            m.decode_worker, m.prefill_worker, ttft, self.gaps, m.prompt_tokens, m.cached_tokens, m.kv_transfer_bytes
+        )
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("request finished", extra={
+                "request_id": self.request_id, "decode_worker": m.decode_worker, "prefill_worker": m.prefill_worker,
+                "route_kind": self.kind, "prompt_tokens": m.prompt_tokens, "cached_tokens": m.cached_tokens,
+                "output_tokens": self.num_output_tokens, "ttft_ms": round((ttft or 0.0) * 1000, 3),
+                "duration_ms": round((now - self.started) * 1000, 3), "kv_transfer_bytes": m.kv_transfer_bytes,
+            })  # fmt: skip
+        if tracing.enabled():
+            trace.get_current_span().set_attributes({
+                "gen_ai.usage.input_tokens": m.prompt_tokens,
+                "gen_ai.usage.output_tokens": self.num_output_tokens,
+                "kvplane.prompt.cached_tokens": m.cached_tokens,
+                "kvplane.decode_worker": m.decode_worker,
+                "kvplane.prefill_worker": m.prefill_worker,
+                "kvplane.ttft_ms": (ttft or 0.0) * 1000,
+            })  # fmt: skip
+
+    def failed(self, error_type: str) -> None:
+        log.debug("request failed", extra={"request_id": self.request_id, "error_type": error_type, "route_kind": self.kind})
+        attrs = {**self._attrs, "kvplane.route.kind": self.kind, "error.type": error_type}
+        instruments().gen_ai_server_request_duration.record(time.monotonic() - self.started, attrs)

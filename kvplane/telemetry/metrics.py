@@ -1,0 +1,131 @@
+"""Every metric kvplane records: name, kind, unit, attributes, buckets (the one source of truth).
+
+Names follow OpenTelemetry's semantic conventions where one exists (gen_ai.server.* for the
+serving latencies) and are `kvplane.*` otherwise. Latencies are histograms in seconds with
+explicit buckets sized for LLM serving (1 ms .. 60 s; inter-token gaps from 0.5 ms). The
+Prometheus exporter turns `a.b.c` with unit `s` into `a_b_c_seconds`, counters get `_total`.
+Instruments are created against the global meter provider, a no-op until `setup()` installs one.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from opentelemetry import metrics as otel_metrics
+
+LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+TOKEN_GAP_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+@dataclass(frozen=True, slots=True)
+class MetricSpec:
+    name: str
+    kind: str          # "histogram" | "counter" | "gauge"
+    unit: str          # UCUM, as OpenTelemetry wants: s, By, {token}, {request}, {block}
+    where: str         # which process records it
+    description: str
+    attributes: tuple[str, ...] = ()
+    buckets: tuple[float, ...] = ()
+
+    @property
+    def prometheus_name(self) -> str:
+        base = self.name.replace(".", "_")
+        suffix = {"s": "_seconds", "By": "_bytes"}.get(self.unit, "")
+        if suffix and not base.endswith(suffix):
+            base += suffix
+        return base + ("_total" if self.kind == "counter" else "")
+
+
+_MODEL, _KIND = "gen_ai.request.model", "kvplane.route.kind"
+SPECS: tuple[MetricSpec, ...] = (
+    # -- control plane: the request as its caller sees it ------------------------------------------
+    MetricSpec("gen_ai.server.time_to_first_token", "histogram", "s", "controlplane",
+               "Time from the control plane receiving Generate to relaying the first token (routing, admission, queue, prefill, KV transfer included).",
+               (_MODEL, _KIND), LATENCY_BUCKETS_S),
+    MetricSpec("kvplane.request.inter_token_latency", "histogram", "s", "controlplane",
+               "Gap between consecutive output tokens as relayed to the caller (one sample per token after the first).",
+               (_MODEL,), TOKEN_GAP_BUCKETS_S),
+    MetricSpec("gen_ai.server.time_per_output_token", "histogram", "s", "controlplane",
+               "Per request: (end-to-end latency - time to first token) / (output tokens - 1).",
+               (_MODEL,), TOKEN_GAP_BUCKETS_S),
+    MetricSpec("gen_ai.server.request.duration", "histogram", "s", "controlplane",
+               "End-to-end latency of Generate, from receipt to the last token (failed requests carry error.type).",
+               (_MODEL, _KIND, "error.type"), LATENCY_BUCKETS_S),
+    MetricSpec("kvplane.prompt.tokens", "counter", "{token}", "controlplane",
+               "Prompt tokens of finished requests, by whether their KV came from the prefix cache or was computed.",
+               (_MODEL, "kvplane.token.source")),
+    MetricSpec("kvplane.output.tokens", "counter", "{token}", "controlplane",
+               "Output tokens relayed to callers.", (_MODEL,)),
+    MetricSpec("kvplane.admission.decisions", "counter", "{request}", "controlplane",
+               "Admission decisions, by decision (admit, reject) and a bounded reason label.",
+               ("kvplane.admission.decision", "kvplane.admission.reason")),
+    MetricSpec("kvplane.routing.decisions", "counter", "{request}", "controlplane",
+               "Routing decisions by kind: local (prefill on the decode worker), remote (prefill worker + KV transfer), fetched (cached KV pulled from a holder peer).",
+               (_KIND,)),
+    # -- agents: the engine and the KV transfer ----------------------------------------------------
+    MetricSpec("kvplane.engine.queue.duration", "histogram", "s", "agent",
+               "Time a request waited in the engine's queue before admission (KV blocks reserved).",
+               ("kvplane.request.phase",), LATENCY_BUCKETS_S),
+    MetricSpec("kvplane.engine.prefill.duration", "histogram", "s", "agent",
+               "Time from admission to the prompt's KV being computed (first token, or the end of a prefill for a peer).",
+               ("kvplane.request.phase",), LATENCY_BUCKETS_S),
+    MetricSpec("kvplane.kv_transfer.duration", "histogram", "s", "agent",
+               "Decode side: time to pull the missing KV blocks of a remote prefill and commit them to the prefix cache.",
+               ("kvplane.kv_transfer.transport",), LATENCY_BUCKETS_S),
+    MetricSpec("kvplane.kv_transfer.bytes", "counter", "By", "agent",
+               "KV bytes pulled from prefill peers (decode side).", ("kvplane.kv_transfer.transport",)),
+    MetricSpec("kvplane.kv_transfer.blocks", "counter", "{block}", "agent",
+               "KV blocks pulled from prefill peers (decode side).", ("kvplane.kv_transfer.transport",)),
+    MetricSpec("kvplane.worker.requests", "gauge", "{request}", "agent",
+               "Requests in the engine, by state (running, waiting).", ("kvplane.request.state",)),
+    MetricSpec("kvplane.worker.queued_prefill_tokens", "gauge", "{token}", "agent",
+               "Prompt tokens still to be computed by waiting and prefilling requests."),
+    MetricSpec("kvplane.worker.kv.blocks", "gauge", "{block}", "agent",
+               "KV blocks by tier (device, host, disk) and state (used, cached = unreferenced but reusable, free).",
+               ("kvplane.kv.tier", "kvplane.kv.state")),
+)  # fmt: skip
+
+SPEC_BY_NAME = {s.name: s for s in SPECS}
+
+
+class Instruments:
+    """The synchronous instruments, as attributes named after the metric (dots -> underscores)."""
+
+    def __init__(self, meter: otel_metrics.Meter) -> None:
+        self._meter = meter
+        for spec in SPECS:
+            attr = spec.name.replace(".", "_")
+            if spec.kind == "histogram":
+                inst = meter.create_histogram(spec.name, unit=spec.unit, description=spec.description,
+                                              explicit_bucket_boundaries_advisory=list(spec.buckets))  # fmt: skip
+            elif spec.kind == "counter":
+                inst = meter.create_counter(spec.name, unit=spec.unit, description=spec.description)
+            else:
+                continue  # gauges are observed through callbacks: observe_gauges()
+            setattr(self, attr, inst)
+
+    def observe_gauges(self, callbacks: dict[str, Callable[[], Iterable[tuple[float, dict]]]]) -> None:
+        """Registers observable gauges: metric name -> callback returning (value, attributes) pairs."""
+        for name, fn in callbacks.items():
+            spec = SPEC_BY_NAME[name]
+
+            def callback(options, fn=fn):
+                return [otel_metrics.Observation(v, a) for v, a in fn()]
+
+            self._meter.create_observable_gauge(name, callbacks=[callback], unit=spec.unit, description=spec.description)
+
+
+_instruments: Instruments | None = None
+
+
+def instruments() -> Instruments:
+    global _instruments
+    if _instruments is None:
+        _instruments = Instruments(otel_metrics.get_meter("kvplane"))
+    return _instruments
+
+
+def _reset_for_setup() -> None:
+    """Instruments are re-made against the provider setup() installs."""
+    global _instruments
+    _instruments = None
