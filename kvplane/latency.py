@@ -216,22 +216,32 @@ def _relative_errors(c: Sequence[float], samples: Sequence[StepSample]) -> list[
 
 
 class OnlineStepModel:
-    """A step-time model refitted from the worker's latest steps, on top of a profile seed.
+    """A step-time model refitted from the worker's recent steps, on top of a profile seed.
 
-    The window holds the last `window` samples; the seed (a profile) is kept apart so live traffic
-    never evicts it, and a new profile replaces it. model() refits lazily: once `refit_every` new
-    samples have arrived (and at most once per `min_interval_s`), or at once when the seed changed.
+    The window holds the last `window` samples that are at most `max_age_s` old; the seed (a
+    profile) is kept apart so live traffic never evicts it, and a new profile replaces it. Old
+    samples age out so an idle worker returns to its profile: otherwise steps measured in a past
+    overload would keep predicting overload, admission would reject everything, and no new step
+    would ever correct them. model() refits lazily: once `refit_every` new samples have arrived
+    (at most once per `min_interval_s`), when samples aged out, or at once when the seed changed.
     """
 
     def __init__(
-        self, window: int = 512, refit_every: int = 16, *, min_interval_s: float = 0.0, clock: Callable[[], float] = time.monotonic
+        self,
+        window: int = 512,
+        refit_every: int = 16,
+        *,
+        min_interval_s: float = 0.0,
+        max_age_s: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if window < MIN_SAMPLES or refit_every <= 0 or min_interval_s < 0:
-            raise ValueError(f"window must be at least {MIN_SAMPLES}, refit_every positive and min_interval_s >= 0")
-        self._window: deque[StepSample] = deque(maxlen=window)
+        if window < MIN_SAMPLES or refit_every <= 0 or min_interval_s < 0 or max_age_s <= 0:
+            raise ValueError(f"window must be at least {MIN_SAMPLES}, refit_every and max_age_s positive and min_interval_s >= 0")
+        self._window: deque[tuple[float, StepSample]] = deque(maxlen=window)
         self._seed: list[StepSample] = []
         self._refit_every = refit_every
         self._min_interval_s = min_interval_s  # a fit of ~1,000 samples costs ~15 ms of pure Python
+        self._max_age_s = max_age_s
         self._clock = clock
         self._fitted_at = -math.inf
         self._num_new = 0
@@ -248,14 +258,20 @@ class OnlineStepModel:
 
     def add(self, samples: Sequence[StepSample]) -> None:
         if samples:
-            self._window.extend(samples)
+            now = self._clock()
+            self._window.extend((now, sample) for sample in samples)
             self._num_new += len(samples)
 
     def model(self) -> StepTimeModel | None:
         now = self._clock()
+        expired = False
+        while self._window and now - self._window[0][0] > self._max_age_s:
+            self._window.popleft()
+            expired = True
         due = self._num_new >= self._refit_every and now - self._fitted_at >= self._min_interval_s
-        if self._stale or due or (self._model is None and self._num_new):
-            self._model = fit([*self._seed, *self._window], seeded_from_profile=bool(self._seed))
+        if self._stale or due or expired or (self._model is None and self._num_new):
+            samples = [*self._seed, *(sample for _, sample in self._window)]
+            self._model = fit(samples, seeded_from_profile=bool(self._seed))
             self._fitted_at = now
             self._num_new = 0
             self._stale = False

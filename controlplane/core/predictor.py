@@ -22,6 +22,8 @@ batch and decode context). Without a model for either worker there is no predict
 from __future__ import annotations
 
 import dataclasses
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvplane.latency import StepTimeModel, prefill_attention
@@ -131,18 +133,16 @@ class Calibration:
     measured - predicted, per kind of placement, added to later predictions.
 
     Only requests predicted to meet no queue are observed: their residual is the fixed overhead
-    the model lacks. Residuals under load also carry the model's queueing error, and learning those
-    would let one overloaded period inflate every later prediction until admission rejects
-    everything and nothing is left to learn from."""
+    the model lacks. Residuals under load also carry the model's queueing error. And an offset
+    fades with a half-life when nothing new is observed. Both keep one overloaded period from
+    inflating every later prediction until admission rejects everything and nothing is left to
+    learn from."""
 
-    def __init__(self, weight: float = 0.1) -> None:
+    def __init__(self, weight: float = 0.1, half_life_s: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.weight = weight
-        self._offsets: dict[str, float] = {}
-
-    def observe(self, kind: str, predicted_s: float, measured_s: float) -> None:
-        residual = measured_s - predicted_s
-        old = self._offsets.get(kind)
-        self._offsets[kind] = residual if old is None else old + self.weight * (residual - old)
+        self.half_life_s = half_life_s
+        self._clock = clock
+        self._offsets: dict[str, tuple[float, float]] = {}  # kind -> (offset, when observed)
 
     @staticmethod
     def observable_ttft(prediction: Prediction) -> bool:
@@ -152,8 +152,18 @@ class Calibration:
     def observable_tpot(prediction: Prediction) -> bool:
         return prediction.decode_batch <= 1
 
+    def observe(self, kind: str, predicted_s: float, measured_s: float) -> None:
+        residual = measured_s - predicted_s
+        old = self._offsets.get(kind)
+        offset = residual if old is None else self.offset(kind) + self.weight * (residual - self.offset(kind))
+        self._offsets[kind] = (offset, self._clock())
+
     def offset(self, kind: str) -> float:
-        return self._offsets.get(kind, 0.0)
+        entry = self._offsets.get(kind)
+        if entry is None:
+            return 0.0
+        offset, at = entry
+        return offset * 0.5 ** ((self._clock() - at) / self.half_life_s)
 
     def apply(self, prediction: Prediction, ttft_kind: str, tpot_kind: str) -> Prediction:
         ttft_offset, tpot_offset = self.offset(ttft_kind), self.offset(tpot_kind)

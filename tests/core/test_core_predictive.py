@@ -148,7 +148,8 @@ def test_a_full_decode_batch_waits_for_the_earliest_finish():
 def test_calibration_learns_the_residual_per_kind():
     from controlplane.core.predictor import Calibration
 
-    calibration = Calibration(weight=0.5)
+    now = [0.0]
+    calibration = Calibration(weight=0.5, half_life_s=10.0, clock=lambda: now[0])
     raw = predict(prompt_tokens=100, max_tokens=4, prefill_cached_tokens=0, prefill=perf(), decode=perf())
     calibration.observe("local", raw.ttft_s, raw.ttft_s + 0.010)  # first observation is taken whole
     calibration.observe("local", raw.ttft_s, raw.ttft_s + 0.020)  # then an exponential mean
@@ -157,6 +158,8 @@ def test_calibration_learns_the_residual_per_kind():
     adjusted = calibration.apply(raw, "local", "tpot")
     assert adjusted.ttft_s == pytest.approx(raw.ttft_s + 0.015) and adjusted.ttft_offset_s == pytest.approx(0.015)
     assert adjusted.tpot_s == raw.tpot_s
+    now[0] = 10.0  # one half-life without observations
+    assert calibration.offset("local") == pytest.approx(0.0075)
 
 
 def test_slot_wait_counts_whole_rounds_for_long_queues():

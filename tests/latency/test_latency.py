@@ -244,3 +244,19 @@ def test_samples_protobuf_round_trip():
     # Large attention values survive (uint64).
     big = [StepSample(100_000, 5_000_000_000, 3, 4_000_000_000, 1.5)]
     assert samples_from_pb(samples_to_pb(big, 0.0)) == big
+
+
+def test_online_samples_age_out_back_to_the_profile():
+    from kvplane.latency import OnlineStepModel, StepSample
+
+    now = [0.0]
+    online = OnlineStepModel(window=64, refit_every=1, max_age_s=60.0, clock=lambda: now[0])
+    fast = [StepSample(n, 0, 0, 0, 0.001 + n * 1e-5) for n in (10, 50, 100, 200, 400, 800)] * 2
+    slow = [StepSample(n, 0, 0, 0, 10 * (0.001 + n * 1e-5)) for n in (10, 50, 100, 200, 400, 800)] * 10
+    online.seed(fast)
+    online.add(slow)  # an overload: steps ten times slower
+    overloaded = online.model().step_seconds(prefill_tokens=100)
+    now[0] = 61.0  # a minute without steps
+    recovered = online.model().step_seconds(prefill_tokens=100)
+    assert recovered == pytest.approx(0.002, rel=1e-3)
+    assert overloaded > 1.2 * recovered  # the fit weighs fast steps more, but the overload shows
