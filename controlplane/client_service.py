@@ -307,9 +307,11 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
             if decode is None or (plan.prefill_worker and prefill is None):
                 exclude.add(plan.decode_worker)
                 continue
-            self._state.note_routed(plan.decode_worker, 0 if prefill else d.prompt_tokens - d.cached_tokens)
+            routed = [(plan.decode_worker, 0 if prefill else d.prompt_tokens - d.cached_tokens)]
             if plan.prefill_worker:
-                self._state.note_routed(plan.prefill_worker, d.prompt_tokens)
+                routed.append((plan.prefill_worker, d.prompt_tokens))
+            for worker_id, tokens in routed:
+                self._state.note_routed(worker_id, tokens)
             agent_request = agent_pb2.AgentGenerateRequest(
                 ticket=tickets.issue(self._ticket_key, v.request_id, plan.decode_worker, plan.prefill_worker or ""),
                 request_id=v.request_id,
@@ -326,7 +328,9 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
                 async for reply in self._stubs.get(decode.info.endpoint).Generate(agent_request):
                     if reply.token_ids:
                         last_token_at = time.monotonic()
-                        first_token_at = first_token_at or last_token_at
+                        if first_token_at is None:
+                            first_token_at = last_token_at
+                            self._prefilled(routed)
                         num_tokens += len(reply.token_ids)
                     observation.on_reply(len(reply.token_ids))
                     out = client_pb2.GenerateResponse(
@@ -353,7 +357,14 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
                     continue
                 observation.failed(e.code().name)
                 await context.abort(e.code(), f"worker {plan.decode_worker}: {e.details()}")
+            finally:
+                if first_token_at is None:  # failed, or the caller went away, before prefill ended
+                    self._prefilled(routed)
         await context.abort(grpc.StatusCode.UNAVAILABLE, "no worker could take the request; try again")
+
+    def _prefilled(self, routed: list[tuple[WorkerId, int]]) -> None:
+        for worker_id, tokens in routed:
+            self._state.note_prefilled(worker_id, tokens)
 
     def _learn(self, plan: Plan, ttft_s: float, tpot_s: float | None) -> None:
         """Feeds measured latencies back into the predictor's calibration."""

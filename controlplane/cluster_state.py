@@ -34,6 +34,18 @@ class WorkerEntry:
     load_at: float                  # monotonic time of the last load report
     pending_prefill_tokens: int = 0  # routed here since the last load report
     pending_requests: int = 0
+    # Routed here by this replica and not yet past prefill (no first token yet). Load reports lag
+    # and miss requests still on their way to the engine; this count does not.
+    inflight_prefill_tokens: int = 0
+    inflight_requests: int = 0
+
+    @property
+    def queued_requests(self) -> int:
+        return max(self.load.num_waiting + self.pending_requests, self.inflight_requests)
+
+    @property
+    def queued_prefill_tokens(self) -> int:
+        return max(self.load.num_queued_prefill_tokens + self.pending_prefill_tokens, self.inflight_prefill_tokens)
     latency: StepTimeModel | None = None  # the worker's step-time model, from its load reports
 
 
@@ -162,11 +174,21 @@ class ClusterState:
     # -- views for routing -------------------------------------------------------------------
 
     def note_routed(self, worker_id: WorkerId, prefill_tokens: int) -> None:
-        """Counts work just sent to a worker until its next load report includes it."""
+        """Counts work just sent to a worker until its next load report includes it, and until
+        its prefill is over (note_prefilled)."""
         entry = self.workers.get(worker_id)
         if entry is not None:
             entry.pending_prefill_tokens += prefill_tokens
             entry.pending_requests += 1
+            entry.inflight_prefill_tokens += prefill_tokens
+            entry.inflight_requests += 1
+
+    def note_prefilled(self, worker_id: WorkerId, prefill_tokens: int) -> None:
+        """The request routed with note_routed has its first token (or failed)."""
+        entry = self.workers.get(worker_id)
+        if entry is not None:
+            entry.inflight_prefill_tokens = max(entry.inflight_prefill_tokens - prefill_tokens, 0)
+            entry.inflight_requests = max(entry.inflight_requests - 1, 0)
 
     def perf(self, worker_id: WorkerId) -> WorkerPerf | None:
         """What the predictor needs about one worker: its step-time model and its load."""
@@ -179,8 +201,8 @@ class ClusterState:
             chunk_tokens=e.info.max_num_batched_tokens or 2048,
             block_size=e.info.layout.block_size,
             num_running=e.load.num_running,
-            num_waiting=e.load.num_waiting + e.pending_requests,
-            num_queued_prefill_tokens=e.load.num_queued_prefill_tokens + e.pending_prefill_tokens,
+            num_waiting=e.queued_requests,
+            num_queued_prefill_tokens=e.queued_prefill_tokens,
             running_remaining_tokens=tuple(e.load.running_remaining_tokens),
             running_context_tokens=e.load.running_context_tokens,
             max_num_seqs=e.info.max_num_seqs,
@@ -198,8 +220,8 @@ class ClusterState:
                     active=e.state != common_pb2.WORKER_STATE_DRAINING,
                     load=WorkerLoadView(
                         num_running=e.load.num_running,
-                        num_waiting=e.load.num_waiting + e.pending_requests,
-                        num_queued_prefill_tokens=e.load.num_queued_prefill_tokens + e.pending_prefill_tokens,
+                        num_waiting=e.queued_requests,
+                        num_queued_prefill_tokens=e.queued_prefill_tokens,
                         num_free_blocks=e.load.num_free_blocks,
                         num_used_blocks=e.load.num_used_blocks,
                         num_total_blocks=e.load.num_total_blocks,
