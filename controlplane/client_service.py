@@ -372,9 +372,8 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
         if p is None:
             return
         # What was predicted before calibration: the residual is learnt against the raw model.
-        if Calibration.observable_ttft(p):
-            self._calibration.observe(_ttft_kind(plan.prefill_worker is not None), p.ttft_s - p.ttft_offset_s, ttft_s)
-        if tpot_s is not None and Calibration.observable_tpot(p):
+        self._calibration.observe(_ttft_kind(plan.prefill_worker is not None), p.ttft_s - p.ttft_offset_s, ttft_s)
+        if tpot_s is not None:
             self._calibration.observe("tpot", p.tpot_s - p.tpot_offset_s, tpot_s)
 
     def _finish_metrics(self, out, agent_metrics, plan: Plan, v: Validated, queued_s: float, started: float, first_token_at: float | None) -> None:

@@ -129,28 +129,17 @@ def _slot_wait_s(perf: WorkerPerf) -> float:
 
 
 class Calibration:
-    """What the model misses (RPC hops, process scheduling): an exponentially weighted mean of
-    measured - predicted, per kind of placement, added to later predictions.
+    """What the model misses (RPC hops, processes competing for the CPU, queueing it does not see):
+    an exponentially weighted mean of measured - predicted, per kind of latency, added to later
+    predictions. An offset fades with a half-life while nothing new is observed: after an
+    overload the offset makes admission reject, rejected requests teach nothing, and without the
+    fade admission would stay shut."""
 
-    Only requests predicted to meet no queue are observed: their residual is the fixed overhead
-    the model lacks. Residuals under load also carry the model's queueing error. And an offset
-    fades with a half-life when nothing new is observed. Both keep one overloaded period from
-    inflating every later prediction until admission rejects everything and nothing is left to
-    learn from."""
-
-    def __init__(self, weight: float = 0.1, half_life_s: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, weight: float = 0.2, half_life_s: float = 5.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.weight = weight
         self.half_life_s = half_life_s
         self._clock = clock
         self._offsets: dict[str, tuple[float, float]] = {}  # kind -> (offset, when observed)
-
-    @staticmethod
-    def observable_ttft(prediction: Prediction) -> bool:
-        return prediction.queue_s == 0 and prediction.slot_wait_s == 0
-
-    @staticmethod
-    def observable_tpot(prediction: Prediction) -> bool:
-        return prediction.decode_batch <= 1
 
     def observe(self, kind: str, predicted_s: float, measured_s: float) -> None:
         residual = measured_s - predicted_s

@@ -170,11 +170,3 @@ def test_slot_wait_counts_whole_rounds_for_long_queues():
     # Three ahead of us on two slots: one whole round (mean 20 tokens) plus the second finish (30).
     assert p.slot_wait_s == 0.0  # local placement: the wait is queueing on the same worker
     assert p.queue_s == pytest.approx((30 + 20) * step)
-
-
-def test_calibration_learns_only_from_unqueued_predictions():
-    from controlplane.core.predictor import Calibration
-
-    idle = predict(prompt_tokens=100, max_tokens=4, prefill_cached_tokens=0, prefill=perf(), decode=perf())
-    busy = predict(prompt_tokens=100, max_tokens=4, prefill_cached_tokens=0, prefill=perf(queued=1000), decode=perf())
-    assert Calibration.observable_ttft(idle) and not Calibration.observable_ttft(busy)
