@@ -51,7 +51,7 @@ class AgentServer:
             info=lambda: self.service.worker_info(),
             load=lambda: (self.service.worker_load(), self.service.state),
             take_events=self.engine.take_kv_events,
-            snapshot=self.engine.cached_block_hashes,
+            snapshot=self.engine.cached_block_hashes_by_tier,
         )
         self.service = AgentService(config, self.engine, self._transports, lambda: self.link.ticket_key, self.endpoint)
         agent_pb2_grpc.add_AgentServicer_to_server(self.service, server)

@@ -49,6 +49,7 @@ class EngineOutput:
     # prefill_only requests, final output: the prompt's full blocks, pinned for transfer.
     block_hashes: list[BlockHash] = field(default_factory=list)
     pinned_block_ids: list[int] = field(default_factory=list)
+    num_loaded_tokens: int = 0  # of num_cached_tokens, those copied back from the host or disk tier
 
 
 @dataclass(slots=True, frozen=True)

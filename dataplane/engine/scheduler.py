@@ -5,7 +5,9 @@ pool can reserve every block the request can ever need, ceil((prompt + max_token
 (prompt only for prefill_only), minus the blocks of its cached prefix; the head of the queue
 waits rather than being overtaken, and nothing is ever preempted. The cached prefix is capped at
 (len(prompt) - 1) // block_size blocks so at least one prompt token is computed and yields logits.
-Each step spends max_num_batched_tokens: one token per decoding request first, then prompt chunks
+With lower KV tiers, the blocks right after the device-cached prefix that a lower tier holds are
+copied into the request's fresh blocks at admission (`load_lower`) and count as cached: prefill
+continues after them. Each step spends max_num_batched_tokens: one token per decoding request first, then prompt chunks
 in admission order. A full block is registered in the prefix cache in the step its KV is written.
 """
 from __future__ import annotations
@@ -37,6 +39,7 @@ class Sequence:
     block_hashes: list[BlockHash] = field(default_factory=list)  # chained hashes of full blocks
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0
+    num_loaded_tokens: int = 0  # of the cached tokens, those copied back from a lower tier
     num_registered_blocks: int = 0
     num_output_tokens: int = 0
 
@@ -57,6 +60,7 @@ class Sequence:
             num_prompt_tokens=self.num_prompt_tokens,
             num_cached_tokens=self.num_cached_tokens,
             error=error,
+            num_loaded_tokens=self.num_loaded_tokens,
         )
 
 
@@ -74,7 +78,7 @@ class ScheduledChunk:
 
 class Scheduler:
     __slots__ = ("blocks", "model_name", "block_size", "max_num_seqs", "max_num_batched_tokens", "eos_token_ids",
-                 "waiting", "running")
+                 "waiting", "running", "load_lower")
 
     def __init__(
         self,
@@ -84,6 +88,7 @@ class Scheduler:
         max_num_seqs: int,
         max_num_batched_tokens: int,
         eos_token_ids: tuple[int, ...],
+        load_lower: Callable[[list[BlockHash], list[int]], int] | None = None,
     ) -> None:
         self.blocks = blocks
         self.model_name = model_name
@@ -93,6 +98,8 @@ class Scheduler:
         self.eos_token_ids = eos_token_ids
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        # (hashes, fresh block ids) -> how many leading hashes a lower tier copied into those blocks.
+        self.load_lower = load_lower
 
     # --- bookkeeping ---------------------------------------------------------------------
     def num_blocks_needed(self, request: EngineRequest) -> int:
@@ -129,6 +136,14 @@ class Scheduler:
                 return  # the head waits for blocks; later requests do not overtake it
             self.waiting.popleft()
             seq.block_ids, num_hit_blocks = got
+            if self.load_lower is not None and num_hit_blocks < max_hit:
+                span = slice(num_hit_blocks, max_hit)
+                num_loaded = self.load_lower(seq.block_hashes[span], seq.block_ids[span])
+                if num_loaded:
+                    span = slice(num_hit_blocks, num_hit_blocks + num_loaded)
+                    self.blocks.register(seq.block_hashes[span], seq.block_ids[span])
+                    num_hit_blocks += num_loaded
+                    seq.num_loaded_tokens = num_loaded * self.block_size
             seq.num_computed_tokens = seq.num_cached_tokens = num_hit_blocks * self.block_size
             seq.num_registered_blocks = num_hit_blocks
             self._release_held(seq)
