@@ -63,6 +63,8 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
         self._ticket_key = ticket_key
         self._stubs = stubs
         self._router = Router(config.router)
+        state.kv_stored_listeners.append(self._router.on_kv_stored)
+        state.worker_removed_listeners.append(self._router.on_worker_removed)
         self._admission = make_admission_policy(config.admission)
 
     # -- planning ------------------------------------------------------------------------------
@@ -153,14 +155,18 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
             d = plan.decision
             decode = self._state.workers.get(d.decode_worker)
             prefill = self._state.workers.get(d.prefill_worker) if d.prefill_worker else None
+            fetch = self._state.workers.get(d.fetch_from) if d.fetch_from else None
             if decode is None or (d.prefill_worker and prefill is None):
                 exclude.add(d.decode_worker)
                 continue
-            self._state.note_routed(d.decode_worker, 0 if d.disaggregated else d.prompt_tokens - d.cached_tokens)
+            self._router.record(d)
+            fetched = d.fetch_tokens if fetch is not None else 0
+            self._state.note_routed(d.decode_worker, 0 if d.disaggregated else d.prompt_tokens - d.cached_tokens - fetched)
             if d.prefill_worker:
                 self._state.note_routed(d.prefill_worker, d.prompt_tokens)
+            source_id = d.prefill_worker or (d.fetch_from if fetch is not None else "")
             agent_request = agent_pb2.AgentGenerateRequest(
-                ticket=tickets.issue(self._ticket_key, plan.request_id, d.decode_worker, d.prefill_worker or ""),
+                ticket=tickets.issue(self._ticket_key, plan.request_id, d.decode_worker, source_id or ""),
                 request_id=plan.request_id,
                 prompt_token_ids=plan.token_ids,
                 sampling=request.sampling,
@@ -169,6 +175,10 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
             if prefill is not None:
                 agent_request.prefill_from.CopyFrom(
                     agent_pb2.PrefillSource(worker_id=d.prefill_worker, endpoint=prefill.info.endpoint)
+                )
+            elif fetch is not None:
+                agent_request.prefill_from.CopyFrom(
+                    agent_pb2.PrefillSource(worker_id=d.fetch_from, endpoint=fetch.info.endpoint, cached_only=True)
                 )
             sent_any = False
             first_token_at: float | None = None
@@ -186,6 +196,8 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
                     if reply.finished:
                         out.metrics.CopyFrom(reply.metrics)
                         out.metrics.route_reason = d.reason
+                        if fetch is not None and not reply.metrics.kv_fetched_from:
+                            out.metrics.route_reason += f" (the fetch from {d.fetch_from} failed; prefilled locally)"
                         if first_token_at is not None:
                             # TTFT as the caller sees it: routing and admission included.
                             out.metrics.ttft_ms = (first_token_at - started) * 1000
@@ -246,6 +258,7 @@ def _route_response(plan: Plan) -> client_pb2.RouteResponse:
         reason=d.reason,
         prompt_tokens=d.prompt_tokens,
         cached_tokens=d.cached_tokens,
+        fetch_from=d.fetch_from or "",
     )
     for c in d.candidates:
         reply.candidates.add(

@@ -9,14 +9,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from controlplane import keys
 from controlplane.core.index import CacheIndex, ClearedEvent, RemovedEvent, StoredEvent
 from controlplane.core.router import WorkerLoadView, WorkerView
 from controlplane.store.base import EventType, Store, WatchEvent
-from kvplane.convert import role_from_pb, tier_from_pb
+from kvplane.convert import layout_from_pb, role_from_pb, tier_from_pb
 from kvplane.types import BlockHash, Tier, WorkerId
 from kvplane.v1 import common_pb2, registry_pb2
 
@@ -54,6 +54,9 @@ class ClusterState:
         self._watch_task: asyncio.Task | None = None
         self._synced = asyncio.Event()
         self.revision = 0
+        # Listeners (e.g. the router's predicted prefixes): blocks a worker reported stored, workers gone.
+        self.kv_stored_listeners: list[Callable[[WorkerId, Sequence[BlockHash]], None]] = []
+        self.worker_removed_listeners: list[Callable[[WorkerId], None]] = []
 
     async def start(self) -> None:
         items, revision = await self._store.get_prefix(keys.ROOT)
@@ -104,6 +107,8 @@ class ClusterState:
         if event.type is EventType.DELETE:
             self.workers.pop(worker_id, None)
             self.index.remove_worker(worker_id)
+            for listener in self.worker_removed_listeners:
+                listener(worker_id)
             log.info("worker %s left (lease expired or deregistered)", worker_id)
             return
         info = common_pb2.WorkerInfo.FromString(event.value)
@@ -140,6 +145,10 @@ class ClusterState:
             self.index.apply_snapshot(WorkerId(worker_id), seq, by_tier)
         else:
             self.index.apply_batch(WorkerId(worker_id), seq, events)
+        for ev in events:
+            if isinstance(ev, StoredEvent):
+                for listener in self.kv_stored_listeners:
+                    listener(WorkerId(worker_id), ev.block_hashes)
 
     # -- views for routing -------------------------------------------------------------------
 
@@ -169,6 +178,7 @@ class ClusterState:
                         num_total_blocks=e.load.num_total_blocks,
                     ),
                     max_context=e.info.max_context,
+                    block_nbytes=layout_from_pb(e.info.layout).block_nbytes if e.info.layout.dtype else 0,
                 )
             )
         return out

@@ -30,6 +30,7 @@ from dataplane.engine.sampling import make_generator
 from dataplane.engine.scheduler import Scheduler, ScheduledChunk, Sequence
 from dataplane.engine.tiers import TierStats, TierStore
 from dataplane.engine.weights import load_model
+from kvplane.block_hash import hash_blocks
 from kvplane.types import BlockHash, KVLayout, Tier
 
 log = logging.getLogger(__name__)
@@ -237,6 +238,16 @@ class Engine:
     def unpin(self, block_ids: list[int]) -> None:
         with self._cond:
             self._blocks.release(block_ids[::-1])
+
+    def pin_cached_prefix(self, prompt_token_ids: list[int], cache_salt: str = "") -> tuple[list[BlockHash], list[int]]:
+        """Pins the longest device-cached prefix of the prompt's full blocks without computing
+        anything (a peer fetches them); returns (hashes, pinned block ids). unpin() releases."""
+        hashes = hash_blocks(prompt_token_ids, self.config.block_size, self.model_name, cache_salt)
+        with self._cond:
+            block_ids = self._blocks.longest_cached_prefix(hashes)
+            for b in block_ids:
+                self._blocks.take_ref(b)
+            return hashes[: len(block_ids)], block_ids
 
     def missing_blocks(self, block_hashes: list[BlockHash]) -> list[int]:
         with self._cond:

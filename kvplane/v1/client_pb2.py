@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from kvplane.v1 import common_pb2 as kvplane_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17kvplane/v1/client.proto\x12\nkvplane.v1\x1a\x17kvplane/v1/common.proto\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"\xe3\x01\n\x0fGenerateRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12)\n\ttoken_ids\x18\x03 \x01(\x0b\x32\x14.kvplane.v1.TokenIdsH\x00\x12,\n\x08sampling\x18\x04 \x01(\x0b\x32\x1a.kvplane.v1.SamplingParams\x12&\n\x06\x64isagg\x18\x05 \x01(\x0e\x32\x16.kvplane.v1.DisaggMode\x12\x12\n\nrequest_id\x18\x06 \x01(\t\x12\x12\n\ncache_salt\x18\x07 \x01(\tB\x08\n\x06prompt\"\x9d\x01\n\x10GenerateResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x10\n\x08\x66inished\x18\x03 \x01(\x08\x12\x15\n\rfinish_reason\x18\x04 \x01(\t\x12+\n\x07metrics\x18\x05 \x01(\x0b\x32\x1a.kvplane.v1.RequestMetrics\x12\x12\n\nrequest_id\x18\x06 \x01(\t\"\xd7\x01\n\rRouteResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x15\n\rdecode_worker\x18\x02 \x01(\t\x12\x16\n\x0eprefill_worker\x18\x03 \x01(\t\x12\x15\n\rdisaggregated\x18\x04 \x01(\x08\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12\x15\n\rprompt_tokens\x18\x06 \x01(\r\x12\x15\n\rcached_tokens\x18\x07 \x01(\r\x12.\n\ncandidates\x18\x08 \x03(\x0b\x32\x1a.kvplane.v1.CandidateScore\"j\n\x0e\x43\x61ndidateScore\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0c\n\x04\x63ost\x18\x02 \x01(\x01\x12\x15\n\rcached_tokens\x18\x03 \x01(\r\x12\x12\n\nadmissible\x18\x04 \x01(\x08\x12\x0c\n\x04note\x18\x05 \x01(\t\"\x14\n\x12ListWorkersRequest\"@\n\x13ListWorkersResponse\x12)\n\x07workers\x18\x01 \x03(\x0b\x32\x18.kvplane.v1.WorkerStatus\"n\n\x0cWorkerStatus\x12$\n\x04info\x18\x01 \x01(\x0b\x32\x16.kvplane.v1.WorkerInfo\x12$\n\x04load\x18\x02 \x01(\x0b\x32\x16.kvplane.v1.WorkerLoad\x12\x12\n\nload_age_s\x18\x03 \x01(\x01\"\x11\n\x0fGetCacheRequest\"<\n\x10GetCacheResponse\x12(\n\x07workers\x18\x01 \x03(\x0b\x32\x17.kvplane.v1.WorkerCache\"\x98\x01\n\x0bWorkerCache\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x41\n\x0e\x62locks_by_tier\x18\x02 \x03(\x0b\x32).kvplane.v1.WorkerCache.BlocksByTierEntry\x1a\x33\n\x11\x42locksByTierEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\"\'\n\x12\x44rainWorkerRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\"P\n\x13\x44rainWorkerResponse\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12&\n\x05state\x18\x02 \x01(\x0e\x32\x17.kvplane.v1.WorkerState2\xfa\x02\n\x07Kvplane\x12G\n\x08Generate\x12\x1b.kvplane.v1.GenerateRequest\x1a\x1c.kvplane.v1.GenerateResponse0\x01\x12?\n\x05Route\x12\x1b.kvplane.v1.GenerateRequest\x1a\x19.kvplane.v1.RouteResponse\x12N\n\x0bListWorkers\x12\x1e.kvplane.v1.ListWorkersRequest\x1a\x1f.kvplane.v1.ListWorkersResponse\x12\x45\n\x08GetCache\x12\x1b.kvplane.v1.GetCacheRequest\x1a\x1c.kvplane.v1.GetCacheResponse\x12N\n\x0b\x44rainWorker\x12\x1e.kvplane.v1.DrainWorkerRequest\x1a\x1f.kvplane.v1.DrainWorkerResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17kvplane/v1/client.proto\x12\nkvplane.v1\x1a\x17kvplane/v1/common.proto\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"\xe3\x01\n\x0fGenerateRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12)\n\ttoken_ids\x18\x03 \x01(\x0b\x32\x14.kvplane.v1.TokenIdsH\x00\x12,\n\x08sampling\x18\x04 \x01(\x0b\x32\x1a.kvplane.v1.SamplingParams\x12&\n\x06\x64isagg\x18\x05 \x01(\x0e\x32\x16.kvplane.v1.DisaggMode\x12\x12\n\nrequest_id\x18\x06 \x01(\t\x12\x12\n\ncache_salt\x18\x07 \x01(\tB\x08\n\x06prompt\"\x9d\x01\n\x10GenerateResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x10\n\x08\x66inished\x18\x03 \x01(\x08\x12\x15\n\rfinish_reason\x18\x04 \x01(\t\x12+\n\x07metrics\x18\x05 \x01(\x0b\x32\x1a.kvplane.v1.RequestMetrics\x12\x12\n\nrequest_id\x18\x06 \x01(\t\"\xeb\x01\n\rRouteResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x15\n\rdecode_worker\x18\x02 \x01(\t\x12\x16\n\x0eprefill_worker\x18\x03 \x01(\t\x12\x15\n\rdisaggregated\x18\x04 \x01(\x08\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12\x15\n\rprompt_tokens\x18\x06 \x01(\r\x12\x15\n\rcached_tokens\x18\x07 \x01(\r\x12.\n\ncandidates\x18\x08 \x03(\x0b\x32\x1a.kvplane.v1.CandidateScore\x12\x12\n\nfetch_from\x18\t \x01(\t\"j\n\x0e\x43\x61ndidateScore\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0c\n\x04\x63ost\x18\x02 \x01(\x01\x12\x15\n\rcached_tokens\x18\x03 \x01(\r\x12\x12\n\nadmissible\x18\x04 \x01(\x08\x12\x0c\n\x04note\x18\x05 \x01(\t\"\x14\n\x12ListWorkersRequest\"@\n\x13ListWorkersResponse\x12)\n\x07workers\x18\x01 \x03(\x0b\x32\x18.kvplane.v1.WorkerStatus\"n\n\x0cWorkerStatus\x12$\n\x04info\x18\x01 \x01(\x0b\x32\x16.kvplane.v1.WorkerInfo\x12$\n\x04load\x18\x02 \x01(\x0b\x32\x16.kvplane.v1.WorkerLoad\x12\x12\n\nload_age_s\x18\x03 \x01(\x01\"\x11\n\x0fGetCacheRequest\"<\n\x10GetCacheResponse\x12(\n\x07workers\x18\x01 \x03(\x0b\x32\x17.kvplane.v1.WorkerCache\"\x98\x01\n\x0bWorkerCache\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x41\n\x0e\x62locks_by_tier\x18\x02 \x03(\x0b\x32).kvplane.v1.WorkerCache.BlocksByTierEntry\x1a\x33\n\x11\x42locksByTierEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\"\'\n\x12\x44rainWorkerRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\"P\n\x13\x44rainWorkerResponse\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12&\n\x05state\x18\x02 \x01(\x0e\x32\x17.kvplane.v1.WorkerState2\xfa\x02\n\x07Kvplane\x12G\n\x08Generate\x12\x1b.kvplane.v1.GenerateRequest\x1a\x1c.kvplane.v1.GenerateResponse0\x01\x12?\n\x05Route\x12\x1b.kvplane.v1.GenerateRequest\x1a\x19.kvplane.v1.RouteResponse\x12N\n\x0bListWorkers\x12\x1e.kvplane.v1.ListWorkersRequest\x1a\x1f.kvplane.v1.ListWorkersResponse\x12\x45\n\x08GetCache\x12\x1b.kvplane.v1.GetCacheRequest\x1a\x1c.kvplane.v1.GetCacheResponse\x12N\n\x0b\x44rainWorker\x12\x1e.kvplane.v1.DrainWorkerRequest\x1a\x1f.kvplane.v1.DrainWorkerResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -41,27 +41,27 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GENERATERESPONSE']._serialized_start=320
   _globals['_GENERATERESPONSE']._serialized_end=477
   _globals['_ROUTERESPONSE']._serialized_start=480
-  _globals['_ROUTERESPONSE']._serialized_end=695
-  _globals['_CANDIDATESCORE']._serialized_start=697
-  _globals['_CANDIDATESCORE']._serialized_end=803
-  _globals['_LISTWORKERSREQUEST']._serialized_start=805
-  _globals['_LISTWORKERSREQUEST']._serialized_end=825
-  _globals['_LISTWORKERSRESPONSE']._serialized_start=827
-  _globals['_LISTWORKERSRESPONSE']._serialized_end=891
-  _globals['_WORKERSTATUS']._serialized_start=893
-  _globals['_WORKERSTATUS']._serialized_end=1003
-  _globals['_GETCACHEREQUEST']._serialized_start=1005
-  _globals['_GETCACHEREQUEST']._serialized_end=1022
-  _globals['_GETCACHERESPONSE']._serialized_start=1024
-  _globals['_GETCACHERESPONSE']._serialized_end=1084
-  _globals['_WORKERCACHE']._serialized_start=1087
-  _globals['_WORKERCACHE']._serialized_end=1239
-  _globals['_WORKERCACHE_BLOCKSBYTIERENTRY']._serialized_start=1188
-  _globals['_WORKERCACHE_BLOCKSBYTIERENTRY']._serialized_end=1239
-  _globals['_DRAINWORKERREQUEST']._serialized_start=1241
-  _globals['_DRAINWORKERREQUEST']._serialized_end=1280
-  _globals['_DRAINWORKERRESPONSE']._serialized_start=1282
-  _globals['_DRAINWORKERRESPONSE']._serialized_end=1362
-  _globals['_KVPLANE']._serialized_start=1365
-  _globals['_KVPLANE']._serialized_end=1743
+  _globals['_ROUTERESPONSE']._serialized_end=715
+  _globals['_CANDIDATESCORE']._serialized_start=717
+  _globals['_CANDIDATESCORE']._serialized_end=823
+  _globals['_LISTWORKERSREQUEST']._serialized_start=825
+  _globals['_LISTWORKERSREQUEST']._serialized_end=845
+  _globals['_LISTWORKERSRESPONSE']._serialized_start=847
+  _globals['_LISTWORKERSRESPONSE']._serialized_end=911
+  _globals['_WORKERSTATUS']._serialized_start=913
+  _globals['_WORKERSTATUS']._serialized_end=1023
+  _globals['_GETCACHEREQUEST']._serialized_start=1025
+  _globals['_GETCACHEREQUEST']._serialized_end=1042
+  _globals['_GETCACHERESPONSE']._serialized_start=1044
+  _globals['_GETCACHERESPONSE']._serialized_end=1104
+  _globals['_WORKERCACHE']._serialized_start=1107
+  _globals['_WORKERCACHE']._serialized_end=1259
+  _globals['_WORKERCACHE_BLOCKSBYTIERENTRY']._serialized_start=1208
+  _globals['_WORKERCACHE_BLOCKSBYTIERENTRY']._serialized_end=1259
+  _globals['_DRAINWORKERREQUEST']._serialized_start=1261
+  _globals['_DRAINWORKERREQUEST']._serialized_end=1300
+  _globals['_DRAINWORKERRESPONSE']._serialized_start=1302
+  _globals['_DRAINWORKERRESPONSE']._serialized_end=1382
+  _globals['_KVPLANE']._serialized_start=1385
+  _globals['_KVPLANE']._serialized_end=1763
 # @@protoc_insertion_point(module_scope)
