@@ -161,7 +161,10 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
                 continue
             self._router.record(d)
             fetched = d.fetch_tokens if fetch is not None else 0
-            self._state.note_routed(d.decode_worker, 0 if d.disaggregated else d.prompt_tokens - d.cached_tokens - fetched)
+            num_blocks = -(-(d.prompt_tokens + request.sampling.max_tokens) // max(decode.info.layout.block_size, 1))
+            self._state.note_routed(
+                d.decode_worker, 0 if d.disaggregated else d.prompt_tokens - d.cached_tokens - fetched, num_blocks
+            )
             if d.prefill_worker:
                 self._state.note_routed(d.prefill_worker, d.prompt_tokens)
             source_id = d.prefill_worker or (d.fetch_from if fetch is not None else "")

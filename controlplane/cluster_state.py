@@ -31,6 +31,7 @@ class WorkerEntry:
     load_at: float                  # monotonic time of the last load report
     pending_prefill_tokens: int = 0  # routed here since the last load report
     pending_requests: int = 0
+    pending_blocks: int = 0          # KV blocks those requests will hold
 
 
 def events_from_pb(events: Sequence[common_pb2.KVEvent]) -> list[StoredEvent | RemovedEvent | ClearedEvent]:
@@ -132,6 +133,7 @@ class ClusterState:
         # The report now counts what was routed before it.
         entry.pending_prefill_tokens = 0
         entry.pending_requests = 0
+        entry.pending_blocks = 0
 
     def _apply_kv(self, key: str, value: bytes) -> None:
         worker_id, seq = keys.parse_kv_key(key)
@@ -152,12 +154,13 @@ class ClusterState:
 
     # -- views for routing -------------------------------------------------------------------
 
-    def note_routed(self, worker_id: WorkerId, prefill_tokens: int) -> None:
+    def note_routed(self, worker_id: WorkerId, prefill_tokens: int, num_blocks: int = 0) -> None:
         """Counts work just sent to a worker until its next load report includes it."""
         entry = self.workers.get(worker_id)
         if entry is not None:
             entry.pending_prefill_tokens += prefill_tokens
             entry.pending_requests += 1
+            entry.pending_blocks += num_blocks
 
     def views(self) -> list[WorkerView]:
         out = []
@@ -173,8 +176,8 @@ class ClusterState:
                         num_running=e.load.num_running,
                         num_waiting=e.load.num_waiting + e.pending_requests,
                         num_queued_prefill_tokens=e.load.num_queued_prefill_tokens + e.pending_prefill_tokens,
-                        num_free_blocks=e.load.num_free_blocks,
-                        num_used_blocks=e.load.num_used_blocks,
+                        num_free_blocks=max(e.load.num_free_blocks - e.pending_blocks, 0),
+                        num_used_blocks=e.load.num_used_blocks + e.pending_blocks,
                         num_total_blocks=e.load.num_total_blocks,
                     ),
                     max_context=e.info.max_context,
