@@ -161,7 +161,9 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
                 continue
             self._router.record(d)
             fetched = d.fetch_tokens if fetch is not None else 0
-            num_blocks = -(-(d.prompt_tokens + request.sampling.max_tokens) // max(decode.info.layout.block_size, 1))
+            # New blocks only: a cached (or fetched) prefix is shared with the requests holding it.
+            block_size = max(decode.info.layout.block_size, 1)
+            num_blocks = -(-(d.prompt_tokens + request.sampling.max_tokens) // block_size) - (d.cached_tokens + fetched) // block_size
             self._state.note_routed(
                 d.decode_worker, 0 if d.disaggregated else d.prompt_tokens - d.cached_tokens - fetched, num_blocks
             )

@@ -176,11 +176,12 @@ class ClusterState:
                         num_running=e.load.num_running,
                         num_waiting=e.load.num_waiting + e.pending_requests,
                         num_queued_prefill_tokens=e.load.num_queued_prefill_tokens + e.pending_prefill_tokens,
-                        num_free_blocks=max(e.load.num_free_blocks - e.pending_blocks, 0),
-                        num_used_blocks=e.load.num_used_blocks + e.pending_blocks,
+                        num_free_blocks=e.load.num_free_blocks,
+                        num_used_blocks=e.load.num_used_blocks,
                         num_total_blocks=e.load.num_total_blocks,
                     ),
                     max_context=e.info.max_context,
+                    pending_blocks=e.pending_blocks,
                     block_nbytes=layout_from_pb(e.info.layout).block_nbytes if e.info.layout.dtype else 0,
                 )
             )

@@ -61,6 +61,8 @@ class RequestMetrics:
     prefill_computed_tokens: int = 0
     kv_transfer_ms: float = 0.0
     request_id: str = ""
+    kv_fetched_from: str = ""  # fetch instead of recompute: the worker whose cached prefix was pulled
+    kv_fetched_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,6 +234,8 @@ def metrics_from_proto(metrics: common_pb2.RequestMetrics, request_id: str = "")
         prefill_computed_tokens=metrics.prefill_computed_tokens,
         kv_transfer_ms=metrics.kv_transfer_ms,
         request_id=request_id,
+        kv_fetched_from=metrics.kv_fetched_from,
+        kv_fetched_tokens=metrics.kv_fetched_tokens,
     )
 
 

@@ -67,7 +67,7 @@ class RouterConfig:
     guard_power: float = 2.0
     guard_slack_tokens: int = 512
     guard_slack_kv_usage: float = 0.1
-    guard_slack_requests: int = 4
+    guard_slack_requests: int = 2
     # Fetch instead of recompute: pull at least this many more cached blocks from a busier holder
     # when overhead + bytes / bandwidth < tokens / prefill rate (0 = off). Rates: docs/benchmarks.md.
     fetch_min_blocks: int = 4
@@ -135,6 +135,9 @@ class WorkerView:
     load: WorkerLoadView
     max_context: int
     block_nbytes: int = 0  # KV bytes per block (0 = unknown: never a fetch source or target)
+    # New KV blocks of requests routed here since the last load report (the router's cost counts
+    # them as used; admission sees only reported numbers).
+    pending_blocks: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -344,10 +347,8 @@ def overlap_cost(
     ) * credit_scale
     num_prompt_blocks = math.ceil(num_prompt_tokens / block_size)
     num_queued_blocks = math.ceil(worker.load.num_queued_prefill_tokens / block_size)
-    cost = (
-        config.prefill_load_scale * max(num_queued_blocks + num_prompt_blocks - credit, 0.0)
-        + worker.load.num_used_blocks
-    )
+    num_used_blocks = worker.load.num_used_blocks + worker.pending_blocks
+    cost = config.prefill_load_scale * max(num_queued_blocks + num_prompt_blocks - credit, 0.0) + num_used_blocks
     cached_tokens = cached_prefix_tokens(num_matched_blocks, num_prompt_tokens, block_size)
     return CandidateCost(
         worker_id=worker.worker_id,
@@ -356,7 +357,7 @@ def overlap_cost(
         prefill_tokens=num_prompt_tokens - cached_tokens,
         note=(
             f"{num_matched_blocks} matched blocks (credit {credit:g}), {num_queued_blocks} queued "
-            f"prefill blocks, {num_prompt_blocks} prompt blocks, {worker.load.num_used_blocks} used blocks"
+            f"prefill blocks, {num_prompt_blocks} prompt blocks, {num_used_blocks} used blocks"
             f"{note_suffix}"
         ),
     )

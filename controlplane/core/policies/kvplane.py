@@ -67,7 +67,7 @@ class KvplanePolicy(PolicyHooks):
         signals = {
             w.worker_id: (
                 float(w.load.num_queued_prefill_tokens),
-                w.load.num_used_blocks / w.load.num_total_blocks if w.load.num_total_blocks else 0.0,
+                (w.load.num_used_blocks + w.pending_blocks) / w.load.num_total_blocks if w.load.num_total_blocks else 0.0,
                 float(w.load.num_running + w.load.num_waiting),
             )
             for w in workers
