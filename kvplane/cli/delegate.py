@@ -1,6 +1,6 @@
 """Commands whose arguments and behaviour live in other packages: the servers and the benchmarks.
 
-`kvplane controlplane`, `kvplane agent` and `kvplane bench transfer` import their module
+`kvplane controlplane`, `kvplane agent` and `kvplane bench ...` import their module
 only when run, so that client commands start fast and never import torch. Each module
 provides `add_arguments(parser) -> None` and `run(args) -> int`; all arguments after the
 command name go to the module's own parser (its --help included).
@@ -38,6 +38,10 @@ DELEGATES = (
     Delegate(
         ("bench", "transfer"), "kvplane.bench.transfer", "measure KV transfer throughput",
         "Measures KV-block transfer throughput and latency between two processes per transport.",
+    ),
+    Delegate(
+        ("bench", "prefix"), "kvplane.bench.prefix", "compare routing policies on prefix-sharing workloads",
+        "Replays chat/agent/rag/trace workloads against 4 local agents per routing policy: hit rate, TTFT, load spread.",
     ),
 )  # fmt: skip
 
