@@ -44,6 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trace-time-scale", type=float, default=4.0, help="trace time divided by this (default %(default)s)")
     parser.add_argument("--num-blocks", type=int, default=384, help="device KV blocks per agent (default %(default)s)")
     parser.add_argument("--host-blocks", type=int, default=1536, help="host-tier KV blocks per agent (default %(default)s)")
+    parser.add_argument("--controlplane-args", default="", help="extra control-plane flags for every run, e.g. '--guard-ratio 2' (experiments)")
     parser.add_argument("--seed", type=int, default=0, help="workload seed (default %(default)s)")
     parser.add_argument("--json", action="store_true", help='print {"rows": [{' + ", ".join(f'"{k}"' for k in JSON_KEYS) + "}]}")
     parser.add_argument("--plot", default="", help="write a PNG of hit rates and TTFT p99 here (needs matplotlib)")
@@ -92,7 +93,7 @@ def run_policy(workload: str, requests: list[wl.BenchRequest], policy: str, args
 
     agent_args = ("--model", MODEL, "--block-size", str(BLOCK_SIZE), "--num-blocks", str(args.num_blocks),
                   "--host-blocks", str(args.host_blocks), "--transports", "grpc")  # fmt: skip
-    cp_args = ("--routing-policy", policy, "--admission", "none")
+    cp_args = ("--routing-policy", policy, "--admission", "none", *args.controlplane_args.split())
     log(f"[{workload} / {policy}] starting {NUM_AGENTS} agents ...")
     order = sorted(range(len(requests)), key=lambda i: requests[i].arrival_s)
     done = [threading.Event() for _ in requests]

@@ -40,6 +40,10 @@ DELEGATES = (
         "Measures KV-block transfer throughput and latency between two processes per transport.",
     ),
     Delegate(
+        ("bench", "tiers"), "kvplane.bench.tiers", "measure KV block load time per tier vs recompute",
+        "Measures host->device and disk->device KV block loads against recomputing the block (prefill).",
+    ),
+    Delegate(
         ("bench", "prefix"), "kvplane.bench.prefix", "compare routing policies on prefix-sharing workloads",
         "Replays chat/agent/rag/trace workloads against 4 local agents per routing policy: hit rate, TTFT, load spread.",
     ),
