@@ -47,11 +47,13 @@ class RouterConfig:
     # Which decode worker wins: "kvplane", "round-robin", "least-load" or "prefix-only".
     policy: str = "kvplane"
     prefill_load_scale: float = 1.0
-    # Credit per cached block by tier: 1 - (load time / recompute time) of a block, measured with
-    # `kvplane bench tiers` (docs/benchmarks.md), rounded down.
+    # Credit per cached block by tier: the share of a block's recompute that loading it saves,
+    # 1 - load time / recompute time, measured with `kvplane bench tiers` (docs/benchmarks.md:
+    # host 0.99, disk 0.96 here) and rounded down for slower links than this machine's memcpy
+    # (PCIe to a GPU, a cold NVMe read).
     overlap_weight_device: float = 1.0
-    overlap_weight_host: float = 0.75
-    overlap_weight_disk: float = 0.25
+    overlap_weight_host: float = 0.9
+    overlap_weight_disk: float = 0.5
     # Remote prefill only when the uncached prompt tokens on the decode worker reach this.
     disagg_threshold_tokens: int = 2048
     # A prefill worker with this many queued prefill tokens or more is busy: prefill locally.

@@ -176,9 +176,10 @@ def plot(rows: list[dict], path: str) -> None:
     oracle = {r["workload"]: r["oracle_hit_rate"] for r in rows}
     for w_i, w in enumerate(workloads):
         axes[0].hlines(oracle[w], w_i - width / 2, w_i + 0.8 - width / 2, colors="black", linestyles="dashed")
-    for ax, title in zip(axes, ("prefix hit rate (dashed: oracle)", "TTFT p99 (ms)", "max load / mean load")):
+    for ax, title in zip(axes, ("prefix hit rate (dashed: oracle)", "TTFT p99 (ms, log)", "max load / mean load (red: 1.5)")):
         ax.set_xticks([w_i + 0.4 - width / 2 for w_i in range(len(workloads))], workloads)
         ax.set_title(title)
+    axes[1].set_yscale("log")
     axes[2].axhline(1.5, color="red", linewidth=0.8)
     axes[0].legend(fontsize=8)
     fig.tight_layout()

@@ -86,11 +86,11 @@ def test_routed_prefix_is_predicted_until_ttl_and_replaced_by_events(index, work
     router.on_kv_stored(first.decode_worker, hashes[:3])
     d = router.route(route_request(PROMPT_40), workers, index)
     chosen = next(c for c in d.candidates if c.worker_id == first.decode_worker)
-    assert "10 matched blocks (credit 9.25)" in chosen.note  # 3 host blocks (0.75) + 7 predicted (1.0)
+    assert "10 matched blocks (credit 9.7)" in chosen.note  # 3 host blocks (0.9) + 7 predicted (1.0)
     clock.now += 2.5  # predictions expire; the 3 real host blocks remain
     d = router.route(route_request(PROMPT_40), workers, index)
     chosen = next(c for c in d.candidates if c.worker_id == first.decode_worker)
-    assert "3 matched blocks (credit 2.25)" in chosen.note
+    assert "3 matched blocks (credit 2.7)" in chosen.note
 
 
 def test_route_queries_without_record_predict_nothing(index, worker_view, route_request):
