@@ -149,6 +149,11 @@ def run_policy(workload: str, requests: list[wl.BenchRequest], policy: str, args
     return row
 
 
+def to_json(rows: list[dict]) -> str:
+    """The --json document: {"rows": [...]} with exactly the JSON_KEYS of each row."""
+    return json.dumps({"rows": [{k: r[k] for k in JSON_KEYS} for r in rows]})
+
+
 def _names(value: str, known: tuple[str, ...], what: str) -> list[str]:
     names = list(known) if value == "all" else [n for n in value.split(",") if n]
     unknown = [n for n in names if n not in known]
@@ -199,7 +204,7 @@ def run(args: argparse.Namespace) -> int:
         plot(rows, args.plot)
         log(f"wrote {args.plot}")
     if args.json:
-        print(json.dumps({"rows": [{k: r[k] for k in JSON_KEYS} for r in rows]}))
+        print(to_json(rows))
         return 0
     print(f"{'workload':<8} {'policy':<12} {'hit':>6} {'oracle':>6} {'prefill tok':>11} {'TTFT p50':>9} {'TTFT p99':>9} "
           f"{'tok/s':>8} {'max/mean':>8} {'fetches':>7} {'failed':>6}")  # fmt: skip
