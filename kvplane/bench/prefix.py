@@ -88,6 +88,19 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 def run_policy(workload: str, requests: list[wl.BenchRequest], policy: str, args: argparse.Namespace, log) -> dict:
+    from kvplane.cluster import ClusterError
+
+    for attempt in range(3):
+        try:
+            return _run_policy(workload, requests, policy, args, log)
+        except ClusterError as e:  # e.g. a port taken by another process between pick and bind
+            if attempt == 2:
+                raise
+            log(f"[{workload} / {policy}] the cluster did not start ({str(e).splitlines()[0]}); retrying")
+    raise AssertionError("unreachable")
+
+
+def _run_policy(workload: str, requests: list[wl.BenchRequest], policy: str, args: argparse.Namespace, log) -> dict:
     from kvplane import Client
     from kvplane.cluster import LocalCluster
 
