@@ -48,6 +48,16 @@ class PrefixPredictions:
     def num_predicted(self, worker_id: WorkerId, now: float) -> int:
         return sum(1 for expiry in self._worker_to_expiry.get(worker_id, {}).values() if expiry > now)
 
+    def num_predicted_in(
+        self, index: CacheIndex, worker_id: WorkerId, block_hashes: Sequence[BlockHash], now: float
+    ) -> int:
+        """How many of block_hashes are predicted on the worker and not yet reported there: blocks
+        being computed there now."""
+        table = self._worker_to_expiry.get(worker_id)
+        if not table:
+            return 0
+        return sum(1 for h in block_hashes if table.get(h, 0.0) > now and not index.holder_tiers(h, worker_id))
+
     def overlaps(
         self, index: CacheIndex, block_hashes: Sequence[BlockHash], now: float
     ) -> dict[WorkerId, OverlapScore]:

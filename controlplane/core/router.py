@@ -137,8 +137,9 @@ class WorkerView:
     load: WorkerLoadView
     max_context: int
     block_nbytes: int = 0  # KV bytes per block (0 = unknown: never a fetch source or target)
-    # New KV blocks of requests routed here since the last load report (the router's cost counts
-    # them as used; admission sees only reported numbers).
+    # New KV blocks of requests routed here since the last load report: the kvplane policy's load
+    # guard counts them in KV use. Not in the cost: a burst's first request would then outweigh
+    # the very prefix it is computing for the others.
     pending_blocks: int = 0
 
 
@@ -340,16 +341,18 @@ def overlap_cost(
     overlap: OverlapScore | None,
     credit_scale: float = 1.0,
     note_suffix: str = "",
+    queued_discount_blocks: int = 0,
 ) -> CandidateCost:
-    """Dynamo's cost of one candidate; credit_scale < 1 shrinks its cache credit (the load guard)."""
+    """Dynamo's cost of one candidate; credit_scale < 1 shrinks its cache credit (the load guard);
+    queued_discount_blocks leaves out queued prefill work that computes blocks this request reuses."""
     block_size = worker.block_size
     num_matched_blocks = overlap.num_blocks if overlap else 0
     credit = (
         sum(config.tier_weight(tier) * n for tier, n in overlap.blocks_by_tier.items()) if overlap else 0.0
     ) * credit_scale
     num_prompt_blocks = math.ceil(num_prompt_tokens / block_size)
-    num_queued_blocks = math.ceil(worker.load.num_queued_prefill_tokens / block_size)
-    num_used_blocks = worker.load.num_used_blocks + worker.pending_blocks
+    num_queued_blocks = max(math.ceil(worker.load.num_queued_prefill_tokens / block_size) - queued_discount_blocks, 0)
+    num_used_blocks = worker.load.num_used_blocks
     cost = config.prefill_load_scale * max(num_queued_blocks + num_prompt_blocks - credit, 0.0) + num_used_blocks
     cached_tokens = cached_prefix_tokens(num_matched_blocks, num_prompt_tokens, block_size)
     return CandidateCost(

@@ -11,7 +11,7 @@ from tests.sdk.scripted_server import ScriptedServer
 METRIC_FIELDS = {
     "prefill_worker", "decode_worker", "prompt_tokens", "cached_tokens", "kv_transfer_bytes",
     "kv_transfer_blocks", "transport", "ttft_ms", "disaggregated", "route_reason",
-    "prefill_computed_tokens", "kv_transfer_ms", "request_id",
+    "prefill_computed_tokens", "kv_transfer_ms", "request_id", "kv_fetched_from", "kv_fetched_tokens",
 }  # fmt: skip
 
 

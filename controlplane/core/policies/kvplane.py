@@ -10,7 +10,8 @@ prefixes, and fetch instead of recompute.
   request onto its holder (SGLang's balance check, 1.5x, made continuous), and a cache miss,
   having no credit, goes to the least loaded worker by the plain cost, never to the emptiest cache.
 - Predicted prefixes (predictions.PrefixPredictions): each routed prompt counts as cached on its
-  worker for prediction_ttl_s, until its real KV events replace it.
+  worker for prediction_ttl_s, until its real KV events replace it; the queued prefill work that is
+  computing those predicted blocks is not counted against a request that will reuse them.
 - Fetch: when another active worker holds at least fetch_min_blocks more leading device blocks
   than the chosen one (it lost on load) and fetch_overhead_ms + blocks x block bytes /
   fetch_bytes_per_s < blocks x block_size / prefill_tokens_per_s, the chosen worker pulls them.
@@ -57,7 +58,9 @@ class KvplanePolicy(PolicyHooks):
         for w in workers:
             f = factors[w.worker_id]
             suffix = f", load guard x{f:.2f}" if f < 1.0 else ""
-            out.append(overlap_cost(self._config, w, ctx.num_prompt_tokens, ctx.overlaps.get(w.worker_id), f, suffix))
+            # Queued work that is computing this prompt's predicted blocks is shared, not added.
+            shared = self.predictions.num_predicted_in(ctx.index, w.worker_id, ctx.block_hashes, ctx.now)
+            out.append(overlap_cost(self._config, w, ctx.num_prompt_tokens, ctx.overlaps.get(w.worker_id), f, suffix, shared))
         return out
 
     def _guard(self, workers: Sequence[WorkerView]) -> dict[WorkerId, float]:
