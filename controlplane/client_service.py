@@ -69,6 +69,13 @@ class Plan:
     def disaggregated(self) -> bool:
         return self.prefill_worker is not None
 
+    @property
+    def fetch_from(self) -> str | None:
+        """The router's fetch, when admission kept the router's placement."""
+        d = self.decision
+        follows = self.decode_worker == d.decode_worker and self.prefill_worker == d.prefill_worker
+        return d.fetch_from if follows else None
+
 
 class AgentStubs:
     """One channel per agent endpoint, reused across requests."""
@@ -98,6 +105,8 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
         self._ticket_key = ticket_key
         self._stubs = stubs
         self._router = Router(config.router)
+        state.kv_stored_listeners.append(self._router.on_kv_stored)
+        state.worker_removed_listeners.append(self._router.on_worker_removed)
         self._policies: dict[str, AdmissionPolicy] = {}
         self._batch_queue = BatchQueue(config.batch_queue_size)
         self._link_bytes_per_s = config.initial_link_gb_per_s * 1e9
@@ -304,16 +313,27 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
             observation.routed(v.request_id, v.model, plan)
             decode = self._state.workers.get(plan.decode_worker)
             prefill = self._state.workers.get(plan.prefill_worker) if plan.prefill_worker else None
+            # A fetch belongs to the router's own placement; admission may have chosen another.
+            follows_router = plan.decode_worker == d.decode_worker and plan.prefill_worker == d.prefill_worker
+            fetch = self._state.workers.get(d.fetch_from) if d.fetch_from and follows_router else None
             if decode is None or (plan.prefill_worker and prefill is None):
                 exclude.add(plan.decode_worker)
                 continue
-            routed = [(plan.decode_worker, 0 if prefill else d.prompt_tokens - d.cached_tokens)]
+            if follows_router:
+                self._router.record(d)
+            fetched = d.fetch_tokens if fetch is not None else 0
+            cached = d.cached_tokens if follows_router else 0
+            # New blocks only: a cached (or fetched) prefix is shared with the requests holding it.
+            block_size = max(decode.info.layout.block_size, 1)
+            num_blocks = -(-(d.prompt_tokens + request.sampling.max_tokens) // block_size) - (cached + fetched) // block_size
+            routed = [(plan.decode_worker, 0 if prefill else d.prompt_tokens - cached - fetched, num_blocks)]
             if plan.prefill_worker:
-                routed.append((plan.prefill_worker, d.prompt_tokens))
-            for worker_id, tokens in routed:
-                self._state.note_routed(worker_id, tokens)
+                routed.append((plan.prefill_worker, d.prompt_tokens, 0))
+            for worker_id, tokens, blocks in routed:
+                self._state.note_routed(worker_id, tokens, blocks)
+            source_id = plan.prefill_worker or (d.fetch_from if fetch is not None else "")
             agent_request = agent_pb2.AgentGenerateRequest(
-                ticket=tickets.issue(self._ticket_key, v.request_id, plan.decode_worker, plan.prefill_worker or ""),
+                ticket=tickets.issue(self._ticket_key, v.request_id, plan.decode_worker, source_id or ""),
                 request_id=v.request_id,
                 prompt_token_ids=v.token_ids,
                 sampling=request.sampling,
@@ -321,6 +341,10 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
             )
             if prefill is not None:
                 agent_request.prefill_from.CopyFrom(agent_pb2.PrefillSource(worker_id=plan.prefill_worker, endpoint=prefill.info.endpoint))
+            elif fetch is not None:
+                agent_request.prefill_from.CopyFrom(
+                    agent_pb2.PrefillSource(worker_id=d.fetch_from, endpoint=fetch.info.endpoint, cached_only=True)
+                )
             sent_any = False
             first_token_at: float | None = None
             last_token_at, num_tokens = 0.0, 0
@@ -342,6 +366,8 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
                     )
                     if reply.finished:
                         self._finish_metrics(out.metrics, reply.metrics, plan, v, queued_s, started, first_token_at)
+                        if fetch is not None and not reply.metrics.kv_fetched_from:
+                            out.metrics.route_reason += f" (the fetch from {d.fetch_from} failed; prefilled locally)"
                         if first_token_at is not None:
                             tpot_s = (last_token_at - first_token_at) / (num_tokens - 1) if num_tokens > 1 else None
                             self._learn(plan, first_token_at - started - queued_s, tpot_s)
@@ -362,8 +388,8 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
                     self._prefilled(routed)
         await context.abort(grpc.StatusCode.UNAVAILABLE, "no worker could take the request; try again")
 
-    def _prefilled(self, routed: list[tuple[WorkerId, int]]) -> None:
-        for worker_id, tokens in routed:
+    def _prefilled(self, routed: list[tuple[WorkerId, int, int]]) -> None:
+        for worker_id, tokens, _ in routed:
             self._state.note_prefilled(worker_id, tokens)
 
     def _learn(self, plan: Plan, ttft_s: float, tpot_s: float | None) -> None:
@@ -487,6 +513,7 @@ def _route_response(v: Validated, plan: Plan) -> client_pb2.RouteResponse:
         reason=d.reason,
         prompt_tokens=d.prompt_tokens,
         cached_tokens=d.cached_tokens,
+        fetch_from=d.fetch_from or "",
     )
     for c in d.candidates:
         reply.candidates.add(

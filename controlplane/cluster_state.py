@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from controlplane import keys
@@ -18,7 +18,7 @@ from controlplane.core.predictor import WorkerPerf
 from controlplane.core.router import WorkerLoadView, WorkerView
 from controlplane.core.settings import ClusterSettings
 from controlplane.store.base import EventType, Store, WatchEvent
-from kvplane.convert import role_from_pb, tier_from_pb
+from kvplane.convert import layout_from_pb, role_from_pb, tier_from_pb
 from kvplane.latency import StepTimeModel
 from kvplane.types import BlockHash, Tier, WorkerId
 from kvplane.v1 import common_pb2, registry_pb2
@@ -34,8 +34,10 @@ class WorkerEntry:
     load_at: float                  # monotonic time of the last load report
     pending_prefill_tokens: int = 0  # routed here since the last load report
     pending_requests: int = 0
+    pending_blocks: int = 0          # KV blocks those requests will hold
     # Routed here by this replica and not yet past prefill (no first token yet). Load reports lag
-    # and miss requests still on their way to the engine; this count does not.
+    # and miss requests still on their way to the engine; this count does not. The latency
+    # predictor uses it; the router's load guard is tuned on reports plus pending counts.
     inflight_prefill_tokens: int = 0
     inflight_requests: int = 0
 
@@ -71,6 +73,9 @@ class ClusterState:
         self._watch_task: asyncio.Task | None = None
         self._synced = asyncio.Event()
         self.revision = 0
+        # Listeners (e.g. the router's predicted prefixes): blocks a worker reported stored, workers gone.
+        self.kv_stored_listeners: list[Callable[[WorkerId, Sequence[BlockHash]], None]] = []
+        self.worker_removed_listeners: list[Callable[[WorkerId], None]] = []
 
     async def start(self) -> None:
         items, revision = await self._store.get_prefix(keys.ROOT)
@@ -123,6 +128,8 @@ class ClusterState:
         if event.type is EventType.DELETE:
             self.workers.pop(worker_id, None)
             self.index.remove_worker(worker_id)
+            for listener in self.worker_removed_listeners:
+                listener(worker_id)
             log.info("worker %s left (lease expired or deregistered)", worker_id)
             return
         info = common_pb2.WorkerInfo.FromString(event.value)
@@ -148,6 +155,7 @@ class ClusterState:
         # The report now counts what was routed before it.
         entry.pending_prefill_tokens = 0
         entry.pending_requests = 0
+        entry.pending_blocks = 0
 
     def _apply_kv(self, key: str, value: bytes) -> None:
         worker_id, seq = keys.parse_kv_key(key)
@@ -161,6 +169,10 @@ class ClusterState:
             self.index.apply_snapshot(WorkerId(worker_id), seq, by_tier)
         else:
             self.index.apply_batch(WorkerId(worker_id), seq, events)
+        for ev in events:
+            if isinstance(ev, StoredEvent):
+                for listener in self.kv_stored_listeners:
+                    listener(WorkerId(worker_id), ev.block_hashes)
 
     def _apply_setting(self, name: str, event: WatchEvent) -> None:
         values = dict(self.settings.values)
@@ -173,13 +185,14 @@ class ClusterState:
 
     # -- views for routing -------------------------------------------------------------------
 
-    def note_routed(self, worker_id: WorkerId, prefill_tokens: int) -> None:
+    def note_routed(self, worker_id: WorkerId, prefill_tokens: int, num_blocks: int = 0) -> None:
         """Counts work just sent to a worker until its next load report includes it, and until
         its prefill is over (note_prefilled)."""
         entry = self.workers.get(worker_id)
         if entry is not None:
             entry.pending_prefill_tokens += prefill_tokens
             entry.pending_requests += 1
+            entry.pending_blocks += num_blocks
             entry.inflight_prefill_tokens += prefill_tokens
             entry.inflight_requests += 1
 
@@ -220,13 +233,15 @@ class ClusterState:
                     active=e.state != common_pb2.WORKER_STATE_DRAINING,
                     load=WorkerLoadView(
                         num_running=e.load.num_running,
-                        num_waiting=e.queued_requests,
-                        num_queued_prefill_tokens=e.queued_prefill_tokens,
+                        num_waiting=e.load.num_waiting + e.pending_requests,
+                        num_queued_prefill_tokens=e.load.num_queued_prefill_tokens + e.pending_prefill_tokens,
                         num_free_blocks=e.load.num_free_blocks,
                         num_used_blocks=e.load.num_used_blocks,
                         num_total_blocks=e.load.num_total_blocks,
                     ),
                     max_context=e.info.max_context,
+                    pending_blocks=e.pending_blocks,
+                    block_nbytes=layout_from_pb(e.info.layout).block_nbytes if e.info.layout.dtype else 0,
                 )
             )
         return out

@@ -7,6 +7,7 @@ import dataclasses
 
 from controlplane.config import ControlPlaneConfig
 from controlplane.core.admission import AdmissionConfig
+from controlplane.core.policies import routing_policy_names
 from controlplane.core.router import RouterConfig
 from kvplane.telemetry import flags as telemetry_flags
 
@@ -20,6 +21,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--disagg-threshold", type=int, default=r.disagg_threshold_tokens,
                         help="remote prefill only when a prompt's uncached tokens reach this (default %(default)s)")
     parser.add_argument("--prefill-load-scale", type=float, default=r.prefill_load_scale, help="router weight of prefill work (default %(default)s)")
+    parser.add_argument("--routing-policy", default=r.policy, choices=routing_policy_names(),
+                        help="which decode worker takes a request (default %(default)s)")
+    parser.add_argument("--prediction-ttl", type=float, default=r.prediction_ttl_s,
+                        help="kvplane policy: seconds a routed prefix counts as cached before its KV events arrive (default %(default)s)")
+    parser.add_argument("--guard-ratio", type=float, default=r.guard_ratio,
+                        help="kvplane policy: cache credit decays above this multiple of the pool's mean load (0 = off; default %(default)s)")
+    parser.add_argument("--fetch-min-blocks", type=int, default=r.fetch_min_blocks,
+                        help="kvplane policy: fetch a cached prefix from a busier holder when it brings this many blocks (0 = off; default %(default)s)")
     parser.add_argument("--admission", default=a.policy, help="admission policy: threshold or none (default %(default)s)")
     parser.add_argument("--max-running", type=int, default=a.max_running, help="threshold admission: running requests per worker (default %(default)s)")
     parser.add_argument("--max-waiting", type=int, default=a.max_waiting, help="threshold admission: waiting requests per worker (default %(default)s)")
@@ -29,7 +38,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> ControlPlaneConfig:
-    router = dataclasses.replace(RouterConfig(), disagg_threshold_tokens=args.disagg_threshold, prefill_load_scale=args.prefill_load_scale)
+    router = dataclasses.replace(
+        RouterConfig(),
+        policy=args.routing_policy,
+        disagg_threshold_tokens=args.disagg_threshold,
+        prefill_load_scale=args.prefill_load_scale,
+        prediction_ttl_s=args.prediction_ttl,
+        guard_ratio=args.guard_ratio,
+        fetch_min_blocks=args.fetch_min_blocks,
+    )
     admission = dataclasses.replace(
         AdmissionConfig(),
         policy=args.admission,

@@ -80,6 +80,8 @@ class RequestMetrics:
     predicted_tpot_ms: float = 0.0
     priority: str = ""
     queued_ms: float = 0.0  # time a batch request waited in the admission queue
+    kv_fetched_from: str = ""  # fetch instead of recompute: the worker whose cached prefix was pulled
+    kv_fetched_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -345,6 +347,8 @@ def metrics_from_proto(metrics: common_pb2.RequestMetrics, request_id: str = "")
         predicted_tpot_ms=metrics.predicted_tpot_ms,
         priority=metrics.priority,
         queued_ms=metrics.queued_ms,
+        kv_fetched_from=metrics.kv_fetched_from,
+        kv_fetched_tokens=metrics.kv_fetched_tokens,
     )
 
 

@@ -86,6 +86,7 @@ class LocalCluster:
         self.worker_endpoints: dict[str, str] = {}
         self.log_paths: dict[str, Path] = {}
         self._log_files: list[IO[bytes]] = []
+        self._agent_argv: dict[str, list[str]] = {}
         self._started = False
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -175,10 +176,23 @@ class LocalCluster:
             raise ValueError(f"a process named {worker_id!r} already runs in this cluster")
         port = free_port()
         self.worker_endpoints[worker_id] = f"{LOCALHOST}:{port}"
-        self._spawn(worker_id, [
+        self._agent_argv[worker_id] = [
             "agent", "--role", role, "--host", LOCALHOST, "--port", str(port),
             "--controlplane", self.endpoint, "--worker-id", worker_id, *self._agent_args, *agent_args,
-        ])  # fmt: skip
+        ]  # fmt: skip
+        self._spawn(worker_id, self._agent_argv[worker_id])
+        self.wait_until_registered(timeout)
+
+    def restart_agent(self, worker_id: str, sig: signal.Signals = signal.SIGTERM, timeout: float = 60.0) -> None:
+        """Stops one agent with `sig`, waits for it to exit, starts it again with the same id, port
+        and arguments, and returns once it has registered."""
+        if worker_id not in self._agent_argv:
+            raise ValueError(f"no agent named {worker_id!r}; known: {', '.join(self._agent_argv)}")
+        process = self.processes[worker_id]
+        if process.poll() is None:
+            process.send_signal(sig)
+            process.wait(timeout=timeout)
+        self._spawn(worker_id, self._agent_argv[worker_id])
         self.wait_until_registered(timeout)
 
     def add_controlplane(self, name: str = "controlplane-2") -> str:
@@ -256,11 +270,12 @@ class LocalCluster:
         worker_id = f"{role}-{index}"
         port = free_port()
         self.worker_endpoints[worker_id] = f"{LOCALHOST}:{port}"
-        self._spawn(worker_id, [
+        self._agent_argv[worker_id] = [
             "agent", "--role", role, "--host", LOCALHOST, "--port", str(port),
             "--controlplane", f"{LOCALHOST}:{controlplane_port}", "--worker-id", worker_id,
             *self._agent_args,
-        ])  # fmt: skip
+        ]  # fmt: skip
+        self._spawn(worker_id, self._agent_argv[worker_id])
 
     def _spawn(self, name: str, kvplane_args: list[str]) -> None:
         assert self.log_dir is not None

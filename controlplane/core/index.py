@@ -154,6 +154,10 @@ class CacheIndex:
             finished[worker_id] = _score(counts)
         return finished
 
+    def holder_tiers(self, block_hash: BlockHash, worker_id: WorkerId) -> frozenset[Tier]:
+        """Tiers at which the worker holds the block (empty when it does not)."""
+        return frozenset(self._block_to_worker_tiers.get(block_hash, {}).get(worker_id, ()))
+
     def blocks_by_tier(self) -> dict[WorkerId, dict[Tier, int]]:
         """Block counts per known worker and tier (every Tier is a key); a block held at two
         tiers counts at both."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import grpc
 
@@ -37,8 +37,14 @@ def events_to_pb(events: list[KVCacheEvent]) -> list[common_pb2.KVEvent]:
     return out
 
 
-def snapshot_to_pb(hashes: list[BlockHash]) -> list[common_pb2.KVEvent]:
-    return [common_pb2.KVEvent(stored=common_pb2.BlockStored(block_hashes=list(hashes), tier=tier_to_pb(Tier.DEVICE)))]
+def snapshot_to_pb(hashes: Mapping[Tier, list[BlockHash]] | list[BlockHash]) -> list[common_pb2.KVEvent]:
+    """One stored event per tier; a plain list means everything is on the device."""
+    by_tier = hashes if isinstance(hashes, Mapping) else {Tier.DEVICE: hashes}
+    return [
+        common_pb2.KVEvent(stored=common_pb2.BlockStored(block_hashes=list(block_hashes), tier=tier_to_pb(tier)))
+        for tier, block_hashes in by_tier.items()
+        if block_hashes or tier is Tier.DEVICE
+    ]
 
 
 class LeaseLost(Exception):
@@ -52,7 +58,7 @@ class ControlPlaneLink:
         info: Callable[[], common_pb2.WorkerInfo],
         load: Callable[[], tuple[common_pb2.WorkerLoad, int]],
         take_events: Callable[[], list[KVCacheEvent]],
-        snapshot: Callable[[], list[BlockHash]],
+        snapshot: Callable[[], Mapping[Tier, list[BlockHash]] | list[BlockHash]],
         latency: Callable[[], common_pb2.LatencyModel | None] = lambda: None,
         on_profile: Callable[[common_pb2.LatencyProfile], None] = lambda profile: None,
     ) -> None:

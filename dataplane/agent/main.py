@@ -23,6 +23,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=e.model, help="'builtin-tiny' or a local Hugging Face Llama directory (default %(default)s)")
     parser.add_argument("--block-size", type=int, default=e.block_size, help="tokens per KV block (default %(default)s)")
     parser.add_argument("--num-blocks", type=int, default=e.num_blocks, help="KV blocks in the pool (default %(default)s)")
+    parser.add_argument("--host-blocks", type=int, default=e.num_host_blocks,
+                        help="KV blocks in the host-memory tier, a write-through copy of the device pool (default %(default)s = off)")
+    parser.add_argument("--disk-dir", default=e.disk_dir, help="directory of the disk KV tier; its blocks survive restarts (default: off)")
+    parser.add_argument("--disk-blocks", type=int, default=e.num_disk_blocks, help="KV blocks kept in the disk tier (default %(default)s)")
     parser.add_argument("--max-num-seqs", type=int, default=e.max_num_seqs, help="largest decode batch (default %(default)s)")
     parser.add_argument("--max-tokens-limit", type=int, default=e.max_tokens_limit, help="largest max_tokens accepted (default %(default)s)")
     parser.add_argument("--dtype", default=e.dtype, help="KV and weight dtype (default %(default)s)")
@@ -40,6 +44,9 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
         model=args.model,
         block_size=args.block_size,
         num_blocks=args.num_blocks,
+        num_host_blocks=args.host_blocks,
+        disk_dir=args.disk_dir,
+        num_disk_blocks=args.disk_blocks,
         max_num_seqs=args.max_num_seqs,
         max_tokens_limit=args.max_tokens_limit,
         dtype=args.dtype,

@@ -53,7 +53,7 @@ class AgentServer:
             info=lambda: self.service.worker_info(),
             load=lambda: (self.service.worker_load(), self.service.state),
             take_events=self.engine.take_kv_events,
-            snapshot=self.engine.cached_block_hashes,
+            snapshot=self.engine.cached_block_hashes_by_tier,
             latency=lambda: self.service.latency_model_pb(),
             on_profile=lambda profile: self.service.seed_latency(profile),
         )

@@ -142,6 +142,8 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                 log.warning("remote prefill on %s failed (%s); prefilling locally", request.prefill_from.worker_id, e)
                 metrics.prefill_worker = self.worker_id
                 metrics.disaggregated = False
+                metrics.kv_fetched_from = ""
+                metrics.kv_fetched_tokens = 0
         engine_request = EngineRequest(
             request_id=request.request_id or uuid.uuid4().hex,
             prompt_token_ids=prompt,
@@ -207,6 +209,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                     cache_salt=request.cache_salt,
                     layout=layout_to_pb(self._engine.layout),
                     transports=offered,
+                    cached_only=source.cached_only,
                 ),
                 timeout=self._config.prefill_timeout_s,
             )
@@ -214,13 +217,19 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             if e.code() in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMENT):
                 raise RemotePrefillRefused(f"prefill worker {source.worker_id} refused: {e.details()}") from None
             raise
-        metrics.prefill_worker = source.worker_id
-        metrics.disaggregated = True
         metrics.transport = reply.transport
-        metrics.cached_tokens = reply.cached_tokens
-        metrics.prefill_computed_tokens = reply.prefill_computed_tokens
+        if source.cached_only:
+            # Fetch instead of recompute: the prefill itself runs here, after the pulled prefix.
+            metrics.kv_fetched_from = source.worker_id
+        else:
+            metrics.prefill_worker = source.worker_id
+            metrics.disaggregated = True
+            metrics.cached_tokens = reply.cached_tokens
+            metrics.prefill_computed_tokens = reply.prefill_computed_tokens
         hashes = [BlockHash(h) for h in reply.block_hashes]
         missing = self._engine.missing_blocks(hashes)
+        if source.cached_only:
+            metrics.kv_fetched_tokens = len(missing) * self._engine.layout.block_size
         transport = self._transports[reply.transport]
         released = False
         held: list[int] = []
@@ -260,7 +269,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
     async def Prefill(self, request: agent_pb2.PrefillRequest, context):
         await self._check_ticket(request.ticket, context)
         await self._check_accepting(context)
-        if not self._config.role.can_prefill:
+        if not self._config.role.can_prefill and not request.cached_only:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"worker {self.worker_id} has role {self._config.role.value} and does not prefill for peers")
         mismatch = self._engine.layout.mismatch(layout_from_pb(request.layout))
         if mismatch:
@@ -271,6 +280,8 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"no common KV transport: the decode side offers {list(request.transports)}, this agent serves {list(self._transports)}",
             )
+        if request.cached_only:
+            return self._pin_cached(request, transport_name)
         engine_request = EngineRequest(
             request_id=f"{request.request_id or uuid.uuid4().hex}:prefill",
             prompt_token_ids=list(request.prompt_token_ids),
@@ -303,6 +314,22 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             cached_tokens=out.num_cached_tokens,
             transport=transport_name,
             transport_descriptor=self._transports[transport_name].describe(out.pinned_block_ids),
+            expires_at=expires_at,
+            layout=layout_to_pb(self._engine.layout),
+        )
+
+    def _pin_cached(self, request: agent_pb2.PrefillRequest, transport_name: str) -> agent_pb2.PrefillResponse:
+        """Fetch instead of recompute, source side: pin what is cached, compute nothing."""
+        hashes, block_ids = self._engine.pin_cached_prefix(list(request.prompt_token_ids), request.cache_salt)
+        transfer_id = uuid.uuid4().hex
+        expires_at = time.time() + self._config.pin_timeout_s
+        self._pins[transfer_id] = Pin(block_ids, expires_at)
+        return agent_pb2.PrefillResponse(
+            transfer_id=transfer_id,
+            block_hashes=list(hashes),
+            cached_tokens=len(hashes) * self._engine.layout.block_size,
+            transport=transport_name,
+            transport_descriptor=self._transports[transport_name].describe(block_ids),
             expires_at=expires_at,
             layout=layout_to_pb(self._engine.layout),
         )

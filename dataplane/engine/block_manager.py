@@ -6,12 +6,15 @@ recomputing. Unreferenced blocks are free: never-hashed ones are handed out firs
 are evicted least recently released first (a request's blocks are released tail first, so a chain
 loses its tail before its head). Registering emits a stored event, eviction a removed event, a reset
 a cleared event; the caller drains them with take_events(). "Does not fit" returns None.
+Each block has a generation, bumped whenever it is handed out, so a reader outside the lock (the
+tier offloader) can tell whether the block was reused under it; `on_stored` hears of every
+registration (hashes, block ids) for write-through to lower tiers.
 Not thread-safe: the engine serialises calls under its lock.
 """
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from dataplane.engine.events import AllCleared, BlockRemoved, BlockStored, KVCacheEvent
 from kvplane.types import BlockHash, Tier
@@ -26,9 +29,13 @@ class BlockManager:
         "_uncached_free",
         "_cached_free",
         "_events",
+        "_generations",
+        "_on_stored",
     )
 
-    def __init__(self, num_blocks: int) -> None:
+    def __init__(
+        self, num_blocks: int, on_stored: Callable[[Sequence[BlockHash], Sequence[int]], None] | None = None
+    ) -> None:
         if num_blocks <= 0:
             raise ValueError(f"num_blocks must be positive, got {num_blocks}")
         self.num_blocks = num_blocks
@@ -40,6 +47,8 @@ class BlockManager:
         # Free blocks that still hold cached KV, least recently released first.
         self._cached_free: OrderedDict[int, None] = OrderedDict()
         self._events: list[KVCacheEvent] = []
+        self._generations = [0] * num_blocks
+        self._on_stored = on_stored
 
     # --- queries -------------------------------------------------------------------------
     @property
@@ -60,6 +69,9 @@ class BlockManager:
 
     def block_hash(self, block_id: int) -> BlockHash | None:
         return self._block_to_hash[block_id]
+
+    def generation(self, block_id: int) -> int:
+        return self._generations[block_id]
 
     def lookup(self, block_hash: BlockHash) -> int | None:
         return self._hash_to_block.get(block_hash)
@@ -114,6 +126,7 @@ class BlockManager:
                 self._block_to_hash[b] = None
                 evicted.append(h)
             self._ref_counts[b] = 1
+            self._generations[b] += 1
             block_ids.append(b)
         if evicted:
             self._events.append(BlockRemoved(tuple(evicted), Tier.DEVICE))
@@ -163,6 +176,8 @@ class BlockManager:
             holders.append(b)
         if stored:
             self._events.append(BlockStored(tuple(stored), Tier.DEVICE))
+            if self._on_stored is not None:
+                self._on_stored(stored, [self._hash_to_block[h] for h in stored])
         return holders
 
     def reset_prefix_cache(self) -> bool:

@@ -20,6 +20,11 @@ class EngineConfig:
     dtype: str = "float32"
     device: str = "cpu"
     seed: int = 0  # builtin weights and requests without their own sampling seed
+    # Lower KV tiers (dataplane/engine/tiers.py). 0 = no host tier. The host tier holds a copy of
+    # every cached device block (write-through), so make it larger than num_blocks.
+    num_host_blocks: int = 0
+    disk_dir: str = ""  # "" = no disk tier; needs a host tier (blocks spill host -> disk)
+    num_disk_blocks: int = 65536
 
     def validate(self) -> "EngineConfig":
         """Raise ValueError naming the first bad field; returns self so calls can chain."""
@@ -29,6 +34,14 @@ class EngineConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"EngineConfig.{name} must be a positive integer, got {value!r}")
+        for name in ("num_host_blocks", "num_disk_blocks"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"EngineConfig.{name} must be a non-negative integer, got {value!r}")
+        if self.disk_dir and self.num_host_blocks == 0:
+            raise ValueError("EngineConfig.disk_dir needs a host tier (num_host_blocks > 0): blocks spill host -> disk")
+        if self.disk_dir and self.num_disk_blocks == 0:
+            raise ValueError("EngineConfig.num_disk_blocks must be positive when disk_dir is set")
         if self.max_num_batched_tokens < self.max_num_seqs:
             raise ValueError(
                 f"EngineConfig.max_num_batched_tokens ({self.max_num_batched_tokens}) must be at least "

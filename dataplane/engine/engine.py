@@ -32,9 +32,11 @@ from dataplane.engine.request import (
 from dataplane.engine.runner import ModelRunner
 from dataplane.engine.sampling import make_generator
 from dataplane.engine.scheduler import Scheduler, ScheduledChunk, Sequence
+from dataplane.engine.tiers import TierStats, TierStore
 from dataplane.engine.weights import load_model
+from kvplane.block_hash import hash_blocks
 from kvplane.latency import StepSample, prefill_attention
-from kvplane.types import BlockHash, KVLayout
+from kvplane.types import BlockHash, KVLayout, Tier
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +79,18 @@ class Engine:
             block_size=config.block_size,
         )
         self.pool = KVPool(self.layout, config.num_blocks, device=config.device)
-        self._blocks = BlockManager(config.num_blocks)
+        self._tiers: TierStore | None = None
+        if config.num_host_blocks:
+            self._blocks = BlockManager(config.num_blocks, on_stored=lambda hashes, ids: self._tiers.enqueue(hashes, ids))
+            self._tiers = TierStore(
+                self.pool,
+                config.num_host_blocks,
+                generation=self._blocks.generation,
+                disk_dir=config.disk_dir or None,
+                num_disk_blocks=config.num_disk_blocks,
+            )
+        else:
+            self._blocks = BlockManager(config.num_blocks)
         self._scheduler = Scheduler(
             self._blocks,
             self.model_name,
@@ -85,6 +98,7 @@ class Engine:
             config.max_num_seqs,
             config.max_num_batched_tokens,
             self.eos_token_ids,
+            load_lower=self._tiers.load if self._tiers is not None else None,
         )
         self._runner = ModelRunner(self.model, self.pool)
         self._cuda = self.pool.device.type == "cuda"  # step timings need the device to finish first
@@ -120,6 +134,8 @@ class Engine:
             seqs = [*self._scheduler.waiting, *self._scheduler.running]
             outputs = [self._end(seq, "abort") for seq in seqs]
         self._emit(outputs)
+        if self._tiers is not None:
+            self._tiers.stop()
 
     # --- requests ------------------------------------------------------------------------
     def submit(self, request: EngineRequest, sink: Sink) -> None:
@@ -214,22 +230,58 @@ class Engine:
             return timings
 
     def take_kv_events(self) -> list[KVCacheEvent]:
+        """Device events, then lower-tier events. Order only matters within a tier: the index
+        keeps each (block, tier) pair apart."""
         with self._cond:
-            return self._blocks.take_events()
+            events = self._blocks.take_events()
+            if self._tiers is not None:
+                events += self._tiers.take_events()
+            return events
 
     def cached_block_hashes(self) -> list[BlockHash]:
+        """Blocks cached in the device pool."""
         with self._cond:
             return self._blocks.cached_block_hashes()
 
-    def reset_prefix_cache(self) -> bool:
-        """Forget all cached blocks (emits a cleared event); False while any cached block is in use."""
+    def cached_block_hashes_by_tier(self) -> dict[Tier, list[BlockHash]]:
+        """Every cached block per tier (a block may be at several), for a full snapshot."""
         with self._cond:
-            return self._blocks.reset_prefix_cache()
+            by_tier = {Tier.DEVICE: self._blocks.cached_block_hashes()}
+            if self._tiers is not None:
+                by_tier.update(self._tiers.hashes_by_tier())
+            return by_tier
+
+    def tier_stats(self) -> TierStats | None:
+        """Counters of the host and disk tiers; None without them."""
+        return self._tiers.snapshot_stats() if self._tiers is not None else None
+
+    def flush_offload(self, timeout_s: float = 10.0) -> bool:
+        """Waits until queued device -> host copies (and spills to disk) are done."""
+        return self._tiers.flush(timeout_s) if self._tiers is not None else True
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget all cached blocks at every tier (emits a cleared event); False while any cached
+        block is in use."""
+        with self._cond:
+            done = self._blocks.reset_prefix_cache()
+            if done and self._tiers is not None:
+                self._tiers.clear()
+            return done
 
     # --- KV transfer support ---------------------------------------------------------------
     def unpin(self, block_ids: list[int]) -> None:
         with self._cond:
             self._blocks.release(block_ids[::-1])
+
+    def pin_cached_prefix(self, prompt_token_ids: list[int], cache_salt: str = "") -> tuple[list[BlockHash], list[int]]:
+        """Pins the longest device-cached prefix of the prompt's full blocks without computing
+        anything (a peer fetches them); returns (hashes, pinned block ids). unpin() releases."""
+        hashes = hash_blocks(prompt_token_ids, self.config.block_size, self.model_name, cache_salt)
+        with self._cond:
+            block_ids = self._blocks.longest_cached_prefix(hashes)
+            for b in block_ids:
+                self._blocks.take_ref(b)
+            return hashes[: len(block_ids)], block_ids
 
     def missing_blocks(self, block_hashes: list[BlockHash]) -> list[int]:
         with self._cond:

@@ -50,6 +50,7 @@ class EngineOutput:
     block_hashes: list[BlockHash] = field(default_factory=list)
     pinned_block_ids: list[int] = field(default_factory=list)
     admitted_at: float = 0.0  # time.monotonic() when the scheduler admitted it (0 = never admitted)
+    num_loaded_tokens: int = 0  # of num_cached_tokens, those copied back from the host or disk tier
 
 
 @dataclass(slots=True, frozen=True)

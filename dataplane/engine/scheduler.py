@@ -5,7 +5,9 @@ pool can reserve every block the request can ever need, ceil((prompt + max_token
 (prompt only for prefill_only), minus the blocks of its cached prefix; the head of the queue
 waits rather than being overtaken, and nothing is ever preempted. The cached prefix is capped at
 (len(prompt) - 1) // block_size blocks so at least one prompt token is computed and yields logits.
-Each step spends max_num_batched_tokens: one token per decoding request first, then prompt chunks
+With lower KV tiers, the blocks right after the device-cached prefix that a lower tier holds are
+copied into the request's fresh blocks at admission (`load_lower`) and count as cached: prefill
+continues after them. Each step spends max_num_batched_tokens: one token per decoding request first, then prompt chunks
 in admission order. A full block is registered in the prefix cache in the step its KV is written.
 """
 from __future__ import annotations
@@ -38,6 +40,7 @@ class Sequence:
     block_hashes: list[BlockHash] = field(default_factory=list)  # chained hashes of full blocks
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0
+    num_loaded_tokens: int = 0  # of the cached tokens, those copied back from a lower tier
     num_registered_blocks: int = 0
     num_output_tokens: int = 0
     admitted_at: float = 0.0  # time.monotonic() at admission, for queue/prefill timings
@@ -60,6 +63,7 @@ class Sequence:
             num_cached_tokens=self.num_cached_tokens,
             error=error,
             admitted_at=self.admitted_at,
+            num_loaded_tokens=self.num_loaded_tokens,
         )
 
 
@@ -77,7 +81,7 @@ class ScheduledChunk:
 
 class Scheduler:
     __slots__ = ("blocks", "model_name", "block_size", "max_num_seqs", "max_num_batched_tokens", "eos_token_ids",
-                 "waiting", "running")
+                 "waiting", "running", "load_lower")
 
     def __init__(
         self,
@@ -87,6 +91,7 @@ class Scheduler:
         max_num_seqs: int,
         max_num_batched_tokens: int,
         eos_token_ids: tuple[int, ...],
+        load_lower: Callable[[list[BlockHash], list[int]], int] | None = None,
     ) -> None:
         self.blocks = blocks
         self.model_name = model_name
@@ -96,6 +101,8 @@ class Scheduler:
         self.eos_token_ids = eos_token_ids
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        # (hashes, fresh block ids) -> how many leading hashes a lower tier copied into those blocks.
+        self.load_lower = load_lower
 
     # --- bookkeeping ---------------------------------------------------------------------
     def num_blocks_needed(self, request: EngineRequest) -> int:
@@ -133,6 +140,14 @@ class Scheduler:
             self.waiting.popleft()
             seq.admitted_at = time.monotonic()
             seq.block_ids, num_hit_blocks = got
+            if self.load_lower is not None and num_hit_blocks < max_hit:
+                span = slice(num_hit_blocks, max_hit)
+                num_loaded = self.load_lower(seq.block_hashes[span], seq.block_ids[span])
+                if num_loaded:
+                    span = slice(num_hit_blocks, num_hit_blocks + num_loaded)
+                    self.blocks.register(seq.block_hashes[span], seq.block_ids[span])
+                    num_hit_blocks += num_loaded
+                    seq.num_loaded_tokens = num_loaded * self.block_size
             seq.num_computed_tokens = seq.num_cached_tokens = num_hit_blocks * self.block_size
             seq.num_registered_blocks = num_hit_blocks
             self._release_held(seq)

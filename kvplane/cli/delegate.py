@@ -1,6 +1,6 @@
 """Commands whose arguments and behaviour live in other packages: the servers and the benchmarks.
 
-`kvplane controlplane`, `kvplane agent` and `kvplane bench transfer|load` import their module
+`kvplane controlplane`, `kvplane agent` and `kvplane bench ...` import their module
 only when run, so that client commands start fast and never import torch. Each module
 provides `add_arguments(parser) -> None` and `run(args) -> int`; all arguments after the
 command name go to the module's own parser (its --help included).
@@ -48,6 +48,14 @@ DELEGATES = (
     Delegate(
         ("bench", "tracing"), "kvplane.bench.tracing", "measure the cost of tracing on the generate path",
         "Runs the same requests against a cluster with tracing off and one with tracing on, and compares latency.",
+    ),
+    Delegate(
+        ("bench", "tiers"), "kvplane.bench.tiers", "measure KV block load time per tier vs recompute",
+        "Measures host->device and disk->device KV block loads against recomputing the block (prefill).",
+    ),
+    Delegate(
+        ("bench", "prefix"), "kvplane.bench.prefix", "compare routing policies on prefix-sharing workloads",
+        "Replays chat/agent/rag/trace workloads against 4 local agents per routing policy: hit rate, TTFT, load spread.",
     ),
 )  # fmt: skip
 

@@ -8,14 +8,16 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class PrefillSource(_message.Message):
-    __slots__ = ("worker_id", "endpoint", "transport")
+    __slots__ = ("worker_id", "endpoint", "transport", "cached_only")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     TRANSPORT_FIELD_NUMBER: _ClassVar[int]
+    CACHED_ONLY_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     endpoint: str
     transport: str
-    def __init__(self, worker_id: _Optional[str] = ..., endpoint: _Optional[str] = ..., transport: _Optional[str] = ...) -> None: ...
+    cached_only: bool
+    def __init__(self, worker_id: _Optional[str] = ..., endpoint: _Optional[str] = ..., transport: _Optional[str] = ..., cached_only: _Optional[bool] = ...) -> None: ...
 
 class AgentGenerateRequest(_message.Message):
     __slots__ = ("ticket", "request_id", "prompt_token_ids", "sampling", "cache_salt", "prefill_from")
@@ -48,7 +50,7 @@ class AgentGenerateResponse(_message.Message):
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., finished: _Optional[bool] = ..., finish_reason: _Optional[str] = ..., metrics: _Optional[_Union[_common_pb2.RequestMetrics, _Mapping]] = ...) -> None: ...
 
 class PrefillRequest(_message.Message):
-    __slots__ = ("ticket", "request_id", "prompt_token_ids", "cache_salt", "layout", "transports", "decode_agent_name", "decode_transport_metadata")
+    __slots__ = ("ticket", "request_id", "prompt_token_ids", "cache_salt", "layout", "transports", "decode_agent_name", "decode_transport_metadata", "cached_only")
     TICKET_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -57,6 +59,7 @@ class PrefillRequest(_message.Message):
     TRANSPORTS_FIELD_NUMBER: _ClassVar[int]
     DECODE_AGENT_NAME_FIELD_NUMBER: _ClassVar[int]
     DECODE_TRANSPORT_METADATA_FIELD_NUMBER: _ClassVar[int]
+    CACHED_ONLY_FIELD_NUMBER: _ClassVar[int]
     ticket: _common_pb2.Ticket
     request_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -65,7 +68,8 @@ class PrefillRequest(_message.Message):
     transports: _containers.RepeatedScalarFieldContainer[str]
     decode_agent_name: str
     decode_transport_metadata: bytes
-    def __init__(self, ticket: _Optional[_Union[_common_pb2.Ticket, _Mapping]] = ..., request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., cache_salt: _Optional[str] = ..., layout: _Optional[_Union[_common_pb2.KVLayout, _Mapping]] = ..., transports: _Optional[_Iterable[str]] = ..., decode_agent_name: _Optional[str] = ..., decode_transport_metadata: _Optional[bytes] = ...) -> None: ...
+    cached_only: bool
+    def __init__(self, ticket: _Optional[_Union[_common_pb2.Ticket, _Mapping]] = ..., request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., cache_salt: _Optional[str] = ..., layout: _Optional[_Union[_common_pb2.KVLayout, _Mapping]] = ..., transports: _Optional[_Iterable[str]] = ..., decode_agent_name: _Optional[str] = ..., decode_transport_metadata: _Optional[bytes] = ..., cached_only: _Optional[bool] = ...) -> None: ...
 
 class PrefillResponse(_message.Message):
     __slots__ = ("transfer_id", "block_hashes", "prefill_computed_tokens", "cached_tokens", "transport", "transport_descriptor", "expires_at", "layout")

@@ -50,7 +50,7 @@ class GenerateResponse(_message.Message):
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., finished: _Optional[bool] = ..., finish_reason: _Optional[str] = ..., metrics: _Optional[_Union[_common_pb2.RequestMetrics, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class RouteResponse(_message.Message):
-    __slots__ = ("request_id", "decode_worker", "prefill_worker", "disaggregated", "reason", "prompt_tokens", "cached_tokens", "candidates")
+    __slots__ = ("request_id", "decode_worker", "prefill_worker", "disaggregated", "reason", "prompt_tokens", "cached_tokens", "candidates", "fetch_from")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     DECODE_WORKER_FIELD_NUMBER: _ClassVar[int]
     PREFILL_WORKER_FIELD_NUMBER: _ClassVar[int]
@@ -59,6 +59,7 @@ class RouteResponse(_message.Message):
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     CANDIDATES_FIELD_NUMBER: _ClassVar[int]
+    FETCH_FROM_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     decode_worker: str
     prefill_worker: str
@@ -67,7 +68,8 @@ class RouteResponse(_message.Message):
     prompt_tokens: int
     cached_tokens: int
     candidates: _containers.RepeatedCompositeFieldContainer[CandidateScore]
-    def __init__(self, request_id: _Optional[str] = ..., decode_worker: _Optional[str] = ..., prefill_worker: _Optional[str] = ..., disaggregated: _Optional[bool] = ..., reason: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., candidates: _Optional[_Iterable[_Union[CandidateScore, _Mapping]]] = ...) -> None: ...
+    fetch_from: str
+    def __init__(self, request_id: _Optional[str] = ..., decode_worker: _Optional[str] = ..., prefill_worker: _Optional[str] = ..., disaggregated: _Optional[bool] = ..., reason: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., candidates: _Optional[_Iterable[_Union[CandidateScore, _Mapping]]] = ..., fetch_from: _Optional[str] = ...) -> None: ...
 
 class CandidateScore(_message.Message):
     __slots__ = ("worker_id", "cost", "cached_tokens", "admissible", "note")

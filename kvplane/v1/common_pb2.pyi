@@ -212,7 +212,7 @@ class Ticket(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., decode_worker_id: _Optional[str] = ..., prefill_worker_id: _Optional[str] = ..., expires_at: _Optional[float] = ..., signature: _Optional[bytes] = ...) -> None: ...
 
 class RequestMetrics(_message.Message):
-    __slots__ = ("prefill_worker", "decode_worker", "prompt_tokens", "cached_tokens", "kv_transfer_bytes", "kv_transfer_blocks", "transport", "ttft_ms", "disaggregated", "route_reason", "prefill_computed_tokens", "kv_transfer_ms", "predicted_ttft_ms", "predicted_tpot_ms", "priority", "queued_ms")
+    __slots__ = ("prefill_worker", "decode_worker", "prompt_tokens", "cached_tokens", "kv_transfer_bytes", "kv_transfer_blocks", "transport", "ttft_ms", "disaggregated", "route_reason", "prefill_computed_tokens", "kv_transfer_ms", "predicted_ttft_ms", "predicted_tpot_ms", "priority", "queued_ms", "kv_fetched_from", "kv_fetched_tokens")
     PREFILL_WORKER_FIELD_NUMBER: _ClassVar[int]
     DECODE_WORKER_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -229,6 +229,8 @@ class RequestMetrics(_message.Message):
     PREDICTED_TPOT_MS_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     QUEUED_MS_FIELD_NUMBER: _ClassVar[int]
+    KV_FETCHED_FROM_FIELD_NUMBER: _ClassVar[int]
+    KV_FETCHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     prefill_worker: str
     decode_worker: str
     prompt_tokens: int
@@ -245,4 +247,6 @@ class RequestMetrics(_message.Message):
     predicted_tpot_ms: float
     priority: str
     queued_ms: float
-    def __init__(self, prefill_worker: _Optional[str] = ..., decode_worker: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., kv_transfer_bytes: _Optional[int] = ..., kv_transfer_blocks: _Optional[int] = ..., transport: _Optional[str] = ..., ttft_ms: _Optional[float] = ..., disaggregated: _Optional[bool] = ..., route_reason: _Optional[str] = ..., prefill_computed_tokens: _Optional[int] = ..., kv_transfer_ms: _Optional[float] = ..., predicted_ttft_ms: _Optional[float] = ..., predicted_tpot_ms: _Optional[float] = ..., priority: _Optional[str] = ..., queued_ms: _Optional[float] = ...) -> None: ...
+    kv_fetched_from: str
+    kv_fetched_tokens: int
+    def __init__(self, prefill_worker: _Optional[str] = ..., decode_worker: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., kv_transfer_bytes: _Optional[int] = ..., kv_transfer_blocks: _Optional[int] = ..., transport: _Optional[str] = ..., ttft_ms: _Optional[float] = ..., disaggregated: _Optional[bool] = ..., route_reason: _Optional[str] = ..., prefill_computed_tokens: _Optional[int] = ..., kv_transfer_ms: _Optional[float] = ..., predicted_ttft_ms: _Optional[float] = ..., predicted_tpot_ms: _Optional[float] = ..., priority: _Optional[str] = ..., queued_ms: _Optional[float] = ..., kv_fetched_from: _Optional[str] = ..., kv_fetched_tokens: _Optional[int] = ...) -> None: ...

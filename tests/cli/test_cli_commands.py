@@ -12,7 +12,7 @@ METRIC_FIELDS = {
     "prefill_worker", "decode_worker", "prompt_tokens", "cached_tokens", "kv_transfer_bytes",
     "kv_transfer_blocks", "transport", "ttft_ms", "disaggregated", "route_reason",
     "prefill_computed_tokens", "kv_transfer_ms", "request_id", "predicted_ttft_ms", "predicted_tpot_ms",
-    "priority", "queued_ms",
+    "priority", "queued_ms", "kv_fetched_from", "kv_fetched_tokens",
 }  # fmt: skip
 
 

@@ -31,6 +31,7 @@ def make_worker_view(
     num_used_blocks: int = 0,
     num_total_blocks: int = 100,
     max_context: int = 4096,
+    block_nbytes: int = 0,
 ) -> WorkerView:
     load = WorkerLoadView(
         num_running=num_running,
@@ -48,6 +49,7 @@ def make_worker_view(
         active=active,
         load=load,
         max_context=max_context,
+        block_nbytes=block_nbytes,
     )
 
 

@@ -25,7 +25,7 @@ def _imported_modules(path: Path) -> set[str]:
 def test_core_modules_import_only_stdlib_and_shared_types():
     offenders = {
         f"{path.name}: {module}"
-        for path in sorted(_CORE_DIR.glob("*.py"))
+        for path in sorted(_CORE_DIR.rglob("*.py"))
         for module in _imported_modules(path)
         if module.split(".")[0] not in sys.stdlib_module_names
         and module not in _ALLOWED_PROJECT_MODULES

@@ -42,7 +42,7 @@ def test_cost_numbers_and_load_beating_a_hit(index, cache_prefix, worker_view, r
         worker_view("w2", num_used_blocks=3),
         worker_view("w3"),
     ]
-    decision = router().route(route_request(PROMPT_16), workers, index)
+    decision = router(overlap_weight_host=0.75, overlap_weight_disk=0.25).route(route_request(PROMPT_16), workers, index)
     assert decision == RouteDecision(
         decode_worker=WorkerId("w3"),
         prefill_worker=None,
@@ -94,7 +94,7 @@ def test_faster_tier_wins_at_equal_prefix(index, cache_prefix, worker_view, rout
     cache_prefix("w2", PROMPT_16, 2, Tier.HOST)
     decision = router().route(route_request(PROMPT_16), [worker_view("w1"), worker_view("w2")], index)
     assert decision.decode_worker == "w2"
-    assert [(c.worker_id, c.cost) for c in decision.candidates] == [("w2", 2.5), ("w1", 3.5)]
+    assert [(c.worker_id, c.cost) for c in decision.candidates] == [("w2", pytest.approx(2.2)), ("w1", 3.0)]
 
 
 def test_fully_cached_prompt_still_computes_its_last_token(index, cache_prefix, worker_view, route_request):
@@ -323,13 +323,13 @@ def test_default_config_matches_the_documented_defaults():
     assert RouterConfig() == RouterConfig(
         prefill_load_scale=1.0,
         overlap_weight_device=1.0,
-        overlap_weight_host=0.75,
-        overlap_weight_disk=0.25,
+        overlap_weight_host=0.9,
+        overlap_weight_disk=0.5,
         disagg_threshold_tokens=2048,
         max_prefill_queue_tokens=16384,
         temperature=0.0,
     )
-    assert [RouterConfig().tier_weight(t) for t in (Tier.DEVICE, Tier.HOST, Tier.DISK)] == [1.0, 0.75, 0.25]
+    assert [RouterConfig().tier_weight(t) for t in (Tier.DEVICE, Tier.HOST, Tier.DISK)] == [1.0, 0.9, 0.5]
 
 
 @pytest.mark.parametrize(
@@ -340,7 +340,7 @@ def test_default_config_matches_the_documented_defaults():
         (dict(temperature="hot"), r"RouterConfig.temperature must be a finite number, got 'hot'"),
         (dict(disagg_threshold_tokens=10.5), r"RouterConfig.disagg_threshold_tokens must be an integer"),
         (dict(max_prefill_queue_tokens=0), r"RouterConfig.max_prefill_queue_tokens must be > 0"),
-        (dict(overlap_weight_disk=0.9), r"overlap weights must not increase with slower tiers"),
+        (dict(overlap_weight_disk=0.95), r"overlap weights must not increase with slower tiers"),
         (dict(overlap_weight_host=-0.1, overlap_weight_disk=-0.2), r"RouterConfig.overlap_weight_host must be >= 0"),
     ],
 )

@@ -1,0 +1,134 @@
+"""Policy `kvplane`: Dynamo's cost with tier-weighted cache credit, a load guard, predicted
+prefixes, and fetch instead of recompute.
+
+- Cost (router.overlap_cost): prefill_load_scale x max(queued + prompt blocks - credit, 0)
+  + used blocks, credit = sum over the matched prefix of the tier weight of each block.
+- Load guard: for each signal s of a candidate (queued prefill tokens incl. just-routed work, KV
+  use = used / total blocks, running + waiting requests), allowed_s = guard_ratio x mean_s over
+  the candidates + slack_s; when s > allowed_s the credit is multiplied by (allowed_s / s) **
+  guard_power (the smallest factor over signals). A hot prefix therefore cannot pile every
+  request onto its holder (SGLang's balance check, 1.5x, made continuous), and a cache miss,
+  having no credit, goes to the least loaded worker by the plain cost, never to the emptiest cache.
+- Predicted prefixes (predictions.PrefixPredictions): each routed prompt counts as cached on its
+  worker for prediction_ttl_s, until its real KV events replace it; the queued prefill work that is
+  computing those predicted blocks is not counted against a request that will reuse them.
+- Fetch: when another active worker holds at least fetch_min_blocks more leading device blocks
+  than the chosen one (it lost on load) and fetch_overhead_ms + blocks x block bytes /
+  fetch_bytes_per_s < blocks x block_size / prefill_tokens_per_s, the chosen worker pulls them.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from controlplane.core.index import CacheIndex, OverlapScore
+from controlplane.core.policies import PolicyHooks
+from controlplane.core.predictions import PrefixPredictions
+from controlplane.core.router import (
+    CandidateCost,
+    FetchPlan,
+    RouteContext,
+    RouteDecision,
+    RouterConfig,
+    WorkerView,
+    overlap_cost,
+)
+from kvplane.types import BlockHash, Tier, WorkerId
+
+
+def guard_factor(value: float, mean: float, ratio: float, slack: float, power: float) -> float:
+    """1 while value <= ratio x mean + slack, then (allowed / value) ** power."""
+    allowed = ratio * mean + slack
+    if value <= allowed or value <= 0:
+        return 1.0
+    return (allowed / value) ** power
+
+
+class KvplanePolicy(PolicyHooks):
+    def __init__(self, config: RouterConfig) -> None:
+        self._config = config
+        self.predictions = PrefixPredictions(config.prediction_ttl_s)
+
+    # -- scoring ---------------------------------------------------------------------------
+    def overlaps(self, index: CacheIndex, block_hashes: Sequence[BlockHash], now: float) -> dict[WorkerId, OverlapScore]:
+        return self.predictions.overlaps(index, block_hashes, now)
+
+    def costs(self, ctx: RouteContext, workers: Sequence[WorkerView]) -> list[CandidateCost]:
+        factors = self._guard(workers)
+        out = []
+        for w in workers:
+            f = factors[w.worker_id]
+            suffix = f", load guard x{f:.2f}" if f < 1.0 else ""
+            # Queued work that is computing this prompt's predicted blocks is shared, not added.
+            shared = self.predictions.num_predicted_in(ctx.index, w.worker_id, ctx.block_hashes, ctx.now)
+            out.append(overlap_cost(self._config, w, ctx.num_prompt_tokens, ctx.overlaps.get(w.worker_id), f, suffix, shared))
+        return out
+
+    def _guard(self, workers: Sequence[WorkerView]) -> dict[WorkerId, float]:
+        c = self._config
+        if c.guard_ratio == 0 or len(workers) < 2:
+            return {w.worker_id: 1.0 for w in workers}
+        signals = {
+            w.worker_id: (
+                float(w.load.num_queued_prefill_tokens),
+                (w.load.num_used_blocks + w.pending_blocks) / w.load.num_total_blocks if w.load.num_total_blocks else 0.0,
+                float(w.load.num_running + w.load.num_waiting),
+            )
+            for w in workers
+        }
+        means = [sum(s[i] for s in signals.values()) / len(signals) for i in range(3)]
+        slacks = (c.guard_slack_tokens, c.guard_slack_kv_usage, c.guard_slack_requests)
+        return {
+            wid: min(guard_factor(s[i], means[i], c.guard_ratio, slacks[i], c.guard_power) for i in range(3))
+            for wid, s in signals.items()
+        }
+
+    # -- fetch instead of recompute -----------------------------------------------------------
+    def fetch(
+        self, ctx: RouteContext, decode: WorkerView, decode_cost: CandidateCost, sources: Sequence[WorkerView]
+    ) -> FetchPlan | None:
+        c = self._config
+        if c.fetch_min_blocks == 0 or not decode.block_nbytes:
+            return None
+        bs = ctx.block_size
+        max_blocks = (ctx.num_prompt_tokens - 1) // bs
+        own = decode_cost.cached_tokens // bs
+        real = ctx.index.overlaps(ctx.block_hashes)  # predicted blocks do not exist yet
+        best: tuple[int, WorkerId] | None = None
+        for w in sources:
+            overlap = real.get(w.worker_id)
+            if overlap is None or w.block_nbytes != decode.block_nbytes:
+                continue
+            # Only device blocks can be pinned for a pull without computing.
+            num_device = min(overlap.blocks_by_tier.get(Tier.DEVICE, 0), max_blocks)
+            if best is None or num_device > best[0]:
+                best = (num_device, w.worker_id)
+        if best is None:
+            return None
+        gain = best[0] - own
+        if gain < c.fetch_min_blocks:
+            return None
+        pull_ms = c.fetch_overhead_ms + gain * decode.block_nbytes / c.fetch_bytes_per_s * 1000
+        prefill_ms = gain * bs / c.prefill_tokens_per_s * 1000
+        if pull_ms >= prefill_ms:
+            return None
+        return FetchPlan(
+            worker_id=best[1],
+            num_tokens=gain * bs,
+            reason=(
+                f"fetch: {best[1]} holds {gain * bs} more cached prefix tokens but costs more; "
+                f"predicted pull {pull_ms:.1f} ms < prefill {prefill_ms:.1f} ms"
+            ),
+        )
+
+    # -- hooks -----------------------------------------------------------------------------------
+    def on_routed(self, decision: RouteDecision, now: float) -> None:
+        hashes = decision.block_hashes
+        self.predictions.record(decision.decode_worker, hashes, now)
+        if decision.prefill_worker is not None:
+            self.predictions.record(decision.prefill_worker, hashes, now)
+
+    def on_stored(self, worker_id: WorkerId, block_hashes: Sequence[BlockHash]) -> None:
+        self.predictions.confirm(worker_id, block_hashes)
+
+    def on_worker_removed(self, worker_id: WorkerId) -> None:
+        self.predictions.forget_worker(worker_id)

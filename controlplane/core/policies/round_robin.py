@@ -1,0 +1,33 @@
+"""Policy `round-robin` (baseline): decode candidates take turns in worker-id order, whatever
+they cache or carry. Parameters: none."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from controlplane.core.policies import PolicyHooks
+from controlplane.core.router import (
+    CandidateCost,
+    RouteContext,
+    RouteDecision,
+    RouterConfig,
+    WorkerView,
+    cached_prefix_tokens,
+)
+
+
+class RoundRobinPolicy(PolicyHooks):
+    def __init__(self, config: RouterConfig) -> None:
+        self._num_routed = 0
+
+    def costs(self, ctx: RouteContext, workers: Sequence[WorkerView]) -> list[CandidateCost]:
+        ordered = sorted(w.worker_id for w in workers)
+        out = []
+        for w in workers:
+            turn = (ordered.index(w.worker_id) - self._num_routed) % len(ordered)
+            overlap = ctx.overlaps.get(w.worker_id)
+            cached = cached_prefix_tokens(overlap.num_blocks if overlap else 0, ctx.num_prompt_tokens, w.block_size)
+            out.append(CandidateCost(w.worker_id, float(turn), cached, ctx.num_prompt_tokens - cached, f"turn {turn}"))
+        return out
+
+    def on_routed(self, decision: RouteDecision, now: float) -> None:
+        self._num_routed += 1
