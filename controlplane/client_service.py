@@ -31,14 +31,13 @@ from controlplane.core.settings import PRIORITIES, SettingError, validate_settin
 from controlplane.observe import RequestObservation, record_admission
 from controlplane.store.base import Store, StoreError
 from kvplane import tickets
-from kvplane.block_hash import hash_blocks
 from kvplane.convert import disagg_from_pb, layout_from_pb
 from kvplane.errors import rejection_trailers
 from kvplane.grpc_util import aio_channel
 from kvplane.telemetry import tracing
 from kvplane.telemetry.window import StatsWindow
 from kvplane.types import DisaggMode, Tier, WorkerId
-from kvplane.v1 import agent_pb2, agent_pb2_grpc, client_pb2, client_pb2_grpc, common_pb2
+from kvplane.v1 import agent_pb2, agent_pb2_grpc, client_pb2, client_pb2_grpc
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +62,7 @@ class Plan:
     prefill_worker: WorkerId | None     # None: prefill on the decode worker
     decode_worker: WorkerId
     prediction: Prediction | None
-    admissible: dict[WorkerId, bool]   # per decode candidate, by the admission policy alone
+    options: tuple[PlacementOption, ...]  # every placement considered, the router's first
 
     @property
     def disaggregated(self) -> bool:
@@ -180,13 +179,19 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
         if isinstance(verdict, Reject):
             return verdict
         chosen = verdict.option or options[0]
-        by_decode = {o.decode_worker: o for o in options[1:]}
-        admissible = {
-            w.worker_id: isinstance(policy.decide(v.route, [w], [by_decode.get(w.worker_id, options[0])], objective), Admit)
+        prefill = chosen.prefill_worker if chosen.disaggregated else None
+        return Plan(decision, prefill, chosen.decode_worker, chosen.prediction, tuple(options))
+
+    def _admissible(self, v: Validated, plan: Plan) -> dict[WorkerId, bool]:
+        """Per decode candidate, whether the admission policy alone would take it (for Route)."""
+        policy = self._policy()
+        objective = self._state.settings.objective(v.model, v.priority)
+        by_decode = {o.decode_worker: o for o in plan.options[1:]}
+        candidates = [w for w in self._state.views() if w.worker_id in {c.worker_id for c in plan.decision.candidates}]
+        return {
+            w.worker_id: isinstance(policy.decide(v.route, [w], [by_decode.get(w.worker_id, plan.options[0])], objective), Admit)
             for w in candidates
         }
-        prefill = chosen.prefill_worker if chosen.disaggregated else None
-        return Plan(decision, prefill, chosen.decode_worker, chosen.prediction, admissible)
 
     def _options(self, v: Validated, decision: RouteDecision, candidates) -> list[PlacementOption]:
         """Placements best first: the router's choice, then every other decode candidate by cost
@@ -197,15 +202,16 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
             PlacementOption(w, first.prefill_worker if first.disaggregated and first.prefill_worker != w else w)
             for w in order
         ]
-        return [self._with_prediction(v, o) for o in [first, *others]]
+        # The router already hashed the prompt; one index walk serves every option.
+        hashes = decision.block_hashes
+        held = {w: o.num_blocks for w, o in self._state.index.overlaps(hashes).items()} if hashes else {}
+        return [self._with_prediction(v, o, held) for o in [first, *others]]
 
-    def _with_prediction(self, v: Validated, option: PlacementOption) -> PlacementOption:
+    def _with_prediction(self, v: Validated, option: PlacementOption, held: dict[WorkerId, int]) -> PlacementOption:
+        """`held`: leading prompt blocks each worker holds."""
         decode, prefill = self._state.perf(option.decode_worker), self._state.perf(option.prefill_worker)
         if decode is None or prefill is None:
             return option
-        hashes = hash_blocks(v.token_ids, decode.block_size, v.model, v.route.cache_salt)
-        overlaps = self._state.index.overlaps(hashes) if hashes else {}
-        held = {w: o.num_blocks for w, o in overlaps.items()}
         prompt = len(v.token_ids)
         prefill_cached = min(held.get(option.prefill_worker, 0), (prompt - 1) // decode.block_size) * decode.block_size
         transfer_bytes = 0
@@ -300,7 +306,7 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
             await context.abort(code, str(e))
         if isinstance(verdict, Reject):
             await self._reject(context, verdict)
-        return _route_response(v, verdict)
+        return _route_response(v, verdict, self._admissible(v, verdict))
 
     async def Generate(self, request: client_pb2.GenerateRequest, context):
         started = time.monotonic()
@@ -503,7 +509,7 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
         return client_pb2.DrainWorkerResponse(worker_id=request.worker_id, state=reply.state)
 
 
-def _route_response(v: Validated, plan: Plan) -> client_pb2.RouteResponse:
+def _route_response(v: Validated, plan: Plan, admissible: dict[WorkerId, bool]) -> client_pb2.RouteResponse:
     d = plan.decision
     reply = client_pb2.RouteResponse(
         request_id=v.request_id,
@@ -517,7 +523,7 @@ def _route_response(v: Validated, plan: Plan) -> client_pb2.RouteResponse:
     )
     for c in d.candidates:
         reply.candidates.add(
-            worker_id=c.worker_id, cost=c.cost, cached_tokens=c.cached_tokens, admissible=plan.admissible.get(c.worker_id, False), note=c.note
+            worker_id=c.worker_id, cost=c.cost, cached_tokens=c.cached_tokens, admissible=admissible.get(c.worker_id, False), note=c.note
         )
     return reply
 

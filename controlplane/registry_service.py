@@ -5,7 +5,6 @@ serve an agent's keep-alive and a replica's death loses nothing.
 """
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 
