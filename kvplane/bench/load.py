@@ -37,17 +37,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from controlplane.core.settings import Objective
 from kvplane.bench.workload import (
     PRIORITY_BATCH,
     PRIORITY_INTERACTIVE,
     MixConfig,
     RequestSpec,
     TraceScale,
-    parse_trace,
+    read_trace,
     poisson_arrivals,
     synthetic_requests,
     trace_requests,
 )
+from kvplane.stats import percentile
 
 DEFAULT_RATES = "0.5,1,1.5,2,3"
 DEFAULT_POLICIES = "none,threshold,predictive"
@@ -62,12 +64,6 @@ ROW_KEYS = (
 
 
 @dataclass(frozen=True, slots=True)
-class Objective:
-    ttft_ms: float
-    tpot_ms: float
-
-
-@dataclass(frozen=True, slots=True)
 class Outcome:
     """What one request met, as the client measured it."""
 
@@ -78,19 +74,6 @@ class Outcome:
     num_tokens: int = 0
     predicted_ttft_ms: float = 0.0  # 0 = no prediction
     failed: bool = False  # admitted, then an error or the deadline
-
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """The q-th percentile (0..100), linear between closest ranks (numpy's default); None if empty."""
-    if not values:
-        return None
-    if not 0 <= q <= 100:
-        raise ValueError(f"q must be in [0, 100], got {q}")
-    ordered = sorted(values)
-    position = (len(ordered) - 1) * q / 100
-    low = math.floor(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
 def tpot_seconds(first_token_s: float, last_token_s: float, num_tokens: int) -> float | None:
@@ -328,8 +311,7 @@ def build_cells(args: argparse.Namespace, mix: MixConfig, capacity: float, max_c
     """The same seeded requests per load level for every policy, so policies see identical load."""
     levels: list[tuple[str, list[RequestSpec], float, float | None]] = []
     if args.trace:
-        with open(args.trace, encoding="utf-8") as f:
-            records = parse_trace(f)
+        records = read_trace(args.trace)
         for speed in args.speeds:
             scale = TraceScale(length_scale=args.length_scale, speed=speed)
             specs, clipped = trace_requests(records, scale, max_context=max_context, duration_s=args.duration,
@@ -409,7 +391,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         metavar="P,P,...", help=f"admission policies to compare (default {DEFAULT_POLICIES})")
     parser.add_argument("--duration", type=float, default=15.0, metavar="S",
                         help="seconds of arrivals per cell (default %(default)s; with --trace: the replayed window)")
-    parser.add_argument("--trace", default="", metavar="FILE", help="replay a Mooncake-format JSONL trace instead of Poisson arrivals")
+    parser.add_argument("--trace", default="", metavar="FILE", help="replay a Mooncake-format JSONL trace (.jsonl or .jsonl.gz; the bundled one: kvplane/bench/data/) instead of Poisson arrivals")
     parser.add_argument("--speed", dest="speeds", type=lambda t: parse_floats(t, "--speed"), default=[1.0], metavar="F,F,...",
                         help="trace time divided by F, one cell per value (default 1)")
     parser.add_argument("--length-scale", type=float, default=32.0, metavar="F",

@@ -26,6 +26,7 @@ from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 
 from kvplane.bench import workloads as wl
+from kvplane.stats import percentile
 
 POLICIES = ("round-robin", "least-load", "prefix-only", "kvplane")
 NUM_AGENTS = 4
@@ -38,7 +39,7 @@ JSON_KEYS = ("workload", "policy", "hit_rate", "oracle_hit_rate", "prefill_token
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workload", default="all", help=f"comma-separated of {', '.join(wl.WORKLOADS)}, or all (default %(default)s)")
     parser.add_argument("--policy", default="all", help=f"comma-separated of {', '.join(POLICIES)}, or all (default %(default)s)")
-    parser.add_argument("--trace", default=wl.DEFAULT_TRACE, help="Mooncake-format trace for --workload trace (default %(default)s)")
+    parser.add_argument("--trace", default="", metavar="FILE", help="Mooncake-format trace (.jsonl or .jsonl.gz) for --workload trace (default: the bundled Mooncake conversation trace)")
     parser.add_argument("--trace-requests", type=int, default=300, help="first N trace requests (default %(default)s)")
     parser.add_argument("--trace-token-scale", type=int, default=32, help="trace lengths and its 512-token block divided by this (default %(default)s)")
     parser.add_argument("--trace-time-scale", type=float, default=4.0, help="trace time divided by this (default %(default)s)")
@@ -76,15 +77,6 @@ def oracle_hit_rate(requests: list[wl.BenchRequest], capacity_blocks: int) -> fl
         while len(cache) > capacity_blocks:
             cache.popitem(last=False)
     return hit / total if total else 0.0
-
-
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    if not ordered:
-        return 0.0
-    k = (len(ordered) - 1) * q
-    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
 
 
 def run_policy(workload: str, requests: list[wl.BenchRequest], policy: str, args: argparse.Namespace, log) -> dict:
@@ -149,8 +141,8 @@ def _run_policy(workload: str, requests: list[wl.BenchRequest], policy: str, arg
         "hit_rate": cached / prompt if prompt else 0.0,
         "oracle_hit_rate": oracle_hit_rate(requests, NUM_AGENTS * max(args.num_blocks, args.host_blocks)),
         "prefill_tokens": prompt - cached,
-        "ttft_p50_ms": _percentile(ttfts, 0.5),
-        "ttft_p99_ms": _percentile(ttfts, 0.99),
+        "ttft_p50_ms": percentile(ttfts, 50) or 0.0,
+        "ttft_p99_ms": percentile(ttfts, 99) or 0.0,
         "throughput_tok_s": (prompt + generated) / wall if wall > 0 else 0.0,
         "max_load_over_mean": max(load.values()) / mean if mean else 0.0,
         "requests": len(requests),

@@ -16,11 +16,13 @@ Plain Python (no grpc, no torch), so every rule here is tested exactly.
 """
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 PRIORITY_INTERACTIVE = "interactive"
 PRIORITY_BATCH = "batch"
@@ -108,6 +110,21 @@ class TraceRecord:
     input_length: int
     output_length: int
     hash_ids: tuple[int, ...]
+
+
+# The Mooncake conversation trace (FAST'25, Apache-2.0), bundled: see kvplane/bench/data/README.md.
+BUNDLED_TRACE = Path(__file__).parent / "data" / "mooncake_conversation.jsonl.gz"
+
+
+def read_trace(path: str | Path | None = None) -> list[TraceRecord]:
+    """The records of a Mooncake-format trace file (plain or .gz); the bundled trace by default."""
+    path = Path(path) if path else BUNDLED_TRACE
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(path, "rt", encoding="utf-8") as f:
+            return parse_trace(f)
+    except OSError as e:
+        raise ValueError(f"cannot read trace {path}: {e}") from None
 
 
 def parse_trace(lines: Iterable[str]) -> list[TraceRecord]:

@@ -13,21 +13,22 @@ in about 15 minutes) and the builtin model's 2,048-token context:
   steps follow 0.6-1.2 s apart.
 - rag: 40 documents of 160 tokens; 120 queries 0.15 s apart, each = a 32-token instruction +
   3 distinct documents drawn by Zipf(1.1) popularity (most relevant first) + a 24-token question.
-- trace: a Mooncake-format trace (timestamp ms, input_length, output_length, hash_ids of 512-token
-  blocks). Lengths and the block are scaled by 1/`token_scale` (512 -> 16 tokens: the engine's
-  block), time by 1/`time_scale`; the first `num_requests` requests; prompts are capped at
+- trace: a Mooncake-format trace, the bundled one by default (timestamp ms, input_length,
+  output_length, hash_ids of 512-token blocks), read and synthesised (ids in [0, 255], one
+  block per hash id) by kvplane.bench.workload as `kvplane bench load` does. Lengths and the
+  block are scaled by 1/`token_scale` (512 -> 16 tokens: the engine's block), time by
+  1/`time_scale`; the first `num_requests` requests; prompts are capped at
   `max_prompt_tokens` and answers at `max_output_tokens`. Equal hash ids give equal token blocks.
 """
 from __future__ import annotations
 
-import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvplane.bench.workload import TRACE_BLOCK_TOKENS, read_trace, synthesize_prompt
+
 VOCAB = (1, 255)
-DEFAULT_TRACE = "/work/shared/traces/mooncake_conversation.jsonl"
-TRACE_BLOCK_TOKENS = 512
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +94,7 @@ def rag(seed: int = 0) -> list[BenchRequest]:
 
 
 def trace(
-    path: str | Path = DEFAULT_TRACE,
+    path: str | Path | None = None,
     num_requests: int = 300,
     token_scale: int = 32,
     time_scale: float = 4.0,
@@ -101,29 +102,16 @@ def trace(
     max_output_tokens: int = 16,
     seed: int = 0,
 ) -> list[BenchRequest]:
+    """The first `num_requests` records of a Mooncake trace (the bundled one by default), scaled."""
     block = TRACE_BLOCK_TOKENS // token_scale
     if block * token_scale != TRACE_BLOCK_TOKENS:
         raise ValueError(f"token_scale must divide {TRACE_BLOCK_TOKENS}, got {token_scale}")
-    segments: dict[int, list[int]] = {}
     out = []
-    with open(path) as f:
-        for line in f:
-            if len(out) >= num_requests:
-                break
-            if not line.strip():
-                continue
-            row = json.loads(line)
-            length = min(max(1, row["input_length"] // token_scale), max_prompt_tokens)
-            prompt: list[int] = []
-            for hid in row["hash_ids"]:
-                if hid not in segments:
-                    segments[hid] = _segment(random.Random(f"{seed}:{hid}"), block)
-                prompt += segments[hid]
-                if len(prompt) >= length:
-                    break
-            prompt = prompt[:length]
-            max_tokens = min(max(1, row["output_length"] // token_scale), max_output_tokens)
-            out.append(BenchRequest(row["timestamp"] / 1000 / time_scale, tuple(prompt), max_tokens))
+    for r in read_trace(path)[:num_requests]:
+        length = min(max(1, r.input_length // token_scale), max_prompt_tokens)
+        prompt = synthesize_prompt(r.hash_ids, length, block, VOCAB[1] + 1, salt=f"bench-prefix:{seed}")
+        max_tokens = min(max(1, r.output_length // token_scale), max_output_tokens)
+        out.append(BenchRequest(r.timestamp_ms / 1000 / time_scale, prompt, max_tokens))
     return out
 
 

@@ -4,23 +4,16 @@ Rule: each finished request adds its TTFT to the decode worker and, when disaggr
 prefill worker; its inter-token gaps and KV bytes pulled to the decode worker; its prompt and
 cached token counts to the worker that prefilled it (where the cache hit or missed). Samples older than `horizon_s` are dropped; each
 series keeps at most `max_samples` (oldest dropped first), so memory stays bounded under load.
-Percentiles are nearest-rank over the samples inside the asked window.
+Percentiles (kvplane.stats) interpolate over the samples inside the asked window.
 """
 from __future__ import annotations
 
-import math
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-
-def percentile(sorted_values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile (q in [0, 100]) of already sorted values; 0.0 when empty."""
-    if not sorted_values:
-        return 0.0
-    rank = max(1, math.ceil(q / 100 * len(sorted_values)))
-    return sorted_values[min(rank, len(sorted_values)) - 1]
+from kvplane.stats import percentile
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,7 +29,8 @@ class Summary:
         if not values:
             return Summary()
         s = sorted(values)
-        return Summary(len(s), sum(s) / len(s), percentile(s, 50), percentile(s, 90), percentile(s, 99))
+        p50, p90, p99 = (percentile(s, q) for q in (50, 90, 99))
+        return Summary(len(s), sum(s) / len(s), p50, p90, p99)
 
 
 @dataclass(frozen=True, slots=True)

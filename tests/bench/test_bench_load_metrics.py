@@ -14,7 +14,6 @@ from kvplane.bench.load import (
     meets_objective,
     objective_from_unloaded,
     parse_floats,
-    percentile,
     prediction_error,
     summarize,
     tpot_seconds,
@@ -23,19 +22,6 @@ from kvplane.bench.load import (
 
 OBJ = Objective(ttft_ms=100.0, tpot_ms=10.0)
 OBJECTIVES = {"interactive": OBJ, "batch": Objective(ttft_ms=1000.0, tpot_ms=100.0)}
-
-
-def test_percentile_interpolates_between_ranks() -> None:
-    values = [4.0, 1.0, 3.0, 2.0]
-    assert percentile(values, 0) == 1.0
-    assert percentile(values, 100) == 4.0
-    assert percentile(values, 50) == 2.5
-    assert percentile(values, 99) == pytest.approx(3.97)
-    assert percentile([7.0], 99) == 7.0
-    assert percentile([], 50) is None
-    assert percentile(list(range(101)), 90) == 90.0
-    with pytest.raises(ValueError):
-        percentile(values, 101)
 
 
 def test_tpot_is_the_mean_gap_after_the_first_token() -> None:

@@ -12,6 +12,7 @@ from kvplane.bench.workload import (
     TraceRecord,
     TraceScale,
     parse_trace,
+    read_trace,
     poisson_arrivals,
     scale_length,
     synthesize_prompt,
@@ -84,6 +85,21 @@ def test_parse_trace() -> None:
         parse_trace(['{"timestamp": 0}'])
     with pytest.raises(ValueError, match="trace line 2"):
         parse_trace([lines[0], "not json"])
+
+
+def test_read_trace_reads_plain_and_gzip_files_and_the_bundled_trace(tmp_path) -> None:
+    import gzip
+
+    text = "\n".join(json.dumps(r) for r in TRACE) + "\n"
+    (tmp_path / "t.jsonl").write_text(text)
+    with gzip.open(tmp_path / "t.jsonl.gz", "wt") as f:
+        f.write(text)
+    assert read_trace(tmp_path / "t.jsonl") == read_trace(tmp_path / "t.jsonl.gz") == parse_trace(text.splitlines())
+    with pytest.raises(ValueError, match="cannot read trace"):
+        read_trace(tmp_path / "missing.jsonl")
+    bundled = read_trace()  # the Mooncake conversation trace: one hour, 12,031 requests
+    assert len(bundled) == 12031
+    assert bundled[-1].timestamp_ms <= 3600 * 1000
 
 
 def test_trace_scaling_of_lengths_blocks_and_time() -> None:

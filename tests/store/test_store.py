@@ -260,9 +260,14 @@ def test_watch_without_start_revision_sees_writes_after_it_starts(store):
         await s.put(p + "before", b"")
         watch = s.watch_prefix(p)
         first = asyncio.ensure_future(watch.__anext__())
-        await asyncio.sleep(0.2)  # let the watch be established
-        rev = await s.put(p + "after", b"x")
-        assert await asyncio.wait_for(first, 5) == put_event(p + "after", b"x", rev)
+        # No signal says when the server has set the watch up: write until it reports a write.
+        revisions = {}
+        while not first.done():
+            value = str(len(revisions)).encode()
+            revisions[value] = await s.put(p + "after", value)
+            await asyncio.wait({first}, timeout=0.05)
+        event = first.result()
+        assert event == put_event(p + "after", event.value, revisions[event.value])
         await watch.aclose()
 
     store.run(body)
@@ -332,16 +337,17 @@ def test_watch_ends_cleanly_when_store_closes(store):
     async def body(s: Store, p: str) -> None:
         start = await next_revision(s, p)
         received: list[WatchEvent] = []
+        got_one = asyncio.Event()
 
         async def consume() -> str:
             async for event in s.watch_prefix(p, start_revision=start):
                 received.append(event)
+                got_one.set()
             return "ended"
 
         consumer = asyncio.create_task(consume())
         rev = await s.put(p + "k", b"v")
-        while not received:
-            await asyncio.sleep(0.01)
+        await got_one.wait()
         await asyncio.wait_for(s.close(), 3)
         assert await asyncio.wait_for(consumer, 3) == "ended"
         assert received == [put_event(p + "k", b"v", rev)]
