@@ -128,7 +128,8 @@ class AsyncClient(ClientCore):
         progress = self._progress(call)
         try:
             while True:
-                responses = self._stub().Generate(call.request, timeout=progress.attempts.timeout(), metadata=progress.metadata)
+                timeout = progress.attempts.timeout()
+                responses = self._stub().Generate(call.request, timeout=timeout, metadata=progress.metadata)
                 try:
                     async for response in responses:
                         yield progress.chunk(response)

@@ -118,7 +118,8 @@ class Client(ClientCore):
         progress = self._progress(call)
         try:
             while True:
-                responses = self._stub.Generate(call.request, timeout=progress.attempts.timeout(), metadata=progress.metadata)
+                timeout = progress.attempts.timeout()
+                responses = self._stub.Generate(call.request, timeout=timeout, metadata=progress.metadata)
                 try:
                     for response in responses:
                         yield progress.chunk(response)
