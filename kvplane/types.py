@@ -75,3 +75,7 @@ def dtype_nbytes(dtype: str) -> int:
         return _DTYPE_NBYTES[dtype]
     except KeyError:
         raise ValueError(f"unknown KV dtype {dtype!r}; expected one of {sorted(_DTYPE_NBYTES)}") from None
+
+
+# Priority classes a request may name (client.proto GenerateRequest.priority); the first is the default.
+PRIORITIES = ("interactive", "batch")

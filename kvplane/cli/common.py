@@ -18,6 +18,12 @@ class CliError(Exception):
         self.exit_code = exit_code
 
 
+def usage_error(parser: argparse.ArgumentParser) -> int:
+    """A command group run without its subcommand: its help goes to stderr (it is an error), exit code 2."""
+    parser.print_help(sys.stderr)
+    return 2
+
+
 def client_parent() -> argparse.ArgumentParser:
     """Options shared by every command that talks to a control plane."""
     parent = argparse.ArgumentParser(add_help=False)

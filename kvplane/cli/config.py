@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from kvplane.cli.common import CliError, client_parent, format_table, json_flag, non_negative_int, print_json
+from kvplane.cli.common import CliError, client_parent, format_table, json_flag, non_negative_int, print_json, usage_error
 from kvplane.client import Client, ProfileResult
 
 # The order of LatencyModel.coefficients (common.proto): step_seconds = coefficients . features.
@@ -35,7 +35,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     set_.add_argument("value", metavar="VALUE", help="the new value; '' restores the default")
     json_flag(set_)
     set_.set_defaults(func=run_config_set)
-    config.set_defaults(func=lambda args: _print_help_and_fail(config))
+    config.set_defaults(func=lambda args: usage_error(config))
 
     profile = subparsers.add_parser(
         "profile", parents=[parent], help="measure and store a worker's latency profile",
@@ -96,8 +96,3 @@ def profile_to_json(result: ProfileResult) -> dict:
     out = dataclasses.asdict(result)
     out["coefficients"] = list(result.coefficients)
     return out
-
-
-def _print_help_and_fail(parser: argparse.ArgumentParser) -> int:
-    parser.print_help()
-    return 2

@@ -11,7 +11,7 @@ import argparse
 import importlib
 from dataclasses import dataclass
 
-from kvplane.cli.common import CliError
+from kvplane.cli.common import CliError, usage_error
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +79,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     for delegate in DELEGATES:
         target = bench_commands if delegate.command[0] == "bench" else subparsers
         target.add_parser(delegate.command[-1], help=delegate.help, add_help=False)
-    bench.set_defaults(func=lambda args: _print_help_and_fail(bench))
+    bench.set_defaults(func=lambda args: usage_error(bench))
 
 
 def run(delegate: Delegate, argv: list[str]) -> int:
@@ -96,8 +96,3 @@ def run(delegate: Delegate, argv: list[str]) -> int:
     module.add_arguments(parser)
     args = parser.parse_args(argv)
     return int(module.run(args) or 0)
-
-
-def _print_help_and_fail(parser: argparse.ArgumentParser) -> int:
-    parser.print_help()
-    return 2

@@ -14,9 +14,10 @@ from kvplane.cli.common import (
     non_negative_int,
     print_json,
 )
-from kvplane.client import PRIORITIES, Client, GenerateResult, RequestMetrics, StreamAssembler
+from kvplane.client import Client, GenerateResult, RequestMetrics, StreamAssembler
+from kvplane.types import PRIORITIES, DisaggMode
 
-_DISAGG_CHOICES = ("auto", "always", "never")
+_DISAGG_CHOICES = tuple(m.value for m in DisaggMode)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

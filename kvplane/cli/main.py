@@ -6,7 +6,7 @@ import sys
 from collections.abc import Sequence
 
 from kvplane.cli import admin, config, delegate, generate, top, up
-from kvplane.cli.common import CliError
+from kvplane.cli.common import CliError, usage_error
 from kvplane.errors import KvplaneError
 
 
@@ -34,8 +34,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser = build_parser()
         args = parser.parse_args(argv)
         if not hasattr(args, "func"):
-            parser.print_help(sys.stderr)
-            return 2
+            return usage_error(parser)
         return int(args.func(args) or 0)
     except (KvplaneError, CliError) as e:
         print(f"kvplane: error: {e}", file=sys.stderr)

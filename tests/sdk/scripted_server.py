@@ -2,7 +2,8 @@
 
 The prompt text picks the behaviour (see `ScriptedKvplane.Generate`); "reject-then-ok:K..."
 is rejected (retry-after 50 ms) the first K times the server sees that exact text, then echoed;
-"reject-fast" is always rejected with a 50 ms hint. Every other prompt is echoed back: its characters become token ids (ord), streamed two per message, and the last
+"reject-fast" is always rejected with a 50 ms hint; draining worker "slow" takes 5 s. Every other
+prompt is echoed back: its characters become token ids (ord), streamed two per message, and the last
 message carries fixed metrics. It runs on its own event loop in a background thread so that
 both the blocking client and the asyncio client (and CLI subprocesses) can call it.
 """
@@ -60,6 +61,14 @@ WORKERS = (
 FAST_RETRY_AFTER_MS = 50
 PROFILE = common_pb2.LatencyModel(coefficients=[0.002, 1.5e-5, 1e-9, 4e-4, 2e-7], num_samples=48,
                                   mean_abs_pct_error=0.042, seeded_from_profile=True)  # fmt: skip
+STATS = client_pb2.GetStatsResponse(
+    workers=[client_pb2.WorkerStats(
+        worker_id="decode-0", num_requests=3, prompt_tokens=30, cached_tokens=12, kv_transfer_bytes=8192,
+        ttft=client_pb2.LatencySummary(count=3, mean_ms=10.0, p50_ms=9.0, p90_ms=12.0, p99_ms=12.5),
+        itl=client_pb2.LatencySummary(count=20, mean_ms=2.0, p50_ms=1.5, p90_ms=3.0, p99_ms=4.0),
+    )],
+    window_s=60.0, metrics_url="http://127.0.0.1:9100/metrics",
+)  # fmt: skip
 CONFIG_KEYS = ("admission.policy",)  # and objectives.<model>.<priority>.<ttft_ms|tpot_ms>
 
 
@@ -70,6 +79,7 @@ class ScriptedKvplane(client_pb2_grpc.KvplaneServicer):
         self.seen: collections.Counter[str] = collections.Counter()  # calls per prompt text
         self.config: dict[str, str] = {"admission.policy": "threshold"}
         self.profile_requests: list[client_pb2.ProfileWorkerRequest] = []
+        self.stats_windows: list[float] = []
         self.cancelled = threading.Event()  # set when a "long" generation is cancelled by its client
 
     async def Generate(self, request, context):  # noqa: N802 - gRPC method name
@@ -118,7 +128,13 @@ class ScriptedKvplane(client_pb2_grpc.KvplaneServicer):
             workers=[client_pb2.WorkerCache(worker_id="decode-0", blocks_by_tier={"device": 7, "host": 3})]
         )
 
+    async def GetStats(self, request, context):  # noqa: N802
+        self.stats_windows.append(request.window_s)
+        return STATS
+
     async def DrainWorker(self, request, context):  # noqa: N802
+        if request.worker_id == "slow":
+            await asyncio.sleep(5)
         if request.worker_id not in {w.info.worker_id for w in WORKERS}:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no worker {request.worker_id!r}")
         return client_pb2.DrainWorkerResponse(worker_id=request.worker_id, state=common_pb2.WORKER_STATE_DRAINING)

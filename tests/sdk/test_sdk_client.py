@@ -139,3 +139,13 @@ def test_endpoint_comes_from_argument_then_env_then_default(monkeypatch: pytest.
         assert client.endpoint == server.endpoint
         assert len(client.workers()) == 2  # it really talks to the env endpoint
     assert Client("10.1.1.1:5").endpoint == "10.1.1.1:5"
+
+
+def test_every_name_the_package_exports_resolves() -> None:
+    import kvplane.client
+    import kvplane.errors
+
+    for name in kvplane.__all__:
+        home = kvplane.client if name in kvplane.client.__all__ else kvplane.errors
+        assert getattr(kvplane, name) is getattr(home, name), name
+    assert all(hasattr(kvplane.client, name) for name in kvplane.client.__all__)

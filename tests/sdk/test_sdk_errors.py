@@ -16,22 +16,7 @@ from kvplane.errors import (
     from_rpc_error,
     rejection_trailers,
 )
-
-
-class _Failed(grpc.RpcError):
-    """A failed call as grpc reports it: code(), details(), trailing_metadata()."""
-
-    def __init__(self, code: grpc.StatusCode, details: str, trailers: tuple = ()) -> None:
-        self._code, self._details, self._trailers = code, details, trailers
-
-    def code(self) -> grpc.StatusCode:
-        return self._code
-
-    def details(self) -> str:
-        return self._details
-
-    def trailing_metadata(self) -> tuple:
-        return self._trailers
+from tests.sdk.failed_call import FailedCall
 
 
 def test_metadata_keys_are_the_documented_names() -> None:
@@ -52,7 +37,7 @@ def test_metadata_keys_are_the_documented_names() -> None:
     ],
 )
 def test_each_status_maps_to_its_class(code: grpc.StatusCode, cls: type[KvplaneError]) -> None:
-    error = from_rpc_error(_Failed(code, "boom"))
+    error = from_rpc_error(FailedCall(code, "boom"))
     assert type(error) is cls
     assert error.code == code
     assert "boom" in error.details
@@ -60,7 +45,7 @@ def test_each_status_maps_to_its_class(code: grpc.StatusCode, cls: type[KvplaneE
 
 def test_rejection_reads_retry_after_and_reason_from_trailers() -> None:
     error = from_rpc_error(
-        _Failed(grpc.StatusCode.RESOURCE_EXHAUSTED, "too busy", ((RETRY_AFTER_MS_KEY, "250"), (REASON_KEY, "tbt_slo")))
+        FailedCall(grpc.StatusCode.RESOURCE_EXHAUSTED, "too busy", ((RETRY_AFTER_MS_KEY, "250"), (REASON_KEY, "tbt_slo")))
     )
     assert isinstance(error, RejectedError)
     assert error.retry_after_s == 0.25
@@ -70,7 +55,7 @@ def test_rejection_reads_retry_after_and_reason_from_trailers() -> None:
 
 @pytest.mark.parametrize("raw", ["soon", "-5", "nan", ""])
 def test_malformed_retry_after_is_no_hint(raw: str) -> None:
-    error = from_rpc_error(_Failed(grpc.StatusCode.RESOURCE_EXHAUSTED, "busy", ((RETRY_AFTER_MS_KEY, raw),)))
+    error = from_rpc_error(FailedCall(grpc.StatusCode.RESOURCE_EXHAUSTED, "busy", ((RETRY_AFTER_MS_KEY, raw),)))
     assert isinstance(error, RejectedError)
     assert error.retry_after_s is None
     assert error.reason == ""
@@ -79,14 +64,14 @@ def test_malformed_retry_after_is_no_hint(raw: str) -> None:
 def test_rejection_trailers_round_trip_through_from_rpc_error() -> None:
     trailers = rejection_trailers(1.2341, "queue_full")
     assert dict(trailers) == {REASON_KEY: "queue_full", RETRY_AFTER_MS_KEY: "1235"}  # rounded up, never early
-    error = from_rpc_error(_Failed(grpc.StatusCode.RESOURCE_EXHAUSTED, "busy", trailers))
+    error = from_rpc_error(FailedCall(grpc.StatusCode.RESOURCE_EXHAUSTED, "busy", trailers))
     assert isinstance(error, RejectedError)
     assert (error.retry_after_s, error.reason) == (1.235, "queue_full")
     assert dict(rejection_trailers(None, "x")) == {REASON_KEY: "x"}
 
 
 def test_unavailable_message_names_the_endpoint_and_the_fix() -> None:
-    error = from_rpc_error(_Failed(grpc.StatusCode.UNAVAILABLE, "connection refused"), endpoint="10.0.0.1:1")
+    error = from_rpc_error(FailedCall(grpc.StatusCode.UNAVAILABLE, "connection refused"), endpoint="10.0.0.1:1")
     assert "10.0.0.1:1" in str(error) and "KVPLANE_ENDPOINT" in str(error) and "connection refused" in str(error)
 
 
@@ -99,6 +84,6 @@ def test_bare_rpc_error_becomes_unknown() -> None:
 
 def test_server_sent_unavailable_keeps_the_servers_message() -> None:
     # The control plane answered: its reason must reach the caller, not "cannot reach".
-    error = from_rpc_error(_Failed(grpc.StatusCode.UNAVAILABLE, "all 1 decode workers are draining"), endpoint="cp:1")
+    error = from_rpc_error(FailedCall(grpc.StatusCode.UNAVAILABLE, "all 1 decode workers are draining"), endpoint="cp:1")
     assert isinstance(error, UnavailableError)
     assert error.details == "all 1 decode workers are draining"

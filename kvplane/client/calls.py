@@ -1,0 +1,188 @@
+"""The one call path of both clients: what each RPC sends, and the deadline and retry rule every call follows.
+
+A client method builds its call here without any I/O: a `UnaryCall` (the Kvplane method, its
+request, the function that reads its answer, its rejection retries) or a `GenerateCall` (the one
+server stream). The client's I/O loop then makes attempts until one succeeds, asking `Attempts`
+after each failure whether to wait and try again or to raise. The rule (stated for users in the
+`kvplane.client` docstring): the call's timeout bounds all its attempts and waits together; only
+a rejection (RESOURCE_EXHAUSTED) is retried, at most `reject_retries` times, after the server's
+retry-after hint, while that hint fits in the time left, and a stream only before its first message.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+import grpc
+from google.protobuf.message import Message
+from opentelemetry import trace
+
+from kvplane.client.from_proto import (
+    cache_from_proto,
+    chunk_from_proto,
+    config_from_proto,
+    drain_from_proto,
+    profile_from_proto,
+    route_from_proto,
+    stats_from_proto,
+    workers_from_proto,
+)
+from kvplane.client.request import build_profile_request
+from kvplane.client.results import (
+    ClusterStats,
+    DrainResult,
+    GenerateChunk,
+    ProfileResult,
+    RouteResult,
+    WorkerCache,
+    WorkerStatus,
+)
+from kvplane.errors import KvplaneError, RejectedError, from_rpc_error
+from kvplane.telemetry import client_spans
+from kvplane.v1 import client_pb2
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class UnaryCall(Generic[T]):
+    """One unary RPC: `method` names the Kvplane stub method, `result` turns its answer into T."""
+
+    method: str
+    request: Message
+    result: Callable[[Any], T]
+    reject_retries: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateCall:
+    """The server-streaming Generate RPC; its answers become GenerateChunks."""
+
+    request: client_pb2.GenerateRequest
+    reject_retries: int = 0
+
+
+# -- one builder per RPC --------------------------------------------------------------------------
+
+
+def generate(request: client_pb2.GenerateRequest, reject_retries: int) -> GenerateCall:
+    return GenerateCall(request, reject_retries)
+
+
+def route(request: client_pb2.GenerateRequest, reject_retries: int) -> UnaryCall[RouteResult]:
+    return UnaryCall("Route", request, route_from_proto, reject_retries)
+
+
+def workers() -> UnaryCall[list[WorkerStatus]]:
+    return UnaryCall("ListWorkers", client_pb2.ListWorkersRequest(), workers_from_proto)
+
+
+def cache() -> UnaryCall[list[WorkerCache]]:
+    return UnaryCall("GetCache", client_pb2.GetCacheRequest(), cache_from_proto)
+
+
+def stats(window_s: float) -> UnaryCall[ClusterStats]:
+    return UnaryCall("GetStats", client_pb2.GetStatsRequest(window_s=window_s), stats_from_proto)
+
+
+def drain(worker_id: str) -> UnaryCall[DrainResult]:
+    return UnaryCall("DrainWorker", client_pb2.DrainWorkerRequest(worker_id=worker_id), drain_from_proto)
+
+
+def config() -> UnaryCall[dict[str, str]]:
+    return UnaryCall("GetConfig", client_pb2.GetConfigRequest(), config_from_proto)
+
+
+def set_config(key: str, value: str) -> UnaryCall[dict[str, str]]:
+    return UnaryCall("SetConfig", client_pb2.SetConfigRequest(key=key, value=value), config_from_proto)
+
+
+def profile(worker_id: str, max_prompt_tokens: int, max_batch: int) -> UnaryCall[ProfileResult]:
+    request = build_profile_request(worker_id, max_prompt_tokens, max_batch)
+    return UnaryCall("ProfileWorker", request, profile_from_proto)
+
+
+# -- the deadline and retry rule ------------------------------------------------------------------
+
+
+def retry_wait(error: RejectedError, attempt: int, reject_retries: int, remaining_s: float | None) -> float | None:
+    """Seconds to wait before retry number `attempt + 1` of a rejected call; None = raise the rejection.
+
+    None when the caller's retries are used up, the server gave no retry-after hint, or the
+    hint does not fit in the time left of the call's timeout (`remaining_s`; None = no timeout).
+    """
+    hint = error.retry_after_s
+    if attempt >= reject_retries or hint is None:
+        return None
+    if remaining_s is not None and hint >= remaining_s:
+        return None
+    return hint
+
+
+class Attempts:
+    """The attempts of one call: the time left of its timeout, and what to do after each failure."""
+
+    __slots__ = ("endpoint", "reject_retries", "num_retries", "_end", "_clock")
+
+    def __init__(
+        self, endpoint: str, timeout: float | None, reject_retries: int, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.endpoint = endpoint  # named in connection errors, so that they say where the call went
+        self.reject_retries = reject_retries
+        self.num_retries = 0  # waits granted so far
+        self._clock = clock
+        self._end = None if timeout is None else clock() + timeout
+
+    def timeout(self) -> float | None:
+        """The timeout for the next attempt: what is left of the call's (None = no deadline)."""
+        return None if self._end is None else max(0.0, self._end - self._clock())
+
+    def wait_after(self, failure: grpc.RpcError, *, received: bool = False) -> float:
+        """Seconds to wait before the next attempt; raises the failure as a KvplaneError when the call is over.
+
+        `received`: the failed attempt had already delivered a stream message, so it is never retried.
+        """
+        error = from_rpc_error(failure, endpoint=self.endpoint)
+        wait = None
+        if isinstance(error, RejectedError) and not received:
+            wait = retry_wait(error, self.num_retries, self.reject_retries, self.timeout())
+        if wait is None:
+            raise error from failure
+        self.num_retries += 1
+        return wait
+
+
+class GenerateProgress:
+    """One Generate call across its attempts: its `Attempts`, what it has received, and its trace span.
+
+    One span covers the whole call, retries included; `metadata` carries its context to the server.
+    """
+
+    __slots__ = ("attempts", "metadata", "_span", "_last", "_num_tokens", "_failure")
+
+    def __init__(self, call: GenerateCall, attempts: Attempts, tracer: trace.Tracer) -> None:
+        self.attempts = attempts
+        self._span, self.metadata = client_spans.start_generate(tracer, attempts.endpoint, call.request)
+        self._last: GenerateChunk | None = None
+        self._num_tokens = 0
+        self._failure: grpc.RpcError | None = None
+
+    def chunk(self, response: client_pb2.GenerateResponse) -> GenerateChunk:
+        """The chunk for one received message, counted."""
+        chunk = chunk_from_proto(response)
+        self._last = chunk
+        self._num_tokens += len(chunk.token_ids)
+        return chunk
+
+    def wait_after(self, failure: grpc.RpcError) -> float:
+        """As Attempts.wait_after; a stream that has delivered a message is never retried."""
+        try:
+            return self.attempts.wait_after(failure, received=self._last is not None)
+        except KvplaneError:
+            self._failure = failure
+            raise
+
+    def end(self) -> None:
+        client_spans.end_generate(self._span, self._last, self._num_tokens, self._failure)

@@ -1,0 +1,84 @@
+"""Every command reports a failure on stderr, never on stdout, and exits non-zero, without a traceback.
+
+Scripts read stdout (tables, --json); an error printed there would be parsed as output.
+"""
+from __future__ import annotations
+
+import argparse
+from typing import NamedTuple
+
+import pytest
+
+from kvplane.cli.main import build_parser
+from tests.cli.conftest import run_kvplane
+from tests.sdk.scripted_server import ScriptedServer
+
+UNREACHABLE = "127.0.0.1:1"
+CANNOT_REACH = f"kvplane: error: cannot reach the kvplane control plane at {UNREACHABLE} ("
+
+
+class Case(NamedTuple):
+    args: tuple[str, ...]  # "{endpoint}" stands for the scripted server's address
+    exit_code: int
+    stderr: str  # in stderr
+
+
+CASES = {
+    "generate": Case(("generate", "x", "--seed", str(2**64), "--endpoint", "{endpoint}"), 2,
+                     f"kvplane: error: seed must be between 0 and {2**64 - 1}, got {2**64}"),
+    "route": Case(("route", "invalid", "--endpoint", "{endpoint}"), 1, "kvplane: error: max_tokens must be > 0"),
+    "workers": Case(("workers", "--json", "--endpoint", UNREACHABLE), 1, CANNOT_REACH),
+    "cache": Case(("cache", "--json", "--endpoint", UNREACHABLE), 1, CANNOT_REACH),
+    "drain": Case(("drain", "nope", "--json", "--endpoint", "{endpoint}"), 1, "kvplane: error: no worker 'nope'"),
+    "config": Case(("config",), 2, "usage: kvplane config [-h] COMMAND"),
+    "config get": Case(("config", "get", "--json", "--endpoint", UNREACHABLE), 1, CANNOT_REACH),
+    "config set": Case(("config", "set", "bogus", "1", "--endpoint", "{endpoint}"), 1,
+                       "kvplane: error: unknown config key 'bogus'"),
+    "profile": Case(("profile", "decode-0", "--max-batch", str(2**32), "--endpoint", "{endpoint}"), 2,
+                    "kvplane: error: max_batch must be between 0 and 4294967295, got 4294967296"),
+    "top": Case(("top", "--once", "--json", "--endpoint", UNREACHABLE), 1, CANNOT_REACH),
+    "up": Case(("up", "--both", "0", "--prefill", "0", "--decode", "0"), 2, "kvplane: error: nothing to start"),
+    "bench": Case(("bench",), 2, "usage: kvplane bench [-h] BENCHMARK"),
+    "bench transfer": Case(("bench", "transfer", "--transports", "carrier-pigeon"), 2,
+                           "kvplane bench transfer: transports ['carrier-pigeon'] are not available here"),
+    "bench load": Case(("bench", "load", "--bogus"), 2, "kvplane bench load: error: unrecognized arguments: --bogus"),
+    "bench tracing": Case(("bench", "tracing", "--bogus"), 2, "kvplane bench tracing: error: unrecognized arguments"),
+    "bench tiers": Case(("bench", "tiers", "--bogus"), 2, "kvplane bench tiers: error: unrecognized arguments"),
+    "bench prefix": Case(("bench", "prefix", "--bogus"), 2, "kvplane bench prefix: error: unrecognized arguments"),
+    "controlplane": Case(("controlplane", "--lease-ttl", "-1"), 2,
+                         "kvplane controlplane: lease_ttl_s must be at least 2 seconds, got -1"),
+    "agent": Case(("agent", "--port", "70000"), 2, "kvplane agent: port must be in 0..65535, got 70000"),
+}  # fmt: skip
+# The servers' entry points live in their own packages and still print these errors to stdout.
+PRINT_TO_STDOUT = {"controlplane": "controlplane/main.py", "agent": "dataplane/agent/main.py"}
+
+
+def _commands(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()) -> list[str]:
+    names = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                names += [" ".join((*prefix, name)), *_commands(sub, (*prefix, name))]
+    return names
+
+
+def test_every_command_has_an_error_case() -> None:
+    assert sorted(_commands(build_parser())) == sorted(CASES)
+
+
+def _params() -> list:
+    params = []
+    for name, case in CASES.items():
+        marks = []
+        if name in PRINT_TO_STDOUT:
+            marks.append(pytest.mark.xfail(strict=True, reason=f"{PRINT_TO_STDOUT[name]} prints its errors to stdout"))
+        params.append(pytest.param(case, id=name, marks=marks))
+    return params
+
+
+@pytest.mark.parametrize("case", _params())
+def test_errors_go_to_stderr_with_a_non_zero_exit(server: ScriptedServer, case: Case) -> None:
+    result = run_kvplane(*(a.replace("{endpoint}", server.endpoint) for a in case.args))
+    assert (result.returncode, result.stdout) == (case.exit_code, "")
+    assert "Traceback" not in result.stderr
+    assert case.stderr in result.stderr

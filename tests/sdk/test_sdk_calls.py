@@ -1,0 +1,164 @@
+"""The shared call path without a server: one builder per RPC, the deadline and retry rule, the Generate span."""
+from __future__ import annotations
+
+import grpc
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
+
+import kvplane
+from kvplane.client import calls, from_proto
+from kvplane.client.request import RequestOptions
+from kvplane.v1 import client_pb2, common_pb2
+from tests.sdk.failed_call import FailedCall, rejection
+
+KVPLANE = client_pb2.DESCRIPTOR.services_by_name["Kvplane"]
+REQUEST = RequestOptions(max_tokens=3).to_proto("hi")
+UNARY_CALLS = {
+    "route": calls.route(REQUEST, 2),
+    "workers": calls.workers(),
+    "cache": calls.cache(),
+    "stats": calls.stats(30.0),
+    "drain": calls.drain("decode-0"),
+    "config": calls.config(),
+    "set_config": calls.set_config("admission.policy", "none"),
+    "profile": calls.profile("prefill-0", 512, 8),
+}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+# -- one builder per RPC --------------------------------------------------------------------------
+
+
+def test_every_rpc_of_the_service_has_exactly_one_builder() -> None:
+    unary = {m.name: m for m in KVPLANE.methods if not m.server_streaming}
+    assert sorted(call.method for call in UNARY_CALLS.values()) == sorted(unary)
+    for call in UNARY_CALLS.values():  # each builder sends the message type its method takes
+        assert call.request.DESCRIPTOR is unary[call.method].input_type
+    assert [m.name for m in KVPLANE.methods if m.server_streaming] == ["Generate"]
+    assert calls.generate(REQUEST, 1) == calls.GenerateCall(REQUEST, 1)
+
+
+def test_builders_carry_their_arguments_and_converters() -> None:
+    c = UNARY_CALLS
+    assert (c["route"].request, c["route"].result, c["route"].reject_retries) == (REQUEST, from_proto.route_from_proto, 2)
+    assert c["stats"].request == client_pb2.GetStatsRequest(window_s=30.0)
+    assert c["drain"].request == client_pb2.DrainWorkerRequest(worker_id="decode-0")
+    assert c["set_config"].request == client_pb2.SetConfigRequest(key="admission.policy", value="none")
+    assert c["profile"].request == client_pb2.ProfileWorkerRequest(worker_id="prefill-0", max_prompt_tokens=512, max_batch=8)
+    # Only a request with a prompt may be rejected by admission, so only route retries.
+    assert [name for name, call in c.items() if call.reject_retries] == ["route"]
+    answer = client_pb2.ListWorkersResponse(workers=[client_pb2.WorkerStatus(info=common_pb2.WorkerInfo(worker_id="w"))])
+    assert [w.worker_id for w in c["workers"].result(answer)] == ["w"]
+    with pytest.raises(ValueError, match="max_batch must be between 0 and"):
+        calls.profile("w", 0, -1)  # refused while building, before any channel is touched
+
+
+# -- the deadline and retry rule ------------------------------------------------------------------
+
+
+def test_the_timeout_covers_every_attempt() -> None:
+    clock = Clock()
+    attempts = calls.Attempts("cp:1", 2.0, 0, clock=clock)
+    assert attempts.timeout() == 2.0
+    clock.now += 0.5
+    assert attempts.timeout() == 1.5
+    clock.now += 5.0
+    assert attempts.timeout() == 0.0  # spent: the next attempt fails at once with DEADLINE_EXCEEDED
+    assert calls.Attempts("cp:1", None, 3, clock=clock).timeout() is None
+
+
+def test_a_rejection_is_retried_after_its_hint_until_the_retries_run_out() -> None:
+    attempts = calls.Attempts("cp:1", None, 2)
+    failure = rejection(250)
+    assert attempts.wait_after(failure) == 0.25
+    assert attempts.wait_after(failure) == 0.25
+    assert attempts.num_retries == 2
+    with pytest.raises(kvplane.RejectedError) as info:
+        attempts.wait_after(failure)
+    assert (info.value.retry_after_s, info.value.reason, info.value.__cause__) == (0.25, "ttft_slo", failure)
+    assert attempts.num_retries == 2
+
+
+def test_a_hint_that_does_not_fit_in_the_time_left_ends_the_call() -> None:
+    clock = Clock()
+    attempts = calls.Attempts("cp:1", 1.0, 5, clock=clock)
+    assert attempts.wait_after(rejection(400)) == 0.4
+    clock.now += 0.7  # 0.3 s left < the 0.4 s hint
+    with pytest.raises(kvplane.RejectedError):
+        attempts.wait_after(rejection(400))
+    assert attempts.num_retries == 1
+
+
+@pytest.mark.parametrize(
+    ("failure", "received", "cls"),
+    [
+        (rejection(None), False, kvplane.RejectedError),  # no hint: nothing to wait for
+        (rejection(10), True, kvplane.RejectedError),  # tokens already reached the caller
+        (FailedCall(grpc.StatusCode.UNAVAILABLE, "connection refused"), False, kvplane.UnavailableError),
+        (FailedCall(grpc.StatusCode.INVALID_ARGUMENT, "max_tokens must be > 0"), False, kvplane.InvalidArgumentError),
+    ],
+    ids=["rejection-without-hint", "after-first-message", "unavailable", "invalid-argument"],
+)
+def test_what_is_never_retried(failure: grpc.RpcError, received: bool, cls: type) -> None:
+    attempts = calls.Attempts("cp:7", None, 5)
+    with pytest.raises(cls) as info:
+        attempts.wait_after(failure, received=received)
+    assert type(info.value) is cls and info.value.__cause__ is failure
+    assert attempts.num_retries == 0
+
+
+def test_connection_errors_name_the_endpoint() -> None:
+    with pytest.raises(kvplane.UnavailableError, match=r"^cannot reach the kvplane control plane at cp:7 \(connection refused\)"):
+        calls.Attempts("cp:7", None, 0).wait_after(FailedCall(grpc.StatusCode.UNAVAILABLE, "connection refused"))
+
+
+# -- one Generate call, its retries and its span --------------------------------------------------
+
+
+def _tracer() -> tuple[InMemorySpanExporter, object]:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return exporter, provider.get_tracer("test")
+
+
+def test_a_generate_call_has_one_span_over_its_retries() -> None:
+    exporter, tracer = _tracer()
+    call = calls.generate(REQUEST, 1)
+    progress = calls.GenerateProgress(call, calls.Attempts("127.0.0.1:5005", None, call.reject_retries), tracer)
+    assert [key for key, _ in progress.metadata] == ["traceparent"]
+    assert progress.wait_after(rejection(20)) == 0.02  # the first attempt was rejected
+    first = progress.chunk(client_pb2.GenerateResponse(token_ids=[5, 6], text="ab", request_id="r"))
+    last = progress.chunk(client_pb2.GenerateResponse(finished=True, finish_reason="length", request_id="r",
+                                                      metrics=common_pb2.RequestMetrics(prompt_tokens=2, ttft_ms=4.0)))  # fmt: skip
+    assert (first.token_ids, first.metrics, last.finished, last.metrics.request_id) == ((5, 6), None, True, "r")
+    progress.end()
+    (span,) = exporter.get_finished_spans()
+    assert span.status.status_code is StatusCode.UNSET
+    attributes = dict(span.attributes)
+    assert (attributes["server.address"], attributes["server.port"], attributes["rpc.grpc.status_code"]) == ("127.0.0.1", 5005, 0)
+    assert (attributes["gen_ai.usage.output_tokens"], attributes["gen_ai.usage.input_tokens"], attributes["kvplane.request_id"]) == (2, 2, "r")
+
+
+def test_a_stream_that_failed_after_its_first_message_is_not_retried_and_its_span_says_so() -> None:
+    exporter, tracer = _tracer()
+    call = calls.generate(REQUEST, 3)
+    progress = calls.GenerateProgress(call, calls.Attempts("cp:1", None, call.reject_retries), tracer)
+    progress.chunk(client_pb2.GenerateResponse(token_ids=[1], text="a"))
+    with pytest.raises(kvplane.RejectedError):
+        progress.wait_after(rejection(10))
+    progress.end()
+    (span,) = exporter.get_finished_spans()
+    assert (span.status.status_code, span.status.description) == (StatusCode.ERROR, "RESOURCE_EXHAUSTED")
+    assert span.attributes["rpc.grpc.status_code"] == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
+    assert span.attributes["gen_ai.usage.output_tokens"] == 1
