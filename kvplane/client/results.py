@@ -117,7 +117,7 @@ class WorkerStatus:
 
 @dataclass(frozen=True, slots=True)
 class LatencySummary:
-    """Nearest-rank percentiles in milliseconds over a window's samples."""
+    """Percentiles (kvplane.stats, interpolated) in milliseconds over a window's samples."""
 
     count: int = 0
     mean_ms: float = 0.0
