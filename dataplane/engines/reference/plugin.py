@@ -12,7 +12,7 @@ from dataplane.engines.reference.config import EngineConfig
 NAME = "reference"
 SUMMARY = "kvplane's own torch engine, in the agent's process (paged KV, prefix cache, KV tiers)"
 CONFIG_TYPE = EngineConfig
-OPTIONAL_DEPENDENCIES = ("torch", "safetensors")  # the [reference] extra in pyproject.toml
+OPTIONAL_DEPENDENCIES = ("torch", "safetensors", "tokenizers")  # the [reference] extra in pyproject.toml
 
 
 def add_arguments(group: argparse._ArgumentGroup) -> None:
