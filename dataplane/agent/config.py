@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from dataplane import engines
 from dataplane.engines.reference.config import EngineConfig
+from dataplane.engines.registry import EngineSettings
 from kvplane.types import Role
 
 
@@ -18,7 +18,7 @@ class AgentConfig:
     advertise_host: str = ""                # what peers dial; default = host
     controlplane: str = "127.0.0.1:50051"
     engine_name: str = engines.DEFAULT_ENGINE  # which engine (dataplane/engines/registry.py)
-    engine: Any = field(default_factory=EngineConfig)  # that engine's config dataclass
+    engine: EngineSettings = field(default_factory=EngineConfig)  # that engine's config dataclass
     transports: tuple[str, ...] = ()        # empty = every available transport, best first
     lease_ttl_s: int = 0                    # 0 = the control plane's default
     load_report_interval_s: float = 0.2
