@@ -1,10 +1,9 @@
-"""Bridges the engine's thread to asyncio, and turns token ids into a stream of text deltas."""
+"""Protocol messages to engine types, and token ids to a stream of text deltas."""
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
-from dataplane.engine.request import EngineOutput, EngineRequest, SamplingParams
+from dataplane.engines.request import SamplingParams
 from kvplane.v1 import common_pb2
 
 
@@ -20,17 +19,6 @@ def sampling_from_pb(msg: common_pb2.SamplingParams) -> SamplingParams:
     )
 
 
-def submit(engine, request: EngineRequest) -> asyncio.Queue[EngineOutput]:
-    """Queues `request` on the engine; its outputs arrive on the returned queue, in order.
-
-    Raises the engine's EngineInputError / EngineCapacityError synchronously.
-    """
-    loop = asyncio.get_running_loop()
-    queue: asyncio.Queue[EngineOutput] = asyncio.Queue()
-    engine.submit(request, lambda out: loop.call_soon_threadsafe(queue.put_nowait, out))
-    return queue
-
-
 class TextStream:
     """Incremental detokenization: emits only text that later tokens cannot change.
 
@@ -38,14 +26,14 @@ class TextStream:
     back until the next token completes it (or the stream ends).
     """
 
-    def __init__(self, tokenizer) -> None:
-        self._tokenizer = tokenizer
+    def __init__(self, detokenize: Callable[[Sequence[int]], Awaitable[str]]) -> None:
+        self._detokenize = detokenize  # EngineAdapter.detokenize
         self._token_ids: list[int] = []
         self._num_sent_chars = 0
 
-    def push(self, token_ids: Sequence[int], final: bool = False) -> str:
+    async def push(self, token_ids: Sequence[int], final: bool = False) -> str:
         self._token_ids.extend(token_ids)
-        text = self._tokenizer.decode(self._token_ids)
+        text = await self._detokenize(self._token_ids)
         stable = len(text) if final else len(text.rstrip("\ufffd"))
         delta = text[self._num_sent_chars:stable]
         self._num_sent_chars = max(self._num_sent_chars, stable)

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 import grpc
 
 from dataplane.agent.config import AgentConfig
-from dataplane.engine.events import AllCleared, BlockRemoved, BlockStored, KVCacheEvent
+from dataplane.engines.events import AllCleared, BlockRemoved, BlockStored, KVCacheEvent
 from kvplane.convert import tier_to_pb
 from kvplane.grpc_util import aio_channel
 from kvplane.types import BlockHash, Tier

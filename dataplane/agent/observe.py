@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-from dataplane.engine.request import EngineOutput
+from dataplane.engines.request import EngineOutput
 from kvplane.telemetry import instruments, tracing
 from kvplane.v1 import common_pb2
 

@@ -20,8 +20,8 @@ import random
 import uuid
 from dataclasses import dataclass
 
-from dataplane.agent.bridge import submit
-from dataplane.engine.request import EngineCapacityError, EngineInputError, EngineRequest, SamplingParams
+from dataplane.engines.base import EngineAdapter
+from dataplane.engines.request import EngineCapacityError, EngineInputError, EngineRequest, SamplingParams
 
 DEFAULT_MAX_PROMPT_TOKENS = 1024
 DECODE_TOKENS = 32
@@ -45,36 +45,35 @@ class Plan:
     seed: int
 
 
-def plan(engine, max_prompt_tokens: int = 0, max_batch: int = 0) -> Plan:
+def plan(engine: EngineAdapter, max_prompt_tokens: int = 0, max_batch: int = 0) -> Plan:
     """The profile's shape for this engine; requested sizes are capped at what the engine can run."""
-    cfg = engine.config
-    capacity = cfg.num_blocks * cfg.block_size - cfg.block_size
-    max_prompt = max_prompt_tokens or min(DEFAULT_MAX_PROMPT_TOKENS, engine.max_context // 2)
-    max_prompt = max(1, min(max_prompt, engine.max_context - 1, capacity))
-    batch = max(1, min(max_batch or cfg.max_num_seqs, cfg.max_num_seqs))
-    decode_tokens = max(1, min(DECODE_TOKENS, engine.max_tokens_limit))
-    per_request = capacity // batch - decode_tokens - cfg.block_size
-    decode_prompt = max(1, min(max_prompt // 2, per_request, engine.max_context - decode_tokens))
-    return Plan(max_prompt, batch, decode_tokens, decode_prompt, engine.vocab_size, f"kvplane-profile-{uuid.uuid4().hex}", random.getrandbits(32))
+    info = engine.info
+    block_size = info.layout.block_size
+    capacity = engine.load().num_total_blocks * block_size - block_size
+    max_prompt = max_prompt_tokens or min(DEFAULT_MAX_PROMPT_TOKENS, info.max_context // 2)
+    max_prompt = max(1, min(max_prompt, info.max_context - 1, capacity))
+    batch = max(1, min(max_batch or info.max_num_seqs, info.max_num_seqs))
+    decode_tokens = max(1, min(DECODE_TOKENS, info.max_tokens_limit))
+    per_request = capacity // batch - decode_tokens - block_size
+    decode_prompt = max(1, min(max_prompt // 2, per_request, info.max_context - decode_tokens))
+    return Plan(max_prompt, batch, decode_tokens, decode_prompt, info.vocab_size, f"kvplane-profile-{uuid.uuid4().hex}", random.getrandbits(32))
 
 
-async def _run_batch(engine, requests: list[EngineRequest]) -> None:
+async def _run_batch(engine: EngineAdapter, requests: list[EngineRequest]) -> None:
     """Submits the requests together and waits until all have finished."""
-    queues = []
+    streams = []
     try:
         for r in requests:
-            queues.append((r.request_id, submit(engine, r)))
-        for request_id, queue in queues:
-            out = await queue.get()
-            while not out.finished:
-                out = await queue.get()
-            if out.error or out.finish_reason == "abort":
-                raise ProfileError(f"profile request {request_id} failed: {out.error or 'aborted'}")
-        queues = []
+            streams.append((r.request_id, await engine.generate(r)))
+        for request_id, stream in streams:
+            async for out in stream:
+                if out.finished and (out.error or out.finish_reason == "abort"):
+                    raise ProfileError(f"profile request {request_id} failed: {out.error or 'aborted'}")
+        streams = []
     except (EngineInputError, EngineCapacityError) as e:
         raise ProfileError(f"the engine refused a profile request: {e}") from None
     finally:
-        for request_id, _ in queues:  # cancelled or failed: stop spending compute on the rest
+        for request_id, _ in streams:  # cancelled or failed: stop spending compute on the rest
             engine.abort(request_id)
 
 
@@ -98,13 +97,13 @@ class _Requests:
         )
 
 
-async def warm_up(engine, p: Plan) -> None:
+async def warm_up(engine: EngineAdapter, p: Plan) -> None:
     """One short request first: the first steps after start pay one-off costs a model should not learn."""
     requests = _Requests(p, "warm")
     await _run_batch(engine, [requests.make(requests.tokens(min(32, p.max_prompt_tokens)), min(2, p.decode_tokens))])
 
 
-async def run(engine, p: Plan) -> None:
+async def run(engine: EngineAdapter, p: Plan) -> None:
     requests = _Requests(p, "")
     lengths = sorted({max(1, round(p.max_prompt_tokens * f)) for f in PREFILL_FRACTIONS})
     for _ in range(PREFILL_REPEATS):

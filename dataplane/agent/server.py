@@ -1,4 +1,8 @@
-"""Runs one agent: engine, KV transports, the Agent gRPC service and the control-plane link."""
+"""Runs one agent: engine, KV transports, the Agent gRPC service and the control-plane link.
+
+The engine comes from the engine registry by name (AgentConfig.engine_name); KV transports are
+built only over an engine with the KV import/export capability.
+"""
 from __future__ import annotations
 
 import asyncio
@@ -8,12 +12,13 @@ import time
 
 import grpc
 
+from dataplane import engines
 from dataplane.agent.config import AgentConfig
 from dataplane.agent.link import ControlPlaneLink
-from dataplane.agent.service import AgentService
-from dataplane.engine.engine import Engine
-from dataplane.transport import available_transports, make_transport
 from dataplane.agent.observe import register_load_gauges
+from dataplane.agent.service import AgentService
+from dataplane.engines.base import EngineAdapter
+from dataplane.transport import KVTransport, available_transports, make_transport
 from kvplane import telemetry
 from kvplane.grpc_util import enable_health_and_reflection, make_server, set_serving
 from kvplane.v1 import agent_pb2, agent_pb2_grpc, common_pb2
@@ -26,23 +31,24 @@ SERVICE_NAMES = (agent_pb2.DESCRIPTOR.services_by_name["Agent"].full_name,)
 class AgentServer:
     def __init__(self, config: AgentConfig) -> None:
         self.config = config.validate()
-        self.engine: Engine | None = None
+        self.engine: EngineAdapter | None = None
         self.service: AgentService | None = None
         self.link: ControlPlaneLink | None = None
         self.endpoint = ""
         self._server: grpc.aio.Server | None = None
-        self._transports: dict = {}
+        self._transports: dict[str, KVTransport] = {}
 
     async def start(self) -> str:
         config = self.config
-        # Loading weights is slow and synchronous: keep the event loop responsive meanwhile.
-        self.engine = await asyncio.to_thread(Engine, config.engine)
-        self.engine.start()
-        names = list(config.transports) or available_transports()
-        unknown = [n for n in names if n not in available_transports()]
-        if unknown:
-            raise ValueError(f"KV transports {unknown} are not available here; available: {available_transports()}")
-        self._transports = {name: make_transport(name, self.engine.pool, agent_name=config.worker_id) for name in names}
+        # Building an engine is slow and synchronous (weights, a server to reach): keep the event
+        # loop responsive meanwhile.
+        self.engine = await asyncio.to_thread(engines.create, config.engine_name, config.engine)
+        await self.engine.start()
+        unhealthy = self.engine.health()
+        if unhealthy is not None:
+            raise RuntimeError(f"the {config.engine_name} engine did not start: {unhealthy}")
+        self._transports = self._make_transports()
+        names = list(self._transports)
         server = make_server()
         port = server.add_insecure_port(f"{config.host}:{config.port}")
         if port == 0:
@@ -67,8 +73,23 @@ class AgentServer:
         self._server = server
         self.service.start()
         await self.link.start()
-        log.info("agent %s (%s) serving %s on %s with transports %s", config.worker_id, config.role.value, self.engine.model_name, self.endpoint, names)
+        log.info("agent %s (%s) serving %s with the %s engine on %s, KV transports %s",
+                 config.worker_id, config.role.value, self.engine.info.model, config.engine_name, self.endpoint, names)  # fmt: skip
         return self.endpoint
+
+    def _make_transports(self) -> dict[str, KVTransport]:
+        """The configured (or every available) transport over the engine's pool; none without one."""
+        config = self.config
+        kv = self.engine.kv_transfer
+        if kv is None:
+            if config.transports:
+                raise ValueError(f"the {config.engine_name} engine does not move KV through kvplane transports; drop --transports")
+            return {}
+        names = list(config.transports) or available_transports()
+        unknown = [n for n in names if n not in available_transports()]
+        if unknown:
+            raise ValueError(f"KV transports {unknown} are not available here; available: {available_transports()}")
+        return {name: make_transport(name, kv.pool, agent_name=config.worker_id) for name in names}
 
     async def drain(self, timeout_s: float) -> None:
         """Takes no new work and waits (bounded) for running requests to finish."""
@@ -95,7 +116,7 @@ class AgentServer:
         for transport in self._transports.values():
             transport.close()
         if self.engine is not None:
-            self.engine.stop()
+            await self.engine.stop()
 
 
 async def serve(config: AgentConfig) -> None:

@@ -9,6 +9,10 @@ as Dynamo does: the caller still gets its tokens.
 Latency: the engine's step timings feed an online step-time model (kvplane.latency) that the link
 reports with the load. Profile measures a seed for it by running synthetic requests through the
 normal engine path (see dataplane/agent/profile.py).
+
+The engine is reached only through the engine interface (dataplane/engines/base.py). Prefill,
+KV pulls and remote prefill need its KV import/export capability, Profile its step timings; on
+an engine without them those RPCs fail with FAILED_PRECONDITION and say so.
 """
 from __future__ import annotations
 
@@ -22,10 +26,11 @@ from dataclasses import dataclass
 import grpc
 
 from dataplane.agent import profile
-from dataplane.agent.bridge import TextStream, sampling_from_pb, submit
+from dataplane.agent.bridge import TextStream, sampling_from_pb
 from dataplane.agent.config import AgentConfig
 from dataplane.agent.observe import PHASE_GENERATE, PHASE_PREFILL, EngineTimer, record_transfer
-from dataplane.engine.request import EngineCapacityError, EngineInputError, EngineRequest, SamplingParams
+from dataplane.engines.base import EngineAdapter, KVImportExport
+from dataplane.engines.request import EngineCapacityError, EngineInputError, EngineRequest, SamplingParams
 from dataplane.transport import LayoutMismatchError, PullSource
 from dataplane.transport.grpc_stream import iter_chunks
 from kvplane import tickets
@@ -52,11 +57,21 @@ class RemotePrefillRefused(Exception):
 
 
 class AgentService(agent_pb2_grpc.AgentServicer):
-    def __init__(self, config: AgentConfig, engine, transports: dict, ticket_key: Callable[[], bytes], endpoint: str) -> None:
+    def __init__(
+        self,
+        config: AgentConfig,
+        engine: EngineAdapter,
+        transports: dict,
+        ticket_key: Callable[[], bytes],
+        endpoint: str,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self._config = config
         self.endpoint = endpoint
         self._engine = engine
-        self._transports = transports          # name -> KVTransport, best first
+        self._kv: KVImportExport | None = engine.kv_transfer
+        self._transports = transports          # name -> KVTransport, best first; empty without self._kv
+        self._clock = clock                    # wall clock (seconds): pins expire by it, peers see expires_at
         self._ticket_key = ticket_key          # () -> bytes, set once registered
         self.state = common_pb2.WORKER_STATE_ACTIVE
         self.metrics_url = ""                  # this process's Prometheus endpoint, set by the server
@@ -104,34 +119,57 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             stub = self._peer_stubs[endpoint] = agent_pb2_grpc.AgentStub(channel)
         return stub
 
+    async def _check_healthy(self, context) -> None:
+        reason = self._engine.health()
+        if reason is not None:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"worker {self.worker_id}'s engine is not serving: {reason}")
+
+    async def _require_kv(self, context, what: str) -> KVImportExport:
+        if self._kv is None:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"worker {self.worker_id} runs the {self._config.engine_name} engine, which does not move KV through "
+                f"kvplane transports, so it cannot {what}; send it requests without disaggregation",
+            )
+        return self._kv
+
+    def _unpin(self, block_ids: list[int]) -> None:
+        if block_ids:  # only ever non-empty with the KV capability
+            self._kv.unpin(block_ids)
+
     def _release(self, transfer_id: str) -> bool:
         pin = self._pins.pop(transfer_id, None)
         if pin is None:
             return False
-        self._engine.unpin(pin.block_ids)
+        self._unpin(pin.block_ids)
         return True
+
+    def expire_pins(self) -> list[str]:
+        """Releases every pin past its expiry; returns their transfer ids."""
+        now = self._clock()
+        expired = [t for t, p in self._pins.items() if p.expires_at < now]
+        for transfer_id in expired:
+            log.warning("transfer %s was not pulled in time; unpinning its blocks", transfer_id)
+            self._release(transfer_id)
+        return expired
 
     async def _expire_pins(self) -> None:
         while True:
-            await asyncio.sleep(1.0)
-            now = time.time()
-            for transfer_id in [t for t, p in self._pins.items() if p.expires_at < now]:
-                log.warning("transfer %s was not pulled in time; unpinning its blocks", transfer_id)
-                self._release(transfer_id)
-
-    def _submit(self, request: EngineRequest):
-        return submit(self._engine, request)
+            await asyncio.sleep(self._config.pin_check_interval_s)
+            self.expire_pins()
 
     # -- Generate (decode side, or both) ------------------------------------------------------
 
     async def Generate(self, request: agent_pb2.AgentGenerateRequest, context):
         await self._check_ticket(request.ticket, context)
         await self._check_accepting(context)
+        await self._check_healthy(context)
         prompt = list(request.prompt_token_ids)
         metrics = common_pb2.RequestMetrics(decode_worker=self.worker_id, prefill_worker=self.worker_id, prompt_tokens=len(prompt))
         held: list[int] = []
         remote = request.HasField("prefill_from") and request.prefill_from.endpoint
         if remote:
+            await self._require_kv(context, "import KV from a peer")
             try:
                 with tracing.span(tracing.SPAN_REMOTE_PREFILL, {"kvplane.prefill_worker": request.prefill_from.worker_id}):
                     held = await self._remote_prefill(request, metrics)
@@ -153,26 +191,25 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         )
         timer = EngineTimer(PHASE_GENERATE)
         try:
-            queue = self._submit(engine_request)
+            stream = await self._engine.generate(engine_request)
         except EngineInputError as e:
-            self._engine.unpin(held)
+            self._unpin(held)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         except EngineCapacityError as e:
-            self._engine.unpin(held)
+            self._unpin(held)
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
         started = time.monotonic()
-        text = TextStream(self._engine.tokenizer)
+        text = TextStream(self._engine.detokenize)
         finished = False
         try:
-            while not finished:
-                out = await queue.get()
+            async for out in stream:
                 finished = out.finished
                 timer.on_output(out)
                 if out.error:
                     await context.abort(grpc.StatusCode.INTERNAL, f"engine failed on this request: {out.error}")
                 reply = agent_pb2.AgentGenerateResponse(
                     token_ids=out.new_token_ids,
-                    text=text.push(out.new_token_ids, final=finished),
+                    text=await text.push(out.new_token_ids, final=finished),
                     finished=finished,
                     finish_reason=out.finish_reason or "",
                 )
@@ -198,6 +235,8 @@ class AgentService(agent_pb2_grpc.AgentServicer):
     async def _remote_prefill(self, request: agent_pb2.AgentGenerateRequest, metrics: common_pb2.RequestMetrics) -> list[int]:
         """Has the peer prefill, pulls the missing blocks into this pool; returns the refs taken on them."""
         source = request.prefill_from
+        kv = self._kv
+        layout = self._engine.info.layout
         peer = self._peer(source.endpoint)
         offered = [source.transport] if source.transport else list(self._transports)
         try:
@@ -207,7 +246,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                     request_id=request.request_id,
                     prompt_token_ids=request.prompt_token_ids,
                     cache_salt=request.cache_salt,
-                    layout=layout_to_pb(self._engine.layout),
+                    layout=layout_to_pb(layout),
                     transports=offered,
                     cached_only=source.cached_only,
                 ),
@@ -227,16 +266,16 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             metrics.cached_tokens = reply.cached_tokens
             metrics.prefill_computed_tokens = reply.prefill_computed_tokens
         hashes = [BlockHash(h) for h in reply.block_hashes]
-        missing = self._engine.missing_blocks(hashes)
+        missing = kv.missing_blocks(hashes)
         if source.cached_only:
-            metrics.kv_fetched_tokens = len(missing) * self._engine.layout.block_size
+            metrics.kv_fetched_tokens = len(missing) * layout.block_size
         transport = self._transports[reply.transport]
         released = False
         held: list[int] = []
         started = time.monotonic()
         try:
             if missing:
-                dst = self._engine.allocate_for_import(len(missing))
+                dst = kv.allocate_for_import(len(missing))
                 if dst is None:
                     raise RuntimeError(f"no free KV blocks for {len(missing)} imported blocks")
                 try:
@@ -248,9 +287,9 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                         span.set_attributes({"kvplane.kv_transfer.bytes": nbytes, "kvplane.kv_transfer.blocks": len(missing)})
                     released = reply.transport == "grpc"  # the gRPC pull asked the peer to unpin when done
                 except BaseException:
-                    self._engine.abort_import(dst)
+                    kv.abort_import(dst)
                     raise
-                held = self._engine.commit_import([hashes[i] for i in missing], dst)
+                held = kv.commit_import([hashes[i] for i in missing], dst)
                 metrics.kv_transfer_bytes = nbytes
                 metrics.kv_transfer_blocks = len(missing)
         except LayoutMismatchError as e:
@@ -269,9 +308,12 @@ class AgentService(agent_pb2_grpc.AgentServicer):
     async def Prefill(self, request: agent_pb2.PrefillRequest, context):
         await self._check_ticket(request.ticket, context)
         await self._check_accepting(context)
+        await self._check_healthy(context)
         if not self._config.role.can_prefill and not request.cached_only:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"worker {self.worker_id} has role {self._config.role.value} and does not prefill for peers")
-        mismatch = self._engine.layout.mismatch(layout_from_pb(request.layout))
+        kv = await self._require_kv(context, "export KV to a peer")
+        layout = self._engine.info.layout
+        mismatch = layout.mismatch(layout_from_pb(request.layout))
         if mismatch:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"cannot transfer KV from {self.worker_id}: {mismatch}")
         transport_name = next((t for t in request.transports if t in self._transports), None)
@@ -281,7 +323,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                 f"no common KV transport: the decode side offers {list(request.transports)}, this agent serves {list(self._transports)}",
             )
         if request.cached_only:
-            return self._pin_cached(request, transport_name)
+            return self._pin_cached(kv, request, transport_name)
         engine_request = EngineRequest(
             request_id=f"{request.request_id or uuid.uuid4().hex}:prefill",
             prompt_token_ids=list(request.prompt_token_ids),
@@ -291,21 +333,18 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         )
         timer = EngineTimer(PHASE_PREFILL)
         try:
-            queue = self._submit(engine_request)
+            stream = await self._engine.generate(engine_request)
         except EngineInputError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         except EngineCapacityError as e:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
-        out = await queue.get()
-        timer.on_output(out)
-        while not out.finished:
-            out = await queue.get()
+        async for out in stream:
             timer.on_output(out)
         if out.error or out.finish_reason == "abort":
-            self._engine.unpin(out.pinned_block_ids)
+            self._unpin(out.pinned_block_ids)
             await context.abort(grpc.StatusCode.INTERNAL, f"prefill failed: {out.error or 'aborted'}")
         transfer_id = uuid.uuid4().hex
-        expires_at = time.time() + self._config.pin_timeout_s
+        expires_at = self._clock() + self._config.pin_timeout_s
         self._pins[transfer_id] = Pin(list(out.pinned_block_ids), expires_at)
         return agent_pb2.PrefillResponse(
             transfer_id=transfer_id,
@@ -315,30 +354,31 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             transport=transport_name,
             transport_descriptor=self._transports[transport_name].describe(out.pinned_block_ids),
             expires_at=expires_at,
-            layout=layout_to_pb(self._engine.layout),
+            layout=layout_to_pb(layout),
         )
 
-    def _pin_cached(self, request: agent_pb2.PrefillRequest, transport_name: str) -> agent_pb2.PrefillResponse:
+    def _pin_cached(self, kv: KVImportExport, request: agent_pb2.PrefillRequest, transport_name: str) -> agent_pb2.PrefillResponse:
         """Fetch instead of recompute, source side: pin what is cached, compute nothing."""
-        hashes, block_ids = self._engine.pin_cached_prefix(list(request.prompt_token_ids), request.cache_salt)
+        hashes, block_ids = kv.pin_cached_prefix(list(request.prompt_token_ids), request.cache_salt)
+        layout = self._engine.info.layout
         transfer_id = uuid.uuid4().hex
-        expires_at = time.time() + self._config.pin_timeout_s
+        expires_at = self._clock() + self._config.pin_timeout_s
         self._pins[transfer_id] = Pin(block_ids, expires_at)
         return agent_pb2.PrefillResponse(
             transfer_id=transfer_id,
             block_hashes=list(hashes),
-            cached_tokens=len(hashes) * self._engine.layout.block_size,
+            cached_tokens=len(hashes) * layout.block_size,
             transport=transport_name,
             transport_descriptor=self._transports[transport_name].describe(block_ids),
             expires_at=expires_at,
-            layout=layout_to_pb(self._engine.layout),
+            layout=layout_to_pb(layout),
         )
 
     async def PullKV(self, request: agent_pb2.PullKVRequest, context):
         pin = self._pins.get(request.transfer_id)
         if pin is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown or expired transfer {request.transfer_id!r}: prefill again")
-        mismatch = self._engine.layout.mismatch(layout_from_pb(request.layout))
+        mismatch = self._engine.info.layout.mismatch(layout_from_pb(request.layout))
         if mismatch:
             self._release(request.transfer_id)
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"cannot transfer KV from {self.worker_id}: {mismatch}")
@@ -346,7 +386,8 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         if bad:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"block indices {bad[:5]} are outside the transfer's {len(pin.block_ids)} blocks")
         try:
-            for chunk in iter_chunks(self._engine.pool, pin.block_ids, list(request.block_indices), request.chunk_bytes or 1 << 20):
+            # A pin exists, so the engine has the KV capability.
+            for chunk in iter_chunks(self._kv.pool, pin.block_ids, list(request.block_indices), request.chunk_bytes or 1 << 20):
                 yield chunk
         finally:
             if request.release_after:
@@ -366,12 +407,18 @@ class AgentService(agent_pb2_grpc.AgentServicer):
     async def Profile(self, request: agent_pb2.ProfileRequest, context):
         if self.state == common_pb2.WORKER_STATE_DRAINING:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"worker {self.worker_id} is draining; profile it before draining")
+        profiling = self._engine.profiling
+        if profiling is None:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"worker {self.worker_id} runs the {self._config.engine_name} engine, which does not measure its steps; nothing to profile",
+            )
         async with self._profile_lock:  # one profile at a time; other traffic keeps running
             plan = profile.plan(self._engine, request.max_prompt_tokens, request.max_batch)
             try:
                 self.collect_step_timings()
                 await profile.warm_up(self._engine, plan)
-                self._engine.take_step_timings()  # warm-up steps pay one-off costs: learn nothing from them
+                profiling.take_step_timings()  # warm-up steps pay one-off costs: learn nothing from them
                 self._recording = samples = []
                 await profile.run(self._engine, plan)
                 self.collect_step_timings()
@@ -390,31 +437,32 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         return agent_pb2.GetStatusResponse(info=self.worker_info(), load=self.worker_load())
 
     async def Tokenize(self, request, context):
-        return agent_pb2.TokenizeResponse(token_ids=self._engine.tokenizer.encode(request.text))
+        return agent_pb2.TokenizeResponse(token_ids=await self._engine.tokenize(request.text))
 
     # -- what the link reports ---------------------------------------------------------------------
 
     def worker_info(self) -> common_pb2.WorkerInfo:
-        e = self._engine
+        info = self._engine.info
         return common_pb2.WorkerInfo(
             worker_id=self.worker_id,
             role=role_to_pb(self._config.role),
             endpoint=self.endpoint,
-            model=e.model_name,
-            layout=layout_to_pb(e.layout),
+            model=info.model,
+            layout=layout_to_pb(info.layout),
             state=self.state,
-            max_context=e.max_context,
-            vocab_size=e.vocab_size,
+            max_context=info.max_context,
+            vocab_size=info.vocab_size,
             transports=list(self._transports),
-            max_tokens_limit=self._config.engine.max_tokens_limit,
-            max_num_batched_tokens=self._config.engine.max_num_batched_tokens,
-            max_num_seqs=self._config.engine.max_num_seqs,
+            max_tokens_limit=info.max_tokens_limit,
+            max_num_batched_tokens=info.max_num_batched_tokens,
+            max_num_seqs=info.max_num_seqs,
             metrics_url=self.metrics_url,
         )
 
     def collect_step_timings(self) -> list[StepSample]:
         """Moves the engine's new step timings into the online model (or the running profile)."""
-        samples = self._engine.take_step_timings()
+        profiling = self._engine.profiling
+        samples = profiling.take_step_timings() if profiling is not None else []
         if samples:
             if self._recording is not None:
                 self._recording.extend(samples)  # they become the seed; not counted twice

@@ -6,17 +6,22 @@ side calls `pull(source, src_block_indices, dst_block_ids)`, where each source i
 into the pinned block list the descriptor was made from and each destination is a block id of
 the local pool. Blocks are single contiguous byte ranges of the pool buffer, so a transport
 moves whole blocks and never looks inside them.
+
+No module here imports torch when imported (an agent beside an external engine loads none): the
+pool's buffer is a torch tensor, so code that touches it imports torch where it runs. The nixl
+package itself imports torch, so the NIXL probe only runs when a pool is there to serve.
 """
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
-
-import torch
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from kvplane.types import KVLayout
+
+if TYPE_CHECKING:
+    import torch
 
 
 class TransportError(RuntimeError):
@@ -36,7 +41,7 @@ class TransferError(TransportError):
 
 
 class KVPoolLike(Protocol):
-    """The part of a KV pool a transport needs (dataplane.engine.kv_pool.KVPool satisfies it)."""
+    """The part of a KV pool a transport needs (dataplane.engines.reference.kv_pool.KVPool satisfies it)."""
 
     @property
     def buffer(self) -> torch.Tensor: ...  # [num_blocks, layers, 2, block_size, heads, head_dim], contiguous

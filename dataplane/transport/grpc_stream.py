@@ -16,9 +16,9 @@ import asyncio
 import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import grpc
-import torch
 
 from dataplane.transport.base import (
     KVPoolLike,
@@ -35,6 +35,9 @@ from kvplane.convert import layout_to_pb
 from kvplane.grpc_util import MAX_MESSAGE_BYTES, aio_channel
 from kvplane.types import KVLayout
 from kvplane.v1 import agent_pb2, agent_pb2_grpc
+
+if TYPE_CHECKING:
+    import torch
 
 NAME = "grpc"
 DEFAULT_CHUNK_BYTES = 1 << 20
@@ -67,6 +70,8 @@ class GrpcDescriptor:
 
 def _byte_view(buffer: torch.Tensor) -> torch.Tensor:
     """The pool's storage as one flat uint8 tensor (a view, not a copy)."""
+    import torch  # noqa: PLC0415 (only with a pool, whose engine has loaded torch already)
+
     return buffer.reshape(-1).view(torch.uint8)
 
 
@@ -184,6 +189,7 @@ class GrpcStreamTransport:
                 view[start : start + len(data)] = data
 
         else:
+            import torch  # noqa: PLC0415 (see _byte_view)
 
             def write(start: int, data: bytes) -> None:
                 flat[start : start + len(data)].copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))

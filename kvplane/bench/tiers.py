@@ -28,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _prefill_ms_per_block(engine, num_blocks: int) -> float:
     import threading
 
-    from dataplane.engine import EngineRequest, SamplingParams
+    from dataplane.engines import EngineRequest, SamplingParams
 
     bs = engine.config.block_size
     times = []
@@ -45,8 +45,7 @@ def _prefill_ms_per_block(engine, num_blocks: int) -> float:
 def measure(model: str, num_blocks: int, device: str) -> dict:
     import torch
 
-    from dataplane.engine import Engine, EngineConfig
-    from dataplane.engine.tiers import TierStore
+    from dataplane.engines.reference import Engine, EngineConfig, TierStore
 
     engine = Engine(EngineConfig(model=model, num_blocks=num_blocks * 2 + 8, max_num_batched_tokens=num_blocks * 16 + 16,
                                  device=device))  # fmt: skip

@@ -58,7 +58,7 @@ def measure_transport(transport: str, args: argparse.Namespace, log) -> tuple[in
 
 def run(args: argparse.Namespace) -> int:
     from dataplane.transport import available_transports
-    from dataplane.transport.baseline import measure_memcpy, measure_tcp
+    from kvplane.bench.baseline import measure_memcpy, measure_tcp
 
     def log(message: str) -> None:
         print(message, file=sys.stderr, flush=True)

@@ -4,56 +4,21 @@ services with real engines over loopback gRPC; the test plays the control plane.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
-from dataplane.agent.config import AgentConfig
-from dataplane.agent.service import AgentService
-from dataplane.engine import Engine, EngineConfig, EngineRequest, SamplingParams
-from dataplane.transport import make_transport
+from dataplane.engines import EngineAdapter, EngineRequest, SamplingParams
 from kvplane import tickets
-from kvplane.grpc_util import aio_channel, make_server
 from kvplane.types import Role
-from kvplane.v1 import agent_pb2, agent_pb2_grpc, common_pb2
+from kvplane.v1 import agent_pb2, common_pb2
 
-KEY = b"test-ticket-key"
+from .helpers import KEY, serve_agent
+
 PREFIX = [(7 * i + 3) % 250 for i in range(16 * 6)]  # six full blocks, cached on the holder
 PROMPT = PREFIX + list(range(40, 61))  # plus a 21-token suffix nobody holds
 
 
-@contextlib.asynccontextmanager
-async def agent(worker_id: str, role: Role):
-    engine = Engine(EngineConfig(num_blocks=64))
-    engine.start()
-    config = AgentConfig(worker_id=worker_id, role=role).validate()
-    server = make_server()
-    port = server.add_insecure_port("127.0.0.1:0")
-    transports = {"grpc": make_transport("grpc", engine.pool, agent_name=worker_id)}
-    endpoint = f"127.0.0.1:{port}"
-    service = AgentService(config, engine, transports, lambda: KEY, endpoint)
-    agent_pb2_grpc.add_AgentServicer_to_server(service, server)
-    await server.start()
-    service.start()
-    channel = aio_channel(endpoint)
-    try:
-        yield engine, agent_pb2_grpc.AgentStub(channel), endpoint
-    finally:
-        await channel.close()
-        await server.stop(0)
-        await service.close()
-        engine.stop()
-
-
-def _run_on_engine(engine: Engine, prompt: list[int]) -> list[int]:
-    done, tokens = asyncio.Event(), []
-    loop = asyncio.get_running_loop()
-
-    def sink(out):
-        tokens.extend(out.new_token_ids)
-        if out.finished:
-            loop.call_soon_threadsafe(done.set)
-
-    engine.submit(EngineRequest("warm", prompt, SamplingParams(max_tokens=2)), sink)
-    return done
+async def _run_on_engine(engine: EngineAdapter, prompt: list[int]) -> None:
+    async for _ in await engine.generate(EngineRequest("warm", prompt, SamplingParams(max_tokens=2))):
+        pass
 
 
 async def _generate(stub, request) -> tuple[list[int], common_pb2.RequestMetrics]:
@@ -68,12 +33,12 @@ async def _generate(stub, request) -> tuple[list[int], common_pb2.RequestMetrics
 def test_pulled_prefix_gives_the_same_tokens_as_a_local_computation():
     async def main():
         # The holder is a decode worker: fetching needs no prefill role, since nothing is computed.
-        async with agent("holder", Role.DECODE) as (holder_engine, _, holder_endpoint), agent("puller", Role.BOTH) as (
-            puller_engine,
-            puller,
-            _,
-        ), agent("local", Role.BOTH) as (_, local, _):
-            await _run_on_engine(holder_engine, PREFIX).wait()
+        async with serve_agent("holder", Role.DECODE) as holder, serve_agent("puller", Role.BOTH) as puller_agent, serve_agent(
+            "local", Role.BOTH
+        ) as local_agent:
+            holder_engine, holder_endpoint = holder.engine, holder.endpoint
+            puller, local = puller_agent.stub, local_agent.stub
+            await _run_on_engine(holder_engine, PREFIX)
             holder_engine.take_kv_events()
             sampling = common_pb2.SamplingParams(max_tokens=12)
             fetched_tokens, m = await _generate(

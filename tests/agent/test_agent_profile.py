@@ -20,16 +20,14 @@ import uuid
 import grpc
 import pytest
 
-from dataplane.agent.config import AgentConfig
-from dataplane.agent.service import AgentService
-from dataplane.engine import Engine, EngineConfig
+from dataplane.engines.reference import EngineConfig
 from kvplane import tickets
-from kvplane.grpc_util import aio_channel, make_server
 from kvplane.latency import StepTimeModel, samples_from_pb, samples_to_pb
 from kvplane.types import Role
-from kvplane.v1 import agent_pb2, agent_pb2_grpc, common_pb2
+from kvplane.v1 import agent_pb2, common_pb2
 
-KEY = b"test-ticket-key"
+from .helpers import KEY, serve_agent
+
 WORKER = "both-t"
 CHUNK = 512  # max_num_batched_tokens: prompts above it prefill in chunks
 P50_BOUND = 0.25
@@ -39,23 +37,9 @@ ATTEMPTS = 3
 
 @contextlib.asynccontextmanager
 async def agent(**engine_overrides):
-    engine = Engine(EngineConfig(**{"num_blocks": 256, "max_num_batched_tokens": CHUNK, "max_num_seqs": 8, **engine_overrides}))
-    engine.start()
-    config = AgentConfig(worker_id=WORKER, role=Role.BOTH).validate()
-    server = make_server()
-    port = server.add_insecure_port("127.0.0.1:0")
-    service = AgentService(config, engine, {}, lambda: KEY, f"127.0.0.1:{port}")
-    agent_pb2_grpc.add_AgentServicer_to_server(service, server)
-    await server.start()
-    service.start()
-    channel = aio_channel(f"127.0.0.1:{port}")
-    try:
-        yield service, engine, agent_pb2_grpc.AgentStub(channel)
-    finally:
-        await channel.close()
-        await server.stop(0)
-        await service.close()
-        engine.stop()
+    engine_config = EngineConfig(**{"num_blocks": 256, "max_num_batched_tokens": CHUNK, "max_num_seqs": 8, **engine_overrides})
+    async with serve_agent(WORKER, Role.BOTH, engine_config=engine_config, transports=()) as running:
+        yield running.service, running.engine, running.stub
 
 
 async def generate(stub, request_id: str, prompt: list[int], max_tokens: int = 1, cache_salt: str = "") -> common_pb2.RequestMetrics:
@@ -126,7 +110,7 @@ def test_profile_is_refused_while_draining():
                 await stub.Profile(agent_pb2.ProfileRequest())
             assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
             assert "draining" in info.value.details()
-            assert engine.take_step_timings() == []  # no work was spent
+            assert engine.profiling.take_step_timings() == []  # no work was spent
 
     asyncio.run(body())
 

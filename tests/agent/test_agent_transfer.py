@@ -10,40 +10,20 @@ import dataclasses
 import grpc
 import pytest
 
-from dataplane.agent.config import AgentConfig
-from dataplane.agent.service import AgentService
-from dataplane.engine import Engine, EngineConfig
-from dataplane.transport import make_transport
 from kvplane import tickets
 from kvplane.convert import layout_to_pb
-from kvplane.grpc_util import aio_channel, make_server
 from kvplane.types import Role
-from kvplane.v1 import agent_pb2, agent_pb2_grpc
+from kvplane.v1 import agent_pb2
 
-KEY = b"test-ticket-key"
+from .helpers import KEY, ManualClock, serve_agent, wait_until
+
 PROMPT = list(range(1, 16 * 4 + 5))  # four full blocks and a tail
 
 
 @contextlib.asynccontextmanager
-async def prefill_agent(pin_timeout_s: float = 30.0):
-    engine = Engine(EngineConfig(num_blocks=64))
-    engine.start()
-    config = AgentConfig(worker_id="prefill-t", role=Role.PREFILL, pin_timeout_s=pin_timeout_s).validate()
-    server = make_server()
-    port = server.add_insecure_port("127.0.0.1:0")
-    transports = {"grpc": make_transport("grpc", engine.pool, agent_name=config.worker_id)}
-    service = AgentService(config, engine, transports, lambda: KEY, f"127.0.0.1:{port}")
-    agent_pb2_grpc.add_AgentServicer_to_server(service, server)
-    await server.start()
-    service.start()
-    channel = aio_channel(f"127.0.0.1:{port}")
-    try:
-        yield engine, agent_pb2_grpc.AgentStub(channel)
-    finally:
-        await channel.close()
-        await server.stop(0)
-        await service.close()
-        engine.stop()
+async def prefill_agent(**overrides):
+    async with serve_agent("prefill-t", Role.PREFILL, **overrides) as agent:
+        yield agent.engine, agent.stub
 
 
 def prefill_request(engine, **overrides) -> agent_pb2.PrefillRequest:
@@ -51,7 +31,7 @@ def prefill_request(engine, **overrides) -> agent_pb2.PrefillRequest:
         ticket=tickets.issue(KEY, "r1", "decode-t", "prefill-t"),
         request_id="r1",
         prompt_token_ids=PROMPT,
-        layout=layout_to_pb(engine.layout),
+        layout=layout_to_pb(engine.info.layout),
         transports=["grpc"],
     )
     for name, value in overrides.items():
@@ -71,9 +51,9 @@ def test_pull_with_release_after_unpins_when_the_stream_ends():
             assert len(reply.block_hashes) == 4 and reply.transport == "grpc"
             assert num_pinned(engine) == 4
             chunks = [c async for c in stub.PullKV(agent_pb2.PullKVRequest(
-                transfer_id=reply.transfer_id, block_indices=[1, 3], layout=layout_to_pb(engine.layout), release_after=True))]  # fmt: skip
+                transfer_id=reply.transfer_id, block_indices=[1, 3], layout=layout_to_pb(engine.info.layout), release_after=True))]  # fmt: skip
             assert {c.block_index for c in chunks} == {1, 3}
-            assert sum(len(c.data) for c in chunks) == 2 * engine.pool.block_nbytes
+            assert sum(len(c.data) for c in chunks) == 2 * engine.kv_transfer.pool.block_nbytes
             assert num_pinned(engine) == 0
             assert (await stub.ReleaseKV(agent_pb2.ReleaseKVRequest(transfer_id=reply.transfer_id))).released is False
 
@@ -81,14 +61,21 @@ def test_pull_with_release_after_unpins_when_the_stream_ends():
 
 
 def test_unpulled_transfer_is_unpinned_after_the_timeout():
+    clock = ManualClock()
+
     async def body():
-        async with prefill_agent(pin_timeout_s=0.3) as (engine, stub):
+        async with serve_agent("prefill-t", Role.PREFILL, clock=clock, pin_timeout_s=30.0, pin_check_interval_s=0.01) as agent:
+            engine, stub = agent.engine, agent.stub
             reply = await stub.Prefill(prefill_request(engine))
+            assert reply.expires_at == clock.now + 30.0
             assert num_pinned(engine) == 4
-            await asyncio.sleep(1.6)  # the janitor runs every second
-            assert num_pinned(engine) == 0
+            clock.now += 30.0  # due, not yet past due: the janitor keeps it
+            assert agent.service.expire_pins() == []
+            assert num_pinned(engine) == 4
+            clock.now += 0.5
+            await wait_until(lambda: num_pinned(engine) == 0, "the janitor has unpinned the expired transfer")
             with pytest.raises(grpc.aio.AioRpcError) as info:
-                async for _ in stub.PullKV(agent_pb2.PullKVRequest(transfer_id=reply.transfer_id, layout=layout_to_pb(engine.layout))):
+                async for _ in stub.PullKV(agent_pb2.PullKVRequest(transfer_id=reply.transfer_id, layout=layout_to_pb(engine.info.layout))):
                     pass
             assert info.value.code() == grpc.StatusCode.NOT_FOUND
 
@@ -99,7 +86,7 @@ def test_unpulled_transfer_is_unpinned_after_the_timeout():
 def test_layout_mismatch_is_refused_before_any_work(field, value):
     async def body():
         async with prefill_agent() as (engine, stub):
-            theirs = layout_to_pb(dataclasses.replace(engine.layout, **{field: value}))
+            theirs = layout_to_pb(dataclasses.replace(engine.info.layout, **{field: value}))
             with pytest.raises(grpc.aio.AioRpcError) as info:
                 await stub.Prefill(prefill_request(engine, layout=theirs))
             assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION

@@ -11,6 +11,8 @@ from kvplane.grpc_util import make_server
 from kvplane.latency import OnlineStepModel, StepSample, samples_from_pb, samples_to_pb
 from kvplane.v1 import common_pb2, registry_pb2, registry_pb2_grpc
 
+from .helpers import wait_until
+
 PROFILE = [StepSample(n, n * n // 2, 0, 0, 1e-3 + 1e-5 * n) for n in range(16, 400, 16)] + [
     StepSample(0, 0, b, 100 * b * (b % 3 + 1), 1e-3 + 5e-5 * b) for b in range(1, 12)
 ]
@@ -65,7 +67,7 @@ async def run_link(profile: common_pb2.LatencyProfile | None) -> tuple[FakeRegis
     )
     try:
         await link.start(timeout_s=5)
-        await asyncio.sleep(0.3)
+        await wait_until(lambda: len(registry.reports) >= 3, "three load reports have arrived")
     finally:
         await link.stop()
         await server.stop(0)

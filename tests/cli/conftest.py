@@ -17,7 +17,7 @@ import pytest
 from tests.sdk.scripted_server import ScriptedServer
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-SERVER_MODULES = ("controlplane.main", "dataplane.agent.main", "dataplane.transport", "dataplane.engine")
+SERVER_MODULES = ("controlplane.main", "dataplane.agent.main", "dataplane.transport", "dataplane.engines")
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from dataplane.engine import Engine, EngineConfig
+from dataplane.engines.reference import Engine, EngineConfig
 
 from .helpers import load_hf, write_hf_llama
 

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import torch
 
-from dataplane.engine import Engine, EngineOutput, EngineRequest, SamplingParams
+from dataplane.engines import EngineOutput, EngineRequest, SamplingParams
+from dataplane.engines.reference import Engine
 
 CORPUS = [
     "the quick brown fox jumps over the lazy dog",

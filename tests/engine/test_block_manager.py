@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from dataplane.engine.block_manager import BlockManager
-from dataplane.engine.events import AllCleared, BlockRemoved, BlockStored
+from dataplane.engines.reference.block_manager import BlockManager
+from dataplane.engines.events import AllCleared, BlockRemoved, BlockStored
 from kvplane.types import BlockHash, Tier
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from dataplane.engine.config import EngineConfig
+from dataplane.engines.reference.config import EngineConfig
 
 
 def test_defaults_are_valid() -> None:

@@ -7,10 +7,9 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from dataplane.engine import (
+from dataplane.engines import (
     AllCleared,
     BlockStored,
-    Engine,
     EngineCapacityError,
     EngineInputError,
     EngineLoad,
@@ -18,6 +17,7 @@ from dataplane.engine import (
     EngineRequest,
     SamplingParams,
 )
+from dataplane.engines.reference import Engine
 from kvplane.block_hash import hash_blocks
 
 from .helpers import generate, submit

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from dataplane.engine import BlockStored, Engine, EngineRequest, SamplingParams
+from dataplane.engines import BlockStored, EngineRequest, SamplingParams
+from dataplane.engines.reference import Engine
 from kvplane.block_hash import hash_blocks
 
 from .helpers import generate, submit

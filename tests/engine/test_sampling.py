@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import torch
 
-from dataplane.engine.request import SamplingParams
-from dataplane.engine.sampling import filtered_probs, make_generator, sample
+from dataplane.engines.request import SamplingParams
+from dataplane.engines.reference.sampling import filtered_probs, make_generator, sample
 
 LOGITS = torch.log(torch.tensor([0.1, 0.4, 0.2, 0.3]))
 

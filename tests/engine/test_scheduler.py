@@ -4,9 +4,9 @@ The model is not involved: chunks are accounted as if computed, with chosen samp
 """
 from __future__ import annotations
 
-from dataplane.engine.block_manager import BlockManager
-from dataplane.engine.request import EngineOutput, EngineRequest, SamplingParams
-from dataplane.engine.scheduler import Scheduler, Sequence
+from dataplane.engines.reference.block_manager import BlockManager
+from dataplane.engines.request import EngineOutput, EngineRequest, SamplingParams
+from dataplane.engines.reference.scheduler import RequestState, Scheduler
 
 EOS = 99
 
@@ -16,10 +16,10 @@ def make(num_blocks: int = 16, max_num_seqs: int = 4, budget: int = 8) -> Schedu
                      max_num_batched_tokens=budget, eos_token_ids=(EOS,))  # fmt: skip
 
 
-def add(s: Scheduler, rid: str, prompt_len: int, max_tokens: int = 4, **kw: object) -> Sequence:
+def add(s: Scheduler, rid: str, prompt_len: int, max_tokens: int = 4, **kw: object) -> RequestState:
     prefill_only = bool(kw.pop("prefill_only", False))
     req = EngineRequest(rid, list(range(1, prompt_len + 1)), SamplingParams(max_tokens=max_tokens, **kw), prefill_only=prefill_only)  # type: ignore[arg-type]
-    seq = Sequence(req, lambda out: None, None, list(req.prompt_token_ids), prompt_len)
+    seq = RequestState(req, lambda out: None, None, list(req.prompt_token_ids), prompt_len)
     s.waiting.append(seq)
     return seq
 

@@ -7,8 +7,9 @@ from collections.abc import Callable
 
 import pytest
 
-import dataplane.engine.engine as engine_module
-from dataplane.engine import Engine, EngineOutput, EngineRequest, SamplingParams
+import dataplane.engines.reference.engine as engine_module
+from dataplane.engines import EngineOutput, EngineRequest, SamplingParams
+from dataplane.engines.reference import Engine
 from kvplane.latency import StepSample, prefill_attention
 
 from .helpers import generate, submit

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from dataplane.engine.events import BlockRemoved, BlockStored
+from dataplane.engines.events import BlockRemoved, BlockStored
 from kvplane.types import Tier
 
 from .helpers import generate

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from dataplane.engine.tokenizer import ByteTokenizer, HFTokenizer
+from dataplane.engines.reference.tokenizer import ByteTokenizer, HFTokenizer
 
 
 def test_byte_tokenizer_round_trip_and_specials() -> None:

@@ -40,8 +40,8 @@ def test_disaggregated_greedy_equals_local(transport):
 
 def _block_nbytes(client_layout: LocalCluster) -> int:
     # Known from the built-in model: 2 layers x 2 KV heads x head_dim 16, float32.
-    from dataplane.engine.config import EngineConfig
-    from dataplane.engine.weights import builtin_model
+    from dataplane.engines.reference.config import EngineConfig
+    from dataplane.engines.reference.weights import builtin_model
 
     model = builtin_model(EngineConfig().seed)
     cfg = model.config

@@ -32,7 +32,7 @@ _TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16":
 
 @dataclass(slots=True)
 class TensorPool:
-    """A real KV pool: one contiguous tensor of blocks (what dataplane.engine's KVPool holds)."""
+    """A real KV pool: one contiguous tensor of blocks (what the reference engine's KVPool holds)."""
 
     buffer: torch.Tensor
     layout: KVLayout

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from dataplane.engine.kv_pool import KVPool
-from dataplane.engine.model import PagedBatch, PagedLlama
-from dataplane.engine.sampling import sample
-from dataplane.engine.scheduler import ScheduledChunk
+from dataplane.engines.reference.kv_pool import KVPool
+from dataplane.engines.reference.model import PagedBatch, PagedLlama
+from dataplane.engines.reference.sampling import sample
+from dataplane.engines.reference.scheduler import ScheduledChunk
 
 
 class ModelRunner:

@@ -12,10 +12,10 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from dataplane.engine.config import BUILTIN_MODEL, BUILTIN_WIDE_MODEL, EngineConfig
-from dataplane.engine.kv_pool import TORCH_DTYPES
-from dataplane.engine.model import LlamaConfig, PagedLlama
-from dataplane.engine.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
+from dataplane.engines.reference.config import BUILTIN_MODEL, BUILTIN_WIDE_MODEL, EngineConfig
+from dataplane.engines.reference.kv_pool import TORCH_DTYPES
+from dataplane.engines.reference.model import LlamaConfig, PagedLlama
+from dataplane.engines.reference.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
 
 BUILTIN_CONFIG = LlamaConfig(
     vocab_size=ByteTokenizer.vocab_size,

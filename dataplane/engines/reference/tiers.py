@@ -31,8 +31,8 @@ from pathlib import Path
 
 import torch
 
-from dataplane.engine.events import BlockRemoved, BlockStored, KVCacheEvent
-from dataplane.engine.kv_pool import TORCH_DTYPES, KVPool
+from dataplane.engines.events import BlockRemoved, BlockStored, KVCacheEvent
+from dataplane.engines.reference.kv_pool import TORCH_DTYPES, KVPool
 from kvplane.types import BlockHash, KVLayout, Tier
 
 log = logging.getLogger(__name__)

@@ -1,4 +1,5 @@
-"""KV cache events the engine queues for the agent to publish to the cache index."""
+"""KV cache events, normalised: every engine reports its cache as these, with a tier, and the
+agent publishes them to the cache index."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,4 +1,4 @@
-"""The engine's request/response types and errors (what the agent sees)."""
+"""Request, output and load types and their errors: the data every engine speaks (base.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from dataplane.transport.baseline import measure_memcpy, measure_tcp
+from kvplane.bench.baseline import measure_memcpy, measure_tcp
 
 NBYTES = 4 << 20
 

@@ -14,26 +14,26 @@ import random
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
-from dataplane.engine.block_manager import BlockManager
-from dataplane.engine.config import EngineConfig
-from dataplane.engine.events import KVCacheEvent
-from dataplane.engine.kv_pool import KVPool
-from dataplane.engine.request import (
+from dataplane.engines.reference.block_manager import BlockManager
+from dataplane.engines.reference.config import EngineConfig
+from dataplane.engines.events import KVCacheEvent
+from dataplane.engines.reference.kv_pool import KVPool
+from dataplane.engines.request import (
     EngineCapacityError,
     EngineInputError,
     EngineLoad,
     EngineOutput,
     EngineRequest,
 )
-from dataplane.engine.runner import ModelRunner
-from dataplane.engine.sampling import make_generator
-from dataplane.engine.scheduler import Scheduler, ScheduledChunk, Sequence
-from dataplane.engine.tiers import TierStats, TierStore
-from dataplane.engine.weights import load_model
+from dataplane.engines.reference.runner import ModelRunner
+from dataplane.engines.reference.sampling import make_generator
+from dataplane.engines.reference.scheduler import RequestState, ScheduledChunk, Scheduler
+from dataplane.engines.reference.tiers import TierStats, TierStore
+from dataplane.engines.reference.weights import load_model
 from kvplane.block_hash import hash_blocks
 from kvplane.latency import StepSample, prefill_attention
 from kvplane.types import BlockHash, KVLayout, Tier
@@ -137,6 +137,18 @@ class Engine:
         if self._tiers is not None:
             self._tiers.stop()
 
+    def health(self) -> str | None:
+        """None while the step thread serves; otherwise why it does not. Lock-free (plain reads),
+        so the agent's event loop never waits behind a step."""
+        thread = self._thread
+        if self._stopping or self._stopped:
+            return "the engine is stopped"
+        if thread is None:
+            return "the engine is not started"
+        if not thread.is_alive():
+            return "the engine's step thread has died (see the log); restart the worker"
+        return None
+
     # --- requests ------------------------------------------------------------------------
     def submit(self, request: EngineRequest, sink: Sink) -> None:
         self._validate(request)
@@ -147,7 +159,7 @@ class Engine:
             if request.request_id in self._live_ids:
                 raise EngineInputError(f"request_id {request.request_id!r} is already in flight")
             seed = params.seed if params.seed is not None else self._seed_stream.getrandbits(63)
-            seq = Sequence(
+            seq = RequestState(
                 request=request,
                 sink=sink,
                 generator=make_generator(seed) if params.temperature > 0 else None,
@@ -269,11 +281,11 @@ class Engine:
             return done
 
     # --- KV transfer support ---------------------------------------------------------------
-    def unpin(self, block_ids: list[int]) -> None:
+    def unpin(self, block_ids: Sequence[int]) -> None:
         with self._cond:
             self._blocks.release(block_ids[::-1])
 
-    def pin_cached_prefix(self, prompt_token_ids: list[int], cache_salt: str = "") -> tuple[list[BlockHash], list[int]]:
+    def pin_cached_prefix(self, prompt_token_ids: Sequence[int], cache_salt: str = "") -> tuple[list[BlockHash], list[int]]:
         """Pins the longest device-cached prefix of the prompt's full blocks without computing
         anything (a peer fetches them); returns (hashes, pinned block ids). unpin() releases."""
         hashes = hash_blocks(prompt_token_ids, self.config.block_size, self.model_name, cache_salt)
@@ -283,7 +295,7 @@ class Engine:
                 self._blocks.take_ref(b)
             return hashes[: len(block_ids)], block_ids
 
-    def missing_blocks(self, block_hashes: list[BlockHash]) -> list[int]:
+    def missing_blocks(self, block_hashes: Sequence[BlockHash]) -> list[int]:
         with self._cond:
             return [i for i, h in enumerate(block_hashes) if self._blocks.lookup(h) is None]
 
@@ -291,7 +303,7 @@ class Engine:
         with self._cond:
             return self._blocks.allocate(num_blocks)
 
-    def commit_import(self, block_hashes: list[BlockHash], block_ids: list[int]) -> list[int]:
+    def commit_import(self, block_hashes: Sequence[BlockHash], block_ids: Sequence[int]) -> list[int]:
         with self._cond:
             holders = self._blocks.register(block_hashes, block_ids)
             for h, b, holder in zip(block_hashes, block_ids, holders):
@@ -301,7 +313,7 @@ class Engine:
                     self._blocks.release([b])
             return holders
 
-    def abort_import(self, block_ids: list[int]) -> None:
+    def abort_import(self, block_ids: Sequence[int]) -> None:
         with self._cond:
             self._blocks.release(block_ids[::-1])
 
@@ -354,7 +366,7 @@ class Engine:
         self._abort_ids.clear()
         return outputs
 
-    def _end(self, seq: Sequence, reason: str, error: str | None = None) -> tuple[Sink, EngineOutput]:
+    def _end(self, seq: RequestState, reason: str, error: str | None = None) -> tuple[Sink, EngineOutput]:
         self._scheduler.remove(seq)
         self._live_ids.discard(seq.request_id)
         self._abort_ids.discard(seq.request_id)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from dataplane.engine.request import SamplingParams
+from dataplane.engines.request import SamplingParams
 
 
 def make_generator(seed: int) -> torch.Generator:

@@ -18,8 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from dataplane.engine.block_manager import BlockManager
-from dataplane.engine.request import EngineOutput, EngineRequest
+from dataplane.engines.reference.block_manager import BlockManager
+from dataplane.engines.request import EngineOutput, EngineRequest
 from kvplane.block_hash import chain_hash, root_hash
 from kvplane.types import BlockHash
 
@@ -29,7 +29,9 @@ def cdiv(a: int, b: int) -> int:
 
 
 @dataclass(slots=True, eq=False)
-class Sequence:
+class RequestState:
+    """One request inside the engine, waiting or running: its tokens, blocks and progress."""
+
     request: EngineRequest
     sink: Callable[[EngineOutput], None]
     generator: Any  # torch.Generator for temperature sampling, else None
@@ -69,7 +71,7 @@ class Sequence:
 
 @dataclass(slots=True, frozen=True)
 class ScheduledChunk:
-    seq: Sequence
+    seq: RequestState
     start: int  # position of the first token computed this step
     num_tokens: int
 
@@ -99,8 +101,8 @@ class Scheduler:
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.eos_token_ids = eos_token_ids
-        self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []
+        self.waiting: deque[RequestState] = deque()
+        self.running: list[RequestState] = []
         # (hashes, fresh block ids) -> how many leading hashes a lower tier copied into those blocks.
         self.load_lower = load_lower
 
@@ -115,13 +117,13 @@ class Scheduler:
         queued = sum(s.num_prompt_tokens for s in self.waiting)
         return queued + sum(s.num_prompt_tokens - s.num_computed_tokens for s in self.running if s.is_prefilling)
 
-    def find(self, request_id: str) -> Sequence | None:
+    def find(self, request_id: str) -> RequestState | None:
         for seq in (*self.waiting, *self.running):
             if seq.request_id == request_id:
                 return seq
         return None
 
-    def _extend_hashes(self, seq: Sequence, num_full_blocks: int) -> None:
+    def _extend_hashes(self, seq: RequestState, num_full_blocks: int) -> None:
         bs = self.block_size
         while len(seq.block_hashes) < num_full_blocks:
             i = len(seq.block_hashes)
@@ -193,7 +195,7 @@ class Scheduler:
             self._free(seq)
         return seq.output([sampled_token], reason)
 
-    def _register_full_blocks(self, seq: Sequence) -> None:
+    def _register_full_blocks(self, seq: RequestState) -> None:
         num_full = seq.num_computed_tokens // self.block_size
         if num_full <= seq.num_registered_blocks:
             return
@@ -202,7 +204,7 @@ class Scheduler:
         self.blocks.register(seq.block_hashes[first:num_full], seq.block_ids[first:num_full])
         seq.num_registered_blocks = num_full
 
-    def _finish_prefill_only(self, seq: Sequence) -> EngineOutput:
+    def _finish_prefill_only(self, seq: RequestState) -> EngineOutput:
         num_full = seq.num_prompt_tokens // self.block_size
         hashes = seq.block_hashes[:num_full]
         pinned: list[int] = []
@@ -221,12 +223,12 @@ class Scheduler:
         return out
 
     # --- ending requests -----------------------------------------------------------------
-    def _release_held(self, seq: Sequence) -> None:
+    def _release_held(self, seq: RequestState) -> None:
         held, seq.held_block_ids = seq.held_block_ids, []
         if held:
             self.blocks.release(held)
 
-    def _free(self, seq: Sequence) -> None:
+    def _free(self, seq: RequestState) -> None:
         if seq in self.running:
             self.running.remove(seq)
         # Tail first, so the LRU evicts a chain's tail before its head.
@@ -234,7 +236,7 @@ class Scheduler:
         seq.block_ids = []
         self._release_held(seq)
 
-    def remove(self, seq: Sequence) -> None:
+    def remove(self, seq: RequestState) -> None:
         """Drop a waiting or running request and everything it holds (abort, error, stop)."""
         if seq in self.waiting:
             self.waiting.remove(seq)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
-from dataplane.engine.events import AllCleared, BlockRemoved, BlockStored, KVCacheEvent
+from dataplane.engines.events import AllCleared, BlockRemoved, BlockStored, KVCacheEvent
 from kvplane.types import BlockHash, Tier
 
 

@@ -1,0 +1,51 @@
+"""Engines behind one interface: the interface, its data types, and the registry of engines.
+
+One package per engine under this folder (today `reference/`, kvplane's own torch engine). The
+agent reaches an engine only through `EngineAdapter` and its optional capabilities (base.py).
+Importing this package imports no torch.
+"""
+from dataplane.engines.base import EngineAdapter, EngineInfo, KVImportExport, StepProfiling
+from dataplane.engines.events import AllCleared, BlockRemoved, BlockStored, KVCacheEvent
+from dataplane.engines.registry import (
+    DEFAULT_ENGINE,
+    ENGINE_NAMES,
+    EnginePlugin,
+    UnknownEngineError,
+    check_config,
+    create,
+    plugin,
+    plugins,
+)
+from dataplane.engines.request import (
+    EngineCapacityError,
+    EngineInputError,
+    EngineLoad,
+    EngineOutput,
+    EngineRequest,
+    SamplingParams,
+)
+
+__all__ = [
+    "AllCleared",
+    "BlockRemoved",
+    "BlockStored",
+    "DEFAULT_ENGINE",
+    "ENGINE_NAMES",
+    "EngineAdapter",
+    "EngineCapacityError",
+    "EngineInfo",
+    "EngineInputError",
+    "EngineLoad",
+    "EngineOutput",
+    "EnginePlugin",
+    "EngineRequest",
+    "KVCacheEvent",
+    "KVImportExport",
+    "SamplingParams",
+    "StepProfiling",
+    "UnknownEngineError",
+    "check_config",
+    "create",
+    "plugin",
+    "plugins",
+]

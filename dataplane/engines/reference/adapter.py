@@ -1,0 +1,93 @@
+"""ReferenceAdapter: the reference engine behind the engine interface (dataplane/engines/base.py).
+
+The reference Engine runs in-process on a step thread and hands each request's outputs to a
+callback; generate() turns that callback into an asyncio stream on the caller's loop. It offers
+every capability: KV import/export and step profiling are the Engine's own methods, so those
+capability objects are the Engine itself.
+"""
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Mapping, Sequence
+
+from dataplane.engines.base import EngineInfo, KVImportExport, StepProfiling
+from dataplane.engines.events import KVCacheEvent
+from dataplane.engines.reference.config import EngineConfig
+from dataplane.engines.reference.engine import Engine
+from dataplane.engines.request import EngineLoad, EngineOutput, EngineRequest
+from kvplane.types import BlockHash, Tier
+
+
+class ReferenceAdapter:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine  # public for benchmarks and tests that drive the engine directly
+        config = engine.config
+        self._info = EngineInfo(
+            model=engine.model_name,
+            layout=engine.layout,
+            max_context=engine.max_context,
+            vocab_size=engine.vocab_size,
+            max_tokens_limit=config.max_tokens_limit,
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+        )
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> ReferenceAdapter:
+        """Loads the model (slow: seconds for a real checkpoint)."""
+        return cls(Engine(config))
+
+    @property
+    def info(self) -> EngineInfo:
+        return self._info
+
+    async def start(self) -> None:
+        self.engine.start()
+
+    async def stop(self) -> None:
+        # stop() joins the step thread: keep the loop free meanwhile for the abort outputs it emits.
+        await asyncio.to_thread(self.engine.stop)
+
+    def health(self) -> str | None:
+        return self.engine.health()
+
+    async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[EngineOutput] = asyncio.Queue()
+        # Raises EngineInputError / EngineCapacityError here, before the stream exists.
+        self.engine.submit(request, lambda out: loop.call_soon_threadsafe(queue.put_nowait, out))
+        return _outputs(queue)
+
+    def abort(self, request_id: str) -> None:
+        self.engine.abort(request_id)
+
+    async def tokenize(self, text: str) -> list[int]:
+        return self.engine.tokenizer.encode(text)
+
+    async def detokenize(self, token_ids: Sequence[int]) -> str:
+        return self.engine.tokenizer.decode(token_ids)
+
+    def load(self) -> EngineLoad:
+        return self.engine.load()
+
+    def take_kv_events(self) -> list[KVCacheEvent]:
+        return self.engine.take_kv_events()
+
+    def cached_block_hashes_by_tier(self) -> Mapping[Tier, list[BlockHash]]:
+        return self.engine.cached_block_hashes_by_tier()
+
+    @property
+    def kv_transfer(self) -> KVImportExport:
+        return self.engine
+
+    @property
+    def profiling(self) -> StepProfiling:
+        return self.engine
+
+
+async def _outputs(queue: asyncio.Queue[EngineOutput]) -> AsyncIterator[EngineOutput]:
+    while True:
+        out = await queue.get()
+        yield out
+        if out.finished:
+            return

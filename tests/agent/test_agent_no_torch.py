@@ -1,0 +1,78 @@
+"""An agent beside an external engine must not import torch.
+
+What this covers, honestly: no engine other than the reference one exists yet (the SGLang, vLLM
+and sim issues add them). So the first test runs the real `kvplane agent` start-up in a fresh
+process (CLI dispatch, flag parsing for every registered engine, config validation, telemetry
+set-up, AgentServer.start) and stops it inside the engine registry's factory call, the first
+point where engine-specific code would run; everything before that point is what an agent for
+any engine runs. The second imports every data-plane module outside the reference engine's
+package. When a second engine lands, run its start-up to the end here instead.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+_START_UP = r"""
+import json, sys
+from dataplane.engines import registry
+
+reference = registry.plugin("reference")
+
+def create(config):
+    loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("dataplane", "kvplane", "controlplane"))
+    print(json.dumps({"torch": "torch" in sys.modules, "modules": loaded}), flush=True)
+    raise RuntimeError("stopped where the engine would be built")
+
+reference.create = create  # the registry looks the factory up when it builds the engine
+from kvplane.cli.main import main
+sys.exit(main(["agent", "--engine", "reference", "--worker-id", "w", "--controlplane", "127.0.0.1:9", "--metrics-port", "-1"]))
+"""
+
+_IMPORT_ALL = r"""
+import importlib, json, pkgutil, sys
+import dataplane
+
+names = [m.name for m in pkgutil.walk_packages(dataplane.__path__, "dataplane.")
+         if not m.name.startswith("dataplane.engines.reference.")]
+for name in names:
+    importlib.import_module(name)
+print(json.dumps({"torch": "torch" in sys.modules, "modules": names}), flush=True)
+"""
+
+
+def _run(script: str) -> tuple[subprocess.CompletedProcess[str], dict]:
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=REPO_ROOT)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    assert lines, f"no report from the subprocess; stdout: {done.stdout!r} stderr: {done.stderr[-2000:]!r}"
+    return done, json.loads(lines[-1])
+
+
+def test_agent_start_up_reaches_engine_construction_without_torch():
+    done, report = _run(_START_UP)
+    assert done.returncode == 1 and "kvplane agent: stopped where the engine would be built" in done.stdout + done.stderr
+    # The path really ran: the server, the service, the transports and the registry were loaded ...
+    for module in ("dataplane.agent.server", "dataplane.agent.service", "dataplane.transport.grpc_stream",
+                   "dataplane.engines.registry", "dataplane.engines.reference.plugin"):  # fmt: skip
+        assert module in report["modules"], module
+    # ... but not the reference engine itself, and not torch.
+    assert "dataplane.engines.reference.engine" not in report["modules"]
+    assert report["torch"] is False
+
+
+def test_every_data_plane_module_outside_the_reference_engine_imports_without_torch():
+    done, report = _run(_IMPORT_ALL)
+    assert done.returncode == 0, done.stderr
+    assert {"dataplane.agent.main", "dataplane.engines.base", "dataplane.transport.nixl"} <= set(report["modules"])
+    assert report["torch"] is False
+
+
+def test_the_check_can_fail():
+    """The reference engine module does load torch: the checks above would see it."""
+    done, report = _run("import json, sys; import dataplane.engines.reference.engine; print(json.dumps({'torch': 'torch' in sys.modules}))")
+    assert done.returncode == 0 and report["torch"] is True
+

@@ -1,0 +1,48 @@
+"""The engine registry and `kvplane agent --engine`: names, refusals, configs."""
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from dataplane import engines
+from dataplane.agent import main as agent_main
+from dataplane.agent.config import AgentConfig
+from dataplane.engines.reference import EngineConfig
+
+
+def parse(*argv: str) -> AgentConfig:
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    agent_main.add_arguments(parser)
+    return agent_main.config_from_args(parser.parse_args(["--worker-id", "w", *argv]))
+
+
+def test_the_reference_engine_is_the_default_and_the_only_one_so_far():
+    assert engines.ENGINE_NAMES == ("reference",) and engines.DEFAULT_ENGINE == "reference"
+    assert [p.NAME for p in engines.plugins()] == list(engines.ENGINE_NAMES)
+
+
+def test_an_unknown_engine_is_refused_with_the_known_names():
+    with pytest.raises(engines.UnknownEngineError, match="unknown engine 'sglang'; known engines: reference"):
+        engines.plugin("sglang")
+    with pytest.raises(ValueError, match="unknown engine 'nope'; known engines: reference"):
+        AgentConfig(worker_id="w", engine_name="nope").validate()
+
+
+def test_a_config_of_the_wrong_type_is_refused():
+    with pytest.raises(ValueError, match="engine 'reference' takes a EngineConfig, got a dict"):
+        engines.check_config("reference", {"model": "builtin-tiny"})
+    with pytest.raises(ValueError, match="EngineConfig.num_blocks must be a positive integer, got 0"):
+        AgentConfig(worker_id="w", engine=EngineConfig(num_blocks=0)).validate()
+
+
+def test_agent_flags_build_the_chosen_engines_config():
+    config = parse("--engine", "reference", "--num-blocks", "32", "--block-size", "8", "--host-blocks", "64")
+    assert config.engine_name == "reference"
+    assert config.engine == EngineConfig(num_blocks=32, block_size=8, num_host_blocks=64)
+    assert parse().engine_name == "reference"  # the default: nothing changes for current users
+
+
+def test_agent_refuses_an_unknown_engine_flag():
+    with pytest.raises(argparse.ArgumentError, match="invalid choice: 'nope'"):
+        parse("--engine", "nope")
