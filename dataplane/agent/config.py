@@ -36,5 +36,7 @@ class AgentConfig:
         for name in ("load_report_interval_s", "kv_event_interval_s", "kv_snapshot_interval_s", "pin_timeout_s", "pin_check_interval_s", "prefill_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.lease_ttl_s != 0 and not 2 <= self.lease_ttl_s <= 3600:
+            raise ValueError(f"lease_ttl_s must be 0 (the control plane's default) or 2..3600 seconds, got {self.lease_ttl_s}")
         engines.check_config(self.engine_name, self.engine)
         return self

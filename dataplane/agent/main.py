@@ -5,6 +5,7 @@ import argparse
 import asyncio
 import secrets
 import socket
+import sys
 
 from dataplane import engines
 from dataplane.agent.config import AgentConfig
@@ -58,16 +59,16 @@ def run(args: argparse.Namespace) -> int:
         config = config_from_args(args)
         telemetry_config = telemetry_flags.config_from_args(args, "kvplane-agent", config.worker_id, config.host)
     except ValueError as e:
-        print(f"kvplane agent: {e}")
+        print(f"kvplane agent: {e}", file=sys.stderr)
         return 2
     try:
         telemetry.setup(telemetry_config)
     except (OSError, ValueError) as e:
-        print(f"kvplane agent: telemetry: {e}")
+        print(f"kvplane agent: telemetry: {e}", file=sys.stderr)
         return 2
     try:
         asyncio.run(serve(config))
     except (RuntimeError, ValueError) as e:
-        print(f"kvplane agent: {e}")
+        print(f"kvplane agent: {e}", file=sys.stderr)
         return 1
     return 0

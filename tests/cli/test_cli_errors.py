@@ -50,7 +50,7 @@ CASES = {
     "agent": Case(("agent", "--port", "70000"), 2, "kvplane agent: port must be in 0..65535, got 70000"),
 }  # fmt: skip
 # The servers' entry points live in their own packages and still print these errors to stdout.
-PRINT_TO_STDOUT = {"controlplane": "controlplane/main.py", "agent": "dataplane/agent/main.py"}
+PRINT_TO_STDOUT = {"controlplane": "controlplane/main.py"}
 
 
 def _commands(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()) -> list[str]:

@@ -68,6 +68,7 @@ def test_delegated_help(command: list[str], module: str) -> None:
         (["up", "--store", "redis://x"], "expected 'memory' or 'etcd://HOST:PORT', got 'redis://x'"),
         (["up", "--prefill", "two"], "argument --prefill: expected a whole number, got 'two'"),
         (["frobnicate"], "invalid choice: 'frobnicate'"),
+        (["agent", "--worker-id", "w", "--lease-ttl", "-1"], "lease_ttl_s must be 0 (the control plane's default) or 2..3600 seconds, got -1"),
     ],
 )
 def test_bad_arguments_fail_with_a_clear_message(args: list[str], message: str) -> None:
