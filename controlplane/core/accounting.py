@@ -4,15 +4,15 @@ A worker's load report is a snapshot of its engine. It misses the requests this 
 since, and still shows the requests that have since finished their prefill or finished. The
 ledger keeps one entry per dispatched request and worker (a Charge), with the phase the request
 is in (PREFILL until its first token, then DECODE, then DONE) and the phase the worker's latest
-report saw it in, and corrects the report by the difference:
+report saw it in, and corrects the report:
 
-    effective load = report + sum over entries of (what it adds now - what the report shows of it)
-
-    shown(PREFILL) = 1 waiting request, its prefill tokens queued, its KV blocks in use
-    shown(DECODE)  = 1 running request, its KV blocks in use (nothing on a prefill-only worker)
-    shown(DONE)    = nothing
-    not yet in any report: PREFILL adds 1 waiting and its tokens, DECODE adds 1 running; its new
-    blocks go to `pending_blocks` (the kvplane policy's load guard), not to used blocks (the cost)
+- not yet in any report: the request adds 1 waiting (in prefill) or 1 running (decoding), its
+  prefill tokens while in prefill, and its new KV blocks to `pending_blocks` (the kvplane
+  policy's load guard), not to used blocks (the cost);
+- shown by a report: the report's numbers stand, less what has ended since: its prefill tokens
+  once its prefill ended; the request itself (from waiting if the report saw it in prefill, else
+  from running; the engine, not the ledger, decides which it counted) and its KV blocks once it
+  finished, or, on a prefill worker, once its prefill ended.
 
 So a request's queued prefill tokens leave its worker the moment its prefill ends and everything
 else the moment it finishes, not when a report happens to arrive: the next request of an agent
@@ -66,48 +66,13 @@ class _Entry:
     shown: Phase | None = None  # the phase the latest report saw (None: no report yet)
 
 
-@dataclass(slots=True)
-class _Delta:
-    running: int = 0
-    waiting: int = 0
-    tokens: int = 0
-    used_blocks: int = 0
-    pending_blocks: int = 0
-
-    def add(self, other: _Delta, sign: int = 1) -> None:
-        self.running += sign * other.running
-        self.waiting += sign * other.waiting
-        self.tokens += sign * other.tokens
-        self.used_blocks += sign * other.used_blocks
-        self.pending_blocks += sign * other.pending_blocks
-
-
-def _shown(charge: Charge, phase: Phase | None) -> _Delta:
-    """What a report taken in `phase` counts of the request."""
-    if phase is Phase.PREFILL:
-        return _Delta(waiting=1, tokens=charge.prefill_tokens, used_blocks=charge.num_blocks if charge.decodes else 0)
-    if phase is Phase.DECODE and charge.decodes:
-        return _Delta(running=1, used_blocks=charge.num_blocks)
-    return _Delta()
-
-
-def _unreported(charge: Charge, phase: Phase) -> _Delta:
-    """What a request no report shows yet adds."""
-    new_blocks = charge.num_new_blocks if charge.decodes else 0
-    if phase is Phase.PREFILL:
-        return _Delta(waiting=1, tokens=charge.prefill_tokens, pending_blocks=new_blocks)
-    if phase is Phase.DECODE and charge.decodes:
-        return _Delta(running=1, pending_blocks=new_blocks)
-    return _Delta()
-
-
 class LoadLedger:
     """Per-request load corrections on top of workers' load reports. `now`: seconds on any
     monotonic clock, the same one for every call. Dispatch ids are the caller's (unique)."""
 
     __slots__ = ("report_lag_s", "_worker_to_entries", "_dispatch_to_workers")
 
-    def __init__(self, report_lag_s: float = 0.1) -> None:
+    def __init__(self, report_lag_s: float = 0.05) -> None:
         if report_lag_s < 0:
             raise ValueError(f"report_lag_s must be >= 0, got {report_lag_s}")
         self.report_lag_s = report_lag_s
@@ -156,32 +121,48 @@ class LoadLedger:
         entries = self._worker_to_entries.get(view.worker_id)
         if not entries:
             return view
-        delta = _Delta()
+        load = view.load
+        running, waiting, tokens, used, pending = (
+            load.num_running, load.num_waiting, load.num_queued_prefill_tokens, load.num_used_blocks, 0,
+        )  # fmt: skip
+        gone_from_waiting = gone_from_running = 0  # requests that left since the report showed them
         floor_tokens = floor_requests = 0
         for e in entries.values():
-            if e.shown is None:
-                delta.add(_unreported(e.charge, e.phase))
-            else:
-                delta.add(_shown(e.charge, e.phase))
-                delta.add(_shown(e.charge, e.shown), sign=-1)
+            c = e.charge
+            here = e.phase is Phase.PREFILL or (e.phase is Phase.DECODE and c.decodes)
             if e.phase is Phase.PREFILL:
-                floor_tokens += e.charge.prefill_tokens
-                floor_requests += 1
-            elif e.phase is Phase.DECODE and e.charge.decodes:
-                floor_requests += 1
-        load = view.load
-        running = max(load.num_running + delta.running, 0)
-        waiting = max(load.num_waiting + delta.waiting, floor_requests - running, 0)
-        used = min(max(load.num_used_blocks + delta.used_blocks, 0), max(load.num_total_blocks, load.num_used_blocks))
+                floor_tokens += c.prefill_tokens
+            floor_requests += here
+            if e.shown is None:  # no report shows it yet
+                if e.phase is Phase.PREFILL:
+                    waiting += 1
+                    tokens += c.prefill_tokens
+                elif here:
+                    running += 1
+                pending += c.num_new_blocks if here and c.decodes else 0
+                continue
+            if e.shown is Phase.PREFILL and e.phase is not Phase.PREFILL:
+                tokens -= c.prefill_tokens
+            shown_here = e.shown is Phase.PREFILL or c.decodes
+            if shown_here and not here:
+                if e.shown is Phase.PREFILL:
+                    gone_from_waiting += 1
+                else:
+                    gone_from_running += 1
+                used -= c.num_blocks if c.decodes else 0
+        running, waiting = _take(running, waiting, gone_from_running)
+        waiting, running = _take(waiting, running, gone_from_waiting)
+        waiting = max(waiting, floor_requests - running)
+        used = min(max(used, 0), max(load.num_total_blocks, load.num_used_blocks))
         adjusted = dataclasses.replace(
             load,
             num_running=running,
             num_waiting=waiting,
-            num_queued_prefill_tokens=max(load.num_queued_prefill_tokens + delta.tokens, floor_tokens, 0),
+            num_queued_prefill_tokens=max(tokens, floor_tokens, 0),
             num_used_blocks=used,
             num_free_blocks=max(load.num_free_blocks + load.num_used_blocks - used, 0),
         )
-        return dataclasses.replace(view, load=adjusted, pending_blocks=view.pending_blocks + max(delta.pending_blocks, 0))
+        return dataclasses.replace(view, load=adjusted, pending_blocks=view.pending_blocks + pending)
 
     def num_entries(self, worker_id: WorkerId) -> int:
         """Requests the ledger still corrects `worker_id`'s reports for."""
@@ -210,3 +191,9 @@ class LoadLedger:
         workers = self._dispatch_to_workers.get(dispatch_id)
         if workers is not None and all(self._entry(w, dispatch_id) is None for w in workers):
             del self._dispatch_to_workers[dispatch_id]
+
+
+def _take(first: int, second: int, n: int) -> tuple[int, int]:
+    """Removes n from `first`, the rest (if first runs out) from `second`; never below zero."""
+    from_first = min(n, first)
+    return first - from_first, max(second - (n - from_first), 0)

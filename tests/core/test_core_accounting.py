@@ -37,8 +37,8 @@ def test_prefill_end_and_finish_release_at_once_without_a_report(worker_view):
     ledger.reported(W, now=0.05)
     stale = worker_view("w", num_waiting=1, num_queued_prefill_tokens=30, num_used_blocks=14)
     ledger.prefill_ended(1, now=0.2)
-    # Its tokens leave the queue; it runs now.
-    assert load_of(ledger.adjust(stale)) == (1, 0, 0, 14, 0)
+    # Its tokens leave the queue; whether the engine counts it waiting or running is the report's call.
+    assert load_of(ledger.adjust(stale)) == (0, 1, 0, 14, 0)
     ledger.finished(1, now=0.3)
     # Finished: the report taken while it was queued no longer charges anything for it.
     assert load_of(ledger.adjust(stale)) == (0, 0, 0, 0, 0)
@@ -59,6 +59,16 @@ def test_a_report_arriving_within_the_lag_of_a_finish_is_taken_as_older(worker_v
     ledger.reported(W, now=1.2)  # 200 ms after: it shows the finish; the entry goes
     assert ledger.num_entries(W) == 0
     assert load_of(ledger.adjust(worker_view("w"))) == (0, 0, 0, 0, 0)
+
+
+def test_a_report_within_the_lag_of_a_first_token_does_not_count_the_request_twice(worker_view):
+    ledger = LoadLedger(report_lag_s=0.1)
+    for dispatch_id in (1, 2):  # two requests start together
+        ledger.dispatched(dispatch_id, [DECODE], now=0.0)
+        ledger.prefill_ended(dispatch_id, now=0.2)
+    ledger.reported(W, now=0.25)  # sampled after both first tokens after all: both running
+    both_running = worker_view("w", num_running=2, num_used_blocks=28)
+    assert load_of(ledger.adjust(both_running)) == (2, 0, 0, 28, 0)
 
 
 def test_a_request_finished_before_any_report_leaves_nothing_behind(worker_view):
