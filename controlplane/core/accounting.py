@@ -28,6 +28,9 @@ and its live requests a floor under running + waiting. Signals never go below ze
 What a report shows of one request is an estimate (the engine reports totals): a request whose
 blocks are shared with another running request is released in full, and `running_remaining_tokens`
 keeps a finished request until the next report. Both errors last at most one report interval.
+The lag is a guess because a report carries no sample time: one slower than report_lag_s still
+shows a finished request for one interval, and a change within report_lag_s before a fast report
+is released twice until the next report (an exact answer needs the agent to number its reports).
 """
 from __future__ import annotations
 
@@ -72,7 +75,7 @@ class LoadLedger:
 
     __slots__ = ("report_lag_s", "_worker_to_entries", "_dispatch_to_workers")
 
-    def __init__(self, report_lag_s: float = 0.05) -> None:
+    def __init__(self, report_lag_s: float = 0.1) -> None:
         if report_lag_s < 0:
             raise ValueError(f"report_lag_s must be >= 0, got {report_lag_s}")
         self.report_lag_s = report_lag_s

@@ -65,7 +65,7 @@ class PlannerConfig:
     calibration_weight: float = param(0.2, "weight of the newest measured - predicted latency in the calibration mean")
     calibration_half_life_s: float = param(5.0, "seconds for a latency calibration to fade by half while nothing is measured")
     report_lag_s: float = param(
-        0.05, "a load report arriving this soon after a request's prefill ended or it finished may predate that"
+        0.1, "a load report arriving this soon after a request's prefill ended or it finished may predate that"
     )
 
     def __post_init__(self) -> None:
