@@ -1,79 +1,52 @@
-"""The client-facing Kvplane service: validate, route, admit, then run the request on its workers.
+"""The client-facing Kvplane service: validate, plan, then run the request on its workers.
+
+Transport only: planning (route, predict, admit, fetch, load accounting) is the pure
+controlplane.core.planner.Planner, which this service feeds with what happens to each request
+(dispatched, first token, finished, measured latencies) and whose answers it turns into gRPC
+status codes. It also holds batch requests in the batch queue, relays the agent's stream, records
+metrics and serves the admin RPCs.
 
 Nothing is lost: a request either streams to completion or its caller gets a status saying why
 it failed. A decode worker that fails before the first token is retried once elsewhere.
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import grpc
 
 from controlplane import keys
+from controlplane.batch_queue import BatchQueue
 from controlplane.cluster_state import ClusterState
 from controlplane.config import ControlPlaneConfig
-from controlplane.batch_queue import BatchQueue
-from controlplane.core.admission import (
-    Admit,
-    AdmissionPolicy,
-    PlacementOption,
-    Reject,
-    admission_policy_names,
-    make_admission_policy,
-)
-from controlplane.core.predictor import Calibration, Prediction, blocks_to_transfer, predict, tpot_recovery_s
-from controlplane.core.router import NoCandidateError, RouteDecision, RouteRequest, Router
-from controlplane.core.settings import PRIORITIES, SettingError, validate_setting
+from controlplane.core.admission_base import Reject, RejectKind
+from controlplane.core.planner import Outcome, Plan, Planner, Routed
+from controlplane.core.routing import NoCandidateError, RouteDecision, RouteRequest
+from controlplane.core.settings import SettingError, validate_setting
 from controlplane.observe import RequestObservation, record_admission
 from controlplane.store.base import Store, StoreError
 from kvplane import tickets
-from kvplane.convert import disagg_from_pb, layout_from_pb
+from kvplane.convert import disagg_from_pb
 from kvplane.errors import rejection_trailers
 from kvplane.grpc_util import aio_channel
 from kvplane.telemetry import tracing
 from kvplane.telemetry.window import StatsWindow
-from kvplane.types import DisaggMode, Tier, WorkerId
+from kvplane.types import PRIORITIES, DisaggMode, Tier, WorkerId
 from kvplane.v1 import agent_pb2, agent_pb2_grpc, client_pb2, client_pb2_grpc
 
 log = logging.getLogger(__name__)
 
-LINK_RATE_EWMA = 0.2  # weight of the newest measured transfer rate
-
-
 
 @dataclass(slots=True)
 class Validated:
-    """A request that passed validation, tokenized once for every routing attempt."""
+    """A request that passed validation, tokenized once for every planning attempt."""
 
     request_id: str
-    model: str
-    token_ids: list[int]
     route: RouteRequest
-    priority: str
-
-
-@dataclass(slots=True)
-class Plan:
-    decision: RouteDecision
-    prefill_worker: WorkerId | None     # None: prefill on the decode worker
-    decode_worker: WorkerId
-    prediction: Prediction | None
-    options: tuple[PlacementOption, ...]  # every placement considered, the router's first
-
-    @property
-    def disaggregated(self) -> bool:
-        return self.prefill_worker is not None
-
-    @property
-    def fetch_from(self) -> str | None:
-        """The router's fetch, when admission kept the router's placement."""
-        d = self.decision
-        follows = self.decode_worker == d.decode_worker and self.prefill_worker == d.prefill_worker
-        return d.fetch_from if follows else None
 
 
 class AgentStubs:
@@ -97,23 +70,30 @@ class AgentStubs:
 
 
 class ClientService(client_pb2_grpc.KvplaneServicer):
-    def __init__(self, state: ClusterState, store: Store, config: ControlPlaneConfig, ticket_key: bytes, stubs: AgentStubs) -> None:
+    def __init__(
+        self,
+        state: ClusterState,
+        store: Store,
+        config: ControlPlaneConfig,
+        ticket_key: bytes,
+        stubs: AgentStubs,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._state = state
         self._store = store
         self._config = config
         self._ticket_key = ticket_key
         self._stubs = stubs
-        self._router = Router(config.router)
-        state.kv_stored_listeners.append(self._router.on_kv_stored)
-        state.worker_removed_listeners.append(self._router.on_worker_removed)
-        self._policies: dict[str, AdmissionPolicy] = {}
-        self._batch_queue = BatchQueue(config.batch_queue_size)
-        self._link_bytes_per_s = config.initial_link_gb_per_s * 1e9
-        self._calibration = Calibration()
+        self._clock = clock
+        self.planner = Planner(config.planner)
+        state.kv_stored_listeners.append(self.planner.kv_stored)
+        state.load_reported_listeners.append(self.planner.load_reported)
+        state.worker_removed_listeners.append(self.planner.worker_removed)
+        self._batch_queue = BatchQueue(config.batch_queue_size, config.batch_queue_timeout_s, config.batch_poll_s, clock=clock)
         self.stats_window = StatsWindow()  # recent per-worker request stats, served by GetStats
         self.metrics_url = ""
 
-    # -- planning ------------------------------------------------------------------------------
+    # -- validation ----------------------------------------------------------------------------
 
     async def _validate(self, request: client_pb2.GenerateRequest, context) -> Validated:
         workers = self._state.workers
@@ -149,128 +129,11 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
             disagg = disagg_from_pb(request.disagg)
         except ValueError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        route = RouteRequest(model=model, prompt_token_ids=token_ids, max_tokens=s.max_tokens, disagg=disagg, cache_salt=request.cache_salt)
-        return Validated(request.request_id or uuid.uuid4().hex, model, token_ids, route, priority)
-
-    def _policy(self) -> AdmissionPolicy:
-        """The admission policy in force: a run-time setting wins over the start-up flag."""
-        name = self._state.settings.admission_policy(self._config.admission.policy)
-        policy = self._policies.get(name)
-        if policy is None:
-            policy = self._policies[name] = make_admission_policy(dataclasses.replace(self._config.admission, policy=name))
-        return policy
-
-    def _decide(self, v: Validated, exclude: frozenset[str], count: bool = False) -> Plan | Reject:
-        """Routes and admits; raises NoCandidateError when nothing can serve the model.
-        `count`: record the admission decision in metrics (Generate does; Route runs nothing)."""
-        views = [w for w in self._state.views() if w.worker_id not in exclude]
-        with tracing.span(tracing.SPAN_ROUTE) as span:
-            decision = self._router.route(v.route, views, self._state.index)
-            if span.is_recording():
-                span.set_attributes(_route_attributes(decision))
-        candidates = [w for w in views if w.model == v.model and w.active and w.role.can_decode]
-        options = self._options(v, decision, candidates)
-        objective = self._state.settings.objective(v.model, v.priority)
-        policy_name = self._state.settings.admission_policy(self._config.admission.policy)
-        policy = self._policy()
-        with tracing.span(tracing.SPAN_ADMISSION):
-            verdict = policy.decide(v.route, candidates, options, objective)
-            record_admission(verdict, policy_name, count=count)
-        if isinstance(verdict, Reject):
-            return verdict
-        chosen = verdict.option or options[0]
-        prefill = chosen.prefill_worker if chosen.disaggregated else None
-        return Plan(decision, prefill, chosen.decode_worker, chosen.prediction, tuple(options))
-
-    def _admissible(self, v: Validated, plan: Plan) -> dict[WorkerId, bool]:
-        """Per decode candidate, whether the admission policy alone would take it (for Route)."""
-        policy = self._policy()
-        objective = self._state.settings.objective(v.model, v.priority)
-        by_decode = {o.decode_worker: o for o in plan.options[1:]}
-        candidates = [w for w in self._state.views() if w.worker_id in {c.worker_id for c in plan.decision.candidates}]
-        return {
-            w.worker_id: isinstance(policy.decide(v.route, [w], [by_decode.get(w.worker_id, plan.options[0])], objective), Admit)
-            for w in candidates
-        }
-
-    def _options(self, v: Validated, decision: RouteDecision, candidates) -> list[PlacementOption]:
-        """Placements best first: the router's choice, then every other decode candidate by cost
-        (prefilling where the router's choice does), each with a latency prediction."""
-        first = PlacementOption(decision.decode_worker, decision.prefill_worker or decision.decode_worker)
-        order = [c.worker_id for c in decision.candidates if c.worker_id != decision.decode_worker]
-        others = [
-            PlacementOption(w, first.prefill_worker if first.disaggregated and first.prefill_worker != w else w)
-            for w in order
-        ]
-        # The router already hashed the prompt; one index walk serves every option.
-        hashes = decision.block_hashes
-        held = {w: o.num_blocks for w, o in self._state.index.overlaps(hashes).items()} if hashes else {}
-        return [self._with_prediction(v, o, held) for o in [first, *others]]
-
-    def _with_prediction(self, v: Validated, option: PlacementOption, held: dict[WorkerId, int]) -> PlacementOption:
-        """`held`: leading prompt blocks each worker holds."""
-        decode, prefill = self._state.perf(option.decode_worker), self._state.perf(option.prefill_worker)
-        if decode is None or prefill is None:
-            return option
-        prompt = len(v.token_ids)
-        prefill_cached = min(held.get(option.prefill_worker, 0), (prompt - 1) // decode.block_size) * decode.block_size
-        transfer_bytes = 0
-        if option.disaggregated:
-            entry = self._state.workers[option.decode_worker]
-            block_nbytes = layout_from_pb(entry.info.layout).block_nbytes
-            transfer_bytes = blocks_to_transfer(prompt, decode.block_size, held.get(option.decode_worker, 0)) * block_nbytes
-        prediction = predict(
-            prompt_tokens=prompt,
-            max_tokens=v.route.max_tokens,
-            prefill_cached_tokens=prefill_cached,
-            prefill=prefill,
-            decode=decode,
-            transfer_bytes=transfer_bytes,
-            link_bytes_per_s=self._link_bytes_per_s,
-        )
-        if prediction is not None:
-            prediction = self._calibration.apply(prediction, _ttft_kind(option.disaggregated), "tpot")
-        objective = self._state.settings.objective(v.model, v.priority)
-        recovery = tpot_recovery_s(decode, objective.tpot_ms / 1000 - self._calibration.offset("tpot"), prompt, v.route.max_tokens)
-        return dataclasses.replace(option, prediction=prediction, tpot_recovery_s=recovery)
-
-    async def _reject(self, context, verdict: Reject) -> None:
-        context.set_trailing_metadata(rejection_trailers(verdict.retry_after_s, verdict.reason))
-        await context.abort(
-            grpc.StatusCode.RESOURCE_EXHAUSTED,
-            f"rejected at admission: {verdict.reason}; retry after {verdict.retry_after_s:.1f} s",
-        )
-
-    async def _plan(self, v: Validated, context, exclude: frozenset[str] = frozenset()) -> tuple[Plan, float]:
-        """Routes and admits, letting a batch request wait in the queue; returns the plan and the
-        seconds it waited. Aborts the call on rejection."""
-        waiter = None
-        started = time.monotonic()
-        try:
-            while True:
-                try:
-                    verdict = self._decide(v, exclude, count=True)
-                except NoCandidateError as e:
-                    code = grpc.StatusCode.FAILED_PRECONDITION if v.route.disagg is DisaggMode.ALWAYS else grpc.StatusCode.UNAVAILABLE
-                    await context.abort(code, str(e))
-                held_back = v.priority == "batch" and self._batch_queue.interactive_pressure()
-                if isinstance(verdict, Plan) and not held_back:
-                    return verdict, time.monotonic() - started
-                if v.priority != "batch":
-                    self._batch_queue.interactive_rejected()
-                    await self._reject(context, verdict)
-                if waiter is None:
-                    waiter = self._batch_queue.enter()
-                    if waiter is None:
-                        await self._reject(context, Reject(f"batch queue full ({self._batch_queue.capacity} waiting); " + _reason_of(verdict), _retry_of(verdict)))
-                if waiter.shed_reason:
-                    await self._reject(context, Reject(waiter.shed_reason, _retry_of(verdict)))
-                if time.monotonic() - started > self._config.batch_queue_timeout_s:
-                    await self._reject(context, Reject(f"waited {self._config.batch_queue_timeout_s:.0f} s in the batch queue; " + _reason_of(verdict), _retry_of(verdict)))
-                await self._batch_queue.wait(waiter, self._config.batch_poll_s)
-        finally:
-            if waiter is not None:
-                self._batch_queue.leave(waiter)
+        route = RouteRequest(
+            model=model, prompt_token_ids=token_ids, max_tokens=s.max_tokens, disagg=disagg,
+            cache_salt=request.cache_salt, priority=priority,
+        )  # fmt: skip
+        return Validated(request.request_id or uuid.uuid4().hex, route)
 
     async def _prompt_tokens(self, request, model: str, workers, context) -> list[int]:
         kind = request.WhichOneof("prompt")
@@ -295,53 +158,98 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
                 failures.append(f"{endpoint}: {e.details()}")
         await context.abort(grpc.StatusCode.UNAVAILABLE, f"no worker could tokenize the prompt ({'; '.join(failures)})")
 
+    # -- planning: the planner's answers as status codes -------------------------------------------
+
+    async def _route(self, v: Validated, context, exclude: frozenset[str] = frozenset()) -> Routed:
+        """The planner's routing step, in its span; aborts when no worker can take the request."""
+        settings = self._state.settings
+        with tracing.span(tracing.SPAN_ROUTE) as span:
+            try:
+                routed = self.planner.route(v.route, self._state.view().without(exclude), settings, self._clock())
+            except NoCandidateError as e:
+                code = grpc.StatusCode.FAILED_PRECONDITION if v.route.disagg is DisaggMode.ALWAYS else grpc.StatusCode.UNAVAILABLE
+                await context.abort(code, str(e))
+            if span.is_recording():
+                span.set_attributes(_route_attributes(routed.decision))
+        return routed
+
+    async def _decide(self, v: Validated, context, exclude: frozenset[str] = frozenset(), count: bool = False) -> tuple[Routed, Plan | Reject]:
+        """Routes and admits. `count`: record the admission decision in metrics (Generate does;
+        Route runs nothing)."""
+        routed = await self._route(v, context, exclude)
+        settings = self._state.settings
+        with tracing.span(tracing.SPAN_ADMISSION):
+            verdict = self.planner.admit(routed, settings)
+            record_admission(verdict, self.planner.admission_policy_name(settings), count=count)
+        return routed, verdict
+
+    async def _reject(self, context, verdict: Reject) -> None:
+        context.set_trailing_metadata(rejection_trailers(verdict.retry_after_s, verdict.reason))
+        await context.abort(
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            f"rejected at admission: {verdict.reason}; retry after {verdict.retry_after_s:.1f} s",
+        )
+
+    async def _plan(self, v: Validated, context, exclude: frozenset[str] = frozenset()) -> tuple[Plan, float]:
+        """Plans, letting a batch request wait in the batch queue; returns the plan and the
+        seconds it waited. Aborts the call on rejection."""
+        queue = self._batch_queue
+        batch = v.route.priority == "batch"
+        waiter = None
+        started = self._clock()
+        try:
+            while True:
+                _, verdict = await self._decide(v, context, exclude, count=True)
+                held_back = batch and queue.interactive_pressure()
+                if isinstance(verdict, Plan) and not held_back:
+                    return verdict, self._clock() - started
+                if not batch:
+                    queue.interactive_rejected()
+                    await self._reject(context, verdict)
+                if waiter is None:
+                    waiter = queue.enter()
+                    if waiter is None:
+                        await self._reject(context, _queue_reject(f"batch queue full ({queue.capacity} waiting)", verdict))
+                if waiter.shed_reason:
+                    await self._reject(context, _queue_reject(waiter.shed_reason, verdict, keep_reason=False))
+                if queue.expired(waiter):
+                    await self._reject(context, _queue_reject(f"waited {queue.timeout_s:.0f} s in the batch queue", verdict))
+                await queue.wait(waiter)
+        finally:
+            if waiter is not None:
+                queue.leave(waiter)
+
     # -- RPCs --------------------------------------------------------------------------------
 
     async def Route(self, request: client_pb2.GenerateRequest, context):
         v = await self._validate(request, context)
-        try:
-            verdict = self._decide(v, frozenset())
-        except NoCandidateError as e:
-            code = grpc.StatusCode.FAILED_PRECONDITION if v.route.disagg is DisaggMode.ALWAYS else grpc.StatusCode.UNAVAILABLE
-            await context.abort(code, str(e))
+        routed, verdict = await self._decide(v, context)
         if isinstance(verdict, Reject):
             await self._reject(context, verdict)
-        return _route_response(v, verdict, self._admissible(v, verdict))
+        return _route_response(v, verdict, self.planner.admissible(routed, self._state.settings))
 
     async def Generate(self, request: client_pb2.GenerateRequest, context):
-        started = time.monotonic()
+        started = self._clock()
         v = await self._validate(request, context)
         observation = RequestObservation(self.stats_window)
         exclude: set[str] = set()
         for attempt in range(self._config.max_route_attempts):
             plan, queued_s = await self._plan(v, context, frozenset(exclude))
-            d = plan.decision
-            observation.routed(v.request_id, v.model, plan)
             decode = self._state.workers.get(plan.decode_worker)
             prefill = self._state.workers.get(plan.prefill_worker) if plan.prefill_worker else None
-            # A fetch belongs to the router's own placement; admission may have chosen another.
-            follows_router = plan.decode_worker == d.decode_worker and plan.prefill_worker == d.prefill_worker
-            fetch = self._state.workers.get(d.fetch_from) if d.fetch_from and follows_router else None
             if decode is None or (plan.prefill_worker and prefill is None):
                 exclude.add(plan.decode_worker)
                 continue
-            if follows_router:
-                self._router.record(d)
-            fetched = d.fetch_tokens if fetch is not None else 0
-            cached = d.cached_tokens if follows_router else 0
-            # New blocks only: a cached (or fetched) prefix is shared with the requests holding it.
-            block_size = max(decode.info.layout.block_size, 1)
-            num_blocks = -(-(d.prompt_tokens + request.sampling.max_tokens) // block_size) - (cached + fetched) // block_size
-            routed = [(plan.decode_worker, 0 if prefill else d.prompt_tokens - cached - fetched, num_blocks)]
-            if plan.prefill_worker:
-                routed.append((plan.prefill_worker, d.prompt_tokens, 0))
-            for worker_id, tokens, blocks in routed:
-                self._state.note_routed(worker_id, tokens, blocks)
-            source_id = plan.prefill_worker or (d.fetch_from if fetch is not None else "")
+            fetch = self._state.workers.get(plan.fetch_from) if plan.fetch_from else None
+            if plan.fetch_from and fetch is None:
+                plan = plan.without_fetch()  # the holder left since planning
+            observation.routed(v.request_id, v.route.model, plan)
+            dispatch = self.planner.dispatched(plan, self._clock())
+            source_id = plan.prefill_worker or plan.fetch_from or ""
             agent_request = agent_pb2.AgentGenerateRequest(
-                ticket=tickets.issue(self._ticket_key, v.request_id, plan.decode_worker, source_id or ""),
+                ticket=tickets.issue(self._ticket_key, v.request_id, plan.decode_worker, source_id),
                 request_id=v.request_id,
-                prompt_token_ids=v.token_ids,
+                prompt_token_ids=v.route.prompt_token_ids,
                 sampling=request.sampling,
                 cache_salt=request.cache_salt,
             )
@@ -349,7 +257,7 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
                 agent_request.prefill_from.CopyFrom(agent_pb2.PrefillSource(worker_id=plan.prefill_worker, endpoint=prefill.info.endpoint))
             elif fetch is not None:
                 agent_request.prefill_from.CopyFrom(
-                    agent_pb2.PrefillSource(worker_id=d.fetch_from, endpoint=fetch.info.endpoint, cached_only=True)
+                    agent_pb2.PrefillSource(worker_id=plan.fetch_from, endpoint=fetch.info.endpoint, cached_only=True)
                 )
             sent_any = False
             first_token_at: float | None = None
@@ -357,10 +265,10 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
             try:
                 async for reply in self._stubs.get(decode.info.endpoint).Generate(agent_request):
                     if reply.token_ids:
-                        last_token_at = time.monotonic()
+                        last_token_at = self._clock()
                         if first_token_at is None:
                             first_token_at = last_token_at
-                            self._prefilled(routed)
+                            self.planner.prefill_ended(dispatch, first_token_at)
                         num_tokens += len(reply.token_ids)
                     observation.on_reply(len(reply.token_ids))
                     out = client_pb2.GenerateResponse(
@@ -373,10 +281,15 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
                     if reply.finished:
                         self._finish_metrics(out.metrics, reply.metrics, plan, v, queued_s, started, first_token_at)
                         if fetch is not None and not reply.metrics.kv_fetched_from:
-                            out.metrics.route_reason += f" (the fetch from {d.fetch_from} failed; prefilled locally)"
-                        if first_token_at is not None:
-                            tpot_s = (last_token_at - first_token_at) / (num_tokens - 1) if num_tokens > 1 else None
-                            self._learn(plan, first_token_at - started - queued_s, tpot_s)
+                            out.metrics.route_reason += f" (the fetch from {plan.fetch_from} failed; prefilled locally)"
+                        outcome = Outcome(
+                            ttft_s=first_token_at - started - queued_s if first_token_at is not None else None,
+                            tpot_s=(last_token_at - first_token_at) / (num_tokens - 1) if first_token_at is not None and num_tokens > 1 else None,
+                            kv_transfer_bytes=reply.metrics.kv_transfer_bytes,
+                            kv_transfer_s=reply.metrics.kv_transfer_ms / 1000,
+                        )
+                        # Released before the caller sees the end, so its next request finds the worker free.
+                        self.planner.finished(dispatch, self._clock(), outcome)
                         observation.finished(out.metrics)
                     sent_any = True
                     yield out
@@ -390,28 +303,14 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
                 observation.failed(e.code().name)
                 await context.abort(e.code(), f"worker {plan.decode_worker}: {e.details()}")
             finally:
-                if first_token_at is None:  # failed, or the caller went away, before prefill ended
-                    self._prefilled(routed)
+                # Failed, or the caller went away: release what it was charged with (idempotent).
+                self.planner.finished(dispatch, self._clock())
         await context.abort(grpc.StatusCode.UNAVAILABLE, "no worker could take the request; try again")
-
-    def _prefilled(self, routed: list[tuple[WorkerId, int, int]]) -> None:
-        for worker_id, tokens, _ in routed:
-            self._state.note_prefilled(worker_id, tokens)
-
-    def _learn(self, plan: Plan, ttft_s: float, tpot_s: float | None) -> None:
-        """Feeds measured latencies back into the predictor's calibration."""
-        p = plan.prediction
-        if p is None:
-            return
-        # What was predicted before calibration: the residual is learnt against the raw model.
-        self._calibration.observe(_ttft_kind(plan.prefill_worker is not None), p.ttft_s - p.ttft_offset_s, ttft_s)
-        if tpot_s is not None:
-            self._calibration.observe("tpot", p.tpot_s - p.tpot_offset_s, tpot_s)
 
     def _finish_metrics(self, out, agent_metrics, plan: Plan, v: Validated, queued_s: float, started: float, first_token_at: float | None) -> None:
         out.CopyFrom(agent_metrics)
         out.route_reason = plan.decision.reason
-        out.priority = v.priority
+        out.priority = v.route.priority
         out.queued_ms = queued_s * 1000
         if plan.prediction is not None:
             out.predicted_ttft_ms = plan.prediction.ttft_ms
@@ -419,9 +318,6 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
         if first_token_at is not None:
             # TTFT as the caller sees it: admission, queueing and routing included.
             out.ttft_ms = (first_token_at - started) * 1000
-        if agent_metrics.kv_transfer_bytes and agent_metrics.kv_transfer_ms > 0:
-            measured = agent_metrics.kv_transfer_bytes / (agent_metrics.kv_transfer_ms / 1000)
-            self._link_bytes_per_s += LINK_RATE_EWMA * (measured - self._link_bytes_per_s)
 
     async def GetStats(self, request, context):
         window = self.stats_window
@@ -474,7 +370,7 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
     async def SetConfig(self, request: client_pb2.SetConfigRequest, context):
         try:
             if request.value:
-                validate_setting(request.key, request.value, admission_policy_names)
+                validate_setting(request.key, request.value)
                 await self._store.put(keys.setting_key(request.key), request.value.encode())
             else:
                 await self._store.delete(keys.setting_key(request.key))
@@ -544,13 +440,11 @@ def _route_attributes(d: RouteDecision) -> dict:
     }
 
 
-def _ttft_kind(disaggregated: bool) -> str:
-    return "ttft-disaggregated" if disaggregated else "ttft-local"
-
-
-def _reason_of(verdict: Plan | Reject) -> str:
-    return verdict.reason if isinstance(verdict, Reject) else "held back while interactive requests are being rejected"
-
-
-def _retry_of(verdict: Plan | Reject) -> float:
-    return verdict.retry_after_s if isinstance(verdict, Reject) else 1.0
+def _queue_reject(why: str, verdict: Plan | Reject, keep_reason: bool = True) -> Reject:
+    """A batch-queue rejection: why, then what admission said (a Plan: the request was held
+    back for interactive traffic)."""
+    if isinstance(verdict, Reject):
+        reason, retry_after_s, kind = verdict.reason, verdict.retry_after_s, verdict.kind
+    else:
+        reason, retry_after_s, kind = "held back while interactive requests are being rejected", 1.0, RejectKind(0)
+    return Reject(f"{why}; {reason}" if keep_reason else why, retry_after_s, kind | RejectKind.BATCH_QUEUE)

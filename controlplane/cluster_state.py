@@ -14,9 +14,8 @@ from dataclasses import dataclass
 
 from controlplane import keys
 from controlplane.core.index import CacheIndex, ClearedEvent, RemovedEvent, StoredEvent
-from controlplane.core.predictor import WorkerPerf
-from controlplane.core.router import WorkerLoadView, WorkerView
 from controlplane.core.settings import ClusterSettings
+from controlplane.core.views import DEFAULT_CHUNK_TOKENS, ClusterView, WorkerLoadView, WorkerView
 from controlplane.store.base import EventType, Store, WatchEvent
 from kvplane.convert import layout_from_pb, role_from_pb, tier_from_pb
 from kvplane.latency import StepTimeModel
@@ -32,22 +31,6 @@ class WorkerEntry:
     load: common_pb2.WorkerLoad
     state: int
     load_at: float                  # monotonic time of the last load report
-    pending_prefill_tokens: int = 0  # routed here since the last load report
-    pending_requests: int = 0
-    pending_blocks: int = 0          # KV blocks those requests will hold
-    # Routed here by this replica and not yet past prefill (no first token yet). Load reports lag
-    # and miss requests still on their way to the engine; this count does not. The latency
-    # predictor uses it; the router's load guard is tuned on reports plus pending counts.
-    inflight_prefill_tokens: int = 0
-    inflight_requests: int = 0
-
-    @property
-    def queued_requests(self) -> int:
-        return max(self.load.num_waiting + self.pending_requests, self.inflight_requests)
-
-    @property
-    def queued_prefill_tokens(self) -> int:
-        return max(self.load.num_queued_prefill_tokens + self.pending_prefill_tokens, self.inflight_prefill_tokens)
     latency: StepTimeModel | None = None  # the worker's step-time model, from its load reports
 
 
@@ -73,8 +56,10 @@ class ClusterState:
         self._watch_task: asyncio.Task | None = None
         self._synced = asyncio.Event()
         self.revision = 0
-        # Listeners (e.g. the router's predicted prefixes): blocks a worker reported stored, workers gone.
+        # Listeners (the planner): blocks a worker reported stored, a load report's arrival (with its
+        # monotonic time), workers gone.
         self.kv_stored_listeners: list[Callable[[WorkerId, Sequence[BlockHash]], None]] = []
+        self.load_reported_listeners: list[Callable[[WorkerId, float], None]] = []
         self.worker_removed_listeners: list[Callable[[WorkerId], None]] = []
 
     async def start(self) -> None:
@@ -152,10 +137,8 @@ class ClusterState:
         entry.load_at = time.monotonic()
         if report.HasField("latency"):
             entry.latency = StepTimeModel.from_pb(report.latency)
-        # The report now counts what was routed before it.
-        entry.pending_prefill_tokens = 0
-        entry.pending_requests = 0
-        entry.pending_blocks = 0
+        for listener in self.load_reported_listeners:
+            listener(worker_id, entry.load_at)
 
     def _apply_kv(self, key: str, value: bytes) -> None:
         worker_id, seq = keys.parse_kv_key(key)
@@ -183,65 +166,35 @@ class ClusterState:
         self.settings = ClusterSettings(values)
         log.info("setting %s = %r", name, values.get(name))
 
-    # -- views for routing -------------------------------------------------------------------
+    # -- the view the planner plans on ----------------------------------------------------------
 
-    def note_routed(self, worker_id: WorkerId, prefill_tokens: int, num_blocks: int = 0) -> None:
-        """Counts work just sent to a worker until its next load report includes it, and until
-        its prefill is over (note_prefilled)."""
-        entry = self.workers.get(worker_id)
-        if entry is not None:
-            entry.pending_prefill_tokens += prefill_tokens
-            entry.pending_requests += 1
-            entry.pending_blocks += num_blocks
-            entry.inflight_prefill_tokens += prefill_tokens
-            entry.inflight_requests += 1
+    def view(self) -> ClusterView:
+        """Every worker as it last reported, and the cache index (the planner corrects the loads
+        for what this replica routed since)."""
+        return ClusterView(tuple(_worker_view(worker_id, e) for worker_id, e in self.workers.items()), self.index)
 
-    def note_prefilled(self, worker_id: WorkerId, prefill_tokens: int) -> None:
-        """The request routed with note_routed has its first token (or failed)."""
-        entry = self.workers.get(worker_id)
-        if entry is not None:
-            entry.inflight_prefill_tokens = max(entry.inflight_prefill_tokens - prefill_tokens, 0)
-            entry.inflight_requests = max(entry.inflight_requests - 1, 0)
 
-    def perf(self, worker_id: WorkerId) -> WorkerPerf | None:
-        """What the predictor needs about one worker: its step-time model and its load."""
-        e = self.workers.get(worker_id)
-        if e is None:
-            return None
-        return WorkerPerf(
-            worker_id=worker_id,
-            model=e.latency,
-            chunk_tokens=e.info.max_num_batched_tokens or 2048,
-            block_size=e.info.layout.block_size,
-            num_running=e.load.num_running,
-            num_waiting=e.queued_requests,
-            num_queued_prefill_tokens=e.queued_prefill_tokens,
-            running_remaining_tokens=tuple(e.load.running_remaining_tokens),
-            running_context_tokens=e.load.running_context_tokens,
-            max_num_seqs=e.info.max_num_seqs,
-        )
-
-    def views(self) -> list[WorkerView]:
-        out = []
-        for worker_id, e in self.workers.items():
-            out.append(
-                WorkerView(
-                    worker_id=worker_id,
-                    role=role_from_pb(e.info.role),
-                    model=e.info.model,
-                    block_size=e.info.layout.block_size,
-                    active=e.state != common_pb2.WORKER_STATE_DRAINING,
-                    load=WorkerLoadView(
-                        num_running=e.load.num_running,
-                        num_waiting=e.load.num_waiting + e.pending_requests,
-                        num_queued_prefill_tokens=e.load.num_queued_prefill_tokens + e.pending_prefill_tokens,
-                        num_free_blocks=e.load.num_free_blocks,
-                        num_used_blocks=e.load.num_used_blocks,
-                        num_total_blocks=e.load.num_total_blocks,
-                    ),
-                    max_context=e.info.max_context,
-                    pending_blocks=e.pending_blocks,
-                    block_nbytes=layout_from_pb(e.info.layout).block_nbytes if e.info.layout.dtype else 0,
-                )
-            )
-        return out
+def _worker_view(worker_id: WorkerId, e: WorkerEntry) -> WorkerView:
+    info, load = e.info, e.load
+    return WorkerView(
+        worker_id=worker_id,
+        role=role_from_pb(info.role),
+        model=info.model,
+        block_size=info.layout.block_size,
+        active=e.state != common_pb2.WORKER_STATE_DRAINING,
+        load=WorkerLoadView(
+            num_running=load.num_running,
+            num_waiting=load.num_waiting,
+            num_queued_prefill_tokens=load.num_queued_prefill_tokens,
+            num_free_blocks=load.num_free_blocks,
+            num_used_blocks=load.num_used_blocks,
+            num_total_blocks=load.num_total_blocks,
+            running_remaining_tokens=tuple(load.running_remaining_tokens),
+            running_context_tokens=load.running_context_tokens,
+        ),
+        max_context=info.max_context,
+        block_nbytes=layout_from_pb(info.layout).block_nbytes if info.layout.dtype else 0,
+        latency=e.latency,
+        chunk_tokens=info.max_num_batched_tokens or DEFAULT_CHUNK_TOKENS,
+        max_num_seqs=info.max_num_seqs,
+    )

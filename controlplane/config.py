@@ -3,8 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from controlplane.core.admission import AdmissionConfig
-from controlplane.core.router import RouterConfig
+from controlplane.core.planner import PlannerConfig
 
 DEFAULT_PORT = 50051
 
@@ -20,9 +19,7 @@ class ControlPlaneConfig:
     batch_queue_size: int = 64            # batch requests that may wait for admission instead of being rejected
     batch_queue_timeout_s: float = 30.0   # how long one may wait before it is rejected after all
     batch_poll_s: float = 0.05            # how often a waiting batch request asks admission again
-    initial_link_gb_per_s: float = 1.0    # KV transfer rate assumed until transfers are measured
-    router: RouterConfig = field(default_factory=RouterConfig)
-    admission: AdmissionConfig = field(default_factory=AdmissionConfig)
+    planner: PlannerConfig = field(default_factory=PlannerConfig)  # routing, admission, prediction
 
     def validate(self) -> "ControlPlaneConfig":
         if not 0 <= self.port <= 65535:
@@ -31,10 +28,7 @@ class ControlPlaneConfig:
             raise ValueError(f"lease_ttl_s must be at least 2 seconds, got {self.lease_ttl_s}")
         if self.batch_queue_size < 0 or self.batch_queue_timeout_s < 0 or self.batch_poll_s <= 0:
             raise ValueError("batch_queue_size and batch_queue_timeout_s must be >= 0 and batch_poll_s > 0")
-        if self.initial_link_gb_per_s <= 0:
-            raise ValueError(f"initial_link_gb_per_s must be positive, got {self.initial_link_gb_per_s}")
         if self.max_route_attempts < 1:
             raise ValueError(f"max_route_attempts must be at least 1, got {self.max_route_attempts}")
-        self.router.validate()
-        self.admission.validate()
+        self.planner.validate()
         return self

@@ -12,7 +12,8 @@ import time
 
 from opentelemetry import trace
 
-from controlplane.core.admission import Reject
+from controlplane.core.admission_base import Admit, Reject
+from controlplane.core.planner import Plan
 from kvplane.telemetry import instruments, tracing
 from kvplane.telemetry.window import StatsWindow
 from kvplane.v1 import common_pb2
@@ -21,39 +22,21 @@ log = logging.getLogger(__name__)
 
 ROUTE_LOCAL, ROUTE_REMOTE, ROUTE_FETCHED = "local", "remote", "fetched"
 
-# Bounded label values for rejection reasons (a metric label must not carry worker ids or numbers).
-_REASON_WORDS = (
-    ("no candidate", "no_candidate"),
-    ("running", "running"),
-    ("waiting", "waiting"),
-    ("queued prefill tokens", "queued_prefill_tokens"),
-    ("kv use", "kv_use"),
-    ("ttft", "ttft"),
-    ("tpot", "tpot"),
-)
 
-
-def route_kind(decision) -> str:
+def route_kind(plan: Plan) -> str:
     """local: prefill on the decode worker; remote: a prefill worker plus KV transfer; fetched:
-    the decode worker pulls a cached prefix from a holder peer (a decision carrying `fetch_from`)."""
-    if getattr(decision, "fetch_from", None):
+    the decode worker pulls a cached prefix from a holder peer (a plan carrying `fetch_from`)."""
+    if plan.fetch_from:
         return ROUTE_FETCHED
-    return ROUTE_REMOTE if decision.disaggregated else ROUTE_LOCAL
+    return ROUTE_REMOTE if plan.disaggregated else ROUTE_LOCAL
 
 
-def reason_label(verdict) -> str:
-    """'admitted', or the limits/objectives a rejection names, joined by '+', else 'other'."""
-    if not isinstance(verdict, Reject):
-        return "admitted"
-    kind = getattr(verdict, "kind", None)  # a policy may classify its own rejections
-    if isinstance(kind, str) and kind:
-        return kind
-    text = verdict.reason.lower()
-    found = sorted({label for word, label in _REASON_WORDS if word in text})
-    return "+".join(found) or "other"
+def reason_label(verdict: Plan | Admit | Reject) -> str:
+    """'admitted', or the rejection's kind as a bounded label (RejectKind.label)."""
+    return verdict.kind.label if isinstance(verdict, Reject) else "admitted"
 
 
-def record_admission(verdict, policy: str, count: bool = True) -> None:
+def record_admission(verdict: Plan | Admit | Reject, policy: str, count: bool = True) -> None:
     """Counts the decision (count=False for Route, which runs nothing) and annotates the current span."""
     decision = "reject" if isinstance(verdict, Reject) else "admit"
     label = reason_label(verdict)
@@ -81,8 +64,8 @@ class RequestObservation:
         self.num_output_tokens = 0
         self._attrs: dict = {}
 
-    def routed(self, request_id: str, model: str, decision) -> None:
-        self.request_id, self.model, self.kind = request_id, model, route_kind(decision)
+    def routed(self, request_id: str, model: str, plan: Plan) -> None:
+        self.request_id, self.model, self.kind = request_id, model, route_kind(plan)
         self._attrs = {"gen_ai.request.model": model}
         instruments().kvplane_routing_decisions.add(1, {"kvplane.route.kind": self.kind})
         if tracing.enabled():

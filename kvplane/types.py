@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, fields
-from typing import NewType
+from typing import Literal, NewType, get_args
 
 WorkerId = NewType("WorkerId", str)
 BlockHash = NewType("BlockHash", bytes)
@@ -37,6 +37,20 @@ class DisaggMode(enum.Enum):
     AUTO = "auto"
     ALWAYS = "always"
     NEVER = "never"
+
+
+# A request's priority: `interactive` is admitted or rejected at once; `batch` may wait in the
+# control plane's batch queue and is shed first. The first name is the default.
+Priority = Literal["interactive", "batch"]
+PRIORITIES: tuple[Priority, ...] = get_args(Priority)
+
+
+@dataclass(frozen=True, slots=True)
+class Objective:
+    """A latency objective: time to first token and time per output token, in milliseconds."""
+
+    ttft_ms: float
+    tpot_ms: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +90,3 @@ def dtype_nbytes(dtype: str) -> int:
     except KeyError:
         raise ValueError(f"unknown KV dtype {dtype!r}; expected one of {sorted(_DTYPE_NBYTES)}") from None
 
-
-# Priority classes a request may name (client.proto GenerateRequest.priority); the first is the default.
-PRIORITIES = ("interactive", "batch")

@@ -8,15 +8,17 @@ once, before any prefill work is spent, naming the objective missed by the place
 closest (predicted vs target) and a retry-after from the prediction:
   TTFT missed: the predicted excess (predicted - target): about how long the queue ahead must drain;
   TPOT missed: when enough of the decode worker's running requests will have finished.
-Bounded to [min_retry_after_s, max_retry_after_s]. (Mooncake's early rejection, FAST'25.)
+Bounded to [MIN_RETRY_AFTER_S, max_retry_after_s]. The rejection's kind is the objective missed.
+(Mooncake's early rejection, FAST'25.) Parameters: admission_base.AdmissionConfig (retry bounds).
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from controlplane.core.admission import Admit, AdmissionConfig, PlacementOption, Reject
-from controlplane.core.router import RouteRequest, WorkerView
-from controlplane.core.settings import Objective
+from controlplane.core.admission_base import Admit, AdmissionConfig, PlacementOption, Reject, RejectKind
+from controlplane.core.routing import RouteRequest
+from controlplane.core.views import WorkerView
+from kvplane.types import Objective
 
 MIN_RETRY_AFTER_S = 0.1
 
@@ -36,10 +38,10 @@ class PredictiveAdmission:
         objective: Objective | None = None,
     ) -> Admit | Reject:
         if not options:
-            return Reject(f"no placement for model {request.model!r}", self._config.retry_after_s)
+            return Reject(f"no placement for model {request.model!r}", self._config.retry_after_s, RejectKind.NO_CANDIDATE)
         if objective is None:
             return Admit(options[0])
-        misses: list[tuple[float, str, float, PlacementOption]] = []
+        misses: list[tuple[float, str, PlacementOption]] = []
         for option in options:
             p = option.prediction
             if p is None:
@@ -49,8 +51,8 @@ class PredictiveAdmission:
             if ttft_over <= 1 and tpot_over <= 1:
                 return Admit(option)
             which = "ttft" if ttft_over >= tpot_over else "tpot"
-            misses.append((max(ttft_over, tpot_over), which, 0.0, option))
-        _, which, _, closest = min(misses, key=lambda m: m[0])
+            misses.append((max(ttft_over, tpot_over), which, option))
+        _, which, closest = min(misses, key=lambda m: m[0])
         p = closest.prediction
         assert p is not None
         if which == "ttft":
@@ -65,4 +67,4 @@ class PredictiveAdmission:
             f"objective={which} predicted_ms={predicted:.4g} target_ms={target:.4g} "
             f"decode_worker={closest.decode_worker} prefill_worker={closest.prefill_worker}"
         )
-        return Reject(reason, retry_after_s)
+        return Reject(reason, retry_after_s, RejectKind.TTFT if which == "ttft" else RejectKind.TPOT)

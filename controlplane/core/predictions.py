@@ -45,9 +45,6 @@ class PrefixPredictions:
     def forget_worker(self, worker_id: WorkerId) -> None:
         self._worker_to_expiry.pop(worker_id, None)
 
-    def num_predicted(self, worker_id: WorkerId, now: float) -> int:
-        return sum(1 for expiry in self._worker_to_expiry.get(worker_id, {}).values() if expiry > now)
-
     def num_predicted_in(
         self, index: CacheIndex, worker_id: WorkerId, block_hashes: Sequence[BlockHash], now: float
     ) -> int:

@@ -15,17 +15,17 @@ Rule (after Mooncake's early-rejection predictor):
   A worker whose batch is full (max_num_seqs) first has to finish a request: on the prefill side
   that wait is queueing; on a separate decode worker it runs meanwhile, so only its rest counts.
 What the model cannot see (RPC hops, process scheduling on a busy host) is learnt as a residual:
-Calibration keeps a running mean of measured - predicted per kind of placement and adds it.
+Calibration keeps a running mean of measured - predicted per kind of placement and adds it; the
+link rate is learnt from measured transfers (LinkRate, an EWMA).
 The step model is kvplane.latency.StepTimeModel (linear in prefill tokens, attention work, decode
 batch and decode context). Without a model for either worker there is no prediction (None).
 """
 from __future__ import annotations
 
 import dataclasses
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
+from controlplane.core.views import WorkerView
 from kvplane.latency import StepTimeModel, prefill_attention
 from kvplane.types import WorkerId
 
@@ -42,6 +42,23 @@ class WorkerPerf:
     running_remaining_tokens: tuple[int, ...]
     running_context_tokens: int
     max_num_seqs: int = 0          # 0 = no slot limit known
+
+    @classmethod
+    def of(cls, view: WorkerView) -> WorkerPerf:
+        """What the predictor needs of a worker view (whose load the planner has adjusted)."""
+        load = view.load
+        return cls(
+            worker_id=view.worker_id,
+            model=view.latency,
+            chunk_tokens=view.chunk_tokens,
+            block_size=view.block_size,
+            num_running=load.num_running,
+            num_waiting=load.num_waiting,
+            num_queued_prefill_tokens=load.num_queued_prefill_tokens,
+            running_remaining_tokens=load.running_remaining_tokens,
+            running_context_tokens=load.running_context_tokens,
+            max_num_seqs=view.max_num_seqs,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,29 +150,29 @@ class Calibration:
     an exponentially weighted mean of measured - predicted, per kind of latency, added to later
     predictions. An offset fades with a half-life while nothing new is observed: after an
     overload the offset makes admission reject, rejected requests teach nothing, and without the
-    fade admission would stay shut."""
+    fade admission would stay shut. `now`: seconds on any monotonic clock, passed in."""
 
-    def __init__(self, weight: float = 0.2, half_life_s: float = 5.0, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, weight: float = 0.2, half_life_s: float = 5.0) -> None:
         self.weight = weight
         self.half_life_s = half_life_s
-        self._clock = clock
         self._offsets: dict[str, tuple[float, float]] = {}  # kind -> (offset, when observed)
 
-    def observe(self, kind: str, predicted_s: float, measured_s: float) -> None:
+    def observe(self, kind: str, predicted_s: float, measured_s: float, now: float) -> None:
         residual = measured_s - predicted_s
         old = self._offsets.get(kind)
-        offset = residual if old is None else self.offset(kind) + self.weight * (residual - self.offset(kind))
-        self._offsets[kind] = (offset, self._clock())
+        current = self.offset(kind, now)
+        offset = residual if old is None else current + self.weight * (residual - current)
+        self._offsets[kind] = (offset, now)
 
-    def offset(self, kind: str) -> float:
+    def offset(self, kind: str, now: float) -> float:
         entry = self._offsets.get(kind)
         if entry is None:
             return 0.0
         offset, at = entry
-        return offset * 0.5 ** ((self._clock() - at) / self.half_life_s)
+        return offset * 0.5 ** ((now - at) / self.half_life_s)
 
-    def apply(self, prediction: Prediction, ttft_kind: str, tpot_kind: str) -> Prediction:
-        ttft_offset, tpot_offset = self.offset(ttft_kind), self.offset(tpot_kind)
+    def apply(self, prediction: Prediction, ttft_kind: str, tpot_kind: str, now: float) -> Prediction:
+        ttft_offset, tpot_offset = self.offset(ttft_kind, now), self.offset(tpot_kind, now)
         return dataclasses.replace(
             prediction,
             ttft_s=max(prediction.ttft_s + ttft_offset, 0.0),
@@ -163,6 +180,19 @@ class Calibration:
             ttft_offset_s=ttft_offset,
             tpot_offset_s=tpot_offset,
         )
+
+
+class LinkRate:
+    """The KV transfer rate predictions assume: `initial_bytes_per_s` until transfers are measured,
+    then an exponentially weighted mean of measured rates (`weight` for the newest)."""
+
+    def __init__(self, initial_bytes_per_s: float, weight: float = 0.2) -> None:
+        self.bytes_per_s = initial_bytes_per_s
+        self.weight = weight
+
+    def observe(self, num_bytes: int, seconds: float) -> None:
+        if num_bytes > 0 and seconds > 0:
+            self.bytes_per_s += self.weight * (num_bytes / seconds - self.bytes_per_s)
 
 
 def _tpot_at(decode: WorkerPerf, arrival_s: float, prompt_tokens: int, max_tokens: int) -> tuple[float, int]:

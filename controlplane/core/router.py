@@ -21,21 +21,33 @@ the prefill candidates, role PREFILL before BOTH at equal cost.
 Which decode worker wins is the routing policy's call (controlplane/core/policies/: kvplane,
 the cost above plus tier weights, a load guard, predicted prefixes and fetch-instead-of-recompute;
 round-robin, least-load and prefix-only as baselines); the prefill worker of a disaggregated
-request is always chosen by the cost above.
+request is always chosen by the cost above (controlplane/core/cost.py).
 
-Parameters: RouterConfig below, the single source of their defaults.
+Parameters: RouterConfig below (the policy's own in its params dataclass, the cost's in
+cost.CostConfig), the single source of their defaults.
 """
 from __future__ import annotations
 
 import math
 import random
-import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
-from controlplane.core.index import CacheIndex, OverlapScore
+from controlplane.core.cost import CostConfig, overlap_cost
+from controlplane.core.index import CacheIndex
+from controlplane.core.params import check_numbers, param, selector
+from controlplane.core.policies import check_params, default_params, make_routing_policy, params_types
+from controlplane.core.routing import (
+    CandidateCost,
+    NoCandidateError,
+    RouteContext,
+    RouteDecision,
+    RouteRequest,
+    RoutingPolicyParams,
+)
+from controlplane.core.views import WorkerView
 from kvplane.block_hash import hash_blocks
-from kvplane.types import BlockHash, DisaggMode, Role, Tier, WorkerId
+from kvplane.types import BlockHash, DisaggMode, Role, WorkerId
 
 # Costs closer than this are a tie: tier weights are fractions, and float sums of the same
 # credit in a different order must not decide the route.
@@ -44,181 +56,51 @@ _COST_TIE_EPSILON = 1e-9
 
 @dataclass(frozen=True, slots=True)
 class RouterConfig:
-    # Which decode worker wins: "kvplane", "round-robin", "least-load" or "prefix-only".
-    policy: str = "kvplane"
-    prefill_load_scale: float = 1.0
-    # Credit per cached block by tier: the share of a block's recompute that loading it saves,
-    # 1 - load time / recompute time, measured with `kvplane bench tiers` (docs/benchmarks.md:
-    # host 0.99, disk 0.96 here) and rounded down for slower links than this machine's memcpy
-    # (PCIe to a GPU, a cold NVMe read).
-    overlap_weight_device: float = 1.0
-    overlap_weight_host: float = 0.9
-    overlap_weight_disk: float = 0.5
-    # Remote prefill only when the uncached prompt tokens on the decode worker reach this.
-    disagg_threshold_tokens: int = 2048
-    # A prefill worker with this many queued prefill tokens or more is busy: prefill locally.
-    max_prefill_queue_tokens: int = 16384
-    # 0 = argmin; > 0 samples over softmax(-cost / temperature).
-    temperature: float = 0.0
-    # kvplane policy. Predicted prefixes: a routed prompt counts as cached on its worker this long.
-    prediction_ttl_s: float = 5.0
-    # Load guard: a candidate's cache credit is multiplied by (allowed / value) ** guard_power when
-    # its queued prefill tokens, KV use or requests exceed allowed = guard_ratio x pool mean + slack.
-    # guard_ratio 0 = off.
-    guard_ratio: float = 1.5
-    guard_power: float = 2.0
-    guard_slack_tokens: int = 512
-    guard_slack_kv_usage: float = 0.1
-    guard_slack_requests: int = 2
-    # Fetch instead of recompute: pull at least this many more cached blocks from a busier holder
-    # when overhead + bytes / bandwidth < tokens / prefill rate (0 = off). Rates: docs/benchmarks.md.
-    fetch_min_blocks: int = 4
-    fetch_bytes_per_s: float = 7e8
-    fetch_overhead_ms: float = 6.0
-    prefill_tokens_per_s: float = 20000.0
+    # Which decode worker wins: the params of one registered policy (controlplane/core/policies/).
+    policy: RoutingPolicyParams = selector(
+        default_params, "which decode worker takes a request", flag="--routing-policy", params_types=params_types
+    )
+    cost: CostConfig = field(default_factory=CostConfig)
+    disagg_threshold_tokens: int = param(
+        2048, "remote prefill only when a prompt's uncached tokens reach this", flag="--disagg-threshold"
+    )
+    max_prefill_queue_tokens: int = param(
+        16384, "a prefill worker with this many queued prefill tokens or more is busy: prefill locally"
+    )
+    temperature: float = param(0.0, "0 = the cheapest worker wins; > 0 samples over softmax(-cost / temperature)")
 
     def __post_init__(self) -> None:
         self.validate()
 
     def validate(self) -> None:
-        from controlplane.core.policies import routing_policy_names
-
-        if self.policy not in routing_policy_names():
-            raise ValueError(f"RouterConfig.policy {self.policy!r} is unknown; choose one of {routing_policy_names()}")
-        for f in fields(self):
-            if f.name == "policy":
-                continue
-            value = getattr(self, f.name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise ValueError(f"RouterConfig.{f.name} must be a finite number, got {value!r}")
-            if value < 0:
-                raise ValueError(f"RouterConfig.{f.name} must be >= 0, got {value!r}")
-        for name in ("fetch_bytes_per_s", "prefill_tokens_per_s"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"RouterConfig.{name} must be > 0, got {getattr(self, name)!r}")
-        for name in ("disagg_threshold_tokens", "max_prefill_queue_tokens", "guard_slack_tokens", "guard_slack_requests", "fetch_min_blocks"):
-            if not isinstance(getattr(self, name), int):
-                raise ValueError(f"RouterConfig.{name} must be an integer number of tokens, got {getattr(self, name)!r}")
+        check_params(self.policy)
+        self.cost.validate()
+        check_numbers(self, integers=("disagg_threshold_tokens", "max_prefill_queue_tokens"))
         if self.max_prefill_queue_tokens == 0:
             raise ValueError("RouterConfig.max_prefill_queue_tokens must be > 0, or every prefill worker counts as busy")
-        if not (self.overlap_weight_device >= self.overlap_weight_host >= self.overlap_weight_disk):
-            raise ValueError(
-                "RouterConfig overlap weights must not increase with slower tiers "
-                f"(overlap_weight_device {self.overlap_weight_device} >= overlap_weight_host "
-                f"{self.overlap_weight_host} >= overlap_weight_disk {self.overlap_weight_disk}), "
-                "because a block held at several tiers is credited at its fastest"
-            )
 
-    def tier_weight(self, tier: Tier) -> float:
-        if tier is Tier.DEVICE:
-            return self.overlap_weight_device
-        if tier is Tier.HOST:
-            return self.overlap_weight_host
-        return self.overlap_weight_disk
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerLoadView:
-    num_running: int
-    num_waiting: int
-    num_queued_prefill_tokens: int
-    num_free_blocks: int
-    num_used_blocks: int
-    num_total_blocks: int
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerView:
-    worker_id: WorkerId
-    role: Role
-    model: str
-    block_size: int
-    active: bool  # False while draining: finishes its work, takes no new requests
-    load: WorkerLoadView
-    max_context: int
-    block_nbytes: int = 0  # KV bytes per block (0 = unknown: never a fetch source or target)
-    # New KV blocks of requests routed here since the last load report: the kvplane policy's load
-    # guard counts them in KV use. Not in the cost: a burst's first request would then outweigh
-    # the very prefix it is computing for the others.
-    pending_blocks: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class RouteRequest:
-    model: str
-    prompt_token_ids: Sequence[int]
-    max_tokens: int
-    disagg: DisaggMode
-    cache_salt: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class CandidateCost:
-    worker_id: WorkerId
-    cost: float
-    cached_tokens: int
-    prefill_tokens: int  # uncached tokens this worker would compute
-    note: str
-
-
-@dataclass(frozen=True, slots=True)
-class RouteDecision:
-    decode_worker: WorkerId
-    prefill_worker: WorkerId | None
-    disaggregated: bool
-    reason: str
-    prompt_tokens: int
-    cached_tokens: int  # on the decode worker
-    candidates: tuple[CandidateCost, ...]  # decode candidates, cheapest first
-    # Fetch instead of recompute: the decode worker pulls this worker's cached prefix blocks.
-    fetch_from: WorkerId | None = None
-    fetch_tokens: int = 0  # cached tokens the fetch is expected to bring beyond the decode worker's own
-    block_hashes: tuple[BlockHash, ...] = field(default=(), compare=False, repr=False)
-
-
-@dataclass(frozen=True, slots=True)
-class RouteContext:
-    """What a routing policy sees of one request."""
-
-    request: RouteRequest
-    num_prompt_tokens: int
-    block_size: int
-    block_hashes: Sequence[BlockHash]
-    overlaps: Mapping[WorkerId, OverlapScore]  # as the policy sees them (kvplane: with predictions)
-    index: CacheIndex
-    now: float
-
-
-@dataclass(frozen=True, slots=True)
-class FetchPlan:
-    worker_id: WorkerId
-    num_tokens: int
-    reason: str
-
-
-class NoCandidateError(Exception):
-    """No worker can take the request; the message says why (unknown model, all draining, ...)."""
+    @property
+    def policy_name(self) -> str:
+        return self.policy.name
 
 
 class Router:
-    def __init__(
-        self, config: RouterConfig, rng: random.Random | None = None, clock: Callable[[], float] = time.monotonic
-    ) -> None:
-        from controlplane.core.policies import make_routing_policy
+    """Routes with the configured policy. `now` (seconds, any monotonic origin) is passed in,
+    and the random draw comes from `rng`, so a run is reproducible."""
 
+    def __init__(self, config: RouterConfig, rng: random.Random | None = None) -> None:
         config.validate()
         self._config = config
         self._rng = rng if rng is not None else random.Random()
-        self._clock = clock
-        self.policy = make_routing_policy(config)
+        self.policy = make_routing_policy(config.policy, config.cost)
 
     @property
     def config(self) -> RouterConfig:
         return self._config
 
-    def record(self, decision: RouteDecision) -> None:
+    def record(self, decision: RouteDecision, now: float) -> None:
         """The request was sent as decided (Route queries are not recorded)."""
-        self.policy.on_routed(decision, self._clock())
+        self.policy.on_routed(decision, now)
 
     def on_kv_stored(self, worker_id: WorkerId, block_hashes: Sequence[BlockHash]) -> None:
         self.policy.on_stored(worker_id, block_hashes)
@@ -226,7 +108,7 @@ class Router:
     def on_worker_removed(self, worker_id: WorkerId) -> None:
         self.policy.on_worker_removed(worker_id)
 
-    def route(self, request: RouteRequest, workers: Sequence[WorkerView], index: CacheIndex) -> RouteDecision:
+    def route(self, request: RouteRequest, workers: Sequence[WorkerView], index: CacheIndex, now: float) -> RouteDecision:
         num_prompt_tokens = len(request.prompt_token_ids)
         if num_prompt_tokens == 0:
             raise ValueError("cannot route an empty prompt: prompt_token_ids has no tokens")
@@ -238,12 +120,11 @@ class Router:
         block_hashes = hash_blocks(
             request.prompt_token_ids, block_size, model_salt=request.model, tenant_salt=request.cache_salt
         )
-        now = self._clock()
         worker_to_overlap = self.policy.overlaps(index, block_hashes, now)
         ctx = RouteContext(request, num_prompt_tokens, block_size, block_hashes, worker_to_overlap, index, now)
 
         def cost_of(worker: WorkerView) -> CandidateCost:
-            return overlap_cost(self._config, worker, num_prompt_tokens, worker_to_overlap.get(worker.worker_id))
+            return overlap_cost(self._config.cost, worker, num_prompt_tokens, worker_to_overlap.get(worker.worker_id))
 
         decode_workers = _decode_candidates(request, model_workers)
         decode_costs = sorted(self.policy.costs(ctx, decode_workers), key=lambda c: (c.cost, c.worker_id))
@@ -332,46 +213,6 @@ class Router:
         tied = [c for c in costs if c.cost - lowest <= _COST_TIE_EPSILON]
         best_rank = min(prefer(c) for c in tied)
         return self._rng.choice([c for c in tied if prefer(c) == best_rank])
-
-
-def overlap_cost(
-    config: RouterConfig,
-    worker: WorkerView,
-    num_prompt_tokens: int,
-    overlap: OverlapScore | None,
-    credit_scale: float = 1.0,
-    note_suffix: str = "",
-    queued_discount_blocks: int = 0,
-) -> CandidateCost:
-    """Dynamo's cost of one candidate; credit_scale < 1 shrinks its cache credit (the load guard);
-    queued_discount_blocks leaves out queued prefill work that computes blocks this request reuses."""
-    block_size = worker.block_size
-    num_matched_blocks = overlap.num_blocks if overlap else 0
-    credit = (
-        sum(config.tier_weight(tier) * n for tier, n in overlap.blocks_by_tier.items()) if overlap else 0.0
-    ) * credit_scale
-    num_prompt_blocks = math.ceil(num_prompt_tokens / block_size)
-    num_queued_blocks = max(math.ceil(worker.load.num_queued_prefill_tokens / block_size) - queued_discount_blocks, 0)
-    num_used_blocks = worker.load.num_used_blocks
-    cost = config.prefill_load_scale * max(num_queued_blocks + num_prompt_blocks - credit, 0.0) + num_used_blocks
-    cached_tokens = cached_prefix_tokens(num_matched_blocks, num_prompt_tokens, block_size)
-    return CandidateCost(
-        worker_id=worker.worker_id,
-        cost=cost,
-        cached_tokens=cached_tokens,
-        prefill_tokens=num_prompt_tokens - cached_tokens,
-        note=(
-            f"{num_matched_blocks} matched blocks (credit {credit:g}), {num_queued_blocks} queued "
-            f"prefill blocks, {num_prompt_blocks} prompt blocks, {num_used_blocks} used blocks"
-            f"{note_suffix}"
-        ),
-    )
-
-
-def cached_prefix_tokens(num_matched_blocks: int, num_prompt_tokens: int, block_size: int) -> int:
-    """The engine always computes at least the last prompt token, so a fully cached prompt still
-    gives up its last block."""
-    return min(num_matched_blocks, (num_prompt_tokens - 1) // block_size) * block_size
 
 
 def _model_workers(model: str, workers: Sequence[WorkerView]) -> list[WorkerView]:

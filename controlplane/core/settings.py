@@ -3,29 +3,24 @@
 Keys and values are strings so the store, the RPC and the CLI stay simple; this module is the one
 place that knows the keys, validates values and turns them into typed settings:
 
-- `admission.policy`: an admission policy name (none, threshold, predictive).
+- `admission.policy`: an admission policy name (admission.admission_policy_names()).
 - `objectives.<model>.<priority>.ttft_ms` / `.tpot_ms`: a latency objective in milliseconds for
-  one model (or `*` for every model) and priority (interactive, batch). The most specific key wins:
+  one model (or `*` for every model) and priority (kvplane.types.PRIORITIES). The most specific key wins:
   model before `*`, `*` before the defaults below.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
 
-PRIORITIES = ("interactive", "batch")
+from controlplane.core.admission import admission_policy_names
+from kvplane.types import PRIORITIES, Objective, Priority
+
 ANY_MODEL = "*"
-_OBJECTIVE_FIELDS = ("ttft_ms", "tpot_ms")
-
-
-@dataclass(frozen=True, slots=True)
-class Objective:
-    ttft_ms: float
-    tpot_ms: float
-
+_OBJECTIVE_FIELDS = tuple(f.name for f in fields(Objective))
 
 # Defaults sized for the reference engine on a small CPU; set real ones per model in production.
-DEFAULT_OBJECTIVES = {
+DEFAULT_OBJECTIVES: dict[Priority, Objective] = {
     "interactive": Objective(ttft_ms=2000.0, tpot_ms=200.0),
     "batch": Objective(ttft_ms=30000.0, tpot_ms=1000.0),
 }
@@ -35,10 +30,10 @@ class SettingError(ValueError):
     """A key or value that `kvplane config set` must refuse; the message says what is accepted."""
 
 
-def validate_setting(key: str, value: str, policy_names: Callable[[], list[str]]) -> None:
+def validate_setting(key: str, value: str) -> None:
     if key == "admission.policy":
-        if value not in policy_names():
-            raise SettingError(f"admission.policy must be one of {policy_names()}, got {value!r}")
+        if value not in admission_policy_names():
+            raise SettingError(f"admission.policy must be one of {admission_policy_names()}, got {value!r}")
         return
     parts = key.split(".")
     if len(parts) >= 4 and parts[0] == "objectives":
@@ -57,7 +52,8 @@ def validate_setting(key: str, value: str, policy_names: Callable[[], list[str]]
             raise SettingError(f"{key!r} must be positive, got {value!r}")
         return
     raise SettingError(
-        f"unknown setting {key!r}; settable: admission.policy, objectives.<model|*>.<interactive|batch>.<ttft_ms|tpot_ms>"
+        f"unknown setting {key!r}; settable: admission.policy, "
+        f"objectives.<model|*>.<{'|'.join(PRIORITIES)}>.<{'|'.join(_OBJECTIVE_FIELDS)}>"
     )
 
 
@@ -68,15 +64,15 @@ class ClusterSettings:
     def admission_policy(self, default: str) -> str:
         return self.values.get("admission.policy", default)
 
-    def objective(self, model: str, priority: str) -> Objective:
+    def objective(self, model: str, priority: Priority) -> Objective:
         base = DEFAULT_OBJECTIVES[priority]
-        fields = {}
+        values = {}
         for name in _OBJECTIVE_FIELDS:
             for scope in (model, ANY_MODEL):
                 raw = self.values.get(f"objectives.{scope}.{priority}.{name}")
                 if raw is not None:
-                    fields[name] = float(raw)
+                    values[name] = float(raw)
                     break
             else:
-                fields[name] = getattr(base, name)
-        return Objective(**fields)
+                values[name] = getattr(base, name)
+        return Objective(**values)

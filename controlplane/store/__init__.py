@@ -23,7 +23,6 @@ from .base import (
     WatchEvent,
 )
 from .memory import MemoryStore
-from .session import Session
 
 ACCEPTED_URL_FORMS = ('"memory"', '"memory://"', '"etcd://host:port"')
 
@@ -37,7 +36,6 @@ __all__ = [
     "MemoryStore",
     "Op",
     "Put",
-    "Session",
     "Store",
     "StoreCompacted",
     "StoreError",

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from controlplane.core.settings import Objective
+from kvplane.types import Objective
 from kvplane.bench.workload import (
     PRIORITY_BATCH,
     PRIORITY_INTERACTIVE,

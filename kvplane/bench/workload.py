@@ -24,8 +24,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-PRIORITY_INTERACTIVE = "interactive"
-PRIORITY_BATCH = "batch"
+from kvplane.types import PRIORITIES
+
+PRIORITY_INTERACTIVE, PRIORITY_BATCH = PRIORITIES  # the one definition, kvplane.types
 TRACE_BLOCK_TOKENS = 512  # Mooncake's hash_ids cover 512 tokens each
 
 

@@ -49,8 +49,6 @@ CASES = {
                          "kvplane controlplane: lease_ttl_s must be at least 2 seconds, got -1"),
     "agent": Case(("agent", "--port", "70000"), 2, "kvplane agent: port must be in 0..65535, got 70000"),
 }  # fmt: skip
-# The servers' entry points live in their own packages and still print these errors to stdout.
-PRINT_TO_STDOUT = {"controlplane": "controlplane/main.py"}
 
 
 def _commands(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()) -> list[str]:
@@ -67,13 +65,7 @@ def test_every_command_has_an_error_case() -> None:
 
 
 def _params() -> list:
-    params = []
-    for name, case in CASES.items():
-        marks = []
-        if name in PRINT_TO_STDOUT:
-            marks.append(pytest.mark.xfail(strict=True, reason=f"{PRINT_TO_STDOUT[name]} prints its errors to stdout"))
-        params.append(pytest.param(case, id=name, marks=marks))
-    return params
+    return [pytest.param(case, id=name) for name, case in CASES.items()]
 
 
 @pytest.mark.parametrize("case", _params())

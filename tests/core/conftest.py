@@ -1,18 +1,25 @@
-"""Shared factories for the routing-core tests: worker views, requests and cached prefixes.
+"""Shared factories for the routing-core tests: worker views, requests, cached prefixes, routers.
 
 Exposed as fixtures that return plain functions, so tests build exactly the fleet they need.
 Defaults: model "m", block size 4, an idle decode worker with 100 blocks and a 4096 context.
 """
 from __future__ import annotations
 
+import dataclasses
+import random
 from collections.abc import Callable, Sequence
 
 import pytest
 
+from controlplane.core.cost import CostConfig
 from controlplane.core.index import CacheIndex, StoredEvent
-from controlplane.core.router import RouteRequest, WorkerLoadView, WorkerView
+from controlplane.core.policies import params_type
+from controlplane.core.router import Router, RouterConfig
+from controlplane.core.routing import RouteRequest
+from controlplane.core.views import WorkerLoadView, WorkerView
 from kvplane.block_hash import hash_blocks
-from kvplane.types import BlockHash, DisaggMode, Role, Tier, WorkerId
+from kvplane.latency import StepTimeModel
+from kvplane.types import BlockHash, DisaggMode, Priority, Role, Tier, WorkerId
 
 MODEL = "m"
 BLOCK_SIZE = 4
@@ -32,6 +39,9 @@ def make_worker_view(
     num_total_blocks: int = 100,
     max_context: int = 4096,
     block_nbytes: int = 0,
+    latency: StepTimeModel | None = None,
+    running_remaining_tokens: Sequence[int] = (),
+    running_context_tokens: int = 0,
 ) -> WorkerView:
     load = WorkerLoadView(
         num_running=num_running,
@@ -40,6 +50,8 @@ def make_worker_view(
         num_free_blocks=num_total_blocks - num_used_blocks,
         num_used_blocks=num_used_blocks,
         num_total_blocks=num_total_blocks,
+        running_remaining_tokens=tuple(running_remaining_tokens),
+        running_context_tokens=running_context_tokens,
     )
     return WorkerView(
         worker_id=WorkerId(worker_id),
@@ -50,6 +62,7 @@ def make_worker_view(
         load=load,
         max_context=max_context,
         block_nbytes=block_nbytes,
+        latency=latency,
     )
 
 
@@ -60,10 +73,29 @@ def make_request(
     model: str = MODEL,
     max_tokens: int = 16,
     cache_salt: str = "",
+    priority: Priority = "interactive",
 ) -> RouteRequest:
     return RouteRequest(
-        model=model, prompt_token_ids=list(prompt_token_ids), max_tokens=max_tokens, disagg=disagg, cache_salt=cache_salt
-    )
+        model=model, prompt_token_ids=list(prompt_token_ids), max_tokens=max_tokens, disagg=disagg,
+        cache_salt=cache_salt, priority=priority,
+    )  # fmt: skip
+
+
+def make_router_config(policy: str = "kvplane", **overrides) -> RouterConfig:
+    """RouterConfig with each override set on whichever of RouterConfig, its CostConfig or the
+    policy's params has that field."""
+    params_cls = params_type(policy)
+    owners = {"router": RouterConfig, "cost": CostConfig, "policy": params_cls}
+    by_owner: dict[str, dict] = {owner: {} for owner in owners}
+    for name, value in overrides.items():
+        owner = next((o for o, cls in owners.items() if name in {f.name for f in dataclasses.fields(cls)}), None)
+        assert owner is not None, f"no router, cost or {policy} policy field {name!r}"
+        by_owner[owner][name] = value
+    return RouterConfig(policy=params_cls(**by_owner["policy"]), cost=CostConfig(**by_owner["cost"]), **by_owner["router"])
+
+
+def make_router(seed: int = 0, policy: str = "kvplane", **overrides) -> Router:
+    return Router(make_router_config(policy, **overrides), rng=random.Random(seed))
 
 
 class PrefixCacher:

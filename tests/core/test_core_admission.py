@@ -3,21 +3,17 @@ from __future__ import annotations
 
 import pytest
 
-from controlplane.core.admission import (
-    Admit,
-    AdmissionConfig,
-    AdmitAll,
-    Reject,
-    ThresholdAdmission,
-    admission_policy_names,
-    make_admission_policy,
-)
+from controlplane.core.admission import admission_policy_names, make_admission_policy
+from controlplane.core.admission_base import Admit, AdmissionConfig, Reject, RejectKind
+from controlplane.core.admission_none import AdmitAll
+from controlplane.core.admission_predictive import PredictiveAdmission
+from controlplane.core.admission_threshold import ThresholdAdmission
 
 PROMPT = list(range(16))
 
 
 def threshold(**kwargs) -> ThresholdAdmission:
-    policy = make_admission_policy(AdmissionConfig(policy="threshold", **kwargs))
+    policy = make_admission_policy("threshold", AdmissionConfig(**kwargs))
     assert isinstance(policy, ThresholdAdmission)
     return policy
 
@@ -26,27 +22,21 @@ def threshold(**kwargs) -> ThresholdAdmission:
 
 
 def test_registry_builds_each_named_policy():
-    assert admission_policy_names() == ["none", "predictive", "threshold"]
-    assert isinstance(make_admission_policy(AdmissionConfig()), ThresholdAdmission)
-    assert isinstance(make_admission_policy(AdmissionConfig(policy="none")), AdmitAll)
+    built = {name: type(make_admission_policy(name, AdmissionConfig())) for name in admission_policy_names()}
+    assert built == {"none": AdmitAll, "predictive": PredictiveAdmission, "threshold": ThresholdAdmission}
+    with pytest.raises(ValueError, match=r"admission policy 'fifo' is unknown; choose one of \['none', 'predictive', 'threshold'\]"):
+        make_admission_policy("fifo", AdmissionConfig())
 
 
-def test_default_config_matches_the_documented_defaults():
-    assert AdmissionConfig() == AdmissionConfig(
-        policy="threshold",
-        max_running=64,
-        max_waiting=32,
-        max_queued_prefill_tokens=32768,
-        max_kv_usage=0.95,
-        retry_after_s=1.0,
-        max_retry_after_s=30.0,
-    )
+def test_reject_kind_labels_are_bounded_and_sorted():
+    assert (RejectKind.RUNNING | RejectKind.KV_USE).label == "kv_use+running"
+    assert RejectKind.QUEUED_PREFILL_TOKENS.label == "queued_prefill_tokens"
+    assert RejectKind(0).label == "other"
 
 
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        (dict(policy="fifo"), r"AdmissionConfig.policy 'fifo' is unknown; choose one of \['none', 'predictive', 'threshold'\]"),
         (dict(max_running=0), r"AdmissionConfig.max_running must be an integer >= 1, got 0"),
         (dict(max_waiting=2.5), r"AdmissionConfig.max_waiting must be an integer >= 1, got 2.5"),
         (dict(max_queued_prefill_tokens=True), r"AdmissionConfig.max_queued_prefill_tokens must be an integer >= 1"),
@@ -65,7 +55,7 @@ def test_invalid_config_names_the_field(kwargs, message):
 
 
 def test_none_admits_even_an_overloaded_fleet(worker_view, route_request):
-    policy = make_admission_policy(AdmissionConfig(policy="none"))
+    policy = make_admission_policy("none", AdmissionConfig())
     overloaded = [worker_view("w1", num_running=10**6, num_used_blocks=100)]
     assert policy.decide(route_request(PROMPT), overloaded) == Admit()
     assert policy.decide(route_request(PROMPT), []) == Admit()
@@ -96,6 +86,7 @@ def test_threshold_rejects_when_every_candidate_is_over_and_names_the_limits(wor
     assert threshold().decide(route_request(PROMPT), candidates) == Reject(
         reason="all 2 candidates over limits: w1 (running 80>64); w2 (waiting 48>32, kv use 0.99>0.95)",
         retry_after_s=1.25,
+        kind=RejectKind.RUNNING | RejectKind.WAITING | RejectKind.KV_USE,
     )
 
 
@@ -103,7 +94,11 @@ def test_threshold_counts_queued_prefill_tokens(worker_view, route_request):
     decision = threshold(max_queued_prefill_tokens=1000, retry_after_s=2.0).decide(
         route_request(PROMPT), [worker_view("w1", num_queued_prefill_tokens=1500)]
     )
-    assert decision == Reject(reason="all 1 candidates over limits: w1 (queued prefill tokens 1500>1000)", retry_after_s=3.0)
+    assert decision == Reject(
+        reason="all 1 candidates over limits: w1 (queued prefill tokens 1500>1000)",
+        retry_after_s=3.0,
+        kind=RejectKind.QUEUED_PREFILL_TOKENS,
+    )
 
 
 def test_threshold_retry_after_is_capped(worker_view, route_request):
@@ -121,7 +116,7 @@ def test_threshold_treats_an_unreported_block_pool_as_empty(worker_view, route_r
 
 def test_threshold_rejects_when_there_is_no_candidate(route_request):
     assert threshold(retry_after_s=0.5).decide(route_request(PROMPT), []) == Reject(
-        reason="no candidate worker for model 'm' to admit onto", retry_after_s=0.5
+        reason="no candidate worker for model 'm' to admit onto", retry_after_s=0.5, kind=RejectKind.NO_CANDIDATE
     )
 
 

@@ -3,12 +3,13 @@ from __future__ import annotations
 
 import pytest
 
-from controlplane.core.admission import Admit, AdmissionConfig, PlacementOption, Reject, make_admission_policy
-from controlplane.core.predictor import WorkerPerf, blocks_to_transfer, predict, tpot_recovery_s
-from controlplane.core.router import RouteRequest
-from controlplane.core.settings import DEFAULT_OBJECTIVES, ClusterSettings, Objective, SettingError, validate_setting
+from controlplane.core.admission import make_admission_policy
+from controlplane.core.admission_base import Admit, AdmissionConfig, PlacementOption, Reject, RejectKind
+from controlplane.core.predictor import Calibration, LinkRate, Prediction, WorkerPerf, blocks_to_transfer, predict, tpot_recovery_s
+from controlplane.core.routing import RouteRequest
+from controlplane.core.settings import DEFAULT_OBJECTIVES, ClusterSettings, SettingError, validate_setting
 from kvplane.latency import StepTimeModel
-from kvplane.types import DisaggMode, WorkerId
+from kvplane.types import DisaggMode, Objective, WorkerId
 
 # 1 ms per step + 10 us per prefill token + 1 ms per decoded sequence; no attention/context terms.
 MODEL = StepTimeModel(coefficients=(1e-3, 1e-5, 0.0, 1e-3, 0.0), num_samples=100, mean_abs_pct_error=0.0)
@@ -81,40 +82,39 @@ def _request() -> RouteRequest:
 
 
 def _option(worker: str, ttft_s: float, tpot_s: float, recovery: float | None = None) -> PlacementOption:
-    from controlplane.core.predictor import Prediction
-
     return PlacementOption(WorkerId(worker), WorkerId(worker), Prediction(ttft_s, tpot_s, 0, ttft_s, 0, 1), recovery)
 
 
 def test_predictive_admits_the_first_option_meeting_both_objectives():
-    policy = make_admission_policy(AdmissionConfig(policy="predictive"))
+    policy = make_admission_policy("predictive", AdmissionConfig())
     options = [_option("a", 3.0, 0.01), _option("b", 0.5, 0.5), _option("c", 0.5, 0.05)]
     verdict = policy.decide(_request(), [], options, Objective(ttft_ms=1000, tpot_ms=100))
     assert verdict == Admit(options[2])
 
 
 def test_predictive_rejects_with_the_closest_miss_and_a_retry_after():
-    policy = make_admission_policy(AdmissionConfig(policy="predictive"))
+    policy = make_admission_policy("predictive", AdmissionConfig())
     objective = Objective(ttft_ms=1000, tpot_ms=100)
     verdict = policy.decide(_request(), [], [_option("a", 3.0, 0.01), _option("b", 1.5, 0.01)], objective)
     assert verdict == Reject(
-        "objective=ttft predicted_ms=1500 target_ms=1000 decode_worker=b prefill_worker=b", retry_after_s=pytest.approx(0.5)
+        "objective=ttft predicted_ms=1500 target_ms=1000 decode_worker=b prefill_worker=b",
+        retry_after_s=pytest.approx(0.5),
+        kind=RejectKind.TTFT,
     )
     verdict = policy.decide(_request(), [], [_option("a", 0.1, 0.25, recovery=4.0)], objective)
     assert isinstance(verdict, Reject) and verdict.reason.startswith("objective=tpot predicted_ms=250 target_ms=100")
-    assert verdict.retry_after_s == 4.0
+    assert verdict.retry_after_s == 4.0 and verdict.kind is RejectKind.TPOT
 
 
 def test_predictive_admits_when_no_model_exists_yet():
-    policy = make_admission_policy(AdmissionConfig(policy="predictive"))
+    policy = make_admission_policy("predictive", AdmissionConfig())
     option = PlacementOption(WorkerId("a"), WorkerId("a"), None)
     assert policy.decide(_request(), [], [option], Objective(1, 1)) == Admit(option)
 
 
 def test_settings_validate_and_resolve_most_specific_first():
-    names = lambda: ["none", "predictive", "threshold"]  # noqa: E731
-    validate_setting("admission.policy", "predictive", names)
-    validate_setting("objectives.*.batch.tpot_ms", "250", names)
+    validate_setting("admission.policy", "predictive")
+    validate_setting("objectives.*.batch.tpot_ms", "250")
     for key, value, words in [
         ("admission.policy", "fifo", "must be one of"),
         ("objectives.m.urgent.ttft_ms", "5", "priority must be one of"),
@@ -124,7 +124,7 @@ def test_settings_validate_and_resolve_most_specific_first():
         ("router.temperature", "1", "unknown setting"),
     ]:
         with pytest.raises(SettingError, match=words):
-            validate_setting(key, value, names)
+            validate_setting(key, value)
     settings = ClusterSettings({
         "objectives.*.interactive.ttft_ms": "900",
         "objectives.m.interactive.ttft_ms": "300",
@@ -146,20 +146,25 @@ def test_a_full_decode_batch_waits_for_the_earliest_finish():
 
 
 def test_calibration_learns_the_residual_per_kind():
-    from controlplane.core.predictor import Calibration
-
-    now = [0.0]
-    calibration = Calibration(weight=0.5, half_life_s=10.0, clock=lambda: now[0])
+    calibration = Calibration(weight=0.5, half_life_s=10.0)
     raw = predict(prompt_tokens=100, max_tokens=4, prefill_cached_tokens=0, prefill=perf(), decode=perf())
-    calibration.observe("local", raw.ttft_s, raw.ttft_s + 0.010)  # first observation is taken whole
-    calibration.observe("local", raw.ttft_s, raw.ttft_s + 0.020)  # then an exponential mean
-    assert calibration.offset("local") == pytest.approx(0.015)
-    assert calibration.offset("disagg") == 0.0
-    adjusted = calibration.apply(raw, "local", "tpot")
+    calibration.observe("local", raw.ttft_s, raw.ttft_s + 0.010, now=0.0)  # first observation is taken whole
+    calibration.observe("local", raw.ttft_s, raw.ttft_s + 0.020, now=0.0)  # then an exponential mean
+    assert calibration.offset("local", now=0.0) == pytest.approx(0.015)
+    assert calibration.offset("disagg", now=0.0) == 0.0
+    adjusted = calibration.apply(raw, "local", "tpot", now=0.0)
     assert adjusted.ttft_s == pytest.approx(raw.ttft_s + 0.015) and adjusted.ttft_offset_s == pytest.approx(0.015)
     assert adjusted.tpot_s == raw.tpot_s
-    now[0] = 10.0  # one half-life without observations
-    assert calibration.offset("local") == pytest.approx(0.0075)
+    # One half-life without observations.
+    assert calibration.offset("local", now=10.0) == pytest.approx(0.0075)
+
+
+def test_link_rate_is_an_ewma_of_measured_transfers():
+    link = LinkRate(initial_bytes_per_s=1e9, weight=0.25)
+    link.observe(0, 0.0)  # nothing moved: nothing learnt
+    assert link.bytes_per_s == 1e9
+    link.observe(2_000_000, 0.001)  # 2 GB/s measured: 1e9 + 0.25 x (2e9 - 1e9)
+    assert link.bytes_per_s == pytest.approx(1.25e9)
 
 
 def test_slot_wait_counts_whole_rounds_for_long_queues():

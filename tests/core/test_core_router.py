@@ -8,20 +8,18 @@ import random
 
 import pytest
 
-from controlplane.core.router import (
-    CandidateCost,
-    NoCandidateError,
-    RouteDecision,
-    Router,
-    RouterConfig,
-)
+from controlplane.core.cost import CostConfig
+from controlplane.core.router import Router, RouterConfig
+from controlplane.core.routing import CandidateCost, NoCandidateError, RouteDecision
 from kvplane.types import DisaggMode, Role, Tier, WorkerId
+from tests.core.conftest import make_router
 
 PROMPT_16 = list(range(100, 116))  # 4 full blocks
+NOW = 0.0
 
 
-def router(seed: int = 0, **config) -> Router:
-    return Router(RouterConfig(**config), rng=random.Random(seed))
+def router(seed: int = 0, **overrides) -> Router:
+    return make_router(seed, **overrides)
 
 
 # -- cost --------------------------------------------------------------------------------------
@@ -42,7 +40,7 @@ def test_cost_numbers_and_load_beating_a_hit(index, cache_prefix, worker_view, r
         worker_view("w2", num_used_blocks=3),
         worker_view("w3"),
     ]
-    decision = router(overlap_weight_host=0.75, overlap_weight_disk=0.25).route(route_request(PROMPT_16), workers, index)
+    decision = router(overlap_weight_host=0.75, overlap_weight_disk=0.25).route(route_request(PROMPT_16), workers, index, NOW)
     assert decision == RouteDecision(
         decode_worker=WorkerId("w3"),
         prefill_worker=None,
@@ -61,19 +59,19 @@ def test_cost_numbers_and_load_beating_a_hit(index, cache_prefix, worker_view, r
 def test_prefill_load_scale_multiplies_only_the_prefill_term(index, cache_prefix, worker_view, route_request):
     cache_prefix("w1", PROMPT_16, 2)
     workers = [worker_view("w1", num_queued_prefill_tokens=6, num_used_blocks=10)]
-    decision = router(prefill_load_scale=2.5).route(route_request(PROMPT_16), workers, index)
+    decision = router(prefill_load_scale=2.5).route(route_request(PROMPT_16), workers, index, NOW)
     assert decision.candidates[0].cost == 2.5 * (2 + 4 - 2) + 10
 
 
 def test_prefill_term_is_clamped_at_zero(index, cache_prefix, worker_view, route_request):
     cache_prefix("w1", PROMPT_16, 4)
     config = dict(overlap_weight_device=3.0, overlap_weight_host=0.75, overlap_weight_disk=0.25)
-    decision = router(**config).route(route_request(PROMPT_16), [worker_view("w1", num_used_blocks=7)], index)
+    decision = router(**config).route(route_request(PROMPT_16), [worker_view("w1", num_used_blocks=7)], index, NOW)
     assert decision.candidates[0].cost == 7.0  # max(0 + 4 - 12, 0) + 7
 
 
 def test_partial_tail_block_counts_as_a_prompt_block(index, worker_view, route_request):
-    decision = router().route(route_request(list(range(17))), [worker_view("w1")], index)
+    decision = router().route(route_request(list(range(17))), [worker_view("w1")], index, NOW)
     assert decision.candidates[0].cost == 5.0  # ceil(17 / 4)
     assert decision.candidates[0].prefill_tokens == 17
 
@@ -83,7 +81,7 @@ def test_longest_prefix_wins_at_equal_load(index, cache_prefix, worker_view, rou
     cache_prefix("w2", PROMPT_16, 3)
     workers = [worker_view("w1", num_used_blocks=5), worker_view("w2", num_used_blocks=5), worker_view("w3", num_used_blocks=5)]
     for seed in range(10):
-        decision = router(seed).route(route_request(PROMPT_16), workers, index)
+        decision = router(seed).route(route_request(PROMPT_16), workers, index, NOW)
         assert decision.decode_worker == "w2"
         assert decision.cached_tokens == 12
         assert [(c.worker_id, c.cost) for c in decision.candidates] == [("w2", 6.0), ("w1", 8.0), ("w3", 9.0)]
@@ -92,31 +90,31 @@ def test_longest_prefix_wins_at_equal_load(index, cache_prefix, worker_view, rou
 def test_faster_tier_wins_at_equal_prefix(index, cache_prefix, worker_view, route_request):
     cache_prefix("w1", PROMPT_16, 2, Tier.DISK)
     cache_prefix("w2", PROMPT_16, 2, Tier.HOST)
-    decision = router().route(route_request(PROMPT_16), [worker_view("w1"), worker_view("w2")], index)
+    decision = router().route(route_request(PROMPT_16), [worker_view("w1"), worker_view("w2")], index, NOW)
     assert decision.decode_worker == "w2"
     assert [(c.worker_id, c.cost) for c in decision.candidates] == [("w2", pytest.approx(2.2)), ("w1", 3.0)]
 
 
 def test_fully_cached_prompt_still_computes_its_last_token(index, cache_prefix, worker_view, route_request):
     cache_prefix("w1", PROMPT_16, 4)
-    decision = router().route(route_request(PROMPT_16), [worker_view("w1")], index)
+    decision = router().route(route_request(PROMPT_16), [worker_view("w1")], index, NOW)
     assert (decision.cached_tokens, decision.candidates[0].prefill_tokens) == (12, 4)
     # One more token: all four cached blocks are usable, the 17th token is computed.
-    decision = router().route(route_request(PROMPT_16 + [7]), [worker_view("w1")], index)
+    decision = router().route(route_request(PROMPT_16 + [7]), [worker_view("w1")], index, NOW)
     assert (decision.cached_tokens, decision.candidates[0].prefill_tokens) == (16, 1)
 
 
 def test_cache_salt_separates_tenants(index, cache_prefix, worker_view, route_request):
     cache_prefix("w1", PROMPT_16, 3, cache_salt="tenant-a")
     workers = [worker_view("w1")]
-    assert router().route(route_request(PROMPT_16, cache_salt="tenant-a"), workers, index).cached_tokens == 12
-    assert router().route(route_request(PROMPT_16, cache_salt="tenant-b"), workers, index).cached_tokens == 0
-    assert router().route(route_request(PROMPT_16), workers, index).cached_tokens == 0
+    assert router().route(route_request(PROMPT_16, cache_salt="tenant-a"), workers, index, NOW).cached_tokens == 12
+    assert router().route(route_request(PROMPT_16, cache_salt="tenant-b"), workers, index, NOW).cached_tokens == 0
+    assert router().route(route_request(PROMPT_16), workers, index, NOW).cached_tokens == 0
 
 
 def test_index_entries_of_unlisted_workers_are_ignored(index, cache_prefix, worker_view, route_request):
     cache_prefix("gone", PROMPT_16, 4)
-    decision = router().route(route_request(PROMPT_16), [worker_view("w1")], index)
+    decision = router().route(route_request(PROMPT_16), [worker_view("w1")], index, NOW)
     assert [c.worker_id for c in decision.candidates] == ["w1"]
 
 
@@ -126,7 +124,7 @@ def test_index_entries_of_unlisted_workers_are_ignored(index, cache_prefix, work
 def test_cold_cache_spreads_equal_loads_by_the_seeded_rng(index, worker_view, route_request):
     workers = [worker_view(f"w{i}") for i in (3, 1, 4, 2)]
     seeded = router(seed=7)
-    chosen = [seeded.route(route_request(PROMPT_16), workers, index).decode_worker for _ in range(200)]
+    chosen = [seeded.route(route_request(PROMPT_16), workers, index, NOW).decode_worker for _ in range(200)]
     # Ties are drawn by rng.choice over the tied workers sorted by id: exactly reproducible.
     replay = random.Random(7)
     assert chosen == [replay.choice(["w1", "w2", "w3", "w4"]) for _ in range(200)]
@@ -135,7 +133,7 @@ def test_cold_cache_spreads_equal_loads_by_the_seeded_rng(index, worker_view, ro
 
 def test_cold_cache_with_unequal_load_goes_to_the_least_loaded(index, worker_view, route_request):
     workers = [worker_view("w1", num_used_blocks=9), worker_view("w2", num_used_blocks=2), worker_view("w3", num_queued_prefill_tokens=12)]
-    decision = router().route(route_request(PROMPT_16), workers, index)
+    decision = router().route(route_request(PROMPT_16), workers, index, NOW)
     assert [(c.worker_id, c.cost) for c in decision.candidates] == [("w2", 6.0), ("w3", 7.0), ("w1", 13.0)]
     assert decision.decode_worker == "w2"
 
@@ -143,14 +141,14 @@ def test_cold_cache_with_unequal_load_goes_to_the_least_loaded(index, worker_vie
 def test_temperature_samples_but_a_far_cheaper_worker_still_dominates(index, worker_view, route_request):
     workers = [worker_view("w1"), worker_view("w2", num_used_blocks=60)]
     sampling = router(seed=3, temperature=1.0)
-    chosen = {sampling.route(route_request(PROMPT_16), workers, index).decode_worker for _ in range(200)}
+    chosen = {sampling.route(route_request(PROMPT_16), workers, index, NOW).decode_worker for _ in range(200)}
     assert chosen == {"w1"}  # weight exp(-60) for w2
 
 
 def test_high_temperature_spreads_over_unequal_costs(index, worker_view, route_request):
     workers = [worker_view("w1"), worker_view("w2", num_used_blocks=1)]
     sampling = router(seed=3, temperature=1000.0)
-    chosen = [sampling.route(route_request(PROMPT_16), workers, index).decode_worker for _ in range(200)]
+    chosen = [sampling.route(route_request(PROMPT_16), workers, index, NOW).decode_worker for _ in range(200)]
     assert set(chosen) == {"w1", "w2"}  # argmin would always pick w1
 
 
@@ -159,13 +157,13 @@ def test_high_temperature_spreads_over_unequal_costs(index, worker_view, route_r
 
 def test_never_prefills_locally_even_with_an_idle_prefill_worker(index, worker_view, route_request):
     workers = [worker_view("d1"), worker_view("p1", Role.PREFILL)]
-    decision = router(disagg_threshold_tokens=4).route(route_request(PROMPT_16, disagg=DisaggMode.NEVER), workers, index)
+    decision = router(disagg_threshold_tokens=4).route(route_request(PROMPT_16, disagg=DisaggMode.NEVER), workers, index, NOW)
     assert (decision.decode_worker, decision.prefill_worker, decision.disaggregated) == ("d1", None, False)
 
 
 def test_always_uses_a_prefill_worker_even_for_a_short_prompt(index, worker_view, route_request):
     workers = [worker_view("d1"), worker_view("p1", Role.PREFILL, num_queued_prefill_tokens=10**6)]
-    decision = router().route(route_request([1, 2], disagg=DisaggMode.ALWAYS), workers, index)
+    decision = router().route(route_request([1, 2], disagg=DisaggMode.ALWAYS), workers, index, NOW)
     assert (decision.decode_worker, decision.prefill_worker, decision.disaggregated) == ("d1", "p1", True)
     assert decision.reason == "remote prefill: disaggregation requested (always)"
 
@@ -174,7 +172,7 @@ def test_always_without_another_prefill_worker_is_an_error(index, worker_view, r
     # The only prefill-capable worker is the decode worker itself, and p1 is draining.
     workers = [worker_view("b1", Role.BOTH), worker_view("p1", Role.PREFILL, active=False)]
     with pytest.raises(NoCandidateError, match=r"no active prefill worker for model 'm' other than decode worker 'b1'"):
-        router().route(route_request(PROMPT_16, disagg=DisaggMode.ALWAYS), workers, index)
+        router().route(route_request(PROMPT_16, disagg=DisaggMode.ALWAYS), workers, index, NOW)
 
 
 @pytest.mark.parametrize(
@@ -194,7 +192,7 @@ def test_auto_threshold_edge_counts_uncached_tokens_on_the_decode_worker(
     if num_cached_blocks:
         cache_prefix("d1", prompt, num_cached_blocks)
     workers = [worker_view("d1"), worker_view("p1", Role.PREFILL)]
-    decision = router(disagg_threshold_tokens=8).route(route_request(prompt, disagg=DisaggMode.AUTO), workers, index)
+    decision = router(disagg_threshold_tokens=8).route(route_request(prompt, disagg=DisaggMode.AUTO), workers, index, NOW)
     assert decision.decode_worker == "d1"
     assert decision.prefill_worker == expected_prefill_worker
     assert decision.disaggregated is (expected_prefill_worker is not None)
@@ -205,7 +203,7 @@ def test_auto_threshold_edge_counts_uncached_tokens_on_the_decode_worker(
 def test_auto_prefills_locally_when_the_prefill_pool_is_busy(index, worker_view, route_request, num_queued, expected_prefill_worker):
     workers = [worker_view("d1"), worker_view("p1", Role.PREFILL, num_queued_prefill_tokens=num_queued)]
     r = router(disagg_threshold_tokens=8, max_prefill_queue_tokens=100)
-    decision = r.route(route_request(PROMPT_16, disagg=DisaggMode.AUTO), workers, index)
+    decision = r.route(route_request(PROMPT_16, disagg=DisaggMode.AUTO), workers, index, NOW)
     assert decision.prefill_worker == expected_prefill_worker
     if expected_prefill_worker is None:
         assert decision.reason == (
@@ -220,14 +218,14 @@ def test_auto_skips_busy_prefill_workers_and_uses_an_idle_one(index, worker_view
         worker_view("p2", Role.PREFILL, num_used_blocks=50),
     ]
     decision = router(disagg_threshold_tokens=8, max_prefill_queue_tokens=100).route(
-        route_request(PROMPT_16, disagg=DisaggMode.AUTO), workers, index
+        route_request(PROMPT_16, disagg=DisaggMode.AUTO), workers, index, NOW
     )
     assert decision.prefill_worker == "p2"  # p1 is cheaper (29 < 54) but busy
 
 
 def test_auto_without_a_prefill_worker_prefills_locally(index, worker_view, route_request):
     decision = router(disagg_threshold_tokens=8).route(
-        route_request(PROMPT_16, disagg=DisaggMode.AUTO), [worker_view("b1", Role.BOTH)], index
+        route_request(PROMPT_16, disagg=DisaggMode.AUTO), [worker_view("b1", Role.BOTH)], index, NOW
     )
     assert (decision.decode_worker, decision.prefill_worker) == ("b1", None)
     assert decision.reason == "local prefill: 16 uncached tokens >= threshold 8 but no other active prefill worker"
@@ -236,7 +234,7 @@ def test_auto_without_a_prefill_worker_prefills_locally(index, worker_view, rout
 def test_prefill_worker_is_chosen_by_cost_including_its_cache(index, cache_prefix, worker_view, route_request):
     cache_prefix("p1", PROMPT_16, 3)
     workers = [worker_view("d1"), worker_view("p1", Role.PREFILL, num_used_blocks=2), worker_view("p2", Role.PREFILL)]
-    decision = router().route(route_request(PROMPT_16, disagg=DisaggMode.ALWAYS), workers, index)
+    decision = router().route(route_request(PROMPT_16, disagg=DisaggMode.ALWAYS), workers, index, NOW)
     assert decision.prefill_worker == "p1"  # 1 + 2 = 3 < 4 + 0
 
 
@@ -247,7 +245,7 @@ def test_prefill_role_is_preferred_over_both_at_equal_cost(index, worker_view, r
         worker_view("z-prefill", Role.PREFILL, num_used_blocks=5),
     ]
     for seed in range(20):
-        decision = router(seed).route(route_request(PROMPT_16, disagg=DisaggMode.ALWAYS), workers, index)
+        decision = router(seed).route(route_request(PROMPT_16, disagg=DisaggMode.ALWAYS), workers, index, NOW)
         assert (decision.decode_worker, decision.prefill_worker) == ("d1", "z-prefill")
 
 
@@ -257,7 +255,7 @@ def test_both_worker_serves_as_prefill_when_cheaper(index, worker_view, route_re
         worker_view("b1", Role.BOTH, num_used_blocks=5),
         worker_view("p1", Role.PREFILL, num_used_blocks=6),
     ]
-    decision = router().route(route_request(PROMPT_16, disagg=DisaggMode.ALWAYS), workers, index)
+    decision = router().route(route_request(PROMPT_16, disagg=DisaggMode.ALWAYS), workers, index, NOW)
     assert (decision.decode_worker, decision.prefill_worker) == ("d1", "b1")
 
 
@@ -273,21 +271,21 @@ def test_draining_workers_are_excluded_even_with_the_cache(index, cache_prefix, 
         worker_view("p1", Role.PREFILL, active=False),
         worker_view("p2", Role.PREFILL, num_used_blocks=50),
     ]
-    decision = router().route(route_request(PROMPT_16, disagg=DisaggMode.ALWAYS), workers, index)
+    decision = router().route(route_request(PROMPT_16, disagg=DisaggMode.ALWAYS), workers, index, NOW)
     assert (decision.decode_worker, decision.prefill_worker) == ("d2", "p2")
     assert [c.worker_id for c in decision.candidates] == ["d2"]
 
 
 def test_prefill_only_and_other_model_workers_are_not_decode_candidates(index, worker_view, route_request):
     workers = [worker_view("p1", Role.PREFILL), worker_view("o1", model="other"), worker_view("d1", num_used_blocks=90)]
-    decision = router().route(route_request(PROMPT_16), workers, index)
+    decision = router().route(route_request(PROMPT_16), workers, index, NOW)
     assert [c.worker_id for c in decision.candidates] == ["d1"]
 
 
 def test_workers_whose_context_is_too_short_are_excluded(index, worker_view, route_request):
     workers = [worker_view("d1", max_context=31), worker_view("d2", max_context=32, num_used_blocks=90),
                worker_view("p1", Role.PREFILL, max_context=15), worker_view("p2", Role.PREFILL, max_context=16, num_used_blocks=90)]
-    decision = router().route(route_request(PROMPT_16, max_tokens=16, disagg=DisaggMode.ALWAYS), workers, index)
+    decision = router().route(route_request(PROMPT_16, max_tokens=16, disagg=DisaggMode.ALWAYS), workers, index, NOW)
     assert (decision.decode_worker, decision.prefill_worker) == ("d2", "p2")
 
 
@@ -306,44 +304,36 @@ def test_workers_whose_context_is_too_short_are_excluded(index, worker_view, rou
 def test_no_candidate_errors_say_why(index, worker_view, route_request, workers, message):
     views = [worker_view(worker_id, **kwargs) for worker_id, kwargs in workers]
     with pytest.raises(NoCandidateError, match=message):
-        router().route(route_request(PROMPT_16), views, index)
+        router().route(route_request(PROMPT_16), views, index, NOW)
 
 
 def test_invalid_requests_are_refused(index, worker_view, route_request):
     with pytest.raises(ValueError, match="empty prompt"):
-        router().route(route_request([]), [worker_view("d1")], index)
+        router().route(route_request([]), [worker_view("d1")], index, NOW)
     with pytest.raises(ValueError, match="max_tokens must be >= 1, got 0"):
-        router().route(route_request(PROMPT_16, max_tokens=0), [worker_view("d1")], index)
+        router().route(route_request(PROMPT_16, max_tokens=0), [worker_view("d1")], index, NOW)
 
 
 # -- config ------------------------------------------------------------------------------------
 
 
-def test_default_config_matches_the_documented_defaults():
-    assert RouterConfig() == RouterConfig(
-        prefill_load_scale=1.0,
-        overlap_weight_device=1.0,
-        overlap_weight_host=0.9,
-        overlap_weight_disk=0.5,
-        disagg_threshold_tokens=2048,
-        max_prefill_queue_tokens=16384,
-        temperature=0.0,
-    )
-    assert [RouterConfig().tier_weight(t) for t in (Tier.DEVICE, Tier.HOST, Tier.DISK)] == [1.0, 0.9, 0.5]
+def test_tier_weights_come_from_the_cost_config():
+    cost = CostConfig(overlap_weight_device=0.8, overlap_weight_host=0.6, overlap_weight_disk=0.2)
+    assert [cost.tier_weight(t) for t in (Tier.DEVICE, Tier.HOST, Tier.DISK)] == [0.8, 0.6, 0.2]
 
 
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        (dict(prefill_load_scale=-1.0), r"RouterConfig.prefill_load_scale must be >= 0, got -1.0"),
+        (dict(prefill_load_scale=-1.0), r"CostConfig.prefill_load_scale must be >= 0, got -1.0"),
         (dict(temperature=float("nan")), r"RouterConfig.temperature must be a finite number, got nan"),
         (dict(temperature="hot"), r"RouterConfig.temperature must be a finite number, got 'hot'"),
         (dict(disagg_threshold_tokens=10.5), r"RouterConfig.disagg_threshold_tokens must be an integer"),
         (dict(max_prefill_queue_tokens=0), r"RouterConfig.max_prefill_queue_tokens must be > 0"),
         (dict(overlap_weight_disk=0.95), r"overlap weights must not increase with slower tiers"),
-        (dict(overlap_weight_host=-0.1, overlap_weight_disk=-0.2), r"RouterConfig.overlap_weight_host must be >= 0"),
+        (dict(overlap_weight_host=-0.1, overlap_weight_disk=-0.2), r"CostConfig.overlap_weight_host must be >= 0"),
     ],
 )
 def test_invalid_config_names_the_field(kwargs, message):
     with pytest.raises(ValueError, match=message):
-        RouterConfig(**kwargs)
+        make_router(**kwargs)

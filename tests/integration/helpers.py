@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import random
 import time
+import urllib.request
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 
 BLOCK_SIZE = 16  # the engine's default, which these clusters use
@@ -32,3 +34,20 @@ def cached_blocks(client, worker_id: str) -> int:
         if wc.worker_id == worker_id:
             return sum(wc.blocks_by_tier.values())
     return 0
+
+
+def scrape(url: str) -> dict[str, float]:
+    """Prometheus samples as {'name{k="v",...}': value}, labels sorted, scope labels dropped."""
+    text = urllib.request.urlopen(url, timeout=5).read().decode()
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()) if not k.startswith("otel_scope"))
+            samples[f"{s.name}{{{labels}}}"] = s.value
+    return samples
+
+
+def metric_sum(samples: dict[str, float], name: str, **labels: str) -> float:
+    """The sum of `name`'s samples whose labels include `labels`."""
+    wanted = [f'{k}="{v}"' for k, v in labels.items()]
+    return sum(v for k, v in samples.items() if k.split("{")[0] == name and all(w in k for w in wanted))

@@ -10,7 +10,7 @@ import pytest
 from kvplane import Client, RejectedError
 from kvplane.cluster import LocalCluster
 
-from .helpers import prompt_ids, wait_for
+from .helpers import metric_sum, prompt_ids, scrape, wait_for
 
 
 def test_overloaded_cluster_rejects_with_retry_after(tmp_path):
@@ -79,11 +79,17 @@ def test_batch_requests_wait_instead_of_being_rejected_and_are_shed_for_interact
             except RejectedError as e:
                 outcome["error"] = e
 
+        # A waiting batch request asks admission again every 50 ms; two more rejections mean it
+        # has entered the queue and is waiting there.
+        metrics_url = client.stats().metrics_url
+
+        def rejections() -> float:
+            return metric_sum(scrape(metrics_url), "kvplane_admission_decisions_total", kvplane_admission_decision="reject")
+
+        before = rejections()
         batch = threading.Thread(target=run_batch)
         batch.start()
-        import time
-
-        time.sleep(0.5)  # let it enter the queue
+        wait_for(lambda: rejections() >= before + 2, timeout=30, what="the batch request to wait in the queue")
         with pytest.raises(RejectedError):
             client.generate(prompt_ids(seed=54, length=10), max_tokens=2)
         batch.join(60)

@@ -4,7 +4,10 @@
 - a burst sharing a new prefix lands on one worker before any KV event arrives;
 - a hot prefix does not pile every request onto its holder (kvplane vs the load-blind prefix-only
   policy, in request counts; the guard's own numbers are in tests/core/test_core_policies.py);
-- two tenants with the same prompt share no blocks.
+- two tenants with the same prompt share no blocks;
+- an agent loop (each step sent right after the previous one finished, extending its prompt) stays
+  on the worker holding its prefix (issue #8: the control plane releases what it routed when the
+  request finishes, not at the worker's next load report).
 """
 from __future__ import annotations
 
@@ -101,3 +104,19 @@ def test_two_tenants_with_the_same_prompt_share_no_blocks():
     assert (a1.metrics.cached_tokens, b1.metrics.cached_tokens, default.metrics.cached_tokens) == (0, 0, 0)
     assert a2.metrics.cached_tokens == 6 * BLOCK_SIZE
     assert a1.token_ids == b1.token_ids == default.token_ids == a2.token_ids  # same model, same tokens
+
+
+def test_agent_loop_steps_stay_on_the_prefix_holder():
+    prompt = prompt_ids(seed=13, length=4 * BLOCK_SIZE + 5)
+    steps = []
+    with LocalCluster(num_prefill=0, num_decode=0, num_both=4) as cluster:
+        with Client(cluster.endpoint, timeout=60) as client:
+            for step in range(12):
+                result = client.generate(prompt, max_tokens=8, disagg="never", ignore_eos=True)
+                steps.append((result.metrics.decode_worker, len(prompt), result.metrics.cached_tokens))
+                prompt = prompt + list(result.token_ids) + prompt_ids(seed=400 + step, length=8)
+    workers = [w for w, _, _ in steps]
+    assert workers == [workers[0]] * len(steps), f"steps left the prefix holder: {workers}"
+    # Every later step reuses at least the full blocks of the step before it.
+    for (_, previous_len, _), (_, _, cached) in zip(steps, steps[1:]):
+        assert cached >= previous_len // BLOCK_SIZE * BLOCK_SIZE

@@ -15,13 +15,12 @@ import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from prometheus_client.parser import text_string_to_metric_families
 
 from kvplane import Client
 from kvplane.cluster import LocalCluster
 from kvplane.telemetry.metrics import SPECS
 
-from .helpers import BLOCK_SIZE, prompt_ids, wait_for
+from .helpers import BLOCK_SIZE, metric_sum, prompt_ids, scrape, wait_for
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -45,22 +44,6 @@ def _file_spans(path, trace_id: str) -> list[dict]:
         return []
     spans = [json.loads(line) for line in path.read_text().splitlines() if line]
     return [s for s in spans if s["trace_id"] == trace_id]
-
-
-def _scrape(url: str) -> dict[str, float]:
-    """Prometheus samples as {'name{k="v",...}': value}, labels sorted, scope labels dropped."""
-    text = urllib.request.urlopen(url, timeout=5).read().decode()
-    samples = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()) if not k.startswith("otel_scope"))
-            samples[f"{s.name}{{{labels}}}"] = s.value
-    return samples
-
-
-def _sum(samples: dict[str, float], name: str, **labels: str) -> float:
-    wanted = [f'{k}="{v}"' for k, v in labels.items()]
-    return sum(v for k, v in samples.items() if k.split("{")[0] == name and all(w in k for w in wanted))
 
 
 def test_one_disaggregated_request_is_one_trace_across_all_processes(traced):
@@ -163,25 +146,25 @@ def test_prometheus_endpoints_serve_documented_metrics_that_move(traced):
     urls = {w.worker_id: w.metrics_url for w in client.workers()}
     cp_url = client.stats().metrics_url
     assert cp_url.startswith("http://127.0.0.1:") and all(u.startswith("http://127.0.0.1:") for u in urls.values())
-    cp_before, decode_before = _scrape(cp_url), _scrape(urls["decode-0"])
+    cp_before, decode_before = scrape(cp_url), scrape(urls["decode-0"])
     remote = client.generate(prompt_ids(seed=42, length=5 * BLOCK_SIZE + 1), max_tokens=4, disagg="always", ignore_eos=True)
     local = client.generate(prompt_ids(seed=43, length=20), max_tokens=4, disagg="never", ignore_eos=True)
-    cp_after, decode_after, prefill_after = _scrape(cp_url), _scrape(urls["decode-0"]), _scrape(urls["prefill-0"])
+    cp_after, decode_after, prefill_after = scrape(cp_url), scrape(urls["decode-0"]), scrape(urls["prefill-0"])
 
     ttft = "gen_ai_server_time_to_first_token_seconds_count"
-    assert _sum(cp_after, ttft) - _sum(cp_before, ttft) == 2
-    assert _sum(cp_after, ttft, kvplane_route_kind="remote") - _sum(cp_before, ttft, kvplane_route_kind="remote") == 1
+    assert metric_sum(cp_after, ttft) - metric_sum(cp_before, ttft) == 2
+    assert metric_sum(cp_after, ttft, kvplane_route_kind="remote") - metric_sum(cp_before, ttft, kvplane_route_kind="remote") == 1
     itl = "kvplane_request_inter_token_latency_seconds_count"
-    assert _sum(cp_after, itl) - _sum(cp_before, itl) == 2 * 3
+    assert metric_sum(cp_after, itl) - metric_sum(cp_before, itl) == 2 * 3
     moved = "kvplane_kv_transfer_bytes_total"
-    assert _sum(decode_after, moved) - _sum(decode_before, moved) == remote.metrics.kv_transfer_bytes > 0
+    assert metric_sum(decode_after, moved) - metric_sum(decode_before, moved) == remote.metrics.kv_transfer_bytes > 0
     tokens = "kvplane_prompt_tokens_total"
-    assert _sum(cp_after, tokens) - _sum(cp_before, tokens) == remote.metrics.prompt_tokens + local.metrics.prompt_tokens
+    assert metric_sum(cp_after, tokens) - metric_sum(cp_before, tokens) == remote.metrics.prompt_tokens + local.metrics.prompt_tokens
     routed = "kvplane_routing_decisions_total"
     for kind in ("local", "remote"):
-        assert _sum(cp_after, routed, kvplane_route_kind=kind) - _sum(cp_before, routed, kvplane_route_kind=kind) == 1
+        assert metric_sum(cp_after, routed, kvplane_route_kind=kind) - metric_sum(cp_before, routed, kvplane_route_kind=kind) == 1
     admitted = "kvplane_admission_decisions_total"
-    assert _sum(cp_after, admitted, kvplane_admission_decision="admit", kvplane_admission_reason="admitted") >= 2
+    assert metric_sum(cp_after, admitted, kvplane_admission_decision="admit", kvplane_admission_reason="admitted") >= 2
 
     # Every documented metric is served by the process that records it (histograms as _count);
     # the decode agent records every agent metric (the transfer is counted on the pulling side).
@@ -191,8 +174,8 @@ def test_prometheus_endpoints_serve_documented_metrics_that_move(traced):
 
     for spec in SPECS:
         assert served(cp_after if spec.where == "controlplane" else decode_after, spec), spec.prometheus_name
-    assert _sum(decode_after, "kvplane_worker_kv_blocks", kvplane_kv_tier="device") > 0
-    assert _sum(prefill_after, "kvplane_engine_prefill_duration_seconds_count", kvplane_request_phase="prefill") >= 1
+    assert metric_sum(decode_after, "kvplane_worker_kv_blocks", kvplane_kv_tier="device") > 0
+    assert metric_sum(prefill_after, "kvplane_engine_prefill_duration_seconds_count", kvplane_request_phase="prefill") >= 1
 
 
 def _kvplane(*args: str) -> subprocess.CompletedProcess:

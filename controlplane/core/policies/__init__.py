@@ -1,85 +1,64 @@
-"""Routing policies: which decode worker takes a request. One Protocol, one module per policy,
-one registry (`make_routing_policy`), chosen by RouterConfig.policy (`--routing-policy`).
+"""Routing policies: which decode worker takes a request. One Protocol (routing.RoutingPolicy),
+one module per policy, and this registry, the one list of them.
 
+Each policy module holds a params dataclass whose `name` selects the policy (RouterConfig.policy,
+`--routing-policy`) and the policy class, built from its params and the router's CostConfig.
 A policy prices the decode candidates (lowest cost wins; the Router breaks ties with its seeded
 rng) and may hook the rest of a request's life: which cached prefix it sees (`overlaps`), whether
 to fetch a cached prefix from another worker (`fetch`), what was routed (`on_routed`) and what the
-workers reported (`on_stored`, `on_worker_removed`). Hooks default to no-ops in `PolicyHooks`.
+workers reported (`on_stored`, `on_worker_removed`). Hooks default to no-ops in routing.PolicyHooks.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Callable
 
-from controlplane.core.index import CacheIndex, OverlapScore
-from kvplane.types import BlockHash, WorkerId
+from controlplane.core.cost import CostConfig
+from controlplane.core.policies.kvplane import KvplaneParams, KvplanePolicy
+from controlplane.core.policies.least_load import LeastLoadParams, LeastLoadPolicy
+from controlplane.core.policies.prefix_only import PrefixOnlyParams, PrefixOnlyPolicy
+from controlplane.core.policies.round_robin import RoundRobinParams, RoundRobinPolicy
+from controlplane.core.routing import RoutingPolicy, RoutingPolicyParams
 
-if TYPE_CHECKING:
-    from controlplane.core.router import (
-        CandidateCost,
-        FetchPlan,
-        RouteContext,
-        RouteDecision,
-        RouterConfig,
-        WorkerView,
-    )
-
-
-class RoutingPolicy(Protocol):
-    def costs(self, ctx: RouteContext, workers: Sequence[WorkerView]) -> list[CandidateCost]: ...
-
-    def overlaps(self, index: CacheIndex, block_hashes: Sequence[BlockHash], now: float) -> dict[WorkerId, OverlapScore]: ...
-
-    def fetch(
-        self, ctx: RouteContext, decode: WorkerView, decode_cost: CandidateCost, sources: Sequence[WorkerView]
-    ) -> FetchPlan | None: ...
-
-    def on_routed(self, decision: RouteDecision, now: float) -> None: ...
-
-    def on_stored(self, worker_id: WorkerId, block_hashes: Sequence[BlockHash]) -> None: ...
-
-    def on_worker_removed(self, worker_id: WorkerId) -> None: ...
-
-
-class PolicyHooks:
-    """No-op defaults for the optional hooks."""
-
-    def overlaps(self, index: CacheIndex, block_hashes: Sequence[BlockHash], now: float) -> dict[WorkerId, OverlapScore]:
-        return index.overlaps(block_hashes)
-
-    def fetch(self, ctx, decode, decode_cost, sources) -> FetchPlan | None:  # noqa: ANN001
-        return None
-
-    def on_routed(self, decision: RouteDecision, now: float) -> None:
-        pass
-
-    def on_stored(self, worker_id: WorkerId, block_hashes: Sequence[BlockHash]) -> None:
-        pass
-
-    def on_worker_removed(self, worker_id: WorkerId) -> None:
-        pass
-
-
-def _factories() -> dict[str, Callable[[RouterConfig], RoutingPolicy]]:
-    from controlplane.core.policies.kvplane import KvplanePolicy
-    from controlplane.core.policies.least_load import LeastLoadPolicy
-    from controlplane.core.policies.prefix_only import PrefixOnlyPolicy
-    from controlplane.core.policies.round_robin import RoundRobinPolicy
-
-    return {
-        "kvplane": KvplanePolicy,
-        "round-robin": RoundRobinPolicy,
-        "least-load": LeastLoadPolicy,
-        "prefix-only": PrefixOnlyPolicy,
-    }
-
-
-POLICY_NAMES = ("kvplane", "round-robin", "least-load", "prefix-only")
+# The one list of routing policies: params type -> the policy it builds. The first is the default.
+_POLICIES: dict[type, Callable[..., RoutingPolicy]] = {
+    KvplaneParams: KvplanePolicy,
+    RoundRobinParams: RoundRobinPolicy,
+    LeastLoadParams: LeastLoadPolicy,
+    PrefixOnlyParams: PrefixOnlyPolicy,
+}
+_PARAMS_BY_NAME: dict[str, type] = {params.name: params for params in _POLICIES}
 
 
 def routing_policy_names() -> tuple[str, ...]:
-    return POLICY_NAMES
+    return tuple(_PARAMS_BY_NAME)
 
 
-def make_routing_policy(config: RouterConfig) -> RoutingPolicy:
-    return _factories()[config.policy](config)
+def params_types() -> tuple[type, ...]:
+    """Every policy's params dataclass, in registry order."""
+    return tuple(_POLICIES)
+
+
+def params_type(name: str) -> type:
+    """The params dataclass of the policy called `name`."""
+    try:
+        return _PARAMS_BY_NAME[name]
+    except KeyError:
+        raise ValueError(f"routing policy {name!r} is unknown; choose one of {routing_policy_names()}") from None
+
+
+def default_params() -> RoutingPolicyParams:
+    return next(iter(_POLICIES))()
+
+
+def check_params(params: object) -> None:
+    """`params` is a registered policy's params, valid."""
+    if type(params) not in _POLICIES:
+        raise ValueError(
+            f"RouterConfig.policy must be the params of one of {routing_policy_names()}, got {params!r}"
+        )
+    params.validate()  # type: ignore[attr-defined]
+
+
+def make_routing_policy(params: RoutingPolicyParams, cost: CostConfig) -> RoutingPolicy:
+    check_params(params)
+    return _POLICIES[type(params)](params, cost)

@@ -1,10 +1,10 @@
 """Policy `kvplane`: Dynamo's cost with tier-weighted cache credit, a load guard, predicted
 prefixes, and fetch instead of recompute.
 
-- Cost (router.overlap_cost): prefill_load_scale x max(queued + prompt blocks - credit, 0)
+- Cost (cost.overlap_cost): prefill_load_scale x max(queued + prompt blocks - credit, 0)
   + used blocks, credit = sum over the matched prefix of the tier weight of each block.
 - Load guard: for each signal s of a candidate (queued prefill tokens incl. just-routed work, KV
-  use = used / total blocks, running + waiting requests), allowed_s = guard_ratio x mean_s over
+  use = (used + pending) / total blocks, running + waiting requests), allowed_s = guard_ratio x mean_s over
   the candidates + slack_s; when s > allowed_s the credit is multiplied by (allowed_s / s) **
   guard_power (the smallest factor over signals). A hot prefix therefore cannot pile every
   request onto its holder (SGLang's balance check, 1.5x, made continuous), and a cache miss,
@@ -15,24 +15,49 @@ prefixes, and fetch instead of recompute.
 - Fetch: when another active worker holds at least fetch_min_blocks more leading device blocks
   than the chosen one (it lost on load) and fetch_overhead_ms + blocks x block bytes /
   fetch_bytes_per_s < blocks x block_size / prefill_tokens_per_s, the chosen worker pulls them.
+Parameters: KvplaneParams below (the cost's own: cost.CostConfig).
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
 
+from controlplane.core.cost import CostConfig, overlap_cost
 from controlplane.core.index import CacheIndex, OverlapScore
-from controlplane.core.policies import PolicyHooks
+from controlplane.core.params import check_numbers, param
 from controlplane.core.predictions import PrefixPredictions
-from controlplane.core.router import (
-    CandidateCost,
-    FetchPlan,
-    RouteContext,
-    RouteDecision,
-    RouterConfig,
-    WorkerView,
-    overlap_cost,
-)
+from controlplane.core.routing import CandidateCost, FetchPlan, PolicyHooks, RouteContext, RouteDecision
+from controlplane.core.views import WorkerView
 from kvplane.types import BlockHash, Tier, WorkerId
+
+
+@dataclass(frozen=True, slots=True)
+class KvplaneParams:
+    name: ClassVar[str] = "kvplane"
+    prediction_ttl_s: float = param(
+        5.0, "seconds a routed prefix counts as cached before its KV events arrive", flag="--prediction-ttl"
+    )
+    guard_ratio: float = param(1.5, "cache credit decays above this multiple of the pool's mean load (0 = off)")
+    guard_power: float = param(2.0, "how fast the credit decays above the allowed load: (allowed / value) ** power")
+    guard_slack_tokens: int = param(512, "queued prefill tokens allowed above guard_ratio x the pool mean")
+    guard_slack_kv_usage: float = param(0.1, "KV use (used / total blocks) allowed above guard_ratio x the pool mean")
+    guard_slack_requests: int = param(2, "running + waiting requests allowed above guard_ratio x the pool mean")
+    fetch_min_blocks: int = param(4, "fetch a cached prefix from a busier holder when it brings this many more blocks (0 = off)")
+    # Rates for the fetch decision: docs/benchmarks.md.
+    fetch_bytes_per_s: float = param(7e8, "KV pull rate the fetch decision assumes, bytes per second")
+    fetch_overhead_ms: float = param(6.0, "fixed cost of one KV pull the fetch decision assumes")
+    prefill_tokens_per_s: float = param(20000.0, "prefill rate the fetch decision compares a pull with")
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        check_numbers(
+            self,
+            integers=("guard_slack_tokens", "guard_slack_requests", "fetch_min_blocks"),
+            positive=("fetch_bytes_per_s", "prefill_tokens_per_s"),
+        )
 
 
 def guard_factor(value: float, mean: float, ratio: float, slack: float, power: float) -> float:
@@ -44,9 +69,10 @@ def guard_factor(value: float, mean: float, ratio: float, slack: float, power: f
 
 
 class KvplanePolicy(PolicyHooks):
-    def __init__(self, config: RouterConfig) -> None:
-        self._config = config
-        self.predictions = PrefixPredictions(config.prediction_ttl_s)
+    def __init__(self, params: KvplaneParams, cost: CostConfig) -> None:
+        self._params = params
+        self._cost = cost
+        self.predictions = PrefixPredictions(params.prediction_ttl_s)
 
     # -- scoring ---------------------------------------------------------------------------
     def overlaps(self, index: CacheIndex, block_hashes: Sequence[BlockHash], now: float) -> dict[WorkerId, OverlapScore]:
@@ -60,11 +86,11 @@ class KvplanePolicy(PolicyHooks):
             suffix = f", load guard x{f:.2f}" if f < 1.0 else ""
             # Queued work that is computing this prompt's predicted blocks is shared, not added.
             shared = self.predictions.num_predicted_in(ctx.index, w.worker_id, ctx.block_hashes, ctx.now)
-            out.append(overlap_cost(self._config, w, ctx.num_prompt_tokens, ctx.overlaps.get(w.worker_id), f, suffix, shared))
+            out.append(overlap_cost(self._cost, w, ctx.num_prompt_tokens, ctx.overlaps.get(w.worker_id), f, suffix, shared))
         return out
 
     def _guard(self, workers: Sequence[WorkerView]) -> dict[WorkerId, float]:
-        c = self._config
+        c = self._params
         if c.guard_ratio == 0 or len(workers) < 2:
             return {w.worker_id: 1.0 for w in workers}
         signals = {
@@ -86,7 +112,7 @@ class KvplanePolicy(PolicyHooks):
     def fetch(
         self, ctx: RouteContext, decode: WorkerView, decode_cost: CandidateCost, sources: Sequence[WorkerView]
     ) -> FetchPlan | None:
-        c = self._config
+        c = self._params
         if c.fetch_min_blocks == 0 or not decode.block_nbytes:
             return None
         bs = ctx.block_size

@@ -1,29 +1,33 @@
 """Policy `least-load` (baseline): Dynamo's cost with no cache credit, i.e. the candidate with the
 least queued prefill work plus prompt plus KV blocks in use wins, whatever it caches.
-Parameters: prefill_load_scale."""
+Parameters: none of its own (cost.CostConfig.prefill_load_scale)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
 
-from controlplane.core.policies import PolicyHooks
-from controlplane.core.router import (
-    CandidateCost,
-    RouteContext,
-    RouterConfig,
-    WorkerView,
-    cached_prefix_tokens,
-    overlap_cost,
-)
+from controlplane.core.cost import CostConfig, cached_prefix_tokens, overlap_cost
+from controlplane.core.routing import CandidateCost, PolicyHooks, RouteContext
+from controlplane.core.views import WorkerView
+
+
+@dataclass(frozen=True, slots=True)
+class LeastLoadParams:
+    name: ClassVar[str] = "least-load"
+
+    def validate(self) -> None:
+        pass
 
 
 class LeastLoadPolicy(PolicyHooks):
-    def __init__(self, config: RouterConfig) -> None:
-        self._config = config
+    def __init__(self, params: LeastLoadParams, cost: CostConfig) -> None:
+        self._cost = cost
 
     def costs(self, ctx: RouteContext, workers: Sequence[WorkerView]) -> list[CandidateCost]:
         out = []
         for w in workers:
-            c = overlap_cost(self._config, w, ctx.num_prompt_tokens, None)
+            c = overlap_cost(self._cost, w, ctx.num_prompt_tokens, None)
             overlap = ctx.overlaps.get(w.worker_id)
             cached = cached_prefix_tokens(overlap.num_blocks if overlap else 0, ctx.num_prompt_tokens, w.block_size)
             out.append(CandidateCost(w.worker_id, c.cost, cached, ctx.num_prompt_tokens - cached, c.note))

@@ -4,20 +4,25 @@ cached blocks, i.e. the smallest tree. Parameters: none."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
 
-from controlplane.core.policies import PolicyHooks
-from controlplane.core.router import (
-    CandidateCost,
-    RouteContext,
-    RouterConfig,
-    WorkerView,
-    cached_prefix_tokens,
-)
+from controlplane.core.cost import CostConfig, cached_prefix_tokens
+from controlplane.core.routing import CandidateCost, PolicyHooks, RouteContext
+from controlplane.core.views import WorkerView
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixOnlyParams:
+    name: ClassVar[str] = "prefix-only"
+
+    def validate(self) -> None:
+        pass
 
 
 class PrefixOnlyPolicy(PolicyHooks):
-    def __init__(self, config: RouterConfig) -> None:
-        pass
+    def __init__(self, params: PrefixOnlyParams, cost: CostConfig) -> None:
+        del params, cost  # nothing to configure; same constructor shape as every policy
 
     def costs(self, ctx: RouteContext, workers: Sequence[WorkerView]) -> list[CandidateCost]:
         sizes = ctx.index.blocks_by_tier()

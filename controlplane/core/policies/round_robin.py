@@ -3,20 +3,25 @@ they cache or carry. Parameters: none."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
 
-from controlplane.core.policies import PolicyHooks
-from controlplane.core.router import (
-    CandidateCost,
-    RouteContext,
-    RouteDecision,
-    RouterConfig,
-    WorkerView,
-    cached_prefix_tokens,
-)
+from controlplane.core.cost import CostConfig, cached_prefix_tokens
+from controlplane.core.routing import CandidateCost, PolicyHooks, RouteContext, RouteDecision
+from controlplane.core.views import WorkerView
+
+
+@dataclass(frozen=True, slots=True)
+class RoundRobinParams:
+    name: ClassVar[str] = "round-robin"
+
+    def validate(self) -> None:
+        pass
 
 
 class RoundRobinPolicy(PolicyHooks):
-    def __init__(self, config: RouterConfig) -> None:
+    def __init__(self, params: RoundRobinParams, cost: CostConfig) -> None:
+        del params, cost  # nothing to configure; same constructor shape as every policy
         self._num_routed = 0
 
     def costs(self, ctx: RouteContext, workers: Sequence[WorkerView]) -> list[CandidateCost]:

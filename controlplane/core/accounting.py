@@ -1,0 +1,202 @@
+"""Load accounting: what this replica routed, counted once, from dispatch until it ends.
+
+A worker's load report is a snapshot of its engine. It misses the requests this replica sent
+since, and still shows the requests that have since finished their prefill or finished. The
+ledger keeps one entry per dispatched request and worker (a Charge), with the phase the request
+is in (PREFILL until its first token, then DECODE, then DONE) and the phase the worker's latest
+report saw it in, and corrects the report:
+
+- not yet in any report: the request adds 1 waiting (in prefill) or 1 running (decoding), its
+  prefill tokens while in prefill, and its new KV blocks to `pending_blocks` (the kvplane
+  policy's load guard), not to used blocks (the cost);
+- shown by a report: the report's numbers stand, less what has ended since: its prefill tokens
+  once its prefill ended; the request itself (from waiting if the report saw it in prefill, else
+  from running; the engine, not the ledger, decides which it counted) and its KV blocks once it
+  finished, or, on a prefill worker, once its prefill ended.
+
+So a request's queued prefill tokens leave its worker the moment its prefill ends and everything
+else the moment it finishes, not when a report happens to arrive: the next request of an agent
+loop finds the prefix holder as idle as it is. When a report arrives, every entry of that worker
+counts as shown in its current phase (a finished entry is dropped): each request is counted once.
+
+Reports lag. One that arrives less than `report_lag_s` after an entry's prefill ended or it
+finished may have been sampled before, so it is taken to show the entry's previous phase (the
+release stands). Conversely a report that arrives right after a dispatch may predate the
+request: this replica's requests still in prefill are a floor under the queued prefill tokens,
+and its live requests a floor under running + waiting. Signals never go below zero.
+
+What a report shows of one request is an estimate (the engine reports totals): a request whose
+blocks are shared with another running request is released in full, and `running_remaining_tokens`
+keeps a finished request until the next report. Both errors last at most one report interval.
+The lag is a guess because a report carries no sample time: one slower than report_lag_s still
+shows a finished request for one interval, and a change within report_lag_s before a fast report
+is released twice until the next report (an exact answer needs the agent to number its reports).
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from controlplane.core.views import WorkerLoadView, WorkerView
+from kvplane.types import WorkerId
+
+
+class Phase(enum.IntEnum):
+    PREFILL = 0  # dispatched, no first token yet
+    DECODE = 1  # first token out
+    DONE = 2  # finished, failed or cancelled
+
+
+@dataclass(frozen=True, slots=True)
+class Charge:
+    """The load one request puts on one worker."""
+
+    worker_id: WorkerId
+    prefill_tokens: int  # prompt tokens it computes there
+    num_blocks: int  # KV blocks it holds there while it runs (prompt + max_tokens)
+    num_new_blocks: int  # of those, the blocks no cached or fetched prefix provides
+    decodes: bool  # it decodes there (False: a prefill worker's share)
+
+
+@dataclass(slots=True)
+class _Entry:
+    charge: Charge
+    phase: Phase = Phase.PREFILL
+    previous: Phase = Phase.PREFILL  # the phase before `phase`
+    since: float = 0.0  # when `phase` began
+    shown: Phase | None = None  # the phase the latest report saw (None: no report yet)
+
+
+class LoadLedger:
+    """Per-request load corrections on top of workers' load reports. `now`: seconds on any
+    monotonic clock, the same one for every call. Dispatch ids are the caller's (unique)."""
+
+    __slots__ = ("report_lag_s", "_worker_to_entries", "_dispatch_to_workers")
+
+    def __init__(self, report_lag_s: float = 0.1) -> None:
+        if report_lag_s < 0:
+            raise ValueError(f"report_lag_s must be >= 0, got {report_lag_s}")
+        self.report_lag_s = report_lag_s
+        self._worker_to_entries: dict[WorkerId, dict[int, _Entry]] = {}
+        self._dispatch_to_workers: dict[int, list[WorkerId]] = {}
+
+    # -- what happened ---------------------------------------------------------------------------
+
+    def dispatched(self, dispatch_id: int, charges: Sequence[Charge], now: float) -> None:
+        if dispatch_id in self._dispatch_to_workers:
+            raise ValueError(f"dispatch {dispatch_id} is already in the ledger")
+        self._dispatch_to_workers[dispatch_id] = [c.worker_id for c in charges]
+        for charge in charges:
+            self._worker_to_entries.setdefault(charge.worker_id, {})[dispatch_id] = _Entry(charge, since=now)
+
+    def prefill_ended(self, dispatch_id: int, now: float) -> None:
+        """The request's first token is out: its prefill tokens leave the queues."""
+        self._advance(dispatch_id, Phase.DECODE, now)
+
+    def finished(self, dispatch_id: int, now: float) -> None:
+        """The request ended (completed, failed or cancelled): it leaves its workers. Idempotent."""
+        self._advance(dispatch_id, Phase.DONE, now)
+
+    def reported(self, worker_id: WorkerId, now: float) -> None:
+        """A load report from `worker_id` arrived: it shows every entry there as it is now
+        (or as it was, for a change less than report_lag_s old)."""
+        entries = self._worker_to_entries.get(worker_id)
+        if not entries:
+            return
+        for dispatch_id, e in list(entries.items()):
+            recent = e.phase is not Phase.PREFILL and now - e.since < self.report_lag_s
+            shown = e.previous if recent else e.phase
+            if e.shown is None or shown > e.shown:
+                e.shown = shown
+            if e.shown is Phase.DONE:
+                self._drop(worker_id, dispatch_id)
+
+    def forget_worker(self, worker_id: WorkerId) -> None:
+        for dispatch_id in list(self._worker_to_entries.get(worker_id, {})):
+            self._drop(worker_id, dispatch_id)
+
+    # -- the corrected view ------------------------------------------------------------------------
+
+    def adjust(self, view: WorkerView) -> WorkerView:
+        """`view` with its reported load corrected for this replica's requests."""
+        entries = self._worker_to_entries.get(view.worker_id)
+        if not entries:
+            return view
+        load = view.load
+        running, waiting, tokens, used, pending = (
+            load.num_running, load.num_waiting, load.num_queued_prefill_tokens, load.num_used_blocks, 0,
+        )  # fmt: skip
+        gone_from_waiting = gone_from_running = 0  # requests that left since the report showed them
+        floor_tokens = floor_requests = 0
+        for e in entries.values():
+            c = e.charge
+            here = e.phase is Phase.PREFILL or (e.phase is Phase.DECODE and c.decodes)
+            if e.phase is Phase.PREFILL:
+                floor_tokens += c.prefill_tokens
+            floor_requests += here
+            if e.shown is None:  # no report shows it yet
+                if e.phase is Phase.PREFILL:
+                    waiting += 1
+                    tokens += c.prefill_tokens
+                elif here:
+                    running += 1
+                pending += c.num_new_blocks if here and c.decodes else 0
+                continue
+            if e.shown is Phase.PREFILL and e.phase is not Phase.PREFILL:
+                tokens -= c.prefill_tokens
+            shown_here = e.shown is Phase.PREFILL or c.decodes
+            if shown_here and not here:
+                if e.shown is Phase.PREFILL:
+                    gone_from_waiting += 1
+                else:
+                    gone_from_running += 1
+                used -= c.num_blocks if c.decodes else 0
+        running, waiting = _take(running, waiting, gone_from_running)
+        waiting, running = _take(waiting, running, gone_from_waiting)
+        waiting = max(waiting, floor_requests - running)
+        used = min(max(used, 0), max(load.num_total_blocks, load.num_used_blocks))
+        adjusted = dataclasses.replace(
+            load,
+            num_running=running,
+            num_waiting=waiting,
+            num_queued_prefill_tokens=max(tokens, floor_tokens, 0),
+            num_used_blocks=used,
+            num_free_blocks=max(load.num_free_blocks + load.num_used_blocks - used, 0),
+        )
+        return dataclasses.replace(view, load=adjusted, pending_blocks=view.pending_blocks + pending)
+
+    def num_entries(self, worker_id: WorkerId) -> int:
+        """Requests the ledger still corrects `worker_id`'s reports for."""
+        return len(self._worker_to_entries.get(worker_id, {}))
+
+    # -- internals -------------------------------------------------------------------------------
+
+    def _entry(self, worker_id: WorkerId, dispatch_id: int) -> _Entry | None:
+        return self._worker_to_entries.get(worker_id, {}).get(dispatch_id)
+
+    def _advance(self, dispatch_id: int, phase: Phase, now: float) -> None:
+        for worker_id in list(self._dispatch_to_workers.get(dispatch_id, ())):
+            e = self._entry(worker_id, dispatch_id)
+            if e is None or e.phase >= phase:
+                continue
+            e.previous, e.phase, e.since = e.phase, phase, now
+            if phase is Phase.DONE and e.shown is None:
+                self._drop(worker_id, dispatch_id)  # no report ever showed it: nothing to undo
+
+    def _drop(self, worker_id: WorkerId, dispatch_id: int) -> None:
+        entries = self._worker_to_entries.get(worker_id)
+        if entries is not None:
+            entries.pop(dispatch_id, None)
+            if not entries:
+                del self._worker_to_entries[worker_id]
+        workers = self._dispatch_to_workers.get(dispatch_id)
+        if workers is not None and all(self._entry(w, dispatch_id) is None for w in workers):
+            del self._dispatch_to_workers[dispatch_id]
+
+
+def _take(first: int, second: int, n: int) -> tuple[int, int]:
+    """Removes n from `first`, the rest (if first runs out) from `second`; never below zero."""
+    from_first = min(n, first)
+    return first - from_first, max(second - (n - from_first), 0)

@@ -1,0 +1,14 @@
+"""Admission policy `none`: admit everything (benchmarks, single-user setups). Parameters: none."""
+from __future__ import annotations
+
+from controlplane.core.admission_base import Admit, AdmissionConfig, Reject
+
+
+class AdmitAll:
+    __slots__ = ()
+
+    def __init__(self, config: AdmissionConfig) -> None:
+        del config  # nothing to configure; same constructor shape as every policy
+
+    def decide(self, request, candidates, options=(), objective=None) -> Admit | Reject:
+        return Admit()

@@ -1,0 +1,92 @@
+"""The routing cost of one candidate (Dynamo's KV-router cost, lib/kv-router).
+
+Rule: with blocks = ceil(tokens / block_size) and credit = the sum over the leading prompt
+blocks the worker holds of the weight of the fastest tier holding each,
+
+    cost = prefill_load_scale * max(queued_prefill_blocks + prompt_blocks - credit, 0) + used_blocks
+
+The router prices prefill workers with it, and the `kvplane` and `least-load` policies price
+decode workers with it. Parameters: CostConfig below, the single source of their defaults.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from controlplane.core.index import OverlapScore
+from controlplane.core.params import check_numbers, param
+from controlplane.core.routing import CandidateCost
+from controlplane.core.views import WorkerView
+from kvplane.types import Tier
+
+
+@dataclass(frozen=True, slots=True)
+class CostConfig:
+    prefill_load_scale: float = param(1.0, "router weight of prefill work against KV blocks in use")
+    # Credit per cached block by tier: the share of a block's recompute that loading it saves,
+    # 1 - load time / recompute time, measured with `kvplane bench tiers` (docs/benchmarks.md:
+    # host 0.99, disk 0.96 here) and rounded down for slower links than this machine's memcpy
+    # (PCIe to a GPU, a cold NVMe read).
+    overlap_weight_device: float = param(1.0, "cache credit per matched block held on the device")
+    overlap_weight_host: float = param(0.9, "cache credit per matched block held in host memory")
+    overlap_weight_disk: float = param(0.5, "cache credit per matched block held on disk")
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        check_numbers(self)
+        if not (self.overlap_weight_device >= self.overlap_weight_host >= self.overlap_weight_disk):
+            raise ValueError(
+                "CostConfig overlap weights must not increase with slower tiers "
+                f"(overlap_weight_device {self.overlap_weight_device} >= overlap_weight_host "
+                f"{self.overlap_weight_host} >= overlap_weight_disk {self.overlap_weight_disk}), "
+                "because a block held at several tiers is credited at its fastest"
+            )
+
+    def tier_weight(self, tier: Tier) -> float:
+        if tier is Tier.DEVICE:
+            return self.overlap_weight_device
+        if tier is Tier.HOST:
+            return self.overlap_weight_host
+        return self.overlap_weight_disk
+
+
+def overlap_cost(
+    config: CostConfig,
+    worker: WorkerView,
+    num_prompt_tokens: int,
+    overlap: OverlapScore | None,
+    credit_scale: float = 1.0,
+    note_suffix: str = "",
+    queued_discount_blocks: int = 0,
+) -> CandidateCost:
+    """The cost of one candidate; credit_scale < 1 shrinks its cache credit (the load guard);
+    queued_discount_blocks leaves out queued prefill work that computes blocks this request reuses."""
+    block_size = worker.block_size
+    num_matched_blocks = overlap.num_blocks if overlap else 0
+    credit = (
+        sum(config.tier_weight(tier) * n for tier, n in overlap.blocks_by_tier.items()) if overlap else 0.0
+    ) * credit_scale
+    num_prompt_blocks = math.ceil(num_prompt_tokens / block_size)
+    num_queued_blocks = max(math.ceil(worker.load.num_queued_prefill_tokens / block_size) - queued_discount_blocks, 0)
+    num_used_blocks = worker.load.num_used_blocks
+    cost = config.prefill_load_scale * max(num_queued_blocks + num_prompt_blocks - credit, 0.0) + num_used_blocks
+    cached_tokens = cached_prefix_tokens(num_matched_blocks, num_prompt_tokens, block_size)
+    return CandidateCost(
+        worker_id=worker.worker_id,
+        cost=cost,
+        cached_tokens=cached_tokens,
+        prefill_tokens=num_prompt_tokens - cached_tokens,
+        note=(
+            f"{num_matched_blocks} matched blocks (credit {credit:g}), {num_queued_blocks} queued "
+            f"prefill blocks, {num_prompt_blocks} prompt blocks, {num_used_blocks} used blocks"
+            f"{note_suffix}"
+        ),
+    )
+
+
+def cached_prefix_tokens(num_matched_blocks: int, num_prompt_tokens: int, block_size: int) -> int:
+    """The engine always computes at least the last prompt token, so a fully cached prompt still
+    gives up its last block."""
+    return min(num_matched_blocks, (num_prompt_tokens - 1) // block_size) * block_size

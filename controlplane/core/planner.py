@@ -1,0 +1,306 @@
+"""The request planner: where a request runs, or why it is refused, from plain data.
+
+    Planner.plan(request, cluster, settings, now) -> Plan | Reject
+
+1. Route (`Planner.route`): the workers' reported loads are corrected for what this replica has
+   routed (accounting.LoadLedger); the router picks the decode worker, where prefill runs and
+   whether to fetch a cached prefix (router.py). Placement options follow: the router's first,
+   then every other decode candidate by cost (prefilling where the router's placement does), each
+   with a latency prediction (predictor.py) corrected by what past requests measured.
+2. Admit (`Planner.admit`): the admission policy in force (the run-time setting, else the
+   configured one) admits one option or rejects with a reason, a retry-after and a kind.
+A Plan names the workers, the prediction, the fetch (only when admission kept the router's own
+placement: a fetch belongs to that placement) and the load it puts on each worker (`charges`).
+No candidate at all (unknown model, every worker draining, ...) raises routing.NoCandidateError.
+
+The planner owns the state that planning learns from; whoever runs the requests (the gRPC
+servicer, a simulator) feeds it:
+- dispatched(plan, now) -> dispatch id: the request was sent as planned; its load is charged and
+  the routing policy records it (predicted prefixes, round-robin turns);
+- prefill_ended(id, now) and finished(id, now, outcome): its load is released at once; a
+  finished request's measured latencies calibrate later predictions, its transfer the link rate;
+- load_reported(worker, now), kv_stored(worker, hashes), worker_removed(worker).
+Nothing here reads a clock, a store or the network: `now` is passed in (seconds on one monotonic
+clock) and the random draw comes from `rng`, so a run is reproducible.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from controlplane.core.accounting import Charge, LoadLedger
+from controlplane.core.admission import admission_policy_names, check_admission_policy, make_admission_policy
+from controlplane.core.admission_base import Admit, AdmissionConfig, AdmissionPolicy, PlacementOption, Reject
+from controlplane.core.params import check_numbers, param
+from controlplane.core.predictor import Calibration, LinkRate, Prediction, WorkerPerf, blocks_to_transfer, predict, tpot_recovery_s
+from controlplane.core.router import Router, RouterConfig
+from controlplane.core.routing import RouteDecision, RouteRequest
+from controlplane.core.settings import ClusterSettings
+from controlplane.core.views import ClusterView, WorkerView
+from kvplane.types import BlockHash, Objective, WorkerId
+
+TPOT = "tpot"  # the calibration kind of time per output token
+
+
+def ttft_kind(disaggregated: bool) -> str:
+    """The calibration kind of a placement's time to first token."""
+    return "ttft-disaggregated" if disaggregated else "ttft-local"
+
+
+@dataclass(frozen=True, slots=True)
+class PlannerConfig:
+    router: RouterConfig = field(default_factory=RouterConfig)
+    admission_policy: str = param(
+        "threshold",
+        "admission policy at start-up (the run-time setting admission.policy wins)",
+        flag="--admission",
+        choices=admission_policy_names,
+    )
+    admission: AdmissionConfig = field(default_factory=AdmissionConfig)
+    initial_link_gb_per_s: float = param(1.0, "KV transfer rate predictions assume until transfers are measured, GB/s")
+    link_rate_weight: float = param(0.2, "weight of the newest measured transfer rate in the link-rate mean")
+    calibration_weight: float = param(0.2, "weight of the newest measured - predicted latency in the calibration mean")
+    calibration_half_life_s: float = param(5.0, "seconds for a latency calibration to fade by half while nothing is measured")
+    report_lag_s: float = param(
+        0.1, "a load report arriving this soon after a request's prefill ended or it finished may predate that"
+    )
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        self.router.validate()
+        self.admission.validate()
+        check_admission_policy(self.admission_policy)
+        check_numbers(self, positive=("initial_link_gb_per_s", "calibration_half_life_s"))
+        for name in ("link_rate_weight", "calibration_weight"):
+            if not 0 < getattr(self, name) <= 1:
+                raise ValueError(f"PlannerConfig.{name} must be in (0, 1], got {getattr(self, name)!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Routed:
+    """A routed request before admission: the router's decision and every placement option."""
+
+    request: RouteRequest
+    decision: RouteDecision
+    candidates: tuple[WorkerView, ...]  # the decode candidates, loads corrected
+    options: tuple[PlacementOption, ...]  # the router's placement first, then by cost
+    objective: Objective
+    block_size: int
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    request: RouteRequest
+    decision: RouteDecision  # the router's own choice (admission may have moved the request)
+    decode_worker: WorkerId
+    prefill_worker: WorkerId | None  # None: prefill on the decode worker
+    prediction: Prediction | None
+    options: tuple[PlacementOption, ...]  # every placement considered, the router's first
+    block_size: int
+    fetch_from: WorkerId | None = None  # pull the cached prefix from this worker before prefilling
+    fetch_tokens: int = 0
+
+    @property
+    def disaggregated(self) -> bool:
+        return self.prefill_worker is not None
+
+    @property
+    def follows_router(self) -> bool:
+        d = self.decision
+        return self.decode_worker == d.decode_worker and self.prefill_worker == d.prefill_worker
+
+    @property
+    def cached_tokens(self) -> int:
+        """Prompt tokens the decode worker holds (as the router found them; 0 elsewhere)."""
+        return self.decision.cached_tokens if self.follows_router else 0
+
+    def without_fetch(self) -> Plan:
+        return dataclasses.replace(self, fetch_from=None, fetch_tokens=0)
+
+    @property
+    def charges(self) -> tuple[Charge, ...]:
+        """The load this plan puts on each worker: the decode worker holds the prompt and output
+        blocks and computes what no cached or fetched prefix provides (all of it comes over the
+        wire when disaggregated); a prefill worker computes the whole prompt."""
+        prompt, bs = self.decision.prompt_tokens, max(self.block_size, 1)
+        reused = self.cached_tokens + self.fetch_tokens
+        num_blocks = math.ceil((prompt + self.request.max_tokens) / bs)
+        decode = Charge(
+            worker_id=self.decode_worker,
+            prefill_tokens=0 if self.disaggregated else prompt - reused,
+            num_blocks=num_blocks,
+            num_new_blocks=num_blocks - reused // bs,
+            decodes=True,
+        )
+        if self.prefill_worker is None:
+            return (decode,)
+        return decode, Charge(self.prefill_worker, prompt, 0, 0, decodes=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What a finished request measured (None: not measured)."""
+
+    ttft_s: float | None = None  # dispatch to first token
+    tpot_s: float | None = None  # mean time per output token after the first
+    kv_transfer_bytes: int = 0
+    kv_transfer_s: float = 0.0
+
+
+class Planner:
+    def __init__(self, config: PlannerConfig, rng: random.Random | None = None) -> None:
+        config.validate()
+        self.config = config
+        self.router = Router(config.router, rng)
+        self.ledger = LoadLedger(config.report_lag_s)
+        self.calibration = Calibration(config.calibration_weight, config.calibration_half_life_s)
+        self.link = LinkRate(config.initial_link_gb_per_s * 1e9, config.link_rate_weight)
+        self._admission: dict[str, AdmissionPolicy] = {}
+        self._dispatched: dict[int, Plan] = {}
+        self._next_dispatch_id = 1
+
+    # -- planning --------------------------------------------------------------------------------
+
+    def plan(self, request: RouteRequest, cluster: ClusterView, settings: ClusterSettings, now: float) -> Plan | Reject:
+        return self.admit(self.route(request, cluster, settings, now), settings)
+
+    def route(self, request: RouteRequest, cluster: ClusterView, settings: ClusterSettings, now: float) -> Routed:
+        views = [self.ledger.adjust(w) for w in cluster.workers]
+        decision = self.router.route(request, views, cluster.index, now)
+        by_id = {w.worker_id: w for w in views}
+        candidates = tuple(w for w in views if w.model == request.model and w.active and w.role.can_decode)
+        objective = settings.objective(request.model, request.priority)
+        # The router already hashed the prompt; one index walk serves every option.
+        hashes = decision.block_hashes
+        held = {w: o.num_blocks for w, o in cluster.index.overlaps(hashes).items()} if hashes else {}
+        first = PlacementOption(decision.decode_worker, decision.prefill_worker or decision.decode_worker)
+        others = [
+            PlacementOption(w, first.prefill_worker if first.disaggregated and first.prefill_worker != w else w)
+            for w in (c.worker_id for c in decision.candidates if c.worker_id != decision.decode_worker)
+        ]
+        options = tuple(self._predicted(request, o, by_id, held, objective, now) for o in [first, *others])
+        return Routed(request, decision, candidates, options, objective, by_id[decision.decode_worker].block_size)
+
+    def admit(self, routed: Routed, settings: ClusterSettings) -> Plan | Reject:
+        verdict = self.admission_policy(settings).decide(routed.request, routed.candidates, routed.options, routed.objective)
+        if isinstance(verdict, Reject):
+            return verdict
+        chosen = verdict.option or routed.options[0]
+        d = routed.decision
+        plan = Plan(
+            request=routed.request,
+            decision=d,
+            decode_worker=chosen.decode_worker,
+            prefill_worker=chosen.prefill_worker if chosen.disaggregated else None,
+            prediction=chosen.prediction,
+            options=routed.options,
+            block_size=routed.block_size,
+        )
+        if d.fetch_from is not None and plan.follows_router:
+            plan = dataclasses.replace(plan, fetch_from=d.fetch_from, fetch_tokens=d.fetch_tokens)
+        return plan
+
+    def admissible(self, routed: Routed, settings: ClusterSettings) -> dict[WorkerId, bool]:
+        """Per decode candidate, whether the admission policy alone would take it (what
+        `kvplane route` shows)."""
+        policy = self.admission_policy(settings)
+        by_decode = {o.decode_worker: o for o in routed.options[1:]}
+        ranked = {c.worker_id for c in routed.decision.candidates}
+        return {
+            w.worker_id: isinstance(
+                policy.decide(routed.request, [w], [by_decode.get(w.worker_id, routed.options[0])], routed.objective), Admit
+            )
+            for w in routed.candidates
+            if w.worker_id in ranked
+        }
+
+    def admission_policy_name(self, settings: ClusterSettings) -> str:
+        """The admission policy in force: a run-time setting wins over the start-up one."""
+        return settings.admission_policy(self.config.admission_policy)
+
+    def admission_policy(self, settings: ClusterSettings) -> AdmissionPolicy:
+        name = self.admission_policy_name(settings)
+        policy = self._admission.get(name)
+        if policy is None:
+            policy = self._admission[name] = make_admission_policy(name, self.config.admission)
+        return policy
+
+    def _predicted(
+        self,
+        request: RouteRequest,
+        option: PlacementOption,
+        by_id: Mapping[WorkerId, WorkerView],
+        held: Mapping[WorkerId, int],
+        objective: Objective,
+        now: float,
+    ) -> PlacementOption:
+        """`option` with its latency prediction; `held`: leading prompt blocks each worker holds."""
+        decode_view, prefill_view = by_id[option.decode_worker], by_id[option.prefill_worker]
+        decode, prefill = WorkerPerf.of(decode_view), WorkerPerf.of(prefill_view)
+        prompt = len(request.prompt_token_ids)
+        prefill_cached = min(held.get(option.prefill_worker, 0), (prompt - 1) // decode.block_size) * decode.block_size
+        transfer_bytes = 0
+        if option.disaggregated:
+            num_blocks = blocks_to_transfer(prompt, decode.block_size, held.get(option.decode_worker, 0))
+            transfer_bytes = num_blocks * decode_view.block_nbytes
+        prediction = predict(
+            prompt_tokens=prompt,
+            max_tokens=request.max_tokens,
+            prefill_cached_tokens=prefill_cached,
+            prefill=prefill,
+            decode=decode,
+            transfer_bytes=transfer_bytes,
+            link_bytes_per_s=self.link.bytes_per_s,
+        )
+        if prediction is not None:
+            prediction = self.calibration.apply(prediction, ttft_kind(option.disaggregated), TPOT, now)
+        target_tpot_s = objective.tpot_ms / 1000 - self.calibration.offset(TPOT, now)
+        recovery = tpot_recovery_s(decode, target_tpot_s, prompt, request.max_tokens)
+        return dataclasses.replace(option, prediction=prediction, tpot_recovery_s=recovery)
+
+    # -- what happened to planned requests -----------------------------------------------------------
+
+    def dispatched(self, plan: Plan, now: float) -> int:
+        """`plan` was sent to its workers: charge its load and let the routing policy record it.
+        Returns the dispatch id the later calls name."""
+        dispatch_id = self._next_dispatch_id
+        self._next_dispatch_id += 1
+        if plan.follows_router:
+            self.router.record(plan.decision, now)
+        self.ledger.dispatched(dispatch_id, plan.charges, now)
+        self._dispatched[dispatch_id] = plan
+        return dispatch_id
+
+    def prefill_ended(self, dispatch_id: int, now: float) -> None:
+        self.ledger.prefill_ended(dispatch_id, now)
+
+    def finished(self, dispatch_id: int, now: float, outcome: Outcome | None = None) -> None:
+        """The request ended (outcome None: failed or cancelled, nothing learnt). Idempotent."""
+        self.ledger.finished(dispatch_id, now)
+        plan = self._dispatched.pop(dispatch_id, None)
+        if plan is None or outcome is None:
+            return
+        self.link.observe(outcome.kv_transfer_bytes, outcome.kv_transfer_s)
+        p = plan.prediction
+        if p is None:
+            return
+        # Learnt against the raw model: what was predicted before calibration.
+        if outcome.ttft_s is not None:
+            self.calibration.observe(ttft_kind(plan.disaggregated), p.ttft_s - p.ttft_offset_s, outcome.ttft_s, now)
+        if outcome.tpot_s is not None:
+            self.calibration.observe(TPOT, p.tpot_s - p.tpot_offset_s, outcome.tpot_s, now)
+
+    def load_reported(self, worker_id: WorkerId, now: float) -> None:
+        self.ledger.reported(worker_id, now)
+
+    def kv_stored(self, worker_id: WorkerId, block_hashes: Sequence[BlockHash]) -> None:
+        self.router.on_kv_stored(worker_id, block_hashes)
+
+    def worker_removed(self, worker_id: WorkerId) -> None:
+        self.router.on_worker_removed(worker_id)
+        self.ledger.forget_worker(worker_id)

@@ -1,0 +1,116 @@
+"""What routing policies and the router share: the request, candidate costs, the decision, the
+policy Protocol and its no-op hooks. Policies import this module and never the router, so every
+import points one way: router -> policies -> routing.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import ClassVar, Protocol
+
+from controlplane.core.index import CacheIndex, OverlapScore
+from controlplane.core.views import WorkerView
+from kvplane.types import PRIORITIES, BlockHash, DisaggMode, Priority, WorkerId
+
+
+@dataclass(frozen=True, slots=True)
+class RouteRequest:
+    model: str
+    prompt_token_ids: Sequence[int]
+    max_tokens: int
+    disagg: DisaggMode
+    cache_salt: str = ""
+    priority: Priority = PRIORITIES[0]
+
+
+@dataclass(frozen=True, slots=True)
+class CandidateCost:
+    worker_id: WorkerId
+    cost: float
+    cached_tokens: int
+    prefill_tokens: int  # uncached tokens this worker would compute
+    note: str
+
+
+@dataclass(frozen=True, slots=True)
+class RouteDecision:
+    decode_worker: WorkerId
+    prefill_worker: WorkerId | None
+    disaggregated: bool
+    reason: str
+    prompt_tokens: int
+    cached_tokens: int  # on the decode worker
+    candidates: tuple[CandidateCost, ...]  # decode candidates, cheapest first
+    # Fetch instead of recompute: the decode worker pulls this worker's cached prefix blocks.
+    fetch_from: WorkerId | None = None
+    fetch_tokens: int = 0  # cached tokens the fetch is expected to bring beyond the decode worker's own
+    block_hashes: tuple[BlockHash, ...] = field(default=(), compare=False, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class RouteContext:
+    """What a routing policy sees of one request."""
+
+    request: RouteRequest
+    num_prompt_tokens: int
+    block_size: int
+    block_hashes: Sequence[BlockHash]
+    overlaps: Mapping[WorkerId, OverlapScore]  # as the policy sees them (kvplane: with predictions)
+    index: CacheIndex
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class FetchPlan:
+    worker_id: WorkerId
+    num_tokens: int
+    reason: str
+
+
+class NoCandidateError(Exception):
+    """No worker can take the request; the message says why (unknown model, all draining, ...)."""
+
+
+class RoutingPolicyParams(Protocol):
+    """A policy's own parameters: a frozen dataclass whose `name` selects the policy."""
+
+    name: ClassVar[str]
+
+    def validate(self) -> None: ...
+
+
+class RoutingPolicy(Protocol):
+    def costs(self, ctx: RouteContext, workers: Sequence[WorkerView]) -> list[CandidateCost]: ...
+
+    def overlaps(self, index: CacheIndex, block_hashes: Sequence[BlockHash], now: float) -> dict[WorkerId, OverlapScore]: ...
+
+    def fetch(
+        self, ctx: RouteContext, decode: WorkerView, decode_cost: CandidateCost, sources: Sequence[WorkerView]
+    ) -> FetchPlan | None: ...
+
+    def on_routed(self, decision: RouteDecision, now: float) -> None: ...
+
+    def on_stored(self, worker_id: WorkerId, block_hashes: Sequence[BlockHash]) -> None: ...
+
+    def on_worker_removed(self, worker_id: WorkerId) -> None: ...
+
+
+class PolicyHooks:
+    """No-op defaults for the optional hooks."""
+
+    def overlaps(self, index: CacheIndex, block_hashes: Sequence[BlockHash], now: float) -> dict[WorkerId, OverlapScore]:
+        return index.overlaps(block_hashes)
+
+    def fetch(
+        self, ctx: RouteContext, decode: WorkerView, decode_cost: CandidateCost, sources: Sequence[WorkerView]
+    ) -> FetchPlan | None:
+        return None
+
+    def on_routed(self, decision: RouteDecision, now: float) -> None:
+        pass
+
+    def on_stored(self, worker_id: WorkerId, block_hashes: Sequence[BlockHash]) -> None:
+        pass
+
+    def on_worker_removed(self, worker_id: WorkerId) -> None:
+        pass

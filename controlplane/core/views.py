@@ -1,0 +1,64 @@
+"""The cluster as the planner sees it: plain, frozen data that anyone can build.
+
+The control plane builds these from the store (controlplane/cluster_state.py); a simulator or a
+test builds them by hand. `WorkerLoadView` holds what the worker last reported; the planner
+adjusts it for the requests this replica has routed since (controlplane/core/accounting.py)
+before any policy sees it.
+"""
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+
+from controlplane.core.index import CacheIndex
+from kvplane.latency import StepTimeModel
+from kvplane.types import Role, WorkerId
+
+# Prefill tokens per engine step assumed for a worker that does not state its own.
+DEFAULT_CHUNK_TOKENS = 2048
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerLoadView:
+    num_running: int
+    num_waiting: int
+    num_queued_prefill_tokens: int
+    num_free_blocks: int
+    num_used_blocks: int
+    num_total_blocks: int
+    # Tokens each running request may still generate, and their total context (the predictor's
+    # decode-batch forecast).
+    running_remaining_tokens: tuple[int, ...] = ()
+    running_context_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerView:
+    worker_id: WorkerId
+    role: Role
+    model: str
+    block_size: int
+    active: bool  # False while draining: finishes its work, takes no new requests
+    load: WorkerLoadView
+    max_context: int
+    block_nbytes: int = 0  # KV bytes per block (0 = unknown: never a fetch source or target)
+    # New KV blocks of requests routed here that no load report shows yet: the kvplane policy's
+    # load guard counts them in KV use. Not in the cost: a burst's first request would then
+    # outweigh the very prefix it is computing for the others. Set by the planner's accounting.
+    pending_blocks: int = 0
+    latency: StepTimeModel | None = None  # the worker's step-time model (None: no prediction)
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS  # prefill tokens per engine step
+    max_num_seqs: int = 0  # 0 = no slot limit known
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterView:
+    """Every registered worker and where the KV blocks live."""
+
+    workers: tuple[WorkerView, ...]
+    index: CacheIndex
+
+    def without(self, worker_ids: Collection[str]) -> ClusterView:
+        if not worker_ids:
+            return self
+        return ClusterView(tuple(w for w in self.workers if w.worker_id not in worker_ids), self.index)

@@ -1,0 +1,125 @@
+"""Load accounting: a routed request counts once, whether or not a report shows it yet, and its
+load leaves its worker when its prefill ends and when it finishes, not at the next report.
+Fleet defaults (conftest): 100-block workers. Times are seconds on the ledger's clock."""
+from __future__ import annotations
+
+import pytest
+
+from controlplane.core.accounting import Charge, LoadLedger
+from kvplane.types import WorkerId
+
+W = WorkerId("w")
+P = WorkerId("p")
+# Decodes on w: 30 prompt tokens to compute, 14 blocks held (8 of them new: 6 were cached).
+DECODE = Charge(W, prefill_tokens=30, num_blocks=14, num_new_blocks=8, decodes=True)
+
+
+def load_of(view) -> tuple[int, int, int, int, int]:
+    """(running, waiting, queued prefill tokens, used blocks, pending blocks)."""
+    load = view.load
+    return load.num_running, load.num_waiting, load.num_queued_prefill_tokens, load.num_used_blocks, view.pending_blocks
+
+
+def test_a_routed_request_counts_before_any_report_and_only_once_after(worker_view):
+    ledger = LoadLedger(report_lag_s=0.1)
+    ledger.dispatched(1, [DECODE], now=0.0)
+    # No report shows it: it waits with its tokens; its new blocks are pending, not used.
+    assert load_of(ledger.adjust(worker_view("w"))) == (0, 1, 30, 0, 8)
+    ledger.reported(W, now=0.05)
+    # The report shows it queued (and its 14 blocks, cached prefix included): nothing is added.
+    queued = worker_view("w", num_waiting=1, num_queued_prefill_tokens=30, num_used_blocks=14)
+    assert load_of(ledger.adjust(queued)) == (0, 1, 30, 14, 0)
+
+
+def test_prefill_end_and_finish_release_at_once_without_a_report(worker_view):
+    ledger = LoadLedger(report_lag_s=0.1)
+    ledger.dispatched(1, [DECODE], now=0.0)
+    ledger.reported(W, now=0.05)
+    stale = worker_view("w", num_waiting=1, num_queued_prefill_tokens=30, num_used_blocks=14)
+    ledger.prefill_ended(1, now=0.2)
+    # Its tokens leave the queue; whether the engine counts it waiting or running is the report's call.
+    assert load_of(ledger.adjust(stale)) == (0, 1, 0, 14, 0)
+    ledger.finished(1, now=0.3)
+    # Finished: the report taken while it was queued no longer charges anything for it.
+    assert load_of(ledger.adjust(stale)) == (0, 0, 0, 0, 0)
+    assert ledger.adjust(stale).load.num_free_blocks == 100
+
+
+def test_a_report_arriving_within_the_lag_of_a_finish_is_taken_as_older(worker_view):
+    ledger = LoadLedger(report_lag_s=0.1)
+    ledger.dispatched(1, [DECODE], now=0.0)
+    ledger.prefill_ended(1, now=0.2)
+    ledger.reported(W, now=0.4)  # shows it running
+    running = worker_view("w", num_running=1, num_used_blocks=14)
+    assert load_of(ledger.adjust(running)) == (1, 0, 0, 14, 0)
+    ledger.finished(1, now=1.0)
+    ledger.reported(W, now=1.05)  # 50 ms after the finish: may have been sampled before it
+    assert load_of(ledger.adjust(running)) == (0, 0, 0, 0, 0)
+    assert ledger.num_entries(W) == 1
+    ledger.reported(W, now=1.2)  # 200 ms after: it shows the finish; the entry goes
+    assert ledger.num_entries(W) == 0
+    assert load_of(ledger.adjust(worker_view("w"))) == (0, 0, 0, 0, 0)
+
+
+def test_a_report_within_the_lag_of_a_first_token_does_not_count_the_request_twice(worker_view):
+    ledger = LoadLedger(report_lag_s=0.1)
+    for dispatch_id in (1, 2):  # two requests start together
+        ledger.dispatched(dispatch_id, [DECODE], now=0.0)
+        ledger.prefill_ended(dispatch_id, now=0.2)
+    ledger.reported(W, now=0.25)  # sampled after both first tokens after all: both running
+    both_running = worker_view("w", num_running=2, num_used_blocks=28)
+    assert load_of(ledger.adjust(both_running)) == (2, 0, 0, 28, 0)
+
+
+def test_a_request_finished_before_any_report_leaves_nothing_behind(worker_view):
+    ledger = LoadLedger()
+    ledger.dispatched(1, [DECODE], now=0.0)
+    ledger.prefill_ended(1, now=0.1)
+    assert load_of(ledger.adjust(worker_view("w"))) == (1, 0, 0, 0, 8)
+    ledger.finished(1, now=0.2)
+    ledger.finished(1, now=0.3)  # idempotent
+    assert ledger.num_entries(W) == 0
+
+
+def test_own_requests_in_prefill_are_a_floor_under_a_report_that_predates_them(worker_view):
+    ledger = LoadLedger()
+    ledger.dispatched(1, [DECODE], now=0.0)
+    ledger.reported(W, now=0.01)  # arrived after the dispatch but sampled before the engine had it
+    assert load_of(ledger.adjust(worker_view("w"))) == (0, 1, 30, 0, 0)
+
+
+def test_a_disaggregated_request_charges_its_prefill_worker_only_until_prefill_ends(worker_view):
+    ledger = LoadLedger()
+    remote = Charge(W, prefill_tokens=0, num_blocks=14, num_new_blocks=14, decodes=True)
+    prefill = Charge(P, prefill_tokens=56, num_blocks=0, num_new_blocks=0, decodes=False)
+    ledger.dispatched(7, [remote, prefill], now=0.0)
+    assert load_of(ledger.adjust(worker_view("p"))) == (0, 1, 56, 0, 0)
+    assert load_of(ledger.adjust(worker_view("w"))) == (0, 1, 0, 0, 14)
+    ledger.reported(P, now=0.1)
+    ledger.prefill_ended(7, now=0.5)
+    assert load_of(ledger.adjust(worker_view("p", num_waiting=1, num_queued_prefill_tokens=56))) == (0, 0, 0, 0, 0)
+    assert load_of(ledger.adjust(worker_view("w"))) == (1, 0, 0, 0, 14)
+
+
+def test_two_requests_on_one_worker_are_released_separately(worker_view):
+    ledger = LoadLedger()
+    ledger.dispatched(1, [DECODE], now=0.0)
+    ledger.dispatched(2, [DECODE], now=0.0)
+    ledger.reported(W, now=0.1)
+    ledger.prefill_ended(1, now=0.2)
+    ledger.prefill_ended(2, now=0.2)
+    ledger.reported(W, now=0.5)
+    both = worker_view("w", num_running=2, num_used_blocks=28)
+    ledger.finished(1, now=0.6)
+    assert load_of(ledger.adjust(both)) == (1, 0, 0, 14, 0)
+    with pytest.raises(ValueError, match="dispatch 2 is already in the ledger"):
+        ledger.dispatched(2, [DECODE], now=0.7)
+
+
+def test_a_removed_worker_is_forgotten(worker_view):
+    ledger = LoadLedger()
+    ledger.dispatched(1, [DECODE], now=0.0)
+    ledger.forget_worker(W)
+    assert ledger.num_entries(W) == 0
+    assert ledger.adjust(worker_view("w")) == worker_view("w")
+    ledger.finished(1, now=1.0)  # a late finish of a forgotten request is harmless

@@ -1,0 +1,190 @@
+"""The request planner, driven with plain data only: placement, rejection, fetch, calibration,
+link rate, and the load it charges and releases (the agent-loop scenario of issue #8).
+Fleet defaults (conftest): model "m", block size 4, 100-block workers."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from controlplane.core.admission_base import AdmissionConfig, Reject, RejectKind
+from controlplane.core.index import CacheIndex, StoredEvent
+from controlplane.core.planner import Outcome, Plan, Planner, PlannerConfig
+from controlplane.core.settings import ClusterSettings
+from controlplane.core.views import ClusterView
+from kvplane.block_hash import hash_blocks
+from kvplane.latency import StepTimeModel
+from kvplane.types import DisaggMode, Role, Tier, WorkerId
+from tests.core.conftest import make_router_config
+
+PROMPT_40 = list(range(200, 240))  # 10 full blocks
+# 1 ms per step + 10 us per prefill token + 1 ms per decoded sequence.
+STEP_MODEL = StepTimeModel(coefficients=(1e-3, 1e-5, 0.0, 1e-3, 0.0), num_samples=100, mean_abs_pct_error=0.0)
+NO_SETTINGS = ClusterSettings()
+
+
+def planner(seed: int = 0, admission_policy: str = "threshold", admission: AdmissionConfig | None = None, **router) -> Planner:
+    config = PlannerConfig(
+        router=make_router_config(**router), admission_policy=admission_policy, admission=admission or AdmissionConfig()
+    )
+    return Planner(config, rng=random.Random(seed))
+
+
+def test_places_the_request_on_the_prefix_holder_and_charges_it(index, cache_prefix, worker_view, route_request):
+    cache_prefix("holder", PROMPT_40, 6)
+    cluster = ClusterView((worker_view("holder", num_used_blocks=2), worker_view("idle")), index)
+    plan = planner().plan(route_request(PROMPT_40, max_tokens=16), cluster, NO_SETTINGS, now=0.0)
+    assert isinstance(plan, Plan)
+    # holder: max(0 + 10 - 6, 0) + 2 used = 6; idle: 10 + 0 = 10.
+    assert [(c.worker_id, c.cost) for c in plan.decision.candidates] == [("holder", 6.0), ("idle", 10.0)]
+    assert (plan.decode_worker, plan.prefill_worker, plan.fetch_from, plan.cached_tokens) == ("holder", None, None, 24)
+    assert [o.decode_worker for o in plan.options] == ["holder", "idle"]
+    # 40 prompt + 16 output tokens = 14 blocks, 6 of them cached; 40 - 24 tokens to compute.
+    [charge] = plan.charges
+    assert (charge.worker_id, charge.prefill_tokens, charge.num_blocks, charge.num_new_blocks, charge.decodes) == (
+        "holder", 16, 14, 8, True,
+    )  # fmt: skip
+
+
+def test_rejects_with_the_reason_kind_and_retry_after_of_the_policy(index, worker_view, route_request):
+    cluster = ClusterView((worker_view("w1", num_running=80), worker_view("w2", num_running=96)), index)
+    verdict = planner().plan(route_request(PROMPT_40), cluster, NO_SETTINGS, now=0.0)
+    # Least over: w1 at (80 - 64) / 64 = 0.25: retry 1.0 x 1.25.
+    assert verdict == Reject(
+        reason="all 2 candidates over limits: w1 (running 80>64); w2 (running 96>64)",
+        retry_after_s=1.25,
+        kind=RejectKind.RUNNING,
+    )
+
+
+def test_the_run_time_setting_chooses_the_admission_policy(index, worker_view, route_request):
+    cluster = ClusterView((worker_view("w1", num_running=80),), index)
+    p = planner()
+    assert isinstance(p.plan(route_request(PROMPT_40), cluster, NO_SETTINGS, now=0.0), Reject)
+    admit_all = ClusterSettings({"admission.policy": "none"})
+    assert p.admission_policy_name(admit_all) == "none"
+    assert isinstance(p.plan(route_request(PROMPT_40), cluster, admit_all, now=0.0), Plan)
+
+
+def test_fetches_from_a_busy_holder_and_charges_only_what_is_left(index, cache_prefix, worker_view, route_request):
+    cache_prefix("holder", PROMPT_40, 10)
+    cluster = ClusterView(
+        (worker_view("holder", num_used_blocks=40, block_nbytes=8192), worker_view("idle", block_nbytes=8192)), index
+    )
+    p = planner(fetch_overhead_ms=1.0, fetch_bytes_per_s=1e9, prefill_tokens_per_s=1000.0)
+    plan = p.plan(route_request(PROMPT_40, disagg=DisaggMode.AUTO, max_tokens=16), cluster, NO_SETTINGS, now=0.0)
+    assert isinstance(plan, Plan)
+    # 9 blocks (the last prompt block is always computed) come from the holder: 36 tokens.
+    assert (plan.decode_worker, plan.fetch_from, plan.fetch_tokens) == ("idle", "holder", 36)
+    [charge] = plan.charges
+    assert (charge.worker_id, charge.prefill_tokens, charge.num_blocks, charge.num_new_blocks) == ("idle", 4, 14, 5)
+
+
+def test_admission_moving_the_request_drops_the_routers_fetch(index, cache_prefix, worker_view, route_request):
+    cache_prefix("holder", PROMPT_40, 10)
+    # idle wins the route (holder has 40 blocks in use) and would fetch, but its decode batch is
+    # too big for a 20 ms TPOT objective; the holder's is not.
+    slow = dict(latency=STEP_MODEL, block_nbytes=8192)
+    cluster = ClusterView(
+        (
+            worker_view("holder", num_used_blocks=40, num_running=10, running_remaining_tokens=[100] * 10, **slow),
+            worker_view("idle", num_running=30, running_remaining_tokens=[100] * 30, **slow),
+        ),
+        index,
+    )
+    p = planner(admission_policy="predictive", fetch_overhead_ms=1.0, fetch_bytes_per_s=1e9, prefill_tokens_per_s=1000.0)
+    settings = ClusterSettings({"objectives.*.interactive.tpot_ms": "20"})
+    routed = p.route(route_request(PROMPT_40, disagg=DisaggMode.AUTO), cluster, settings, now=0.0)
+    assert (routed.decision.decode_worker, routed.decision.fetch_from) == ("idle", "holder")
+    # TPOT at arrival: idle 1 ms + 31 x 1 ms = 32 ms > 20; holder 1 ms + 11 x 1 ms = 12 ms <= 20.
+    assert [round(o.prediction.tpot_ms, 6) for o in routed.options] == [32.0, 12.0]
+    plan = p.admit(routed, settings)
+    assert isinstance(plan, Plan)
+    assert (plan.decode_worker, plan.follows_router, plan.fetch_from, plan.fetch_tokens, plan.cached_tokens) == (
+        "holder", False, None, 0, 0,
+    )  # fmt: skip
+    assert p.admissible(routed, settings) == {"idle": False, "holder": True}
+
+
+def test_a_finished_request_calibrates_the_next_prediction(index, worker_view, route_request):
+    cluster = ClusterView((worker_view("w", latency=STEP_MODEL),), index)
+    p = planner(admission_policy="none")
+    request = route_request(PROMPT_40, max_tokens=4)
+    first = p.plan(request, cluster, NO_SETTINGS, now=0.0)
+    assert isinstance(first, Plan) and first.prediction is not None
+    # One step of 40 prefill tokens on an idle worker (nothing else decoding): 1 ms + 0.4 ms.
+    assert first.prediction.ttft_s == pytest.approx(0.0014)
+    dispatch = p.dispatched(first, now=0.0)
+    p.prefill_ended(dispatch, now=0.05)
+    p.finished(dispatch, now=0.2, outcome=Outcome(ttft_s=0.0514, tpot_s=None))
+    # The first residual is taken whole: +50 ms on later local TTFT predictions; TPOT unchanged.
+    second = p.plan(request, cluster, NO_SETTINGS, now=0.2)
+    assert second.prediction.ttft_s == pytest.approx(0.0514) and second.prediction.ttft_offset_s == pytest.approx(0.05)
+    assert second.prediction.tpot_s == pytest.approx(first.prediction.tpot_s)
+
+
+def test_a_measured_transfer_teaches_the_link_rate(index, worker_view, route_request):
+    workers = (worker_view("d", latency=STEP_MODEL, block_nbytes=1_000_000), worker_view("p", Role.PREFILL, latency=STEP_MODEL))
+    cluster = ClusterView(workers, index)
+    p = planner(admission_policy="none")
+    request = route_request(PROMPT_40, disagg=DisaggMode.ALWAYS, max_tokens=4)
+    plan = p.plan(request, cluster, NO_SETTINGS, now=0.0)
+    # 10 full blocks of 1 MB at the initial 1 GB/s: 10 ms.
+    assert (plan.prefill_worker, plan.prediction.transfer_s) == ("p", pytest.approx(0.010))
+    p.finished(p.dispatched(plan, now=0.0), now=1.0, outcome=Outcome(kv_transfer_bytes=10_000_000, kv_transfer_s=0.002))
+    # 5 GB/s measured: 1 + 0.2 x (5 - 1) = 1.8 GB/s.
+    assert p.plan(request, cluster, NO_SETTINGS, now=1.0).prediction.transfer_s == pytest.approx(0.01 / 1.8)
+
+
+def test_agent_loop_steps_stay_on_the_prefix_holder():
+    """Issue #8: four `both` workers; each step of a tool loop is sent right after the previous
+    one finished and extends its prompt (+ its 16 output tokens + 8 new ones). The holder's last
+    load report still shows the finished step running with its blocks in use; the planner has
+    released them at the finish, so every step stays on the holder and recomputes only 2 blocks."""
+    index = CacheIndex()
+    workers = [WorkerId(f"both-{i}") for i in range(4)]
+    reports = {w: _load_view(w) for w in workers}
+    p = planner(seed=3)
+    prompt, seq, now, holder = list(range(40)), 0, 0.0, None
+    for step in range(8):
+        cluster = ClusterView(tuple(reports[w] for w in workers), index)
+        plan = p.plan(_request(prompt), cluster, NO_SETTINGS, now)
+        assert isinstance(plan, Plan)
+        holder = holder or plan.decode_worker
+        blocks = len(prompt) // 4
+        if step:
+            assert plan.decode_worker == holder, f"step {step} left the holder"
+            # Holder: max(0 queued + n - (n - 2) matched, 0) + 0 used (released) = 2; others: n.
+            costs = {c.worker_id: c.cost for c in plan.decision.candidates}
+            assert costs == {w: (2.0 if w == holder else float(blocks)) for w in workers}
+        dispatch = p.dispatched(plan, now)
+        held = (len(prompt) + 16) // 4  # the prompt and its output, in full blocks
+        # The engine reports the step queued, then running, then stores its blocks; it finishes.
+        reports[holder] = _load_view(holder, waiting=1, queued=len(prompt) - plan.cached_tokens)
+        p.load_reported(holder, now + 0.05)
+        p.prefill_ended(dispatch, now + 0.1)
+        reports[holder] = _load_view(holder, running=1, used=held)
+        p.load_reported(holder, now + 0.25)
+        hashes = hash_blocks(prompt + [500 + step] * 16, 4, model_salt="m")
+        assert index.apply_batch(holder, seq, [StoredEvent(tuple(hashes), Tier.DEVICE)])
+        p.kv_stored(holder, hashes)
+        seq += 1
+        p.finished(dispatch, now + 0.4, Outcome(ttft_s=0.1, tpot_s=0.01))
+        if step % 2:
+            p.load_reported(holder, now + 0.41)  # sampled before the finish: still released
+        now += 0.401  # the next step goes out right away
+        prompt = prompt + [500 + step] * 16 + [900 + step] * 8
+
+
+def _load_view(worker_id: WorkerId, running: int = 0, waiting: int = 0, queued: int = 0, used: int = 0):
+    from tests.core.conftest import make_worker_view
+
+    return make_worker_view(
+        worker_id, Role.BOTH, num_running=running, num_waiting=waiting, num_queued_prefill_tokens=queued, num_used_blocks=used
+    )
+
+
+def _request(prompt: list[int]):
+    from tests.core.conftest import make_request
+
+    return make_request(prompt, max_tokens=16, disagg=DisaggMode.NEVER)
