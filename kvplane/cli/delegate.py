@@ -11,7 +11,7 @@ import argparse
 import importlib
 from dataclasses import dataclass
 
-from kvplane.cli.common import CliError, usage_error
+from kvplane.cli.common import usage_error
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,15 +83,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(delegate: Delegate, argv: list[str]) -> int:
-    try:
-        module = importlib.import_module(delegate.module)
-    except ModuleNotFoundError as e:
-        # Only a missing target module is a user-facing condition; a broken import inside it is a bug.
-        if e.name is None or not delegate.module.startswith(e.name):
-            raise
-        raise CliError(
-            f"`{delegate.prog}` is not available in this installation: module {delegate.module} is missing"
-        ) from None
+    module = importlib.import_module(delegate.module)
     parser = argparse.ArgumentParser(prog=delegate.prog, description=delegate.description)
     module.add_arguments(parser)
     args = parser.parse_args(argv)
