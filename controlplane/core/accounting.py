@@ -25,9 +25,10 @@ release stands). Conversely a report that arrives right after a dispatch may pre
 request: this replica's requests still in prefill are a floor under the queued prefill tokens,
 and its live requests a floor under running + waiting. Signals never go below zero.
 
-What a report shows of one request is an estimate (the engine reports totals): a request whose
-blocks are shared with another running request is released in full, and `running_remaining_tokens`
-keeps a finished request until the next report. Both errors last at most one report interval.
+What a report shows of one request is an estimate (the engine reports totals): a finished
+request releases its new blocks at once, and the cached prefix it reused only once none of this
+replica's requests is left on the worker (they may share it: a hot prefix stays in use while its
+readers run); `running_remaining_tokens` keeps a finished request until the next report. Both errors last at most one report interval.
 The lag is a guess because a report carries no sample time: one slower than report_lag_s still
 shows a finished request for one interval, and a change within report_lag_s before a fast report
 is released twice until the next report (an exact answer needs the agent to number its reports).
@@ -130,6 +131,7 @@ class LoadLedger:
         )  # fmt: skip
         gone_from_waiting = gone_from_running = 0  # requests that left since the report showed them
         floor_tokens = floor_requests = 0
+        gone_reused_blocks = 0  # the largest cached prefix a gone request shared (see below)
         for e in entries.values():
             c = e.charge
             here = e.phase is Phase.PREFILL or (e.phase is Phase.DECODE and c.decodes)
@@ -152,7 +154,13 @@ class LoadLedger:
                     gone_from_waiting += 1
                 else:
                     gone_from_running += 1
-                used -= c.num_blocks if c.decodes else 0
+                if c.decodes:
+                    used -= c.num_new_blocks
+                    gone_reused_blocks = max(gone_reused_blocks, c.num_blocks - c.num_new_blocks)
+        # A gone request's cached prefix stays in use while requests of ours that may share it
+        # run here (a hot prefix); only the last one out releases it (an agent loop's holder).
+        if floor_requests == 0:
+            used -= gone_reused_blocks
         running, waiting = _take(running, waiting, gone_from_running)
         waiting, running = _take(waiting, running, gone_from_waiting)
         waiting = max(waiting, floor_requests - running)

@@ -111,9 +111,25 @@ def test_two_requests_on_one_worker_are_released_separately(worker_view):
     ledger.reported(W, now=0.5)
     both = worker_view("w", num_running=2, num_used_blocks=28)
     ledger.finished(1, now=0.6)
-    assert load_of(ledger.adjust(both)) == (1, 0, 0, 14, 0)
+    # Its 8 new blocks go; the 6 cached ones it reused may be request 2's too: they stay.
+    assert load_of(ledger.adjust(both)) == (1, 0, 0, 20, 0)
     with pytest.raises(ValueError, match="dispatch 2 is already in the ledger"):
         ledger.dispatched(2, [DECODE], now=0.7)
+
+
+def test_a_shared_cached_prefix_stays_used_until_its_last_reader_finishes(worker_view):
+    ledger = LoadLedger()
+    for dispatch_id in (1, 2, 3):  # three readers of one 6-block cached prefix, 8 new blocks each
+        ledger.dispatched(dispatch_id, [DECODE], now=0.0)
+        ledger.prefill_ended(dispatch_id, now=0.2)
+    ledger.reported(W, now=0.5)
+    three = worker_view("w", num_running=3, num_used_blocks=6 + 3 * 8)
+    ledger.finished(1, now=0.6)
+    ledger.finished(2, now=0.6)
+    # Releasing each in full (14) would show the prefix's holder as empty while request 3 runs.
+    assert load_of(ledger.adjust(three)) == (1, 0, 0, 6 + 8, 0)
+    ledger.finished(3, now=0.7)
+    assert load_of(ledger.adjust(three)) == (0, 0, 0, 0, 0)
 
 
 def test_a_removed_worker_is_forgotten(worker_view):

@@ -1,0 +1,146 @@
+"""Layering: every import between the project's modules points one way.
+
+Floors, bottom up (a module may import its own floor and those below, never above):
+- shared (`kvplane.types`, `block_hash`, `latency`, `stats`, `tickets`, `convert`, `errors`,
+  `grpc_util`, `telemetry`, the `v1` stubs): imports only other shared modules;
+- `controlplane.core` (the plain-Python planner and its algorithms): the standard library and
+  `kvplane.types`, `kvplane.block_hash`, `kvplane.latency`, `kvplane.stats` only (no grpc,
+  store client or torch);
+- the planes: `controlplane` (its core and the shared floor) and `dataplane` (the shared floor);
+  neither imports the other: they meet over gRPC;
+- the top floor (`kvplane.client`, `cli`, `bench`, `cluster`, `demo`, the package itself):
+  anything, except that the benchmarks reach the data plane only through its public packages.
+Every import counts, function-local and TYPE_CHECKING ones included, and the whole graph has
+no cycle.
+"""
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("kvplane", "controlplane", "dataplane")
+SHARED = tuple(f"kvplane.{m}" for m in ("types", "block_hash", "latency", "stats", "tickets", "convert", "errors", "grpc_util", "telemetry", "v1"))
+CORE_MAY_IMPORT = ("kvplane.types", "kvplane.block_hash", "kvplane.latency", "kvplane.stats")
+# The benchmarks' doors into the data plane: package entry points, not their modules.
+BENCH_DATAPLANE_DOORS = ("dataplane.engines", "dataplane.engines.reference", "dataplane.transport")
+
+
+def _under(module: str, prefixes: tuple[str, ...] | str) -> bool:
+    prefixes = (prefixes,) if isinstance(prefixes, str) else prefixes
+    return any(module == p or module.startswith(p + ".") for p in prefixes)
+
+
+def project_modules(root: Path = ROOT) -> dict[str, Path]:
+    modules = {}
+    for package in PACKAGES:
+        for path in (root / package).rglob("*.py"):
+            parts = path.relative_to(root).with_suffix("").parts
+            modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return modules
+
+
+def import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
+    """module -> the project modules it imports (`from pkg import name` counts as importing
+    pkg.name when that is a module, else pkg)."""
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        targets: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                targets.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                for alias in node.names:
+                    full = f"{node.module}.{alias.name}"
+                    targets.add(full if full in modules else node.module)
+        graph[name] = {t for t in targets if t.split(".")[0] in PACKAGES and t != name}
+    return graph
+
+
+def floor_violation(importer: str, imported: str) -> str | None:
+    """Why `importer` may not import `imported`, or None when it may."""
+    if _under(importer, SHARED):
+        return None if _under(imported, SHARED) else "the shared floor imports only shared modules"
+    if _under(importer, "controlplane.core"):
+        if _under(imported, "controlplane.core") or _under(imported, CORE_MAY_IMPORT):
+            return None
+        return "controlplane.core is plain Python: stdlib and kvplane.types/block_hash/latency/stats only"
+    if _under(importer, "controlplane"):
+        return None if _under(imported, ("controlplane", *SHARED)) else "the control plane imports itself and the shared floor"
+    if _under(importer, "dataplane"):
+        return None if _under(imported, ("dataplane", *SHARED)) else "the data plane imports itself and the shared floor"
+    if _under(importer, "kvplane.bench") and _under(imported, "dataplane") and imported not in BENCH_DATAPLANE_DOORS:
+        return f"benchmarks use the data plane's public packages {BENCH_DATAPLANE_DOORS}, not its modules"
+    return None
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle as a path (first node repeated at the end), or None."""
+    state: dict[str, int] = {}  # 1 = on the current path, 2 = done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10_000))
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def _third_party_in_core(modules: dict[str, Path]) -> set[str]:
+    out = set()
+    for name, path in modules.items():
+        if not _under(name, "controlplane.core"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module] if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 else [])
+            out.update(f"{name}: {n}" for n in names if n.split(".")[0] not in (*sys.stdlib_module_names, *PACKAGES))
+    return out
+
+
+def test_every_import_points_down_the_floors():
+    graph = import_graph(project_modules())
+    wrong = sorted(
+        f"{a} -> {b}: {why}" for a, targets in graph.items() for b in targets if (why := floor_violation(a, b))
+    )
+    assert wrong == []
+
+
+def test_the_core_imports_no_third_party_package():
+    assert _third_party_in_core(project_modules()) == set()
+
+
+def test_the_import_graph_has_no_cycle():
+    assert find_cycle(import_graph(project_modules())) is None
+
+
+def test_the_checks_see_wrong_way_imports_and_cycles(tmp_path):
+    # A miniature project with each mistake once: the checks must name them.
+    for package, files in {
+        "kvplane": {"__init__.py": "", "types.py": "import kvplane.cli\n", "cli.py": "import kvplane.types\n"},
+        "controlplane": {"__init__.py": "", "core/__init__.py": "", "core/router.py": "import grpc\nfrom dataplane import agent\n"},
+        "dataplane": {"__init__.py": "", "agent.py": "def f():\n    from controlplane.core import router\n"},
+    }.items():
+        for rel, text in files.items():
+            (tmp_path / package / rel).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / package / rel).write_text(text)
+    modules = project_modules(tmp_path)
+    graph = import_graph(modules)
+    wrong = {(a, b) for a, targets in graph.items() for b in targets if floor_violation(a, b)}
+    assert wrong == {("kvplane.types", "kvplane.cli"), ("controlplane.core.router", "dataplane.agent"),
+                     ("dataplane.agent", "controlplane.core.router")}
+    assert find_cycle(graph) is not None
+    assert _third_party_in_core(modules) == {"controlplane.core.router: grpc"}
