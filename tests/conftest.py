@@ -10,6 +10,7 @@ itself in ~0.3 s, and etcd's minimum lease TTL (1.5 x election timeout, rounded 
 """
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
@@ -24,6 +25,19 @@ ETCD_MISSING = (
     "the etcd binary was not found on PATH; run `make test` (it installs etcd-server), "
     "or install etcd 3.4+ yourself and put it on PATH"
 )
+
+
+@pytest.fixture(autouse=True)
+def _processes_need_the_cluster_marker(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):
+    """A test that starts a process must carry @pytest.mark.cluster, so that `-m "not cluster"`
+    stays the fast, process-free suite: outside the marker, starting one fails the test."""
+    if request.node.get_closest_marker("cluster") is None:
+        def refuse(*args, **kwargs):
+            raise RuntimeError(f"{request.node.nodeid} starts a process: mark it @pytest.mark.cluster")
+
+        monkeypatch.setattr(subprocess.Popen, "__init__", refuse)
+        monkeypatch.setattr(os, "fork", refuse)
+    yield
 
 
 class EtcdNotFound(RuntimeError):

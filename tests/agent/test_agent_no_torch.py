@@ -15,6 +15,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.cluster  # starts processes
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 _START_UP = r"""

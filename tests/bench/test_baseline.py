@@ -15,6 +15,7 @@ def test_memcpy_moves_the_requested_bytes():
     assert moved / seconds > 1e8  # even a slow CI machine copies DRAM faster than 100 MB/s
 
 
+@pytest.mark.cluster
 def test_tcp_moves_the_requested_bytes_through_a_second_process():
     moved, seconds = measure_tcp(NBYTES, repeats=3)
     assert moved == 3 * NBYTES

@@ -20,10 +20,6 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 SERVER_MODULES = ("controlplane.main", "dataplane.agent.main", "dataplane.transport", "dataplane.engines")
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "cluster: starts a real local cluster (control plane + agents)")
-
-
 def missing_server_modules() -> list[str]:
     missing = []
     for name in SERVER_MODULES:

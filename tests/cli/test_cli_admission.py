@@ -9,6 +9,8 @@ import pytest
 from tests.cli.conftest import run_kvplane
 from tests.sdk.scripted_server import ScriptedServer
 
+pytestmark = pytest.mark.cluster  # starts processes
+
 OBJECTIVE = "objectives.builtin-tiny.interactive.ttft_ms"
 
 

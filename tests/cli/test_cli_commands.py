@@ -1,12 +1,16 @@
 """Client commands against the scripted Kvplane server: output shapes and error lines."""
 from __future__ import annotations
 
+import pytest
+
 import json
 import subprocess
 import sys
 
 from tests.cli.conftest import run_kvplane
 from tests.sdk.scripted_server import ScriptedServer
+
+pytestmark = pytest.mark.cluster  # starts processes
 
 METRIC_FIELDS = {
     "prefill_worker", "decode_worker", "prompt_tokens", "cached_tokens", "kv_transfer_bytes",

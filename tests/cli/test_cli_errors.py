@@ -13,6 +13,8 @@ from kvplane.cli.main import build_parser
 from tests.cli.conftest import run_kvplane
 from tests.sdk.scripted_server import ScriptedServer
 
+pytestmark = pytest.mark.cluster  # starts processes
+
 UNREACHABLE = "127.0.0.1:1"
 CANNOT_REACH = f"kvplane: error: cannot reach the kvplane control plane at {UNREACHABLE} ("
 

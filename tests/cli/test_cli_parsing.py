@@ -7,6 +7,8 @@ import pytest
 
 from tests.cli.conftest import run_kvplane
 
+pytestmark = pytest.mark.cluster  # starts processes
+
 CLIENT_COMMANDS = (
     ["generate"], ["route"], ["workers"], ["cache"], ["drain"], ["up"], ["bench"], ["config"], ["config", "get"],
     ["config", "set"], ["profile"], [],

@@ -12,6 +12,8 @@ from kvplane.cluster import LocalCluster
 
 from .helpers import metric_sum, prompt_ids, scrape, wait_for
 
+pytestmark = pytest.mark.cluster  # starts processes
+
 
 def test_overloaded_cluster_rejects_with_retry_after(tmp_path):
     limits = ("--max-running", "1", "--max-waiting", "1")

@@ -10,6 +10,8 @@ from kvplane.v1 import agent_pb2, agent_pb2_grpc
 
 from .helpers import prompt_ids
 
+pytestmark = pytest.mark.cluster  # starts processes
+
 
 @pytest.mark.parametrize(
     "kwargs, message",

@@ -11,6 +11,8 @@
 """
 from __future__ import annotations
 
+import pytest
+
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
@@ -18,6 +20,8 @@ from kvplane import Client
 from kvplane.cluster import LocalCluster
 
 from .helpers import BLOCK_SIZE, prompt_ids, wait_for
+
+pytestmark = pytest.mark.cluster  # starts processes
 
 
 def _tiers(client, worker_id: str) -> dict[str, int]:

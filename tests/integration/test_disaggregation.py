@@ -8,6 +8,8 @@ from kvplane.cluster import LocalCluster
 
 from .helpers import BLOCK_SIZE, prompt_ids
 
+pytestmark = pytest.mark.cluster  # starts processes
+
 TRANSPORTS = ["grpc", "nixl"]
 
 

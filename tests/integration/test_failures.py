@@ -2,6 +2,8 @@
 control plane rebuilds its view (workers and cache index) from etcd alone."""
 from __future__ import annotations
 
+import pytest
+
 import signal
 import time
 
@@ -9,6 +11,8 @@ from kvplane import Client
 from kvplane.cluster import LocalCluster
 
 from .helpers import BLOCK_SIZE, cached_blocks, prompt_ids, wait_for
+
+pytestmark = pytest.mark.cluster  # starts processes
 
 LEASE_TTL_S = 3
 

@@ -2,10 +2,14 @@
 disaggregated, with the tokenizer from the checkpoint's tokenizer.json."""
 from __future__ import annotations
 
+import pytest
+
 from kvplane import Client
 from kvplane.cluster import LocalCluster
 
 from tests.engine.helpers import load_hf, write_hf_llama
+
+pytestmark = pytest.mark.cluster  # starts processes
 
 
 def test_cluster_serves_a_local_hf_checkpoint(tmp_path):

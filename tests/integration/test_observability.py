@@ -22,6 +22,8 @@ from kvplane.telemetry.metrics import SPECS
 
 from .helpers import BLOCK_SIZE, metric_sum, prompt_ids, scrape, wait_for
 
+pytestmark = pytest.mark.cluster  # starts processes
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 

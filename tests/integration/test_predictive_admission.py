@@ -2,6 +2,8 @@
 before any prefill work is spent; objectives set with the CLI change decisions on every replica."""
 from __future__ import annotations
 
+import pytest
+
 import concurrent.futures
 import subprocess
 import sys
@@ -11,6 +13,8 @@ from kvplane.cluster import LocalCluster
 from kvplane.latency import StepTimeModel
 
 from .helpers import BLOCK_SIZE, prompt_ids, wait_for
+
+pytestmark = pytest.mark.cluster  # starts processes
 
 
 def test_burst_that_would_overload_decode_is_rejected_before_prefill(tmp_path):

@@ -10,6 +10,8 @@ from kvplane import Client
 
 from .helpers import prompt_ids
 
+pytestmark = pytest.mark.cluster  # starts processes
+
 
 def _endpoints(cluster) -> dict[str, str]:
     return {"controlplane": cluster.endpoint, **cluster.worker_endpoints}

@@ -1,11 +1,14 @@
 """The checked-in Python stubs are exactly what protoc generates from protos/ today."""
 from __future__ import annotations
 
+import pytest
+
 from pathlib import Path
 
 from kvplane.protogen import ROOT, generate, proto_files
 
 
+@pytest.mark.cluster
 def test_generated_stubs_are_not_stale(tmp_path: Path):
     generate(tmp_path)
     generated = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file())

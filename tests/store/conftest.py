@@ -34,7 +34,7 @@ class StoreCase:
         return asyncio.run(main())
 
 
-@pytest.fixture(params=["memory", "etcd"])
+@pytest.fixture(params=["memory", pytest.param("etcd", marks=pytest.mark.cluster)])
 def store(request: pytest.FixtureRequest) -> StoreCase:
     if request.param == "memory":
         url = "memory://"

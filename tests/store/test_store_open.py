@@ -55,6 +55,7 @@ def test_unreachable_etcd_raises_store_unavailable_naming_the_endpoint():
     asyncio.run(body())
 
 
+@pytest.mark.cluster
 def test_watch_fails_when_etcd_dies_and_data_survives_a_restart(etcd_factory):
     server = etcd_factory()
 

@@ -101,6 +101,7 @@ def test_nixl_errors_are_reported_as_transfer_errors(nixl_peer, local_transport,
     assert int(local.buffer.count_nonzero()) == 0
 
 
+@pytest.mark.cluster
 def test_pull_from_a_dead_peer_fails_instead_of_hanging(local_transport, local):
     # Depending on how far UCX gets, connecting (backend error) or posting (disconnect) fails.
     peer = start_peer("nixl", 4, 99, [2, 0])

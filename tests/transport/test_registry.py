@@ -52,6 +52,7 @@ def test_unknown_transport_names_the_known_ones():
         make_transport("rdma", empty_pool(LAYOUT, 2))
 
 
+@pytest.mark.cluster
 def test_without_nixl_only_grpc_is_offered_and_nixl_is_refused_clearly():
     """A real process in which `import nixl` fails, as on a machine without the package."""
     code = (
