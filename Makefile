@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test env test-env etcd protos clean
+.PHONY: demo test test-fast lint format env test-env etcd protos clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,8 +25,20 @@ etcd:
 demo: env
 	$(PY) -m kvplane.demo
 
-test: env etcd
+test: env etcd lint
 	$(PY) -m pytest -q
+
+# The process-free tests only (seconds): what to run while editing.
+test-fast: env
+	$(PY) -m pytest -q -m "not cluster"
+
+lint: env
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: env
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
 
 protos: env
 	$(PY) -m kvplane.protogen

@@ -5,6 +5,7 @@ rejected, and are shed first when interactive traffic needs the room: an interac
 sheds the oldest waiting batch request, and no waiting batch request is admitted within
 `interactive_guard_s` of one. The clock is injected (seconds, monotonic).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -76,5 +77,5 @@ class BatchQueue:
         """Returns when the waiter is shed or poll_s has passed (then the caller re-plans)."""
         try:
             await asyncio.wait_for(waiter.woken.wait(), self.poll_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass

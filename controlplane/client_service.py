@@ -9,6 +9,7 @@ metrics and serves the admin RPCs.
 Nothing is lost: a request either streams to completion or its caller gets a status saying why
 it failed. A decode worker that fails before the first token is retried once elsewhere.
 """
+
 from __future__ import annotations
 
 import logging
@@ -113,13 +114,18 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
         if s.max_tokens == 0:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "sampling.max_tokens must be at least 1")
         if s.max_tokens > limits.max_tokens_limit:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"sampling.max_tokens {s.max_tokens} is above this model's limit of {limits.max_tokens_limit}")
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"sampling.max_tokens {s.max_tokens} is above this model's limit of {limits.max_tokens_limit}",
+            )
         if s.temperature < 0 or not 0 <= s.top_p <= 1:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "temperature must be >= 0 and top_p within [0, 1]")
         token_ids = await self._prompt_tokens(request, model, workers, context)
         bad = next((t for t in token_ids if t >= limits.vocab_size), None)
         if bad is not None:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"token id {bad} is outside the vocabulary of {model!r} (size {limits.vocab_size})")
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"token id {bad} is outside the vocabulary of {model!r} (size {limits.vocab_size})"
+            )
         if len(token_ids) + s.max_tokens > limits.max_context:
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT,
@@ -173,7 +179,9 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
                 span.set_attributes(_route_attributes(routed.decision))
         return routed
 
-    async def _decide(self, v: Validated, context, exclude: frozenset[str] = frozenset(), count: bool = False) -> tuple[Routed, Plan | Reject]:
+    async def _decide(
+        self, v: Validated, context, exclude: frozenset[str] = frozenset(), count: bool = False
+    ) -> tuple[Routed, Plan | Reject]:
         """Routes and admits. `count`: record the admission decision in metrics (Generate does;
         Route runs nothing)."""
         routed = await self._route(v, context, exclude)
@@ -284,7 +292,9 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
                             out.metrics.route_reason += f" (the fetch from {plan.fetch_from} failed; prefilled locally)"
                         outcome = Outcome(
                             ttft_s=first_token_at - started - queued_s if first_token_at is not None else None,
-                            tpot_s=(last_token_at - first_token_at) / (num_tokens - 1) if first_token_at is not None and num_tokens > 1 else None,
+                            tpot_s=(last_token_at - first_token_at) / (num_tokens - 1)
+                            if first_token_at is not None and num_tokens > 1
+                            else None,
                             kv_transfer_bytes=reply.metrics.kv_transfer_bytes,
                             kv_transfer_s=reply.metrics.kv_transfer_ms / 1000,
                         )
@@ -297,7 +307,12 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
             except grpc.aio.AioRpcError as e:
                 retryable = e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
                 if retryable and not sent_any and attempt + 1 < self._config.max_route_attempts:
-                    log.warning("decode worker %s failed before the first token (%s); routing %s again", plan.decode_worker, e.code().name, v.request_id)
+                    log.warning(
+                        "decode worker %s failed before the first token (%s); routing %s again",
+                        plan.decode_worker,
+                        e.code().name,
+                        v.request_id,
+                    )
                     exclude.add(plan.decode_worker)
                     continue
                 observation.failed(e.code().name)
@@ -307,7 +322,9 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
                 self.planner.finished(dispatch, self._clock())
         await context.abort(grpc.StatusCode.UNAVAILABLE, "no worker could take the request; try again")
 
-    def _finish_metrics(self, out, agent_metrics, plan: Plan, v: Validated, queued_s: float, started: float, first_token_at: float | None) -> None:
+    def _finish_metrics(
+        self, out, agent_metrics, plan: Plan, v: Validated, queued_s: float, started: float, first_token_at: float | None
+    ) -> None:
         out.CopyFrom(agent_metrics)
         out.route_reason = plan.decision.reason
         out.priority = v.route.priority
@@ -321,7 +338,9 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
 
     async def GetStats(self, request, context):
         window = self.stats_window
-        reply = client_pb2.GetStatsResponse(window_s=min(request.window_s or window.horizon_s, window.horizon_s), metrics_url=self.metrics_url)
+        reply = client_pb2.GetStatsResponse(
+            window_s=min(request.window_s or window.horizon_s, window.horizon_s), metrics_url=self.metrics_url
+        )
         for s in window.stats(request.window_s or None):
             reply.workers.add(
                 worker_id=s.worker_id, num_requests=s.num_requests, ttft=_summary_pb(s.ttft_s), itl=_summary_pb(s.itl_s),
@@ -386,7 +405,7 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
             items, _ = await self._store.get_prefix(keys.SETTINGS)
         except StoreError as e:
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"store unavailable: {e}")
-        return client_pb2.ConfigResponse(values={kv.key[len(keys.SETTINGS):]: kv.value.decode() for kv in items})
+        return client_pb2.ConfigResponse(values={kv.key[len(keys.SETTINGS) :]: kv.value.decode() for kv in items})
 
     async def _worker_or_abort(self, worker_id: str, context):
         entry = self._state.workers.get(WorkerId(worker_id))

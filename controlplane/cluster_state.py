@@ -4,6 +4,7 @@ Workers, their latest load and the cache index all come from keys under /kvplane
 keys live under its lease, so when the lease expires (the agent died) the store deletes them and
 the worker-key delete removes it from routing and from the index, with nobody calling it.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -30,7 +31,7 @@ class WorkerEntry:
     info: common_pb2.WorkerInfo
     load: common_pb2.WorkerLoad
     state: int
-    load_at: float                  # monotonic time of the last load report
+    load_at: float  # monotonic time of the last load report
     latency: StepTimeModel | None = None  # the worker's step-time model, from its load reports
 
 
@@ -99,13 +100,13 @@ class ClusterState:
         key = event.key
         try:
             if key.startswith(keys.WORKERS):
-                self._apply_worker(WorkerId(key[len(keys.WORKERS):]), event)
+                self._apply_worker(WorkerId(key[len(keys.WORKERS) :]), event)
             elif key.startswith(keys.LOAD) and event.type is EventType.PUT:
-                self._apply_load(WorkerId(key[len(keys.LOAD):]), event.value)
+                self._apply_load(WorkerId(key[len(keys.LOAD) :]), event.value)
             elif key.startswith(keys.KV) and event.type is EventType.PUT:
                 self._apply_kv(key, event.value)
             elif key.startswith(keys.SETTINGS):
-                self._apply_setting(key[len(keys.SETTINGS):], event)
+                self._apply_setting(key[len(keys.SETTINGS) :], event)
         except Exception:
             log.exception("ignoring malformed store entry %s", key)
 

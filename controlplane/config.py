@@ -1,4 +1,5 @@
 """The control plane's configuration: one validated dataclass, the source of every default."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -12,16 +13,16 @@ DEFAULT_PORT = 50051
 class ControlPlaneConfig:
     host: str = "127.0.0.1"
     port: int = DEFAULT_PORT
-    store: str = "memory"                 # "memory" or "etcd://host:port"
-    lease_ttl_s: int = 10                 # worker leases; agents renew at a third of it
-    kv_compact_every_s: float = 10.0      # drop a worker's event batches older than its latest snapshot
-    max_route_attempts: int = 2           # a decode worker that fails before the first token is retried elsewhere once
-    batch_queue_size: int = 64            # batch requests that may wait for admission instead of being rejected
-    batch_queue_timeout_s: float = 30.0   # how long one may wait before it is rejected after all
-    batch_poll_s: float = 0.05            # how often a waiting batch request asks admission again
+    store: str = "memory"  # "memory" or "etcd://host:port"
+    lease_ttl_s: int = 10  # worker leases; agents renew at a third of it
+    kv_compact_every_s: float = 10.0  # drop a worker's event batches older than its latest snapshot
+    max_route_attempts: int = 2  # a decode worker that fails before the first token is retried elsewhere once
+    batch_queue_size: int = 64  # batch requests that may wait for admission instead of being rejected
+    batch_queue_timeout_s: float = 30.0  # how long one may wait before it is rejected after all
+    batch_poll_s: float = 0.05  # how often a waiting batch request asks admission again
     planner: PlannerConfig = field(default_factory=PlannerConfig)  # routing, admission, prediction
 
-    def validate(self) -> "ControlPlaneConfig":
+    def validate(self) -> ControlPlaneConfig:
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in 0..65535, got {self.port}")
         if self.lease_ttl_s < 2:

@@ -6,6 +6,7 @@ its own fields; a `params.selector` field becomes a choice flag (e.g. `--routing
 the fields of every choice's params, their help prefixed with the choice's name. A flag for a
 choice not taken is ignored. Flag names must be unique across one parser.
 """
+
 from __future__ import annotations
 
 import argparse

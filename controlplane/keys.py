@@ -9,6 +9,7 @@
 /kvplane/profiles/<id>      LatencyProfile measured by `kvplane profile`; no lease, so a restarted
                             worker starts from it
 """
+
 from __future__ import annotations
 
 ROOT = "/kvplane/"
@@ -45,5 +46,5 @@ def kv_key(worker_id: str, seq: int) -> str:
 
 
 def parse_kv_key(key: str) -> tuple[str, int]:
-    worker_id, _, seq = key[len(KV):].rpartition("/")
+    worker_id, _, seq = key[len(KV) :].rpartition("/")
     return worker_id, int(seq)

@@ -2,6 +2,7 @@
 
 The routing, admission and prediction flags are generated from the planner's config dataclasses
 (controlplane/flags.py), so every tunable is a flag and its default is written once."""
+
 from __future__ import annotations
 
 import argparse
@@ -10,7 +11,8 @@ import sys
 
 from controlplane.config import ControlPlaneConfig
 from controlplane.core.planner import PlannerConfig
-from controlplane.flags import add_config_arguments, config_from_args as planner_from_args
+from controlplane.flags import add_config_arguments
+from controlplane.flags import config_from_args as planner_from_args
 from kvplane.telemetry import flags as telemetry_flags
 
 

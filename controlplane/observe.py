@@ -5,6 +5,7 @@ One `RequestObservation` follows a Generate call: the time it arrived, each rela
 metrics in kvplane.telemetry.metrics.SPECS (where = controlplane) and adds the request to the
 replica's StatsWindow, which GetStats serves to `kvplane top`.
 """
+
 from __future__ import annotations
 
 import logging
@@ -50,7 +51,18 @@ def record_admission(verdict: Plan | Admit | Reject, policy: str, count: bool = 
 
 
 class RequestObservation:
-    __slots__ = ("_window", "request_id", "started", "model", "kind", "first_token_at", "last_token_at", "gaps", "num_output_tokens", "_attrs")
+    __slots__ = (
+        "_window",
+        "request_id",
+        "started",
+        "model",
+        "kind",
+        "first_token_at",
+        "last_token_at",
+        "gaps",
+        "num_output_tokens",
+        "_attrs",
+    )
 
     def __init__(self, window: StatsWindow) -> None:
         self._window = window
@@ -105,9 +117,7 @@ class RequestObservation:
         inst.kvplane_prompt_tokens.add(m.cached_tokens, {**self._attrs, "kvplane.token.source": "cached"})
         inst.kvplane_prompt_tokens.add(m.prompt_tokens - m.cached_tokens, {**self._attrs, "kvplane.token.source": "computed"})
         inst.kvplane_output_tokens.add(self.num_output_tokens, self._attrs)
-        self._window.add_request(
-            m.decode_worker, m.prefill_worker, ttft, self.gaps, m.prompt_tokens, m.cached_tokens, m.kv_transfer_bytes
-        )
+        self._window.add_request(m.decode_worker, m.prefill_worker, ttft, self.gaps, m.prompt_tokens, m.cached_tokens, m.kv_transfer_bytes)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("request finished", extra={
                 "request_id": self.request_id, "decode_worker": m.decode_worker, "prefill_worker": m.prefill_worker,

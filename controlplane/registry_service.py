@@ -3,6 +3,7 @@
 The control plane only relays to the store; the lease lives in the store, so any replica can
 serve an agent's keep-alive and a replica's death loses nothing.
 """
+
 from __future__ import annotations
 
 import logging
@@ -106,7 +107,9 @@ class RegistryService(registry_pb2_grpc.RegistryServicer):
             worker_id = message.worker_id
             current = await self._store.get(keys.worker_key(worker_id))
             if current is None or current.lease != lease_id:
-                await context.abort(grpc.StatusCode.NOT_FOUND, f"worker {worker_id!r} is not registered under lease {lease_id:x}: register again")
+                await context.abort(
+                    grpc.StatusCode.NOT_FOUND, f"worker {worker_id!r} is not registered under lease {lease_id:x}: register again"
+                )
             await self._store.put(key, message.SerializeToString(), lease=LeaseId(lease_id))
         except StoreError as e:
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"store unavailable: {e}")

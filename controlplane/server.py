@@ -1,4 +1,5 @@
 """Runs one control plane replica: store, cluster view, Registry + Kvplane services."""
+
 from __future__ import annotations
 
 import asyncio

@@ -4,6 +4,7 @@ compose.yaml and k8s/*.yaml is accepted by the real argument parsers and config 
 Run from the repository root with the project's venv: `python deploy/check.py`.
 It needs no Docker, Kubernetes or etcd, and proves nothing about running them.
 """
+
 from __future__ import annotations
 
 import argparse

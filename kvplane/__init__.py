@@ -4,6 +4,7 @@ The client SDK is importable from here: `kvplane.Client`, `kvplane.AsyncClient` 
 They load on first access (PEP 562), so that `import kvplane.types` from the plain-Python
 routing core does not pull in grpc.
 """
+
 from __future__ import annotations
 
 import importlib

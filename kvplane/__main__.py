@@ -1,4 +1,5 @@
 """`python -m kvplane ...` is the `kvplane` command (the local cluster launches its children this way)."""
+
 import sys
 
 from kvplane.cli.main import main

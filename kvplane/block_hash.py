@@ -7,6 +7,7 @@ Equal hashes therefore mean an equal model, tenant and entire token prefix (afte
 chained hashes with extra keys; a collision-resistant hash because a collision would serve
 another prompt's KV).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -33,9 +34,7 @@ def chain_hash(parent: BlockHash, block_token_ids: Sequence[int]) -> BlockHash:
     return BlockHash(h.digest())
 
 
-def hash_blocks(
-    token_ids: Sequence[int], block_size: int, model_salt: str, tenant_salt: str = ""
-) -> list[BlockHash]:
+def hash_blocks(token_ids: Sequence[int], block_size: int, model_salt: str, tenant_salt: str = "") -> list[BlockHash]:
     """Hashes of every full block of `token_ids`, each chained on all blocks before it."""
     if block_size <= 0:
         raise ValueError(f"block_size must be positive, got {block_size}")

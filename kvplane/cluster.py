@@ -6,6 +6,7 @@ which then stops them in order: agents first (so they can give up their leases w
 control plane and its embedded store still run), then the control plane; SIGTERM first,
 SIGKILL for whatever has not exited within the grace period.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -125,8 +126,7 @@ class LocalCluster:
                 if exited:
                     name, code = next(iter(exited.items()))
                     raise ClusterError(
-                        f"{name} exited with code {code} during startup; last lines of {self.log_paths[name]}:\n"
-                        f"{self.log_tail(name)}"
+                        f"{name} exited with code {code} during startup; last lines of {self.log_paths[name]}:\n{self.log_tail(name)}"
                     )
                 try:
                     seen = {w.worker_id for w in client.workers()}
@@ -163,9 +163,7 @@ class LocalCluster:
     def __enter__(self) -> LocalCluster:
         return self.start()
 
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         self.stop()
 
     def add_agent(self, role: str, worker_id: str, agent_args: tuple[str, ...] | list[str] = (), timeout: float = 60.0) -> None:
@@ -246,9 +244,7 @@ class LocalCluster:
     def exited(self, *, nonzero_only: bool = False) -> dict[str, int]:
         """Children that have exited, name -> exit code (negative: killed by that signal)."""
         codes = {name: p.poll() for name, p in self.processes.items()}
-        return {
-            name: code for name, code in codes.items() if code is not None and (code != 0 or not nonzero_only)
-        }
+        return {name: code for name, code in codes.items() if code is not None and (code != 0 or not nonzero_only)}
 
     def log_tail(self, name: str, num_lines: int = 30) -> str:
         path = self.log_paths.get(name)

@@ -1,4 +1,5 @@
 """Conversions between protocol messages and kvplane's typed values, in one place."""
+
 from __future__ import annotations
 
 from kvplane.types import DisaggMode, KVLayout, Role, Tier

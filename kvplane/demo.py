@@ -5,6 +5,7 @@ and one decode agent, sends prompts that share a long system prompt, and prints 
 ran, how much of its prompt was already cached, how many KV bytes moved, and its TTFT.
 The shared prefix is why later prompts find cached tokens.
 """
+
 from __future__ import annotations
 
 import argparse

@@ -5,6 +5,7 @@ RESOURCE_EXHAUSTED and two trailing metadata entries (keys below), so that a cli
 back off by the amount the server predicted instead of guessing. Servers import the key
 names and `rejection_trailers` from here so both sides spell them the same way.
 """
+
 from __future__ import annotations
 
 import math
@@ -111,7 +112,9 @@ def rejection_trailers(retry_after_s: float | None, reason: str) -> tuple[tuple[
 def _is_connection_failure(details: str) -> bool:
     """True when gRPC itself could not reach the server (not a server-sent UNAVAILABLE)."""
     lowered = details.lower()
-    return not details or any(w in lowered for w in ("failed to connect", "connection refused", "dns resolution", "socket closed", "connection reset"))
+    return not details or any(
+        w in lowered for w in ("failed to connect", "connection refused", "dns resolution", "socket closed", "connection reset")
+    )
 
 
 def _call_attr(e: grpc.RpcError, name: str, default: Any) -> Any:

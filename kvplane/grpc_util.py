@@ -1,4 +1,5 @@
 """gRPC plumbing shared by every kvplane server and client: options, health, reflection, tracing."""
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -24,9 +25,7 @@ def make_server() -> grpc.aio.Server:
     return grpc.aio.server(options=CHANNEL_OPTIONS, interceptors=server_interceptors())
 
 
-def enable_health_and_reflection(
-    server: grpc.aio.Server, service_names: Iterable[str]
-) -> health.aio.HealthServicer:
+def enable_health_and_reflection(server: grpc.aio.Server, service_names: Iterable[str]) -> health.aio.HealthServicer:
     """Registers grpc.health.v1 (all services SERVING) and server reflection."""
     names = list(service_names)
     servicer = health.aio.HealthServicer()

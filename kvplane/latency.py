@@ -29,6 +29,7 @@ tracks the worker as it runs.
 
 Pure Python: no numpy or torch; protobuf only in the *_pb helpers.
 """
+
 from __future__ import annotations
 
 import math
@@ -74,7 +75,9 @@ class StepTimeModel:
     mean_abs_pct_error: float
     seeded_from_profile: bool = False
 
-    def step_seconds(self, prefill_tokens: int = 0, prefill_attention: int = 0, decode_seqs: int = 0, decode_context_tokens: int = 0) -> float:
+    def step_seconds(
+        self, prefill_tokens: int = 0, prefill_attention: int = 0, decode_seqs: int = 0, decode_context_tokens: int = 0
+    ) -> float:
         c = self.coefficients
         t = c[0] + c[1] * prefill_tokens + c[2] * prefill_attention + c[3] * decode_seqs + c[4] * decode_context_tokens
         return max(t, 0.0)

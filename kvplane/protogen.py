@@ -1,4 +1,5 @@
 """Regenerates the checked-in Python stubs from protos/ (python -m kvplane.protogen)."""
+
 from __future__ import annotations
 
 import subprocess

@@ -4,6 +4,7 @@ One percentile definition for the whole project: linear interpolation between th
 (numpy's default, "type 7"), so `kvplane top`, `GetStats` and every benchmark table agree on
 what p50 and p99 mean.
 """
+
 from __future__ import annotations
 
 import math

@@ -4,6 +4,7 @@ An agent serves Generate/Prefill only with a ticket whose HMAC-SHA256 (key share
 store at registration) verifies, that names the agent, and that has not expired, so a client
 cannot bypass admission by calling agents directly.
 """
+
 from __future__ import annotations
 
 import hashlib

@@ -2,6 +2,7 @@
 
 Plain Python only: no gRPC, etcd or torch imports, so algorithms can use them freely.
 """
+
 from __future__ import annotations
 
 import enum
@@ -64,7 +65,7 @@ class KVLayout:
     dtype: str
     block_size: int
 
-    def mismatch(self, other: "KVLayout") -> str | None:
+    def mismatch(self, other: KVLayout) -> str | None:
         """A sentence naming the first field that differs, or None when the layouts match."""
         for f in fields(self):
             mine, theirs = getattr(self, f.name), getattr(other, f.name)
@@ -89,4 +90,3 @@ def dtype_nbytes(dtype: str) -> int:
         return _DTYPE_NBYTES[dtype]
     except KeyError:
         raise ValueError(f"unknown KV dtype {dtype!r}; expected one of {sorted(_DTYPE_NBYTES)}") from None
-

@@ -8,6 +8,7 @@ The server runs with a 25 ms heartbeat and a 250 ms election timeout: a single m
 itself in ~0.3 s, and etcd's minimum lease TTL (1.5 x election timeout, rounded up) drops from
 2 s to 1 s, so lease tests can use ttl=1.
 """
+
 from __future__ import annotations
 
 import os
@@ -22,8 +23,7 @@ from pathlib import Path
 import pytest
 
 ETCD_MISSING = (
-    "the etcd binary was not found on PATH; run `make test` (it installs etcd-server), "
-    "or install etcd 3.4+ yourself and put it on PATH"
+    "the etcd binary was not found on PATH; run `make test` (it installs etcd-server), or install etcd 3.4+ yourself and put it on PATH"
 )
 
 
@@ -32,6 +32,7 @@ def _processes_need_the_cluster_marker(request: pytest.FixtureRequest, monkeypat
     """A test that starts a process must carry @pytest.mark.cluster, so that `-m "not cluster"`
     stays the fast, process-free suite: outside the marker, starting one fails the test."""
     if request.node.get_closest_marker("cluster") is None:
+
         def refuse(*args, **kwargs):
             raise RuntimeError(f"{request.node.nodeid} starts a process: mark it @pytest.mark.cluster")
 
@@ -127,9 +128,7 @@ def _wait_healthy(server: EtcdServer, timeout_s: float) -> bool:
     return False
 
 
-def start_etcd(
-    tmp_dir: Path | str, client_port: int | None = None, peer_port: int | None = None, timeout_s: float = 15.0
-) -> EtcdServer:
+def start_etcd(tmp_dir: Path | str, client_port: int | None = None, peer_port: int | None = None, timeout_s: float = 15.0) -> EtcdServer:
     """Start etcd with its data and log under tmp_dir; return once it answers /health.
 
     Ports default to free loopback ports (retried if another process grabs one first); pass the
@@ -158,7 +157,7 @@ def _start_or_fail(tmp_dir: Path) -> EtcdServer:
 
 @pytest.fixture(scope="session")
 def etcd_endpoint(tmp_path_factory: pytest.TempPathFactory):
-    """"127.0.0.1:PORT" of one etcd shared by the whole test session."""
+    """ "127.0.0.1:PORT" of one etcd shared by the whole test session."""
     server = _start_or_fail(tmp_path_factory.mktemp("etcd"))
     yield server.endpoint
     server.stop()

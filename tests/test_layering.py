@@ -13,6 +13,7 @@ Floors, bottom up (a module may import its own floor and those below, never abov
 Every import counts, function-local and TYPE_CHECKING ones included, and the whole graph has
 no cycle.
 """
+
 from __future__ import annotations
 
 import ast
@@ -21,7 +22,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("kvplane", "controlplane", "dataplane")
-SHARED = tuple(f"kvplane.{m}" for m in ("types", "block_hash", "latency", "stats", "tickets", "convert", "errors", "grpc_util", "telemetry", "v1"))
+SHARED = tuple(
+    f"kvplane.{m}" for m in ("types", "block_hash", "latency", "stats", "tickets", "convert", "errors", "grpc_util", "telemetry", "v1")
+)
 CORE_MAY_IMPORT = ("kvplane.types", "kvplane.block_hash", "kvplane.latency", "kvplane.stats")
 # The benchmarks' doors into the data plane: package entry points, not their modules.
 BENCH_DATAPLANE_DOORS = ("dataplane.engines", "dataplane.engines.reference", "dataplane.transport")
@@ -85,7 +88,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         path.append(node)
         for nxt in sorted(graph.get(node, ())):
             if state.get(nxt) == 1:
-                return path[path.index(nxt):] + [nxt]
+                return path[path.index(nxt) :] + [nxt]
             if nxt not in state and (cycle := visit(nxt)):
                 return cycle
         path.pop()
@@ -105,17 +108,18 @@ def _third_party_in_core(modules: dict[str, Path]) -> set[str]:
         if not _under(name, "controlplane.core"):
             continue
         for node in ast.walk(ast.parse(path.read_text())):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
-                [node.module] if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 else [])
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else ([node.module] if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 else [])
+            )
             out.update(f"{name}: {n}" for n in names if n.split(".")[0] not in (*sys.stdlib_module_names, *PACKAGES))
     return out
 
 
 def test_every_import_points_down_the_floors():
     graph = import_graph(project_modules())
-    wrong = sorted(
-        f"{a} -> {b}: {why}" for a, targets in graph.items() for b in targets if (why := floor_violation(a, b))
-    )
+    wrong = sorted(f"{a} -> {b}: {why}" for a, targets in graph.items() for b in targets if (why := floor_violation(a, b)))
     assert wrong == []
 
 
@@ -140,7 +144,10 @@ def test_the_checks_see_wrong_way_imports_and_cycles(tmp_path):
     modules = project_modules(tmp_path)
     graph = import_graph(modules)
     wrong = {(a, b) for a, targets in graph.items() for b in targets if floor_violation(a, b)}
-    assert wrong == {("kvplane.types", "kvplane.cli"), ("controlplane.core.router", "dataplane.agent"),
-                     ("dataplane.agent", "controlplane.core.router")}
+    assert wrong == {
+        ("kvplane.types", "kvplane.cli"),
+        ("controlplane.core.router", "dataplane.agent"),
+        ("dataplane.agent", "controlplane.core.router"),
+    }
     assert find_cycle(graph) is not None
     assert _third_party_in_core(modules) == {"controlplane.core.router: grpc"}

@@ -1,4 +1,5 @@
 """The one percentile definition (kvplane.stats), with exact values."""
+
 from __future__ import annotations
 
 import pytest

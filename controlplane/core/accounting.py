@@ -33,6 +33,7 @@ The lag is a guess because a report carries no sample time: one slower than repo
 shows a finished request for one interval, and a change within report_lag_s before a fast report
 is released twice until the next report (an exact answer needs the agent to number its reports).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -40,7 +41,7 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from controlplane.core.views import WorkerLoadView, WorkerView
+from controlplane.core.views import WorkerView
 from kvplane.types import WorkerId
 
 

@@ -9,6 +9,7 @@ list of them, so policies are chosen by name (`--admission`, or the run-time set
 - `predictive` (admission_predictive.py): predict TTFT and TPOT per placement and admit to the
   best placement that meets the request's objectives.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable

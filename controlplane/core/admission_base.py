@@ -6,6 +6,7 @@ Every policy sees the request, the decode candidates, and the placements the pla
 first, each with a latency prediction when the workers have models) plus the request's objective;
 policies that do not predict ignore the last two.
 """
+
 from __future__ import annotations
 
 import enum

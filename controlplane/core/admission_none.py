@@ -1,7 +1,8 @@
 """Admission policy `none`: admit everything (benchmarks, single-user setups). Parameters: none."""
+
 from __future__ import annotations
 
-from controlplane.core.admission_base import Admit, AdmissionConfig, Reject
+from controlplane.core.admission_base import AdmissionConfig, Admit, Reject
 
 
 class AdmitAll:

@@ -11,11 +11,12 @@ closest (predicted vs target) and a retry-after from the prediction:
 Bounded to [MIN_RETRY_AFTER_S, max_retry_after_s]. The rejection's kind is the objective missed.
 (Mooncake's early rejection, FAST'25.) Parameters: admission_base.AdmissionConfig (retry bounds).
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from controlplane.core.admission_base import Admit, AdmissionConfig, PlacementOption, Reject, RejectKind
+from controlplane.core.admission_base import AdmissionConfig, Admit, PlacementOption, Reject, RejectKind
 from controlplane.core.routing import RouteRequest
 from controlplane.core.views import WorkerView
 from kvplane.types import Objective

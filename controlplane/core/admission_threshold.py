@@ -12,11 +12,12 @@ with how far the least-saturated candidate is over:
 relative overshoot is a cheap stand-in for "time until it drains"). The rejection's kind names
 every limit a candidate is over. Parameters: admission_base.AdmissionConfig.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from controlplane.core.admission_base import Admit, AdmissionConfig, Reject, RejectKind
+from controlplane.core.admission_base import AdmissionConfig, Admit, Reject, RejectKind
 from controlplane.core.views import WorkerView
 from kvplane.types import WorkerId
 
@@ -80,7 +81,9 @@ class ThresholdAdmission:
             LimitOvershoot("running", load.num_running, cfg.max_running, RejectKind.RUNNING),
             LimitOvershoot("waiting", load.num_waiting, cfg.max_waiting, RejectKind.WAITING),
             LimitOvershoot(
-                "queued prefill tokens", load.num_queued_prefill_tokens, cfg.max_queued_prefill_tokens,
+                "queued prefill tokens",
+                load.num_queued_prefill_tokens,
+                cfg.max_queued_prefill_tokens,
                 RejectKind.QUEUED_PREFILL_TOKENS,
             ),
             LimitOvershoot("kv use", kv_usage, cfg.max_kv_usage, RejectKind.KV_USE),

@@ -8,6 +8,7 @@ blocks the worker holds of the weight of the fastest tier holding each,
 The router prices prefill workers with it, and the `kvplane` and `least-load` policies price
 decode workers with it. Parameters: CostConfig below, the single source of their defaults.
 """
+
 from __future__ import annotations
 
 import math
@@ -65,9 +66,7 @@ def overlap_cost(
     queued_discount_blocks leaves out queued prefill work that computes blocks this request reuses."""
     block_size = worker.block_size
     num_matched_blocks = overlap.num_blocks if overlap else 0
-    credit = (
-        sum(config.tier_weight(tier) * n for tier, n in overlap.blocks_by_tier.items()) if overlap else 0.0
-    ) * credit_scale
+    credit = (sum(config.tier_weight(tier) * n for tier, n in overlap.blocks_by_tier.items()) if overlap else 0.0) * credit_scale
     num_prompt_blocks = math.ceil(num_prompt_tokens / block_size)
     num_queued_blocks = max(math.ceil(worker.load.num_queued_prefill_tokens / block_size) - queued_discount_blocks, 0)
     num_used_blocks = worker.load.num_used_blocks

@@ -12,6 +12,7 @@ Parameters: none. Idea from Dynamo's radix-tree KV indexer (lib/kv-router) and v
 events; because block hashes are chained, a flat hash -> holders map is enough to answer
 "longest cached prefix" (equal hash at position i implies equal tokens at 0..i).
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
@@ -98,8 +99,7 @@ class CacheIndex:
                 self._clear(worker_id)
             else:
                 raise TypeError(
-                    f"unknown KV event {type(event).__name__} from worker {worker_id!r}; "
-                    "expected StoredEvent, RemovedEvent or ClearedEvent"
+                    f"unknown KV event {type(event).__name__} from worker {worker_id!r}; expected StoredEvent, RemovedEvent or ClearedEvent"
                 )
         self._worker_to_seq[worker_id] = seq
         return True

@@ -6,6 +6,7 @@ control plane's flags are generated from these fields (controlplane/main.py), so
 its description live in one place. `check_numbers` gives every config the same validation
 messages ("<Config>.<field> must be ...").
 """
+
 from __future__ import annotations
 
 import math
@@ -14,9 +15,7 @@ from dataclasses import Field, field, fields, is_dataclass
 from typing import Any
 
 
-def param(
-    default: Any, help: str, *, flag: str | None = None, choices: Callable[[], Sequence[str]] | None = None
-) -> Any:
+def param(default: Any, help: str, *, flag: str | None = None, choices: Callable[[], Sequence[str]] | None = None) -> Any:
     """A config field with its help text; `flag` overrides the generated `--field-name`;
     `choices` lists the accepted values of a name field."""
     return field(default=default, metadata={"help": help, "flag": flag, "choices": choices})

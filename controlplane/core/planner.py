@@ -23,6 +23,7 @@ servicer, a simulator) feeds it:
 Nothing here reads a clock, a store or the network: `now` is passed in (seconds on one monotonic
 clock) and the random draw comes from `rng`, so a run is reproducible.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -33,7 +34,7 @@ from dataclasses import dataclass, field
 
 from controlplane.core.accounting import Charge, LoadLedger
 from controlplane.core.admission import admission_policy_names, check_admission_policy, make_admission_policy
-from controlplane.core.admission_base import Admit, AdmissionConfig, AdmissionPolicy, PlacementOption, Reject
+from controlplane.core.admission_base import AdmissionConfig, AdmissionPolicy, Admit, PlacementOption, Reject
 from controlplane.core.params import check_numbers, param
 from controlplane.core.predictor import Calibration, LinkRate, Prediction, WorkerPerf, blocks_to_transfer, predict, tpot_recovery_s
 from controlplane.core.router import Router, RouterConfig
@@ -64,9 +65,7 @@ class PlannerConfig:
     link_rate_weight: float = param(0.2, "weight of the newest measured transfer rate in the link-rate mean")
     calibration_weight: float = param(0.2, "weight of the newest measured - predicted latency in the calibration mean")
     calibration_half_life_s: float = param(5.0, "seconds for a latency calibration to fade by half while nothing is measured")
-    report_lag_s: float = param(
-        0.1, "a load report arriving this soon after a request's prefill ended or it finished may predate that"
-    )
+    report_lag_s: float = param(0.1, "a load report arriving this soon after a request's prefill ended or it finished may predate that")
 
     def __post_init__(self) -> None:
         self.validate()

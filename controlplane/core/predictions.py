@@ -8,6 +8,7 @@ replaces its prediction; an expired prediction is dropped. A lookup merges both 
 block i counts for a worker when the index holds it there (at its fastest tier) or it is
 predicted there (credited as device: the worker is computing it now).
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
@@ -45,9 +46,7 @@ class PrefixPredictions:
     def forget_worker(self, worker_id: WorkerId) -> None:
         self._worker_to_expiry.pop(worker_id, None)
 
-    def num_predicted_in(
-        self, index: CacheIndex, worker_id: WorkerId, block_hashes: Sequence[BlockHash], now: float
-    ) -> int:
+    def num_predicted_in(self, index: CacheIndex, worker_id: WorkerId, block_hashes: Sequence[BlockHash], now: float) -> int:
         """How many of block_hashes are predicted on the worker and not yet reported there: blocks
         being computed there now."""
         table = self._worker_to_expiry.get(worker_id)
@@ -55,9 +54,7 @@ class PrefixPredictions:
             return 0
         return sum(1 for h in block_hashes if table.get(h, 0.0) > now and not index.holder_tiers(h, worker_id))
 
-    def overlaps(
-        self, index: CacheIndex, block_hashes: Sequence[BlockHash], now: float
-    ) -> dict[WorkerId, OverlapScore]:
+    def overlaps(self, index: CacheIndex, block_hashes: Sequence[BlockHash], now: float) -> dict[WorkerId, OverlapScore]:
         """index.overlaps(block_hashes), extended by live predictions."""
         result = index.overlaps(block_hashes)
         for worker_id, table in self._worker_to_expiry.items():

@@ -20,6 +20,7 @@ link rate is learnt from measured transfers (LinkRate, an EWMA).
 The step model is kvplane.latency.StepTimeModel (linear in prefill tokens, attention work, decode
 batch and decode context). Without a model for either worker there is no prediction (None).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -34,14 +35,14 @@ from kvplane.types import WorkerId
 class WorkerPerf:
     worker_id: WorkerId
     model: StepTimeModel | None
-    chunk_tokens: int              # prefill tokens per engine step
+    chunk_tokens: int  # prefill tokens per engine step
     block_size: int
     num_running: int
     num_waiting: int
     num_queued_prefill_tokens: int
     running_remaining_tokens: tuple[int, ...]
     running_context_tokens: int
-    max_num_seqs: int = 0          # 0 = no slot limit known
+    max_num_seqs: int = 0  # 0 = no slot limit known
 
     @classmethod
     def of(cls, view: WorkerView) -> WorkerPerf:

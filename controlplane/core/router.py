@@ -26,6 +26,7 @@ request is always chosen by the cost above (controlplane/core/cost.py).
 Parameters: RouterConfig below (the policy's own in its params dataclass, the cost's in
 cost.CostConfig), the single source of their defaults.
 """
+
 from __future__ import annotations
 
 import math
@@ -61,12 +62,8 @@ class RouterConfig:
         default_params, "which decode worker takes a request", flag="--routing-policy", params_types=params_types
     )
     cost: CostConfig = field(default_factory=CostConfig)
-    disagg_threshold_tokens: int = param(
-        2048, "remote prefill only when a prompt's uncached tokens reach this", flag="--disagg-threshold"
-    )
-    max_prefill_queue_tokens: int = param(
-        16384, "a prefill worker with this many queued prefill tokens or more is busy: prefill locally"
-    )
+    disagg_threshold_tokens: int = param(2048, "remote prefill only when a prompt's uncached tokens reach this", flag="--disagg-threshold")
+    max_prefill_queue_tokens: int = param(16384, "a prefill worker with this many queued prefill tokens or more is busy: prefill locally")
     temperature: float = param(0.0, "0 = the cheapest worker wins; > 0 samples over softmax(-cost / temperature)")
 
     def __post_init__(self) -> None:
@@ -117,9 +114,7 @@ class Router:
 
         model_workers = _model_workers(request.model, workers)
         block_size = model_workers[0].block_size
-        block_hashes = hash_blocks(
-            request.prompt_token_ids, block_size, model_salt=request.model, tenant_salt=request.cache_salt
-        )
+        block_hashes = hash_blocks(request.prompt_token_ids, block_size, model_salt=request.model, tenant_salt=request.cache_salt)
         worker_to_overlap = self.policy.overlaps(index, block_hashes, now)
         ctx = RouteContext(request, num_prompt_tokens, block_size, block_hashes, worker_to_overlap, index, now)
 
@@ -133,8 +128,7 @@ class Router:
         prefill_workers = [
             w
             for w in model_workers
-            if w.role.can_prefill and w.active and w.worker_id != decode.worker_id
-            and num_prompt_tokens <= w.max_context
+            if w.role.can_prefill and w.active and w.worker_id != decode.worker_id and num_prompt_tokens <= w.max_context
         ]
         prefill_worker, reason = self._place_prefill(request, decode, prefill_workers, cost_of)
         fetch = None
@@ -178,10 +172,7 @@ class Router:
         if uncached < threshold:
             return None, f"local prefill: {uncached} uncached tokens < threshold {threshold}"
         if not prefill_workers:
-            return None, (
-                f"local prefill: {uncached} uncached tokens >= threshold {threshold} "
-                "but no other active prefill worker"
-            )
+            return None, (f"local prefill: {uncached} uncached tokens >= threshold {threshold} but no other active prefill worker")
         limit = self._config.max_prefill_queue_tokens
         idle_workers = [w for w in prefill_workers if w.load.num_queued_prefill_tokens < limit]
         if not idle_workers:
@@ -191,9 +182,7 @@ class Router:
             )
         return self._pick_prefill(idle_workers, cost_of), f"remote prefill: {uncached} uncached tokens >= threshold {threshold}"
 
-    def _pick_prefill(
-        self, prefill_workers: list[WorkerView], cost_of: Callable[[WorkerView], CandidateCost]
-    ) -> WorkerId:
+    def _pick_prefill(self, prefill_workers: list[WorkerView], cost_of: Callable[[WorkerView], CandidateCost]) -> WorkerId:
         id_to_role = {w.worker_id: w.role for w in prefill_workers}
         costs = sorted((cost_of(w) for w in prefill_workers), key=lambda c: (c.cost, c.worker_id))
         # A dedicated prefill worker before a mixed one at equal cost: prefill on a BOTH worker
@@ -234,8 +223,7 @@ def _decode_candidates(request: RouteRequest, model_workers: list[WorkerView]) -
     decoders = [w for w in model_workers if w.role.can_decode]
     if not decoders:
         raise NoCandidateError(
-            f"no decode-capable worker for model {request.model!r} "
-            f"({len(model_workers)} prefill-only workers registered)"
+            f"no decode-capable worker for model {request.model!r} ({len(model_workers)} prefill-only workers registered)"
         )
     active = [w for w in decoders if w.active]
     if not active:

@@ -2,6 +2,7 @@
 policy Protocol and its no-op hooks. Policies import this module and never the router, so every
 import points one way: router -> policies -> routing.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
@@ -101,9 +102,7 @@ class PolicyHooks:
     def overlaps(self, index: CacheIndex, block_hashes: Sequence[BlockHash], now: float) -> dict[WorkerId, OverlapScore]:
         return index.overlaps(block_hashes)
 
-    def fetch(
-        self, ctx: RouteContext, decode: WorkerView, decode_cost: CandidateCost, sources: Sequence[WorkerView]
-    ) -> FetchPlan | None:
+    def fetch(self, ctx: RouteContext, decode: WorkerView, decode_cost: CandidateCost, sources: Sequence[WorkerView]) -> FetchPlan | None:
         return None
 
     def on_routed(self, decision: RouteDecision, now: float) -> None:

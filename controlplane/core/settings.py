@@ -8,6 +8,7 @@ place that knows the keys, validates values and turns them into typed settings:
   one model (or `*` for every model) and priority (kvplane.types.PRIORITIES). The most specific key wins:
   model before `*`, `*` before the defaults below.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping

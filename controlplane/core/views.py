@@ -5,6 +5,7 @@ test builds them by hand. `WorkerLoadView` holds what the worker last reported; 
 adjusts it for the requests this replica has routed since (controlplane/core/accounting.py)
 before any policy sees it.
 """
+
 from __future__ import annotations
 
 from collections.abc import Collection

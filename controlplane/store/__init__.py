@@ -4,6 +4,7 @@
   "memory" or "memory://"   embedded in-memory store (single machine; a new, empty store per call)
   "etcd://host:port"        etcd v3 server
 """
+
 from __future__ import annotations
 
 from urllib.parse import urlsplit

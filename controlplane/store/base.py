@@ -11,11 +11,13 @@ interchangeable:
   revoked. Comparisons on a missing key see version/create_revision/mod_revision 0, and a value
   comparison on a missing key is always false (as in etcd).
 """
+
 from __future__ import annotations
 
 import enum
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
-from typing import AsyncGenerator, Literal, Protocol, Sequence, Union
+from typing import Literal, Protocol
 
 from kvplane.types import LeaseId
 
@@ -135,7 +137,7 @@ class Delete:
     prefix: bool = False  # True deletes every key starting with `key`
 
 
-Op = Union[Put, Delete]
+Op = Put | Delete
 
 
 def check_ops(ops: Sequence[Op]) -> None:
@@ -153,8 +155,7 @@ def check_ops(ops: Sequence[Op]) -> None:
             clash = [k for k in put_keys if (k.startswith(op.key) if op.prefix else k == op.key)]
             if clash:
                 raise ValueError(
-                    f"transaction both puts and deletes key {sorted(clash)[0]!r} in one branch; "
-                    "keep only the operation you mean"
+                    f"transaction both puts and deletes key {sorted(clash)[0]!r} in one branch; keep only the operation you mean"
                 )
 
 
@@ -193,9 +194,7 @@ class Store(Protocol):
 
     async def delete_prefix(self, prefix: str) -> int: ...
 
-    async def transaction(
-        self, compare: Sequence[Compare], success: Sequence[Op], failure: Sequence[Op] = ()
-    ) -> bool:
+    async def transaction(self, compare: Sequence[Compare], success: Sequence[Op], failure: Sequence[Op] = ()) -> bool:
         """Atomically apply `success` if every guard holds, else `failure`; True on success."""
         ...
 

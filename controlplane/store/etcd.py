@@ -11,10 +11,11 @@ cancels them all first so it never waits on a watcher.
 Every gRPC failure becomes a StoreError; an unreachable server (UNAVAILABLE, deadline) becomes
 StoreUnavailable, with the endpoint in the message.
 """
+
 from __future__ import annotations
 
 import asyncio
-from typing import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 
 import aetcd
 import grpc
@@ -137,9 +138,7 @@ class EtcdStore:
         response = await self._call("delete_prefix", "DeleteRange", rpc.DeleteRangeRequest(key=start, range_end=end))
         return response.deleted
 
-    async def transaction(
-        self, compare: Sequence[Compare], success: Sequence[Op], failure: Sequence[Op] = ()
-    ) -> bool:
+    async def transaction(self, compare: Sequence[Compare], success: Sequence[Op], failure: Sequence[Op] = ()) -> bool:
         check_ops(success)
         check_ops(failure)
         request = rpc.TxnRequest(
@@ -287,15 +286,10 @@ class EtcdStore:
             code, detail = rpc_err.code(), rpc_err.details()
         else:
             code, detail = None, str(err) or type(err).__name__
-        if code in _UNAVAILABLE_CODES or isinstance(
-            err, (aetcd.exceptions.ConnectionFailedError, aetcd.exceptions.ConnectionTimeoutError)
-        ):
-            return StoreUnavailable(
-                f"etcd at {self._endpoint} is unavailable ({what}): {detail}; check that etcd is running and reachable"
-            )
+        if code in _UNAVAILABLE_CODES or isinstance(err, (aetcd.exceptions.ConnectionFailedError, aetcd.exceptions.ConnectionTimeoutError)):
+            return StoreUnavailable(f"etcd at {self._endpoint} is unavailable ({what}): {detail}; check that etcd is running and reachable")
         if code == grpc.StatusCode.NOT_FOUND and "lease not found" in detail:
             return LeaseNotFound(
-                f"etcd at {self._endpoint}: lease not found (expired or revoked) during {what}; "
-                "grant a new lease and write the keys again"
+                f"etcd at {self._endpoint}: lease not found (expired or revoked) during {what}; grant a new lease and write the keys again"
             )
         return StoreError(f"etcd at {self._endpoint} failed {what}: {detail}")

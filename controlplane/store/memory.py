@@ -11,6 +11,7 @@
   etcd's lessor does.
 A MemoryStore belongs to the event loop that first uses its leases; it is not thread-safe.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -18,8 +19,8 @@ import bisect
 import itertools
 import secrets
 from collections import deque
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
-from typing import AsyncGenerator, Sequence
 
 from kvplane.types import LeaseId
 
@@ -109,9 +110,7 @@ class MemoryStore:
         self._apply([Delete(prefix, prefix=True)])
         return num_keys
 
-    async def transaction(
-        self, compare: Sequence[Compare], success: Sequence[Op], failure: Sequence[Op] = ()
-    ) -> bool:
+    async def transaction(self, compare: Sequence[Compare], success: Sequence[Op], failure: Sequence[Op] = ()) -> bool:
         check_ops(success)
         check_ops(failure)
         self._begin()
@@ -229,8 +228,7 @@ class MemoryStore:
         for op in ops:
             if isinstance(op, Put) and op.lease is not None and op.lease not in self._leases:
                 raise LeaseNotFound(
-                    f"lease {op.lease} not found (expired or revoked) while putting {op.key!r}; "
-                    "grant a new lease and put the key again"
+                    f"lease {op.lease} not found (expired or revoked) while putting {op.key!r}; grant a new lease and put the key again"
                 )
         revision = self._revision + 1
         events: list[WatchEvent] = []

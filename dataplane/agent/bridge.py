@@ -1,4 +1,5 @@
 """Protocol messages to engine types, and token ids to a stream of text deltas."""
+
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
@@ -35,6 +36,6 @@ class TextStream:
         self._token_ids.extend(token_ids)
         text = await self._detokenize(self._token_ids)
         stable = len(text) if final else len(text.rstrip("\ufffd"))
-        delta = text[self._num_sent_chars:stable]
+        delta = text[self._num_sent_chars : stable]
         self._num_sent_chars = max(self._num_sent_chars, stable)
         return delta

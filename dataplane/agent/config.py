@@ -1,4 +1,5 @@
 """The agent's configuration: one validated dataclass, the source of every default."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -14,26 +15,33 @@ class AgentConfig:
     worker_id: str
     role: Role = Role.BOTH
     host: str = "127.0.0.1"
-    port: int = 0                           # 0 = any free port
-    advertise_host: str = ""                # what peers dial; default = host
+    port: int = 0  # 0 = any free port
+    advertise_host: str = ""  # what peers dial; default = host
     controlplane: str = "127.0.0.1:50051"
     engine_name: str = engines.DEFAULT_ENGINE  # which engine (dataplane/engines/registry.py)
     engine: EngineSettings = field(default_factory=EngineConfig)  # that engine's config dataclass
-    transports: tuple[str, ...] = ()        # empty = every available transport, best first
-    lease_ttl_s: int = 0                    # 0 = the control plane's default
+    transports: tuple[str, ...] = ()  # empty = every available transport, best first
+    lease_ttl_s: int = 0  # 0 = the control plane's default
     load_report_interval_s: float = 0.2
-    kv_event_interval_s: float = 0.1        # batch KV events this often
-    kv_snapshot_interval_s: float = 10.0    # and publish a full snapshot this often
-    pin_timeout_s: float = 30.0             # prefill-side pins are released if not pulled by then
-    pin_check_interval_s: float = 1.0       # how often expired pins are looked for
-    prefill_timeout_s: float = 120.0        # decode side gives up on a remote prefill after this
+    kv_event_interval_s: float = 0.1  # batch KV events this often
+    kv_snapshot_interval_s: float = 10.0  # and publish a full snapshot this often
+    pin_timeout_s: float = 30.0  # prefill-side pins are released if not pulled by then
+    pin_check_interval_s: float = 1.0  # how often expired pins are looked for
+    prefill_timeout_s: float = 120.0  # decode side gives up on a remote prefill after this
 
-    def validate(self) -> "AgentConfig":
+    def validate(self) -> AgentConfig:
         if not self.worker_id or "/" in self.worker_id:
             raise ValueError("worker_id must be a non-empty string without '/'")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in 0..65535, got {self.port}")
-        for name in ("load_report_interval_s", "kv_event_interval_s", "kv_snapshot_interval_s", "pin_timeout_s", "pin_check_interval_s", "prefill_timeout_s"):
+        for name in (
+            "load_report_interval_s",
+            "kv_event_interval_s",
+            "kv_snapshot_interval_s",
+            "pin_timeout_s",
+            "pin_check_interval_s",
+            "prefill_timeout_s",
+        ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.lease_ttl_s != 0 and not 2 <= self.lease_ttl_s <= 3600:

@@ -6,6 +6,7 @@ comes back with the registration and seeds that model. When the lease is gone
 (the control plane says so, or the store lost it) the agent registers again and republishes a
 full cache snapshot, so the index never misses what the agent holds.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -172,6 +173,7 @@ class ControlPlaneLink:
 
     async def _report_loop(self) -> None:
         while True:
+
             async def step():
                 load, state = self._load()
                 report = registry_pb2.ReportLoadRequest(worker_id=self.worker_id, lease_id=self.lease_id, load=load, state=state)

@@ -1,4 +1,5 @@
 """`kvplane agent`: run one agent beside its engine in the foreground (what a sidecar runs)."""
+
 from __future__ import annotations
 
 import argparse
@@ -21,11 +22,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=a.port, help="port to listen on (default: any free port)")
     parser.add_argument("--advertise-host", default="", help="address peers and the control plane dial (default: --host)")
     parser.add_argument("--controlplane", default=a.controlplane, help="control plane host:port (default %(default)s)")
-    parser.add_argument("--engine", choices=engines.ENGINE_NAMES, default=a.engine_name,
-                        help="the engine this agent serves (default %(default)s); each engine's flags follow")
+    parser.add_argument(
+        "--engine",
+        choices=engines.ENGINE_NAMES,
+        default=a.engine_name,
+        help="the engine this agent serves (default %(default)s); each engine's flags follow",
+    )
     parser.add_argument("--transports", default="", help="comma-separated KV transports, best first (default: all available)")
-    parser.add_argument("--pin-timeout", type=float, default=a.pin_timeout_s,
-                        help="seconds a prefilled transfer stays pinned waiting for its pull (default %(default)s)")
+    parser.add_argument(
+        "--pin-timeout",
+        type=float,
+        default=a.pin_timeout_s,
+        help="seconds a prefilled transfer stays pinned waiting for its pull (default %(default)s)",
+    )
     parser.add_argument("--lease-ttl", type=int, default=a.lease_ttl_s, help="lease TTL in seconds (default: the control plane's)")
     for plugin in engines.plugins():
         plugin.add_arguments(parser.add_argument_group(f"--engine {plugin.NAME}", plugin.SUMMARY))

@@ -6,6 +6,7 @@ prompt's KV is computed: the first token, or the end of a prefill for a peer), f
 queue = admitted - submitted, prefill = first output - admitted, decode = finished - first output.
 Spans are recorded after the fact with those times, as children of the RPC's server span.
 """
+
 from __future__ import annotations
 
 import time
@@ -15,7 +16,7 @@ from kvplane.telemetry import instruments, tracing
 from kvplane.v1 import common_pb2
 
 PHASE_GENERATE = "generate"  # a Generate request (decode, after a local or remote prefill)
-PHASE_PREFILL = "prefill"    # a prefill for a peer
+PHASE_PREFILL = "prefill"  # a prefill for a peer
 
 
 class EngineTimer:

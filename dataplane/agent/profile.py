@@ -13,6 +13,7 @@ Prompts longer than the engine's max_num_batched_tokens prefill in chunks, as re
 Defaults: max_prompt_tokens = min(1024, max_context / 2), max_batch = the engine's max_num_seqs.
 On the builtin-tiny model on 2 CPU cores a default profile takes about 2 s.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -56,7 +57,9 @@ def plan(engine: EngineAdapter, max_prompt_tokens: int = 0, max_batch: int = 0) 
     decode_tokens = max(1, min(DECODE_TOKENS, info.max_tokens_limit))
     per_request = capacity // batch - decode_tokens - block_size
     decode_prompt = max(1, min(max_prompt // 2, per_request, info.max_context - decode_tokens))
-    return Plan(max_prompt, batch, decode_tokens, decode_prompt, info.vocab_size, f"kvplane-profile-{uuid.uuid4().hex}", random.getrandbits(32))
+    return Plan(
+        max_prompt, batch, decode_tokens, decode_prompt, info.vocab_size, f"kvplane-profile-{uuid.uuid4().hex}", random.getrandbits(32)
+    )
 
 
 async def _run_batch(engine: EngineAdapter, requests: list[EngineRequest]) -> None:

@@ -3,6 +3,7 @@
 The engine comes from the engine registry by name (AgentConfig.engine_name); KV transports are
 built only over an engine with the KV import/export capability.
 """
+
 from __future__ import annotations
 
 import asyncio

@@ -14,6 +14,7 @@ The engine is reached only through the engine interface (dataplane/engines/base.
 KV pulls and remote prefill need its KV import/export capability, Profile its step timings; on
 an engine without them those RPCs fail with FAILED_PRECONDITION and say so.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -70,11 +71,11 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         self.endpoint = endpoint
         self._engine = engine
         self._kv: KVImportExport | None = engine.kv_transfer
-        self._transports = transports          # name -> KVTransport, best first; empty without self._kv
-        self._clock = clock                    # wall clock (seconds): pins expire by it, peers see expires_at
-        self._ticket_key = ticket_key          # () -> bytes, set once registered
+        self._transports = transports  # name -> KVTransport, best first; empty without self._kv
+        self._clock = clock  # wall clock (seconds): pins expire by it, peers see expires_at
+        self._ticket_key = ticket_key  # () -> bytes, set once registered
         self.state = common_pb2.WORKER_STATE_ACTIVE
-        self.metrics_url = ""                  # this process's Prometheus endpoint, set by the server
+        self.metrics_url = ""  # this process's Prometheus endpoint, set by the server
         self._pins: dict[str, Pin] = {}
         self._peer_stubs: dict[str, agent_pb2_grpc.AgentStub] = {}
         self._peer_channels: list[grpc.aio.Channel] = []
@@ -280,7 +281,10 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                     raise RuntimeError(f"no free KV blocks for {len(missing)} imported blocks")
                 try:
                     source_desc = PullSource(
-                        endpoint=source.endpoint, transfer_id=reply.transfer_id, descriptor=reply.transport_descriptor, layout=layout_from_pb(reply.layout)
+                        endpoint=source.endpoint,
+                        transfer_id=reply.transfer_id,
+                        descriptor=reply.transport_descriptor,
+                        layout=layout_from_pb(reply.layout),
                     )
                     with tracing.span(tracing.SPAN_KV_TRANSFER, {"kvplane.kv_transfer.transport": reply.transport}) as span:
                         nbytes = await transport.pull(source_desc, missing, dst)
@@ -310,7 +314,10 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         await self._check_accepting(context)
         await self._check_healthy(context)
         if not self._config.role.can_prefill and not request.cached_only:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"worker {self.worker_id} has role {self._config.role.value} and does not prefill for peers")
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"worker {self.worker_id} has role {self._config.role.value} and does not prefill for peers",
+            )
         kv = await self._require_kv(context, "export KV to a peer")
         layout = self._engine.info.layout
         mismatch = layout.mismatch(layout_from_pb(request.layout))
@@ -384,7 +391,9 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"cannot transfer KV from {self.worker_id}: {mismatch}")
         bad = [i for i in request.block_indices if i >= len(pin.block_ids)]
         if bad:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"block indices {bad[:5]} are outside the transfer's {len(pin.block_ids)} blocks")
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"block indices {bad[:5]} are outside the transfer's {len(pin.block_ids)} blocks"
+            )
         try:
             # A pin exists, so the engine has the KV capability.
             for chunk in iter_chunks(self._kv.pool, pin.block_ids, list(request.block_indices), request.chunk_bytes or 1 << 20):
@@ -430,7 +439,12 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         if model is None:
             await context.abort(grpc.StatusCode.INTERNAL, f"the profile measured only {len(samples)} steps, too few to fit")
         self.latency.seed(samples)
-        log.info("profiled %d steps; step-time model %s (mean abs error %.1f%%)", len(samples), model.coefficients, 100 * model.mean_abs_pct_error)
+        log.info(
+            "profiled %d steps; step-time model %s (mean abs error %.1f%%)",
+            len(samples),
+            model.coefficients,
+            100 * model.mean_abs_pct_error,
+        )
         return agent_pb2.ProfileResponse(profile=samples_to_pb(samples, time.time()), model=model.to_pb())
 
     async def GetStatus(self, request, context):

@@ -4,6 +4,7 @@ One package per engine under this folder (today `reference/`, kvplane's own torc
 agent reaches an engine only through `EngineAdapter` and its optional capabilities (base.py).
 Importing this package imports no torch.
 """
+
 from dataplane.engines.base import EngineAdapter, EngineInfo, KVImportExport, StepProfiling
 from dataplane.engines.events import AllCleared, BlockRemoved, BlockStored, KVCacheEvent
 from dataplane.engines.registry import (

@@ -19,6 +19,7 @@ Threading: the agent calls every method from its event loop. Methods that are pl
 block (an external engine answers them from state its background tasks keep fresh); `async def`
 ones may wait on the engine. The data types are in dataplane/engines/request.py and events.py.
 """
+
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -41,12 +42,12 @@ class EngineInfo:
     Reported in the worker's registration (WorkerInfo); fixed from start() on.
     """
 
-    model: str                   # the served model name, what requests name
-    layout: KVLayout             # KV layout (model, layers, heads, head_dim, dtype, block size)
-    max_context: int             # prompt + output tokens of one request
+    model: str  # the served model name, what requests name
+    layout: KVLayout  # KV layout (model, layers, heads, head_dim, dtype, block size)
+    max_context: int  # prompt + output tokens of one request
     vocab_size: int
-    max_tokens_limit: int        # the largest max_tokens a request may ask for
-    max_num_seqs: int            # requests running at once (the decode batch)
+    max_tokens_limit: int  # the largest max_tokens a request may ask for
+    max_num_seqs: int  # requests running at once (the decode batch)
     max_num_batched_tokens: int  # tokens computed per step
 
 

@@ -1,5 +1,6 @@
 """KV cache events, normalised: every engine reports its cache as these, with a tier, and the
 agent publishes them to the cache index."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -8,6 +8,7 @@ plugin to build its flags, whichever engine it then runs; the factory imports th
 Flags share one namespace: an engine adds only flags no engine listed before it defines, and may
 read those (`--model`, `--block-size`, ...) in its config_from_args.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,8 +39,8 @@ class EnginePlugin(Protocol):
     """The module attributes of an engine's plugin module."""
 
     NAME: str
-    SUMMARY: str          # one line for --help
-    CONFIG_TYPE: type     # its config dataclass; AgentConfig checks the config it is given
+    SUMMARY: str  # one line for --help
+    CONFIG_TYPE: type  # its config dataclass; AgentConfig checks the config it is given
 
     def add_arguments(self, group: argparse._ArgumentGroup) -> None:
         """Adds this engine's own flags, with defaults read from CONFIG_TYPE."""

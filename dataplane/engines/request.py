@@ -1,4 +1,5 @@
 """Request, output and load types and their errors: the data every engine speaks (base.py)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -1,4 +1,5 @@
 """KV transports: move pinned KV blocks from a prefill agent's pool into a decode agent's pool."""
+
 from dataplane.transport.base import (
     KVPoolLike,
     KVTransport,

@@ -11,6 +11,7 @@ No module here imports torch when imported (an agent beside an external engine l
 pool's buffer is a torch tensor, so code that touches it imports torch where it runs. The nixl
 package itself imports torch, so the NIXL probe only runs when a pool is there to serve.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -57,10 +58,10 @@ class KVPoolLike(Protocol):
 class PullSource:
     """Where a decode worker pulls from: the prefill agent and its PrefillResponse fields."""
 
-    endpoint: str        # peer agent host:port
+    endpoint: str  # peer agent host:port
     transfer_id: str
-    descriptor: bytes    # PrefillResponse.transport_descriptor
-    layout: KVLayout     # the layout the peer announced (PrefillResponse.layout)
+    descriptor: bytes  # PrefillResponse.transport_descriptor
+    layout: KVLayout  # the layout the peer announced (PrefillResponse.layout)
 
 
 @runtime_checkable
@@ -91,19 +92,14 @@ def check_pool(pool: KVPoolLike) -> None:
         raise ValueError("the KV pool buffer must be contiguous: transports address blocks by byte offset")
     if buffer.shape[0] != pool.num_blocks or buffer.numel() * buffer.element_size() != pool.num_blocks * pool.block_nbytes:
         raise ValueError(
-            f"the KV pool buffer ({tuple(buffer.shape)}, {buffer.dtype}) is not {pool.num_blocks} blocks "
-            f"of {pool.block_nbytes} bytes"
+            f"the KV pool buffer ({tuple(buffer.shape)}, {buffer.dtype}) is not {pool.num_blocks} blocks of {pool.block_nbytes} bytes"
         )
 
 
-def check_pull_args(
-    pool: KVPoolLike, num_src_blocks: int, src_block_indices: Sequence[int], dst_block_ids: Sequence[int]
-) -> None:
+def check_pull_args(pool: KVPoolLike, num_src_blocks: int, src_block_indices: Sequence[int], dst_block_ids: Sequence[int]) -> None:
     """Refuses a pull that would read outside the transfer or write outside / twice into the pool."""
     if len(src_block_indices) != len(dst_block_ids):
-        raise ValueError(
-            f"pull got {len(src_block_indices)} source block indices but {len(dst_block_ids)} destination block ids"
-        )
+        raise ValueError(f"pull got {len(src_block_indices)} source block indices but {len(dst_block_ids)} destination block ids")
     bad_src = [i for i in src_block_indices if not 0 <= i < num_src_blocks]
     if bad_src:
         raise ValueError(f"source block indices {bad_src[:5]} are outside the transfer's {num_src_blocks} blocks")

@@ -10,6 +10,7 @@ order and cover it exactly; anything else is a TransferError, never a silently p
 The descriptor is small JSON (layout, number of pinned blocks, block size in bytes): the block
 ids stay on the server, which resolves indices through its pin table.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -58,7 +59,7 @@ class GrpcDescriptor:
         ).encode()
 
     @classmethod
-    def decode(cls, data: bytes) -> "GrpcDescriptor":
+    def decode(cls, data: bytes) -> GrpcDescriptor:
         try:
             fields = json.loads(data)
             if fields.get("transport") != NAME:
@@ -157,9 +158,7 @@ class GrpcStreamTransport:
                 if received is None:
                     raise TransferError(f"{where}: the peer sent block index {index}, which was not requested")
                 if chunk.offset != received:
-                    raise TransferError(
-                        f"{where}: block index {index} chunk at offset {chunk.offset}, expected offset {received}"
-                    )
+                    raise TransferError(f"{where}: block index {index} chunk at offset {chunk.offset}, expected offset {received}")
                 data = chunk.data
                 end = received + len(data)
                 if end > block_nbytes:
@@ -174,9 +173,7 @@ class GrpcStreamTransport:
         short = [(i, n) for i, n in index_to_received.items() if n != block_nbytes]
         if short:
             listed = ", ".join(f"index {i}: {n} bytes" for i, n in short[:5])
-            raise TransferError(
-                f"{where}: the stream ended with {len(short)} blocks short of {block_nbytes} bytes ({listed})"
-            )
+            raise TransferError(f"{where}: the stream ended with {len(short)} blocks short of {block_nbytes} bytes ({listed})")
         return len(src_block_indices) * block_nbytes
 
     def _writer(self):

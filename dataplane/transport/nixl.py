@@ -11,6 +11,7 @@ sides), posts a READ and polls it. Every NIXL call runs on one private thread: N
 not thread-safe in their default sync mode, and posting a large READ over shared memory copies
 inline, which must not stall the event loop; between polls the loop sleeps briefly.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -101,12 +102,7 @@ def merge_runs(local_rows: np.ndarray, remote_rows: np.ndarray) -> tuple[np.ndar
     for (l_addr, l_len, l_dev), (r_addr, r_len, r_dev) in zip(local_rows.tolist(), remote_rows.tolist()):
         if merged_local:
             last_l, last_r = merged_local[-1], merged_remote[-1]
-            if (
-                last_l[0] + last_l[1] == l_addr
-                and last_r[0] + last_r[1] == r_addr
-                and last_l[2] == l_dev
-                and last_r[2] == r_dev
-            ):
+            if last_l[0] + last_l[1] == l_addr and last_r[0] + last_r[1] == r_addr and last_l[2] == l_dev and last_r[2] == r_dev:
                 last_l[1] += l_len
                 last_r[1] += r_len
                 continue
@@ -184,7 +180,9 @@ class NixlTransport:
         remote_rows = descriptor.blocks[np.asarray(src_block_indices, dtype=np.int64)]
         wrong = remote_rows[remote_rows[:, 1] != pool.block_nbytes]
         if len(wrong):
-            raise TransferError(f"peer {descriptor.agent_name} describes blocks of {int(wrong[0, 1])} bytes, local blocks have {pool.block_nbytes}")
+            raise TransferError(
+                f"peer {descriptor.agent_name} describes blocks of {int(wrong[0, 1])} bytes, local blocks have {pool.block_nbytes}"
+            )
         local_rows = np.empty_like(remote_rows)
         local_rows[:, 0] = np.uint64(self._base_address) + np.asarray(dst_block_ids, dtype=np.uint64) * np.uint64(pool.block_nbytes)
         local_rows[:, 1] = pool.block_nbytes

@@ -4,6 +4,7 @@ Binary, not pickle (a descriptor crosses trust boundaries): a magic line, a leng
 header (agent name, layout, memory type), the length-prefixed NIXL agent metadata blob, then one
 little-endian uint64 triple (address, length, device id) per pinned block, in pin order.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,10 +23,10 @@ _U32 = struct.Struct("<I")
 @dataclass(frozen=True, slots=True)
 class NixlDescriptor:
     agent_name: str
-    metadata: bytes          # nixl_agent.get_agent_metadata() of the serving agent
+    metadata: bytes  # nixl_agent.get_agent_metadata() of the serving agent
     layout: KVLayout
-    mem_type: str            # "DRAM" or "VRAM"
-    blocks: np.ndarray       # [num_blocks, 3] uint64: address, length, device id
+    mem_type: str  # "DRAM" or "VRAM"
+    blocks: np.ndarray  # [num_blocks, 3] uint64: address, length, device id
 
     @property
     def num_blocks(self) -> int:
@@ -33,14 +34,19 @@ class NixlDescriptor:
 
     def encode(self) -> bytes:
         header = json.dumps(
-            {"agent_name": self.agent_name, "layout": layout_to_dict(self.layout), "mem_type": self.mem_type, "num_blocks": self.num_blocks},
+            {
+                "agent_name": self.agent_name,
+                "layout": layout_to_dict(self.layout),
+                "mem_type": self.mem_type,
+                "num_blocks": self.num_blocks,
+            },
             separators=(",", ":"),
         ).encode()
         rows = np.ascontiguousarray(self.blocks, dtype="<u8").tobytes()
         return b"".join((_MAGIC, _U32.pack(len(header)), header, _U32.pack(len(self.metadata)), self.metadata, rows))
 
     @classmethod
-    def decode(cls, data: bytes) -> "NixlDescriptor":
+    def decode(cls, data: bytes) -> NixlDescriptor:
         if not data.startswith(_MAGIC):
             raise TransportError("not a nixl transport descriptor (bad magic); did the peer choose another transport?")
         try:

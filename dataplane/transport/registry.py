@@ -3,6 +3,7 @@
 Preference: nixl (one-sided reads, no per-chunk Python work) when it imports and its UCX backend
 starts, then grpc (always available). The NIXL probe runs once per process and is cached.
 """
+
 from __future__ import annotations
 
 from typing import Any

@@ -5,6 +5,7 @@ tcp: a real second OS process sends the bytes over a loopback TCP socket and thi
 recv_into()s a preallocated buffer (the ceiling for a socket-based stream such as gRPC).
 Both return (bytes moved, seconds spent moving them); one untimed warm-up round goes first.
 """
+
 from __future__ import annotations
 
 import socket

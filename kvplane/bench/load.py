@@ -23,6 +23,7 @@ Per cell, over the requests that arrived in it (`summarize`):
 - ttft_prediction_error = mean |predicted - measured| / measured over admitted requests whose
   metrics carry a prediction (RequestMetrics.predicted_ttft_ms > 0); None without predictions.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,19 +38,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvplane.types import Objective
 from kvplane.bench.workload import (
     PRIORITY_BATCH,
     PRIORITY_INTERACTIVE,
     MixConfig,
     RequestSpec,
     TraceScale,
-    read_trace,
     poisson_arrivals,
+    read_trace,
     synthetic_requests,
     trace_requests,
 )
 from kvplane.stats import percentile
+from kvplane.types import Objective
 
 DEFAULT_RATES = "0.5,1,1.5,2,3"
 DEFAULT_POLICIES = "none,threshold,predictive"
@@ -99,9 +100,7 @@ def prediction_error(pairs: Sequence[tuple[float, float]]) -> float | None:
     return sum(abs(p - m) / m for p, m in usable) / len(usable)
 
 
-def summarize(
-    outcomes: Sequence[Outcome], duration_s: float, objectives: dict[str, Objective]
-) -> dict[str, Any]:
+def summarize(outcomes: Sequence[Outcome], duration_s: float, objectives: dict[str, Objective]) -> dict[str, Any]:
     """The row fields a cell reports besides its policy and load factor (see the module docstring)."""
     admitted = [o for o in outcomes if o.admitted]
     met = sum(meets_objective(o, objectives[o.priority]) for o in admitted)
@@ -385,33 +384,83 @@ def write_plot(result: dict[str, Any], path: str) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--rates", type=lambda t: parse_floats(t, "--rates"), default=parse_floats(DEFAULT_RATES, "--rates"),
-                        metavar="F,F,...", help=f"load factors: multiples of the measured capacity (default {DEFAULT_RATES})")
-    parser.add_argument("--policy", dest="policies", type=lambda t: [p for p in t.split(",") if p], default=DEFAULT_POLICIES.split(","),
-                        metavar="P,P,...", help=f"admission policies to compare (default {DEFAULT_POLICIES})")
-    parser.add_argument("--duration", type=float, default=15.0, metavar="S",
-                        help="seconds of arrivals per cell (default %(default)s; with --trace: the replayed window)")
-    parser.add_argument("--trace", default="", metavar="FILE", help="replay a Mooncake-format JSONL trace (.jsonl or .jsonl.gz; the bundled one: kvplane/bench/data/) instead of Poisson arrivals")
-    parser.add_argument("--speed", dest="speeds", type=lambda t: parse_floats(t, "--speed"), default=[1.0], metavar="F,F,...",
-                        help="trace time divided by F, one cell per value (default 1)")
-    parser.add_argument("--length-scale", type=float, default=32.0, metavar="F",
-                        help="trace lengths and its 512-token block size divided by F (default %(default)s: 16-token blocks)")
+    parser.add_argument(
+        "--rates",
+        type=lambda t: parse_floats(t, "--rates"),
+        default=parse_floats(DEFAULT_RATES, "--rates"),
+        metavar="F,F,...",
+        help=f"load factors: multiples of the measured capacity (default {DEFAULT_RATES})",
+    )
+    parser.add_argument(
+        "--policy",
+        dest="policies",
+        type=lambda t: [p for p in t.split(",") if p],
+        default=DEFAULT_POLICIES.split(","),
+        metavar="P,P,...",
+        help=f"admission policies to compare (default {DEFAULT_POLICIES})",
+    )
+    parser.add_argument(
+        "--duration",
+        type=float,
+        default=15.0,
+        metavar="S",
+        help="seconds of arrivals per cell (default %(default)s; with --trace: the replayed window)",
+    )
+    parser.add_argument(
+        "--trace",
+        default="",
+        metavar="FILE",
+        help="replay a Mooncake-format JSONL trace (.jsonl or .jsonl.gz; the bundled one: kvplane/bench/data/) instead of Poisson arrivals",
+    )
+    parser.add_argument(
+        "--speed",
+        dest="speeds",
+        type=lambda t: parse_floats(t, "--speed"),
+        default=[1.0],
+        metavar="F,F,...",
+        help="trace time divided by F, one cell per value (default 1)",
+    )
+    parser.add_argument(
+        "--length-scale",
+        type=float,
+        default=32.0,
+        metavar="F",
+        help="trace lengths and its 512-token block size divided by F (default %(default)s: 16-token blocks)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of arrivals and the request mix (default %(default)s)")
-    parser.add_argument("--batch-fraction", type=float, default=0.0, metavar="F", help="share of requests sent as priority batch (default 0)")
-    parser.add_argument("--objective-factor", type=float, default=3.0, metavar="F",
-                        help="interactive objectives = F x the unloaded p90 TTFT and TPOT (default %(default)s)")
+    parser.add_argument(
+        "--batch-fraction", type=float, default=0.0, metavar="F", help="share of requests sent as priority batch (default 0)"
+    )
+    parser.add_argument(
+        "--objective-factor",
+        type=float,
+        default=3.0,
+        metavar="F",
+        help="interactive objectives = F x the unloaded p90 TTFT and TPOT (default %(default)s)",
+    )
     parser.add_argument("--ttft-ms", type=float, default=0.0, metavar="MS", help="fixed interactive TTFT objective (with --tpot-ms)")
     parser.add_argument("--tpot-ms", type=float, default=0.0, metavar="MS", help="fixed interactive TPOT objective (with --ttft-ms)")
     parser.add_argument("--capacity-s", type=float, default=12.0, metavar="S", help="closed-loop capacity run length (default %(default)s)")
-    parser.add_argument("--capacity-concurrency", type=int, default=16, metavar="N", help="requests in flight while measuring capacity (default %(default)s)")
+    parser.add_argument(
+        "--capacity-concurrency",
+        type=int,
+        default=16,
+        metavar="N",
+        help="requests in flight while measuring capacity (default %(default)s)",
+    )
     parser.add_argument("--request-timeout", type=float, default=10.0, metavar="S", help="deadline per request (default %(default)s)")
     parser.add_argument("--no-profile", dest="profile", action="store_false", help="do not `kvplane profile` the workers first")
     parser.add_argument("--endpoint", default="", help="use a running control plane instead of starting a local cluster")
     parser.add_argument("--prefill", type=int, default=1, metavar="N", help="local cluster: prefill agents (default %(default)s)")
     parser.add_argument("--decode", type=int, default=1, metavar="N", help="local cluster: decode agents (default %(default)s)")
     parser.add_argument("--both", type=int, default=0, metavar="N", help="local cluster: prefill+decode agents (default %(default)s)")
-    parser.add_argument("--disagg-threshold", type=int, default=256, metavar="TOKENS",
-                        help="local cluster: uncached prompt tokens from which prefill runs remotely (default %(default)s)")
+    parser.add_argument(
+        "--disagg-threshold",
+        type=int,
+        default=256,
+        metavar="TOKENS",
+        help="local cluster: uncached prompt tokens from which prefill runs remotely (default %(default)s)",
+    )
     parser.add_argument("--json", action="store_true", help='print {"capacity_rps": ..., "rows": [...]} only')
     parser.add_argument("--plot", default="", metavar="FILE.png", help="write goodput and attainment against offered load")
 

@@ -15,6 +15,7 @@ the same work. Reported per run:
 - throughput_tok_s: (prompt + generated tokens) / wall time from the first send to the last reply;
 - max_load_over_mean: per worker, computed prefill tokens + generated tokens; the max over the mean.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,13 +40,22 @@ JSON_KEYS = ("workload", "policy", "hit_rate", "oracle_hit_rate", "prefill_token
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workload", default="all", help=f"comma-separated of {', '.join(wl.WORKLOADS)}, or all (default %(default)s)")
     parser.add_argument("--policy", default="all", help=f"comma-separated of {', '.join(POLICIES)}, or all (default %(default)s)")
-    parser.add_argument("--trace", default="", metavar="FILE", help="Mooncake-format trace (.jsonl or .jsonl.gz) for --workload trace (default: the bundled Mooncake conversation trace)")
+    parser.add_argument(
+        "--trace",
+        default="",
+        metavar="FILE",
+        help="Mooncake-format trace (.jsonl or .jsonl.gz) for --workload trace (default: the bundled Mooncake conversation trace)",
+    )
     parser.add_argument("--trace-requests", type=int, default=300, help="first N trace requests (default %(default)s)")
-    parser.add_argument("--trace-token-scale", type=int, default=32, help="trace lengths and its 512-token block divided by this (default %(default)s)")
+    parser.add_argument(
+        "--trace-token-scale", type=int, default=32, help="trace lengths and its 512-token block divided by this (default %(default)s)"
+    )
     parser.add_argument("--trace-time-scale", type=float, default=4.0, help="trace time divided by this (default %(default)s)")
     parser.add_argument("--num-blocks", type=int, default=384, help="device KV blocks per agent (default %(default)s)")
     parser.add_argument("--host-blocks", type=int, default=1536, help="host-tier KV blocks per agent (default %(default)s)")
-    parser.add_argument("--controlplane-args", default="", help="extra control-plane flags for every run, e.g. '--guard-ratio 2' (experiments)")
+    parser.add_argument(
+        "--controlplane-args", default="", help="extra control-plane flags for every run, e.g. '--guard-ratio 2' (experiments)"
+    )
     parser.add_argument("--seed", type=int, default=0, help="workload seed (default %(default)s)")
     parser.add_argument("--json", action="store_true", help='print {"rows": [{' + ", ".join(f'"{k}"' for k in JSON_KEYS) + "}]}")
     parser.add_argument("--plot", default="", help="write a PNG of hit rates and TTFT p99 here (needs matplotlib)")

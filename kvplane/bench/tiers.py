@@ -8,6 +8,7 @@ The tier's credit weight that these numbers justify is 1 - load / recompute: the
 recompute a cached block saves. The router's defaults (RouterConfig.overlap_weight_*) are
 rounded down from these (docs/benchmarks.md).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,7 +37,7 @@ def _prefill_ms_per_block(engine, num_blocks: int) -> float:
         prompt = [(trial * 7919 + i * 31) % 250 + 1 for i in range(num_blocks * bs + 1)]
         done = threading.Event()
         t0 = time.perf_counter()
-        engine.submit(EngineRequest(f"p{trial}", prompt, SamplingParams(max_tokens=1)), lambda out: out.finished and done.set())
+        engine.submit(EngineRequest(f"p{trial}", prompt, SamplingParams(max_tokens=1)), lambda out, done=done: out.finished and done.set())
         done.wait()
         times.append((time.perf_counter() - t0) * 1000 / num_blocks)
     return min(times[1:])  # the first run warms up

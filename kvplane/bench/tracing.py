@@ -9,6 +9,7 @@ request by request so that drift of the machine hits both alike. Each path is me
 end-to-end latency per request (mean, p50, p99) and the ratio on/off, plus the cost of the
 tracing hooks left on the request path when tracing is off (measured in-process).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -98,7 +99,10 @@ def run(args: argparse.Namespace) -> int:
     latencies: dict[tuple[str, str], list[float]] = {(p, m): [] for p in PATHS for m in ("off", "on")}
     agent_args = ("--num-blocks", "2048")
     log("starting two clusters (tracing off, tracing on) ...")
-    with LocalCluster(1, 1, agent_args=agent_args) as off, LocalCluster(1, 1, agent_args=agent_args, env={"KVPLANE_TRACES_FILE": str(spans_file)}) as on:
+    with (
+        LocalCluster(1, 1, agent_args=agent_args) as off,
+        LocalCluster(1, 1, agent_args=agent_args, env={"KVPLANE_TRACES_FILE": str(spans_file)}) as on,
+    ):
         with Client(off.endpoint, timeout=120) as off_client, Client(on.endpoint, timeout=120, tracer_provider=provider) as on_client:
             clients = {"off": off_client, "on": on_client}
             for i in range(args.warmup + args.requests):

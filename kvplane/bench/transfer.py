@@ -8,6 +8,7 @@ agent from the first pull call to the blocks being in its prefix cache). Raw mem
 loopback TCP socket between two processes move the same number of bytes in the same run, as the
 ceilings to compare against.
 """
+
 from __future__ import annotations
 
 import argparse

@@ -14,6 +14,7 @@ Plain Python (no grpc, no torch), so every rule here is tested exactly.
   from the block's hash id, so equal hash ids give equal blocks (the trace's prefix reuse is
   preserved) and different ids give different blocks.
 """
+
 from __future__ import annotations
 
 import gzip

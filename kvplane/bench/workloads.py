@@ -20,6 +20,7 @@ in about 15 minutes) and the builtin model's 2,048-token context:
   1/`time_scale`; the first `num_requests` requests; prompts are capped at
   `max_prompt_tokens` and answers at `max_output_tokens`. Equal hash ids give equal token blocks.
 """
+
 from __future__ import annotations
 
 import random

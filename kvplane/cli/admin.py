@@ -1,4 +1,5 @@
 """Admin commands: `kvplane workers`, `kvplane cache`, `kvplane drain WORKER_ID`."""
+
 from __future__ import annotations
 
 import argparse
@@ -86,10 +87,7 @@ def run_cache(args: argparse.Namespace) -> int:
         return 0
     extra_tiers = sorted({t for c in caches for t in c.blocks_by_tier} - set(_TIERS))
     tiers = (*_TIERS, *extra_tiers)
-    rows = [
-        (c.worker_id, *(c.blocks_by_tier.get(t, 0) for t in tiers), sum(c.blocks_by_tier.values()))
-        for c in caches
-    ]
+    rows = [(c.worker_id, *(c.blocks_by_tier.get(t, 0) for t in tiers), sum(c.blocks_by_tier.values())) for c in caches]
     print(format_table(("WORKER", *(t.upper() for t in tiers), "TOTAL"), rows))
     return 0
 

@@ -1,4 +1,5 @@
 """Helpers every CLI command shares: the endpoint option, argument types, JSON and table output."""
+
 from __future__ import annotations
 
 import argparse
@@ -32,9 +33,7 @@ def client_parent() -> argparse.ArgumentParser:
         default=None,
         help=f"control plane host:port (default: ${ENDPOINT_ENV}, else {DEFAULT_ENDPOINT})",
     )
-    parent.add_argument(
-        "--timeout", type=positive_float, default=None, metavar="SECONDS", help="deadline for the call"
-    )
+    parent.add_argument("--timeout", type=positive_float, default=None, metavar="SECONDS", help="deadline for the call")
     return parent
 
 

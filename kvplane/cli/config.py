@@ -1,4 +1,5 @@
 """`kvplane config get|set` (the cluster configuration kept in the store) and `kvplane profile WORKER_ID`."""
+
 from __future__ import annotations
 
 import argparse
@@ -85,9 +86,7 @@ def run_profile(args: argparse.Namespace) -> int:
         return 0
     print(f"worker {result.worker_id}: {result.num_samples} step timings, "
           f"fit error {result.mean_abs_pct_error * 100:.1f}% (mean absolute, relative to the step time)")  # fmt: skip
-    names = COEFFICIENT_NAMES if len(result.coefficients) == len(COEFFICIENT_NAMES) else [
-        f"c{i}" for i in range(len(result.coefficients))
-    ]
+    names = COEFFICIENT_NAMES if len(result.coefficients) == len(COEFFICIENT_NAMES) else [f"c{i}" for i in range(len(result.coefficients))]
     print(format_table(("TERM", "SECONDS PER UNIT"), [(n, f"{c:.6g}") for n, c in zip(names, result.coefficients)]))
     return 0
 

@@ -5,6 +5,7 @@ only when run, so that client commands start fast and never import torch. Each m
 provides `add_arguments(parser) -> None` and `run(args) -> int`; all arguments after the
 command name go to the module's own parser (its --help included).
 """
+
 from __future__ import annotations
 
 import argparse

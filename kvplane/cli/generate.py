@@ -1,4 +1,5 @@
 """`kvplane generate` (run one request, streaming its text) and `kvplane route` (the decision only)."""
+
 from __future__ import annotations
 
 import argparse

@@ -1,4 +1,5 @@
 """`kvplane`: the entry point. Parses the command line, runs one command, turns errors into one line."""
+
 from __future__ import annotations
 
 import argparse

@@ -4,6 +4,7 @@ Each refresh asks the control plane three things: ListWorkers (role, state, repo
 GetCache (blocks per tier in the cache index) and GetStats (per-worker percentiles over the
 recent requests this replica ran; with several replicas, each knows only its own requests).
 """
+
 from __future__ import annotations
 
 import argparse

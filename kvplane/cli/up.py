@@ -1,4 +1,5 @@
 """`kvplane up`: a control plane and agents as local child processes, until Ctrl-C or SIGTERM."""
+
 from __future__ import annotations
 
 import argparse

@@ -17,6 +17,7 @@ Layout: one core, two thin I/O shells. `request` builds requests (`RequestOption
 the deadline and retry rule, `core.ClientCore` turns method arguments into calls; `sync.Client`
 and `aio.AsyncClient` only run those calls over grpc and grpc.aio.
 """
+
 from __future__ import annotations
 
 from kvplane.client.aio import AsyncClient

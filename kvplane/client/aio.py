@@ -2,6 +2,7 @@
 
 The channel is opened on first use, inside the running event loop that will drive it.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -94,9 +95,7 @@ class AsyncClient(ClientCore):
     async def __aenter__(self) -> AsyncClient:
         return self
 
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         await self.close()
 
     # -- the I/O loops: the only part that differs from Client ------------------------------------

@@ -8,6 +8,7 @@ after each failure whether to wait and try again or to raise. The rule (stated f
 a rejection (RESOURCE_EXHAUSTED) is retried, at most `reject_retries` times, after the server's
 retry-after hint, while that hint fits in the time left, and a stream only before its first message.
 """
+
 from __future__ import annotations
 
 import time
@@ -126,9 +127,7 @@ class Attempts:
 
     __slots__ = ("endpoint", "reject_retries", "num_retries", "_end", "_clock")
 
-    def __init__(
-        self, endpoint: str, timeout: float | None, reject_retries: int, clock: Callable[[], float] = time.monotonic
-    ) -> None:
+    def __init__(self, endpoint: str, timeout: float | None, reject_retries: int, clock: Callable[[], float] = time.monotonic) -> None:
         self.endpoint = endpoint  # named in connection errors, so that they say where the call went
         self.reject_retries = reject_retries
         self.num_retries = 0  # waits granted so far

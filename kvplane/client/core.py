@@ -4,6 +4,7 @@
 built here through its own I/O loop. A method's arguments become a call in one place, so both
 clients check them identically and before anything is sent.
 """
+
 from __future__ import annotations
 
 import os
@@ -34,9 +35,7 @@ class ClientCore:
     Generate calls are traced with `tracer_provider` (default: OpenTelemetry's global one).
     """
 
-    def __init__(
-        self, endpoint: str | None = None, *, timeout: float | None = None, reject_retries: int = 0, tracer_provider=None
-    ) -> None:
+    def __init__(self, endpoint: str | None = None, *, timeout: float | None = None, reject_retries: int = 0, tracer_provider=None) -> None:
         self.endpoint = resolve_endpoint(endpoint)
         self.timeout = timeout
         self.reject_retries = check_reject_retries(reject_retries)

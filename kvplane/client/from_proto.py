@@ -4,6 +4,7 @@ Every answer of the Kvplane service has exactly one function here, named after w
 so a client's I/O loop never reads a protobuf field itself. `StreamAssembler` joins a Generate
 stream into one result and refuses a stream that ended without its final message.
 """
+
 from __future__ import annotations
 
 import grpc
@@ -95,8 +96,7 @@ class StreamAssembler:
             # A stream that ends cleanly but unfinished means the server lost the request.
             raise KvplaneError(
                 grpc.StatusCode.UNKNOWN,
-                f"the generation stream ended before the request finished "
-                f"({len(self._token_ids)} tokens received); retry the request",
+                f"the generation stream ended before the request finished ({len(self._token_ids)} tokens received); retry the request",
             )
         metrics = last.metrics or RequestMetrics(request_id=last.request_id)
         return GenerateResult(
@@ -116,10 +116,7 @@ def route_from_proto(response: client_pb2.RouteResponse) -> RouteResult:
         reason=response.reason,
         prompt_tokens=response.prompt_tokens,
         cached_tokens=response.cached_tokens,
-        candidates=tuple(
-            CandidateScore(c.worker_id, c.cost, c.cached_tokens, c.admissible, c.note)
-            for c in response.candidates
-        ),
+        candidates=tuple(CandidateScore(c.worker_id, c.cost, c.cached_tokens, c.admissible, c.note) for c in response.candidates),
     )
 
 

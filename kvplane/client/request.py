@@ -7,6 +7,7 @@ an `options` instance when both are given. Arguments are checked here only where
 cannot do it (a value that does not fit its wire type, a disagg mode name, a priority class);
 everything else is the control plane's to validate, in one place.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -121,9 +122,7 @@ def request_options(options: RequestOptions | None = None, fields: Mapping[str, 
     return dataclasses.replace(options, **fields) if fields else options
 
 
-def build_request(
-    prompt: str | Sequence[int], options: RequestOptions | None = None, **fields: Any
-) -> client_pb2.GenerateRequest:
+def build_request(prompt: str | Sequence[int], options: RequestOptions | None = None, **fields: Any) -> client_pb2.GenerateRequest:
     """The GenerateRequest for `prompt`, `options` and keyword `fields`; raises only for what cannot go on the wire."""
     return request_options(options, fields).to_proto(prompt)
 

@@ -2,12 +2,14 @@
 
 Both clients return exactly these types; `from_proto` builds them from the wire messages.
 """
+
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
 
 from kvplane.types import KVLayout, Role
+
 
 class WorkerState(enum.Enum):
     UNSPECIFIED = "unspecified"
@@ -174,4 +176,3 @@ class ProfileResult:
     coefficients: tuple[float, ...]
     num_samples: int
     mean_abs_pct_error: float
-

@@ -1,4 +1,5 @@
 """The blocking client: `ClientCore`'s calls run over a grpc channel, waits are time.sleep."""
+
 from __future__ import annotations
 
 import time
@@ -91,9 +92,7 @@ class Client(ClientCore):
     def __enter__(self) -> Client:
         return self
 
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         self.close()
 
     # -- the I/O loops: the only part that differs from AsyncClient --------------------------------

@@ -9,8 +9,9 @@
 - `instruments()` holds every metric instrument; the names, units and buckets live in
   `metrics.SPECS`, the single source that docs/observability.md and the tests follow.
 """
+
+from kvplane.telemetry import tracing
 from kvplane.telemetry.metrics import instruments
 from kvplane.telemetry.setup import TelemetryConfig, metrics_url, setup, shutdown
-from kvplane.telemetry import tracing
 
 __all__ = ["TelemetryConfig", "instruments", "metrics_url", "setup", "shutdown", "tracing"]

@@ -4,6 +4,7 @@ The SDK never configures OpenTelemetry: it uses the tracer provider passed to th
 by default, the application's global one. Without one (the OTel API's default) the span is a
 non-recording no-op, nothing is injected, and the call goes out exactly as without tracing.
 """
+
 from __future__ import annotations
 
 import grpc

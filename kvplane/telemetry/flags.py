@@ -1,4 +1,5 @@
 """The observability flags every server shares: --metrics-port, --log-level, --log-levels, --log-format."""
+
 from __future__ import annotations
 
 import argparse
@@ -8,11 +9,19 @@ from kvplane.telemetry.setup import DEFAULT_METRICS_PORT, TelemetryConfig
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--metrics-port", type=int, default=DEFAULT_METRICS_PORT,
-                        help="port of the Prometheus endpoint /metrics on --host (default: any free port; -1 = none)")
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=DEFAULT_METRICS_PORT,
+        help="port of the Prometheus endpoint /metrics on --host (default: any free port; -1 = none)",
+    )
     parser.add_argument("--log-level", default="INFO", help="logging level (default %(default)s)")
-    parser.add_argument("--log-levels", default="", metavar="COMPONENT=LEVEL,...",
-                        help="per-component levels, e.g. controlplane.store=DEBUG,dataplane.transport=WARNING")
+    parser.add_argument(
+        "--log-levels",
+        default="",
+        metavar="COMPONENT=LEVEL,...",
+        help="per-component levels, e.g. controlplane.store=DEBUG,dataplane.transport=WARNING",
+    )
     parser.add_argument("--log-format", choices=LOG_FORMATS, default="json",
                         help="one JSON object per line, logfmt, or plain text (default %(default)s)")  # fmt: skip
 

@@ -11,6 +11,7 @@ context. Clients only continue a trace: a call made outside any span (the agents
 load and KV-event loops) gets no span and no metadata. Installed by kvplane.grpc_util only
 when tracing is on.
 """
+
 from __future__ import annotations
 
 import asyncio

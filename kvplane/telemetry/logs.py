@@ -5,6 +5,7 @@ Levels are per component: a component is a logger-name prefix (`controlplane`,
 wins, and `--log-level` sets the rest. Fields passed as `extra={...}` become keys of the line.
 Logs carry ids, counts and timings, never prompt text.
 """
+
 from __future__ import annotations
 
 import json

@@ -6,6 +6,7 @@ explicit buckets sized for LLM serving (1 ms .. 60 s; inter-token gaps from 0.5 
 Prometheus exporter turns `a.b.c` with unit `s` into `a_b_c_seconds`, counters get `_total`.
 Instruments are created against the global meter provider, a no-op until `setup()` installs one.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
@@ -20,9 +21,9 @@ TOKEN_GAP_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.0
 @dataclass(frozen=True, slots=True)
 class MetricSpec:
     name: str
-    kind: str          # "histogram" | "counter" | "gauge"
-    unit: str          # UCUM, as OpenTelemetry wants: s, By, {token}, {request}, {block}
-    where: str         # which process records it
+    kind: str  # "histogram" | "counter" | "gauge"
+    unit: str  # UCUM, as OpenTelemetry wants: s, By, {token}, {request}, {block}
+    where: str  # which process records it
     description: str
     attributes: tuple[str, ...] = ()
     buckets: tuple[float, ...] = ()

@@ -6,6 +6,7 @@ share a host; -1 = no endpoint), plus an OTLP exporter when OTEL_METRICS_EXPORTE
 unset, when OTEL_EXPORTER_OTLP_ENDPOINT / OTEL_EXPORTER_OTLP_METRICS_ENDPOINT is set.
 Tracing: see kvplane.telemetry.tracing (off unless an exporter is configured).
 """
+
 from __future__ import annotations
 
 import logging
@@ -22,15 +23,15 @@ DEFAULT_METRICS_PORT = 0  # any free port: one host runs many agents; deployment
 
 @dataclass(frozen=True, slots=True)
 class TelemetryConfig:
-    service_name: str                        # "kvplane-controlplane" or "kvplane-agent"
-    instance_id: str = ""                    # the worker id; the replica's host:port
+    service_name: str  # "kvplane-controlplane" or "kvplane-agent"
+    instance_id: str = ""  # the worker id; the replica's host:port
     metrics_host: str = "127.0.0.1"
     metrics_port: int = DEFAULT_METRICS_PORT  # 0 = any free port, -1 = no Prometheus endpoint
     log_level: str = "INFO"
     log_levels: Mapping[str, str] = field(default_factory=dict)  # component (logger prefix) -> level
     log_format: str = "json"
 
-    def validate(self) -> "TelemetryConfig":
+    def validate(self) -> TelemetryConfig:
         if not -1 <= self.metrics_port <= 65535:
             raise ValueError(f"metrics port must be in -1..65535 (0 = any free port, -1 = off), got {self.metrics_port}")
         if not isinstance(logging.getLevelName(self.log_level.upper()), int):

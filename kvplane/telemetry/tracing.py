@@ -11,6 +11,7 @@ Context crosses processes as W3C `traceparent` gRPC metadata (the propagators of
 OTEL_PROPAGATORS; tracecontext and baggage by default), injected and extracted by the
 interceptors in `kvplane.telemetry.grpc_tracing`.
 """
+
 from __future__ import annotations
 
 import json
@@ -86,7 +87,7 @@ class _NoopSpan:
 
     __slots__ = ()
 
-    def __enter__(self) -> "_NoopSpan":
+    def __enter__(self) -> _NoopSpan:
         return self
 
     def __exit__(self, *exc) -> None:

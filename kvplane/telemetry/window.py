@@ -6,6 +6,7 @@ cached token counts to the worker that prefilled it (where the cache hit or miss
 series keeps at most `max_samples` (oldest dropped first), so memory stays bounded under load.
 Percentiles (kvplane.stats) interpolate over the samples inside the asked window.
 """
+
 from __future__ import annotations
 
 import time
@@ -25,7 +26,7 @@ class Summary:
     p99: float = 0.0
 
     @staticmethod
-    def of(values: Sequence[float]) -> "Summary":
+    def of(values: Sequence[float]) -> Summary:
         if not values:
             return Summary()
         s = sorted(values)
@@ -51,7 +52,7 @@ class WorkerStats:
 @dataclass(slots=True)
 class _Series:
     requests: deque = field(default_factory=deque)  # (t, ttft_s | None, prompt_tokens, cached_tokens, kv_bytes)
-    gaps: deque = field(default_factory=deque)      # (t, seconds)
+    gaps: deque = field(default_factory=deque)  # (t, seconds)
 
 
 class StatsWindow:

@@ -1,5 +1,6 @@
 """A real Agent service over loopback gRPC beside a real reference engine; the tests play the
 control plane (they hold the ticket key) and, where needed, the peer agent."""
+
 from __future__ import annotations
 
 import asyncio

@@ -4,6 +4,7 @@ The engine is the real reference engine with its KV import/export and profiling 
 withheld (what an engine that moves KV its own way, or measures no steps, reports): the RPCs that
 need them are refused with FAILED_PRECONDITION naming the engine, and everything else still works.
 """
+
 from __future__ import annotations
 
 import asyncio

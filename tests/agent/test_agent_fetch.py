@@ -1,6 +1,7 @@
 """Fetch instead of recompute: a worker pulls another's cached prefix (the holder pins it without
 computing) and prefills only the rest; the tokens equal a local computation. Two real Agent
 services with real engines over loopback gRPC; the test plays the control plane."""
+
 from __future__ import annotations
 
 import asyncio
@@ -33,9 +34,11 @@ async def _generate(stub, request) -> tuple[list[int], common_pb2.RequestMetrics
 def test_pulled_prefix_gives_the_same_tokens_as_a_local_computation():
     async def main():
         # The holder is a decode worker: fetching needs no prefill role, since nothing is computed.
-        async with serve_agent("holder", Role.DECODE) as holder, serve_agent("puller", Role.BOTH) as puller_agent, serve_agent(
-            "local", Role.BOTH
-        ) as local_agent:
+        async with (
+            serve_agent("holder", Role.DECODE) as holder,
+            serve_agent("puller", Role.BOTH) as puller_agent,
+            serve_agent("local", Role.BOTH) as local_agent,
+        ):
             holder_engine, holder_endpoint = holder.engine, holder.endpoint
             puller, local = puller_agent.stub, local_agent.stub
             await _run_on_engine(holder_engine, PREFIX)

@@ -8,6 +8,7 @@ point where engine-specific code would run; everything before that point is what
 any engine runs. The second imports every data-plane module outside the reference engine's
 package. When a second engine lands, run its start-up to the end here instead.
 """
+
 from __future__ import annotations
 
 import json
@@ -79,4 +80,3 @@ def test_the_check_can_fail():
     """The reference engine module does load torch: the checks above would see it."""
     done, report = _run("import json, sys; import dataplane.engines.reference.engine; print(json.dumps({'torch': 'torch' in sys.modules}))")
     assert done.returncode == 0 and report["torch"] is True
-

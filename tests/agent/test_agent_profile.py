@@ -9,6 +9,7 @@ relative error of at most 25 % over the 7 cases, in one of up to 3 attempts (a l
 other processes that outlasts an attempt defeats any model); quiet runs measure about 5-15 %
 (see the table printed with -s).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -70,7 +71,7 @@ def test_profile_returns_samples_and_a_model_and_seeds_the_online_model():
             assert model is not None and model.seeded_from_profile and model.num_samples == len(samples)
             # Prefills up to 600 tokens (chunked at 512), prefix-cached extensions, decode batches 1..4.
             assert max(s.prefill_tokens for s in samples) == CHUNK
-            assert any(s.prefill_tokens and s.prefill_attention > s.prefill_tokens ** 2 for s in samples)  # context before
+            assert any(s.prefill_tokens and s.prefill_attention > s.prefill_tokens**2 for s in samples)  # context before
             assert {s.decode_seqs for s in samples} >= {1, 2, 3, 4} and max(s.decode_seqs for s in samples) == 4
             assert all(s.seconds > 0 for s in samples)
             # More time for more work.

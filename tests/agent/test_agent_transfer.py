@@ -1,6 +1,7 @@
 """The prefill side of a transfer: layout checks, pins held until pulled, released on completion,
 failure or timeout. A real Agent service over loopback gRPC with a real engine; the test plays the
 control plane (it holds the ticket key) and the decode agent."""
+
 from __future__ import annotations
 
 import asyncio

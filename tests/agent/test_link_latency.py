@@ -1,6 +1,7 @@
 """The control-plane link carries the latency model: the stored profile from the registration
 seeds the agent's model, and every load report sends the current model and the load detail.
 A fake Registry over loopback gRPC plays the control plane."""
+
 from __future__ import annotations
 
 import asyncio

@@ -1,4 +1,5 @@
 """Raw baselines of the transfer benchmark: both report the bytes they moved and a positive time."""
+
 from __future__ import annotations
 
 import pytest

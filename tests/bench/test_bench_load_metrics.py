@@ -1,4 +1,5 @@
 """The metric math of `kvplane bench load`, with exact values."""
+
 from __future__ import annotations
 
 import argparse

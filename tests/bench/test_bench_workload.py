@@ -1,4 +1,5 @@
 """Arrivals, the synthetic mix, and Mooncake trace parsing, scaling and token synthesis."""
+
 from __future__ import annotations
 
 import json
@@ -12,8 +13,8 @@ from kvplane.bench.workload import (
     TraceRecord,
     TraceScale,
     parse_trace,
-    read_trace,
     poisson_arrivals,
+    read_trace,
     scale_length,
     synthesize_prompt,
     synthetic_requests,

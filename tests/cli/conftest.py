@@ -3,6 +3,7 @@
 Tests marked `cluster` start real control planes and agents (minutes of CPU on a small
 machine); they skip themselves when the server modules are not in the checkout.
 """
+
 from __future__ import annotations
 
 import importlib.util

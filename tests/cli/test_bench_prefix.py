@@ -1,4 +1,5 @@
 """`kvplane bench prefix` without a cluster: seeded workloads, trace scaling, the oracle, the table."""
+
 from __future__ import annotations
 
 import json
@@ -41,5 +42,14 @@ def test_json_rows_have_exactly_the_documented_keys():
     row = {k: 0 for k in prefix.JSON_KEYS} | {"workload": "chat", "policy": "kvplane", "requests": 1, "failed": 0, "fetches": 0}
     out = json.loads(prefix.to_json([row]))
     assert list(out) == ["rows"] and list(out["rows"][0]) == list(prefix.JSON_KEYS)
-    assert list(prefix.JSON_KEYS) == ["workload", "policy", "hit_rate", "oracle_hit_rate", "prefill_tokens", "ttft_p50_ms",
-                                      "ttft_p99_ms", "throughput_tok_s", "max_load_over_mean"]
+    assert list(prefix.JSON_KEYS) == [
+        "workload",
+        "policy",
+        "hit_rate",
+        "oracle_hit_rate",
+        "prefill_tokens",
+        "ttft_p50_ms",
+        "ttft_p99_ms",
+        "throughput_tok_s",
+        "max_load_over_mean",
+    ]

@@ -1,4 +1,5 @@
 """`kvplane config`, `kvplane profile` and `generate --priority/--reject-retries` against the scripted server."""
+
 from __future__ import annotations
 
 import json

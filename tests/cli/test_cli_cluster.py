@@ -3,6 +3,7 @@
 They need the server modules (controlplane.main, dataplane.agent.main and what they import)
 and skip with the list of missing modules until those exist in the checkout.
 """
+
 from __future__ import annotations
 
 import json
@@ -16,14 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli.conftest import REPO_ROOT, missing_server_modules, run_kvplane
 from kvplane.client import Client
 from kvplane.cluster import ClusterError, LocalCluster, free_port
+from tests.cli.conftest import REPO_ROOT, missing_server_modules, run_kvplane
 
 pytestmark = pytest.mark.cluster
-needs_servers = pytest.mark.skipif(
-    bool(missing_server_modules()), reason=f"server modules missing: {missing_server_modules()}"
-)
+needs_servers = pytest.mark.skipif(bool(missing_server_modules()), reason=f"server modules missing: {missing_server_modules()}")
 
 
 def _children_of(pid: int) -> set[int]:

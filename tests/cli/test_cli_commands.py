@@ -1,11 +1,12 @@
 """Client commands against the scripted Kvplane server: output shapes and error lines."""
-from __future__ import annotations
 
-import pytest
+from __future__ import annotations
 
 import json
 import subprocess
 import sys
+
+import pytest
 
 from tests.cli.conftest import run_kvplane
 from tests.sdk.scripted_server import ScriptedServer

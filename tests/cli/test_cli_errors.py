@@ -2,6 +2,7 @@
 
 Scripts read stdout (tables, --json); an error printed there would be parsed as output.
 """
+
 from __future__ import annotations
 
 import argparse

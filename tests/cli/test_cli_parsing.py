@@ -1,4 +1,5 @@
 """Every command has --help; bad arguments fail with one clear line and a non-zero exit."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -32,8 +33,12 @@ def test_top_level_help_lists_every_command() -> None:
 
 @pytest.mark.parametrize(
     ("command", "module"),
-    [(["controlplane"], "controlplane.main"), (["agent"], "dataplane.agent.main"),
-     (["bench", "transfer"], "kvplane.bench.transfer"), (["bench", "load"], "kvplane.bench.load")],  # fmt: skip
+    [
+        (["controlplane"], "controlplane.main"),
+        (["agent"], "dataplane.agent.main"),
+        (["bench", "transfer"], "kvplane.bench.transfer"),
+        (["bench", "load"], "kvplane.bench.load"),
+    ],  # fmt: skip
     ids=["controlplane", "agent", "bench transfer", "bench load"],
 )
 def test_delegated_help(command: list[str], module: str) -> None:
@@ -60,7 +65,10 @@ def test_delegated_help(command: list[str], module: str) -> None:
         (["up", "--store", "redis://x"], "expected 'memory' or 'etcd://HOST:PORT', got 'redis://x'"),
         (["up", "--prefill", "two"], "argument --prefill: expected a whole number, got 'two'"),
         (["frobnicate"], "invalid choice: 'frobnicate'"),
-        (["agent", "--worker-id", "w", "--lease-ttl", "-1"], "lease_ttl_s must be 0 (the control plane's default) or 2..3600 seconds, got -1"),
+        (
+            ["agent", "--worker-id", "w", "--lease-ttl", "-1"],
+            "lease_ttl_s must be 0 (the control plane's default) or 2..3600 seconds, got -1",
+        ),
     ],
 )
 def test_bad_arguments_fail_with_a_clear_message(args: list[str], message: str) -> None:
@@ -73,9 +81,7 @@ def test_bad_arguments_fail_with_a_clear_message(args: list[str], message: str) 
 def test_up_with_no_agents_is_refused() -> None:
     result = run_kvplane("up", "--prefill", "0", "--decode", "0")
     assert result.returncode == 2
-    assert result.stderr.strip() == (
-        "kvplane: error: nothing to start: give at least one of --prefill, --decode, --both a count > 0"
-    )
+    assert result.stderr.strip() == ("kvplane: error: nothing to start: give at least one of --prefill, --decode, --both a count > 0")
 
 
 def test_no_command_prints_usage_and_fails() -> None:

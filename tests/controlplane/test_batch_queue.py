@@ -1,5 +1,6 @@
 """The batch waiting room: bounded, oldest shed first under interactive pressure, timed out by
 its own clock (a fake one here: no test waits for time to pass)."""
+
 from __future__ import annotations
 
 import asyncio

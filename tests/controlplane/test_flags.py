@@ -1,6 +1,7 @@
 """The control plane's routing, admission and prediction flags are generated from the planner's
 config dataclasses: every field has one, defaults come from the dataclasses, values round-trip,
 and the flags the project has always had keep their names."""
+
 from __future__ import annotations
 
 import argparse

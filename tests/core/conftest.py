@@ -3,6 +3,7 @@
 Exposed as fixtures that return plain functions, so tests build exactly the fleet they need.
 Defaults: model "m", block size 4, an idle decode worker with 100 blocks and a 4096 context.
 """
+
 from __future__ import annotations
 
 import dataclasses

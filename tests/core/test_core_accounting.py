@@ -1,6 +1,7 @@
 """Load accounting: a routed request counts once, whether or not a report shows it yet, and its
 load leaves its worker when its prefill ends and when it finishes, not at the next report.
 Fleet defaults (conftest): 100-block workers. Times are seconds on the ledger's clock."""
+
 from __future__ import annotations
 
 import pytest

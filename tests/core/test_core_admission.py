@@ -1,10 +1,11 @@
 """Admission policies: registry, config validation, `none`, and `threshold` limits and retry-after."""
+
 from __future__ import annotations
 
 import pytest
 
 from controlplane.core.admission import admission_policy_names, make_admission_policy
-from controlplane.core.admission_base import Admit, AdmissionConfig, Reject, RejectKind
+from controlplane.core.admission_base import AdmissionConfig, Admit, Reject, RejectKind
 from controlplane.core.admission_none import AdmitAll
 from controlplane.core.admission_predictive import PredictiveAdmission
 from controlplane.core.admission_threshold import ThresholdAdmission
@@ -125,8 +126,7 @@ def test_threshold_reason_stays_short_for_a_large_fleet(worker_view, route_reque
     decision = threshold().decide(route_request(PROMPT), candidates)
     assert isinstance(decision, Reject)
     assert decision.reason == (
-        "all 6 candidates over limits: w0 (running 65>64); w1 (running 65>64); w2 (running 65>64); "
-        "w3 (running 65>64); +2 more"
+        "all 6 candidates over limits: w0 (running 65>64); w1 (running 65>64); w2 (running 65>64); w3 (running 65>64); +2 more"
     )
     assert decision.retry_after_s == pytest.approx(1 + 1 / 64)
 

@@ -1,4 +1,5 @@
 """CacheIndex: event ordering, idempotent replays, snapshots, removal, tier counts, overlaps."""
+
 from __future__ import annotations
 
 import pytest

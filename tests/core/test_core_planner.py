@@ -1,6 +1,7 @@
 """The request planner, driven with plain data only: placement, rejection, fetch, calibration,
 link rate, and the load it charges and releases (the agent-loop scenario of issue #8).
 Fleet defaults (conftest): model "m", block size 4, 100-block workers."""
+
 from __future__ import annotations
 
 import random
@@ -24,9 +25,7 @@ NO_SETTINGS = ClusterSettings()
 
 
 def planner(seed: int = 0, admission_policy: str = "threshold", admission: AdmissionConfig | None = None, **router) -> Planner:
-    config = PlannerConfig(
-        router=make_router_config(**router), admission_policy=admission_policy, admission=admission or AdmissionConfig()
-    )
+    config = PlannerConfig(router=make_router_config(**router), admission_policy=admission_policy, admission=admission or AdmissionConfig())
     return Planner(config, rng=random.Random(seed))
 
 
@@ -68,9 +67,7 @@ def test_the_run_time_setting_chooses_the_admission_policy(index, worker_view, r
 
 def test_fetches_from_a_busy_holder_and_charges_only_what_is_left(index, cache_prefix, worker_view, route_request):
     cache_prefix("holder", PROMPT_40, 10)
-    cluster = ClusterView(
-        (worker_view("holder", num_used_blocks=40, block_nbytes=8192), worker_view("idle", block_nbytes=8192)), index
-    )
+    cluster = ClusterView((worker_view("holder", num_used_blocks=40, block_nbytes=8192), worker_view("idle", block_nbytes=8192)), index)
     p = planner(fetch_overhead_ms=1.0, fetch_bytes_per_s=1e9, prefill_tokens_per_s=1000.0)
     plan = p.plan(route_request(PROMPT_40, disagg=DisaggMode.AUTO, max_tokens=16), cluster, NO_SETTINGS, now=0.0)
     assert isinstance(plan, Plan)

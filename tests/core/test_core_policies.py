@@ -1,13 +1,14 @@
 """Routing policies: the kvplane policy's load guard, predicted prefixes and fetch decision, and
 the three baselines. Fleet defaults (conftest): model "m", block size 4, 100-block workers."""
+
 from __future__ import annotations
 
 import pytest
 
+from controlplane.core.cost import CostConfig
 from controlplane.core.index import StoredEvent
 from controlplane.core.policies import make_routing_policy, params_type, routing_policy_names
 from controlplane.core.policies.kvplane import guard_factor
-from controlplane.core.cost import CostConfig
 from controlplane.core.router import RouterConfig
 from kvplane.block_hash import hash_blocks
 from kvplane.types import DisaggMode, Tier, WorkerId

@@ -1,10 +1,11 @@
 """Predictor, predictive admission and run-time settings, with exact numbers from a known model."""
+
 from __future__ import annotations
 
 import pytest
 
 from controlplane.core.admission import make_admission_policy
-from controlplane.core.admission_base import Admit, AdmissionConfig, PlacementOption, Reject, RejectKind
+from controlplane.core.admission_base import AdmissionConfig, Admit, PlacementOption, Reject, RejectKind
 from controlplane.core.predictor import Calibration, LinkRate, Prediction, WorkerPerf, blocks_to_transfer, predict, tpot_recovery_s
 from controlplane.core.routing import RouteRequest
 from controlplane.core.settings import DEFAULT_OBJECTIVES, ClusterSettings, SettingError, validate_setting

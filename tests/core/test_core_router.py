@@ -2,6 +2,7 @@
 
 Fleet defaults (conftest): model "m", block size 4, idle decode workers with 100 blocks.
 """
+
 from __future__ import annotations
 
 import random
@@ -9,7 +10,7 @@ import random
 import pytest
 
 from controlplane.core.cost import CostConfig
-from controlplane.core.router import Router, RouterConfig
+from controlplane.core.router import Router
 from controlplane.core.routing import CandidateCost, NoCandidateError, RouteDecision
 from kvplane.types import DisaggMode, Role, Tier, WorkerId
 from tests.core.conftest import make_router
@@ -49,9 +50,15 @@ def test_cost_numbers_and_load_beating_a_hit(index, cache_prefix, worker_view, r
         prompt_tokens=16,
         cached_tokens=0,
         candidates=(
-            CandidateCost(WorkerId("w3"), 4.0, 0, 16, "0 matched blocks (credit 0), 0 queued prefill blocks, 4 prompt blocks, 0 used blocks"),
-            CandidateCost(WorkerId("w2"), 5.0, 12, 4, "3 matched blocks (credit 2), 0 queued prefill blocks, 4 prompt blocks, 3 used blocks"),
-            CandidateCost(WorkerId("w1"), 14.0, 8, 8, "2 matched blocks (credit 2), 2 queued prefill blocks, 4 prompt blocks, 10 used blocks"),
+            CandidateCost(
+                WorkerId("w3"), 4.0, 0, 16, "0 matched blocks (credit 0), 0 queued prefill blocks, 4 prompt blocks, 0 used blocks"
+            ),
+            CandidateCost(
+                WorkerId("w2"), 5.0, 12, 4, "3 matched blocks (credit 2), 0 queued prefill blocks, 4 prompt blocks, 3 used blocks"
+            ),
+            CandidateCost(
+                WorkerId("w1"), 14.0, 8, 8, "2 matched blocks (credit 2), 2 queued prefill blocks, 4 prompt blocks, 10 used blocks"
+            ),
         ),
     )
 
@@ -283,8 +290,12 @@ def test_prefill_only_and_other_model_workers_are_not_decode_candidates(index, w
 
 
 def test_workers_whose_context_is_too_short_are_excluded(index, worker_view, route_request):
-    workers = [worker_view("d1", max_context=31), worker_view("d2", max_context=32, num_used_blocks=90),
-               worker_view("p1", Role.PREFILL, max_context=15), worker_view("p2", Role.PREFILL, max_context=16, num_used_blocks=90)]
+    workers = [
+        worker_view("d1", max_context=31),
+        worker_view("d2", max_context=32, num_used_blocks=90),
+        worker_view("p1", Role.PREFILL, max_context=15),
+        worker_view("p2", Role.PREFILL, max_context=16, num_used_blocks=90),
+    ]
     decision = router().route(route_request(PROMPT_16, max_tokens=16, disagg=DisaggMode.ALWAYS), workers, index, NOW)
     assert (decision.decode_worker, decision.prefill_worker) == ("d2", "p2")
 
@@ -296,8 +307,10 @@ def test_workers_whose_context_is_too_short_are_excluded(index, worker_view, rou
         ([("o1", dict(model="other"))], r"no worker serves model 'm'; registered workers serve \['other'\]"),
         ([("p1", dict(role=Role.PREFILL))], r"no decode-capable worker for model 'm' \(1 prefill-only workers registered\)"),
         ([("d1", dict(active=False)), ("b1", dict(role=Role.BOTH, active=False))], "all 2 decode workers for model 'm' are draining"),
-        ([("d1", dict(max_context=20)), ("d2", dict(max_context=24))],
-         r"prompt of 16 tokens \+ max_tokens 16 = 32 exceeds max_context of every active decode worker for model 'm' \(largest 24\)"),
+        (
+            [("d1", dict(max_context=20)), ("d2", dict(max_context=24))],
+            r"prompt of 16 tokens \+ max_tokens 16 = 32 exceeds max_context of every active decode worker for model 'm' \(largest 24\)",
+        ),
         ([("d1", dict()), ("d2", dict(block_size=8))], r"disagree on block_size \[4, 8\]"),
     ],
 )

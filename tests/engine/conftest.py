@@ -1,4 +1,5 @@
 """Engine test fixtures: a tiny HF Llama checkpoint (session) and started engines."""
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator

@@ -1,4 +1,5 @@
 """Helpers shared by the engine tests: a tiny HF Llama checkpoint on disk, and request sinks."""
+
 from __future__ import annotations
 
 import json
@@ -101,9 +102,7 @@ def submit(engine: Engine, request: EngineRequest) -> Collected:
     return sink
 
 
-def generate(
-    engine: Engine, prompt: list[int], max_tokens: int = 8, request_id: str = "r", **sampling: object
-) -> Collected:
+def generate(engine: Engine, prompt: list[int], max_tokens: int = 8, request_id: str = "r", **sampling: object) -> Collected:
     """Submit one request and wait for it to finish."""
     sink = submit(engine, EngineRequest(request_id, list(prompt), SamplingParams(max_tokens=max_tokens, **sampling)))  # type: ignore[arg-type]
     _ = sink.final

@@ -1,10 +1,11 @@
 """Prefix-cache block manager: ref counts, LRU eviction order, prefix hits, events."""
+
 from __future__ import annotations
 
 import pytest
 
-from dataplane.engines.reference.block_manager import BlockManager
 from dataplane.engines.events import AllCleared, BlockRemoved, BlockStored
+from dataplane.engines.reference.block_manager import BlockManager
 from kvplane.types import BlockHash, Tier
 
 

@@ -1,4 +1,5 @@
 """EngineConfig validation."""
+
 from __future__ import annotations
 
 import pytest
@@ -11,7 +12,11 @@ def test_defaults_are_valid() -> None:
     assert cfg.validate() is cfg
     assert (cfg.model, cfg.block_size, cfg.num_blocks, cfg.max_num_seqs) == ("builtin-tiny", 16, 512, 16)
     assert (cfg.max_tokens_limit, cfg.max_num_batched_tokens, cfg.dtype, cfg.device, cfg.seed) == (
-        1024, 2048, "float32", "cpu", 0,
+        1024,
+        2048,
+        "float32",
+        "cpu",
+        0,
     )
 
 

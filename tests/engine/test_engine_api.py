@@ -1,4 +1,5 @@
 """Engine API: input validation, abort/stop, load, prefill_only + unpin, and the KV import path."""
+
 from __future__ import annotations
 
 import threading

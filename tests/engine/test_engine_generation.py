@@ -1,4 +1,5 @@
 """Engine generation: HF-equal greedy output, prefix-cache reuse, continuous batching, seeded sampling."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -35,9 +36,9 @@ def test_greedy_generation_equals_hf_generate(make_engine: Callable[..., Engine]
         prompt = engine.tokenizer.encode(text)
         out = generate(engine, prompt, max_tokens=12, request_id=f"r{i}")
         with torch.no_grad():
-            ref = hf_model.generate(
-                torch.tensor([prompt]), max_new_tokens=12, do_sample=False, pad_token_id=0, eos_token_id=2
-            )[0, len(prompt) :].tolist()
+            ref = hf_model.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, pad_token_id=0, eos_token_id=2)[
+                0, len(prompt) :
+            ].tolist()
         assert out.token_ids == ref
         assert out.final.finish_reason == ("eos" if ref[-1] == 2 else "length")
 
@@ -85,10 +86,7 @@ def test_concurrent_requests_match_each_run_alone(make_engine: Callable[..., Eng
     alone = make_engine(num_blocks=96)
     prompts = [byte_prompt(n, seed=10 + n) for n in (3, 17, 9, 30, 5, 22)]
     max_tokens = [12, 6, 15, 8, 10, 9]
-    sinks = [
-        submit(batched, EngineRequest(f"r{i}", p, SamplingParams(max_tokens=m)))
-        for i, (p, m) in enumerate(zip(prompts, max_tokens))
-    ]
+    sinks = [submit(batched, EngineRequest(f"r{i}", p, SamplingParams(max_tokens=m))) for i, (p, m) in enumerate(zip(prompts, max_tokens))]
     assert batched.load().num_waiting == 6
     batched.start()
     for i, (sink, p, m) in enumerate(zip(sinks, prompts, max_tokens)):
@@ -105,8 +103,7 @@ def test_seeded_sampling_is_reproducible_regardless_of_batching(make_engine: Cal
     params = dict(temperature=0.9, top_k=40, top_p=0.95, seed=1234)
     alone = generate(engine, prompt, max_tokens=20, request_id="alone", **params).token_ids
     others = [
-        submit(engine, EngineRequest(f"o{i}", byte_prompt(8 + i, seed=i), SamplingParams(max_tokens=20, temperature=1.0)))
-        for i in range(3)
+        submit(engine, EngineRequest(f"o{i}", byte_prompt(8 + i, seed=i), SamplingParams(max_tokens=20, temperature=1.0))) for i in range(3)
     ]
     batched = submit(engine, EngineRequest("batched", prompt, SamplingParams(max_tokens=20, **params)))  # type: ignore[arg-type]
     assert batched.final.finish_reason == "length"

@@ -1,4 +1,5 @@
 """The engine registry and `kvplane agent --engine`: names, refusals, configs."""
+
 from __future__ import annotations
 
 import argparse

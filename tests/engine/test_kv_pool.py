@@ -1,4 +1,5 @@
 """KVPool: one contiguous buffer, block b at bytes [b * block_nbytes, (b + 1) * block_nbytes)."""
+
 from __future__ import annotations
 
 import pytest

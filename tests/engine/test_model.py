@@ -1,4 +1,5 @@
 """The paged Llama equals HF transformers' LlamaForCausalLM, prefill and decode, on a written checkpoint."""
+
 from __future__ import annotations
 
 import json

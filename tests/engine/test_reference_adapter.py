@@ -1,5 +1,6 @@
 """The reference engine behind the engine interface (dataplane/engines/base.py): what it reports,
 the generate stream and its refusals, abort, tokenize/detokenize, health, and its capabilities."""
+
 from __future__ import annotations
 
 import asyncio

@@ -2,11 +2,12 @@
 
 The model is not involved: chunks are accounted as if computed, with chosen sampled tokens.
 """
+
 from __future__ import annotations
 
 from dataplane.engines.reference.block_manager import BlockManager
-from dataplane.engines.request import EngineOutput, EngineRequest, SamplingParams
 from dataplane.engines.reference.scheduler import RequestState, Scheduler
+from dataplane.engines.request import EngineOutput, EngineRequest, SamplingParams
 
 EOS = 99
 

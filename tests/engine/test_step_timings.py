@@ -1,5 +1,6 @@
 """Step timings: every step's measured duration with its features, and the load detail that
 admission predicts from (remaining tokens and context of the running requests)."""
+
 from __future__ import annotations
 
 import threading

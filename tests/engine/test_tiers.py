@@ -1,5 +1,6 @@
 """Host and disk KV tiers: offload on registration, eviction keeps the host copy, loads on a hit,
 spill to disk, and disk blocks that outlive the engine."""
+
 from __future__ import annotations
 
 import random

@@ -1,4 +1,5 @@
 """Byte tokenizer and the HF tokenizer wrapper."""
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,4 +1,5 @@
 """Real local clusters (control plane + agent processes over loopback) for end-to-end tests."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,5 @@
 """Helpers for end-to-end tests against real local clusters."""
+
 from __future__ import annotations
 
 import random
@@ -7,7 +8,6 @@ import urllib.request
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-
 
 BLOCK_SIZE = 16  # the engine's default, which these clusters use
 

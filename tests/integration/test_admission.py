@@ -1,6 +1,7 @@
 """Threshold admission: when every worker is over its limits the request is rejected at once,
 with a retry-after hint and a reason, through the SDK's typed exception; capacity coming back
 admits requests again."""
+
 from __future__ import annotations
 
 import threading

@@ -1,4 +1,5 @@
 """Bad input gets the right status and a clear message, and the servers keep serving."""
+
 from __future__ import annotations
 
 import grpc

@@ -9,12 +9,13 @@
   on the worker holding its prefix (issue #8: the control plane releases what it routed when the
   request finishes, not at the worker's next load report).
 """
-from __future__ import annotations
 
-import pytest
+from __future__ import annotations
 
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
+
+import pytest
 
 from kvplane import Client
 from kvplane.cluster import LocalCluster
@@ -39,8 +40,11 @@ def test_index_follows_tiers_and_disk_blocks_survive_a_restart(tmp_path):
         with Client(cluster.endpoint, timeout=60) as client:
             first = [client.generate(p, max_tokens=4, disagg="never") for p in prompts]
             # 24 device blocks hold two of these prompts; 6 host blocks fewer still: the rest spills to disk.
-            wait_for(lambda: _tiers(client, "both-0").get("disk", 0) > 0 and _tiers(client, "both-0").get("host", 0) == 6,
-                     timeout=10, what="host and disk tier events to reach the index")
+            wait_for(
+                lambda: _tiers(client, "both-0").get("disk", 0) > 0 and _tiers(client, "both-0").get("host", 0) == 6,
+                timeout=10,
+                what="host and disk tier events to reach the index",
+            )
             wait_for(lambda: _tiers(client, "both-0")["disk"] == len(list(disk.glob("*.kv"))), timeout=10, what="disk count")
             on_disk = _tiers(client, "both-0")["disk"]
             assert _tiers(client, "both-0")["device"] <= 24
@@ -72,12 +76,13 @@ def _hot_prefix_counts(controlplane_args: tuple[str, ...]) -> Counter:
     with LocalCluster(num_prefill=0, num_decode=0, num_both=3, controlplane_args=controlplane_args) as cluster:
         with Client(cluster.endpoint, timeout=60) as client:
             client.generate(hot + [1, 2, 3], max_tokens=2, disagg="never")
-            wait_for(lambda: client.route(hot + [4], max_tokens=2, disagg="never").cached_tokens == len(hot),
-                     timeout=10, what="the hot prefix in the index")
+            wait_for(
+                lambda: client.route(hot + [4], max_tokens=2, disagg="never").cached_tokens == len(hot),
+                timeout=10,
+                what="the hot prefix in the index",
+            )
             with ThreadPoolExecutor(6) as pool:
-                results = list(
-                    pool.map(lambda i: client.generate(hot + prompt_ids(300 + i, 7), max_tokens=24, disagg="never"), range(24))
-                )
+                results = list(pool.map(lambda i: client.generate(hot + prompt_ids(300 + i, 7), max_tokens=24, disagg="never"), range(24)))
     return Counter(r.metrics.decode_worker for r in results)
 
 
@@ -97,8 +102,11 @@ def test_two_tenants_with_the_same_prompt_share_no_blocks():
     with LocalCluster(num_prefill=0, num_decode=0, num_both=1) as cluster:
         with Client(cluster.endpoint, timeout=60) as client:
             a1 = client.generate(prompt, max_tokens=4, disagg="never", cache_salt="tenant-a")
-            wait_for(lambda: client.route(prompt, max_tokens=4, disagg="never", cache_salt="tenant-a").cached_tokens > 0,
-                     timeout=10, what="tenant a's blocks in the index")
+            wait_for(
+                lambda: client.route(prompt, max_tokens=4, disagg="never", cache_salt="tenant-a").cached_tokens > 0,
+                timeout=10,
+                what="tenant a's blocks in the index",
+            )
             # Tenant b cannot see (probe) tenant a's cache through routing, nor hit it in the engine.
             assert client.route(prompt, max_tokens=4, disagg="never", cache_salt="tenant-b").cached_tokens == 0
             b1 = client.generate(prompt, max_tokens=4, disagg="never", cache_salt="tenant-b")

@@ -1,4 +1,5 @@
 """Disaggregated serving end to end: prefill on one agent process, KV moved, decode on another."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,11 +1,12 @@
 """Failures on the etcd backend: a SIGKILLed worker vanishes by lease expiry; a restarted
 control plane rebuilds its view (workers and cache index) from etcd alone."""
-from __future__ import annotations
 
-import pytest
+from __future__ import annotations
 
 import signal
 import time
+
+import pytest
 
 from kvplane import Client
 from kvplane.cluster import LocalCluster

@@ -1,12 +1,12 @@
 """A cluster serving a local Hugging Face checkpoint (written by the test): text in, text out,
 disaggregated, with the tokenizer from the checkpoint's tokenizer.json."""
+
 from __future__ import annotations
 
 import pytest
 
 from kvplane import Client
 from kvplane.cluster import LocalCluster
-
 from tests.engine.helpers import load_hf, write_hf_llama
 
 pytestmark = pytest.mark.cluster  # starts processes
@@ -28,6 +28,6 @@ def test_cluster_serves_a_local_hf_checkpoint(tmp_path):
     prompt = Tokenizer.from_file(str(checkpoint / "tokenizer.json")).encode(text, add_special_tokens=False).ids
     hf = load_hf(checkpoint)
     with torch.no_grad():
-        expected = hf.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False, min_new_tokens=8)[0, len(prompt):].tolist()
+        expected = hf.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False, min_new_tokens=8)[0, len(prompt) :].tolist()
     assert list(result.token_ids) == expected
     assert isinstance(result.text, str) and result.text

@@ -3,6 +3,7 @@
 The cluster's processes export their spans as JSON lines to one file (KVPLANE_TRACES_FILE,
 batched every 50 ms); the SDK exports to OpenTelemetry's in-memory exporter in this process.
 """
+
 from __future__ import annotations
 
 import json
@@ -57,7 +58,8 @@ def test_one_disaggregated_request_is_one_trace_across_all_processes(traced):
     expected = {"kvplane.engine.decode", "kvplane.v1.Agent/PullKV", "kvplane.v1.Kvplane/Generate", "kvplane.engine.prefill"}
     spans = wait_for(
         lambda: (lambda got: got if expected <= {s["name"] for s in got} and len(got) >= 16 else None)(_file_spans(spans_file, trace_id)),
-        timeout=10, what="the request's spans in the traces file",
+        timeout=10,
+        what="the request's spans in the traces file",
     )
     by_id = {s["span_id"]: s for s in spans}
     root_id = format(root.context.span_id, "016x")
@@ -115,7 +117,7 @@ def test_one_disaggregated_request_is_one_trace_across_all_processes(traced):
     for rpc in (cp_server, cp_client, decode_server, prefill_client, prefill_server, pull_client, pull_server):
         a = rpc["attributes"]
         assert a["rpc.system"] == "grpc" and a["rpc.grpc.status_code"] == 0
-        assert f'{a["rpc.service"]}/{a["rpc.method"]}' == rpc["name"]
+        assert f"{a['rpc.service']}/{a['rpc.method']}" == rpc["name"]
     assert cp_server["attributes"]["gen_ai.usage.input_tokens"] == len(prompt)
     assert cp_server["attributes"]["kvplane.request_id"] == result.request_id
     assert route["attributes"]["kvplane.route.prefill_worker"] == "prefill-0"

@@ -1,12 +1,13 @@
 """Predictive admission end to end: a burst that would overload decode is rejected at arrival,
 before any prefill work is spent; objectives set with the CLI change decisions on every replica."""
-from __future__ import annotations
 
-import pytest
+from __future__ import annotations
 
 import concurrent.futures
 import subprocess
 import sys
+
+import pytest
 
 from kvplane import Client, RejectedError
 from kvplane.cluster import LocalCluster
@@ -54,7 +55,11 @@ def test_burst_that_would_overload_decode_is_rejected_before_prefill(tmp_path):
                 assert result.metrics.predicted_tpot_ms > 0 and result.metrics.predicted_ttft_ms > 0
             # No prefill was spent on a rejected prompt: its blocks were never cached anywhere.
             client.set_config("admission.policy", "none")
-            wait_for(lambda: all(client.route(p, max_tokens=1).cached_tokens > 0 for p in admitted), timeout=5, what="admitted prompts in the index")
+            wait_for(
+                lambda: all(client.route(p, max_tokens=1).cached_tokens > 0 for p in admitted),
+                timeout=5,
+                what="admitted prompts in the index",
+            )
             assert all(client.route(p, max_tokens=1).cached_tokens == 0 for p, _ in rejected)
 
 

@@ -1,4 +1,5 @@
 """Every server speaks gRPC health checking and server reflection; drain takes a worker out of routing."""
+
 from __future__ import annotations
 
 import grpc

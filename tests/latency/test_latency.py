@@ -1,5 +1,6 @@
 """The step-time model: exact recovery, noise, non-negativity, degenerate windows, chunked
 prefill, the online window and its seed, protobuf round trips."""
+
 from __future__ import annotations
 
 import random
@@ -78,7 +79,9 @@ def test_recovers_coefficients_within_a_few_percent_under_noise():
 
 def test_stalled_steps_are_left_out_of_the_fit_but_counted_in_its_error():
     samples = mixed_samples(n=300)
-    stalled = [StepSample(s.prefill_tokens, s.prefill_attention, s.decode_seqs, s.decode_context_tokens, 4 * s.seconds) for s in samples[:6]]
+    stalled = [
+        StepSample(s.prefill_tokens, s.prefill_attention, s.decode_seqs, s.decode_context_tokens, 4 * s.seconds) for s in samples[:6]
+    ]
     model = fit(stalled + samples[6:])
     assert model is not None and model.num_samples == 300
     assert model.coefficients == pytest.approx(TRUE, rel=1e-6)

@@ -1,9 +1,10 @@
 """The checked-in Python stubs are exactly what protoc generates from protos/ today."""
+
 from __future__ import annotations
 
-import pytest
-
 from pathlib import Path
+
+import pytest
 
 from kvplane.protogen import ROOT, generate, proto_files
 

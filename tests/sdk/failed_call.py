@@ -1,4 +1,5 @@
 """A failed gRPC call as grpc reports it (code(), details(), trailing_metadata()), for tests of the error path."""
+
 from __future__ import annotations
 
 import grpc

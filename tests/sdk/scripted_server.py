@@ -7,6 +7,7 @@ prompt is echoed back: its characters become token ids (ord), streamed two per m
 message carries fixed metrics. It runs on its own event loop in a background thread so that
 both the blocking client and the asyncio client (and CLI subprocesses) can call it.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -124,9 +125,7 @@ class ScriptedKvplane(client_pb2_grpc.KvplaneServicer):
         return client_pb2.ListWorkersResponse(workers=WORKERS)
 
     async def GetCache(self, request, context):  # noqa: N802
-        return client_pb2.GetCacheResponse(
-            workers=[client_pb2.WorkerCache(worker_id="decode-0", blocks_by_tier={"device": 7, "host": 3})]
-        )
+        return client_pb2.GetCacheResponse(workers=[client_pb2.WorkerCache(worker_id="decode-0", blocks_by_tier={"device": 7, "host": 3})])
 
     async def GetStats(self, request, context):  # noqa: N802
         self.stats_windows.append(request.window_s)
@@ -166,9 +165,7 @@ class ScriptedKvplane(client_pb2_grpc.KvplaneServicer):
         self.seen[request.text] += 1
 
     async def _reject_if_scripted(self, text: str, context) -> bool:
-        if text == "reject-fast" or (
-            text.startswith("reject-then-ok:") and self.seen[text] <= int(text.split(":")[1])
-        ):
+        if text == "reject-fast" or (text.startswith("reject-then-ok:") and self.seen[text] <= int(text.split(":")[1])):
             context.set_trailing_metadata(((RETRY_AFTER_MS_KEY, str(FAST_RETRY_AFTER_MS)), (REASON_KEY, "tpot_slo")))
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "predicted TPOT 80 ms > objective 50 ms")
         return False

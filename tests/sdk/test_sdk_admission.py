@@ -1,4 +1,5 @@
 """What predictive admission adds to the SDK: priorities, retrying rejections on request, config and profiles."""
+
 from __future__ import annotations
 
 import asyncio

@@ -1,4 +1,5 @@
 """kvplane.AsyncClient against the same server; each test drives its own event loop."""
+
 from __future__ import annotations
 
 import asyncio

@@ -1,4 +1,5 @@
 """The shared call path without a server: one builder per RPC, the deadline and retry rule, the Generate span."""
+
 from __future__ import annotations
 
 import grpc
@@ -147,7 +148,11 @@ def test_a_generate_call_has_one_span_over_its_retries() -> None:
     assert span.status.status_code is StatusCode.UNSET
     attributes = dict(span.attributes)
     assert (attributes["server.address"], attributes["server.port"], attributes["rpc.grpc.status_code"]) == ("127.0.0.1", 5005, 0)
-    assert (attributes["gen_ai.usage.output_tokens"], attributes["gen_ai.usage.input_tokens"], attributes["kvplane.request_id"]) == (2, 2, "r")
+    assert (attributes["gen_ai.usage.output_tokens"], attributes["gen_ai.usage.input_tokens"], attributes["kvplane.request_id"]) == (
+        2,
+        2,
+        "r",
+    )
 
 
 def test_a_stream_that_failed_after_its_first_message_is_not_retried_and_its_span_says_so() -> None:

@@ -1,4 +1,5 @@
 """kvplane.Client against a real gRPC server speaking the Kvplane protocol."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -114,7 +115,10 @@ def test_workers(server: ScriptedServer) -> None:
     with Client(server.endpoint) as client:
         prefill, decode = client.workers()
     assert (prefill.worker_id, prefill.role, prefill.state, prefill.endpoint) == (
-        "prefill-0", Role.PREFILL, WorkerState.ACTIVE, "127.0.0.1:7001"
+        "prefill-0",
+        Role.PREFILL,
+        WorkerState.ACTIVE,
+        "127.0.0.1:7001",
     )
     assert prefill.layout == KVLayout("builtin-tiny", 2, 2, 16, "float32", 16)
     assert (prefill.load.num_running, prefill.load.num_waiting, prefill.load.num_total_blocks) == (1, 2, 512)

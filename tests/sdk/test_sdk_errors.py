@@ -1,4 +1,5 @@
 """kvplane.errors: status code -> class mapping and the rejection trailers, round-tripped."""
+
 from __future__ import annotations
 
 import grpc

@@ -1,4 +1,5 @@
 """RequestOptions: checked once when built, reusable across calls, overridden field by field."""
+
 from __future__ import annotations
 
 import dataclasses

@@ -1,4 +1,5 @@
 """Client and AsyncClient are one core in two I/O shells: the same methods, the same answers, the same rules."""
+
 from __future__ import annotations
 
 import asyncio
@@ -71,7 +72,7 @@ def test_both_clients_give_the_same_answers(server: ScriptedServer) -> None:
     sync_answers = run_sync()
     sync_requests = list(server.servicer.requests)
     assert asyncio.run(run_async()) == sync_answers
-    assert server.servicer.requests[len(sync_requests):] == sync_requests  # the same messages went out
+    assert server.servicer.requests[len(sync_requests) :] == sync_requests  # the same messages went out
     generate, options_generate = sync_answers[0], sync_answers[1]
     assert (generate.text, options_generate.text) == ("hell", "he")  # keyword fields override options
     assert sync_requests[0].priority == "batch"

@@ -1,4 +1,5 @@
 """build_request: what goes on the wire, and the few checks only the client can make."""
+
 from __future__ import annotations
 
 import pytest

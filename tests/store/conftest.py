@@ -3,12 +3,14 @@
 Tests are plain sync functions (no pytest-asyncio): `store.run(body)` opens a store in a fresh
 event loop, awaits `body(store, prefix)` under a timeout, and closes the store.
 """
+
 from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Awaitable, Callable, TypeVar
+from typing import TypeVar
 
 import pytest
 

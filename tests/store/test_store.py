@@ -1,4 +1,5 @@
 """One behavioural suite, run against both store backends (memory and a real etcd)."""
+
 from __future__ import annotations
 
 import asyncio

@@ -1,4 +1,5 @@
 """Memory-backend specifics: bounded watch history and exact lease deadlines."""
+
 from __future__ import annotations
 
 import asyncio

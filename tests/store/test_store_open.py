@@ -1,4 +1,5 @@
 """open_store() URLs, and what callers see when etcd is unreachable or dies."""
+
 from __future__ import annotations
 
 import asyncio
@@ -23,9 +24,7 @@ def test_open_store_etcd_url():
     assert open_store("etcd://[::1]:2379").endpoint == "[::1]:2379"
 
 
-@pytest.mark.parametrize(
-    "url", ["", "redis://h:1", "memory:/", "etcd://127.0.0.1", "etcd://:2379", "etcd://h:port", "etcd://h:1/path"]
-)
+@pytest.mark.parametrize("url", ["", "redis://h:1", "memory:/", "etcd://127.0.0.1", "etcd://:2379", "etcd://h:port", "etcd://h:1/path"])
 def test_open_store_rejects_other_urls(url):
     with pytest.raises(ValueError, match=r'use one of "memory", "memory://", "etcd://host:port"'):
         open_store(url)

@@ -1,4 +1,5 @@
 """Exporter selection from the standard environment, flags, logs, and the tracing-off path."""
+
 from __future__ import annotations
 
 import io

@@ -1,4 +1,5 @@
 """StatsWindow: attribution, percentiles, expiry, bounds."""
+
 from __future__ import annotations
 
 import pytest

@@ -3,6 +3,7 @@
 The peer pins PINNED (block ids of its pool, deliberately out of order, with one adjacent run
 3,4,5) under several transfer ids; tests pull through a fresh local pool.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator

@@ -8,6 +8,7 @@ one `KV_PEER_READY {json}` line and serves until its stdin closes. The test proc
 same pool from the same seed to know the expected bytes. The pool helpers live here too, so the
 peer and the tests build pools the same way.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -75,15 +76,25 @@ def start_peer(transport: str, num_blocks: int, seed: int, pinned: list[int]) ->
     repo_root = Path(__file__).resolve().parents[2]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(repo_root), os.environ.get("PYTHONPATH")])))
     argv = [
-        sys.executable, "-m", "tests.transport.kv_peer",
-        "--transport", transport, "--num-blocks", str(num_blocks), "--seed", str(seed), "--pinned", ",".join(map(str, pinned)),
+        sys.executable,
+        "-m",
+        "tests.transport.kv_peer",
+        "--transport",
+        transport,
+        "--num-blocks",
+        str(num_blocks),
+        "--seed",
+        str(seed),
+        "--pinned",
+        ",".join(map(str, pinned)),
     ]
     process = subprocess.Popen(argv, cwd=repo_root, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     for line in process.stdout:  # skip anything a library printed first
         if line.startswith(READY_PREFIX):
-            info = json.loads(line[len(READY_PREFIX):])
-            return Peer(process, info["endpoint"], base64.b64decode(info["descriptor"]), info["transfer_ids"],
-                        list(pinned), seed, num_blocks, info)
+            info = json.loads(line[len(READY_PREFIX) :])
+            return Peer(
+                process, info["endpoint"], base64.b64decode(info["descriptor"]), info["transfer_ids"], list(pinned), seed, num_blocks, info
+            )
     process.wait()
     raise RuntimeError(f"kv_peer ({transport}) exited with code {process.returncode} before it was ready; see its stderr above")
 
@@ -172,7 +183,6 @@ def main() -> None:
         asyncio.run(_serve_grpc(pool, pinned, ready))
     else:
         _serve_nixl(pool, pinned, ready)
-
 
 
 def assert_pulled(local: TensorPool, peer: Peer, src_block_indices: list[int], dst_block_ids: list[int]) -> None:

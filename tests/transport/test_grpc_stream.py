@@ -1,4 +1,5 @@
 """gRPC chunk-stream transport: iter_chunks framing, pulls from a real peer process, errors."""
+
 from __future__ import annotations
 
 import asyncio
@@ -31,8 +32,12 @@ def test_iter_chunks_cuts_each_requested_block_into_ordered_chunks():
     pool = filled_pool(LAYOUT, num_blocks=6, seed=3)
     chunks = list(iter_chunks(pool, block_ids=[4, 0, 2], block_indices=[2, 0], chunk_bytes=900))
     assert [(c.block_index, c.offset, len(c.data)) for c in chunks] == [
-        (2, 0, 900), (2, 900, 900), (2, 1800, 248),
-        (0, 0, 900), (0, 900, 900), (0, 1800, 248),
+        (2, 0, 900),
+        (2, 900, 900),
+        (2, 1800, 248),
+        (0, 0, 900),
+        (0, 900, 900),
+        (0, 1800, 248),
     ]
     block_2 = b"".join(c.data for c in chunks[:3])
     block_4 = b"".join(c.data for c in chunks[3:])

@@ -1,4 +1,5 @@
 """NIXL transport: READs from a real peer process's registered pool (UCX, DRAM to DRAM)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -96,7 +97,10 @@ def test_nixl_errors_are_reported_as_transfer_errors(nixl_peer, local_transport,
     blocks = real.blocks.copy()
     blocks[0, 0] += np.uint64(1 << 40)
     forged = dataclasses.replace(real, blocks=blocks).encode()
-    with pytest.raises(TransferError, match=r"NIXL READ of transfer t0 from kv-peer-\S+ at nixl-peer: nixlNotFoundError: .*not in memory the peer registered"):
+    with pytest.raises(
+        TransferError,
+        match=r"NIXL READ of transfer t0 from kv-peer-\S+ at nixl-peer: nixlNotFoundError: .*not in memory the peer registered",
+    ):
         asyncio.run(local_transport.pull(PullSource(nixl_peer.endpoint, "t0", forged, LAYOUT), [0], [0]))
     assert int(local.buffer.count_nonzero()) == 0
 
@@ -107,7 +111,9 @@ def test_pull_from_a_dead_peer_fails_instead_of_hanging(local_transport, local):
     peer = start_peer("nixl", 4, 99, [2, 0])
     peer.process.kill()
     peer.stop()
-    with pytest.raises(TransferError, match=r"NIXL READ of transfer t0 from kv-peer-\S+ at nixl-peer: (nixlBackendError|nixlRemoteDisconnectError): "):
+    with pytest.raises(
+        TransferError, match=r"NIXL READ of transfer t0 from kv-peer-\S+ at nixl-peer: (nixlBackendError|nixlRemoteDisconnectError): "
+    ):
         asyncio.run(local_transport.pull(PullSource(peer.endpoint, "t0", peer.descriptor, LAYOUT), [0, 1], [5, 6]))
 
 

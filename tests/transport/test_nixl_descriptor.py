@@ -1,4 +1,5 @@
 """The NIXL descriptor codec (plain bytes; needs no nixl install)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -19,7 +20,10 @@ def test_round_trip_keeps_every_field():
     original = make_descriptor()
     decoded = NixlDescriptor.decode(original.encode())
     assert (decoded.agent_name, decoded.metadata, decoded.layout, decoded.mem_type) == (
-        "prefill-1-1234-abcd", b"\x00metadata\xff", LAYOUT, "DRAM",
+        "prefill-1-1234-abcd",
+        b"\x00metadata\xff",
+        LAYOUT,
+        "DRAM",
     )
     assert decoded.blocks.tolist() == original.blocks.tolist()
     assert decoded.num_blocks == 2

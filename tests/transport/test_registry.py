@@ -1,4 +1,5 @@
 """The transport registry: preference order, construction by name, and NIXL's absence."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -74,4 +75,3 @@ def test_without_nixl_only_grpc_is_offered_and_nixl_is_refused_clearly():
         "KV transport 'nixl' is not available here: the nixl transport needs the nixl package "
         "(pip install 'kvplane[nixl]'); importing it failed: "
     )
-

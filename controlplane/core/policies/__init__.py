@@ -8,6 +8,7 @@ rng) and may hook the rest of a request's life: which cached prefix it sees (`ov
 to fetch a cached prefix from another worker (`fetch`), what was routed (`on_routed`) and what the
 workers reported (`on_stored`, `on_worker_removed`). Hooks default to no-ops in routing.PolicyHooks.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -53,9 +54,7 @@ def default_params() -> RoutingPolicyParams:
 def check_params(params: object) -> None:
     """`params` is a registered policy's params, valid."""
     if type(params) not in _POLICIES:
-        raise ValueError(
-            f"RouterConfig.policy must be the params of one of {routing_policy_names()}, got {params!r}"
-        )
+        raise ValueError(f"RouterConfig.policy must be the params of one of {routing_policy_names()}, got {params!r}")
     params.validate()  # type: ignore[attr-defined]
 
 

@@ -17,6 +17,7 @@ prefixes, and fetch instead of recompute.
   fetch_bytes_per_s < blocks x block_size / prefill_tokens_per_s, the chosen worker pulls them.
 Parameters: KvplaneParams below (the cost's own: cost.CostConfig).
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -35,9 +36,7 @@ from kvplane.types import BlockHash, Tier, WorkerId
 @dataclass(frozen=True, slots=True)
 class KvplaneParams:
     name: ClassVar[str] = "kvplane"
-    prediction_ttl_s: float = param(
-        5.0, "seconds a routed prefix counts as cached before its KV events arrive", flag="--prediction-ttl"
-    )
+    prediction_ttl_s: float = param(5.0, "seconds a routed prefix counts as cached before its KV events arrive", flag="--prediction-ttl")
     guard_ratio: float = param(1.5, "cache credit decays above this multiple of the pool's mean load (0 = off)")
     guard_power: float = param(2.0, "how fast the credit decays above the allowed load: (allowed / value) ** power")
     guard_slack_tokens: int = param(512, "queued prefill tokens allowed above guard_ratio x the pool mean")
@@ -104,14 +103,11 @@ class KvplanePolicy(PolicyHooks):
         means = [sum(s[i] for s in signals.values()) / len(signals) for i in range(3)]
         slacks = (c.guard_slack_tokens, c.guard_slack_kv_usage, c.guard_slack_requests)
         return {
-            wid: min(guard_factor(s[i], means[i], c.guard_ratio, slacks[i], c.guard_power) for i in range(3))
-            for wid, s in signals.items()
+            wid: min(guard_factor(s[i], means[i], c.guard_ratio, slacks[i], c.guard_power) for i in range(3)) for wid, s in signals.items()
         }
 
     # -- fetch instead of recompute -----------------------------------------------------------
-    def fetch(
-        self, ctx: RouteContext, decode: WorkerView, decode_cost: CandidateCost, sources: Sequence[WorkerView]
-    ) -> FetchPlan | None:
+    def fetch(self, ctx: RouteContext, decode: WorkerView, decode_cost: CandidateCost, sources: Sequence[WorkerView]) -> FetchPlan | None:
         c = self._params
         if c.fetch_min_blocks == 0 or not decode.block_nbytes:
             return None

@@ -1,6 +1,7 @@
 """Policy `least-load` (baseline): Dynamo's cost with no cache credit, i.e. the candidate with the
 least queued prefill work plus prompt plus KV blocks in use wins, whatever it caches.
 Parameters: none of its own (cost.CostConfig.prefill_load_scale)."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence

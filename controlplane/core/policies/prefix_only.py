@@ -1,6 +1,7 @@
 """Policy `prefix-only` (baseline, SGLang's cache-aware router without its balance fallback): the
 longest cached prefix wins, whatever the load; on a miss (or a tie) the worker with the fewest
 cached blocks, i.e. the smallest tree. Parameters: none."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence

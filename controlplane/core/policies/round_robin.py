@@ -1,5 +1,6 @@
 """Policy `round-robin` (baseline): decode candidates take turns in worker-id order, whatever
 they cache or carry. Parameters: none."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence

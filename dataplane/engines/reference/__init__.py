@@ -4,6 +4,7 @@ Importing this package costs no torch: `kvplane agent` imports the engine's plug
 config) whichever engine it runs. The public names below load their modules, and torch, on first
 use (PEP 562). The agent reaches the engine through ReferenceAdapter (dataplane/engines/base.py).
 """
+
 from __future__ import annotations
 
 import importlib

@@ -5,6 +5,7 @@ callback; generate() turns that callback into an asyncio stream on the caller's 
 every capability: KV import/export and step profiling are the Engine's own methods, so those
 capability objects are the Engine itself.
 """
+
 from __future__ import annotations
 
 import asyncio

@@ -11,6 +11,7 @@ tier offloader) can tell whether the block was reused under it; `on_stored` hear
 registration (hashes, block ids) for write-through to lower tiers.
 Not thread-safe: the engine serialises calls under its lock.
 """
+
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -33,9 +34,7 @@ class BlockManager:
         "_on_stored",
     )
 
-    def __init__(
-        self, num_blocks: int, on_stored: Callable[[Sequence[BlockHash], Sequence[int]], None] | None = None
-    ) -> None:
+    def __init__(self, num_blocks: int, on_stored: Callable[[Sequence[BlockHash], Sequence[int]], None] | None = None) -> None:
         if num_blocks <= 0:
             raise ValueError(f"num_blocks must be positive, got {num_blocks}")
         self.num_blocks = num_blocks
@@ -90,9 +89,7 @@ class BlockManager:
         return block_ids
 
     # --- allocation ----------------------------------------------------------------------
-    def allocate_with_prefix(
-        self, block_hashes: Sequence[BlockHash], num_total_blocks: int
-    ) -> tuple[list[int], int] | None:
+    def allocate_with_prefix(self, block_hashes: Sequence[BlockHash], num_total_blocks: int) -> tuple[list[int], int] | None:
         """Blocks for a request: its cached prefix of block_hashes (ref'd) plus fresh blocks up
         to num_total_blocks. Returns (block ids, number of cached prefix blocks) or None."""
         hit_ids = self.longest_cached_prefix(block_hashes)[:num_total_blocks]

@@ -1,4 +1,5 @@
 """EngineConfig: the one source of defaults for the reference engine."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ class EngineConfig:
     disk_dir: str = ""  # "" = no disk tier; needs a host tier (blocks spill host -> disk)
     num_disk_blocks: int = 65536
 
-    def validate(self) -> "EngineConfig":
+    def validate(self) -> EngineConfig:
         """Raise ValueError naming the first bad field; returns self so calls can chain."""
         if not self.model:
             raise ValueError("EngineConfig.model is empty; use 'builtin-tiny' or a local model directory")

@@ -7,6 +7,7 @@ call only touches blocks the running requests hold, so imports and lookups proce
 Each step's wall time (model call and sampling) is queued with its features (kvplane.latency)
 for take_step_timings(), from which the agent fits its step-time model.
 """
+
 from __future__ import annotations
 
 import logging
@@ -18,10 +19,15 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from dataplane.engines.events import KVCacheEvent
 from dataplane.engines.reference.block_manager import BlockManager
 from dataplane.engines.reference.config import EngineConfig
-from dataplane.engines.events import KVCacheEvent
 from dataplane.engines.reference.kv_pool import KVPool
+from dataplane.engines.reference.runner import ModelRunner
+from dataplane.engines.reference.sampling import make_generator
+from dataplane.engines.reference.scheduler import RequestState, ScheduledChunk, Scheduler
+from dataplane.engines.reference.tiers import TierStats, TierStore
+from dataplane.engines.reference.weights import load_model
 from dataplane.engines.request import (
     EngineCapacityError,
     EngineInputError,
@@ -29,11 +35,6 @@ from dataplane.engines.request import (
     EngineOutput,
     EngineRequest,
 )
-from dataplane.engines.reference.runner import ModelRunner
-from dataplane.engines.reference.sampling import make_generator
-from dataplane.engines.reference.scheduler import RequestState, ScheduledChunk, Scheduler
-from dataplane.engines.reference.tiers import TierStats, TierStore
-from dataplane.engines.reference.weights import load_model
 from kvplane.block_hash import hash_blocks
 from kvplane.latency import StepSample, prefill_attention
 from kvplane.types import BlockHash, KVLayout, Tier
@@ -189,9 +190,7 @@ class Engine:
             )
         for i, t in enumerate(prompt):
             if not 0 <= t < self.vocab_size:
-                raise EngineInputError(
-                    f"prompt token {i} has id {t}, outside the vocabulary (0..{self.vocab_size - 1})"
-                )
+                raise EngineInputError(f"prompt token {i} has id {t}, outside the vocabulary (0..{self.vocab_size - 1})")
         if p.temperature < 0:
             raise EngineInputError(f"temperature must be >= 0, got {p.temperature}")
         if not 0.0 <= p.top_p <= 1.0:
@@ -306,7 +305,7 @@ class Engine:
     def commit_import(self, block_hashes: Sequence[BlockHash], block_ids: Sequence[int]) -> list[int]:
         with self._cond:
             holders = self._blocks.register(block_hashes, block_ids)
-            for h, b, holder in zip(block_hashes, block_ids, holders):
+            for b, holder in zip(block_ids, holders):
                 if holder != b:
                     # The hash arrived meanwhile: keep the existing copy and hand back ours.
                     self._blocks.take_ref(holder)

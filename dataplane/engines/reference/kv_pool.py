@@ -4,6 +4,7 @@ Shape [num_blocks, num_layers, 2 (K, V), block_size, num_kv_heads, head_dim], so
 for all layers are the single range [b * block_nbytes, (b + 1) * block_nbytes) of the buffer's
 storage: a KV transport moves a block as one piece (one NIXL descriptor, one gRPC chunk run).
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence

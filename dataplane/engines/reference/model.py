@@ -8,6 +8,7 @@ sequence attends over the keys its block table names, causally by position. Pref
 prefill and decode are therefore the same call. Parameter names match HF's LlamaForCausalLM so
 checkpoints load with a strict state_dict.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -38,14 +39,13 @@ class LlamaConfig:
     def __post_init__(self) -> None:
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(
-                f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
-                f"num_key_value_heads ({self.num_key_value_heads})"
+                f"num_attention_heads ({self.num_attention_heads}) must be a multiple of num_key_value_heads ({self.num_key_value_heads})"
             )
         if self.head_dim % 2:
             raise ValueError(f"head_dim must be even for rotary embeddings, got {self.head_dim}")
 
     @classmethod
-    def from_hf_dict(cls, cfg: dict[str, Any]) -> "LlamaConfig":
+    def from_hf_dict(cls, cfg: dict[str, Any]) -> LlamaConfig:
         """Build from an HF config.json dict; refuses settings this engine does not implement."""
         arch = cfg.get("architectures") or []
         if cfg.get("model_type") != "llama" and "LlamaForCausalLM" not in arch:
@@ -120,7 +120,7 @@ class PagedBatch:
         seqs: Sequence[tuple[Sequence[int], int, Sequence[int]]],
         block_size: int,
         device: torch.device | str = "cpu",
-    ) -> "PagedBatch":
+    ) -> PagedBatch:
         """seqs: (query token ids, position of the first of them, block ids covering all positions)."""
         if not seqs:
             raise ValueError("a batch needs at least one sequence")
@@ -294,9 +294,7 @@ class PagedLlama(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
 
     @torch.inference_mode()
-    def forward(
-        self, batch: PagedBatch, kv_buffer: torch.Tensor, logits_index: torch.Tensor | None = None
-    ) -> torch.Tensor:
+    def forward(self, batch: PagedBatch, kv_buffer: torch.Tensor, logits_index: torch.Tensor | None = None) -> torch.Tensor:
         """Logits [n, vocab] (float32) at logits_index (flat token indices; None = every token)."""
         x = self.model.embed_tokens(batch.token_ids)
         cos, sin = self.model.rotary_emb(batch.positions, x.dtype)

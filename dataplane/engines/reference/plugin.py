@@ -2,6 +2,7 @@
 
 Imports no torch: the factory imports the engine (and torch) only when this engine is chosen.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,8 +21,12 @@ def add_arguments(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--model", default=e.model, help="'builtin-tiny' or a local Hugging Face Llama directory (default %(default)s)")
     group.add_argument("--block-size", type=int, default=e.block_size, help="tokens per KV block (default %(default)s)")
     group.add_argument("--num-blocks", type=int, default=e.num_blocks, help="KV blocks in the pool (default %(default)s)")
-    group.add_argument("--host-blocks", type=int, default=e.num_host_blocks,
-                       help="KV blocks in the host-memory tier, a write-through copy of the device pool (default %(default)s = off)")
+    group.add_argument(
+        "--host-blocks",
+        type=int,
+        default=e.num_host_blocks,
+        help="KV blocks in the host-memory tier, a write-through copy of the device pool (default %(default)s = off)",
+    )
     group.add_argument("--disk-dir", default=e.disk_dir, help="directory of the disk KV tier; its blocks survive restarts (default: off)")
     group.add_argument("--disk-blocks", type=int, default=e.num_disk_blocks, help="KV blocks kept in the disk tier (default %(default)s)")
     group.add_argument("--max-num-seqs", type=int, default=e.max_num_seqs, help="largest decode batch (default %(default)s)")

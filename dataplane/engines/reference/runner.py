@@ -1,4 +1,5 @@
 """ModelRunner: turns a step's scheduled chunks into one model call and samples the due tokens."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -20,10 +21,7 @@ class ModelRunner:
         """Compute every chunk's KV into the pool; a sampled token per chunk that completes its
         sequence's known tokens (None for mid-prompt chunks and prefill_only requests)."""
         batch = PagedBatch.build(
-            [
-                (c.seq.token_ids[c.start : c.start + c.num_tokens], c.start, c.seq.block_ids)
-                for c in chunks
-            ],
+            [(c.seq.token_ids[c.start : c.start + c.num_tokens], c.start, c.seq.block_ids) for c in chunks],
             block_size=self.pool.layout.block_size,
             device=self.pool.device,
         )
@@ -33,4 +31,3 @@ class ModelRunner:
             due = c.completes_known_tokens and not c.seq.request.prefill_only
             tokens.append(sample(row, c.seq.request.sampling, c.seq.generator) if due else None)
         return tokens
-

@@ -6,6 +6,7 @@ probability mass reaches top_p (the most likely token always stays); sample from
 rest with the request's own generator. Each request owns its generator and rows are sampled one
 by one, so the tokens depend only on the seed and the logits, never on the batch.
 """
+
 from __future__ import annotations
 
 import torch

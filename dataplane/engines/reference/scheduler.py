@@ -10,6 +10,7 @@ copied into the request's fresh blocks at admission (`load_lower`) and count as 
 continues after them. Each step spends max_num_batched_tokens: one token per decoding request first, then prompt chunks
 in admission order. A full block is registered in the prefix cache in the step its KV is written.
 """
+
 from __future__ import annotations
 
 import time
@@ -82,8 +83,17 @@ class ScheduledChunk:
 
 
 class Scheduler:
-    __slots__ = ("blocks", "model_name", "block_size", "max_num_seqs", "max_num_batched_tokens", "eos_token_ids",
-                 "waiting", "running", "load_lower")
+    __slots__ = (
+        "blocks",
+        "model_name",
+        "block_size",
+        "max_num_seqs",
+        "max_num_batched_tokens",
+        "eos_token_ids",
+        "waiting",
+        "running",
+        "load_lower",
+    )
 
     def __init__(
         self,

@@ -17,6 +17,7 @@ and keeps the copy only if the block was not handed out again meanwhile (a per-b
 counter kept by the block manager, checked after the copy, like a seqlock). Lock order: engine
 lock, then this store's lock; the copy thread never takes the engine lock.
 """
+
 from __future__ import annotations
 
 import json
@@ -43,13 +44,13 @@ LAYOUT_FILE = "layout.json"
 
 @dataclass(slots=True)
 class TierStats:
-    num_host_blocks: int = 0          # held now
-    num_disk_blocks: int = 0          # held now
-    num_offloaded_to_host: int = 0    # copies made device -> host
-    num_spilled_to_disk: int = 0      # blocks moved host -> disk
-    num_loaded_from_host: int = 0     # blocks copied back host -> device
-    num_loaded_from_disk: int = 0     # blocks read back disk -> device
-    num_dropped: int = 0              # offloads skipped: the device block was reused before the copy
+    num_host_blocks: int = 0  # held now
+    num_disk_blocks: int = 0  # held now
+    num_offloaded_to_host: int = 0  # copies made device -> host
+    num_spilled_to_disk: int = 0  # blocks moved host -> disk
+    num_loaded_from_host: int = 0  # blocks copied back host -> device
+    num_loaded_from_disk: int = 0  # blocks read back disk -> device
+    num_dropped: int = 0  # offloads skipped: the device block was reused before the copy
 
 
 class TierStore:
@@ -289,7 +290,7 @@ class TierStore:
                 if stat.st_size == layout.block_nbytes:
                     entries.append((stat.st_mtime, h))
         entries.sort()
-        for _, h in entries[max(0, len(entries) - self._num_disk_blocks):]:
+        for _, h in entries[max(0, len(entries) - self._num_disk_blocks) :]:
             self._disk_lru[h] = None
         for _, h in entries[: max(0, len(entries) - self._num_disk_blocks)]:
             self._block_path(h).unlink(missing_ok=True)

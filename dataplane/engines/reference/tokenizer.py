@@ -2,6 +2,7 @@
 
 Both decode with invalid UTF-8 replaced (U+FFFD), so decoding a prefix of a stream never raises.
 """
+
 from __future__ import annotations
 
 import json

@@ -1,6 +1,7 @@
 """Where model weights come from: the builtin tiny model (seeded, no files) or a local HF directory
 (config.json + *.safetensors, single file or sharded with model.safetensors.index.json, plus
 tokenizer.json)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -61,9 +62,7 @@ def load_model(config: EngineConfig) -> LoadedModel:
         directory = Path(config.model)
         model = load_hf_directory(directory)
         cfg = model.config
-        tokenizer = HFTokenizer(
-            directory, eos_token_id=cfg.eos_token_ids[0] if cfg.eos_token_ids else None, bos_token_id=cfg.bos_token_id
-        )
+        tokenizer = HFTokenizer(directory, eos_token_id=cfg.eos_token_ids[0] if cfg.eos_token_ids else None, bos_token_id=cfg.bos_token_id)
         name = directory.resolve().name
     model = model.to(device=config.device, dtype=dtype).eval()
     return LoadedModel(config.served_model_name or name, model, tokenizer, model.config)
@@ -92,9 +91,7 @@ def builtin_model(seed: int, cfg: LlamaConfig = BUILTIN_CONFIG) -> PagedLlama:
 
 def load_hf_directory(directory: Path) -> PagedLlama:
     if not directory.is_dir():
-        raise FileNotFoundError(
-            f"model {str(directory)!r} is neither 'builtin-tiny' nor a local directory"
-        )
+        raise FileNotFoundError(f"model {str(directory)!r} is neither 'builtin-tiny' nor a local directory")
     cfg_path = directory / "config.json"
     if not cfg_path.is_file():
         raise FileNotFoundError(f"{directory} has no config.json; expected an HF-style model directory")
