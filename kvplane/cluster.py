@@ -5,6 +5,12 @@ Children run in their own session so that a terminal's Ctrl-C reaches only the l
 which then stops them in order: agents first (so they can give up their leases while the
 control plane and its embedded store still run), then the control plane; SIGTERM first,
 SIGKILL for whatever has not exited within the grace period.
+
+Security is on by default, with throw-away credentials (kvplane.security.local): a CA and a
+certificate for the control plane, each worker and a local admin, made at start. The admin's client
+files are published in the credentials directory for the cluster's endpoint, where the SDK and CLI
+on this machine find them with no flag; stop() removes them. `insecure=True` runs plaintext with
+random join and admin tokens instead.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from typing import IO
 
 from kvplane.client import Client
 from kvplane.errors import KvplaneError, UnavailableError
+from kvplane.security.local import LocalCredentials
 
 CONTROLPLANE = "controlplane"
 LOCALHOST = "127.0.0.1"
@@ -63,6 +70,7 @@ class LocalCluster:
         env: dict[str, str] | None = None,
         startup_timeout: float = 90.0,
         stop_timeout: float = 10.0,
+        insecure: bool = False,
     ) -> None:
         counts = {"prefill": num_prefill, "decode": num_decode, "both": num_both}
         for role, count in counts.items():
@@ -80,6 +88,8 @@ class LocalCluster:
         self._env = dict(env or {})  # extra environment of every child (e.g. OTEL_* settings)
         self._startup_timeout = startup_timeout
         self._stop_timeout = stop_timeout
+        self._insecure = insecure
+        self.credentials: LocalCredentials | None = None  # made at start()
 
         self.log_dir: Path | None = None
         self.endpoint = ""
@@ -101,10 +111,8 @@ class LocalCluster:
             self._prepare_log_dir()
             port = self._port or free_port()
             self.endpoint = f"{LOCALHOST}:{port}"
-            self._spawn(CONTROLPLANE, [
-                CONTROLPLANE, "--host", LOCALHOST, "--port", str(port), "--store", self._store,
-                *self._controlplane_args,
-            ])  # fmt: skip
+            self._make_credentials()
+            self._spawn(CONTROLPLANE, self._controlplane_argv(port))
             for role in _ROLES:
                 for index in range(self._counts[role]):
                     self._start_agent(role, index, port)
@@ -120,7 +128,7 @@ class LocalCluster:
         expected = set(self.worker_endpoints)
         seen: set[str] = set()
         last_error = "the control plane has not answered yet"
-        with Client(self.endpoint, timeout=2.0) as client:
+        with self.client(timeout=2.0) as client:
             while True:
                 exited = self.exited()
                 if exited:
@@ -157,6 +165,9 @@ class LocalCluster:
         for log_file in self._log_files:
             log_file.close()
         self._log_files.clear()
+        if self.credentials is not None:
+            self.credentials.remove()
+            shutil.rmtree(self.credentials.directory, ignore_errors=True)
         if self._owns_log_dir and self.log_dir is not None and not self.exited(nonzero_only=True):
             shutil.rmtree(self.log_dir, ignore_errors=True)  # kept when something failed, for reading
 
@@ -176,7 +187,8 @@ class LocalCluster:
         self.worker_endpoints[worker_id] = f"{LOCALHOST}:{port}"
         self._agent_argv[worker_id] = [
             "agent", "--role", role, "--host", LOCALHOST, "--port", str(port),
-            "--controlplane", self.endpoint, "--worker-id", worker_id, *self._agent_args, *agent_args,
+            "--controlplane", self.endpoint, "--worker-id", worker_id, *self._worker_security(worker_id),
+            *self._agent_args, *agent_args,
         ]  # fmt: skip
         self._spawn(worker_id, self._agent_argv[worker_id])
         self.wait_until_registered(timeout)
@@ -198,12 +210,12 @@ class LocalCluster:
         if not self._store.startswith("etcd://"):
             raise ValueError("replicas share state through etcd: start the cluster with store='etcd://HOST:PORT'")
         port = free_port()
-        self._spawn(name, [
-            CONTROLPLANE, "--host", LOCALHOST, "--port", str(port), "--store", self._store, *self._controlplane_args,
-        ])  # fmt: skip
+        self._spawn(name, self._controlplane_argv(port))
         endpoint = f"{LOCALHOST}:{port}"
+        assert self.credentials is not None
+        self.credentials.publish(endpoint)
         deadline = time.monotonic() + self._startup_timeout
-        with Client(endpoint, timeout=2.0) as client:
+        with self.client(endpoint, timeout=2.0) as client:
             while True:
                 try:
                     if {w.worker_id for w in client.workers()} >= set(self.worker_endpoints):
@@ -225,9 +237,7 @@ class LocalCluster:
             process.send_signal(sig)
             process.wait(timeout=timeout)
         port = self.endpoint.rpartition(":")[2]
-        self._spawn(CONTROLPLANE, [
-            CONTROLPLANE, "--host", LOCALHOST, "--port", port, "--store", self._store, *self._controlplane_args,
-        ])  # fmt: skip
+        self._spawn(CONTROLPLANE, self._controlplane_argv(int(port)))
         self.wait_until_registered(timeout)
 
     # -- inspection and fault injection --------------------------------------------------------
@@ -253,6 +263,29 @@ class LocalCluster:
         lines = path.read_text(errors="replace").splitlines()
         return "\n".join(lines[-num_lines:]) or "(log is empty)"
 
+    # -- credentials -----------------------------------------------------------------------------
+
+    def client(self, endpoint: str | None = None, **kwargs) -> Client:
+        """An SDK client of this cluster as its local admin (any Client(endpoint) on this machine is one too)."""
+        assert self.credentials is not None, "start() the cluster first"
+        return Client(endpoint or self.endpoint, credentials=self.credentials.admin, **kwargs)
+
+    def _make_credentials(self) -> None:
+        directory = Path(tempfile.mkdtemp(prefix="kvplane-credentials-"))
+        self.credentials = LocalCredentials.plaintext(directory) if self._insecure else LocalCredentials.create(directory)
+        self.credentials.publish(self.endpoint)
+
+    def _controlplane_argv(self, port: int) -> list[str]:
+        assert self.credentials is not None
+        return [
+            CONTROLPLANE, "--host", LOCALHOST, "--port", str(port), "--store", self._store,
+            *self.credentials.controlplane_args(), *self._controlplane_args,
+        ]  # fmt: skip
+
+    def _worker_security(self, worker_id: str) -> list[str]:
+        assert self.credentials is not None
+        return self.credentials.worker_args(worker_id)
+
     # -- internals -----------------------------------------------------------------------------
 
     def _prepare_log_dir(self) -> None:
@@ -269,7 +302,7 @@ class LocalCluster:
         self._agent_argv[worker_id] = [
             "agent", "--role", role, "--host", LOCALHOST, "--port", str(port),
             "--controlplane", f"{LOCALHOST}:{controlplane_port}", "--worker-id", worker_id,
-            *self._agent_args,
+            *self._worker_security(worker_id), *self._agent_args,
         ]  # fmt: skip
         self._spawn(worker_id, self._agent_argv[worker_id])
 
@@ -279,7 +312,7 @@ class LocalCluster:
         log_file = path.open("ab")
         self._log_files.append(log_file)
         self.log_paths[name] = path
-        env = dict(os.environ, PYTHONUNBUFFERED="1", **self._env)
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **self._env, **(self.credentials.env() if self.credentials else {}))
         # The children import this same kvplane even when it is not installed (e.g. a checkout).
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_PACKAGE_ROOT), env.get("PYTHONPATH")]))
         self.processes[name] = subprocess.Popen(
