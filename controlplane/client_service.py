@@ -19,6 +19,7 @@ bounded before anything else happens, and no message echoes unbounded input.
 from __future__ import annotations
 
 import logging
+import math
 import time
 import uuid
 from collections.abc import Callable
@@ -136,7 +137,7 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"sampling.max_tokens {s.max_tokens} is above this model's limit of {limits.max_tokens_limit}",
             )
-        if s.temperature < 0 or not 0 <= s.top_p <= 1:
+        if not math.isfinite(s.temperature) or s.temperature < 0 or not 0 <= s.top_p <= 1:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "temperature must be >= 0 and top_p within [0, 1]")
         token_ids = await self._prompt_tokens(request, model, workers, context)
         bad = next((t for t in token_ids if t >= limits.vocab_size), None)
@@ -367,6 +368,8 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
             out.ttft_ms = (first_token_at - started) * 1000
 
     async def GetStats(self, request, context):
+        if not math.isfinite(request.window_s) or request.window_s < 0:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "window_s must be a finite number of seconds >= 0")
         window = self.stats_window
         reply = client_pb2.GetStatsResponse(
             window_s=min(request.window_s or window.horizon_s, window.horizon_s), metrics_url=self.metrics_url

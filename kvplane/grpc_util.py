@@ -18,6 +18,7 @@ from grpc_reflection.v1alpha import reflection
 
 from kvplane.security.auth import AUTHORIZATION
 from kvplane.security.credentials import Credentials
+from kvplane.security.handlers import RequestGuard
 from kvplane.security.limits import SERVER_MAX_RECEIVE_BYTES
 from kvplane.telemetry.grpc_tracing import client_interceptors, server_interceptors
 
@@ -42,8 +43,9 @@ def server_options(max_receive_bytes: int = SERVER_MAX_RECEIVE_BYTES) -> tuple[t
 def make_server(
     interceptors: Sequence[grpc.aio.ServerInterceptor] = (), max_receive_bytes: int = SERVER_MAX_RECEIVE_BYTES
 ) -> grpc.aio.Server:
-    """A grpc.aio server; `interceptors` (authentication) run before tracing's, which is on only when enabled."""
-    return grpc.aio.server(options=server_options(max_receive_bytes), interceptors=[*interceptors, *server_interceptors()])
+    """A grpc.aio server; malformed requests are INVALID_ARGUMENT (RequestGuard), then `interceptors`
+    (authentication) run, then tracing's, which is on only when enabled."""
+    return grpc.aio.server(options=server_options(max_receive_bytes), interceptors=[RequestGuard(), *interceptors, *server_interceptors()])
 
 
 def add_port(server: grpc.aio.Server, address: str, credentials: Credentials) -> int:

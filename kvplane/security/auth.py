@@ -26,6 +26,7 @@ from pathlib import Path
 import grpc
 
 from kvplane.errors import rejection_trailers
+from kvplane.security.handlers import wrap
 from kvplane.security.identity import ANONYMOUS, ANY_WORKER, Identity, IdentityError, Role, identity_from_spiffe_id
 from kvplane.security.ratelimit import RateLimiter
 
@@ -168,7 +169,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         method = handler_call_details.method
         if handler is None or method.startswith(_OPEN_PREFIXES):
             return handler
-        return _wrap(handler, lambda context: self._admit(method, context))
+        return wrap(handler, lambda context: self._admit(method, context))
 
     async def _admit(self, method: str, context: grpc.aio.ServicerContext) -> None:
         short = method.rpartition("/")[2]
@@ -193,44 +194,6 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
                     f"retry after {math.ceil(wait * 1000)} ms",
                 )
         CALLER.set(identity)
-
-
-def _wrap(handler: grpc.RpcMethodHandler, admit) -> grpc.RpcMethodHandler:
-    """The same handler, with `admit(context)` awaited before the servicer runs."""
-    kwargs = {"request_deserializer": handler.request_deserializer, "response_serializer": handler.response_serializer}
-    if handler.unary_unary:
-        inner = handler.unary_unary
-
-        async def unary_unary(request, context):
-            await admit(context)
-            return await inner(request, context)
-
-        return grpc.unary_unary_rpc_method_handler(unary_unary, **kwargs)
-    if handler.unary_stream:
-        inner_stream = handler.unary_stream
-
-        async def unary_stream(request, context):
-            await admit(context)
-            async for response in inner_stream(request, context):
-                yield response
-
-        return grpc.unary_stream_rpc_method_handler(unary_stream, **kwargs)
-    if handler.stream_unary:
-        inner_su = handler.stream_unary
-
-        async def stream_unary(request_iterator, context):
-            await admit(context)
-            return await inner_su(request_iterator, context)
-
-        return grpc.stream_unary_rpc_method_handler(stream_unary, **kwargs)
-    inner_ss = handler.stream_stream
-
-    async def stream_stream(request_iterator, context):
-        await admit(context)
-        async for response in inner_ss(request_iterator, context):
-            yield response
-
-    return grpc.stream_stream_rpc_method_handler(stream_stream, **kwargs)
 
 
 def caller() -> Identity | None:

@@ -103,6 +103,32 @@ def issue(ca: KeyPair, identity: Identity, hosts: tuple[str, ...] | list[str] = 
     return KeyPair(cert.public_bytes(serialization.Encoding.PEM), _key_pem(key))
 
 
+def issue_server(ca: KeyPair, common_name: str, hosts: tuple[str, ...] | list[str] = LOCAL_HOSTS, days: int = DEFAULT_DAYS) -> KeyPair:
+    """A certificate for a server outside kvplane's identities (etcd): CN and host SANs only.
+
+    For etcd clients the CN is what matters: with etcd's --client-cert-auth it is the etcd user.
+    """
+    ca_cert = x509.load_pem_x509_certificate(ca.cert_pem)
+    ca_key = serialization.load_pem_private_key(ca.key_pem, password=None)
+    key = _new_key()
+    names: list[x509.GeneralName] = []
+    for host in dict.fromkeys(hosts):
+        try:
+            names.append(x509.IPAddress(ipaddress.ip_address(host)))
+        except ValueError:
+            names.append(x509.DNSName(host))
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+    builder = x509.CertificateBuilder().subject_name(subject).issuer_name(ca_cert.subject).public_key(key.public_key())
+    builder = _validity(builder.serial_number(x509.random_serial_number()), days)
+    builder = builder.add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+    builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
+    builder = builder.add_extension(
+        x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False
+    )
+    cert = builder.sign(ca_key, hashes.SHA256())  # type: ignore[arg-type]
+    return KeyPair(cert.public_bytes(serialization.Encoding.PEM), _key_pem(key))
+
+
 def identity_of(cert_pem: bytes) -> Identity:
     """The kvplane identity in a certificate's URI SAN; IdentityError when it has none."""
     try:
