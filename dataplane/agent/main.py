@@ -70,11 +70,18 @@ def run(args: argparse.Namespace) -> int:
     from kvplane import telemetry
 
     try:
-        credentials = security_flags.server_credentials_from_args(args, "the agent")
-        identity = credentials.identity()
+        try:
+            credentials = security_flags.server_credentials_from_args(args, "the agent")
+        except ValueError as e:
+            credentials, missing = None, e  # reported after the config's own errors
+        else:
+            missing = None
+        identity = credentials.identity() if credentials is not None else None
         if identity is not None and identity.role.value != "worker":
             raise ValueError(f"the agent's certificate is for {identity}, not a worker")
         config = config_from_args(args, identity.name if identity is not None else "")
+        if missing is not None:
+            raise missing
         telemetry_config = telemetry_flags.config_from_args(args, "kvplane-agent", config.worker_id, config.host)
         telemetry.setup(telemetry_config)
     except (OSError, ValueError) as e:  # CredentialsError and IdentityError are ValueErrors

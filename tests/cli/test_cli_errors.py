@@ -50,7 +50,7 @@ CASES = {
     "bench prefix": Case(("bench", "prefix", "--bogus"), 2, "kvplane bench prefix: error: unrecognized arguments"),
     "controlplane": Case(("controlplane", "--lease-ttl", "-1"), 2,
                          "kvplane controlplane: lease_ttl_s must be at least 2 seconds, got -1"),
-    "agent": Case(("agent", "--insecure", "--port", "70000"), 2, "kvplane agent: port must be in 0..65535, got 70000"),
+    "agent": Case(("agent", "--port", "70000"), 2, "kvplane agent: port must be in 0..65535, got 70000"),
     "certs": Case(("certs",), 2, "usage: kvplane certs [-h] COMMAND"),
     "certs ca": Case(("certs", "ca"), 2, "kvplane certs ca: error: the following arguments are required: --dir"),
     "certs issue": Case(("certs", "issue", "--dir", "/nonexistent-kvplane", "--role", "worker", "--name", "w"), 1,
