@@ -66,7 +66,7 @@ def random_message(cls: type[Message], rng: random.Random, depth: int = 0) -> Me
     for field in cls.DESCRIPTOR.fields:
         if rng.random() < 0.3:
             continue
-        repeated = field.label == _F.LABEL_REPEATED
+        repeated = field.is_repeated
         if field.type == _F.TYPE_MESSAGE:
             if field.message_type.GetOptions().map_entry:
                 continue
