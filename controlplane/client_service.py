@@ -112,7 +112,7 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"priority must be one of {list(PRIORITIES)}, got {priority!r}")
         limits = next(e.info for e in workers.values() if e.info.model == model)
         s = request.sampling
-        if s.max_tokens == 0:
+        if s.max_tokens == 0 and not request.max_tokens_to_limit:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "sampling.max_tokens must be at least 1")
         if s.max_tokens > limits.max_tokens_limit:
             await context.abort(
@@ -127,6 +127,14 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT, f"token id {bad} is outside the vocabulary of {model!r} (size {limits.vocab_size})"
             )
+        if s.max_tokens == 0:  # max_tokens_to_limit: as many as the model allows after this prompt
+            room = min(limits.max_tokens_limit, limits.max_context - len(token_ids))
+            if room < 1:
+                await context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"prompt of {len(token_ids)} tokens fills the context of {limits.max_context} tokens: no room for an answer",
+                )
+            s.max_tokens = room
         if len(token_ids) + s.max_tokens > limits.max_context:
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT,

@@ -39,7 +39,7 @@ class HttpError(Exception):
 def _sampling(body: SamplingFields) -> common_pb2.SamplingParams:
     max_tokens = body.max_completion_tokens or body.max_tokens
     sampling = common_pb2.SamplingParams(
-        max_tokens=max_tokens or 0,  # 0: the control plane refuses it with a clear message
+        max_tokens=max_tokens or 0,  # 0: as many as the model allows (max_tokens_to_limit)
         temperature=body.temperature,
         top_p=body.top_p,
         top_k=body.top_k,
@@ -51,13 +51,15 @@ def _sampling(body: SamplingFields) -> common_pb2.SamplingParams:
 
 
 def _base_request(body: SamplingFields, request_id: str) -> client_pb2.GenerateRequest:
+    sampling = _sampling(body)
     return client_pb2.GenerateRequest(
         model=body.model,
-        sampling=_sampling(body),
+        sampling=sampling,
         disagg=_DISAGG[body.disagg],
         request_id=request_id,
         cache_salt=body.cache_salt,
         priority=body.priority,
+        max_tokens_to_limit=sampling.max_tokens == 0,  # no max_tokens: up to the model's limit
     )
 
 
