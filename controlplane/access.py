@@ -23,6 +23,8 @@ REGISTRY_METHODS = ("Register", "KeepAlive", "ReportLoad", "PublishKVEvents", "D
 
 def policy() -> dict[str, Rule]:
     table = {f"/{_KVPLANE}/{m}": rule(Role.CLIENT, Role.ADMIN, rate_limited=True) for m in CLIENT_METHODS}
+    # The HTTP face's own calls without a caller token (/v1/models, /health) list workers as the replica.
+    table[f"/{_KVPLANE}/ListWorkers"] = rule(Role.CLIENT, Role.ADMIN, Role.CONTROLPLANE, rate_limited=True)
     table |= {f"/{_KVPLANE}/{m}": rule(Role.ADMIN, rate_limited=True) for m in ADMIN_METHODS}
     table |= {f"/{_REGISTRY}/{m}": rule(Role.WORKER) for m in REGISTRY_METHODS}
     return table

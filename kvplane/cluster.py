@@ -67,6 +67,7 @@ class LocalCluster:
         controlplane_args: tuple[str, ...] | list[str] = (),
         log_dir: str | os.PathLike[str] | None = None,
         *,
+        http_port: int | None = None,
         env: dict[str, str] | None = None,
         startup_timeout: float = 90.0,
         stop_timeout: float = 10.0,
@@ -83,6 +84,7 @@ class LocalCluster:
         self._port = port
         self._agent_args = tuple(agent_args)
         self._controlplane_args = tuple(controlplane_args)
+        self._http_port = http_port  # the OpenAI-compatible HTTP API: None = off, 0 = a free port
         self._log_dir_arg = Path(log_dir) if log_dir is not None else None
         self._owns_log_dir = log_dir is None
         self._env = dict(env or {})  # extra environment of every child (e.g. OTEL_* settings)
@@ -90,9 +92,12 @@ class LocalCluster:
         self._stop_timeout = stop_timeout
         self._insecure = insecure
         self.credentials: LocalCredentials | None = None  # made at start()
+        self._http_args: list[str] = []
+        self.http_token = ""  # a bearer token (client, tenant "local") for the HTTP API
 
         self.log_dir: Path | None = None
         self.endpoint = ""
+        self.http_url = ""  # "http://127.0.0.1:PORT/v1" when the HTTP API is on
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self.worker_endpoints: dict[str, str] = {}
         self.log_paths: dict[str, Path] = {}
@@ -111,6 +116,10 @@ class LocalCluster:
             self._prepare_log_dir()
             port = self._port or free_port()
             self.endpoint = f"{LOCALHOST}:{port}"
+            if self._http_port is not None:
+                http_port = self._http_port or free_port()
+                self.http_url = f"http://{LOCALHOST}:{http_port}/v1"
+                self._http_args = ["--http-port", str(http_port)]
             self._make_credentials()
             self._spawn(CONTROLPLANE, self._controlplane_argv(port))
             for role in _ROLES:
@@ -210,7 +219,7 @@ class LocalCluster:
         if not self._store.startswith("etcd://"):
             raise ValueError("replicas share state through etcd: start the cluster with store='etcd://HOST:PORT'")
         port = free_port()
-        self._spawn(name, self._controlplane_argv(port))
+        self._spawn(name, self._controlplane_argv(port, first=False))
         endpoint = f"{LOCALHOST}:{port}"
         assert self.credentials is not None
         self.credentials.publish(endpoint)
@@ -274,12 +283,14 @@ class LocalCluster:
         directory = Path(tempfile.mkdtemp(prefix="kvplane-credentials-"))
         self.credentials = LocalCredentials.plaintext(directory) if self._insecure else LocalCredentials.create(directory)
         self.credentials.publish(self.endpoint)
+        self.http_token = self.credentials.http_token
 
-    def _controlplane_argv(self, port: int) -> list[str]:
+    def _controlplane_argv(self, port: int, first: bool = True) -> list[str]:
+        """The control plane's argv; only the first replica serves the HTTP API (its port is fixed)."""
         assert self.credentials is not None
         return [
             CONTROLPLANE, "--host", LOCALHOST, "--port", str(port), "--store", self._store,
-            *self.credentials.controlplane_args(), *self._controlplane_args,
+            *(self._http_args if first else []), *self.credentials.controlplane_args(), *self._controlplane_args,
         ]  # fmt: skip
 
     def _worker_security(self, worker_id: str) -> list[str]:

@@ -63,6 +63,14 @@ def text_digest(text: str) -> bytes:
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()
 
 
+def tokenize_digest(request) -> bytes:
+    """What a tokenize ticket binds: the text, or the chat messages (role and content, in order)."""
+    if request.text or not request.messages:
+        return text_digest(request.text)
+    encoded = b"".join(_field(m.role) + _field(m.content) for m in request.messages)
+    return hashlib.sha256(b"chat\x00" + encoded).digest()
+
+
 def _field(value: str | bytes) -> bytes:
     data = value.encode() if isinstance(value, str) else value
     return struct.pack("<I", len(data)) + data
@@ -93,6 +101,7 @@ class TicketSigner:
         prefill_worker_id: str = "",
         prompt_token_ids: Sequence[int] | None = None,
         text: str | None = None,
+        digest: bytes | None = None,
         cache_salt: str = "",
         tenant: str = "",
         now: float | None = None,
@@ -100,11 +109,12 @@ class TicketSigner:
         if operation not in OPERATIONS:
             raise ValueError(f"unknown ticket operation {operation!r}")
         issued = time.time() if now is None else now
-        digest = b""
-        if prompt_token_ids is not None:
-            digest = prompt_digest(prompt_token_ids)
-        elif text is not None:
-            digest = text_digest(text)
+        if digest is None:
+            digest = b""
+            if prompt_token_ids is not None:
+                digest = prompt_digest(prompt_token_ids)
+            elif text is not None:
+                digest = text_digest(text)
         ticket = common_pb2.Ticket(
             operation=operation, request_id=request_id, decode_worker_id=worker_id, prefill_worker_id=prefill_worker_id,
             tenant=tenant, cache_salt=cache_salt, prompt_digest=digest, nonce=os.urandom(16),
@@ -141,7 +151,8 @@ class TicketVerifier:
 
 def check_request(
     ticket: common_pb2.Ticket, *, worker_id: str, as_source: bool = False, request_id: str | None = None,
-    prompt_token_ids: Sequence[int] | None = None, text: str | None = None, cache_salt: str | None = None,
+    prompt_token_ids: Sequence[int] | None = None, text: str | None = None, digest: bytes | None = None,
+    cache_salt: str | None = None,
 ) -> None:  # fmt: skip
     """Raises TicketError unless the ticket names `worker_id` (as the runner, or as the KV source
     with `as_source`) and matches the request's id, prompt (or text) and cache salt."""
@@ -155,6 +166,8 @@ def check_request(
         raise TicketError("the ticket is for another prompt")
     if text is not None and text_digest(text) != ticket.prompt_digest:
         raise TicketError("the ticket is for another text")
+    if digest is not None and digest != ticket.prompt_digest:
+        raise TicketError("the ticket is for another input")
     if cache_salt is not None and cache_salt != ticket.cache_salt:
         raise TicketError("the ticket is for another cache salt")
 

@@ -42,6 +42,7 @@ from dataplane.engines.request import EngineCapacityError, EngineInputError, Eng
 from dataplane.transport import LayoutMismatchError, PullSource
 from dataplane.transport.grpc_stream import iter_chunks
 from kvplane import tickets
+from kvplane.chat import ChatTemplateError
 from kvplane.convert import layout_from_pb, layout_to_pb, role_to_pb
 from kvplane.grpc_util import aio_channel
 from kvplane.latency import OnlineStepModel, StepSample, StepTimeModel, fit, samples_from_pb, samples_to_pb
@@ -513,10 +514,19 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         return agent_pb2.GetStatusResponse(info=self.worker_info(), load=self.worker_load())
 
     async def Tokenize(self, request, context):
-        if len(request.text) > MAX_PROMPT_BYTES:  # characters <= bytes: checked before hashing or tokenizing
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"the text is larger than {MAX_PROMPT_BYTES} bytes")
-        await self._check_ticket(request.ticket, context, tickets.TOKENIZE, use="tokenize", text=request.text)
-        return agent_pb2.TokenizeResponse(token_ids=await self._engine.tokenize(request.text))
+        size = len(request.text) + sum(len(m.role) + len(m.content) for m in request.messages)
+        if size > MAX_PROMPT_BYTES:  # characters <= bytes: checked before hashing or tokenizing
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"the input is larger than {MAX_PROMPT_BYTES} bytes")
+        await self._check_ticket(request.ticket, context, tickets.TOKENIZE, use="tokenize", digest=tickets.tokenize_digest(request))
+        if not request.messages:
+            return agent_pb2.TokenizeResponse(token_ids=await self._engine.tokenize(request.text))
+        messages = [{"role": m.role, "content": m.content} for m in request.messages]
+        try:
+            ids = await self._engine.tokenize_chat(messages)
+        except ChatTemplateError as e:
+            # The same on every worker of this model: the caller must change the request.
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
+        return agent_pb2.TokenizeResponse(token_ids=ids)
 
     # -- what the link reports ---------------------------------------------------------------------
 

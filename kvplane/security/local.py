@@ -11,6 +11,7 @@ Everything is removed again by `remove()`.
 
 from __future__ import annotations
 
+import os
 import secrets
 import shutil
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ class LocalCredentials:
     insecure: bool = False
     join_token: str = ""  # plaintext clusters: what agents present to register
     admin_token: str = ""  # plaintext clusters: what the local admin presents
+    http_token: str = field(default_factory=lambda: secrets.token_urlsafe(24))  # a client of tenant "local" (the HTTP API)
     _ca: certs.KeyPair | None = None
     _published: list[Path] = field(default_factory=list)
 
@@ -69,7 +71,12 @@ class LocalCredentials:
         return ["--tls-cert", str(cert), "--tls-key", str(key), "--tls-ca", str(self.ca_path)]
 
     def controlplane_args(self) -> list[str]:
-        return self.server_args(CONTROLPLANE)
+        tokens = self.directory / "tokens.csv"
+        if not tokens.exists():
+            fd = os.open(tokens, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(f"{self.http_token},client,http,local\n")
+        return [*self.server_args(CONTROLPLANE), "--tokens-file", str(tokens)]
 
     def worker_args(self, worker_id: str) -> list[str]:
         return self.server_args(Identity(Role.WORKER, worker_id))

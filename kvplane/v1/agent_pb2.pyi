@@ -164,12 +164,14 @@ class GetStatusResponse(_message.Message):
     def __init__(self, info: _Optional[_Union[_common_pb2.WorkerInfo, _Mapping]] = ..., load: _Optional[_Union[_common_pb2.WorkerLoad, _Mapping]] = ...) -> None: ...
 
 class TokenizeRequest(_message.Message):
-    __slots__ = ("text", "ticket")
+    __slots__ = ("text", "messages", "ticket")
     TEXT_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
     TICKET_FIELD_NUMBER: _ClassVar[int]
     text: str
+    messages: _containers.RepeatedCompositeFieldContainer[_common_pb2.ChatMessage]
     ticket: _common_pb2.Ticket
-    def __init__(self, text: _Optional[str] = ..., ticket: _Optional[_Union[_common_pb2.Ticket, _Mapping]] = ...) -> None: ...
+    def __init__(self, text: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[_common_pb2.ChatMessage, _Mapping]]] = ..., ticket: _Optional[_Union[_common_pb2.Ticket, _Mapping]] = ...) -> None: ...
 
 class TokenizeResponse(_message.Message):
     __slots__ = ("token_ids",)
