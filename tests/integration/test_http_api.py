@@ -4,6 +4,7 @@ package (and curl, as the README shows it)."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -38,7 +39,7 @@ def cluster(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def api(cluster):
-    with openai.OpenAI(base_url=cluster.http_url, api_key="unused", max_retries=0, timeout=120) as client:
+    with openai.OpenAI(base_url=cluster.http_url, api_key=cluster.http_token, max_retries=0, timeout=120) as client:
         yield client
 
 
@@ -59,7 +60,8 @@ def test_token_id_prompts_and_a_repeated_prefix_report_cached_tokens(api, cluste
     prefix = prompt_ids(seed=3, length=8 * BLOCK_SIZE)
     first = api.completions.with_raw_response.create(model="builtin-tiny", prompt=prefix + [1, 2], max_tokens=2)
     holder = first.headers["x-kvplane-decode-worker"]
-    with Client(cluster.endpoint) as client:
+    # As the same tenant as the HTTP token: another tenant's route would see no cached tokens.
+    with Client(cluster.endpoint, token=cluster.http_token) as client:
         wait_for(lambda: client.route(prefix + [3, 4], max_tokens=2).cached_tokens > 0, timeout=10, what="the prefix in the index")
     second = api.completions.with_raw_response.create(model="builtin-tiny", prompt=prefix + [3, 4], max_tokens=2)
     body = second.parse()
@@ -101,6 +103,14 @@ def test_models_health_and_metrics(api, cluster):
     assert any(k.startswith("kvplane_http_requests_total") and 'http_route="/v1/completions"' in k for k in samples)
 
 
+def test_calls_without_a_known_token_are_refused(cluster):
+    body = {"model": "builtin-tiny", "prompt": "hello", "max_tokens": 2}
+    assert httpx.post(f"{cluster.http_url}/completions", json=body, timeout=30).status_code == 403  # the replica may not generate
+    response = httpx.post(f"{cluster.http_url}/completions", json=body, timeout=30, headers={"authorization": "Bearer not-a-token-we-know"})
+    assert response.status_code == 401 and response.json()["error"]["type"] == "authentication_error"
+    assert httpx.get(f"{cluster.http_url}/models", timeout=30).status_code == 200  # listing models needs no token
+
+
 def test_a_rejection_is_a_429_with_retry_after(cluster):
     with Client(cluster.endpoint, timeout=120) as client:
         client.profile("both-0")
@@ -109,7 +119,10 @@ def test_a_rejection_is_a_429_with_retry_after(cluster):
         client.set_config("admission.policy", "predictive")
         try:
             response = httpx.post(
-                f"{cluster.http_url}/completions", json={"model": "builtin-tiny", "prompt": "hello", "max_tokens": 4}, timeout=60
+                f"{cluster.http_url}/completions",
+                json={"model": "builtin-tiny", "prompt": "hello", "max_tokens": 4},
+                timeout=60,
+                headers={"authorization": f"Bearer {cluster.http_token}"},
             )
         finally:
             client.set_config("admission.policy", "")
@@ -124,7 +137,8 @@ def test_a_client_that_disconnects_mid_stream_aborts_its_request(cluster):
     with Client(cluster.endpoint) as client:
         wait_for(lambda: all(w.load.num_running == 0 for w in client.workers()), timeout=30, what="idle workers")
         body = {"model": "builtin-tiny", "prompt": prompt_ids(seed=5, length=40), "max_tokens": 1000, "stream": True, "ignore_eos": True}
-        with httpx.stream("POST", f"{cluster.http_url}/completions", json=body, timeout=60) as response:
+        auth = {"authorization": f"Bearer {cluster.http_token}"}
+        with httpx.stream("POST", f"{cluster.http_url}/completions", json=body, timeout=60, headers=auth) as response:
             assert response.status_code == 200, response.read()
             lines = response.iter_lines()
             assert next(line for line in lines if line.startswith("data: "))
@@ -143,7 +157,7 @@ def test_chat_completions_use_the_models_chat_template(tmp_path):
     with LocalCluster(
         num_prefill=0, num_decode=0, num_both=1, agent_args=("--model", str(checkpoint)), http_port=0, log_dir=tmp_path / "logs"
     ) as c:
-        with openai.OpenAI(base_url=c.http_url, api_key="unused", max_retries=0, timeout=120) as api:
+        with openai.OpenAI(base_url=c.http_url, api_key=c.http_token, max_retries=0, timeout=120) as api:
             messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "the quick brown fox"}]
             full = api.chat.completions.create(
                 model="chat-llama", messages=messages, max_tokens=6, temperature=0, extra_body={"ignore_eos": True}
@@ -171,6 +185,7 @@ def test_the_readme_curl_example_runs(cluster):
     block = re.search(r"^curl [^\n]*/v1/completions(?:[^\n]*\\\n)*[^\n]*$", README.read_text(), re.M)
     assert block, "README has no curl example for /v1/completions"
     command = block.group(0).replace("http://127.0.0.1:8000/v1", cluster.http_url)
-    result = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=60, check=True)
+    env = dict(os.environ, TOKEN=cluster.http_token)  # what `kvplane up` prints
+    result = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=60, check=True, env=env)
     answer = json.loads(result.stdout)
     assert answer["object"] == "text_completion" and answer["usage"]["completion_tokens"] > 0
