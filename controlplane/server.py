@@ -58,6 +58,7 @@ class ControlPlane:
         self._stubs = AgentStubs(security.credentials)
         self._http = None
         self.http_port: int | None = None
+        self.http_scheme = ""  # "https" when the replica runs TLS, "http" with --insecure
 
     async def start(self) -> int:
         config = self.config
@@ -98,7 +99,8 @@ class ControlPlane:
                 loopback_address(self.config.host, self.port), self.config.host, self.config.http_port, self.security.credentials
             )
             self.http_port = await self._http.start()
-            log.info("OpenAI-compatible HTTP API on http://%s:%d/v1", self.config.host, self.http_port)
+            self.http_scheme = self._http.scheme
+            log.info("OpenAI-compatible HTTP API on %s://%s:%d/v1", self._http.scheme, self.config.host, self.http_port)
         return self.port
 
     @property
@@ -129,7 +131,7 @@ async def serve(config: ControlPlaneConfig, security: ControlPlaneSecurity, read
     if ready_line:
         print(f"kvplane control plane listening on {config.host}:{port}", flush=True)
         if plane.http_port is not None:
-            print(f"kvplane HTTP API (OpenAI-compatible) on http://{config.host}:{plane.http_port}/v1", flush=True)
+            print(f"kvplane HTTP API (OpenAI-compatible) on {plane.http_scheme}://{config.host}:{plane.http_port}/v1", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

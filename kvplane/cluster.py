@@ -97,7 +97,7 @@ class LocalCluster:
 
         self.log_dir: Path | None = None
         self.endpoint = ""
-        self.http_url = ""  # "http://127.0.0.1:PORT/v1" when the HTTP API is on
+        self.http_url = ""  # "https://127.0.0.1:PORT/v1" when the HTTP API is on ("http://" with insecure=True)
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self.worker_endpoints: dict[str, str] = {}
         self.log_paths: dict[str, Path] = {}
@@ -118,7 +118,7 @@ class LocalCluster:
             self.endpoint = f"{LOCALHOST}:{port}"
             if self._http_port is not None:
                 http_port = self._http_port or free_port()
-                self.http_url = f"http://{LOCALHOST}:{http_port}/v1"
+                self.http_url = f"{'http' if self._insecure else 'https'}://{LOCALHOST}:{http_port}/v1"
                 self._http_args = ["--http-port", str(http_port)]
             self._make_credentials()
             self._spawn(CONTROLPLANE, self._controlplane_argv(port))
@@ -278,6 +278,12 @@ class LocalCluster:
         """An SDK client of this cluster as its local admin (any Client(endpoint) on this machine is one too)."""
         assert self.credentials is not None, "start() the cluster first"
         return Client(endpoint or self.endpoint, credentials=self.credentials.admin, **kwargs)
+
+    @property
+    def http_ca(self) -> str | bool:
+        """What an HTTP client verifies the HTTP API against: the cluster CA's file (True, the system's, when plaintext)."""
+        assert self.credentials is not None, "start() the cluster first"
+        return True if self.credentials.insecure else str(self.credentials.ca_path)
 
     def _make_credentials(self) -> None:
         directory = Path(tempfile.mkdtemp(prefix="kvplane-credentials-"))

@@ -76,7 +76,7 @@ class AgentServer:
             credentials=self.credentials,
         )
         self.service = AgentService(
-            config, self.engine, self._transports, lambda: self.link.verifier, self.endpoint, credentials=self.credentials
+            config, self.engine, self._transports, lambda: self.link.verifier, self.endpoint, credentials=self._peer_credentials
         )
         self.service.metrics_url = telemetry.metrics_url(config.advertise_host or config.host)
         register_load_gauges(self.engine)
@@ -90,6 +90,12 @@ class AgentServer:
         log.info("agent %s (%s) serving %s with the %s engine on %s, KV transports %s",
                  config.worker_id, config.role.value, self.engine.info.model, config.engine_name, self.endpoint, names)  # fmt: skip
         return self.endpoint
+
+    @property
+    def _peer_credentials(self) -> Credentials:
+        """What this agent presents to peer agents: its certificate, never the join token (which is
+        for the control plane only, and which peers would refuse as an unknown token)."""
+        return self.credentials.with_token("")
 
     def _make_transports(self) -> dict[str, KVTransport]:
         """The configured (or every available) transport over the engine's pool; none without one."""
@@ -105,7 +111,7 @@ class AgentServer:
             raise ValueError(f"KV transports {unknown} are not available here; available: {available_transports()}")
         if "nixl" in names and self.credentials.tls:
             log.warning("KV blocks moved over nixl (UCX) are not encrypted or authenticated by kvplane's TLS; see docs/security.md")
-        return {name: make_transport(name, kv.pool, agent_name=config.worker_id, credentials=self.credentials) for name in names}
+        return {name: make_transport(name, kv.pool, agent_name=config.worker_id, credentials=self._peer_credentials) for name in names}
 
     async def drain(self, timeout_s: float) -> None:
         """Takes no new work and waits (bounded) for running requests to finish."""

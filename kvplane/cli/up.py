@@ -123,6 +123,8 @@ def _announce(cluster: LocalCluster) -> None:
     if cluster.http_url:
         print(f"  {'HTTP API':<12} {cluster.http_url}  (OpenAI-compatible: curl {cluster.http_url}/models)")
         print(f"  {'':<12} bearer token (tenant 'local'): TOKEN={cluster.http_token}")
+        if cluster.http_url.startswith("https"):
+            print(f"  {'':<12} its CA: CA={cluster.http_ca}")
     print(f"logs: {cluster.log_dir}")
     if cluster.credentials is not None:
         kind = "plaintext, admin token" if cluster.credentials.insecure else "mutual TLS, throw-away CA and certificates"

@@ -39,7 +39,8 @@ def cluster(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def api(cluster):
-    with openai.OpenAI(base_url=cluster.http_url, api_key=cluster.http_token, max_retries=0, timeout=120) as client:
+    https = httpx.Client(verify=cluster.http_ca, timeout=120)  # the cluster's CA: the HTTP API serves HTTPS
+    with openai.OpenAI(base_url=cluster.http_url, api_key=cluster.http_token, max_retries=0, timeout=120, http_client=https) as client:
         yield client
 
 
@@ -98,17 +99,24 @@ def test_bad_input_is_a_400_and_an_unknown_model_a_404(api):
 def test_models_health_and_metrics(api, cluster):
     assert [m.id for m in api.models.list()] == ["builtin-tiny"]
     base = cluster.http_url.removesuffix("/v1")
-    assert httpx.get(f"{base}/health").json() == {"status": "ok", "workers": 2}
-    samples = scrape(f"{base}/metrics")
+    assert httpx.get(f"{base}/health", verify=cluster.http_ca).json() == {"status": "ok", "workers": 2}
+    samples = scrape(f"{base}/metrics", cluster.http_ca)
     assert any(k.startswith("kvplane_http_requests_total") and 'http_route="/v1/completions"' in k for k in samples)
 
 
 def test_calls_without_a_known_token_are_refused(cluster):
     body = {"model": "builtin-tiny", "prompt": "hello", "max_tokens": 2}
-    assert httpx.post(f"{cluster.http_url}/completions", json=body, timeout=30).status_code == 403  # the replica may not generate
-    response = httpx.post(f"{cluster.http_url}/completions", json=body, timeout=30, headers={"authorization": "Bearer not-a-token-we-know"})
+    ca = cluster.http_ca
+    assert (
+        httpx.post(f"{cluster.http_url}/completions", json=body, timeout=30, verify=ca).status_code == 403
+    )  # the replica may not generate
+    response = httpx.post(
+        f"{cluster.http_url}/completions", json=body, timeout=30, headers={"authorization": "Bearer not-a-token-we-know"}, verify=ca
+    )
     assert response.status_code == 401 and response.json()["error"]["type"] == "authentication_error"
-    assert httpx.get(f"{cluster.http_url}/models", timeout=30).status_code == 200  # listing models needs no token
+    assert httpx.get(f"{cluster.http_url}/models", timeout=30, verify=ca).status_code == 200  # listing models needs no token
+    with pytest.raises(httpx.ConnectError):  # HTTPS only: and a client that does not trust the cluster CA refuses it
+        httpx.get(f"{cluster.http_url}/models", timeout=30)
 
 
 def test_a_rejection_is_a_429_with_retry_after(cluster):
@@ -123,6 +131,7 @@ def test_a_rejection_is_a_429_with_retry_after(cluster):
                 json={"model": "builtin-tiny", "prompt": "hello", "max_tokens": 4},
                 timeout=60,
                 headers={"authorization": f"Bearer {cluster.http_token}"},
+                verify=cluster.http_ca,
             )
         finally:
             client.set_config("admission.policy", "")
@@ -138,7 +147,9 @@ def test_a_client_that_disconnects_mid_stream_aborts_its_request(cluster):
         wait_for(lambda: all(w.load.num_running == 0 for w in client.workers()), timeout=30, what="idle workers")
         body = {"model": "builtin-tiny", "prompt": prompt_ids(seed=5, length=40), "max_tokens": 1000, "stream": True, "ignore_eos": True}
         auth = {"authorization": f"Bearer {cluster.http_token}"}
-        with httpx.stream("POST", f"{cluster.http_url}/completions", json=body, timeout=60, headers=auth) as response:
+        with httpx.stream(
+            "POST", f"{cluster.http_url}/completions", json=body, timeout=60, headers=auth, verify=cluster.http_ca
+        ) as response:
             assert response.status_code == 200, response.read()
             lines = response.iter_lines()
             assert next(line for line in lines if line.startswith("data: "))
@@ -157,7 +168,8 @@ def test_chat_completions_use_the_models_chat_template(tmp_path):
     with LocalCluster(
         num_prefill=0, num_decode=0, num_both=1, agent_args=("--model", str(checkpoint)), http_port=0, log_dir=tmp_path / "logs"
     ) as c:
-        with openai.OpenAI(base_url=c.http_url, api_key=c.http_token, max_retries=0, timeout=120) as api:
+        https = httpx.Client(verify=c.http_ca, timeout=120)
+        with openai.OpenAI(base_url=c.http_url, api_key=c.http_token, max_retries=0, timeout=120, http_client=https) as api:
             messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "the quick brown fox"}]
             full = api.chat.completions.create(
                 model="chat-llama", messages=messages, max_tokens=6, temperature=0, extra_body={"ignore_eos": True}
@@ -184,8 +196,8 @@ def test_the_readme_curl_example_runs(cluster):
     # The command: from `curl` to the first line that does not continue with a backslash.
     block = re.search(r"^curl [^\n]*/v1/completions(?:[^\n]*\\\n)*[^\n]*$", README.read_text(), re.M)
     assert block, "README has no curl example for /v1/completions"
-    command = block.group(0).replace("http://127.0.0.1:8000/v1", cluster.http_url)
-    env = dict(os.environ, TOKEN=cluster.http_token)  # what `kvplane up` prints
+    command = block.group(0).replace("https://127.0.0.1:8000/v1", cluster.http_url)
+    env = dict(os.environ, TOKEN=cluster.http_token, CA=cluster.http_ca)  # what `kvplane up` prints
     result = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=60, check=True, env=env)
     answer = json.loads(result.stdout)
     assert answer["object"] == "text_completion" and answer["usage"]["completion_tokens"] > 0
