@@ -37,6 +37,11 @@ def cached_blocks(client, worker_id: str) -> int:
     return 0
 
 
+def https_context(cluster) -> ssl.SSLContext:
+    """An SSL context that trusts a LocalCluster's CA: its HTTP API serves HTTPS."""
+    return ssl.create_default_context(cafile=cluster.http_ca)
+
+
 def scrape(url: str, cafile: str | None = None) -> dict[str, float]:
     """Prometheus samples as {'name{k="v",...}': value}, labels sorted, scope labels dropped
     (`cafile`: the CA an https URL is verified against, e.g. a LocalCluster's http_ca)."""

@@ -18,7 +18,7 @@ from kvplane import Client
 from kvplane.cluster import LocalCluster
 from tests.engine.helpers import write_hf_llama
 
-from .helpers import BLOCK_SIZE, prompt_ids, scrape, wait_for
+from .helpers import BLOCK_SIZE, https_context, prompt_ids, scrape, wait_for
 
 pytestmark = pytest.mark.cluster  # starts processes
 
@@ -39,7 +39,7 @@ def cluster(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def api(cluster):
-    https = httpx.Client(verify=cluster.http_ca, timeout=120)  # the cluster's CA: the HTTP API serves HTTPS
+    https = httpx.Client(verify=https_context(cluster), timeout=120)  # the cluster's CA: the HTTP API serves HTTPS
     with openai.OpenAI(base_url=cluster.http_url, api_key=cluster.http_token, max_retries=0, timeout=120, http_client=https) as client:
         yield client
 
@@ -99,14 +99,14 @@ def test_bad_input_is_a_400_and_an_unknown_model_a_404(api):
 def test_models_health_and_metrics(api, cluster):
     assert [m.id for m in api.models.list()] == ["builtin-tiny"]
     base = cluster.http_url.removesuffix("/v1")
-    assert httpx.get(f"{base}/health", verify=cluster.http_ca).json() == {"status": "ok", "workers": 2}
+    assert httpx.get(f"{base}/health", verify=https_context(cluster)).json() == {"status": "ok", "workers": 2}
     samples = scrape(f"{base}/metrics", cluster.http_ca)
     assert any(k.startswith("kvplane_http_requests_total") and 'http_route="/v1/completions"' in k for k in samples)
 
 
 def test_calls_without_a_known_token_are_refused(cluster):
     body = {"model": "builtin-tiny", "prompt": "hello", "max_tokens": 2}
-    ca = cluster.http_ca
+    ca = https_context(cluster)
     assert (
         httpx.post(f"{cluster.http_url}/completions", json=body, timeout=30, verify=ca).status_code == 403
     )  # the replica may not generate
@@ -131,7 +131,7 @@ def test_a_rejection_is_a_429_with_retry_after(cluster):
                 json={"model": "builtin-tiny", "prompt": "hello", "max_tokens": 4},
                 timeout=60,
                 headers={"authorization": f"Bearer {cluster.http_token}"},
-                verify=cluster.http_ca,
+                verify=https_context(cluster),
             )
         finally:
             client.set_config("admission.policy", "")
@@ -148,7 +148,7 @@ def test_a_client_that_disconnects_mid_stream_aborts_its_request(cluster):
         body = {"model": "builtin-tiny", "prompt": prompt_ids(seed=5, length=40), "max_tokens": 1000, "stream": True, "ignore_eos": True}
         auth = {"authorization": f"Bearer {cluster.http_token}"}
         with httpx.stream(
-            "POST", f"{cluster.http_url}/completions", json=body, timeout=60, headers=auth, verify=cluster.http_ca
+            "POST", f"{cluster.http_url}/completions", json=body, timeout=60, headers=auth, verify=https_context(cluster)
         ) as response:
             assert response.status_code == 200, response.read()
             lines = response.iter_lines()
@@ -168,7 +168,7 @@ def test_chat_completions_use_the_models_chat_template(tmp_path):
     with LocalCluster(
         num_prefill=0, num_decode=0, num_both=1, agent_args=("--model", str(checkpoint)), http_port=0, log_dir=tmp_path / "logs"
     ) as c:
-        https = httpx.Client(verify=c.http_ca, timeout=120)
+        https = httpx.Client(verify=https_context(c), timeout=120)
         with openai.OpenAI(base_url=c.http_url, api_key=c.http_token, max_retries=0, timeout=120, http_client=https) as api:
             messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "the quick brown fox"}]
             full = api.chat.completions.create(
