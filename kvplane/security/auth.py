@@ -182,7 +182,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"{short} is not open to any caller on this server")
         if identity.role not in allowed.roles:
             needed = " or ".join(sorted(r.value for r in allowed.roles))
-            await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"{identity} may not call {short}: it needs a {needed} identity")
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"{identity} may not call {short}: it needs the {needed} role")
         if allowed.rate_limited and self._limiter is not None:
             key = identity.key if identity is not ANONYMOUS else f"{identity.key}@{peer_host(context)}"
             wait = self._limiter.acquire(key)
