@@ -60,7 +60,7 @@ class ClusterState:
         # Listeners (the planner): blocks a worker reported stored, a load report's arrival (with its
         # monotonic time), workers gone.
         self.kv_stored_listeners: list[Callable[[WorkerId, Sequence[BlockHash]], None]] = []
-        self.load_reported_listeners: list[Callable[[WorkerId, float], None]] = []
+        self.load_reported_listeners: list[Callable[[WorkerId, float, float | None], None]] = []
         self.worker_removed_listeners: list[Callable[[WorkerId], None]] = []
 
     async def start(self) -> None:
@@ -138,8 +138,13 @@ class ClusterState:
         entry.load_at = time.monotonic()
         if report.HasField("latency"):
             entry.latency = StepTimeModel.from_pb(report.latency)
+        # When the agent sampled it, on our monotonic clock (None: the report does not say; a
+        # clock ahead of ours counts as sampled on arrival).
+        sampled_at = None
+        if report.load.sampled_at_unix_s > 0:
+            sampled_at = entry.load_at - max(time.time() - report.load.sampled_at_unix_s, 0.0)
         for listener in self.load_reported_listeners:
-            listener(worker_id, entry.load_at)
+            listener(worker_id, entry.load_at, sampled_at)
 
     def _apply_kv(self, key: str, value: bytes) -> None:
         worker_id, seq = keys.parse_kv_key(key)

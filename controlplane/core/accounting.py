@@ -19,9 +19,10 @@ else the moment it finishes, not when a report happens to arrive: the next reque
 loop finds the prefix holder as idle as it is. When a report arrives, every entry of that worker
 counts as shown in its current phase (a finished entry is dropped): each request is counted once.
 
-Reports lag. One that arrives less than `report_lag_s` after an entry's prefill ended or it
-finished may have been sampled before, so it is taken to show the entry's previous phase (the
-release stands). Conversely a report that arrives right after a dispatch may predate the
+Reports lag: they travel through the store. A report says when the worker sampled it, and one
+sampled before an entry's prefill ended or it finished shows the entry's previous phase (the
+release stands); a report with no sample time that arrives less than `report_lag_s` after the
+change is taken to predate it. Conversely a report that arrives right after a dispatch may predate the
 request: this replica's requests still in prefill are a floor under the queued prefill tokens,
 and its live requests a floor under running + waiting. Signals never go below zero.
 
@@ -29,9 +30,10 @@ What a report shows of one request is an estimate (the engine reports totals): a
 request releases its new blocks at once, and the cached prefix it reused only once none of this
 replica's requests is left on the worker (they may share it: a hot prefix stays in use while its
 readers run); `running_remaining_tokens` keeps a finished request until the next report. Both errors last at most one report interval.
-The lag is a guess because a report carries no sample time: one slower than report_lag_s still
-shows a finished request for one interval, and a change within report_lag_s before a fast report
-is released twice until the next report (an exact answer needs the agent to number its reports).
+The sample time is the worker's wall clock: a skew between its clock and ours misjudges changes
+within the skew of a sample. Without one, the lag is a guess: a report slower than report_lag_s
+still shows a finished request for one interval, and a change within report_lag_s before a fast
+report is released twice until the next report.
 """
 
 from __future__ import annotations
@@ -101,14 +103,18 @@ class LoadLedger:
         """The request ended (completed, failed or cancelled): it leaves its workers. Idempotent."""
         self._advance(dispatch_id, Phase.DONE, now)
 
-    def reported(self, worker_id: WorkerId, now: float) -> None:
-        """A load report from `worker_id` arrived: it shows every entry there as it is now
-        (or as it was, for a change less than report_lag_s old)."""
+    def reported(self, worker_id: WorkerId, now: float, sampled_at: float | None = None) -> None:
+        """A load report from `worker_id` arrived at `now`, taken at `sampled_at` (None: unknown):
+        it shows every entry there as it was when sampled; without a sample time, a change less
+        than report_lag_s old is taken to postdate it."""
         entries = self._worker_to_entries.get(worker_id)
         if not entries:
             return
         for dispatch_id, e in list(entries.items()):
-            recent = e.phase is not Phase.PREFILL and now - e.since < self.report_lag_s
+            if sampled_at is not None:
+                recent = e.phase is not Phase.PREFILL and e.since > sampled_at
+            else:
+                recent = e.phase is not Phase.PREFILL and now - e.since < self.report_lag_s
             shown = e.previous if recent else e.phase
             if e.shown is None or shown > e.shown:
                 e.shown = shown

@@ -19,7 +19,7 @@ servicer, a simulator) feeds it:
   the routing policy records it (predicted prefixes, round-robin turns);
 - prefill_ended(id, now) and finished(id, now, outcome): its load is released at once; a
   finished request's measured latencies calibrate later predictions, its transfer the link rate;
-- load_reported(worker, now), kv_stored(worker, hashes), worker_removed(worker).
+- load_reported(worker, now, sampled_at), kv_stored(worker, hashes), worker_removed(worker).
 Nothing here reads a clock, a store or the network: `now` is passed in (seconds on one monotonic
 clock) and the random draw comes from `rng`, so a run is reproducible.
 """
@@ -65,7 +65,9 @@ class PlannerConfig:
     link_rate_weight: float = param(0.2, "weight of the newest measured transfer rate in the link-rate mean")
     calibration_weight: float = param(0.2, "weight of the newest measured - predicted latency in the calibration mean")
     calibration_half_life_s: float = param(5.0, "seconds for a latency calibration to fade by half while nothing is measured")
-    report_lag_s: float = param(0.5, "a load report arriving this soon after a request's prefill ended or it finished may predate that")
+    report_lag_s: float = param(
+        0.1, "a load report with no sample time arriving this soon after a request's prefill ended or it finished may predate that"
+    )
 
     def __post_init__(self) -> None:
         self.validate()
@@ -294,8 +296,9 @@ class Planner:
         if outcome.tpot_s is not None:
             self.calibration.observe(TPOT, p.tpot_s - p.tpot_offset_s, outcome.tpot_s, now)
 
-    def load_reported(self, worker_id: WorkerId, now: float) -> None:
-        self.ledger.reported(worker_id, now)
+    def load_reported(self, worker_id: WorkerId, now: float, sampled_at: float | None = None) -> None:
+        """A load report arrived at `now`; `sampled_at`: when the worker took it (same clock), if known."""
+        self.ledger.reported(worker_id, now, sampled_at)
 
     def kv_stored(self, worker_id: WorkerId, block_hashes: Sequence[BlockHash]) -> None:
         self.router.on_kv_stored(worker_id, block_hashes)

@@ -231,6 +231,7 @@ class ControlPlaneLink:
 
             async def step():
                 load, state = self._load()
+                load.sampled_at_unix_s = time.time()
                 report = registry_pb2.ReportLoadRequest(
                     worker_id=self.worker_id, lease_id=self.lease_id, load=load, state=state, session_token=self.session_token
                 )

@@ -82,7 +82,7 @@ class KVLayout(_message.Message):
     def __init__(self, model: _Optional[str] = ..., num_layers: _Optional[int] = ..., num_kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., dtype: _Optional[str] = ..., block_size: _Optional[int] = ...) -> None: ...
 
 class WorkerLoad(_message.Message):
-    __slots__ = ("num_running", "num_waiting", "num_queued_prefill_tokens", "num_free_blocks", "num_used_blocks", "num_total_blocks", "num_cached_blocks", "running_remaining_tokens", "running_context_tokens")
+    __slots__ = ("num_running", "num_waiting", "num_queued_prefill_tokens", "num_free_blocks", "num_used_blocks", "num_total_blocks", "num_cached_blocks", "running_remaining_tokens", "running_context_tokens", "sampled_at_unix_s")
     NUM_RUNNING_FIELD_NUMBER: _ClassVar[int]
     NUM_WAITING_FIELD_NUMBER: _ClassVar[int]
     NUM_QUEUED_PREFILL_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -92,6 +92,7 @@ class WorkerLoad(_message.Message):
     NUM_CACHED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     RUNNING_REMAINING_TOKENS_FIELD_NUMBER: _ClassVar[int]
     RUNNING_CONTEXT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLED_AT_UNIX_S_FIELD_NUMBER: _ClassVar[int]
     num_running: int
     num_waiting: int
     num_queued_prefill_tokens: int
@@ -101,7 +102,8 @@ class WorkerLoad(_message.Message):
     num_cached_blocks: int
     running_remaining_tokens: _containers.RepeatedScalarFieldContainer[int]
     running_context_tokens: int
-    def __init__(self, num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_queued_prefill_tokens: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., num_used_blocks: _Optional[int] = ..., num_total_blocks: _Optional[int] = ..., num_cached_blocks: _Optional[int] = ..., running_remaining_tokens: _Optional[_Iterable[int]] = ..., running_context_tokens: _Optional[int] = ...) -> None: ...
+    sampled_at_unix_s: float
+    def __init__(self, num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_queued_prefill_tokens: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., num_used_blocks: _Optional[int] = ..., num_total_blocks: _Optional[int] = ..., num_cached_blocks: _Optional[int] = ..., running_remaining_tokens: _Optional[_Iterable[int]] = ..., running_context_tokens: _Optional[int] = ..., sampled_at_unix_s: _Optional[float] = ...) -> None: ...
 
 class StepTiming(_message.Message):
     __slots__ = ("prefill_tokens", "prefill_attention", "decode_seqs", "decode_context_tokens", "seconds")

@@ -46,6 +46,25 @@ def test_prefill_end_and_finish_release_at_once_without_a_report(worker_view):
     assert ledger.adjust(stale).load.num_free_blocks == 100
 
 
+def test_a_reports_sample_time_decides_whether_it_shows_a_finish(worker_view):
+    ledger = LoadLedger(report_lag_s=0.1)
+    ledger.dispatched(1, [DECODE], now=0.0)
+    ledger.prefill_ended(1, now=0.2)
+    ledger.reported(W, now=0.4, sampled_at=0.3)
+    running = worker_view("w", num_running=1, num_used_blocks=14)
+    ledger.finished(1, now=1.0)
+    # Arrived 0.5 s after the finish (a slow store), but sampled before it: it still shows the
+    # request, which stays released.
+    ledger.reported(W, now=1.5, sampled_at=0.95)
+    assert load_of(ledger.adjust(running)) == (0, 0, 0, 0, 0)
+    assert ledger.num_entries(W) == 1
+    # Arrived 10 ms after the finish, but sampled after it: it shows the finish; the entry goes,
+    # so the report's own numbers stand and nothing is released twice.
+    ledger.reported(W, now=1.51, sampled_at=1.01)
+    assert ledger.num_entries(W) == 0
+    assert load_of(ledger.adjust(worker_view("w", num_running=1, num_used_blocks=14))) == (1, 0, 0, 14, 0)
+
+
 def test_a_report_arriving_within_the_lag_of_a_finish_is_taken_as_older(worker_view):
     ledger = LoadLedger(report_lag_s=0.1)
     ledger.dispatched(1, [DECODE], now=0.0)

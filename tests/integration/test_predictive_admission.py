@@ -21,10 +21,15 @@ pytestmark = pytest.mark.cluster  # starts processes
 def test_burst_that_would_overload_decode_is_rejected_before_prefill(tmp_path):
     with LocalCluster(num_prefill=0, num_decode=0, num_both=1, log_dir=tmp_path) as cluster:
         with Client(cluster.endpoint, timeout=120) as client:
-            profile = client.profile("both-0")
-            model = StepTimeModel(tuple(profile.coefficients), profile.num_samples, profile.mean_abs_pct_error)
-            per_sequence = model.decode_step_seconds(4, 0) - model.decode_step_seconds(3, 0)
-            assert per_sequence > 0, f"the profile found no per-sequence decode cost: {profile}"
+            # The profile is a regression over timed steps: on a loaded 2-core machine one run can
+            # clamp the per-sequence decode cost to 0. This test needs a model that has one.
+            for _ in range(3):
+                profile = client.profile("both-0")
+                model = StepTimeModel(tuple(profile.coefficients), profile.num_samples, profile.mean_abs_pct_error)
+                per_sequence = model.decode_step_seconds(4, 0) - model.decode_step_seconds(3, 0)
+                if per_sequence > 0:
+                    break
+            assert per_sequence > 0, f"three profiles found no per-sequence decode cost: {profile}"
             # An objective between the predicted step times of batches of 2 and 5 (context
             # included): a few long requests fit, the rest would slow everyone past it.
             context = 2 * (3 * BLOCK_SIZE + 100)
