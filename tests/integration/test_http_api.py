@@ -126,6 +126,13 @@ def test_a_rejection_is_a_429_with_retry_after(cluster):
         client.set_config("objectives.*.interactive.ttft_ms", "0.001")
         client.set_config("admission.policy", "predictive")
         try:
+            # The profiles reach the planner with each worker's next load report: until then a
+            # worker has no latency model and predictive admission takes the request.
+            wait_for(
+                lambda: not any(c.admissible for c in client.route("hello", max_tokens=4).candidates),
+                timeout=30,
+                what="both workers' latency models in the control plane",
+            )
             response = httpx.post(
                 f"{cluster.http_url}/completions",
                 json={"model": "builtin-tiny", "prompt": "hello", "max_tokens": 4},
