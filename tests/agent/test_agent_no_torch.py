@@ -35,7 +35,7 @@ def create(config):
 
 reference.create = create  # the registry looks the factory up when it builds the engine
 from kvplane.cli.main import main
-sys.exit(main(["agent", "--engine", "reference", "--worker-id", "w", "--controlplane", "127.0.0.1:9", "--metrics-port", "-1"]))
+sys.exit(main(["agent", "--engine", "reference", "--worker-id", "w", "--controlplane", "127.0.0.1:9", "--metrics-port", "-1", "--insecure"]))
 """
 
 _IMPORT_ALL = r"""
