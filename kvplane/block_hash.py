@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import hashlib
 import struct
+import sys
+from array import array
 from collections.abc import Sequence
 
 from kvplane.types import BlockHash
@@ -38,9 +40,19 @@ def hash_blocks(token_ids: Sequence[int], block_size: int, model_salt: str, tena
     """Hashes of every full block of `token_ids`, each chained on all blocks before it."""
     if block_size <= 0:
         raise ValueError(f"block_size must be positive, got {block_size}")
+    num_blocks = len(token_ids) // block_size
+    # Every token packed once (little-endian uint32, as chain_hash does), then hashed block by block.
+    packed = array("I", token_ids[: num_blocks * block_size])
+    if sys.byteorder != "little":
+        packed.byteswap()
+    data = memoryview(packed.tobytes())
+    step = 4 * block_size
     parent = root_hash(model_salt, tenant_salt)
     hashes: list[BlockHash] = []
-    for start in range(0, len(token_ids) - block_size + 1, block_size):
-        parent = chain_hash(parent, token_ids[start : start + block_size])
+    blake2b = hashlib.blake2b
+    for offset in range(0, num_blocks * step, step):
+        h = blake2b(parent, digest_size=HASH_BYTES)
+        h.update(data[offset : offset + step])
+        parent = BlockHash(h.digest())
         hashes.append(parent)
     return hashes

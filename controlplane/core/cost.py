@@ -11,7 +11,8 @@ decode workers with it. Parameters: CostConfig below, the single source of their
 
 from __future__ import annotations
 
-import math
+import heapq
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from controlplane.core.index import OverlapScore
@@ -53,36 +54,64 @@ class CostConfig:
         return self.overlap_weight_disk
 
 
+@dataclass(frozen=True, slots=True)
+class CostBreakdown:
+    """The numbers behind one candidate's cost; formatted only when someone reads it."""
+
+    num_matched_blocks: int
+    credit: float
+    num_queued_blocks: int
+    num_prompt_blocks: int
+    num_used_blocks: int
+    guard_factor: float = 1.0  # < 1: the load guard shrank the credit
+
+    def __str__(self) -> str:
+        guard = f", load guard x{self.guard_factor:.2f}" if self.guard_factor < 1.0 else ""
+        return (
+            f"{self.num_matched_blocks} matched blocks (credit {self.credit:g}), {self.num_queued_blocks} queued "
+            f"prefill blocks, {self.num_prompt_blocks} prompt blocks, {self.num_used_blocks} used blocks{guard}"
+        )
+
+
 def overlap_cost(
     config: CostConfig,
     worker: WorkerView,
     num_prompt_tokens: int,
     overlap: OverlapScore | None,
     credit_scale: float = 1.0,
-    note_suffix: str = "",
     queued_discount_blocks: int = 0,
 ) -> CandidateCost:
     """The cost of one candidate; credit_scale < 1 shrinks its cache credit (the load guard);
     queued_discount_blocks leaves out queued prefill work that computes blocks this request reuses."""
     block_size = worker.block_size
-    num_matched_blocks = overlap.num_blocks if overlap else 0
-    credit = (sum(config.tier_weight(tier) * n for tier, n in overlap.blocks_by_tier.items()) if overlap else 0.0) * credit_scale
-    num_prompt_blocks = math.ceil(num_prompt_tokens / block_size)
-    num_queued_blocks = max(math.ceil(worker.load.num_queued_prefill_tokens / block_size) - queued_discount_blocks, 0)
+    if overlap is None:
+        num_matched_blocks, credit = 0, 0.0
+    else:
+        num_matched_blocks = overlap.num_blocks
+        credit = sum(config.tier_weight(tier) * n for tier, n in overlap.blocks_by_tier.items() if n) * credit_scale
+    num_prompt_blocks = -(-num_prompt_tokens // block_size)
+    num_queued_blocks = max(-(-worker.load.num_queued_prefill_tokens // block_size) - queued_discount_blocks, 0)
     num_used_blocks = worker.load.num_used_blocks
     cost = config.prefill_load_scale * max(num_queued_blocks + num_prompt_blocks - credit, 0.0) + num_used_blocks
     cached_tokens = cached_prefix_tokens(num_matched_blocks, num_prompt_tokens, block_size)
-    return CandidateCost(
-        worker_id=worker.worker_id,
-        cost=cost,
-        cached_tokens=cached_tokens,
-        prefill_tokens=num_prompt_tokens - cached_tokens,
-        note=(
-            f"{num_matched_blocks} matched blocks (credit {credit:g}), {num_queued_blocks} queued "
-            f"prefill blocks, {num_prompt_blocks} prompt blocks, {num_used_blocks} used blocks"
-            f"{note_suffix}"
-        ),
-    )
+    breakdown = CostBreakdown(num_matched_blocks, credit, num_queued_blocks, num_prompt_blocks, num_used_blocks, credit_scale)
+    return CandidateCost(worker.worker_id, cost, cached_tokens, num_prompt_tokens - cached_tokens, breakdown)
+
+
+def cheapest_uncached(config: CostConfig, workers: Sequence[WorkerView], limit: int) -> list[WorkerView]:
+    """Of workers that hold none of a prompt (cost = scale x (queued + prompt blocks) + used
+    blocks, the prompt's share the same for all), the `limit` cheapest and every worker tied with
+    the last of them; all of them when limit is 0. In their given order within equal cost."""
+    if limit <= 0 or len(workers) <= limit:
+        return list(workers)
+    scale = config.prefill_load_scale
+
+    def load_cost(w: WorkerView) -> float:
+        return scale * -(-w.load.num_queued_prefill_tokens // w.block_size) + w.load.num_used_blocks
+
+    costs = [load_cost(w) for w in workers]
+    cutoff = heapq.nsmallest(limit, costs)[-1]
+    return [w for w, c in zip(workers, costs) if c <= cutoff]
 
 
 def cached_prefix_tokens(num_matched_blocks: int, num_prompt_tokens: int, block_size: int) -> int:

@@ -191,6 +191,23 @@ class CacheIndex:
             return frozenset()
         return frozenset(tier for tier, slot in _TIER_SLOT.items() if masks[slot] >> bit & 1)
 
+    def holds(self, block_hash: BlockHash, worker_id: WorkerId) -> bool:
+        """Whether the worker holds the block at any tier."""
+        masks = self._block_to_tier_masks.get(block_hash)
+        bit = self._worker_to_bit.get(worker_id)
+        return masks is not None and bit is not None and bool((masks[0] | masks[1] | masks[2]) >> bit & 1)
+
+    def fastest_tier(self, block_hash: BlockHash, worker_id: WorkerId) -> Tier | None:
+        """The fastest tier at which the worker holds the block (None: it does not)."""
+        masks = self._block_to_tier_masks.get(block_hash)
+        bit = self._worker_to_bit.get(worker_id)
+        if masks is None or bit is None:
+            return None
+        for slot, tier in enumerate(TIERS_FASTEST_FIRST):
+            if masks[slot] >> bit & 1:
+                return tier
+        return None
+
     def blocks_by_tier(self) -> dict[WorkerId, dict[Tier, int]]:
         """Block counts per known worker and tier (every Tier is a key); a block held at two
         tiers counts at both."""

@@ -29,7 +29,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from controlplane.core.accounting import Charge, LoadLedger
@@ -89,7 +89,7 @@ class Routed:
     request: RouteRequest
     decision: RouteDecision
     candidates: tuple[WorkerView, ...]  # the decode candidates, loads corrected
-    options: tuple[PlacementOption, ...]  # the router's placement first, then by cost
+    options: Sequence[PlacementOption]  # the router's placement first, then by cost (LazyOptions)
     objective: Objective
     block_size: int
 
@@ -101,7 +101,7 @@ class Plan:
     decode_worker: WorkerId
     prefill_worker: WorkerId | None  # None: prefill on the decode worker
     prediction: Prediction | None
-    options: tuple[PlacementOption, ...]  # every placement considered, the router's first
+    options: Sequence[PlacementOption]  # every placement considered, the router's first
     block_size: int
     fetch_from: WorkerId | None = None  # pull the cached prefix from this worker before prefilling
     fetch_tokens: int = 0
@@ -153,6 +153,31 @@ class Outcome:
     kv_transfer_s: float = 0.0
 
 
+class LazyOptions(Sequence[PlacementOption]):
+    """Placement options predicted when first read, once: threshold admission reads none but the
+    chosen one and predictive admission stops at the first that meets the objectives, so a
+    thousand candidates cost a thousand predictions only when every one of them is needed."""
+
+    __slots__ = ("_placements", "_predict", "_predicted")
+
+    def __init__(self, placements: Sequence[PlacementOption], predict: Callable[[PlacementOption], PlacementOption]) -> None:
+        self._placements = placements
+        self._predict = predict
+        self._predicted: dict[int, PlacementOption] = {}
+
+    def __len__(self) -> int:
+        return len(self._placements)
+
+    def __getitem__(self, i):  # an int or a slice, as a tuple's
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        j = range(len(self))[i]  # negative indices; IndexError past the end
+        option = self._predicted.get(j)
+        if option is None:
+            option = self._predicted[j] = self._predict(self._placements[j])
+        return option
+
+
 class Planner:
     def __init__(self, config: PlannerConfig, rng: random.Random | None = None) -> None:
         config.validate()
@@ -184,7 +209,7 @@ class Planner:
             PlacementOption(w, first.prefill_worker if first.disaggregated and first.prefill_worker != w else w)
             for w in (c.worker_id for c in decision.candidates if c.worker_id != decision.decode_worker)
         ]
-        options = tuple(self._predicted(request, o, by_id, held, objective, now) for o in [first, *others])
+        options = LazyOptions([first, *others], lambda o: self._predicted(request, o, by_id, held, objective, now))
         return Routed(request, decision, candidates, options, objective, by_id[decision.decode_worker].block_size)
 
     def admit(self, routed: Routed, settings: ClusterSettings) -> Plan | Reject:

@@ -31,11 +31,11 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from controlplane.core.cost import CostConfig, overlap_cost
-from controlplane.core.index import CacheIndex
+from controlplane.core.cost import CostConfig, cheapest_uncached, overlap_cost
+from controlplane.core.index import CacheIndex, OverlapScore
 from controlplane.core.params import check_numbers, param, selector
 from controlplane.core.policies import check_params, default_params, make_routing_policy, params_types
 from controlplane.core.routing import (
@@ -65,6 +65,9 @@ class RouterConfig:
     disagg_threshold_tokens: int = param(2048, "remote prefill only when a prompt's uncached tokens reach this", flag="--disagg-threshold")
     max_prefill_queue_tokens: int = param(16384, "a prefill worker with this many queued prefill tokens or more is busy: prefill locally")
     temperature: float = param(0.0, "0 = the cheapest worker wins; > 0 samples over softmax(-cost / temperature)")
+    max_uncached_candidates: int = param(
+        16, "of the workers holding none of a prompt, price only this many with the least load (0 = all); they are the ones that can win"
+    )
 
     def __post_init__(self) -> None:
         self.validate()
@@ -72,7 +75,7 @@ class RouterConfig:
     def validate(self) -> None:
         check_params(self.policy)
         self.cost.validate()
-        check_numbers(self, integers=("disagg_threshold_tokens", "max_prefill_queue_tokens"))
+        check_numbers(self, integers=("disagg_threshold_tokens", "max_prefill_queue_tokens", "max_uncached_candidates"))
         if self.max_prefill_queue_tokens == 0:
             raise ValueError("RouterConfig.max_prefill_queue_tokens must be > 0, or every prefill worker counts as busy")
 
@@ -116,7 +119,8 @@ class Router:
         block_size = model_workers[0].block_size
         block_hashes = hash_blocks(request.prompt_token_ids, block_size, model_salt=request.model, tenant_salt=request.cache_salt)
         worker_to_overlap = self.policy.overlaps(index, block_hashes, now)
-        ctx = RouteContext(request, num_prompt_tokens, block_size, block_hashes, worker_to_overlap, index, now)
+        limit = self._config.max_uncached_candidates if self._config.temperature == 0 else 0  # a softmax draw needs every worker
+        ctx = RouteContext(request, num_prompt_tokens, block_size, block_hashes, worker_to_overlap, index, now, limit)
 
         def cost_of(worker: WorkerView) -> CandidateCost:
             return overlap_cost(self._config.cost, worker, num_prompt_tokens, worker_to_overlap.get(worker.worker_id))
@@ -130,7 +134,7 @@ class Router:
             for w in model_workers
             if w.role.can_prefill and w.active and w.worker_id != decode.worker_id and num_prompt_tokens <= w.max_context
         ]
-        prefill_worker, reason = self._place_prefill(request, decode, prefill_workers, cost_of)
+        prefill_worker, reason = self._place_prefill(request, decode, prefill_workers, cost_of, worker_to_overlap, limit)
         fetch = None
         if prefill_worker is None and request.disagg is not DisaggMode.NEVER:
             sources = [w for w in model_workers if w.active and w.worker_id != decode.worker_id]
@@ -155,8 +159,17 @@ class Router:
         decode: CandidateCost,
         prefill_workers: list[WorkerView],
         cost_of: Callable[[WorkerView], CandidateCost],
+        overlaps: Mapping[WorkerId, OverlapScore],
+        max_uncached: int,
     ) -> tuple[WorkerId | None, str]:
-        """(prefill worker or None for local prefill, the reason in one sentence)."""
+        """(prefill worker or None for local prefill, the reason in one sentence). Prefill workers
+        holding none of the prompt are priced only up to `max_uncached` with the least load."""
+
+        def pick(workers: list[WorkerView]) -> WorkerId:
+            holders = [w for w in workers if w.worker_id in overlaps]
+            others = cheapest_uncached(self._config.cost, [w for w in workers if w.worker_id not in overlaps], max_uncached)
+            return self._pick_prefill(holders + others, cost_of)
+
         if request.disagg is DisaggMode.NEVER:
             return None, "local prefill: disaggregation disabled for this request (never)"
         if request.disagg is DisaggMode.ALWAYS:
@@ -166,7 +179,7 @@ class Router:
                     f"{request.model!r} other than decode worker {decode.worker_id!r} is available; "
                     "add a prefill worker or use disagg 'auto'"
                 )
-            return self._pick_prefill(prefill_workers, cost_of), "remote prefill: disaggregation requested (always)"
+            return pick(prefill_workers), "remote prefill: disaggregation requested (always)"
 
         uncached, threshold = decode.prefill_tokens, self._config.disagg_threshold_tokens
         if uncached < threshold:
@@ -180,7 +193,7 @@ class Router:
                 f"local prefill: {uncached} uncached tokens >= threshold {threshold} but all "
                 f"{len(prefill_workers)} prefill workers are busy (>= {limit} queued prefill tokens)"
             )
-        return self._pick_prefill(idle_workers, cost_of), f"remote prefill: {uncached} uncached tokens >= threshold {threshold}"
+        return pick(idle_workers), f"remote prefill: {uncached} uncached tokens >= threshold {threshold}"
 
     def _pick_prefill(self, prefill_workers: list[WorkerView], cost_of: Callable[[WorkerView], CandidateCost]) -> WorkerId:
         id_to_role = {w.worker_id: w.role for w in prefill_workers}

@@ -30,7 +30,13 @@ class CandidateCost:
     cost: float
     cached_tokens: int
     prefill_tokens: int  # uncached tokens this worker would compute
-    note: str
+    # What the cost is made of: a sentence, or an object whose str() is one (cost.CostBreakdown),
+    # so that pricing a thousand candidates formats only the few anyone reads.
+    detail: object
+
+    @property
+    def note(self) -> str:
+        return str(self.detail)
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +65,9 @@ class RouteContext:
     overlaps: Mapping[WorkerId, OverlapScore]  # as the policy sees them (kvplane: with predictions)
     index: CacheIndex
     now: float
+    # Policies that price by load may return, of the workers holding none of the prompt, only
+    # this many cheapest (and any tied with the last): none of the others can win (RouterConfig).
+    max_uncached_candidates: int = 0  # 0 = price every worker
 
 
 @dataclass(frozen=True, slots=True)

@@ -55,6 +55,11 @@ DELEGATES = (
         "Measures host->device and disk->device KV block loads against recomputing the block (prefill).",
     ),
     Delegate(
+        ("bench", "routing"), "kvplane.bench.routing", "what planning one request costs as the fleet grows",
+        "Plans requests in process (router, policy, admission, predictions, ledger) over fleets of 100 to 1,000 "
+        "workers with 1,000 indexed blocks each, and reports route-and-admit p50/p99 against pricing every worker.",
+    ),
+    Delegate(
         ("bench", "prefix"), "kvplane.bench.prefix", "compare routing policies on prefix-sharing workloads",
         "Replays chat/agent/rag/trace workloads against 4 local agents per routing policy: hit rate, TTFT, load spread.",
     ),

@@ -5,6 +5,8 @@ Fleet defaults (conftest): model "m", block size 4, idle decode workers with 100
 
 from __future__ import annotations
 
+import dataclasses
+
 import random
 
 import pytest
@@ -42,25 +44,20 @@ def test_cost_numbers_and_load_beating_a_hit(index, cache_prefix, worker_view, r
         worker_view("w3"),
     ]
     decision = router(overlap_weight_host=0.75, overlap_weight_disk=0.25).route(route_request(PROMPT_16), workers, index, NOW)
-    assert decision == RouteDecision(
+    assert dataclasses.replace(decision, candidates=()) == RouteDecision(
         decode_worker=WorkerId("w3"),
         prefill_worker=None,
         disaggregated=False,
         reason="local prefill: disaggregation disabled for this request (never)",
         prompt_tokens=16,
         cached_tokens=0,
-        candidates=(
-            CandidateCost(
-                WorkerId("w3"), 4.0, 0, 16, "0 matched blocks (credit 0), 0 queued prefill blocks, 4 prompt blocks, 0 used blocks"
-            ),
-            CandidateCost(
-                WorkerId("w2"), 5.0, 12, 4, "3 matched blocks (credit 2), 0 queued prefill blocks, 4 prompt blocks, 3 used blocks"
-            ),
-            CandidateCost(
-                WorkerId("w1"), 14.0, 8, 8, "2 matched blocks (credit 2), 2 queued prefill blocks, 4 prompt blocks, 10 used blocks"
-            ),
-        ),
+        candidates=(),
     )
+    assert [(c.worker_id, c.cost, c.cached_tokens, c.prefill_tokens, c.note) for c in decision.candidates] == [
+        ("w3", 4.0, 0, 16, "0 matched blocks (credit 0), 0 queued prefill blocks, 4 prompt blocks, 0 used blocks"),
+        ("w2", 5.0, 12, 4, "3 matched blocks (credit 2), 0 queued prefill blocks, 4 prompt blocks, 3 used blocks"),
+        ("w1", 14.0, 8, 8, "2 matched blocks (credit 2), 2 queued prefill blocks, 4 prompt blocks, 10 used blocks"),
+    ]
 
 
 def test_prefill_load_scale_multiplies_only_the_prefill_term(index, cache_prefix, worker_view, route_request):

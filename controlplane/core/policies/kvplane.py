@@ -20,11 +20,11 @@ Parameters: KvplaneParams below (the cost's own: cost.CostConfig).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from controlplane.core.cost import CostConfig, overlap_cost
+from controlplane.core.cost import CostConfig, cheapest_uncached, overlap_cost
 from controlplane.core.index import CacheIndex, OverlapScore
 from controlplane.core.params import check_numbers, param
 from controlplane.core.predictions import PrefixPredictions
@@ -67,6 +67,11 @@ def guard_factor(value: float, mean: float, ratio: float, slack: float, power: f
     return (allowed / value) ** power
 
 
+def _kv_use(w: WorkerView) -> float:
+    """KV use the guard sees: used blocks plus those of requests routed since the last report."""
+    return (w.load.num_used_blocks + w.pending_blocks) / w.load.num_total_blocks if w.load.num_total_blocks else 0.0
+
+
 class KvplanePolicy(PolicyHooks):
     def __init__(self, params: KvplaneParams, cost: CostConfig) -> None:
         self._params = params
@@ -78,33 +83,45 @@ class KvplanePolicy(PolicyHooks):
         return self.predictions.overlaps(index, block_hashes, now)
 
     def costs(self, ctx: RouteContext, workers: Sequence[WorkerView]) -> list[CandidateCost]:
-        factors = self._guard(workers)
-        out = []
-        for w in workers:
-            f = factors[w.worker_id]
-            suffix = f", load guard x{f:.2f}" if f < 1.0 else ""
+        """Every worker holding part of the prompt (real or predicted) priced in full; of the rest,
+        which have no credit for the guard to shrink, the ctx.max_uncached_candidates cheapest."""
+        held = ctx.overlaps
+        holders = [w for w in workers if w.worker_id in held]
+        others = [w for w in workers if w.worker_id not in held]
+        out = [
+            overlap_cost(self._cost, w, ctx.num_prompt_tokens, None)
+            for w in cheapest_uncached(self._cost, others, ctx.max_uncached_candidates)
+        ]
+        if not holders:
+            return out
+        guard = self._guard(workers)
+        for w in holders:
             # Queued work that is computing this prompt's predicted blocks is shared, not added.
+            # (Only a worker holding block 0 can hold a later block: hashes are chained.)
             shared = self.predictions.num_predicted_in(ctx.index, w.worker_id, ctx.block_hashes, ctx.now)
-            out.append(overlap_cost(self._cost, w, ctx.num_prompt_tokens, ctx.overlaps.get(w.worker_id), f, suffix, shared))
+            out.append(overlap_cost(self._cost, w, ctx.num_prompt_tokens, held[w.worker_id], guard(w), shared))
         return out
 
-    def _guard(self, workers: Sequence[WorkerView]) -> dict[WorkerId, float]:
+    def _guard(self, workers: Sequence[WorkerView]) -> Callable[[WorkerView], float]:
+        """The load guard's credit factor of a worker, against the means over `workers`."""
         c = self._params
-        if c.guard_ratio == 0 or len(workers) < 2:
-            return {w.worker_id: 1.0 for w in workers}
-        signals = {
-            w.worker_id: (
-                float(w.load.num_queued_prefill_tokens),
-                (w.load.num_used_blocks + w.pending_blocks) / w.load.num_total_blocks if w.load.num_total_blocks else 0.0,
-                float(w.load.num_running + w.load.num_waiting),
+        n = len(workers)
+        if c.guard_ratio == 0 or n < 2:
+            return lambda w: 1.0
+        mean_tokens = sum(w.load.num_queued_prefill_tokens for w in workers) / n
+        mean_kv = sum(_kv_use(w) for w in workers) / n
+        mean_requests = sum(w.load.num_running + w.load.num_waiting for w in workers) / n
+
+        def factor(w: WorkerView) -> float:
+            return min(
+                guard_factor(float(w.load.num_queued_prefill_tokens), mean_tokens, c.guard_ratio, c.guard_slack_tokens, c.guard_power),
+                guard_factor(_kv_use(w), mean_kv, c.guard_ratio, c.guard_slack_kv_usage, c.guard_power),
+                guard_factor(
+                    float(w.load.num_running + w.load.num_waiting), mean_requests, c.guard_ratio, c.guard_slack_requests, c.guard_power
+                ),
             )
-            for w in workers
-        }
-        means = [sum(s[i] for s in signals.values()) / len(signals) for i in range(3)]
-        slacks = (c.guard_slack_tokens, c.guard_slack_kv_usage, c.guard_slack_requests)
-        return {
-            wid: min(guard_factor(s[i], means[i], c.guard_ratio, slacks[i], c.guard_power) for i in range(3)) for wid, s in signals.items()
-        }
+
+        return factor
 
     # -- fetch instead of recompute -----------------------------------------------------------
     def fetch(self, ctx: RouteContext, decode: WorkerView, decode_cost: CandidateCost, sources: Sequence[WorkerView]) -> FetchPlan | None:

@@ -1,0 +1,145 @@
+"""`kvplane bench routing`: what planning one request costs the control plane as the fleet grows.
+
+In one process, no sockets: the real planner (router, kvplane policy, admission, predictions, load
+ledger) over a fleet of plain worker views and a cache index filled to `--blocks-per-worker` per
+worker. Each request is a `--prompt-tokens` prompt planned with `Planner.plan` (hash, index
+lookup, pricing, placement, admission) and then dispatched, so predicted prefixes and ledger
+entries build up as in a running control plane; requests finish after `--in-flight` later ones.
+
+Two fleets: `spread` (each worker holds a random part of one of 16 hot prompts beside its own
+blocks: a few hundred holders per prompt) and `hot-prefix` (every worker holds the prompts' first
+64 blocks: a shared system prompt, so every worker must be priced in full). Two admission
+policies: threshold (reads loads) and predictive (predicts latencies). The baseline, measured in
+the same run, prices every worker (`--max-uncached-candidates 0`); the default prices the workers
+holding part of the prompt and the 16 least loaded others, the only ones that can win.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+
+from controlplane.core.index import CacheIndex
+from controlplane.core.planner import Planner, PlannerConfig
+from controlplane.core.router import RouterConfig
+from controlplane.core.routing import RouteRequest
+from controlplane.core.settings import ClusterSettings
+from controlplane.core.views import ClusterView, WorkerLoadView, WorkerView
+from kvplane.block_hash import hash_blocks
+from kvplane.latency import StepTimeModel
+from kvplane.stats import percentile
+from kvplane.types import DisaggMode, Role, Tier, WorkerId
+
+MODEL = "bench-model"
+BLOCK_SIZE = 16
+NUM_HOT_PROMPTS = 16
+HOT_PREFIX_BLOCKS = 64
+# A step-time model of a large GPU worker (seconds): predictions cost what real ones cost.
+LATENCY = StepTimeModel((0.008, 2e-5, 1e-9, 3e-4, 2e-7), num_samples=100, mean_abs_pct_error=0.05)
+FLEETS = ("spread", "hot-prefix")
+ADMISSIONS = ("threshold", "predictive")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--workers", default="100,1000", help="comma-separated fleet sizes (default %(default)s)")
+    parser.add_argument("--blocks-per-worker", type=int, default=1000, help="indexed blocks per worker (default %(default)s)")
+    parser.add_argument("--prompt-tokens", type=int, default=4096, help="prompt length (default %(default)s)")
+    parser.add_argument("--requests", type=int, default=200, help="measured requests per row (default %(default)s)")
+    parser.add_argument("--in-flight", type=int, default=64, help="requests dispatched and not yet finished (default %(default)s)")
+    parser.add_argument("--fleets", default=",".join(FLEETS), help="comma-separated: spread, hot-prefix (default %(default)s)")
+    parser.add_argument("--admissions", default=",".join(ADMISSIONS), help="comma-separated admission policies (default %(default)s)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", action="store_true", help="print the rows as JSON")
+
+
+def build_fleet(num_workers: int, blocks_per_worker: int, fleet: str, prompts: list[list[int]], rng: random.Random):
+    """(worker views, cache index) for one fleet shape."""
+    index = CacheIndex()
+    hot = [hash_blocks(p, BLOCK_SIZE, model_salt=MODEL, tenant_salt="") for p in prompts]
+    workers = []
+    for i in range(num_workers):
+        worker_id = WorkerId(f"w{i:04d}")
+        prompt = hot[rng.randrange(len(hot))]
+        if fleet == "hot-prefix":
+            held = list(prompt[:HOT_PREFIX_BLOCKS])
+        else:
+            held = list(prompt[: rng.randrange(0, len(prompt))]) if rng.random() < 0.3 else []
+        held += [rng.getrandbits(63).to_bytes(8, "big") for _ in range(blocks_per_worker - len(held))]
+        index.apply_snapshot(worker_id, 0, {Tier.DEVICE: held})
+        load = WorkerLoadView(
+            num_running=rng.randrange(0, 32), num_waiting=rng.randrange(0, 4), num_queued_prefill_tokens=rng.randrange(0, 16384),
+            num_free_blocks=4000, num_used_blocks=rng.randrange(0, 4000), num_total_blocks=8000,
+            running_remaining_tokens=tuple(rng.randrange(1, 512) for _ in range(16)), running_context_tokens=40000,
+        )  # fmt: skip
+        role = Role.PREFILL if i % 4 == 0 else Role.BOTH
+        workers.append(
+            WorkerView(worker_id, role, MODEL, BLOCK_SIZE, True, load, 131072, block_nbytes=BLOCK_SIZE * 327680, latency=LATENCY)
+        )
+    return tuple(workers), index
+
+
+def measure(workers, index, prompts, admission: str, max_uncached: int, args, rng: random.Random) -> list[float]:
+    """Seconds per Planner.plan of `args.requests` requests (after a warm-up of `in_flight`)."""
+    config = PlannerConfig(router=RouterConfig(max_uncached_candidates=max_uncached), admission_policy=admission)
+    planner = Planner(config, random.Random(args.seed))
+    cluster = ClusterView(workers, index)
+    settings = ClusterSettings()
+    in_flight: list[int] = []
+    seconds = []
+    now = 1000.0
+    for n in range(args.in_flight + args.requests):
+        prompt = prompts[rng.randrange(len(prompts))]
+        tail = [rng.randrange(32000) for _ in range(BLOCK_SIZE)]  # a user's own turn after the shared part
+        request = RouteRequest(MODEL, prompt[: args.prompt_tokens - len(tail)] + tail, 256, DisaggMode.AUTO)
+        now += 0.001
+        started = time.perf_counter()
+        plan = planner.plan(request, cluster, settings, now)
+        elapsed = time.perf_counter() - started
+        if n >= args.in_flight:
+            seconds.append(elapsed)
+        if hasattr(plan, "decode_worker"):
+            in_flight.append(planner.dispatched(plan, now))
+        if len(in_flight) > args.in_flight:
+            planner.finished(in_flight.pop(0), now)
+    return seconds
+
+
+def run(args: argparse.Namespace) -> int:
+    rng = random.Random(args.seed)
+    prompts = [[rng.randrange(32000) for _ in range(args.prompt_tokens)] for _ in range(NUM_HOT_PROMPTS)]
+    rows = []
+    sizes = [int(s) for s in args.workers.split(",") if s]
+    fleets = [f for f in args.fleets.split(",") if f]
+    if unknown := set(fleets) - set(FLEETS):
+        print(f"kvplane bench routing: unknown fleets {sorted(unknown)}; choose from {list(FLEETS)}", file=sys.stderr)
+        return 2
+    admissions = [a for a in args.admissions.split(",") if a]
+    for size in sizes:
+        for fleet in fleets:
+            print(f"building {fleet} fleet: {size} workers x {args.blocks_per_worker} blocks ...", file=sys.stderr, flush=True)
+            workers, index = build_fleet(size, args.blocks_per_worker, fleet, prompts, random.Random(args.seed + size))
+            for admission in admissions:
+                result = {}
+                for label, max_uncached in (("all priced", 0), ("default", RouterConfig().max_uncached_candidates)):
+                    print(f"  {admission}, {label}: {args.requests} requests ...", file=sys.stderr, flush=True)
+                    seconds = measure(workers, index, prompts, admission, max_uncached, args, random.Random(args.seed))
+                    result[label] = (percentile(seconds, 50) * 1e3, percentile(seconds, 99) * 1e3)
+                rows.append({
+                    "workers": size, "indexed_blocks": size * args.blocks_per_worker, "fleet": fleet, "admission": admission,
+                    "all_priced_p50_ms": result["all priced"][0], "all_priced_p99_ms": result["all priced"][1],
+                    "p50_ms": result["default"][0], "p99_ms": result["default"][1],
+                    "p99_speedup": result["all priced"][1] / result["default"][1],
+                })  # fmt: skip
+    if args.json:
+        print(json.dumps({"prompt_tokens": args.prompt_tokens, "rows": rows}))
+        return 0
+    print(f"Planner.plan (route + admit) of a {args.prompt_tokens}-token prompt, ms per request")
+    print(f"{'workers':>7} {'blocks':>9} {'fleet':<10} {'admission':<10} {'all p50':>8} {'all p99':>8} {'p50':>7} {'p99':>7} {'p99 x':>6}")
+    for r in rows:
+        print(f"{r['workers']:>7} {r['indexed_blocks']:>9} {r['fleet']:<10} {r['admission']:<10} {r['all_priced_p50_ms']:>8.2f} "
+              f"{r['all_priced_p99_ms']:>8.2f} {r['p50_ms']:>7.2f} {r['p99_ms']:>7.2f} {r['p99_speedup']:>6.1f}")  # fmt: skip
+    print("all = every worker priced (the baseline); p50/p99 = the default (holders + 16 least loaded others)")
+    return 0

@@ -1,0 +1,43 @@
+"""`kvplane bench routing` end to end at a small size: one command, a JSON row per fleet and policy."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from kvplane.bench.routing import HOT_PREFIX_BLOCKS, build_fleet
+
+
+@pytest.mark.cluster  # runs the CLI in a subprocess
+def test_bench_routing_prints_a_row_per_fleet_and_admission_policy():
+    argv = ["--workers", "40", "--blocks-per-worker", "100", "--prompt-tokens", "512", "--requests", "8", "--in-flight", "4", "--json"]
+    done = subprocess.run([sys.executable, "-m", "kvplane", "bench", "routing", *argv], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "building spread fleet: 40 workers" in done.stderr  # progress while it runs
+    rows = json.loads(done.stdout)["rows"]
+    assert [(r["fleet"], r["admission"]) for r in rows] == [
+        ("spread", "threshold"), ("spread", "predictive"), ("hot-prefix", "threshold"), ("hot-prefix", "predictive"),
+    ]  # fmt: skip
+    for r in rows:
+        assert r["workers"] == 40 and r["indexed_blocks"] == 4000
+        assert 0 < r["p50_ms"] <= r["p99_ms"] and 0 < r["all_priced_p50_ms"] <= r["all_priced_p99_ms"]
+
+
+def test_hot_prefix_fleet_shares_its_first_blocks_on_every_worker():
+    import random
+
+    prompts = [[random.Random(i).randrange(32000) for _ in range(2048)] for i in range(3)]
+    workers, index = build_fleet(12, 200, "hot-prefix", prompts, random.Random(1))
+    counts = index.blocks_by_tier()
+    assert len(workers) == 12 and all(sum(c.values()) == 200 for c in counts.values())
+    from kvplane.bench.routing import BLOCK_SIZE, MODEL
+    from kvplane.block_hash import hash_blocks
+
+    holders = [set(index.overlaps(hash_blocks(p, BLOCK_SIZE, model_salt=MODEL, tenant_salt=""))) for p in prompts]
+    assert set().union(*holders) == {w.worker_id for w in workers}
+    for p in prompts:
+        overlaps = index.overlaps(hash_blocks(p, BLOCK_SIZE, model_salt=MODEL, tenant_salt=""))
+        assert all(o.num_blocks == HOT_PREFIX_BLOCKS for o in overlaps.values())
