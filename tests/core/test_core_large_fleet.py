@@ -26,8 +26,12 @@ def _fleet(rng: random.Random, index: CacheIndex, prompts: list[list[int]], size
         role = (Role.BOTH, Role.DECODE, Role.PREFILL)[i % 3]
         workers.append(
             make_worker_view(
-                f"w{i:03d}", role, num_queued_prefill_tokens=rng.randrange(0, 400), num_used_blocks=rng.randrange(0, 90),
-                num_running=rng.randrange(0, 8), latency=LATENCY,
+                f"w{i:03d}",
+                role,
+                num_queued_prefill_tokens=rng.randrange(0, 400),
+                num_used_blocks=rng.randrange(0, 90),
+                num_running=rng.randrange(0, 8),
+                latency=LATENCY,
             )  # fmt: skip
         )
         if rng.random() < 0.2:

@@ -6,14 +6,13 @@ Fleet defaults (conftest): model "m", block size 4, idle decode workers with 100
 from __future__ import annotations
 
 import dataclasses
-
 import random
 
 import pytest
 
 from controlplane.core.cost import CostConfig
 from controlplane.core.router import Router
-from controlplane.core.routing import CandidateCost, NoCandidateError, RouteDecision
+from controlplane.core.routing import NoCandidateError, RouteDecision
 from kvplane.types import DisaggMode, Role, Tier, WorkerId
 from tests.core.conftest import make_router
 
