@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint format env test-env etcd protos clean
+.PHONY: demo test test-fast lint format env test-env etcd rdma protos clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -22,10 +22,18 @@ etcd:
 	  else echo "etcd not found: install etcd 3.4+ and put it on PATH" >&2; exit 1; fi; }
 	@etcd --version | head -1
 
+# The RDMA userspace libraries (and, as apt recommends, their providers) that every InfiniBand or
+# RoCE GPU host has: the suite runs beside them, as NIXL's UCX does there (dataplane/transport/nixl.py).
+rdma:
+	@dpkg -s libibverbs1 librdmacm1 >/dev/null 2>&1 || { \
+	  if command -v apt-get >/dev/null; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libibverbs1 librdmacm1) >/dev/null; \
+	  else echo "install the RDMA userspace libraries (libibverbs, librdmacm) to test beside them" >&2; fi; }
+
 demo: env
 	$(PY) -m kvplane.demo
 
-test: env etcd lint
+test: env etcd rdma lint
 	$(PY) -m pytest -q
 
 # The process-free tests only (seconds): what to run while editing.
