@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from controlplane.core.failover import FailoverLimits
 from controlplane.core.planner import PlannerConfig
 
 DEFAULT_PORT = 50051
@@ -13,14 +14,22 @@ DEFAULT_PORT = 50051
 class ControlPlaneConfig:
     host: str = "127.0.0.1"
     port: int = DEFAULT_PORT
-    store: str = "memory"  # "memory" or "etcd://host:port"
+    store: str = "memory"  # "memory", "etcd://host:port" or "etcd://h1:p1,h2:p2,..." (members of one cluster)
     lease_ttl_s: int = 10  # worker leases; agents renew at a third of it
     kv_compact_every_s: float = 10.0  # drop a worker's event batches older than its latest snapshot
     max_route_attempts: int = 2  # a decode worker that fails before the first token is retried elsewhere once
+    max_migrations: int = 2  # after tokens were sent, a failed decode worker's request moves at most this often
+    first_token_timeout_s: float = 60.0  # no first token this long after dispatch: the worker stalled
+    token_timeout_s: float = 15.0  # no next token this long: the worker stalled
+    max_prompt_bytes: int = 4 << 20  # longer text prompts are refused before tokenizing
     batch_queue_size: int = 64  # batch requests that may wait for admission instead of being rejected
     batch_queue_timeout_s: float = 30.0  # how long one may wait before it is rejected after all
     batch_poll_s: float = 0.05  # how often a waiting batch request asks admission again
     planner: PlannerConfig = field(default_factory=PlannerConfig)  # routing, admission, prediction
+
+    @property
+    def failover(self) -> FailoverLimits:
+        return FailoverLimits(self.max_route_attempts, self.max_migrations)
 
     def validate(self) -> ControlPlaneConfig:
         if not 0 <= self.port <= 65535:
@@ -31,5 +40,10 @@ class ControlPlaneConfig:
             raise ValueError("batch_queue_size and batch_queue_timeout_s must be >= 0 and batch_poll_s > 0")
         if self.max_route_attempts < 1:
             raise ValueError(f"max_route_attempts must be at least 1, got {self.max_route_attempts}")
+        if self.max_migrations < 0:
+            raise ValueError(f"max_migrations must be >= 0, got {self.max_migrations}")
+        for name in ("first_token_timeout_s", "token_timeout_s", "max_prompt_bytes"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         self.planner.validate()
         return self

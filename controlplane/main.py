@@ -22,13 +22,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=d.port, help=f"port to listen on (default {d.port}; 0 = any free port)")
     parser.add_argument("--store", default=d.store, help="'memory' (embedded, one replica) or etcd://HOST:PORT (default %(default)s)")
     parser.add_argument("--lease-ttl", type=int, default=d.lease_ttl_s, help="worker lease TTL in seconds (default %(default)s)")
+    faults = parser.add_argument_group("failures and limits")
+    faults.add_argument("--max-migrations", type=int, default=d.max_migrations,
+                        help="times a request may move to another decode worker mid-stream when its worker fails (default %(default)s)")  # fmt: skip
+    faults.add_argument("--first-token-timeout", type=float, default=d.first_token_timeout_s,
+                        help="seconds without a first token before a decode worker counts as stalled (default %(default)s)")  # fmt: skip
+    faults.add_argument("--token-timeout", type=float, default=d.token_timeout_s,
+                        help="seconds without a next token before a decode worker counts as stalled (default %(default)s)")  # fmt: skip
+    faults.add_argument("--max-prompt-bytes", type=int, default=d.max_prompt_bytes,
+                        help="longest text prompt accepted, in bytes (default %(default)s)")  # fmt: skip
     add_config_arguments(parser.add_argument_group("routing, admission and prediction"), d.planner)
     telemetry_flags.add_arguments(parser)
 
 
 def config_from_args(args: argparse.Namespace) -> ControlPlaneConfig:
     planner = planner_from_args(args, PlannerConfig())
-    return ControlPlaneConfig(host=args.host, port=args.port, store=args.store, lease_ttl_s=args.lease_ttl, planner=planner).validate()
+    return ControlPlaneConfig(
+        host=args.host, port=args.port, store=args.store, lease_ttl_s=args.lease_ttl, planner=planner,
+        max_migrations=args.max_migrations, first_token_timeout_s=args.first_token_timeout, token_timeout_s=args.token_timeout,
+        max_prompt_bytes=args.max_prompt_bytes,
+    ).validate()  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:

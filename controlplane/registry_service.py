@@ -1,13 +1,16 @@
 """Registry service: agents register under a store lease, keep it alive, report load and KV events.
 
 The control plane only relays to the store; the lease lives in the store, so any replica can
-serve an agent's keep-alive and a replica's death loses nothing.
+serve an agent's keep-alive and a replica's death loses nothing. The answer to a load report
+says whether some replica asked this worker for a KV snapshot (cluster_state.py: a gap in its
+event numbers).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 import grpc
 
@@ -38,8 +41,15 @@ def validate_worker_info(info: common_pb2.WorkerInfo) -> str | None:
 
 
 class RegistryService(registry_pb2_grpc.RegistryServicer):
-    def __init__(self, store: Store, config: ControlPlaneConfig, ticket_key: bytes) -> None:
+    def __init__(
+        self,
+        store: Store,
+        config: ControlPlaneConfig,
+        ticket_key: bytes,
+        snapshot_requested: Callable[[str], bool] = lambda worker_id: False,
+    ) -> None:
         self._store = store
+        self._snapshot_requested = snapshot_requested  # a replica found a gap in this worker's KV events
         self._config = config
         self._ticket_key = ticket_key
         self._last_compaction: dict[str, float] = {}
@@ -60,6 +70,7 @@ class RegistryService(registry_pb2_grpc.RegistryServicer):
                 [],
                 [
                     Delete(keys.kv_prefix(info.worker_id), prefix=True),
+                    Delete(keys.resync_key(info.worker_id)),
                     Put(keys.worker_key(info.worker_id), info.SerializeToString(), lease=lease),
                 ],
             )
@@ -81,7 +92,7 @@ class RegistryService(registry_pb2_grpc.RegistryServicer):
 
     async def ReportLoad(self, request: registry_pb2.ReportLoadRequest, context: grpc.aio.ServicerContext):
         await self._put_under_lease(context, keys.load_key(request.worker_id), request, request.lease_id)
-        return registry_pb2.ReportLoadResponse()
+        return registry_pb2.ReportLoadResponse(snapshot_requested=self._snapshot_requested(request.worker_id))
 
     async def PublishKVEvents(self, request: registry_pb2.PublishKVEventsRequest, context: grpc.aio.ServicerContext):
         if not request.worker_id or request.seq == 0:

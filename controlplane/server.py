@@ -57,7 +57,8 @@ class ControlPlane:
         service = ClientService(self._state, self._store, self.config, ticket_key, self._stubs)
         service.metrics_url = telemetry.metrics_url(self.config.host)
         client_pb2_grpc.add_KvplaneServicer_to_server(service, server)
-        registry_pb2_grpc.add_RegistryServicer_to_server(RegistryService(self._store, self.config, ticket_key), server)
+        registry = RegistryService(self._store, self.config, ticket_key, snapshot_requested=self._state.snapshot_requested)
+        registry_pb2_grpc.add_RegistryServicer_to_server(registry, server)
         self._health = enable_health_and_reflection(server, SERVICE_NAMES)
         self.port = server.add_insecure_port(f"{self.config.host}:{self.config.port}")
         if self.port == 0:

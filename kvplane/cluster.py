@@ -5,6 +5,11 @@ Children run in their own session so that a terminal's Ctrl-C reaches only the l
 which then stops them in order: agents first (so they can give up their leases while the
 control plane and its embedded store still run), then the control plane; SIGTERM first,
 SIGKILL for whatever has not exited within the grace period.
+
+Several control-plane replicas (`num_controlplanes`, an etcd store) serve at once: agents and
+clients get all their endpoints (`endpoint` is the comma-separated list the SDK takes) and fail
+over between them. `respawn(name)` starts a child again with its own arguments (what
+kvplane.supervisor does when one crashes).
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO
 
+import grpc
+
 from kvplane.client import Client
 from kvplane.errors import KvplaneError, UnavailableError
 
@@ -33,6 +40,11 @@ _PACKAGE_ROOT = Path(__file__).resolve().parent.parent  # the directory holding 
 
 class ClusterError(RuntimeError):
     """The local cluster could not start; the message carries the failing process's log tail."""
+
+
+def controlplane_name(index: int) -> str:
+    """The process name of replica `index`: "controlplane", then "controlplane-1", ..."""
+    return CONTROLPLANE if index == 0 else f"{CONTROLPLANE}-{index}"
 
 
 def free_port(host: str = LOCALHOST) -> int:
@@ -56,6 +68,7 @@ class LocalCluster:
         num_both: int = 0,
         store: str = "memory",
         port: int | None = None,
+        num_controlplanes: int = 1,
         agent_args: tuple[str, ...] | list[str] = (),
         controlplane_args: tuple[str, ...] | list[str] = (),
         log_dir: str | os.PathLike[str] | None = None,
@@ -70,6 +83,11 @@ class LocalCluster:
                 raise ValueError(f"num_{role} must be >= 0, got {count}")
         if sum(counts.values()) == 0:
             raise ValueError("a cluster needs at least one agent (num_prefill, num_decode or num_both)")
+        if num_controlplanes < 1:
+            raise ValueError(f"num_controlplanes must be >= 1, got {num_controlplanes}")
+        if num_controlplanes > 1 and not store.startswith("etcd://"):
+            raise ValueError("control-plane replicas share state through etcd: give store='etcd://HOST:PORT[,HOST:PORT...]'")
+        self._num_controlplanes = num_controlplanes
         self._counts = counts
         self._store = store
         self._port = port
@@ -82,12 +100,15 @@ class LocalCluster:
         self._stop_timeout = stop_timeout
 
         self.log_dir: Path | None = None
-        self.endpoint = ""
+        self.endpoint = ""  # every replica, comma-separated (what Client and agents take)
+        self.controlplane_endpoints: dict[str, str] = {}  # replica name -> host:port
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
+        self.started_at: dict[str, float] = {}  # name -> time.monotonic() of its latest start
         self.worker_endpoints: dict[str, str] = {}
         self.log_paths: dict[str, Path] = {}
         self._log_files: list[IO[bytes]] = []
         self._agent_argv: dict[str, list[str]] = {}
+        self._argv: dict[str, list[str]] = {}  # every child's kvplane arguments, for respawn()
         self._started = False
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -99,28 +120,29 @@ class LocalCluster:
         atexit.register(self.stop)  # a crashing caller must not leave orphan servers behind
         try:
             self._prepare_log_dir()
-            port = self._port or free_port()
-            self.endpoint = f"{LOCALHOST}:{port}"
-            self._spawn(CONTROLPLANE, [
-                CONTROLPLANE, "--host", LOCALHOST, "--port", str(port), "--store", self._store,
-                *self._controlplane_args,
-            ])  # fmt: skip
+            ports = [self._port or free_port()] + [free_port() for _ in range(self._num_controlplanes - 1)]
+            for i, port in enumerate(ports):
+                self.controlplane_endpoints[controlplane_name(i)] = f"{LOCALHOST}:{port}"
+            self.endpoint = ",".join(self.controlplane_endpoints.values())
+            for name, endpoint in self.controlplane_endpoints.items():
+                self._spawn(name, self._controlplane_argv(endpoint))
             for role in _ROLES:
                 for index in range(self._counts[role]):
-                    self._start_agent(role, index, port)
+                    self._start_agent(role, index)
             self.wait_until_registered(self._startup_timeout)
         except BaseException:
             self.stop()  # also on Ctrl-C during startup
             raise
         return self
 
-    def wait_until_registered(self, timeout: float) -> None:
-        """Blocks until ListWorkers shows every agent; ClusterError if a child dies or time runs out."""
+    def wait_until_registered(self, timeout: float, endpoint: str | None = None) -> None:
+        """Blocks until ListWorkers (on `endpoint`, default any replica) shows every agent;
+        ClusterError if a child dies or time runs out."""
         deadline = time.monotonic() + timeout
         expected = set(self.worker_endpoints)
         seen: set[str] = set()
         last_error = "the control plane has not answered yet"
-        with Client(self.endpoint, timeout=2.0) as client:
+        with Client(endpoint or self.endpoint, timeout=2.0) as client:
             while True:
                 exited = self.exited()
                 if exited:
@@ -141,7 +163,7 @@ class LocalCluster:
                     break
                 time.sleep(0.2)
         missing = sorted(expected - seen)
-        culprit = missing[0] if missing else CONTROLPLANE
+        culprit = missing[0] if missing else next(iter(self.controlplane_endpoints))
         raise ClusterError(
             f"the cluster was not ready within {timeout:g} s: not registered: {', '.join(missing) or 'none'}"
             f"{'; ' + last_error if last_error else ''}; last lines of {self.log_paths[culprit]}:\n"
@@ -151,9 +173,9 @@ class LocalCluster:
     def stop(self) -> None:
         """Stops every child (agents, then the control plane); safe to call more than once."""
         atexit.unregister(self.stop)
-        agents = [name for name in self.processes if name != CONTROLPLANE]
-        self._terminate(agents)
-        self._terminate([CONTROLPLANE] if CONTROLPLANE in self.processes else [])
+        replicas = [name for name in self.processes if name in self.controlplane_endpoints]
+        self._terminate([name for name in self.processes if name not in replicas])
+        self._terminate(replicas)
         for log_file in self._log_files:
             log_file.close()
         self._log_files.clear()
@@ -172,63 +194,69 @@ class LocalCluster:
             raise ValueError(f"role must be one of {_ROLES}, got {role!r}")
         if worker_id in self.processes:
             raise ValueError(f"a process named {worker_id!r} already runs in this cluster")
-        port = free_port()
-        self.worker_endpoints[worker_id] = f"{LOCALHOST}:{port}"
-        self._agent_argv[worker_id] = [
-            "agent", "--role", role, "--host", LOCALHOST, "--port", str(port),
-            "--controlplane", self.endpoint, "--worker-id", worker_id, *self._agent_args, *agent_args,
-        ]  # fmt: skip
-        self._spawn(worker_id, self._agent_argv[worker_id])
-        self.wait_until_registered(timeout)
+        self._start_agent(role, worker_id=worker_id, extra_args=agent_args)
+        self.wait_until_serving(worker_id, timeout)
 
     def restart_agent(self, worker_id: str, sig: signal.Signals = signal.SIGTERM, timeout: float = 60.0) -> None:
         """Stops one agent with `sig`, waits for it to exit, starts it again with the same id, port
-        and arguments, and returns once it has registered."""
+        and arguments, and returns once the new process serves and has registered."""
         if worker_id not in self._agent_argv:
             raise ValueError(f"no agent named {worker_id!r}; known: {', '.join(self._agent_argv)}")
-        process = self.processes[worker_id]
-        if process.poll() is None:
-            process.send_signal(sig)
-            process.wait(timeout=timeout)
-        self._spawn(worker_id, self._agent_argv[worker_id])
-        self.wait_until_registered(timeout)
+        self._stop_one(worker_id, sig, timeout)
+        self.respawn(worker_id)
+        self.wait_until_serving(worker_id, timeout)
 
     def add_controlplane(self, name: str = "controlplane-2") -> str:
-        """Starts another control-plane replica on the same store (etcd) and returns its endpoint."""
+        """Starts another control-plane replica on the same store (etcd) and returns its endpoint.
+        Agents started before it do not know it; clients may name it."""
         if not self._store.startswith("etcd://"):
             raise ValueError("replicas share state through etcd: start the cluster with store='etcd://HOST:PORT'")
-        port = free_port()
-        self._spawn(name, [
-            CONTROLPLANE, "--host", LOCALHOST, "--port", str(port), "--store", self._store, *self._controlplane_args,
-        ])  # fmt: skip
-        endpoint = f"{LOCALHOST}:{port}"
-        deadline = time.monotonic() + self._startup_timeout
-        with Client(endpoint, timeout=2.0) as client:
-            while True:
-                try:
-                    if {w.worker_id for w in client.workers()} >= set(self.worker_endpoints):
-                        return endpoint
-                except KvplaneError:
-                    pass
-                if self.processes[name].poll() is not None or time.monotonic() > deadline:
-                    raise ClusterError(f"{name} did not start; last lines of its log:\n{self.log_tail(name)}")
-                time.sleep(0.2)
+        endpoint = f"{LOCALHOST}:{free_port()}"
+        self.controlplane_endpoints[name] = endpoint
+        self._spawn(name, self._controlplane_argv(endpoint))
+        self.wait_until_registered(self._startup_timeout, endpoint=endpoint)
+        return endpoint
 
-    def restart_controlplane(self, sig: signal.Signals = signal.SIGKILL, timeout: float = 60.0) -> None:
-        """Kills the control plane with `sig` and starts a fresh one on the same port and store.
+    def restart_controlplane(self, sig: signal.Signals = signal.SIGKILL, timeout: float = 60.0, name: str = CONTROLPLANE) -> None:
+        """Kills a control-plane replica with `sig` and starts a fresh one on the same port and store.
 
         Agents keep running and reconnect by themselves; returns once all have registered again
         (with an embedded store they re-register; with etcd their leases carried over).
         """
-        process = self.processes[CONTROLPLANE]
-        if process.poll() is None:
-            process.send_signal(sig)
-            process.wait(timeout=timeout)
-        port = self.endpoint.rpartition(":")[2]
-        self._spawn(CONTROLPLANE, [
-            CONTROLPLANE, "--host", LOCALHOST, "--port", port, "--store", self._store, *self._controlplane_args,
-        ])  # fmt: skip
-        self.wait_until_registered(timeout)
+        self._stop_one(name, sig, timeout)
+        self.respawn(name)
+        self.wait_until_registered(timeout, endpoint=self.controlplane_endpoints[name])
+
+    def respawn(self, name: str) -> None:
+        """Starts child `name` again with the arguments it last ran with (it must have exited)."""
+        if name not in self._argv:
+            raise ValueError(f"no process named {name!r}; known: {', '.join(self._argv)}")
+        if self.processes[name].poll() is None:
+            raise ValueError(f"{name} is still running (pid {self.processes[name].pid})")
+        self._spawn(name, self._argv[name])
+
+    def wait_until_serving(self, worker_id: str, timeout: float = 60.0) -> None:
+        """Blocks until this incarnation of the agent answers gRPC health SERVING and the control
+        plane lists it; ClusterError if it exits or time runs out."""
+        from grpc_health.v1 import health_pb2, health_pb2_grpc  # noqa: PLC0415 (grpc only when used)
+
+        deadline = time.monotonic() + timeout
+        with grpc.insecure_channel(self.worker_endpoints[worker_id]) as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            while True:
+                if self.processes[worker_id].poll() is not None:
+                    raise ClusterError(f"{worker_id} exited while starting; last lines of its log:\n{self.log_tail(worker_id)}")
+                try:
+                    if stub.Check(health_pb2.HealthCheckRequest(), timeout=1.0).status == health_pb2.HealthCheckResponse.SERVING:
+                        break
+                except grpc.RpcError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise ClusterError(
+                        f"{worker_id} did not serve within {timeout:g} s; last lines of its log:\n{self.log_tail(worker_id)}"
+                    )
+                time.sleep(0.1)
+        self.wait_until_registered(max(deadline - time.monotonic(), 1.0))
 
     # -- inspection and fault injection --------------------------------------------------------
 
@@ -262,16 +290,28 @@ class LocalCluster:
             self.log_dir = self._log_dir_arg
             self.log_dir.mkdir(parents=True, exist_ok=True)
 
-    def _start_agent(self, role: str, index: int, controlplane_port: int) -> None:
-        worker_id = f"{role}-{index}"
+    def _controlplane_argv(self, endpoint: str) -> list[str]:
+        port = endpoint.rpartition(":")[2]
+        return [CONTROLPLANE, "--host", LOCALHOST, "--port", port, "--store", self._store, *self._controlplane_args]
+
+    def _start_agent(self, role: str, index: int = 0, worker_id: str = "", extra_args: tuple[str, ...] | list[str] = ()) -> None:
+        worker_id = worker_id or f"{role}-{index}"
         port = free_port()
         self.worker_endpoints[worker_id] = f"{LOCALHOST}:{port}"
         self._agent_argv[worker_id] = [
             "agent", "--role", role, "--host", LOCALHOST, "--port", str(port),
-            "--controlplane", f"{LOCALHOST}:{controlplane_port}", "--worker-id", worker_id,
-            *self._agent_args,
+            "--controlplane", ",".join(self.controlplane_endpoints.values()), "--worker-id", worker_id,
+            *self._agent_args, *extra_args,
         ]  # fmt: skip
         self._spawn(worker_id, self._agent_argv[worker_id])
+
+    def _stop_one(self, name: str, sig: signal.Signals, timeout: float) -> None:
+        if sig == signal.SIGSTOP:
+            raise ValueError("a stopped process never exits; stop it with SIGTERM or SIGKILL")
+        process = self.processes[name]
+        if process.poll() is None:
+            process.send_signal(sig)
+            process.wait(timeout=timeout)
 
     def _spawn(self, name: str, kvplane_args: list[str]) -> None:
         assert self.log_dir is not None
@@ -279,6 +319,8 @@ class LocalCluster:
         log_file = path.open("ab")
         self._log_files.append(log_file)
         self.log_paths[name] = path
+        self._argv[name] = list(kvplane_args)
+        self.started_at[name] = time.monotonic()
         env = dict(os.environ, PYTHONUNBUFFERED="1", **self._env)
         # The children import this same kvplane even when it is not installed (e.g. a checkout).
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_PACKAGE_ROOT), env.get("PYTHONPATH")]))

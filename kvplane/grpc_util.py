@@ -8,6 +8,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from kvplane.grpc_bad_request import BadRequestInterceptor
 from kvplane.telemetry.grpc_tracing import client_interceptors, server_interceptors
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -21,8 +22,8 @@ CHANNEL_OPTIONS = (
 
 
 def make_server() -> grpc.aio.Server:
-    # Interceptors only when tracing is on: off, the server is exactly what it was.
-    return grpc.aio.server(options=CHANNEL_OPTIONS, interceptors=server_interceptors())
+    # Undecodable requests get INVALID_ARGUMENT; tracing interceptors only when tracing is on.
+    return grpc.aio.server(options=CHANNEL_OPTIONS, interceptors=[BadRequestInterceptor(), *server_interceptors()])
 
 
 def enable_health_and_reflection(server: grpc.aio.Server, service_names: Iterable[str]) -> health.aio.HealthServicer:

@@ -41,6 +41,7 @@ from controlplane.core.policies import check_params, default_params, make_routin
 from controlplane.core.routing import (
     CandidateCost,
     NoCandidateError,
+    NoPrefillWorkerError,
     RouteContext,
     RouteDecision,
     RouteRequest,
@@ -161,7 +162,7 @@ class Router:
             return None, "local prefill: disaggregation disabled for this request (never)"
         if request.disagg is DisaggMode.ALWAYS:
             if not prefill_workers:
-                raise NoCandidateError(
+                raise NoPrefillWorkerError(
                     f"disaggregation 'always' requested but no active prefill worker for model "
                     f"{request.model!r} other than decode worker {decode.worker_id!r} is available; "
                     "add a prefill worker or use disagg 'auto'"

@@ -8,6 +8,7 @@ before any policy sees it.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Collection
 from dataclasses import dataclass
 
@@ -50,6 +51,7 @@ class WorkerView:
     latency: StepTimeModel | None = None  # the worker's step-time model (None: no prediction)
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS  # prefill tokens per engine step
     max_num_seqs: int = 0  # 0 = no slot limit known
+    reported_at: float | None = None  # when its latest load report arrived (monotonic s; None = unknown)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,8 +60,11 @@ class ClusterView:
 
     workers: tuple[WorkerView, ...]
     index: CacheIndex
+    # When the store last answered (monotonic s; None = unknown): a report missing while the
+    # store works means the worker is silent, not that the store is down (core/health.py).
+    store_ok_at: float | None = None
 
     def without(self, worker_ids: Collection[str]) -> ClusterView:
         if not worker_ids:
             return self
-        return ClusterView(tuple(w for w in self.workers if w.worker_id not in worker_ids), self.index)
+        return dataclasses.replace(self, workers=tuple(w for w in self.workers if w.worker_id not in worker_ids))

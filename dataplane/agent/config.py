@@ -27,7 +27,12 @@ class AgentConfig:
     kv_snapshot_interval_s: float = 10.0  # and publish a full snapshot this often
     pin_timeout_s: float = 30.0  # prefill-side pins are released if not pulled by then
     pin_check_interval_s: float = 1.0  # how often expired pins are looked for
-    prefill_timeout_s: float = 120.0  # decode side gives up on a remote prefill after this
+    prefill_timeout_s: float = 120.0  # decode side gives up on a remote prefill after this (or the request's deadline)
+    transfer_timeout_s: float = 60.0  # and on pulling its KV after this (or the request's deadline)
+    max_prompt_bytes: int = 4 << 20  # Tokenize refuses longer text (tokenizing runs off the event loop, but costs CPU)
+    # Testing only: SIGUSR1 drops the next KV event batch, SIGUSR2 cuts the next KV pull served
+    # over the gRPC stream after its first chunk (the chaos suite's faults).
+    fault_injection: bool = False
 
     def validate(self) -> AgentConfig:
         if not self.worker_id or "/" in self.worker_id:
@@ -41,6 +46,8 @@ class AgentConfig:
             "pin_timeout_s",
             "pin_check_interval_s",
             "prefill_timeout_s",
+            "transfer_timeout_s",
+            "max_prompt_bytes",
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")

@@ -5,6 +5,14 @@ worker's current step-time model; the profile the control plane stored for this 
 comes back with the registration and seeds that model. When the lease is gone
 (the control plane says so, or the store lost it) the agent registers again and republishes a
 full cache snapshot, so the index never misses what the agent holds.
+
+Replicas: `controlplane` may list several ("a:50051,b:50051"); a call that cannot reach its replica
+moves every loop to the next one (the lease lives in the shared store, so any replica renews it).
+
+KV events are numbered batches. A replica that sees a gap in the numbers (a lost batch, a store
+blip) asks for a snapshot; the answer to a load report carries the request (`snapshot_requested`)
+and the next KV step publishes the whole cache instead of a batch. `drop_next_batch()` loses one
+batch on purpose (fault injection, `kvplane agent --fault-injection`).
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ import grpc
 from dataplane.agent.config import AgentConfig
 from dataplane.engines.events import AllCleared, BlockRemoved, BlockStored, KVCacheEvent
 from kvplane.convert import tier_to_pb
+from kvplane.errors import is_connection_failure
 from kvplane.grpc_util import aio_channel
 from kvplane.types import BlockHash, Tier
 from kvplane.v1 import common_pb2, registry_pb2, registry_pb2_grpc
@@ -70,8 +79,10 @@ class ControlPlaneLink:
         self._snapshot = snapshot
         self._latency = latency
         self._on_profile = on_profile
-        self._channel = aio_channel(config.controlplane)
-        self._stub = registry_pb2_grpc.RegistryStub(self._channel)
+        self.endpoints = tuple(e.strip() for e in config.controlplane.split(","))
+        self._channels = [aio_channel(e) for e in self.endpoints]
+        self._stubs = [registry_pb2_grpc.RegistryStub(c) for c in self._channels]
+        self._current = 0  # the replica every loop talks to
         self.lease_id = 0
         self.ttl_s = 0
         self.ticket_key = b""
@@ -79,6 +90,28 @@ class ControlPlaneLink:
         self._registered = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
         self._lock = asyncio.Lock()
+        self._snapshot_due = False  # a replica asked for one (a gap in our KV event numbers)
+        self._published_seq = 0  # the last batch the control plane acknowledged (what reports carry)
+        self._drop_next_batch = False  # fault injection: lose the next batch
+
+    @property
+    def _stub(self) -> registry_pb2_grpc.RegistryStub:
+        return self._stubs[self._current]
+
+    @property
+    def endpoint(self) -> str:
+        """The replica the link talks to now."""
+        return self.endpoints[self._current]
+
+    def _fail_over(self, e: grpc.aio.AioRpcError) -> None:
+        """A call could not reach its replica: the next calls go to the next one."""
+        if len(self.endpoints) > 1 and is_connection_failure(e):
+            self._current = (self._current + 1) % len(self.endpoints)
+            log.warning("control plane unreachable (%s); switching to %s", e.details(), self.endpoint)
+
+    def drop_next_batch(self) -> None:
+        """Fault injection: the next KV event batch is numbered but never published."""
+        self._drop_next_batch = True
 
     @property
     def worker_id(self) -> str:
@@ -94,6 +127,7 @@ class ControlPlaneLink:
             except grpc.aio.AioRpcError as e:
                 if e.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
                     raise RuntimeError(f"cannot register with the control plane at {self._config.controlplane}: {e.details()}") from None
+                self._fail_over(e)
                 await asyncio.sleep(0.5)
         self._tasks = [
             asyncio.create_task(self._keepalive_loop(), name="keepalive"),
@@ -110,7 +144,8 @@ class ControlPlaneLink:
                 await self._stub.Deregister(registry_pb2.DeregisterRequest(worker_id=self.worker_id, lease_id=self.lease_id), timeout=2)
             except grpc.aio.AioRpcError as e:
                 log.warning("deregister failed (%s); the lease will expire on its own", e.details())
-        await self._channel.close()
+        for channel in self._channels:
+            await channel.close()
 
     async def _register(self) -> None:
         async with self._lock:
@@ -122,7 +157,7 @@ class ControlPlaneLink:
                 self._on_profile(reply.profile)
             # Everything the index knew is forgotten on registration: start with a snapshot.
             self._take_events()
-            self._seq = 0
+            self._seq = self._published_seq = 0
             await self._publish(snapshot_to_pb(self._snapshot()), snapshot=True)
             self._registered.set()
             log.info("registered as %s (lease %x, ttl %ds)", self.worker_id, self.lease_id, self.ttl_s)
@@ -135,6 +170,7 @@ class ControlPlaneLink:
                 return
             except grpc.aio.AioRpcError as e:
                 log.warning("re-registration failed: %s", e.details())
+                self._fail_over(e)
                 await asyncio.sleep(1.0)
 
     async def _publish(self, events: list[common_pb2.KVEvent], snapshot: bool) -> None:
@@ -145,6 +181,8 @@ class ControlPlaneLink:
             ),
             timeout=10,
         )
+        # Only now: a report must never announce a batch the store may not hold yet.
+        self._published_seq = self._seq
 
     async def _guarded(self, what: str, call) -> None:
         """Runs one loop step; a lost lease triggers re-registration, other failures are retried."""
@@ -157,6 +195,7 @@ class ControlPlaneLink:
                 await self._reregister(e.details())
             else:
                 log.debug("%s failed: %s", what, e.details())
+                self._fail_over(e)
 
     async def _keepalive_loop(self) -> None:
         while True:
@@ -176,11 +215,16 @@ class ControlPlaneLink:
 
             async def step():
                 load, state = self._load()
-                report = registry_pb2.ReportLoadRequest(worker_id=self.worker_id, lease_id=self.lease_id, load=load, state=state)
+                report = registry_pb2.ReportLoadRequest(
+                    worker_id=self.worker_id, lease_id=self.lease_id, load=load, state=state, kv_seq=self._published_seq
+                )
                 latency = self._latency()
                 if latency is not None:
                     report.latency.CopyFrom(latency)
-                await self._stub.ReportLoad(report, timeout=5)
+                reply = await self._stub.ReportLoad(report, timeout=5)
+                if reply.snapshot_requested and not self._snapshot_due:
+                    log.info("a control-plane replica asked for a KV snapshot (it saw a gap in our event numbers)")
+                    self._snapshot_due = True
 
             await self._guarded("load report", step)
             await asyncio.sleep(self._config.load_report_interval_s)
@@ -194,12 +238,18 @@ class ControlPlaneLink:
                 nonlocal last_snapshot
                 async with self._lock:
                     events = self._take_events()
-                    due = time.monotonic() - last_snapshot >= self._config.kv_snapshot_interval_s
+                    due = self._snapshot_due or time.monotonic() - last_snapshot >= self._config.kv_snapshot_interval_s
                     try:
                         if due:
                             # Taken after draining the events, so it includes them.
+                            self._snapshot_due = False
                             await self._publish(snapshot_to_pb(self._snapshot()), snapshot=True)
                             last_snapshot = time.monotonic()
+                        elif events and self._drop_next_batch:
+                            self._drop_next_batch = False
+                            self._seq += 1  # numbered, acknowledged, lost: the replicas see a gap
+                            self._published_seq = self._seq
+                            log.warning("fault injection: dropped KV event batch %d (%d events)", self._seq, len(events))
                         elif events:
                             await self._publish(events_to_pb(events), snapshot=False)
                     except grpc.aio.AioRpcError:

@@ -127,6 +127,10 @@ async def serve(config: AgentConfig) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     endpoint = await agent.start()
+    if config.fault_injection:
+        log.warning("fault injection is on: SIGUSR1 drops the next KV event batch, SIGUSR2 cuts the next KV pull served")
+        loop.add_signal_handler(signal.SIGUSR1, agent.link.drop_next_batch)
+        loop.add_signal_handler(signal.SIGUSR2, agent.service.cut_next_pull)
     print(f"kvplane agent {config.worker_id} listening on {endpoint}", flush=True)
     await stop.wait()
     log.info("stopping agent %s", config.worker_id)

@@ -32,7 +32,7 @@ from dataplane.agent.config import AgentConfig
 from dataplane.agent.observe import PHASE_GENERATE, PHASE_PREFILL, EngineTimer, record_transfer
 from dataplane.engines.base import EngineAdapter, KVImportExport
 from dataplane.engines.request import EngineCapacityError, EngineInputError, EngineRequest, SamplingParams
-from dataplane.transport import LayoutMismatchError, PullSource
+from dataplane.transport import LayoutMismatchError, PullSource, TransferError
 from dataplane.transport.grpc_stream import iter_chunks
 from kvplane import tickets
 from kvplane.convert import layout_from_pb, layout_to_pb, role_to_pb
@@ -51,6 +51,10 @@ LATENCY_REFIT_INTERVAL_S = 1.0  # the online model refits at most this often (on
 class Pin:
     block_ids: list[int]
     expires_at: float
+
+
+class TransferReleased(Exception):
+    """The puller released a transfer before it was pinned; the message is its id."""
 
 
 class RemotePrefillRefused(Exception):
@@ -77,6 +81,12 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         self.state = common_pb2.WORKER_STATE_ACTIVE
         self.metrics_url = ""  # this process's Prometheus endpoint, set by the server
         self._pins: dict[str, Pin] = {}
+        # Transfers released before their prefill ended (the decode side gave up first): transfer
+        # id -> when to forget it. Their pins are dropped the moment the prefill ends.
+        self._released_early: dict[str, float] = {}
+        self._num_importing_blocks = 0  # pulled (or being pulled) here, not yet handed to their request
+        self._background: set[asyncio.Task] = set()  # clean-ups that outlive a cancelled call
+        self._cut_next_pull = False  # fault injection (AgentConfig.fault_injection)
         self._peer_stubs: dict[str, agent_pb2_grpc.AgentStub] = {}
         self._peer_channels: list[grpc.aio.Channel] = []
         self._janitor: asyncio.Task | None = None
@@ -94,6 +104,8 @@ class AgentService(agent_pb2_grpc.AgentServicer):
     async def close(self) -> None:
         if self._janitor:
             self._janitor.cancel()
+        if self._background:
+            await asyncio.wait(set(self._background), timeout=5)
         for channel in self._peer_channels:
             await channel.close()
         for transfer_id in list(self._pins):
@@ -138,9 +150,38 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         if block_ids:  # only ever non-empty with the KV capability
             self._kv.unpin(block_ids)
 
-    def _release(self, transfer_id: str) -> bool:
+    def _spawn(self, coro, name: str) -> None:
+        """Runs a clean-up that must finish even when the call that needs it is cancelled."""
+        task = asyncio.create_task(coro, name=name)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def cut_next_pull(self) -> None:
+        """Fault injection: the next PullKV stream served breaks after its first chunk."""
+        self._cut_next_pull = True
+
+    @property
+    def num_pinned_blocks(self) -> int:
+        """Blocks held for KV transfers: pinned for peers, or pulled here and not yet handed over."""
+        return sum(len(p.block_ids) for p in self._pins.values()) + self._num_importing_blocks
+
+    def _register_pin(self, transfer_id: str, block_ids: list[int]) -> float | None:
+        """Pins a transfer's blocks until pulled, released or expired; returns the expiry, or None
+        (and unpins at once) when its puller released it already."""
+        if self._released_early.pop(transfer_id, None) is not None:
+            self._unpin(block_ids)
+            return None
+        expires_at = self._clock() + self._config.pin_timeout_s
+        self._pins[transfer_id] = Pin(block_ids, expires_at)
+        return expires_at
+
+    def _release(self, transfer_id: str, early: bool = False) -> bool:
+        """Unpins a transfer. `early`: the puller gave up, so a transfer not pinned yet (its
+        prefill still running) is remembered and unpinned when it ends."""
         pin = self._pins.pop(transfer_id, None)
         if pin is None:
+            if early and transfer_id:
+                self._released_early[transfer_id] = self._clock() + self._config.pin_timeout_s
             return False
         self._unpin(pin.block_ids)
         return True
@@ -148,6 +189,8 @@ class AgentService(agent_pb2_grpc.AgentServicer):
     def expire_pins(self) -> list[str]:
         """Releases every pin past its expiry; returns their transfer ids."""
         now = self._clock()
+        for transfer_id in [t for t, until in self._released_early.items() if until < now]:
+            del self._released_early[transfer_id]
         expired = [t for t, p in self._pins.items() if p.expires_at < now]
         for transfer_id in expired:
             log.warning("transfer %s was not pulled in time; unpinning its blocks", transfer_id)
@@ -166,6 +209,8 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         await self._check_accepting(context)
         await self._check_healthy(context)
         prompt = list(request.prompt_token_ids)
+        if request.num_resumed_tokens >= len(prompt):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "num_resumed_tokens must be smaller than the prompt")
         metrics = common_pb2.RequestMetrics(decode_worker=self.worker_id, prefill_worker=self.worker_id, prompt_tokens=len(prompt))
         held: list[int] = []
         remote = request.HasField("prefill_from") and request.prefill_from.endpoint
@@ -173,7 +218,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             await self._require_kv(context, "import KV from a peer")
             try:
                 with tracing.span(tracing.SPAN_REMOTE_PREFILL, {"kvplane.prefill_worker": request.prefill_from.worker_id}):
-                    held = await self._remote_prefill(request, metrics)
+                    held = await self._remote_prefill(request, metrics, context.time_remaining())
                 record_transfer(metrics)
             except RemotePrefillRefused as e:
                 await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
@@ -198,9 +243,18 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         except EngineCapacityError as e:
             self._unpin(held)
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
+            # Permanent for this worker (it can never hold the request): not a retry-later.
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
+        except BaseException:
+            self._unpin(held)  # cancelled before the engine took the imported blocks
+            raise
+        finally:
+            self._num_importing_blocks -= len(held)  # the engine (or the unpin) has them now
         started = time.monotonic()
         text = TextStream(self._engine.detokenize)
+        if request.num_resumed_tokens:
+            # The caller has the text of the resumed tokens already: continue after it.
+            await text.prime(prompt[len(prompt) - request.num_resumed_tokens :])
         finished = False
         try:
             async for out in stream:
@@ -233,13 +287,23 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                 # The caller went away: stop spending compute on it.
                 self._engine.abort(engine_request.request_id)
 
-    async def _remote_prefill(self, request: agent_pb2.AgentGenerateRequest, metrics: common_pb2.RequestMetrics) -> list[int]:
-        """Has the peer prefill, pulls the missing blocks into this pool; returns the refs taken on them."""
+    async def _remote_prefill(
+        self, request: agent_pb2.AgentGenerateRequest, metrics: common_pb2.RequestMetrics, time_left_s: float | None
+    ) -> list[int]:
+        """Has the peer prefill, pulls the missing blocks into this pool; returns the refs taken on
+        them (counted in num_pinned_blocks until the caller hands them to the engine).
+
+        Bounded by the request's own deadline (`time_left_s`, None = none) as well as
+        prefill_timeout_s. This side names the transfer, so it can release the peer's pins in the
+        background whatever happens, even before the peer's answer arrives: a cancelled request
+        leaves nothing pinned there."""
+        deadline = None if time_left_s is None else time.monotonic() + time_left_s
         source = request.prefill_from
         kv = self._kv
         layout = self._engine.info.layout
         peer = self._peer(source.endpoint)
         offered = [source.transport] if source.transport else list(self._transports)
+        transfer_id = uuid.uuid4().hex  # ours, so that we can release it even without an answer
         try:
             reply = await peer.Prefill(
                 agent_pb2.PrefillRequest(
@@ -250,12 +314,19 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                     layout=layout_to_pb(layout),
                     transports=offered,
                     cached_only=source.cached_only,
+                    transfer_id=transfer_id,
                 ),
-                timeout=self._config.prefill_timeout_s,
+                timeout=_bounded(self._config.prefill_timeout_s, deadline),
             )
         except grpc.aio.AioRpcError as e:
+            self._spawn(self._release_peer(peer, transfer_id), f"release-{transfer_id}")
             if e.code() in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMENT):
                 raise RemotePrefillRefused(f"prefill worker {source.worker_id} refused: {e.details()}") from None
+            raise
+        except BaseException:
+            # Cancelled (the request's caller went away) while the peer prefills: the answer, and
+            # its pins, may be on their way; release them by the id we chose.
+            self._spawn(self._release_peer(peer, transfer_id), f"release-{transfer_id}")
             raise
         metrics.transport = reply.transport
         if source.cached_only:
@@ -279,6 +350,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                 dst = kv.allocate_for_import(len(missing))
                 if dst is None:
                     raise RuntimeError(f"no free KV blocks for {len(missing)} imported blocks")
+                self._num_importing_blocks += len(dst)
                 try:
                     source_desc = PullSource(
                         endpoint=source.endpoint,
@@ -287,25 +359,33 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                         layout=layout_from_pb(reply.layout),
                     )
                     with tracing.span(tracing.SPAN_KV_TRANSFER, {"kvplane.kv_transfer.transport": reply.transport}) as span:
-                        nbytes = await transport.pull(source_desc, missing, dst)
+                        pull = transport.pull(source_desc, missing, dst)
+                        nbytes = await asyncio.wait_for(pull, _bounded(self._config.transfer_timeout_s, deadline))
                         span.set_attributes({"kvplane.kv_transfer.bytes": nbytes, "kvplane.kv_transfer.blocks": len(missing)})
                     released = reply.transport == "grpc"  # the gRPC pull asked the peer to unpin when done
+                    held = kv.commit_import([hashes[i] for i in missing], dst)
                 except BaseException:
                     kv.abort_import(dst)
+                    self._num_importing_blocks -= len(dst)
                     raise
-                held = kv.commit_import([hashes[i] for i in missing], dst)
                 metrics.kv_transfer_bytes = nbytes
                 metrics.kv_transfer_blocks = len(missing)
         except LayoutMismatchError as e:
             raise RemotePrefillRefused(str(e)) from None
+        except TimeoutError:
+            raise TransferError(f"pulling KV from {source.worker_id} made no progress in time") from None
         finally:
             metrics.kv_transfer_ms = (time.monotonic() - started) * 1000
             if not released:
-                try:
-                    await peer.ReleaseKV(agent_pb2.ReleaseKVRequest(transfer_id=reply.transfer_id), timeout=5)
-                except grpc.aio.AioRpcError as e:
-                    log.warning("releasing transfer %s failed (%s); the peer unpins it on timeout", reply.transfer_id, e.details())
+                # In the background: this call may be being cancelled, and the peer must unpin anyway.
+                self._spawn(self._release_peer(peer, reply.transfer_id), f"release-{reply.transfer_id}")
         return held
+
+    async def _release_peer(self, peer: agent_pb2_grpc.AgentStub, transfer_id: str) -> None:
+        try:
+            await peer.ReleaseKV(agent_pb2.ReleaseKVRequest(transfer_id=transfer_id), timeout=5)
+        except grpc.aio.AioRpcError as e:
+            log.warning("releasing transfer %s failed (%s); the peer unpins it on timeout", transfer_id, e.details())
 
     # -- Prefill and KV serving (prefill side) --------------------------------------------------
 
@@ -330,7 +410,10 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                 f"no common KV transport: the decode side offers {list(request.transports)}, this agent serves {list(self._transports)}",
             )
         if request.cached_only:
-            return self._pin_cached(kv, request, transport_name)
+            try:
+                return self._pin_cached(kv, request, transport_name)
+            except TransferReleased as e:
+                await context.abort(grpc.StatusCode.CANCELLED, f"transfer {e} was released by its puller already")
         engine_request = EngineRequest(
             request_id=f"{request.request_id or uuid.uuid4().hex}:prefill",
             prompt_token_ids=list(request.prompt_token_ids),
@@ -344,15 +427,26 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         except EngineInputError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         except EngineCapacityError as e:
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
-        async for out in stream:
-            timer.on_output(out)
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
+        # The stream is drained by its own task: if this call is cancelled (the decode side's
+        # deadline, its death), the task still sees the final output and unpins what the engine
+        # pinned for a pull that will never come.
+        drained = asyncio.ensure_future(_final_output(stream, timer))
+        try:
+            out = await asyncio.shield(drained)
+        except asyncio.CancelledError:
+            self._engine.abort(engine_request.request_id)
+            drained.add_done_callback(self._unpin_abandoned)
+            self._background.add(drained)
+            drained.add_done_callback(self._background.discard)
+            raise
         if out.error or out.finish_reason == "abort":
             self._unpin(out.pinned_block_ids)
             await context.abort(grpc.StatusCode.INTERNAL, f"prefill failed: {out.error or 'aborted'}")
-        transfer_id = uuid.uuid4().hex
-        expires_at = self._clock() + self._config.pin_timeout_s
-        self._pins[transfer_id] = Pin(list(out.pinned_block_ids), expires_at)
+        transfer_id = request.transfer_id or uuid.uuid4().hex
+        expires_at = self._register_pin(transfer_id, list(out.pinned_block_ids))
+        if expires_at is None:
+            await context.abort(grpc.StatusCode.CANCELLED, f"transfer {transfer_id} was released by its puller before its prefill ended")
         return agent_pb2.PrefillResponse(
             transfer_id=transfer_id,
             block_hashes=list(out.block_hashes),
@@ -364,13 +458,19 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             layout=layout_to_pb(layout),
         )
 
+    def _unpin_abandoned(self, drained: asyncio.Future) -> None:
+        """An abandoned prefill ended: unpin its blocks, if it finished before the abort reached it."""
+        if not drained.cancelled() and drained.exception() is None:
+            self._unpin(drained.result().pinned_block_ids)
+
     def _pin_cached(self, kv: KVImportExport, request: agent_pb2.PrefillRequest, transport_name: str) -> agent_pb2.PrefillResponse:
         """Fetch instead of recompute, source side: pin what is cached, compute nothing."""
         hashes, block_ids = kv.pin_cached_prefix(list(request.prompt_token_ids), request.cache_salt)
         layout = self._engine.info.layout
-        transfer_id = uuid.uuid4().hex
-        expires_at = self._clock() + self._config.pin_timeout_s
-        self._pins[transfer_id] = Pin(block_ids, expires_at)
+        transfer_id = request.transfer_id or uuid.uuid4().hex
+        expires_at = self._register_pin(transfer_id, block_ids)
+        if expires_at is None:
+            raise TransferReleased(transfer_id)
         return agent_pb2.PrefillResponse(
             transfer_id=transfer_id,
             block_hashes=list(hashes),
@@ -398,12 +498,16 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             # A pin exists, so the engine has the KV capability.
             for chunk in iter_chunks(self._kv.pool, pin.block_ids, list(request.block_indices), request.chunk_bytes or 1 << 20):
                 yield chunk
+                if self._cut_next_pull:
+                    self._cut_next_pull = False
+                    log.warning("fault injection: cutting the pull of transfer %s after its first chunk", request.transfer_id)
+                    await context.abort(grpc.StatusCode.UNAVAILABLE, "fault injection: the transfer was cut mid-way")
         finally:
             if request.release_after:
                 self._release(request.transfer_id)
 
     async def ReleaseKV(self, request: agent_pb2.ReleaseKVRequest, context):
-        return agent_pb2.ReleaseKVResponse(released=self._release(request.transfer_id))
+        return agent_pb2.ReleaseKVResponse(released=self._release(request.transfer_id, early=True))
 
     # -- operations -------------------------------------------------------------------------------
 
@@ -451,6 +555,12 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         return agent_pb2.GetStatusResponse(info=self.worker_info(), load=self.worker_load())
 
     async def Tokenize(self, request, context):
+        size = len(request.text.encode())
+        if size > self._config.max_prompt_bytes:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"text of {size} bytes is above this worker's limit of {self._config.max_prompt_bytes} bytes; shorten the prompt",
+            )
         return agent_pb2.TokenizeResponse(token_ids=await self._engine.tokenize(request.text))
 
     # -- what the link reports ---------------------------------------------------------------------
@@ -511,4 +621,17 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             num_cached_blocks=load.num_cached_blocks,
             running_remaining_tokens=list(load.running_remaining_tokens),
             running_context_tokens=load.running_context_tokens,
+            num_pinned_blocks=self.num_pinned_blocks,
         )
+
+
+async def _final_output(stream, timer: EngineTimer):
+    """Drains an engine stream, timing it; returns its final output."""
+    async for out in stream:
+        timer.on_output(out)
+    return out
+
+
+def _bounded(limit_s: float, deadline: float | None) -> float:
+    """`limit_s`, or less when the request's deadline (time.monotonic()) comes first (never below 0)."""
+    return limit_s if deadline is None else max(0.0, min(limit_s, deadline - time.monotonic()))

@@ -63,6 +63,9 @@ SPECS: tuple[MetricSpec, ...] = (
     MetricSpec("kvplane.routing.decisions", "counter", "{request}", "controlplane",
                "Routing decisions by kind: local (prefill on the decode worker), remote (prefill worker + KV transfer), fetched (cached KV pulled from a holder peer).",
                (_KIND,)),
+    MetricSpec("kvplane.request.migrations", "counter", "{request}", "controlplane",
+               "Requests moved to another decode worker mid-stream, by why (worker_failed, worker_stalled); the stream continued after the tokens already sent.",
+               ("kvplane.migration.reason",)),
     # -- agents: the engine and the KV transfer ----------------------------------------------------
     MetricSpec("kvplane.engine.queue.duration", "histogram", "s", "agent",
                "Time a request waited in the engine's queue before admission (KV blocks reserved).",

@@ -63,7 +63,8 @@ class ReferenceAdapter:
         self.engine.abort(request_id)
 
     async def tokenize(self, text: str) -> list[int]:
-        return self.engine.tokenizer.encode(text)
+        # Off the event loop: a long text would otherwise stall the agent's leases and streams.
+        return await asyncio.to_thread(self.engine.tokenizer.encode, text)
 
     async def detokenize(self, token_ids: Sequence[int]) -> str:
         return self.engine.tokenizer.decode(token_ids)
