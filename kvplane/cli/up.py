@@ -1,4 +1,9 @@
-"""`kvplane up`: a control plane and agents as local child processes, until Ctrl-C or SIGTERM."""
+"""`kvplane up`: a control plane and agents as local child processes, until Ctrl-C or SIGTERM.
+
+It supervises them (kvplane/supervisor.py): a child that crashes is started again with back-off
+while the rest keep serving; `kvplane up` exits only on Ctrl-C / SIGTERM, or when a child keeps
+failing. With an etcd store, `--replicas N` runs N control-plane replicas that agents and
+clients fail over between."""
 
 from __future__ import annotations
 
@@ -11,9 +16,10 @@ from types import FrameType
 
 from kvplane.cli.common import CliError, non_negative_int, positive_float, positive_int
 from kvplane.cluster import ClusterError, LocalCluster
+from kvplane.supervisor import DEFAULT_MAX_FAILURES, GaveUp, RestartPolicy, Supervisor
 
 DEFAULT_PORT = 50051  # the SDK's default endpoint, so other commands need no --endpoint
-_ETCD_STORE = re.compile(r"^etcd://[^:/\s]+:\d+$")
+_ETCD_STORE = re.compile(r"^etcd://[^:/\s,]+:\d+(,[^:/\s,]+:\d+)*$")
 
 
 class _Stop(BaseException):
@@ -25,14 +31,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "up",
         help="start a local cluster (control plane + agents) until Ctrl-C",
         description="Starts a control plane and agents as local child processes, prints the endpoint "
-        "once every agent has registered, and stops them all on Ctrl-C or SIGTERM.",
+        "once every agent has registered, restarts any that crashes (with back-off), and stops them all "
+        "on Ctrl-C or SIGTERM, or when one keeps failing.",
     )
     up.add_argument("--prefill", type=non_negative_int, default=1, metavar="N", help="prefill agents (default: 1)")
     up.add_argument("--decode", type=non_negative_int, default=1, metavar="N", help="decode agents (default: 1)")
     up.add_argument("--both", type=non_negative_int, default=0, metavar="N",
                     help="agents that prefill and decode (default: 0)")  # fmt: skip
-    up.add_argument("--store", type=store_spec, default="memory", metavar="memory|etcd://HOST:PORT",
-                    help="where the control plane keeps shared state (default: memory, embedded)")  # fmt: skip
+    up.add_argument("--store", type=store_spec, default="memory", metavar="memory|etcd://HOST:PORT[,HOST:PORT...]",
+                    help="where the control plane keeps shared state: embedded memory (default), or the members of an etcd cluster")  # fmt: skip
+    up.add_argument("--replicas", type=positive_int, default=1, metavar="N",
+                    help="control-plane replicas, the first on --port, the others on free ports (needs an etcd store; default: 1)")  # fmt: skip
+    up.add_argument("--max-restarts", type=positive_int, default=DEFAULT_MAX_FAILURES, metavar="N",
+                    help=f"give up on a child that fails N times in a row (default: {DEFAULT_MAX_FAILURES})")  # fmt: skip
     up.add_argument("--port", type=positive_int, default=DEFAULT_PORT, metavar="P",
                     help=f"control plane port (default: {DEFAULT_PORT})")  # fmt: skip
     up.add_argument("--disagg-threshold", type=non_negative_int, default=None, metavar="N",
@@ -49,12 +60,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def store_spec(text: str) -> str:
     if text == "memory" or _ETCD_STORE.match(text):
         return text
-    raise argparse.ArgumentTypeError(f"expected 'memory' or 'etcd://HOST:PORT', got {text!r}")
+    raise argparse.ArgumentTypeError(f"expected 'memory' or 'etcd://HOST:PORT[,HOST:PORT...]', got {text!r}")
 
 
 def run_up(args: argparse.Namespace) -> int:
     if args.prefill + args.decode + args.both == 0:
         raise CliError("nothing to start: give at least one of --prefill, --decode, --both a count > 0", 2)
+    if args.replicas > 1 and args.store == "memory":
+        raise CliError("--replicas needs an etcd store (--store etcd://HOST:PORT): replicas share state through it", 2)
     controlplane_args: list[str] = []
     if args.disagg_threshold is not None:
         controlplane_args += ["--disagg-threshold", str(args.disagg_threshold)]
@@ -66,24 +79,22 @@ def run_up(args: argparse.Namespace) -> int:
     cluster = LocalCluster(
         num_prefill=args.prefill, num_decode=args.decode, num_both=args.both, store=args.store,
         port=args.port, agent_args=agent_args, controlplane_args=controlplane_args, log_dir=args.log_dir,
-        startup_timeout=args.startup_timeout,
+        startup_timeout=args.startup_timeout, num_controlplanes=args.replicas,
     )  # fmt: skip
+    supervisor = Supervisor(cluster, RestartPolicy(max_failures=args.max_restarts))
     previous = _install_stop_handlers()
     try:
         cluster.start()
         _announce(cluster)
         while True:
-            exited = cluster.exited()
-            if exited:
-                name, code = next(iter(exited.items()))
-                raise CliError(
-                    f"{name} exited unexpectedly with code {code}; stopping the cluster. "
-                    f"Last lines of {cluster.log_paths[name]}:\n{cluster.log_tail(name)}"
-                )
+            for line in supervisor.step(time.monotonic()):
+                print(f"kvplane up: {line}", file=sys.stderr, flush=True)
             time.sleep(0.5)
     except _Stop:
         print("stopping the cluster ...", file=sys.stderr, flush=True)
         return 0
+    except GaveUp as e:
+        raise CliError(f"{e}\nstopping the cluster") from None
     except ClusterError as e:
         raise CliError(str(e)) from None
     finally:
@@ -95,6 +106,9 @@ def run_up(args: argparse.Namespace) -> int:
 
 def _announce(cluster: LocalCluster) -> None:
     print(f"kvplane cluster ready at {cluster.endpoint}", flush=True)
+    if len(cluster.controlplane_endpoints) > 1:
+        for name, endpoint in cluster.controlplane_endpoints.items():
+            print(f"  {name:<12} {endpoint}")
     for worker_id, endpoint in cluster.worker_endpoints.items():
         print(f"  {worker_id:<12} {endpoint}")
     print(f"logs: {cluster.log_dir}")
