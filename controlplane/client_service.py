@@ -467,6 +467,7 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
         try:
             await self._store.put(keys.profile_key(request.worker_id), reply.profile.SerializeToString())
         except StoreError as e:
+            context.set_trailing_metadata(component_trailers("store"))
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"profile measured but not stored: {e}")
         return client_pb2.ProfileWorkerResponse(worker_id=request.worker_id, model=reply.model, num_samples=len(reply.profile.samples))
 
@@ -483,6 +484,7 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
         except SettingError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         except StoreError as e:
+            context.set_trailing_metadata(component_trailers("store"))
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"store unavailable: {e}")
         return await self._config_response(context)
 
@@ -491,6 +493,7 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
         try:
             items, _ = await self._store.get_prefix(keys.SETTINGS)
         except StoreError as e:
+            context.set_trailing_metadata(component_trailers("store"))
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"store unavailable: {e}")
         return client_pb2.ConfigResponse(values={kv.key[len(keys.SETTINGS) :]: kv.value.decode() for kv in items})
 

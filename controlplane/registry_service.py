@@ -17,6 +17,7 @@ import grpc
 from controlplane import keys
 from controlplane.config import ControlPlaneConfig
 from controlplane.store.base import Delete, Put, Store, StoreError
+from kvplane.errors import component_trailers
 from kvplane.types import LeaseId
 from kvplane.v1 import common_pb2, registry_pb2, registry_pb2_grpc
 
@@ -75,7 +76,7 @@ class RegistryService(registry_pb2_grpc.RegistryServicer):
                 ],
             )
         except StoreError as e:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, f"store unavailable: {e}")
+            await _store_unavailable(context, e)
         log.info("registered %s (lease %x, ttl %ds)", info.worker_id, lease, ttl)
         reply = registry_pb2.RegisterResponse(worker_id=info.worker_id, lease_id=lease, ttl_seconds=ttl, ticket_key=self._ticket_key)
         stored_profile = await self._store.get(keys.profile_key(info.worker_id))
@@ -87,7 +88,7 @@ class RegistryService(registry_pb2_grpc.RegistryServicer):
         try:
             ttl = await self._store.lease_keepalive(LeaseId(request.lease_id))
         except StoreError as e:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, f"store unavailable: {e}")
+            await _store_unavailable(context, e)
         return registry_pb2.KeepAliveResponse(ttl_seconds=max(int(ttl), 0))
 
     async def ReportLoad(self, request: registry_pb2.ReportLoadRequest, context: grpc.aio.ServicerContext):
@@ -106,7 +107,7 @@ class RegistryService(registry_pb2_grpc.RegistryServicer):
         try:
             await self._store.lease_revoke(LeaseId(request.lease_id))
         except StoreError as e:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, f"store unavailable: {e}")
+            await _store_unavailable(context, e)
         return registry_pb2.DeregisterResponse()
 
     async def _put_under_lease(self, context, key: str, message, lease_id: int) -> None:
@@ -123,7 +124,7 @@ class RegistryService(registry_pb2_grpc.RegistryServicer):
                 )
             await self._store.put(key, message.SerializeToString(), lease=LeaseId(lease_id))
         except StoreError as e:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, f"store unavailable: {e}")
+            await _store_unavailable(context, e)
 
     async def _maybe_compact(self, worker_id: str, snapshot_seq: int) -> None:
         now = time.monotonic()
@@ -136,3 +137,9 @@ class RegistryService(registry_pb2_grpc.RegistryServicer):
             await self._store.delete(key)
         if stale:
             log.debug("compacted %d KV batches of %s", len(stale), worker_id)
+
+
+async def _store_unavailable(context, e: StoreError) -> None:
+    """UNAVAILABLE naming the store (a trailer too: the replica answered; another would say the same)."""
+    context.set_trailing_metadata(component_trailers("store"))
+    await context.abort(grpc.StatusCode.UNAVAILABLE, f"store unavailable: {e}")

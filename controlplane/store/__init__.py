@@ -1,8 +1,9 @@
 """Shared state for control-plane replicas: one Store interface, two backends.
 
 `open_store(url)` is the only place a backend is chosen:
-  "memory" or "memory://"   embedded in-memory store (single machine; a new, empty store per call)
-  "etcd://host:port"        etcd v3 server
+  "memory" or "memory://"             embedded in-memory store (single machine; a new, empty store per call)
+  "etcd://host:port"                  etcd v3 server
+  "etcd://h1:2379,h2:2379,h3:2379"    the members of one etcd cluster; calls fail over between them
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from .base import (
 )
 from .memory import MemoryStore
 
-ACCEPTED_URL_FORMS = ('"memory"', '"memory://"', '"etcd://host:port"')
+ACCEPTED_URL_FORMS = ('"memory"', '"memory://"', '"etcd://host:port"', '"etcd://host:port,host:port,..."')
 
 __all__ = [
     "ACCEPTED_URL_FORMS",
@@ -50,14 +51,26 @@ def open_store(url: str) -> Store:
     """Build the store a URL names. Raises ValueError naming the accepted forms otherwise."""
     if url in ("memory", "memory://"):
         return MemoryStore()
-    parts = urlsplit(url)
-    if parts.scheme == "etcd" and not parts.path and not parts.query:
+    members = _etcd_members(url)
+    if members:
+        from .etcd import EtcdStore  # imported here so the memory backend never loads grpc/aetcd
+
+        return EtcdStore(members)
+    raise ValueError(f"unsupported store URL {url!r}; use one of {', '.join(ACCEPTED_URL_FORMS)}")
+
+
+def _etcd_members(url: str) -> list[tuple[str, int]]:
+    """[(host, port), ...] of an etcd URL, or [] when `url` is not one."""
+    if not url.startswith("etcd://"):
+        return []
+    members = []
+    for item in url[len("etcd://") :].split(","):
+        parts = urlsplit(f"etcd://{item}")
         try:
             host, port = parts.hostname, parts.port
         except ValueError:  # a non-numeric or out-of-range port
-            host, port = None, None
-        if host and port:
-            from .etcd import EtcdStore  # imported here so the memory backend never loads grpc/aetcd
-
-            return EtcdStore(host, port)
-    raise ValueError(f"unsupported store URL {url!r}; use one of {', '.join(ACCEPTED_URL_FORMS)}")
+            return []
+        if parts.path or parts.query or not host or not port:
+            return []
+        members.append((host, port))
+    return members
