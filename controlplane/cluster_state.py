@@ -95,7 +95,8 @@ class ClusterState:
         for worker_id in [w for w in self.workers if w not in listed]:
             self._apply(WatchEvent(EventType.DELETE, keys.worker_key(worker_id), b"", revision))
         self.resync_requests = {w: s for w, s in self.resync_requests.items() if w in listed}
-        for kv in sorted(items, key=lambda kv: not kv.key.startswith(keys.WORKERS)):
+        # Snapshot requests before load reports, so that a known gap is not found (and asked for) again.
+        for kv in sorted(items, key=lambda kv: (not kv.key.startswith(keys.WORKERS), not kv.key.startswith(keys.RESYNC))):
             self._apply(WatchEvent(EventType.PUT, kv.key, kv.value, kv.mod_revision))
         return revision
 
