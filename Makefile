@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint format env test-env etcd rdma protos clean
+.PHONY: demo test test-fast chaos lint format env test-env etcd rdma protos clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -35,6 +35,12 @@ demo: env
 
 test: env etcd rdma lint
 	$(PY) -m pytest -q
+
+# The chaos suite: a seeded, randomized fault schedule against a local etcd-backed cluster under
+# checked greedy traffic (tests/chaos/run.py). CHAOS_ARGS="--steps 8" for a short run (CI).
+CHAOS_ARGS ?= --seed 7 --steps 16
+chaos: env etcd rdma
+	$(PY) -m tests.chaos.run $(CHAOS_ARGS)
 
 # The process-free tests only (seconds): what to run while editing.
 test-fast: env

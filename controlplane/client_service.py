@@ -48,6 +48,7 @@ from kvplane.v1 import agent_pb2, agent_pb2_grpc, client_pb2, client_pb2_grpc
 log = logging.getLogger(__name__)
 
 TOKENIZE_TIMEOUT_S = 10.0  # per worker asked (or less: the request's own deadline)
+DEADLINE_SLACK_S = 0.05  # an agent call failing this close to the caller's deadline failed because of it
 
 
 @dataclass(slots=True)
@@ -304,6 +305,7 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
                     self._stubs.get(decode.info.endpoint), agent_request, plan.decode_worker,
                     time_left_s=context.time_remaining(),
                     first_token_timeout_s=self._config.first_token_timeout_s, token_timeout_s=self._config.token_timeout_s,
+                    paused_since=self._state.pauses.paused_since,
                 ):  # fmt: skip
                     if reply.token_ids:
                         last_token_at = self._clock()
@@ -341,8 +343,15 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
                     yield out
                 return
             except WorkerFailed as e:
+                time_left = context.time_remaining()
+                if time_left is not None and time_left <= DEADLINE_SLACK_S:
+                    # The caller's own deadline ended the agent's call: not the worker's fault.
+                    observation.failed("DEADLINE_EXCEEDED")
+                    await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, f"the request's deadline passed on decode worker {e.worker_id}")
                 if e.failure is Failure.STALLED:
                     self.planner.worker_stalled(WorkerId(e.worker_id), self._clock())
+                elif e.failure is Failure.WORKER:
+                    self.planner.worker_failed(WorkerId(e.worker_id), self._clock())
                 step = failover.next_step(e.failure, len(sent), num_attempts, num_migrations, limits)
                 if step is failover.Step.FAIL:
                     observation.failed(e.code.name)

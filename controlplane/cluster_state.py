@@ -25,6 +25,7 @@ from controlplane import keys
 from controlplane.core.index import NO_SEQ, CacheIndex, ClearedEvent, RemovedEvent, StoredEvent
 from controlplane.core.settings import ClusterSettings
 from controlplane.core.views import DEFAULT_CHUNK_TOKENS, ClusterView, WorkerLoadView, WorkerView
+from controlplane.pause import PauseDetector
 from controlplane.store.base import EventType, Store, StoreCompacted, StoreError, WatchEvent
 from kvplane.convert import layout_from_pb, role_from_pb, tier_from_pb
 from kvplane.latency import StepTimeModel
@@ -57,13 +58,19 @@ def events_from_pb(events: Sequence[common_pb2.KVEvent]) -> list[StoredEvent | R
 
 
 STORE_PROBE_INTERVAL_S = 0.5  # how often the replica checks that the store answers
+TRUST_AFTER_PAUSE_S = 1.0  # after this replica was itself paused, the store's health counts again only this much later
 
 
 class ClusterState:
     def __init__(self, store: Store) -> None:
         self._store = store
-        self.store_ok_at: float | None = None  # monotonic time the store last answered (a read or a watch event)
+        self.store_ok_at: float | None = None  # monotonic time a store probe last succeeded
         self._probe_task: asyncio.Task | None = None
+        # This replica's own pauses: afterwards every report looks old until the watch catches up,
+        # so silence is not judged until the store has been heard from again a while later.
+        self.pauses = PauseDetector()
+        self.pauses.on_pause.append(self._after_pause)
+        self._trust_store_after = 0.0
         self.workers: dict[WorkerId, WorkerEntry] = {}
         self.index = CacheIndex()
         self.settings = ClusterSettings()
@@ -85,6 +92,7 @@ class ClusterState:
         self.store_ok_at = time.monotonic()
         self._watch_task = asyncio.create_task(self._watch(self.revision + 1), name="cluster-watch")
         self._probe_task = asyncio.create_task(self._probe(), name="store-probe")
+        self.pauses.start()
         self._synced.set()
 
     async def _list(self) -> int:
@@ -105,6 +113,7 @@ class ClusterState:
         return WorkerId(worker_id) in self.resync_requests
 
     async def stop(self) -> None:
+        await self.pauses.stop()
         for task in (self._watch_task, self._probe_task):
             if task:
                 task.cancel()
@@ -117,18 +126,23 @@ class ClusterState:
         """Notes when the store last answered, so that silent workers can be told from a silent store."""
         while True:
             await asyncio.sleep(STORE_PROBE_INTERVAL_S)
+            sent_at = time.monotonic()
             try:
                 await self._store.get(keys.TICKET_KEY)
             except StoreError as e:
                 log.debug("store probe failed: %s", e)
             else:
-                self.store_ok_at = time.monotonic()
+                if sent_at >= self._trust_store_after:
+                    self.store_ok_at = sent_at  # the store worked at least as late as this
+
+    def _after_pause(self, gap_s: float) -> None:
+        self.store_ok_at = None
+        self._trust_store_after = time.monotonic() + TRUST_AFTER_PAUSE_S
 
     async def _watch(self, start_revision: int) -> None:
         while True:
             try:
                 async for event in self._store.watch_prefix(keys.ROOT, start_revision=start_revision):
-                    self.store_ok_at = time.monotonic()
                     self._apply(event)
                     self.revision = event.mod_revision
                     start_revision = event.mod_revision + 1

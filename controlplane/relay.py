@@ -11,7 +11,8 @@ cancelled on the way out, so the agent aborts the request and frees its blocks. 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 
@@ -38,24 +39,37 @@ async def agent_stream(
     time_left_s: float | None,
     first_token_timeout_s: float,
     token_timeout_s: float,
+    paused_since: Callable[[float], bool] = lambda moment: False,
 ) -> AsyncIterator[agent_pb2.AgentGenerateResponse]:
+    """`paused_since(t)`: whether this process was itself paused after t (pause.py); a timeout that
+    expired while we were not running is not the worker's stall, and the wait starts again."""
     call = stub.Generate(request, timeout=time_left_s)
     got_token = False
+    read = None
     try:
         while True:
             timeout = token_timeout_s if got_token else first_token_timeout_s
-            try:
-                reply = await asyncio.wait_for(call.read(), timeout)
-            except TimeoutError:
+            waiting_since = time.monotonic()
+            read = read or asyncio.ensure_future(call.read())
+            done, _ = await asyncio.wait({read}, timeout=timeout)
+            if not done:
+                if paused_since(waiting_since):
+                    continue  # we were frozen, not the worker: give it its time again
                 what = "the next token" if got_token else "the first token"
                 raise WorkerFailed(
                     worker_id, Failure.STALLED, grpc.StatusCode.UNAVAILABLE, f"no progress: {what} did not come within {timeout:g} s"
-                ) from None
+                )
+            try:
+                reply = read.result()
             except grpc.aio.AioRpcError as e:
                 raise WorkerFailed(worker_id, classify(e.code().name), e.code(), f"{e.code().name}: {e.details()}") from None
+            finally:
+                read = None
             if reply is grpc.aio.EOF:
                 return
             got_token = got_token or bool(reply.token_ids)
             yield reply
     finally:
+        if read is not None:
+            read.cancel()
         call.cancel()  # a no-op after completion; otherwise the agent aborts the request

@@ -1,9 +1,14 @@
 """Worker health as routing sees it: which workers are out of routing right now, and why.
 
-Two rules, both about progress:
+Three rules, all about progress:
+- **failed**: a request on the worker failed because of the worker (its connection refused or
+  reset, it answered UNAVAILABLE). The worker is out until a load report newer than the failure
+  arrives (a restarted agent reports within a fraction of a second; a dead one never does, and
+  its lease ends it), so one dead worker does not cost every request an attempt.
 - **stalled**: a request on the worker made no progress in time (no first token, no next token:
-  the servicer's progress timeouts). The worker is out for `stalled_for_s`; if it is still
-  stuck when it comes back, the next request stalls again and puts it out again.
+  the servicer's progress timeouts). The worker is out for `stalled_for_s` whatever it reports
+  (a wedged engine beside a live event loop still reports); if it is still stuck when it comes
+  back, the next request stalls again and puts it out again.
 - **silent**: the worker's load reports (every 0.2 s from a live agent) stopped `silent_after_s`
   ago while the store demonstrably kept working since: a stopped or wedged agent keeps its lease
   until the TTL runs out, but must not get new requests meanwhile. The store must have answered
@@ -36,11 +41,16 @@ class HealthConfig:
 
 
 class WorkerHealth:
-    __slots__ = ("config", "_stalled_until")
+    __slots__ = ("config", "_stalled_until", "_failed_at")
 
     def __init__(self, config: HealthConfig) -> None:
         self.config = config
         self._stalled_until: dict[WorkerId, float] = {}
+        self._failed_at: dict[WorkerId, float] = {}
+
+    def failed(self, worker_id: WorkerId, now: float) -> None:
+        """A request failed because of `worker_id`: out of routing until it reports after `now`."""
+        self._failed_at[worker_id] = now
 
     def stalled(self, worker_id: WorkerId, now: float) -> None:
         """A request on `worker_id` made no progress in time: out of routing for stalled_for_s."""
@@ -48,6 +58,7 @@ class WorkerHealth:
 
     def forget(self, worker_id: WorkerId) -> None:
         self._stalled_until.pop(worker_id, None)
+        self._failed_at.pop(worker_id, None)
 
     def excluded(self, cluster: ClusterView, now: float) -> Mapping[WorkerId, str]:
         """Workers out of routing at `now`, each with the reason in words."""
@@ -55,8 +66,11 @@ class WorkerHealth:
         silent_after = self.config.silent_after_s
         for w in cluster.workers:
             until = self._stalled_until.get(w.worker_id)
+            failed_at = self._failed_at.get(w.worker_id)
             if until is not None and now < until:
                 out[w.worker_id] = f"stalled a request {self.config.stalled_for_s - (until - now):.1f} s ago"
+            elif failed_at is not None and (w.reported_at is None or w.reported_at <= failed_at):
+                out[w.worker_id] = f"failed a request {now - failed_at:.1f} s ago and has not reported since"
             elif (
                 w.reported_at is not None
                 and cluster.store_ok_at is not None

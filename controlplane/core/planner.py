@@ -20,7 +20,8 @@ servicer, a simulator) feeds it:
 - prefill_ended(id, now) and finished(id, now, outcome): its load is released at once; a
   finished request's measured latencies calibrate later predictions, its transfer the link rate;
 - load_reported(worker, now), kv_stored(worker, hashes), worker_removed(worker);
-- worker_stalled(worker, now): a request there made no progress in time.
+- worker_stalled(worker, now) / worker_failed(worker, now): a request there made no progress in
+  time / failed because of the worker.
 Workers out of routing (health.py: stalled, or silent while the store works) are left out before
 routing; when that leaves no candidate the NoCandidateError is `transient`. `place` routes without
 admission, for migrating a request that was admitted already (failover.py).
@@ -332,6 +333,10 @@ class Planner:
     def worker_stalled(self, worker_id: WorkerId, now: float) -> None:
         """A request on `worker_id` made no progress within its timeout: out of routing for a while."""
         self.health.stalled(worker_id, now)
+
+    def worker_failed(self, worker_id: WorkerId, now: float) -> None:
+        """A request failed because of `worker_id` (unreachable, unavailable): out of routing until it reports again."""
+        self.health.failed(worker_id, now)
 
     def load_reported(self, worker_id: WorkerId, now: float) -> None:
         self.ledger.reported(worker_id, now)

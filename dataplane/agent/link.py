@@ -6,8 +6,9 @@ comes back with the registration and seeds that model. When the lease is gone
 (the control plane says so, or the store lost it) the agent registers again and republishes a
 full cache snapshot, so the index never misses what the agent holds.
 
-Replicas: `controlplane` may list several ("a:50051,b:50051"); a call that cannot reach its replica
-moves every loop to the next one (the lease lives in the shared store, so any replica renews it).
+Replicas: `controlplane` may list several ("a:50051,b:50051"); a call that cannot reach its replica,
+or times out there, moves every loop to the next one (the lease lives in the shared store, so any
+replica renews it).
 
 KV events are numbered batches. A replica that sees a gap in the numbers (a lost batch, a store
 blip) asks for a snapshot; the answer to a load report carries the request (`snapshot_requested`)
@@ -57,6 +58,9 @@ def snapshot_to_pb(hashes: Mapping[Tier, list[BlockHash]] | list[BlockHash]) -> 
     ]
 
 
+REPORT_TIMEOUT_S = 1.0
+
+
 class LeaseLost(Exception):
     pass
 
@@ -104,8 +108,9 @@ class ControlPlaneLink:
         return self.endpoints[self._current]
 
     def _fail_over(self, e: grpc.aio.AioRpcError) -> None:
-        """A call could not reach its replica: the next calls go to the next one."""
-        if len(self.endpoints) > 1 and is_connection_failure(e):
+        """A call could not reach its replica, or it did not answer in time (a hung replica must
+        not let the lease run out): the next calls go to the next one."""
+        if len(self.endpoints) > 1 and (is_connection_failure(e) or e.code() == grpc.StatusCode.DEADLINE_EXCEEDED):
             self._current = (self._current + 1) % len(self.endpoints)
             log.warning("control plane unreachable (%s); switching to %s", e.details(), self.endpoint)
 
@@ -147,8 +152,12 @@ class ControlPlaneLink:
         for channel in self._channels:
             await channel.close()
 
-    async def _register(self) -> None:
+    async def _register(self, unless_not: int | None = None) -> None:
+        """Registers under a new lease; `unless_not`: skip when the lease is no longer that one
+        (another loop noticed the same loss and registered first)."""
         async with self._lock:
+            if unless_not is not None and self.lease_id != unless_not:
+                return
             reply = await self._stub.Register(
                 registry_pb2.RegisterRequest(info=self._info(), ttl_seconds=self._config.lease_ttl_s), timeout=10
             )
@@ -162,11 +171,12 @@ class ControlPlaneLink:
             self._registered.set()
             log.info("registered as %s (lease %x, ttl %ds)", self.worker_id, self.lease_id, self.ttl_s)
 
-    async def _reregister(self, why: str) -> None:
+    async def _reregister(self, why: str, lost_lease: int) -> None:
+        """Registers again after `lost_lease` was lost, unless another loop already did."""
         log.warning("lease lost (%s); registering again", why)
         while True:
             try:
-                await self._register()
+                await self._register(unless_not=lost_lease)
                 return
             except grpc.aio.AioRpcError as e:
                 log.warning("re-registration failed: %s", e.details())
@@ -186,13 +196,14 @@ class ControlPlaneLink:
 
     async def _guarded(self, what: str, call) -> None:
         """Runs one loop step; a lost lease triggers re-registration, other failures are retried."""
+        lease = self.lease_id
         try:
             await call()
         except LeaseLost as e:
-            await self._reregister(str(e))
+            await self._reregister(str(e), lease)
         except grpc.aio.AioRpcError as e:
             if e.code() == grpc.StatusCode.NOT_FOUND:
-                await self._reregister(e.details())
+                await self._reregister(e.details(), lease)
             else:
                 log.debug("%s failed: %s", what, e.details())
                 self._fail_over(e)
@@ -221,7 +232,8 @@ class ControlPlaneLink:
                 latency = self._latency()
                 if latency is not None:
                     report.latency.CopyFrom(latency)
-                reply = await self._stub.ReportLoad(report, timeout=5)
+                # Short: a replica that cannot take a report in a second is stuck; the next goes elsewhere.
+                reply = await self._stub.ReportLoad(report, timeout=REPORT_TIMEOUT_S)
                 if reply.snapshot_requested and not self._snapshot_due:
                     log.info("a control-plane replica asked for a KV snapshot (it saw a gap in our event numbers)")
                     self._snapshot_due = True

@@ -48,3 +48,13 @@ def test_a_store_outage_silences_everyone_and_excludes_no_one(index, worker_view
 def test_config_refuses_non_positive_times(field):
     with pytest.raises(ValueError, match=f"HealthConfig.{field} must be > 0"):
         HealthConfig(**{field: 0.0})
+
+
+def test_a_failed_worker_is_out_until_it_reports_again(index, worker_view):
+    health = WorkerHealth(CONFIG)
+    health.failed(WorkerId("a"), now=50.0)
+    before = ClusterView((worker_view("a", reported_at=49.9), worker_view("b", reported_at=50.1)), index, store_ok_at=50.1)
+    assert dict(health.excluded(before, now=51.0)) == {"a": "failed a request 1.0 s ago and has not reported since"}
+    # A report after the failure (a restarted agent) brings it back at once.
+    after = ClusterView((worker_view("a", reported_at=51.2), worker_view("b", reported_at=51.2)), index, store_ok_at=51.2)
+    assert health.excluded(after, now=51.3) == {}
