@@ -37,7 +37,7 @@ from controlplane.relay import WorkerFailed, agent_stream
 from controlplane.store.base import Store, StoreError
 from kvplane import tickets
 from kvplane.convert import disagg_from_pb
-from kvplane.errors import component_trailers, rejection_trailers
+from kvplane.errors import ERROR_KIND_KEY, UNKNOWN_MODEL, component_trailers, rejection_trailers
 from kvplane.grpc_util import aio_channel
 from kvplane.sampling import sampling_problem
 from kvplane.telemetry import tracing
@@ -116,13 +116,14 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
         if not model:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"model is required: this cluster serves {models}")
         if model not in models:
+            context.set_trailing_metadata(((ERROR_KIND_KEY, UNKNOWN_MODEL),))
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"unknown model {model!r}: this cluster serves {models}")
         priority = request.priority or PRIORITIES[0]
         if priority not in PRIORITIES:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"priority must be one of {list(PRIORITIES)}, got {priority!r}")
         limits = next(e.info for e in workers.values() if e.info.model == model)
         s = request.sampling
-        if s.max_tokens == 0:
+        if s.max_tokens == 0 and not request.max_tokens_to_limit:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "sampling.max_tokens must be at least 1")
         if s.max_tokens > limits.max_tokens_limit:
             await context.abort(
@@ -138,6 +139,14 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT, f"token id {bad} is outside the vocabulary of {model!r} (size {limits.vocab_size})"
             )
+        if s.max_tokens == 0:  # max_tokens_to_limit: as many as the model allows after this prompt
+            room = min(limits.max_tokens_limit, limits.max_context - len(token_ids))
+            if room < 1:
+                await context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"prompt of {len(token_ids)} tokens fills the context of {limits.max_context} tokens: no room for an answer",
+                )
+            s.max_tokens = room
         if len(token_ids) + s.max_tokens > limits.max_context:
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT,
@@ -155,33 +164,41 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
 
     async def _prompt_tokens(self, request, model: str, workers, context) -> list[int]:
         kind = request.WhichOneof("prompt")
+        endpoints = [e.info.endpoint for e in workers.values() if e.info.model == model]
         if kind == "token_ids":
             ids = list(request.token_ids.ids)
         elif kind == "text" and request.text:
-            size = len(request.text.encode())
-            if size > self._config.max_prompt_bytes:
-                await context.abort(
-                    grpc.StatusCode.INVALID_ARGUMENT,
-                    f"prompt text of {size} bytes is above the limit of {self._config.max_prompt_bytes} bytes; shorten it",
-                )
-            ids = await self._tokenize(request.text, [e.info.endpoint for e in workers.values() if e.info.model == model], context)
+            await self._check_prompt_size(len(request.text.encode()), context)
+            ids = await self._tokenize(agent_pb2.TokenizeRequest(text=request.text), endpoints, context)
+        elif kind == "chat" and request.chat.messages:
+            await self._check_prompt_size(sum(len(m.content.encode()) for m in request.chat.messages), context)
+            ids = await self._tokenize(agent_pb2.TokenizeRequest(messages=request.chat.messages), endpoints, context)
         else:
             ids = []
         if not ids:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "prompt is empty: send text or token_ids")
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "prompt is empty: send text, token_ids or chat messages")
         return ids
 
-    async def _tokenize(self, text: str, endpoints: list[str], context) -> list[int]:
-        """Tokenizes on a worker of the model (replicas load no tokenizer), trying each in turn."""
+    async def _check_prompt_size(self, size: int, context) -> None:
+        """Refuses a text or chat prompt above max_prompt_bytes before any worker tokenizes it."""
+        if size > self._config.max_prompt_bytes:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"prompt text of {size} bytes is above the limit of {self._config.max_prompt_bytes} bytes; shorten it",
+            )
+
+    async def _tokenize(self, request: agent_pb2.TokenizeRequest, endpoints: list[str], context) -> list[int]:
+        """Tokenizes on a worker of the model (replicas load no tokenizer), trying each in turn;
+        a refusal of the input itself (e.g. no chat template) is final."""
         failures = []
         for endpoint in endpoints:
             try:
                 time_left = context.time_remaining()
                 timeout = TOKENIZE_TIMEOUT_S if time_left is None else min(TOKENIZE_TIMEOUT_S, time_left)
-                reply = await self._stubs.get(endpoint).Tokenize(agent_pb2.TokenizeRequest(text=text), timeout=timeout)
+                reply = await self._stubs.get(endpoint).Tokenize(request, timeout=timeout)
                 return list(reply.token_ids)
             except grpc.aio.AioRpcError as e:
-                if e.code() == grpc.StatusCode.INVALID_ARGUMENT:
+                if e.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION):
                     await context.abort(e.code(), e.details())
                 failures.append(f"{endpoint}: {e.details()}")
         context.set_trailing_metadata(component_trailers("workers"))

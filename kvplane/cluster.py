@@ -73,6 +73,7 @@ class LocalCluster:
         controlplane_args: tuple[str, ...] | list[str] = (),
         log_dir: str | os.PathLike[str] | None = None,
         *,
+        http_port: int | None = None,
         env: dict[str, str] | None = None,
         startup_timeout: float = 90.0,
         stop_timeout: float = 10.0,
@@ -93,6 +94,7 @@ class LocalCluster:
         self._port = port
         self._agent_args = tuple(agent_args)
         self._controlplane_args = tuple(controlplane_args)
+        self._http_port = http_port  # the OpenAI-compatible HTTP API: None = off, 0 = a free port
         self._log_dir_arg = Path(log_dir) if log_dir is not None else None
         self._owns_log_dir = log_dir is None
         self._env = dict(env or {})  # extra environment of every child (e.g. OTEL_* settings)
@@ -102,6 +104,7 @@ class LocalCluster:
         self.log_dir: Path | None = None
         self.endpoint = ""  # every replica, comma-separated (what Client and agents take)
         self.controlplane_endpoints: dict[str, str] = {}  # replica name -> host:port
+        self.http_url = ""  # "http://127.0.0.1:PORT/v1" when the HTTP API is on (on the first replica)
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self.started_at: dict[str, float] = {}  # name -> time.monotonic() of its latest start
         self.worker_endpoints: dict[str, str] = {}
@@ -124,8 +127,13 @@ class LocalCluster:
             for i, port in enumerate(ports):
                 self.controlplane_endpoints[controlplane_name(i)] = f"{LOCALHOST}:{port}"
             self.endpoint = ",".join(self.controlplane_endpoints.values())
-            for name, endpoint in self.controlplane_endpoints.items():
-                self._spawn(name, self._controlplane_argv(endpoint))
+            http_args: list[str] = []
+            if self._http_port is not None:
+                http_port = self._http_port or free_port()
+                self.http_url = f"http://{LOCALHOST}:{http_port}/v1"
+                http_args = ["--http-port", str(http_port)]
+            for i, (name, endpoint) in enumerate(self.controlplane_endpoints.items()):
+                self._spawn(name, self._controlplane_argv(endpoint, http_args if i == 0 else ()))
             for role in _ROLES:
                 for index in range(self._counts[role]):
                     self._start_agent(role, index)
@@ -290,9 +298,9 @@ class LocalCluster:
             self.log_dir = self._log_dir_arg
             self.log_dir.mkdir(parents=True, exist_ok=True)
 
-    def _controlplane_argv(self, endpoint: str) -> list[str]:
+    def _controlplane_argv(self, endpoint: str, extra: tuple[str, ...] | list[str] = ()) -> list[str]:
         port = endpoint.rpartition(":")[2]
-        return [CONTROLPLANE, "--host", LOCALHOST, "--port", port, "--store", self._store, *self._controlplane_args]
+        return [CONTROLPLANE, "--host", LOCALHOST, "--port", port, "--store", self._store, *extra, *self._controlplane_args]
 
     def _start_agent(self, role: str, index: int = 0, worker_id: str = "", extra_args: tuple[str, ...] | list[str] = ()) -> None:
         worker_id = worker_id or f"{role}-{index}"

@@ -20,6 +20,10 @@ REASON_KEY = "kvplane-reason"  # short machine-readable reason, e.g. "ttft_slo"
 # Set by a kvplane server on errors about another component ("worker decode-0", "controlplane"):
 # the server answered, so the error is not a failure to reach it, whatever its text says.
 COMPONENT_KEY = "kvplane-component"
+# Other refusals may name their kind in this trailer, for callers that map statuses further
+# (the HTTP face answers 404 for an unknown model, as OpenAI does).
+ERROR_KIND_KEY = "kvplane-error"
+UNKNOWN_MODEL = "unknown-model"
 
 
 class KvplaneError(Exception):

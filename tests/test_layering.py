@@ -1,7 +1,7 @@
 """Layering: every import between the project's modules points one way.
 
 Floors, bottom up (a module may import its own floor and those below, never above):
-- shared (`kvplane.types`, `block_hash`, `latency`, `stats`, `sampling`, `tickets`, `convert`, `errors`,
+- shared (`kvplane.types`, `block_hash`, `latency`, `stats`, `sampling`, `chat`, `tickets`, `convert`, `errors`,
   `grpc_util`, `telemetry`, the `v1` stubs): imports only other shared modules;
 - `controlplane.core` (the plain-Python planner and its algorithms): the standard library and
   `kvplane.types`, `kvplane.block_hash`, `kvplane.latency`, `kvplane.stats` only (no grpc,
@@ -30,6 +30,7 @@ SHARED = tuple(
         "latency",
         "stats",
         "sampling",
+        "chat",
         "tickets",
         "convert",
         "errors",

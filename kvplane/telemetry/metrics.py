@@ -66,6 +66,9 @@ SPECS: tuple[MetricSpec, ...] = (
     MetricSpec("kvplane.request.migrations", "counter", "{request}", "controlplane",
                "Requests moved to another decode worker mid-stream, by why (worker_failed, worker_stalled); the stream continued after the tokens already sent.",
                ("kvplane.migration.reason",)),
+    MetricSpec("kvplane.http.requests", "counter", "{request}", "controlplane",
+               "Requests to the OpenAI-compatible HTTP API, by route and status code (499: the client went away).",
+               ("http.route", "http.response.status_code")),
     # -- agents: the engine and the KV transfer ----------------------------------------------------
     MetricSpec("kvplane.engine.queue.duration", "histogram", "s", "agent",
                "Time a request waited in the engine's queue before admission (KV blocks reserved).",
