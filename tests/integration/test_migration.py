@@ -59,6 +59,8 @@ def test_a_killed_decode_worker_mid_stream_migrates_without_gap_or_repeat(cluste
     assert metrics.prompt_tokens == len(prompt)
     assert after - before == 1
     cluster.restart_agent(victim, timeout=90)
+    with Client(cluster.endpoint, timeout=60) as client:
+        assert_nothing_pinned(cluster, client)
 
 
 def test_a_stopped_decode_worker_stalls_its_stream_which_moves_and_new_requests_avoid_it(cluster):
@@ -87,6 +89,7 @@ def test_without_migrations_a_dead_worker_ends_the_stream_naming_it(tmp_path):
     ) as cluster, Client(cluster.endpoint, timeout=120) as client:  # fmt: skip
         with pytest.raises(UnavailableError) as info:
             _interrupted(client, cluster, prompt_ids(seed=62, length=40), signal.SIGKILL)
+        assert_nothing_pinned(cluster, client)
     message = str(info.value)
     assert "decode worker both-" in message and "failed after" in message, message
     assert "cannot reach the kvplane control plane" not in message

@@ -136,3 +136,23 @@ def test_a_request_right_after_its_decode_worker_died_is_unavailable_naming_it(t
             message = str(info.value)
             assert "decode-0" in message and "cannot reach the kvplane control plane" not in message, message
         assert agent_load(cluster.worker_endpoints["prefill-0"]).num_pinned_blocks == 0
+
+
+def test_a_stalled_prefill_peer_is_waited_for_no_longer_than_the_request_deadline(cluster):
+    """The decode side used to wait up to 120 s for a stopped prefill worker; now the caller's
+    deadline bounds it, and once the peer runs again nothing stays pinned on either side."""
+    import time
+
+    prompt = prompt_ids(seed=48, length=20 * BLOCK_SIZE)
+    cluster.kill("prefill-0", signal.SIGSTOP)
+    try:
+        with Client(cluster.endpoint, timeout=3) as client:
+            started = time.monotonic()
+            with pytest.raises(KvplaneError):
+                client.generate(prompt, max_tokens=4, disagg="always")
+            assert time.monotonic() - started < 5
+    finally:
+        cluster.kill("prefill-0", signal.SIGCONT)
+    with Client(cluster.endpoint, timeout=60) as client:
+        assert_nothing_pinned(cluster, client)
+        assert len(client.generate(prompt, max_tokens=4, disagg="always").token_ids) == 4
