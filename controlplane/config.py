@@ -21,6 +21,10 @@ class ControlPlaneConfig:
     batch_queue_timeout_s: float = 30.0  # how long one may wait before it is rejected after all
     batch_poll_s: float = 0.05  # how often a waiting batch request asks admission again
     planner: PlannerConfig = field(default_factory=PlannerConfig)  # routing, admission, prediction
+    # What a registering worker must match (controlplane/registration.py): the models this cluster
+    # serves (empty = any) and the KV block size of every worker (0 = one per model, set by its first worker).
+    models: tuple[str, ...] = ()
+    block_size: int = 0
 
     def validate(self) -> ControlPlaneConfig:
         if not 0 <= self.port <= 65535:
@@ -31,5 +35,9 @@ class ControlPlaneConfig:
             raise ValueError("batch_queue_size and batch_queue_timeout_s must be >= 0 and batch_poll_s > 0")
         if self.max_route_attempts < 1:
             raise ValueError(f"max_route_attempts must be at least 1, got {self.max_route_attempts}")
+        if self.block_size < 0:
+            raise ValueError(f"block_size must be >= 0 (0 = set by each model's first worker), got {self.block_size}")
+        if any(not m for m in self.models):
+            raise ValueError("a served model name must not be empty")
         self.planner.validate()
         return self

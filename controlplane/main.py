@@ -22,13 +22,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=d.port, help=f"port to listen on (default {d.port}; 0 = any free port)")
     parser.add_argument("--store", default=d.store, help="'memory' (embedded, one replica) or etcd://HOST:PORT (default %(default)s)")
     parser.add_argument("--lease-ttl", type=int, default=d.lease_ttl_s, help="worker lease TTL in seconds (default %(default)s)")
+    parser.add_argument("--serve-model", action="append", default=[], metavar="NAME",
+                        help="a model this cluster serves (repeatable); a worker serving another is refused at registration (default: any)")  # fmt: skip
+    parser.add_argument("--block-size", type=int, default=d.block_size, metavar="N",
+                        help="the KV block size every worker must use; an engine with another is refused at registration "
+                        "(default 0: workers of one model must agree with its first)")  # fmt: skip
     add_config_arguments(parser.add_argument_group("routing, admission and prediction"), d.planner)
     telemetry_flags.add_arguments(parser)
 
 
 def config_from_args(args: argparse.Namespace) -> ControlPlaneConfig:
     planner = planner_from_args(args, PlannerConfig())
-    return ControlPlaneConfig(host=args.host, port=args.port, store=args.store, lease_ttl_s=args.lease_ttl, planner=planner).validate()
+    return ControlPlaneConfig(
+        host=args.host, port=args.port, store=args.store, lease_ttl_s=args.lease_ttl, planner=planner,
+        models=tuple(args.serve_model), block_size=args.block_size,
+    ).validate()  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:

@@ -11,7 +11,7 @@ import time
 
 import grpc
 
-from controlplane import keys
+from controlplane import keys, registration
 from controlplane.config import ControlPlaneConfig
 from controlplane.store.base import Delete, Put, Store, StoreError
 from kvplane.types import LeaseId
@@ -48,6 +48,7 @@ class RegistryService(registry_pb2_grpc.RegistryServicer):
         problem = validate_worker_info(request.info)
         if problem:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad registration: {problem}")
+        await self._check_fits_cluster(request.info, context)
         ttl = request.ttl_seconds or self._config.lease_ttl_s
         info = common_pb2.WorkerInfo()
         info.CopyFrom(request.info)
@@ -71,6 +72,16 @@ class RegistryService(registry_pb2_grpc.RegistryServicer):
         if stored_profile is not None:
             reply.profile.ParseFromString(stored_profile.value)
         return reply
+
+    async def _check_fits_cluster(self, info: common_pb2.WorkerInfo, context: grpc.aio.ServicerContext) -> None:
+        try:
+            items, _ = await self._store.get_prefix(keys.WORKERS)
+        except StoreError as e:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"store unavailable: {e}")
+        registered = [common_pb2.WorkerInfo.FromString(kv.value) for kv in items]
+        problem = registration.mismatch(info, registered, self._config.models, self._config.block_size)
+        if problem:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"registration refused: {problem}")
 
     async def KeepAlive(self, request: registry_pb2.KeepAliveRequest, context: grpc.aio.ServicerContext):
         try:

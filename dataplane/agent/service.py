@@ -13,6 +13,14 @@ normal engine path (see dataplane/agent/profile.py).
 The engine is reached only through the engine interface (dataplane/engines/base.py). Prefill,
 KV pulls and remote prefill need its KV import/export capability, Profile its step timings; on
 an engine without them those RPCs fail with FAILED_PRECONDITION and say so.
+
+Engine-native disaggregation (an engine with the native KV transfer capability: SGLang, vLLM):
+the same two steps, but the engines move the KV themselves. The decode agent asks the prefill
+agent to prefill; the prefill agent's engine returns a handoff (its own parameters: vLLM's
+kv_transfer_params, SGLang's bootstrap host/port/room), which comes back as the PrefillResponse's
+transport descriptor; the decode agent passes it unchanged to its engine's generate. Nothing is
+pinned or pulled by kvplane; the request's metrics still say what moved (blocks and bytes of the
+prompt's KV, from the layout) and how long the handoff took until the first token.
 """
 
 from __future__ import annotations
@@ -30,7 +38,7 @@ from dataplane.agent import profile
 from dataplane.agent.bridge import TextStream, sampling_from_pb
 from dataplane.agent.config import AgentConfig
 from dataplane.agent.observe import PHASE_GENERATE, PHASE_PREFILL, EngineTimer, record_transfer
-from dataplane.engines.base import EngineAdapter, KVImportExport
+from dataplane.engines.base import EngineAdapter, KVImportExport, NativeKVTransfer
 from dataplane.engines.request import EngineCapacityError, EngineInputError, EngineRequest, SamplingParams
 from dataplane.transport import LayoutMismatchError, PullSource
 from dataplane.transport.grpc_stream import iter_chunks
@@ -71,6 +79,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         self.endpoint = endpoint
         self._engine = engine
         self._kv: KVImportExport | None = engine.kv_transfer
+        self._native: NativeKVTransfer | None = engine.native_transfer if self._kv is None else None
         self._transports = transports  # name -> KVTransport, best first; empty without self._kv
         self._clock = clock  # wall clock (seconds): pins expire by it, peers see expires_at
         self._ticket_key = ticket_key  # () -> bytes, set once registered
@@ -168,8 +177,25 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         prompt = list(request.prompt_token_ids)
         metrics = common_pb2.RequestMetrics(decode_worker=self.worker_id, prefill_worker=self.worker_id, prompt_tokens=len(prompt))
         held: list[int] = []
+        handoff = b""
         remote = request.HasField("prefill_from") and request.prefill_from.endpoint
-        if remote:
+        if remote and self._native is not None:
+            if request.prefill_from.cached_only:
+                await context.abort(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"worker {self.worker_id}'s engine moves KV only by its own connector ({self._native.transport}), "
+                    "which cannot fetch cached blocks from a peer; prefill locally instead",
+                )
+            try:
+                with tracing.span(tracing.SPAN_REMOTE_PREFILL, {"kvplane.prefill_worker": request.prefill_from.worker_id}):
+                    handoff = await self._native_remote_prefill(request, metrics)
+            except RemotePrefillRefused as e:
+                await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
+            except Exception as e:  # the peer died or timed out: prefill here
+                log.warning("remote prefill on %s failed (%s); prefilling locally", request.prefill_from.worker_id, e)
+                metrics.prefill_worker = self.worker_id
+                metrics.disaggregated = False
+        elif remote:
             await self._require_kv(context, "import KV from a peer")
             try:
                 with tracing.span(tracing.SPAN_REMOTE_PREFILL, {"kvplane.prefill_worker": request.prefill_from.worker_id}):
@@ -189,6 +215,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             sampling=sampling_from_pb(request.sampling),
             cache_salt=request.cache_salt,
             held_block_ids=held,
+            native_handoff=handoff,
         )
         timer = EngineTimer(PHASE_GENERATE)
         try:
@@ -216,6 +243,9 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                 )
                 if out.new_token_ids and not metrics.ttft_ms:
                     metrics.ttft_ms = (time.monotonic() - started) * 1000
+                    if handoff:  # the decode engine pulled the KV before its first token
+                        metrics.kv_transfer_ms = metrics.ttft_ms
+                        record_transfer(metrics)
                 if finished:
                     if not metrics.disaggregated:
                         metrics.cached_tokens = out.num_cached_tokens
@@ -232,6 +262,42 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             if not finished:
                 # The caller went away: stop spending compute on it.
                 self._engine.abort(engine_request.request_id)
+
+    async def _native_remote_prefill(self, request: agent_pb2.AgentGenerateRequest, metrics: common_pb2.RequestMetrics) -> bytes:
+        """Has the peer's engine prefill for this one; returns its handoff for this engine."""
+        source = request.prefill_from
+        native = self._native
+        layout = self._engine.info.layout
+        try:
+            reply = await self._peer(source.endpoint).Prefill(
+                agent_pb2.PrefillRequest(
+                    ticket=request.ticket,
+                    request_id=request.request_id,
+                    prompt_token_ids=request.prompt_token_ids,
+                    cache_salt=request.cache_salt,
+                    layout=layout_to_pb(layout),
+                    transports=[native.transport],
+                ),
+                timeout=self._config.prefill_timeout_s,
+            )
+        except grpc.aio.AioRpcError as e:
+            if e.code() in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMENT):
+                raise RemotePrefillRefused(f"prefill worker {source.worker_id} refused: {e.details()}") from None
+            raise
+        if reply.transport != native.transport or not reply.transport_descriptor:
+            raise RemotePrefillRefused(
+                f"prefill worker {source.worker_id} answered with transport {reply.transport!r}, not {native.transport!r}"
+            )
+        num_prompt_tokens = len(request.prompt_token_ids)
+        metrics.transport = reply.transport
+        metrics.prefill_worker = source.worker_id
+        metrics.disaggregated = True
+        metrics.cached_tokens = reply.cached_tokens
+        metrics.prefill_computed_tokens = reply.prefill_computed_tokens
+        # The engines move the whole prompt's KV; kvplane does not see the bytes, so it counts them.
+        metrics.kv_transfer_blocks = -(-num_prompt_tokens // layout.block_size)
+        metrics.kv_transfer_bytes = num_prompt_tokens * layout.bytes_per_token
+        return reply.transport_descriptor
 
     async def _remote_prefill(self, request: agent_pb2.AgentGenerateRequest, metrics: common_pb2.RequestMetrics) -> list[int]:
         """Has the peer prefill, pulls the missing blocks into this pool; returns the refs taken on them."""
@@ -318,11 +384,13 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"worker {self.worker_id} has role {self._config.role.value} and does not prefill for peers",
             )
-        kv = await self._require_kv(context, "export KV to a peer")
         layout = self._engine.info.layout
         mismatch = layout.mismatch(layout_from_pb(request.layout))
         if mismatch:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"cannot transfer KV from {self.worker_id}: {mismatch}")
+        if self._native is not None:
+            return await self._native_prefill(request, context)
+        kv = await self._require_kv(context, "export KV to a peer")
         transport_name = next((t for t in request.transports if t in self._transports), None)
         if transport_name is None:
             await context.abort(
@@ -362,6 +430,43 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             transport_descriptor=self._transports[transport_name].describe(out.pinned_block_ids),
             expires_at=expires_at,
             layout=layout_to_pb(layout),
+        )
+
+    async def _native_prefill(self, request: agent_pb2.PrefillRequest, context) -> agent_pb2.PrefillResponse:
+        """Prefill side of engine-native disaggregation: the engine prefills and hands off."""
+        native = self._native
+        if request.cached_only:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"worker {self.worker_id}'s engine moves KV only by its own connector ({native.transport}), which cannot serve a fetch",
+            )
+        if native.transport not in request.transports:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"no common KV transport: the decode side offers {list(request.transports)}, this agent's engine hands off by {native.transport}",
+            )
+        engine_request = EngineRequest(
+            request_id=f"{request.request_id or uuid.uuid4().hex}:prefill",
+            prompt_token_ids=list(request.prompt_token_ids),
+            sampling=SamplingParams(max_tokens=1),
+            cache_salt=request.cache_salt,
+            prefill_only=True,
+        )
+        try:
+            handoff = await native.prefill(engine_request)
+        except EngineInputError as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        except EngineCapacityError as e:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
+        except RuntimeError as e:
+            await context.abort(grpc.StatusCode.INTERNAL, f"prefill failed: {e}")
+        return agent_pb2.PrefillResponse(
+            transfer_id=uuid.uuid4().hex,
+            prefill_computed_tokens=handoff.num_prompt_tokens - handoff.num_cached_tokens,
+            cached_tokens=handoff.num_cached_tokens,
+            transport=handoff.transport,
+            transport_descriptor=handoff.params,
+            layout=layout_to_pb(self._engine.info.layout),
         )
 
     def _pin_cached(self, kv: KVImportExport, request: agent_pb2.PrefillRequest, transport_name: str) -> agent_pb2.PrefillResponse:
@@ -466,7 +571,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             state=self.state,
             max_context=info.max_context,
             vocab_size=info.vocab_size,
-            transports=list(self._transports),
+            transports=list(self._transports) or ([self._native.transport] if self._native is not None else []),
             max_tokens_limit=info.max_tokens_limit,
             max_num_batched_tokens=info.max_num_batched_tokens,
             max_num_seqs=info.max_num_seqs,

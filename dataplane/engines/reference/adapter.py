@@ -15,7 +15,7 @@ from dataplane.engines.base import EngineInfo, KVImportExport, StepProfiling
 from dataplane.engines.events import KVCacheEvent
 from dataplane.engines.reference.config import EngineConfig
 from dataplane.engines.reference.engine import Engine
-from dataplane.engines.request import EngineLoad, EngineOutput, EngineRequest
+from dataplane.engines.request import EngineInputError, EngineLoad, EngineOutput, EngineRequest
 from kvplane.types import BlockHash, Tier
 
 
@@ -53,6 +53,8 @@ class ReferenceAdapter:
         return self.engine.health()
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
+        if request.native_handoff:
+            raise EngineInputError("the reference engine has no engine-native KV transfer; it imports KV through kvplane's transports")
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[EngineOutput] = asyncio.Queue()
         # Raises EngineInputError / EngineCapacityError here, before the stream exists.
@@ -80,6 +82,10 @@ class ReferenceAdapter:
     @property
     def kv_transfer(self) -> KVImportExport:
         return self.engine
+
+    @property
+    def native_transfer(self) -> None:
+        return None  # KV moves through kvplane's transports (kv_transfer)
 
     @property
     def profiling(self) -> StepProfiling:
