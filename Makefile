@@ -45,11 +45,16 @@ demo: env
 	$(PY) -m kvplane.demo
 
 test: env etcd lint
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -m "not engines"
+
+# kvplane beside real vLLM and SGLang servers (tests/engines/test_engine_clusters.py): creates the
+# engines' virtualenvs first (minutes, once). About 10 minutes on 2 cores; see docs/operations.md.
+test-engines: engines-env etcd
+	$(PY) -m pytest -q -m engines tests/engines
 
 # The process-free tests only (seconds): what to run while editing.
 test-fast: env
-	$(PY) -m pytest -q -m "not cluster"
+	$(PY) -m pytest -q -m "not cluster and not engines"
 
 lint: env
 	$(VENV)/bin/ruff check .

@@ -1,9 +1,11 @@
 """A control plane and its agents as local child processes: for `kvplane up`, the demo and tests.
 
-Each child is `python -m kvplane controlplane|agent ...` with its output in a log file.
+Each child is `python -m kvplane controlplane|agent ...` with its output in a log file; with an
+external engine (`engine=EngineLaunchConfig(...)`, kvplane/engine_launch.py) each agent also gets
+an engine server of its own ("engine-<worker id>"), started just before it (the agent waits for it).
 Children run in their own session so that a terminal's Ctrl-C reaches only the launcher,
 which then stops them in order: agents first (so they can give up their leases while the
-control plane and its embedded store still run), then the control plane; SIGTERM first,
+control plane and its embedded store still run), then engine servers, then the control plane; SIGTERM first,
 SIGKILL for whatever has not exited within the grace period.
 """
 
@@ -23,9 +25,11 @@ from types import TracebackType
 from typing import IO
 
 from kvplane.client import Client
+from kvplane.engine_launch import EngineLaunchConfig, server_for_agent
 from kvplane.errors import KvplaneError, UnavailableError
 
 CONTROLPLANE = "controlplane"
+ENGINE_PREFIX = "engine-"  # the engine server beside agent <id> is process "engine-<id>"
 LOCALHOST = "127.0.0.1"
 _ROLES = ("prefill", "decode", "both")
 _PACKAGE_ROOT = Path(__file__).resolve().parent.parent  # the directory holding kvplane/
@@ -61,6 +65,7 @@ class LocalCluster:
         log_dir: str | os.PathLike[str] | None = None,
         *,
         env: dict[str, str] | None = None,
+        engine: EngineLaunchConfig | None = None,
         startup_timeout: float = 90.0,
         stop_timeout: float = 10.0,
     ) -> None:
@@ -78,6 +83,7 @@ class LocalCluster:
         self._log_dir_arg = Path(log_dir) if log_dir is not None else None
         self._owns_log_dir = log_dir is None
         self._env = dict(env or {})  # extra environment of every child (e.g. OTEL_* settings)
+        self._engine = engine.validate() if engine is not None else None
         self._startup_timeout = startup_timeout
         self._stop_timeout = stop_timeout
 
@@ -85,6 +91,7 @@ class LocalCluster:
         self.endpoint = ""
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self.worker_endpoints: dict[str, str] = {}
+        self.engine_endpoints: dict[str, str] = {}  # worker id -> the API of the engine server beside it
         self.log_paths: dict[str, Path] = {}
         self._log_files: list[IO[bytes]] = []
         self._agent_argv: dict[str, list[str]] = {}
@@ -151,8 +158,9 @@ class LocalCluster:
     def stop(self) -> None:
         """Stops every child (agents, then the control plane); safe to call more than once."""
         atexit.unregister(self.stop)
-        agents = [name for name in self.processes if name != CONTROLPLANE]
+        agents = [name for name in self.processes if name != CONTROLPLANE and not name.startswith(ENGINE_PREFIX)]
         self._terminate(agents)
+        self._terminate([name for name in self.processes if name.startswith(ENGINE_PREFIX)])
         self._terminate([CONTROLPLANE] if CONTROLPLANE in self.processes else [])
         for log_file in self._log_files:
             log_file.close()
@@ -269,21 +277,36 @@ class LocalCluster:
         self._agent_argv[worker_id] = [
             "agent", "--role", role, "--host", LOCALHOST, "--port", str(port),
             "--controlplane", f"{LOCALHOST}:{controlplane_port}", "--worker-id", worker_id,
-            *self._agent_args,
+            *self._engine_server(worker_id), *self._agent_args,
         ]  # fmt: skip
         self._spawn(worker_id, self._agent_argv[worker_id])
 
-    def _spawn(self, name: str, kvplane_args: list[str]) -> None:
+    def _engine_server(self, worker_id: str) -> list[str]:
+        """Starts the engine server beside agent `worker_id` (if the cluster has an external
+        engine) and returns the agent flags that point at it."""
+        if self._engine is None:
+            return []
+        server = server_for_agent(self._engine)
+        self.engine_endpoints[worker_id] = server.endpoint
+        self._spawn(ENGINE_PREFIX + worker_id, server.argv, env=server.env)
+        return server.agent_args
+
+    def _spawn(self, name: str, kvplane_args: list[str], env: dict[str, str] | None = None) -> None:
+        """Starts `python -m kvplane ARGS`, or with `env` given, the command `kvplane_args` itself."""
         assert self.log_dir is not None
         path = self.log_dir / f"{name}.log"
         log_file = path.open("ab")
         self._log_files.append(log_file)
         self.log_paths[name] = path
-        env = dict(os.environ, PYTHONUNBUFFERED="1", **self._env)
-        # The children import this same kvplane even when it is not installed (e.g. a checkout).
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_PACKAGE_ROOT), env.get("PYTHONPATH")]))
+        if env is not None:  # an engine server: its own interpreter and environment
+            argv, env = kvplane_args, dict(env, PYTHONUNBUFFERED="1")
+        else:
+            argv = [sys.executable, "-m", "kvplane", *kvplane_args]
+            env = dict(os.environ, PYTHONUNBUFFERED="1", **self._env)
+            # The children import this same kvplane even when it is not installed (e.g. a checkout).
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_PACKAGE_ROOT), env.get("PYTHONPATH")]))
         self.processes[name] = subprocess.Popen(
-            [sys.executable, "-m", "kvplane", *kvplane_args],
+            argv,
             stdin=subprocess.DEVNULL,
             stdout=log_file,
             stderr=subprocess.STDOUT,

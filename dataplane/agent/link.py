@@ -93,7 +93,9 @@ class ControlPlaneLink:
                 break
             except grpc.aio.AioRpcError as e:
                 if e.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
-                    raise RuntimeError(f"cannot register with the control plane at {self._config.controlplane}: {e.details()}") from None
+                    raise RuntimeError(
+                        f"cannot register with the control plane at {self._config.controlplane}: {e.code().name}: {e.details()}"
+                    ) from None
                 await asyncio.sleep(0.5)
         self._tasks = [
             asyncio.create_task(self._keepalive_loop(), name="keepalive"),

@@ -1,7 +1,8 @@
 """Subscribes to an engine's ZMQ KV events and keeps the engine's cache contents, in kvplane
 hashes, current; recovers lost batches through the engine's replay endpoint or a full resync.
 
-- Live: a SUB socket on the engine's publisher. Each batch is checked by a Sequencer
+- Live: a SUB socket on the engine's publisher (it connects; given a wildcard address such as
+  tcp://*:5557 it binds, for an engine whose publisher is set to connect). Each batch is checked by a Sequencer
   (dataplane/engines/external/sequence.py) and applied to a BlockHashMapper in order.
 - Gap: the lost batches are asked for on the replay endpoint (a DEALER sending the first missing
   sequence number; the publisher answers with every buffered batch from there on, then -1).
@@ -76,7 +77,10 @@ class KVEventSubscriber:
         self._sub = self._ctx.socket(zmq.SUB)
         self._sub.setsockopt(zmq.LINGER, 0)
         self._sub.setsockopt(zmq.SUBSCRIBE, self._topic)
-        self._sub.connect(self.endpoint)
+        if "*" in self.endpoint:
+            self._sub.bind(self.endpoint)  # an engine whose publisher connects to its subscriber
+        else:
+            self._sub.connect(self.endpoint)
         if self.replay_endpoint:
             await self._recover(0, first_live=None)
         self._task = asyncio.create_task(self._run(), name="kv-event-subscriber")
