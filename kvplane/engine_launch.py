@@ -80,7 +80,12 @@ def server_for_agent(config: EngineLaunchConfig) -> EngineServer:
     served = ["--served-model-name", config.served_model_name] if config.served_model_name else []
     env = dict(config.env)
     if config.engine == "vllm":
-        kv_events = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{events}", "replay_endpoint": replay_endpoint}
+        kv_events = {
+            "enable_kv_cache_events": True,
+            "publisher": "zmq",
+            "endpoint": f"tcp://*:{events}",
+            "replay_endpoint": replay_endpoint,
+        }
         argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", config.model, *served,
                 "--host", "127.0.0.1", "--port", str(port), "--block-size", str(config.block_size),
                 "--enable-prefix-caching", "--enable-prompt-tokens-details", "--kv-events-config", json.dumps(kv_events)]  # fmt: skip
