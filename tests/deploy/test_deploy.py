@@ -21,7 +21,7 @@ MANIFESTS = sorted((DEPLOY / "k8s").glob("*.yaml"))
 
 def test_every_kvplane_command_line_in_deploy_is_accepted():
     lines = check.command_lines()
-    for where, argv in lines:
+    for _where, argv in lines:
         check.parse(argv)
     where = {w.split(":")[0] for w, _ in lines}
     assert {"k8s/sidecar-vllm.yaml", "k8s/sidecar-sglang.yaml", "k8s/workers.yaml"} <= where
