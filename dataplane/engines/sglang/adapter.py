@@ -34,9 +34,8 @@ class SglangAdapter(ExternalEngine):
 
     def __init__(self, config: SglangConfig) -> None:
         super().__init__(config.validate(), config.target)
-        # The engine is a local server outside kvplane's trust domain: a plain channel to it.
-        self._channel = grpc.aio.insecure_channel(config.target)
-        self._stub = pb_grpc.SglangSchedulerStub(self._channel)
+        self._channel: grpc.aio.Channel | None = None  # opened in start(), on the agent's event loop
+        self._stub: pb_grpc.SglangSchedulerStub | None = None
         self._calls: dict[str, grpc.aio.UnaryStreamCall] = {}
         self._aborted: set[str] = set()
         self._background: set[asyncio.Task] = set()
@@ -46,6 +45,12 @@ class SglangAdapter(ExternalEngine):
         self._native: SglangBootstrap | None = None
 
     # -- ExternalEngine ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        # The engine is a local server outside kvplane's trust domain: a plain channel to it.
+        self._channel = grpc.aio.insecure_channel(self.endpoint)
+        self._stub = pb_grpc.SglangSchedulerStub(self._channel)
+        await super().start()
 
     async def describe(self) -> ServerDescription:
         try:
@@ -90,7 +95,8 @@ class SglangAdapter(ExternalEngine):
         for task in list(self._background):
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
-        await self._channel.close()
+        if self._channel is not None:
+            await self._channel.close()
 
     # -- EngineAdapter ------------------------------------------------------------------------------
 
