@@ -12,8 +12,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from dataplane.engines.base import EngineInfo, KVImportExport, StepProfiling
 from dataplane.engines.events import KVCacheEvent
@@ -23,6 +24,7 @@ from dataplane.engines.external.inflight import InFlight
 from dataplane.engines.external.model_config import kv_dtype, read_model_shape
 from dataplane.engines.external.subscriber import KVEventSubscriber
 from dataplane.engines.request import EngineLoad
+from kvplane.chat import ChatTemplate, ChatTemplateError, load_chat_template
 from kvplane.types import BlockHash, KVLayout, Tier
 
 log = logging.getLogger(__name__)
@@ -69,6 +71,7 @@ class ExternalEngine:
         self._sample = LoadSample(0, 0, 0)
         self._down_reason: str | None = "not started"
         self._poller: asyncio.Task | None = None
+        self._chat_template: ChatTemplate | None = None
 
     # -- what a subclass provides ----------------------------------------------------------------
 
@@ -108,7 +111,10 @@ class ExternalEngine:
                     ) from None
                 await asyncio.sleep(1.0)
         self.description = description
-        shape = read_model_shape(self.config.model_config or description.model_path)
+        model_dir = self.config.model_config or description.model_path
+        shape = read_model_shape(model_dir)
+        # The model's chat template (for OpenAI chat requests), from the directory shared with the engine.
+        self._chat_template = load_chat_template(model_dir) if Path(model_dir).is_dir() else None
         layout = KVLayout(
             model=description.served_model,
             num_layers=shape.num_layers,
@@ -168,6 +174,17 @@ class ExternalEngine:
             await self._poll_once()
 
     # -- what the agent reads -----------------------------------------------------------------------
+
+    async def tokenize(self, text: str) -> list[int]:
+        raise NotImplementedError
+
+    async def tokenize_chat(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
+        if self._chat_template is None:
+            raise ChatTemplateError(
+                f"model {self.info.model!r} has no chat template readable beside the {self.NAME} server (chat_template in "
+                "tokenizer_config.json or chat_template.jinja); send a plain prompt instead"
+            )
+        return await self.tokenize(self._chat_template.render(messages))
 
     def load(self) -> EngineLoad:
         sample, inflight = self._sample, self.inflight
