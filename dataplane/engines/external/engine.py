@@ -69,6 +69,7 @@ class ExternalEngine:
         self.subscriber: KVEventSubscriber | None = None
         self._info: EngineInfo | None = None
         self._sample = LoadSample(0, 0, 0)
+        self._sample_at = 0.0  # time.monotonic() when the sample was requested
         self._down_reason: str | None = "not started"
         self._poller: asyncio.Task | None = None
         self._chat_template: ChatTemplate | None = None
@@ -111,6 +112,7 @@ class ExternalEngine:
                     ) from None
                 await asyncio.sleep(1.0)
         self.description = description
+        self.inflight.block_size = description.block_size
         model_dir = self.config.model_config or description.model_path
         shape = read_model_shape(model_dir)
         # The model's chat template (for OpenAI chat requests), from the directory shared with the engine.
@@ -162,8 +164,10 @@ class ExternalEngine:
         return self._down_reason
 
     async def _poll_once(self) -> None:
+        asked_at = time.monotonic()
         try:
             self._sample = await self.read_load()
+            self._sample_at = asked_at
             self._down_reason = None
         except Exception as e:  # any failure to answer is the engine not serving
             self._down_reason = f"the {self.NAME} server at {self.endpoint} does not answer: {e or type(e).__name__}"
@@ -189,12 +193,16 @@ class ExternalEngine:
     def load(self) -> EngineLoad:
         sample, inflight = self._sample, self.inflight
         total = self.description.num_total_blocks if self.description else 0
-        used = min(sample.num_used_blocks, total) if total else sample.num_used_blocks
+        # The sample lags by up to a poll: take out the blocks of requests that ended since.
+        used = max(sample.num_used_blocks - inflight.blocks_released_since(self._sample_at), 0)
+        used = min(used, total) if total else used
         held = self.subscriber.mapper.num_held(Tier.DEVICE) if self.subscriber else 0
+        # The requests this agent has in flight are exact; the engine's counts add other clients'
+        # requests, but only when they are newer than this agent's last start or end.
+        fresh = self._sample_at >= inflight.changed_at
         return EngineLoad(
-            # The engine's counts lag by a poll; the requests this agent has in flight are exact.
-            num_running=max(sample.num_running, inflight.num_running),
-            num_waiting=max(sample.num_waiting, inflight.num_waiting),
+            num_running=max(sample.num_running, inflight.num_running) if fresh else inflight.num_running,
+            num_waiting=max(sample.num_waiting, inflight.num_waiting) if fresh else inflight.num_waiting,
             num_queued_prefill_tokens=inflight.num_queued_prefill_tokens,
             num_free_blocks=max(total - used, 0),
             num_used_blocks=used,

@@ -5,11 +5,22 @@ planner's predictor wants: tokens still to prefill, and tokens each running requ
 generate. The agent knows them for the requests it sent (all of them, for a sidecar that is the
 engine's only client): a request's prompt counts as queued prefill work until its first output,
 then its remaining tokens (max_tokens - generated) ride in the decode batch until it ends.
+
+It also corrects the engine's polled load, which lags by up to a poll interval: a sample taken
+before a request ended still counts the request and its KV blocks, and a worker that just served
+a prefix would look busier than it is, right when the router should send the prefix's next
+request there. So every start and end is timed, and the blocks of requests that ended after a
+sample was taken are subtracted from it (dataplane/engines/external/engine.py).
 """
 
 from __future__ import annotations
 
+import time
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
+
+_RELEASE_MEMORY_S = 10.0  # ended requests remembered for correcting older samples
 
 
 @dataclass(slots=True)
@@ -21,11 +32,16 @@ class _Request:
 
 
 class InFlight:
-    def __init__(self) -> None:
+    def __init__(self, block_size: int = 1, clock: Callable[[], float] = time.monotonic) -> None:
+        self.block_size = block_size  # set by the adapter once the engine told it
+        self._clock = clock
         self._requests: dict[str, _Request] = {}
+        self._released: deque[tuple[float, int]] = deque()  # (when, KV blocks) of ended requests
+        self.changed_at = 0.0  # when a request last started or ended
 
     def started(self, request_id: str, num_prompt_tokens: int, max_tokens: int) -> None:
         self._requests[request_id] = _Request(num_prompt_tokens, max_tokens)
+        self.changed_at = self._clock()
 
     def progressed(self, request_id: str, num_new_tokens: int) -> None:
         request = self._requests.get(request_id)
@@ -34,7 +50,18 @@ class InFlight:
             request.num_generated += num_new_tokens
 
     def ended(self, request_id: str) -> None:
-        self._requests.pop(request_id, None)
+        request = self._requests.pop(request_id, None)
+        if request is None:
+            return
+        now = self.changed_at = self._clock()
+        num_blocks = -(-(request.num_prompt_tokens + request.num_generated) // self.block_size)
+        self._released.append((now, num_blocks))
+        while self._released and now - self._released[0][0] > _RELEASE_MEMORY_S:
+            self._released.popleft()
+
+    def blocks_released_since(self, t: float) -> int:
+        """KV blocks of requests that ended after time `t` (a load sample taken at `t` still counts them)."""
+        return sum(n for when, n in self._released if when > t)
 
     def __len__(self) -> int:
         return len(self._requests)
