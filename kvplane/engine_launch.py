@@ -96,6 +96,9 @@ def server_for_agent(config: EngineLaunchConfig) -> EngineServer:
         kv_events = {"publisher": "zmq", "endpoint": events_endpoint, "bind": True, "replay_endpoint": replay_endpoint}
         argv = [python, "-m", "sglang.launch_server", "--model-path", config.model, *served,
                 "--host", "127.0.0.1", "--port", str(port), "--smg-grpc-mode", "--page-size", str(config.block_size),
+                # The scheduler API listens on --port; SGLang still checks --grpc-port, which
+                # defaults to --port + 10000 and is refused past 65535: give it a real one.
+                "--grpc-port", str(_free_port()),
                 "--kv-events-config", json.dumps(kv_events)]  # fmt: skip
         if config.device == "cpu":
             argv += ["--device", "cpu", "--attention-backend", "torch_native", "--disable-cuda-graph"]

@@ -131,6 +131,7 @@ class SglangAdapter(ExternalEngine):
         reason: str | None = None
         error: str | None = None
         num_cached = 0
+        ended = False  # the engine finished the request (no abort needed)
         try:
             try:
                 async for response in call:
@@ -138,7 +139,7 @@ class SglangAdapter(ExternalEngine):
                     num_prompt = chunk.num_prompt_tokens or num_prompt
                     num_cached = max(num_cached, chunk.num_cached_tokens)
                     if chunk.finish_reason is not None:
-                        reason = chunk.finish_reason
+                        reason, ended = chunk.finish_reason, True
                         break
                     if chunk.token_ids:
                         self.inflight.progressed(request_id, len(chunk.token_ids))
@@ -154,6 +155,10 @@ class SglangAdapter(ExternalEngine):
             yield EngineOutput(request_id, [], True, reason, num_prompt, num_cached, error=error)
         finally:
             self._calls.pop(request_id, None)
+            if not ended and request_id not in self._aborted:
+                # Our reader went away (the caller cancelled): cancelling the call is not enough,
+                # the scheduler keeps running a request until it is aborted.
+                self._send_abort(request_id)
             self._aborted.discard(request_id)
             self.inflight.ended(request_id)
             call.cancel()
@@ -163,9 +168,11 @@ class SglangAdapter(ExternalEngine):
         if call is None:
             return
         self._aborted.add(request_id)
-        # Abort in the scheduler (frees its KV at once), and stop reading the stream.
-        self._spawn(self._stub.Abort(pb.AbortRequest(request_id=request_id, reason="cancelled by kvplane"), timeout=5))
+        self._send_abort(request_id)  # abort in the scheduler (frees its KV at once), and stop reading the stream
         call.cancel()
+
+    def _send_abort(self, request_id: str) -> None:
+        self._spawn(self._stub.Abort(pb.AbortRequest(request_id=request_id, reason="cancelled by kvplane"), timeout=5))
 
     def _spawn(self, coroutine) -> asyncio.Task:
         task = asyncio.ensure_future(coroutine)
