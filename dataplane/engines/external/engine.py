@@ -29,6 +29,11 @@ from kvplane.types import BlockHash, KVLayout, Tier
 
 log = logging.getLogger(__name__)
 
+# An engine reports a request's end to its client a moment before it frees the request's KV (and
+# drops it from its running count): a load sample taken within this long after a request ended
+# may still count it, so such samples are corrected as if taken before the end.
+RELEASE_GRACE_S = 0.5
+
 
 class EngineUnreachable(Exception):
     """The server does not answer (yet): start() retries until its timeout."""
@@ -194,12 +199,13 @@ class ExternalEngine:
         sample, inflight = self._sample, self.inflight
         total = self.description.num_total_blocks if self.description else 0
         # The sample lags by up to a poll: take out the blocks of requests that ended since.
-        used = max(sample.num_used_blocks - inflight.blocks_released_since(self._sample_at), 0)
+        sampled = self._sample_at - RELEASE_GRACE_S
+        used = max(sample.num_used_blocks - inflight.blocks_released_since(sampled), 0)
         used = min(used, total) if total else used
         held = self.subscriber.mapper.num_held(Tier.DEVICE) if self.subscriber else 0
         # The requests this agent has in flight are exact; the engine's counts add other clients'
         # requests, but only when they are newer than this agent's last start or end.
-        fresh = self._sample_at >= inflight.changed_at
+        fresh = sampled >= inflight.changed_at
         return EngineLoad(
             num_running=max(sample.num_running, inflight.num_running) if fresh else inflight.num_running,
             num_waiting=max(sample.num_waiting, inflight.num_waiting) if fresh else inflight.num_waiting,
