@@ -63,7 +63,7 @@ def engines(request, tiny_llama, tmp_path_factory) -> EngineCluster:
                                     env=env)  # fmt: skip
     cluster = LocalCluster(
         num_prefill=0, num_decode=0, num_both=2, engine=launch, log_dir=logs, startup_timeout=600,
-        agent_args=("--lease-ttl", str(LEASE_TTL_S)),
+        agent_args=("--lease-ttl", str(LEASE_TTL_S), "--engine-start-timeout", "900"),
         controlplane_args=("--block-size", str(BLOCK_SIZE), "--serve-model", SERVED_MODEL),
     )  # fmt: skip
     with cluster:
