@@ -1,4 +1,9 @@
-"""`kvplane up`: a control plane and agents as local child processes, until Ctrl-C or SIGTERM."""
+"""`kvplane up`: a control plane and agents as local child processes, until Ctrl-C or SIGTERM.
+
+Secure by default: the cluster runs mutual TLS with throw-away certificates, and the local admin's
+client credentials go where `kvplane` commands and the SDK on this machine find them (printed at
+start). `--insecure` runs plaintext instead, with a warning.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ from types import FrameType
 from kvplane.cli.common import CliError, non_negative_int, positive_float, positive_int
 from kvplane.cluster import ClusterError, LocalCluster
 from kvplane.engine_launch import ENGINES, EngineLaunchConfig
+from kvplane.security.credentials import cluster_dir
 
 DEFAULT_PORT = 50051  # the SDK's default endpoint, so other commands need no --endpoint
 _ETCD_STORE = re.compile(r"^etcd://[^:/\s]+:\d+$")
@@ -62,6 +68,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     up.add_argument("--num-blocks", type=positive_int, default=None, metavar="N",
                     help="KV blocks per agent (agent default if unset)")  # fmt: skip
     up.add_argument("--log-dir", default=None, metavar="DIR", help="where child logs go (default: a temp dir)")
+    up.add_argument("--insecure", action="store_true",
+                    help="plaintext gRPC with random join/admin tokens instead of TLS (development only)")  # fmt: skip
     up.add_argument("--startup-timeout", type=positive_float, default=120.0, metavar="SECONDS",
                     help="how long to wait for every agent to register (default: 120)")  # fmt: skip
     up.set_defaults(func=run_up)
@@ -105,8 +113,11 @@ def run_up(args: argparse.Namespace) -> int:
     cluster = LocalCluster(
         num_prefill=args.prefill, num_decode=args.decode, num_both=args.both, store=args.store,
         port=args.port, agent_args=agent_args, controlplane_args=controlplane_args, log_dir=args.log_dir,
-        startup_timeout=args.startup_timeout, http_port=None if args.http_port < 0 else args.http_port, engine=engine,
+        startup_timeout=args.startup_timeout, insecure=args.insecure, engine=engine,
+        http_port=None if args.http_port < 0 else args.http_port,
     )  # fmt: skip
+    if args.insecure:
+        print("warning: --insecure: the cluster speaks plaintext; prompts and KV cross the network unencrypted", file=sys.stderr)
     previous = _install_stop_handlers()
     try:
         cluster.start()
@@ -160,7 +171,14 @@ def _announce(cluster: LocalCluster) -> None:
         print(f"  {worker_id:<12} {endpoint}" + (f"   (engine server {engine})" if engine else ""))
     if cluster.http_url:
         print(f"  {'HTTP API':<12} {cluster.http_url}  (OpenAI-compatible: curl {cluster.http_url}/models)")
+        print(f"  {'':<12} bearer token (tenant 'local'): TOKEN={cluster.http_token}")
+        if cluster.http_url.startswith("https"):
+            print(f"  {'':<12} its CA: CA={cluster.http_ca}")
     print(f"logs: {cluster.log_dir}")
+    if cluster.credentials is not None:
+        kind = "plaintext, admin token" if cluster.credentials.insecure else "mutual TLS, throw-away CA and certificates"
+        print(f"credentials ({kind}): {cluster.credentials.directory}")
+        print(f"  clients on this machine find the admin's in {cluster_dir(cluster.endpoint)}")
     print(f"try: KVPLANE_ENDPOINT={cluster.endpoint} kvplane workers    (Ctrl-C stops the cluster)", flush=True)
 
 

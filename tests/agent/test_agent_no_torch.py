@@ -37,7 +37,7 @@ def create(config):
 
 reference.create = create  # the registry looks the factory up when it builds the engine
 from kvplane.cli.main import main
-sys.exit(main(["agent", "--engine", "reference", "--worker-id", "w", "--controlplane", "127.0.0.1:9", "--metrics-port", "-1"]))
+sys.exit(main(["agent", "--engine", "reference", "--worker-id", "w", "--controlplane", "127.0.0.1:9", "--metrics-port", "-1", "--insecure"]))
 """
 
 _IMPORT_ALL = r"""
@@ -56,13 +56,16 @@ _START_UP_TO_THE_END = r"""
 import argparse, asyncio, json, sys
 from dataplane.agent import main as agent_main
 from dataplane.agent.server import AgentServer
+from kvplane.security import flags as security_flags
 
 parser = argparse.ArgumentParser()
 agent_main.add_arguments(parser)
-config = agent_main.config_from_args(parser.parse_args(sys.argv[1:]))
+args = parser.parse_args(sys.argv[1:])
+credentials = security_flags.server_credentials_from_args(args, "the agent")
+config = agent_main.config_from_args(args)
 
 async def start_and_stop():
-    agent = AgentServer(config)
+    agent = AgentServer(config, credentials)
     await agent.start()  # the engine connected, the worker registered, the Agent service serving
     info = agent.engine.info
     report = {"started": True, "engine": config.engine_name, "model": info.model, "block_size": info.layout.block_size,

@@ -183,18 +183,21 @@ def test_a_clients_cancel_aborts_the_engine_request(engines):
     assert time.monotonic() - started < 5
 
 
+PLAINTEXT = ("--insecure", "--join-token", "engine-suite-join")  # a bare control plane and agent, no certificates
+
+
 def test_an_engine_of_another_block_size_or_model_is_refused_at_registration(engines, tmp_path):
     cases = {"block_size": ("--block-size", "16"), "model": ("--serve-model", "another-model")}
     for field, flags in cases.items():
         port = free_port()
-        controlplane = subprocess.Popen([sys.executable, "-m", "kvplane", "controlplane", "--port", str(port), *flags],
+        controlplane = subprocess.Popen([sys.executable, "-m", "kvplane", "controlplane", "--port", str(port), *flags, *PLAINTEXT],
                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
         try:
             agent_argv = engines.cluster._agent_argv["both-0"]
             engine_flags = agent_argv[agent_argv.index("--engine") :]
             done = subprocess.run(
                 [sys.executable, "-m", "kvplane", "agent", "--worker-id", f"misfit-{field}", "--controlplane", f"127.0.0.1:{port}",
-                 "--metrics-port", "-1", *engine_flags],
+                 "--metrics-port", "-1", *PLAINTEXT, *engine_flags],
                 capture_output=True, text=True, timeout=120, env=dict(os.environ, PYTHONUNBUFFERED="1"),
             )  # fmt: skip
         finally:
@@ -207,6 +210,7 @@ def test_an_engine_of_another_block_size_or_model_is_refused_at_registration(eng
 def test_an_agent_beside_a_real_engine_starts_without_torch(engines):
     agent_argv = engines.cluster._agent_argv["both-0"]
     report = run_agent_start_up(["--worker-id", "no-torch", "--controlplane", engines.cluster.endpoint,
+                                 *engines.cluster.credentials.worker_args("no-torch"),  # its own certificate
                                  *agent_argv[agent_argv.index("--engine") :]])  # fmt: skip
     assert report["started"] and report["engine"] == engines.engine
     assert report["model"] == SERVED_MODEL and report["block_size"] == BLOCK_SIZE

@@ -69,7 +69,8 @@ class ReferenceAdapter:
         self.engine.abort(request_id)
 
     async def tokenize(self, text: str) -> list[int]:
-        return self.engine.tokenizer.encode(text)
+        # In a worker thread: a long prompt must not stall the agent's event loop (KV pulls, other requests).
+        return await asyncio.to_thread(self.engine.tokenizer.encode, text)
 
     async def detokenize(self, token_ids: Sequence[int]) -> str:
         return self.engine.tokenizer.decode(token_ids)
