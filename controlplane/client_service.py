@@ -10,11 +10,19 @@ Nothing is lost: a request either streams to completion or its caller gets a sta
 it failed. A decode worker that fails or stalls (relay.py's progress timeouts) before the first
 token is routed around; after tokens were sent the request migrates to another worker and the
 stream continues after them (core/failover.py); a stalled worker is taken out of routing.
+
+Security (docs/security.md): the AuthInterceptor has admitted the caller before any handler runs
+(kvplane.security.auth.caller()). The cache salt of a request is derived from the caller's tenant
+(a client salt only narrows it), so Route, metrics and cache hits only ever see the caller's own
+tenant's blocks. Every agent call carries a ticket signed for exactly that call (a migrated
+request's too, for its resumed prompt). Prompt text is bounded before anything else happens, and
+no message echoes unbounded input.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 import uuid
 from collections.abc import Callable
@@ -40,6 +48,10 @@ from kvplane.convert import disagg_from_pb
 from kvplane.errors import ERROR_KIND_KEY, UNKNOWN_MODEL, component_trailers, rejection_trailers
 from kvplane.grpc_util import aio_channel
 from kvplane.sampling import sampling_problem
+from kvplane.security.auth import caller
+from kvplane.security.credentials import Credentials
+from kvplane.security.identity import ANONYMOUS, tenant_cache_salt
+from kvplane.security.limits import MAX_ID_CHARS, clip
 from kvplane.telemetry import tracing
 from kvplane.telemetry.window import StatsWindow
 from kvplane.types import PRIORITIES, Tier, WorkerId
@@ -56,20 +68,22 @@ class Validated:
     """A request that passed validation, tokenized once for every planning attempt."""
 
     request_id: str
-    route: RouteRequest
+    route: RouteRequest  # its cache_salt is the tenant-derived one
+    tenant: str
 
 
 class AgentStubs:
-    """One channel per agent endpoint, reused across requests."""
+    """One channel per agent endpoint (with this replica's credentials), reused across requests."""
 
-    def __init__(self) -> None:
+    def __init__(self, credentials: Credentials) -> None:
+        self._credentials = credentials
         self._stubs: dict[str, agent_pb2_grpc.AgentStub] = {}
         self._channels: dict[str, grpc.aio.Channel] = {}
 
     def get(self, endpoint: str) -> agent_pb2_grpc.AgentStub:
         stub = self._stubs.get(endpoint)
         if stub is None:
-            channel = aio_channel(endpoint)
+            channel = aio_channel(endpoint, self._credentials)
             self._channels[endpoint] = channel
             stub = self._stubs[endpoint] = agent_pb2_grpc.AgentStub(channel)
         return stub
@@ -85,14 +99,14 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
         state: ClusterState,
         store: Store,
         config: ControlPlaneConfig,
-        ticket_key: bytes,
+        signer: tickets.TicketSigner,
         stubs: AgentStubs,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._state = state
         self._store = store
         self._config = config
-        self._ticket_key = ticket_key
+        self._signer = signer
         self._stubs = stubs
         self._clock = clock
         self.planner = Planner(config.planner)
@@ -108,6 +122,14 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
     # -- validation ----------------------------------------------------------------------------
 
     async def _validate(self, request: client_pb2.GenerateRequest, context) -> Validated:
+        if request.WhichOneof("prompt") == "text":
+            await self._check_prompt_size(request.text, context)
+        elif request.WhichOneof("prompt") == "chat":
+            await self._check_prompt_size("".join(m.role + m.content for m in request.chat.messages), context)
+        if len(request.request_id) > MAX_ID_CHARS or len(request.cache_salt) > 256 or len(request.model) > 256:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"request_id is at most {MAX_ID_CHARS} characters, cache_salt and model at most 256"
+            )
         workers = self._state.workers
         if not workers:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "no workers are registered with the control plane; start agents first")
@@ -117,10 +139,10 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"model is required: this cluster serves {models}")
         if model not in models:
             context.set_trailing_metadata(((ERROR_KIND_KEY, UNKNOWN_MODEL),))
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"unknown model {model!r}: this cluster serves {models}")
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"unknown model {clip(model)}: this cluster serves {models}")
         priority = request.priority or PRIORITIES[0]
         if priority not in PRIORITIES:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"priority must be one of {list(PRIORITIES)}, got {priority!r}")
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"priority must be one of {list(PRIORITIES)}, got {clip(priority)}")
         limits = next(e.info for e in workers.values() if e.info.model == model)
         s = request.sampling
         if s.max_tokens == 0 and not request.max_tokens_to_limit:
@@ -156,43 +178,42 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
             disagg = disagg_from_pb(request.disagg)
         except ValueError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        identity = caller() or ANONYMOUS
         route = RouteRequest(
             model=model, prompt_token_ids=token_ids, max_tokens=s.max_tokens, disagg=disagg,
-            cache_salt=request.cache_salt, priority=priority,
+            cache_salt=tenant_cache_salt(identity, request.cache_salt), priority=priority,
         )  # fmt: skip
-        return Validated(request.request_id or uuid.uuid4().hex, route)
+        return Validated(request.request_id or uuid.uuid4().hex, route, identity.cache_tenant)
+
+    async def _check_prompt_size(self, text: str, context) -> None:
+        """Bounds prompt text before any work: len() is free, and UTF-8 bytes >= characters."""
+        limit = self._config.max_prompt_bytes
+        if len(text) > limit or (len(text) * 4 > limit and len(text.encode("utf-8", "surrogatepass")) > limit):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"the prompt text is larger than this cluster's limit of {limit} bytes")
 
     async def _prompt_tokens(self, request, model: str, workers, context) -> list[int]:
         kind = request.WhichOneof("prompt")
-        endpoints = [e.info.endpoint for e in workers.values() if e.info.model == model]
+        workers_of_model = [(w, e.info.endpoint) for w, e in workers.items() if e.info.model == model]
         if kind == "token_ids":
             ids = list(request.token_ids.ids)
         elif kind == "text" and request.text:
-            await self._check_prompt_size(len(request.text.encode()), context)
-            ids = await self._tokenize(agent_pb2.TokenizeRequest(text=request.text), endpoints, context)
+            ids = await self._tokenize(agent_pb2.TokenizeRequest(text=request.text), workers_of_model, context)
         elif kind == "chat" and request.chat.messages:
-            await self._check_prompt_size(sum(len(m.content.encode()) for m in request.chat.messages), context)
-            ids = await self._tokenize(agent_pb2.TokenizeRequest(messages=request.chat.messages), endpoints, context)
+            ids = await self._tokenize(agent_pb2.TokenizeRequest(messages=request.chat.messages), workers_of_model, context)
         else:
             ids = []
         if not ids:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "prompt is empty: send text, token_ids or chat messages")
         return ids
 
-    async def _check_prompt_size(self, size: int, context) -> None:
-        """Refuses a text or chat prompt above max_prompt_bytes before any worker tokenizes it."""
-        if size > self._config.max_prompt_bytes:
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"prompt text of {size} bytes is above the limit of {self._config.max_prompt_bytes} bytes; shorten it",
-            )
-
-    async def _tokenize(self, request: agent_pb2.TokenizeRequest, endpoints: list[str], context) -> list[int]:
+    async def _tokenize(self, request: agent_pb2.TokenizeRequest, workers: list[tuple[str, str]], context) -> list[int]:
         """Tokenizes on a worker of the model (replicas load no tokenizer), trying each in turn;
-        a refusal of the input itself (e.g. no chat template) is final."""
+        a refusal of the input itself (e.g. no chat template) is final. Each try carries a ticket
+        bound to this input and that worker."""
         failures = []
-        for endpoint in endpoints:
+        for worker_id, endpoint in workers:
             try:
+                request.ticket.CopyFrom(self._signer.issue(tickets.TOKENIZE, worker_id, digest=tickets.tokenize_digest(request)))
                 time_left = context.time_remaining()
                 timeout = TOKENIZE_TIMEOUT_S if time_left is None else min(TOKENIZE_TIMEOUT_S, time_left)
                 reply = await self._stubs.get(endpoint).Tokenize(request, timeout=timeout)
@@ -305,7 +326,7 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
             if migrating:
                 plan = await self._place(route, context, frozenset(exclude))
             else:
-                plan, queued_s = await self._plan(Validated(v.request_id, route), context, frozenset(exclude))
+                plan, queued_s = await self._plan(Validated(v.request_id, route, v.tenant), context, frozenset(exclude))
             decode = self._state.workers.get(plan.decode_worker)
             prefill = self._state.workers.get(plan.prefill_worker) if plan.prefill_worker else None
             if decode is None or (plan.prefill_worker and prefill is None):
@@ -393,12 +414,18 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
         self, v: Validated, request: client_pb2.GenerateRequest, plan: Plan, route: RouteRequest, prefill, fetch, num_resumed: int
     ) -> agent_pb2.AgentGenerateRequest:
         source_id = plan.prefill_worker or plan.fetch_from or ""
+        # A fresh ticket per attempt, bound to this attempt's prompt (a migrated request's carries
+        # the tokens already sent) and the tenant-derived salt.
+        ticket = self._signer.issue(
+            tickets.GENERATE, plan.decode_worker, request_id=v.request_id, prefill_worker_id=source_id,
+            prompt_token_ids=route.prompt_token_ids, cache_salt=route.cache_salt, tenant=v.tenant,
+        )  # fmt: skip
         agent_request = agent_pb2.AgentGenerateRequest(
-            ticket=tickets.issue(self._ticket_key, v.request_id, plan.decode_worker, source_id),
+            ticket=ticket,
             request_id=v.request_id,
             prompt_token_ids=route.prompt_token_ids,
             sampling=request.sampling,
-            cache_salt=request.cache_salt,
+            cache_salt=route.cache_salt,
             num_resumed_tokens=num_resumed,
         )
         agent_request.sampling.max_tokens = route.max_tokens  # what is left of it after a resume
@@ -426,7 +453,7 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
         failed; the message and a trailer name the worker, so nobody blames the control plane."""
         context.set_trailing_metadata(component_trailers(f"worker {e.worker_id}"))
         if e.failure is Failure.REQUEST:
-            await context.abort(e.code, f"decode worker {e.worker_id} failed the request: {e.details}")
+            await context.abort(relayed_code(e.code), f"decode worker {e.worker_id} failed the request: {e.details}")
         where = f"after {num_sent} tokens" if num_sent else "before the first token"
         moved = f"; moved {num_migrations} times already (the limit)" if num_migrations else ""
         await context.abort(
@@ -448,6 +475,8 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
             out.ttft_ms = (first_token_at - started) * 1000
 
     async def GetStats(self, request, context):
+        if not math.isfinite(request.window_s) or request.window_s < 0:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "window_s must be a finite number of seconds >= 0")
         window = self.stats_window
         reply = client_pb2.GetStatsResponse(
             window_s=min(request.window_s or window.horizon_s, window.horizon_s), metrics_url=self.metrics_url
@@ -485,11 +514,15 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
         entry = await self._worker_or_abort(request.worker_id, context)
         try:
             reply = await self._stubs.get(entry.info.endpoint).Profile(
-                agent_pb2.ProfileRequest(max_prompt_tokens=request.max_prompt_tokens, max_batch=request.max_batch), timeout=300
-            )
+                agent_pb2.ProfileRequest(
+                    max_prompt_tokens=request.max_prompt_tokens, max_batch=request.max_batch,
+                    ticket=self._signer.issue(tickets.PROFILE, request.worker_id),
+                ),
+                timeout=300,
+            )  # fmt: skip
         except grpc.aio.AioRpcError as e:
             context.set_trailing_metadata(component_trailers(f"worker {request.worker_id}"))
-            await context.abort(e.code(), f"profiling {request.worker_id} failed: {e.details()}")
+            await context.abort(relayed_code(e.code()), f"profiling {request.worker_id} failed: {e.details()}")
         try:
             await self._store.put(keys.profile_key(request.worker_id), reply.profile.SerializeToString())
         except StoreError as e:
@@ -501,6 +534,8 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
         return await self._config_response(context)
 
     async def SetConfig(self, request: client_pb2.SetConfigRequest, context):
+        if len(request.key) > 256 or len(request.value) > 256:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a setting's key and value are at most 256 characters each")
         try:
             if request.value:
                 validate_setting(request.key, request.value)
@@ -526,19 +561,37 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
     async def _worker_or_abort(self, worker_id: str, context):
         entry = self._state.workers.get(WorkerId(worker_id))
         if entry is None:
-            known = ", ".join(sorted(self._state.workers)) or "none"
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"no worker {worker_id!r}; registered workers: {known}")
+            known = ", ".join(sorted(self._state.workers)[:20]) or "none"
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no worker {clip(worker_id)}; registered workers: {known}")
         return entry
 
     async def DrainWorker(self, request, context):
-        entry = await self._worker_or_abort(request.worker_id, context)
+        return await self._set_draining(request.worker_id, True, context)
+
+    async def UndrainWorker(self, request, context):
+        return await self._set_draining(request.worker_id, False, context)
+
+    async def _set_draining(self, worker_id: str, draining: bool, context) -> client_pb2.DrainWorkerResponse:
+        entry = await self._worker_or_abort(worker_id, context)
+        stub = self._stubs.get(entry.info.endpoint)
+        verb = "draining" if draining else "undraining"
         try:
-            reply = await self._stubs.get(entry.info.endpoint).Drain(agent_pb2.DrainRequest(), timeout=10)
+            if draining:
+                reply = await stub.Drain(agent_pb2.DrainRequest(ticket=self._signer.issue(tickets.DRAIN, worker_id)), timeout=10)
+            else:
+                reply = await stub.Undrain(agent_pb2.UndrainRequest(ticket=self._signer.issue(tickets.UNDRAIN, worker_id)), timeout=10)
         except grpc.aio.AioRpcError as e:
-            context.set_trailing_metadata(component_trailers(f"worker {request.worker_id}"))
-            await context.abort(grpc.StatusCode.UNAVAILABLE, f"draining {request.worker_id} failed: {e.details()}")
+            context.set_trailing_metadata(component_trailers(f"worker {worker_id}"))
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"{verb} {worker_id} failed: {e.details()}")
         entry.state = reply.state
-        return client_pb2.DrainWorkerResponse(worker_id=request.worker_id, state=reply.state)
+        return client_pb2.DrainWorkerResponse(worker_id=worker_id, state=reply.state)
+
+
+def relayed_code(code: grpc.StatusCode) -> grpc.StatusCode:
+    """An agent's status as this replica's: its auth failures are this replica's, not the caller's, fault."""
+    if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNKNOWN):
+        return grpc.StatusCode.UNAVAILABLE
+    return code
 
 
 def _route_response(v: Validated, plan: Plan, admissible: dict[WorkerId, bool]) -> client_pb2.RouteResponse:

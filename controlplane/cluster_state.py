@@ -305,4 +305,5 @@ def _worker_view(worker_id: WorkerId, e: WorkerEntry) -> WorkerView:
         chunk_tokens=info.max_num_batched_tokens or DEFAULT_CHUNK_TOKENS,
         max_num_seqs=info.max_num_seqs,
         reported_at=e.load_at,
+        transports=tuple(info.transports),
     )

@@ -1,15 +1,25 @@
 """A control plane and its agents as local child processes: for `kvplane up`, the demo and tests.
 
-Each child is `python -m kvplane controlplane|agent ...` with its output in a log file.
+Each child is `python -m kvplane controlplane|agent ...` with its output in a log file; with an
+external engine (`engine=EngineLaunchConfig(...)`, kvplane/engine_launch.py) each agent also gets
+an engine server of its own ("engine-<worker id>"), started just before it (the agent waits for it).
 Children run in their own session so that a terminal's Ctrl-C reaches only the launcher,
 which then stops them in order: agents first (so they can give up their leases while the
-control plane and its embedded store still run), then the control plane; SIGTERM first,
+control plane and its embedded store still run), then engine servers, then the control plane; SIGTERM first,
 SIGKILL for whatever has not exited within the grace period.
+
+Security is on by default, with throw-away credentials (kvplane.security.local): a CA and a
+certificate for the control plane, each worker and a local admin, made at start. The admin's client
+files are published in the credentials directory for the cluster's endpoint, where the SDK and CLI
+on this machine find them with no flag; stop() removes them. `insecure=True` runs plaintext with
+random join and admin tokens instead.
 
 Several control-plane replicas (`num_controlplanes`, an etcd store) serve at once: agents and
 clients get all their endpoints (`endpoint` is the comma-separated list the SDK takes) and fail
-over between them. `respawn(name)` starts a child again with its own arguments (what
-kvplane.supervisor does when one crashes).
+over between them. Every replica is started with the same control-plane certificate (one identity,
+"controlplane"; the ticket-signing key they share lives in the store, controlplane/secrets.py),
+and the admin's client files are published for each replica's endpoint. `respawn(name)` starts a
+child again with its own arguments (what kvplane.supervisor does when one crashes).
 """
 
 from __future__ import annotations
@@ -30,9 +40,12 @@ from typing import IO
 import grpc
 
 from kvplane.client import Client
+from kvplane.engine_launch import EngineLaunchConfig, server_for_agent
 from kvplane.errors import KvplaneError, UnavailableError
+from kvplane.security.local import LocalCredentials
 
 CONTROLPLANE = "controlplane"
+ENGINE_PREFIX = "engine-"  # the engine server beside agent <id> is process "engine-<id>"
 LOCALHOST = "127.0.0.1"
 _ROLES = ("prefill", "decode", "both")
 _PACKAGE_ROOT = Path(__file__).resolve().parent.parent  # the directory holding kvplane/
@@ -75,8 +88,10 @@ class LocalCluster:
         *,
         http_port: int | None = None,
         env: dict[str, str] | None = None,
+        engine: EngineLaunchConfig | None = None,
         startup_timeout: float = 90.0,
         stop_timeout: float = 10.0,
+        insecure: bool = False,
     ) -> None:
         counts = {"prefill": num_prefill, "decode": num_decode, "both": num_both}
         for role, count in counts.items():
@@ -98,20 +113,27 @@ class LocalCluster:
         self._log_dir_arg = Path(log_dir) if log_dir is not None else None
         self._owns_log_dir = log_dir is None
         self._env = dict(env or {})  # extra environment of every child (e.g. OTEL_* settings)
+        self._engine = engine.validate() if engine is not None else None
         self._startup_timeout = startup_timeout
         self._stop_timeout = stop_timeout
+        self._insecure = insecure
+        self.credentials: LocalCredentials | None = None  # made at start()
+        self._http_args: list[str] = []
+        self.http_token = ""  # a bearer token (client, tenant "local") for the HTTP API
 
         self.log_dir: Path | None = None
         self.endpoint = ""  # every replica, comma-separated (what Client and agents take)
         self.controlplane_endpoints: dict[str, str] = {}  # replica name -> host:port
-        self.http_url = ""  # "http://127.0.0.1:PORT/v1" when the HTTP API is on (on the first replica)
+        # "https://127.0.0.1:PORT/v1" when the HTTP API is on, on the first replica ("http://" with insecure=True)
+        self.http_url = ""
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self.started_at: dict[str, float] = {}  # name -> time.monotonic() of its latest start
         self.worker_endpoints: dict[str, str] = {}
+        self.engine_endpoints: dict[str, str] = {}  # worker id -> the API of the engine server beside it
         self.log_paths: dict[str, Path] = {}
         self._log_files: list[IO[bytes]] = []
         self._agent_argv: dict[str, list[str]] = {}
-        self._argv: dict[str, list[str]] = {}  # every child's kvplane arguments, for respawn()
+        self._argv: dict[str, tuple[list[str], dict[str, str] | None]] = {}  # every child's command, for respawn()
         self._started = False
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -127,13 +149,13 @@ class LocalCluster:
             for i, port in enumerate(ports):
                 self.controlplane_endpoints[controlplane_name(i)] = f"{LOCALHOST}:{port}"
             self.endpoint = ",".join(self.controlplane_endpoints.values())
-            http_args: list[str] = []
             if self._http_port is not None:
                 http_port = self._http_port or free_port()
-                self.http_url = f"http://{LOCALHOST}:{http_port}/v1"
-                http_args = ["--http-port", str(http_port)]
+                self.http_url = f"{'http' if self._insecure else 'https'}://{LOCALHOST}:{http_port}/v1"
+                self._http_args = ["--http-port", str(http_port)]
+            self._make_credentials()
             for i, (name, endpoint) in enumerate(self.controlplane_endpoints.items()):
-                self._spawn(name, self._controlplane_argv(endpoint, http_args if i == 0 else ()))
+                self._spawn(name, self._controlplane_argv(endpoint, first=i == 0))
             for role in _ROLES:
                 for index in range(self._counts[role]):
                     self._start_agent(role, index)
@@ -150,7 +172,7 @@ class LocalCluster:
         expected = set(self.worker_endpoints)
         seen: set[str] = set()
         last_error = "the control plane has not answered yet"
-        with Client(endpoint or self.endpoint, timeout=2.0) as client:
+        with self.client(endpoint, timeout=2.0) as client:
             while True:
                 exited = self.exited()
                 if exited:
@@ -182,11 +204,16 @@ class LocalCluster:
         """Stops every child (agents, then the control plane); safe to call more than once."""
         atexit.unregister(self.stop)
         replicas = [name for name in self.processes if name in self.controlplane_endpoints]
-        self._terminate([name for name in self.processes if name not in replicas])
+        engines = [name for name in self.processes if name.startswith(ENGINE_PREFIX)]
+        self._terminate([name for name in self.processes if name not in replicas and name not in engines])
+        self._terminate(engines)
         self._terminate(replicas)
         for log_file in self._log_files:
             log_file.close()
         self._log_files.clear()
+        if self.credentials is not None:
+            self.credentials.remove()
+            shutil.rmtree(self.credentials.directory, ignore_errors=True)
         if self._owns_log_dir and self.log_dir is not None and not self.exited(nonzero_only=True):
             shutil.rmtree(self.log_dir, ignore_errors=True)  # kept when something failed, for reading
 
@@ -221,7 +248,9 @@ class LocalCluster:
             raise ValueError("replicas share state through etcd: start the cluster with store='etcd://HOST:PORT'")
         endpoint = f"{LOCALHOST}:{free_port()}"
         self.controlplane_endpoints[name] = endpoint
-        self._spawn(name, self._controlplane_argv(endpoint))
+        assert self.credentials is not None
+        self.credentials.publish(endpoint)
+        self._spawn(name, self._controlplane_argv(endpoint, first=False))
         self.wait_until_registered(self._startup_timeout, endpoint=endpoint)
         return endpoint
 
@@ -236,20 +265,25 @@ class LocalCluster:
         self.wait_until_registered(timeout, endpoint=self.controlplane_endpoints[name])
 
     def respawn(self, name: str) -> None:
-        """Starts child `name` again with the arguments it last ran with (it must have exited)."""
+        """Starts child `name` again with the command it last ran with (it must have exited)."""
         if name not in self._argv:
             raise ValueError(f"no process named {name!r}; known: {', '.join(self._argv)}")
         if self.processes[name].poll() is None:
             raise ValueError(f"{name} is still running (pid {self.processes[name].pid})")
-        self._spawn(name, self._argv[name])
+        argv, env = self._argv[name]
+        self._spawn(name, argv, env=env)
 
     def wait_until_serving(self, worker_id: str, timeout: float = 60.0) -> None:
         """Blocks until this incarnation of the agent answers gRPC health SERVING and the control
-        plane lists it; ClusterError if it exits or time runs out."""
+        plane lists it; ClusterError if it exits or time runs out. The health check is the one
+        RPC an agent answers without a ticket; it dials with the local admin's credentials."""
         from grpc_health.v1 import health_pb2, health_pb2_grpc  # noqa: PLC0415 (grpc only when used)
 
+        from kvplane import grpc_util  # noqa: PLC0415
+
+        assert self.credentials is not None
         deadline = time.monotonic() + timeout
-        with grpc.insecure_channel(self.worker_endpoints[worker_id]) as channel:
+        with grpc_util.channel(self.worker_endpoints[worker_id], self.credentials.admin) as channel:
             stub = health_pb2_grpc.HealthStub(channel)
             while True:
                 if self.processes[worker_id].poll() is not None:
@@ -289,6 +323,41 @@ class LocalCluster:
         lines = path.read_text(errors="replace").splitlines()
         return "\n".join(lines[-num_lines:]) or "(log is empty)"
 
+    # -- credentials -----------------------------------------------------------------------------
+
+    def client(self, endpoint: str | None = None, **kwargs) -> Client:
+        """An SDK client of this cluster (every replica by default) as its local admin (any
+        Client(endpoint) on this machine is one too)."""
+        assert self.credentials is not None, "start() the cluster first"
+        return Client(endpoint or self.endpoint, credentials=self.credentials.admin, **kwargs)
+
+    @property
+    def http_ca(self) -> str | bool:
+        """What an HTTP client verifies the HTTP API against: the cluster CA's file (True, the system's, when plaintext)."""
+        assert self.credentials is not None, "start() the cluster first"
+        return True if self.credentials.insecure else str(self.credentials.ca_path)
+
+    def _make_credentials(self) -> None:
+        directory = Path(tempfile.mkdtemp(prefix="kvplane-credentials-"))
+        self.credentials = LocalCredentials.plaintext(directory) if self._insecure else LocalCredentials.create(directory)
+        for endpoint in self.controlplane_endpoints.values():
+            self.credentials.publish(endpoint)
+        self.http_token = self.credentials.http_token
+
+    def _controlplane_argv(self, endpoint: str, first: bool = True) -> list[str]:
+        """A replica's argv (every one has the control plane's certificate); only the first
+        serves the HTTP API (its port is fixed)."""
+        assert self.credentials is not None
+        port = endpoint.rpartition(":")[2]
+        return [
+            CONTROLPLANE, "--host", LOCALHOST, "--port", port, "--store", self._store,
+            *(self._http_args if first else []), *self.credentials.controlplane_args(), *self._controlplane_args,
+        ]  # fmt: skip
+
+    def _worker_security(self, worker_id: str) -> list[str]:
+        assert self.credentials is not None
+        return self.credentials.worker_args(worker_id)
+
     # -- internals -----------------------------------------------------------------------------
 
     def _prepare_log_dir(self) -> None:
@@ -298,10 +367,6 @@ class LocalCluster:
             self.log_dir = self._log_dir_arg
             self.log_dir.mkdir(parents=True, exist_ok=True)
 
-    def _controlplane_argv(self, endpoint: str, extra: tuple[str, ...] | list[str] = ()) -> list[str]:
-        port = endpoint.rpartition(":")[2]
-        return [CONTROLPLANE, "--host", LOCALHOST, "--port", port, "--store", self._store, *extra, *self._controlplane_args]
-
     def _start_agent(self, role: str, index: int = 0, worker_id: str = "", extra_args: tuple[str, ...] | list[str] = ()) -> None:
         worker_id = worker_id or f"{role}-{index}"
         port = free_port()
@@ -309,7 +374,7 @@ class LocalCluster:
         self._agent_argv[worker_id] = [
             "agent", "--role", role, "--host", LOCALHOST, "--port", str(port),
             "--controlplane", ",".join(self.controlplane_endpoints.values()), "--worker-id", worker_id,
-            *self._agent_args, *extra_args,
+            *self._worker_security(worker_id), *self._engine_server(worker_id), *self._agent_args, *extra_args,
         ]  # fmt: skip
         self._spawn(worker_id, self._agent_argv[worker_id])
 
@@ -321,19 +386,34 @@ class LocalCluster:
             process.send_signal(sig)
             process.wait(timeout=timeout)
 
-    def _spawn(self, name: str, kvplane_args: list[str]) -> None:
+    def _engine_server(self, worker_id: str) -> list[str]:
+        """Starts the engine server beside agent `worker_id` (if the cluster has an external
+        engine) and returns the agent flags that point at it."""
+        if self._engine is None:
+            return []
+        server = server_for_agent(self._engine)
+        self.engine_endpoints[worker_id] = server.endpoint
+        self._spawn(ENGINE_PREFIX + worker_id, server.argv, env=server.env)
+        return server.agent_args
+
+    def _spawn(self, name: str, kvplane_args: list[str], env: dict[str, str] | None = None) -> None:
+        """Starts `python -m kvplane ARGS`, or with `env` given, the command `kvplane_args` itself."""
         assert self.log_dir is not None
         path = self.log_dir / f"{name}.log"
         log_file = path.open("ab")
         self._log_files.append(log_file)
         self.log_paths[name] = path
-        self._argv[name] = list(kvplane_args)
+        self._argv[name] = (list(kvplane_args), env)
         self.started_at[name] = time.monotonic()
-        env = dict(os.environ, PYTHONUNBUFFERED="1", **self._env)
-        # The children import this same kvplane even when it is not installed (e.g. a checkout).
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_PACKAGE_ROOT), env.get("PYTHONPATH")]))
+        if env is not None:  # an engine server: its own interpreter and environment
+            argv, env = kvplane_args, dict(env, PYTHONUNBUFFERED="1")
+        else:
+            argv = [sys.executable, "-m", "kvplane", *kvplane_args]
+            env = dict(os.environ, PYTHONUNBUFFERED="1", **self._env, **(self.credentials.env() if self.credentials else {}))
+            # The children import this same kvplane even when it is not installed (e.g. a checkout).
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_PACKAGE_ROOT), env.get("PYTHONPATH")]))
         self.processes[name] = subprocess.Popen(
-            [sys.executable, "-m", "kvplane", *kvplane_args],
+            argv,
             stdin=subprocess.DEVNULL,
             stdout=log_file,
             stderr=subprocess.STDOUT,

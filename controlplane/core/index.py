@@ -199,6 +199,10 @@ class CacheIndex:
             for worker_id, tier_blocks in self._worker_to_tier_blocks.items()
         }
 
+    def num_blocks(self, worker_id: WorkerId) -> int:
+        """Blocks the worker holds, over all tiers (a block at two tiers counts twice)."""
+        return sum(len(blocks) for blocks in self._worker_to_tier_blocks.get(worker_id, {}).values())
+
     def worker_ids(self) -> set[WorkerId]:
         return set(self._worker_to_seq)
 

@@ -4,6 +4,8 @@
   "memory" or "memory://"             embedded in-memory store (single machine; a new, empty store per call)
   "etcd://host:port"                  etcd v3 server
   "etcd://h1:2379,h2:2379,h3:2379"    the members of one etcd cluster; calls fail over between them
+For etcd, `tls` (a kvplane.security.Credentials: etcd's CA, and a client certificate whose CN etcd
+takes as the user) and `username` / `password` turn on etcd's own transport security and auth.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ __all__ = [
 ]
 
 
-def open_store(url: str) -> Store:
+def open_store(url: str, *, tls=None, username: str | None = None, password: str | None = None) -> Store:
     """Build the store a URL names. Raises ValueError naming the accepted forms otherwise."""
     if url in ("memory", "memory://"):
         return MemoryStore()
@@ -55,7 +57,7 @@ def open_store(url: str) -> Store:
     if members:
         from .etcd import EtcdStore  # imported here so the memory backend never loads grpc/aetcd
 
-        return EtcdStore(members)
+        return EtcdStore(members, tls=tls, username=username, password=password)
     raise ValueError(f"unsupported store URL {url!r}; use one of {', '.join(ACCEPTED_URL_FORMS)}")
 
 

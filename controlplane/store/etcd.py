@@ -8,6 +8,11 @@ revision is compacted, so each `watch_prefix` here opens its own Watch stream on
 (its generated stubs): cancelling that one gRPC call releases exactly that watch, and close()
 cancels them all first so it never waits on a watcher.
 
+etcd's own security: with `tls` (kvplane.security.Credentials) the channel is TLS against etcd's
+CA, presenting a client certificate when given (with etcd's --client-cert-auth and auth enabled,
+the certificate's CN is the etcd user); `username`/`password` use etcd's password auth. aetcd
+opens only plaintext channels, so `_TlsClient` opens a secure one in its place.
+
 Every gRPC failure becomes a StoreError; an unreachable server (UNAVAILABLE, deadline) becomes
 StoreUnavailable, with the endpoint in the message.
 
@@ -104,21 +109,54 @@ def _being_cancelled() -> bool:
     return task is not None and task.cancelling() > 0
 
 
+class _TlsClient(aetcd.Client):
+    """aetcd's client over a TLS channel (aetcd itself only dials plaintext)."""
+
+    def __init__(self, *args, channel_credentials: grpc.ChannelCredentials, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._channel_credentials = channel_credentials
+
+    async def connect(self) -> None:
+        if self._connected.is_set():
+            return
+        original = rpc.insecure_channel
+        credentials = self._channel_credentials
+
+        def secure(target, options=None):
+            rpc.insecure_channel = original  # restored at once: aetcd dials synchronously, before its first await
+            return rpc.secure_channel(target, credentials, options=options)
+
+        rpc.insecure_channel = secure
+        try:
+            await super().connect()
+        finally:
+            rpc.insecure_channel = original
+
+
 # A watch on a member without a leader is cancelled instead of silently delivering nothing.
 _REQUIRE_LEADER = (("hasleader", "true"),)
 
 
 class EtcdStore:
-    def __init__(self, members: Sequence[tuple[str, int]], timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    def __init__(
+        self, members: Sequence[tuple[str, int]], timeout_s: float = DEFAULT_TIMEOUT_S, *, tls=None,
+        username: str | None = None, password: str | None = None,
+    ) -> None:  # fmt: skip
         if not members:
             raise ValueError("an etcd store needs at least one member (host, port)")
         self._endpoints: list[str] = []
         self._clients: list[aetcd.Client] = []
+        auth = {"username": username, "password": password} if username else {}
+        channel_credentials = tls.channel_credentials() if tls is not None and tls.tls else None
         for host, port in members:
             # aetcd joins host and port with ":", so an IPv6 literal needs its brackets back.
             client_host = f"[{host}]" if ":" in host else host
             self._endpoints.append(f"{client_host}:{port}")
-            self._clients.append(aetcd.Client(host=client_host, port=port, timeout=timeout_s))
+            if channel_credentials is not None:
+                client = _TlsClient(host=client_host, port=port, timeout=timeout_s, channel_credentials=channel_credentials, **auth)
+            else:
+                client = aetcd.Client(host=client_host, port=port, timeout=timeout_s, **auth)
+            self._clients.append(client)
         self._current = 0  # the member calls go to
         self._timeout_s = timeout_s
         # Each member gets a share of a call's time, so that one hung member leaves time for the others.

@@ -98,6 +98,10 @@ def drain(worker_id: str) -> UnaryCall[DrainResult]:
     return UnaryCall("DrainWorker", client_pb2.DrainWorkerRequest(worker_id=worker_id), drain_from_proto)
 
 
+def undrain(worker_id: str) -> UnaryCall[DrainResult]:
+    return UnaryCall("UndrainWorker", client_pb2.DrainWorkerRequest(worker_id=worker_id), drain_from_proto)
+
+
 def config() -> UnaryCall[dict[str, str]]:
     return UnaryCall("GetConfig", client_pb2.GetConfigRequest(), config_from_proto)
 
@@ -141,7 +145,7 @@ class Attempts:
     """The attempts of one call: the time left of its timeout, which replica to try, and what to
     do after each failure."""
 
-    __slots__ = ("endpoints", "reject_retries", "num_retries", "num_failovers", "_index", "_end", "_clock")
+    __slots__ = ("endpoints", "credentials", "reject_retries", "num_retries", "num_failovers", "_index", "_end", "_clock")
 
     def __init__(
         self,
@@ -151,8 +155,10 @@ class Attempts:
         clock: Callable[[], float] = time.monotonic,
         *,
         first: int = 0,
+        credentials: str = "",
     ) -> None:
         self.endpoints = split_endpoints(endpoint)  # named in connection errors, so that they say where the call went
+        self.credentials = credentials  # what the client presented, in words, for the same messages
         self.reject_retries = reject_retries
         self.num_retries = 0  # waits granted so far
         self.num_failovers = 0  # moves to another replica so far
@@ -187,7 +193,7 @@ class Attempts:
             self.fail_over()
             return 0.0
         where = self.endpoint if len(self.endpoints) == 1 else f"any of {', '.join(self.endpoints)}"
-        error = from_rpc_error(failure, endpoint=where)
+        error = from_rpc_error(failure, endpoint=where, credentials=self.credentials)
         wait = None
         if isinstance(error, RejectedError) and not received:
             wait = retry_wait(error, self.num_retries, self.reject_retries, self.timeout())

@@ -9,6 +9,7 @@ from typing import TypeVar, Unpack
 
 import grpc
 
+from kvplane import grpc_util
 from kvplane.client import calls
 from kvplane.client.core import ClientCore
 from kvplane.client.from_proto import StreamAssembler
@@ -74,6 +75,10 @@ class Client(ClientCore):
         """Stops new requests going to `worker_id`; running ones finish."""
         return self._unary(calls.drain(worker_id))
 
+    def undrain(self, worker_id: str) -> DrainResult:
+        """Returns a drained worker to routing."""
+        return self._unary(calls.undrain(worker_id))
+
     def config(self) -> dict[str, str]:
         """Every configuration key set in the cluster's store (admission policy, objectives, ...)."""
         return self._unary(calls.config())
@@ -100,7 +105,7 @@ class Client(ClientCore):
 
     def _connect(self) -> None:
         # One channel per replica; grpc connects lazily, so unused ones cost nothing.
-        self._channels = {e: grpc.insecure_channel(e) for e in self.endpoints}
+        self._channels = {e: grpc_util.channel(e, self.credentials) for e in self.endpoints}
         self._stubs = {e: client_pb2_grpc.KvplaneStub(c) for e, c in self._channels.items()}
 
     def _unary(self, call: calls.UnaryCall[T]) -> T:
