@@ -5,7 +5,10 @@ etcd-backed cluster under greedy traffic, with the invariants checked after ever
 
 Cluster: a three-member etcd on loopback, two control-plane replicas, one prefill and two decode
 agents (KV over the gRPC stream, `--fault-injection`), supervised as `kvplane up` supervises
-(kvplane/supervisor.py). Traffic: client threads sending greedy requests (random prompt of a
+(kvplane/supervisor.py). Secure by default, as `kvplane up` runs: mutual TLS on every hop with
+the LocalCluster's throw-away certificates (both replicas present the control plane's, restarted
+children get theirs again), tickets on every agent call; the traffic and the checks call as the
+cluster's local admin. Traffic: client threads sending greedy requests (random prompt of a
 fixed set, random max_tokens and disaggregation, a 20 s deadline) through both replicas; every
 completed output is compared with a clean run before the faults. Faults (tests/chaos/schedule.py):
 SIGKILL and SIGSTOP+SIGCONT of agents and replicas, etcd member stop/start, dropped KV event
@@ -36,9 +39,10 @@ from pathlib import Path
 
 import grpc
 
-from kvplane import Client
+from kvplane import Client, grpc_util
 from kvplane.cluster import LocalCluster
 from kvplane.errors import KvplaneError
+from kvplane.security.credentials import Credentials
 from kvplane.supervisor import RestartPolicy, Supervisor
 from kvplane.v1 import agent_pb2, agent_pb2_grpc
 from tests.chaos.schedule import Fault, make_schedule
@@ -82,8 +86,10 @@ class Tally:
 class Traffic:
     """Client threads sending greedy requests until stopped; pause() waits until none is in flight."""
 
-    def __init__(self, endpoint: str, prompts: list[list[int]], reference: list[tuple[int, ...]], tally: Tally, seed: int) -> None:
-        self.endpoint, self.prompts, self.reference, self.tally = endpoint, prompts, reference, tally
+    def __init__(
+        self, endpoint: str, credentials: Credentials, prompts: list[list[int]], reference: list[tuple[int, ...]], tally: Tally, seed: int
+    ) -> None:
+        self.endpoint, self.credentials, self.prompts, self.reference, self.tally = endpoint, credentials, prompts, reference, tally
         self._rng = random.Random(seed)
         self._go = threading.Event()
         self._stop = False
@@ -112,7 +118,7 @@ class Traffic:
 
     def _run(self, index: int) -> None:
         rng = random.Random(self._rng.random())
-        with Client(self.endpoint, timeout=DEADLINE_S) as client:
+        with Client(self.endpoint, credentials=self.credentials, timeout=DEADLINE_S) as client:
             while not self._stop:
                 self._go.wait()
                 if self._stop:
@@ -153,7 +159,7 @@ class Traffic:
             k = rng.randrange(len(self.prompts))
             self.tally.add(sent=1, cancelled=1)
             if i % 2:
-                with Client(self.endpoint, timeout=DEADLINE_S) as client:
+                with Client(self.endpoint, credentials=self.credentials, timeout=DEADLINE_S) as client:
                     stream = client.stream(self.prompts[k], max_tokens=MAX_TOKENS, ignore_eos=True, disagg=rng.choice(["auto", "always"]))
                     try:
                         for n, _ in enumerate(stream):
@@ -164,7 +170,7 @@ class Traffic:
                     finally:
                         stream.close()  # cancels the call
             else:
-                with Client(self.endpoint, timeout=rng.uniform(0.05, 0.4)) as client:
+                with Client(self.endpoint, credentials=self.credentials, timeout=rng.uniform(0.05, 0.4)) as client:
                     try:
                         client.generate(self.prompts[k], max_tokens=MAX_TOKENS, ignore_eos=True, disagg="always")
                     except KvplaneError:
@@ -201,7 +207,7 @@ class Chaos:
             supervising = threading.Thread(target=self._supervise, daemon=True)
             supervising.start()
             prompts, reference = self._reference()
-            traffic = Traffic(self.cluster.endpoint, prompts, reference, self.tally, self.seed)
+            traffic = Traffic(self.cluster.endpoint, self.cluster.credentials.admin, prompts, reference, self.tally, self.seed)
             self.traffic = traffic
             targets = {
                 # BUSY: the decode worker running the most requests when the fault strikes, so that
@@ -239,7 +245,7 @@ class Chaos:
         rng = random.Random(self.seed)
         shared = [rng.randrange(256) for _ in range(48)]
         prompts = [(shared if i % 2 else []) + [rng.randrange(256) for _ in range(rng.randint(24, 80))] for i in range(8)]
-        with Client(self.cluster.endpoint, timeout=120) as client:
+        with self.cluster.client(timeout=120) as client:
             reference = [client.generate(p, max_tokens=MAX_TOKENS, ignore_eos=True, disagg="never").token_ids for p in prompts]
         return prompts, reference
 
@@ -264,7 +270,7 @@ class Chaos:
     # -- faults ------------------------------------------------------------------------------------
 
     def _busiest_decode_worker(self) -> str:
-        loads = {w: _agent_load(e) for w, e in self.cluster.worker_endpoints.items() if w.startswith("decode")}
+        loads = {w: _agent_load(self.cluster, w) for w in self.cluster.worker_endpoints if w.startswith("decode")}
         return max(sorted(loads), key=lambda w: loads[w].num_running if loads[w] is not None else -1)
 
     def _inject(self, fault: Fault) -> None:
@@ -302,7 +308,7 @@ class Chaos:
     def _probe(self) -> float:
         """Seconds from the heal until a request succeeds (bounded by lease TTL + 5 s, plus slack to measure)."""
         started = time.monotonic()
-        with Client(self.cluster.endpoint, timeout=5) as client:
+        with self.cluster.client(timeout=5) as client:
             while time.monotonic() - started < LEASE_TTL_S + 15:
                 try:
                     client.generate([1, 2, 3, 4, 5, 6, 7, 8], max_tokens=2)
@@ -322,8 +328,8 @@ class Chaos:
 
         def clean() -> bool:
             leaked.clear()
-            for worker_id, endpoint in cluster.worker_endpoints.items():
-                load = _agent_load(endpoint)
+            for worker_id in cluster.worker_endpoints:
+                load = _agent_load(cluster, worker_id)
                 if load is None:
                     return False
                 held = load.num_pinned_blocks + load.num_used_blocks + load.num_running + load.num_waiting
@@ -333,13 +339,13 @@ class Chaos:
 
         if not self._wait("no pinned or used blocks and no queued request on any agent", clean, fatal=False):
             self.violations.append(f"leaked after traffic stopped: {leaked}")
-        with Client(cluster.endpoint, timeout=5) as client:
+        with cluster.client(timeout=5) as client:
             live = set(cluster.worker_endpoints)
             self._wait("the registry to list exactly the live agents", lambda: {w.worker_id for w in client.workers()} == live)
 
             def index_converged() -> bool:
                 indexed = {c.worker_id: c.blocks_by_tier.get("device", 0) for c in client.cache()}
-                return all(indexed.get(w) == (_agent_load(e) or _NO_LOAD).num_cached_blocks for w, e in cluster.worker_endpoints.items())
+                return all(indexed.get(w) == (_agent_load(cluster, w) or _NO_LOAD).num_cached_blocks for w in cluster.worker_endpoints)
 
             self._wait("the cache index to converge to what each worker holds", index_converged)
         return sum(leaked.values())
@@ -348,7 +354,7 @@ class Chaos:
         if self.cluster.exited() or any(m.process.poll() is not None for m in self.etcd.members):
             return False
         try:
-            with Client(self.cluster.endpoint, timeout=2) as client:
+            with self.cluster.client(timeout=2) as client:
                 return {w.worker_id for w in client.workers() if w.load_age_s < 1.5} == set(self.cluster.worker_endpoints)
         except KvplaneError:
             return False
@@ -401,9 +407,10 @@ class Chaos:
 _NO_LOAD = agent_pb2.GetStatusResponse().load
 
 
-def _agent_load(endpoint: str):
+def _agent_load(cluster: LocalCluster, worker_id: str):
+    """The agent's own load report (Agent.GetStatus, as the cluster's admin), or None when it does not answer."""
     try:
-        with grpc.insecure_channel(endpoint) as channel:
+        with grpc_util.channel(cluster.worker_endpoints[worker_id], cluster.credentials.admin) as channel:
             return agent_pb2_grpc.AgentStub(channel).GetStatus(agent_pb2.GetStatusRequest(), timeout=2).load
     except grpc.RpcError:
         return None

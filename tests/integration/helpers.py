@@ -61,13 +61,12 @@ def metric_sum(samples: dict[str, float], name: str, **labels: str) -> float:
     return sum(v for k, v in samples.items() if k.split("{")[0] == name and all(w in k for w in wanted))
 
 
-def agent_load(endpoint: str):
-    """The agent's own view of its load (Agent.GetStatus): its WorkerLoad message."""
-    import grpc
-
+def agent_load(cluster, worker_id: str):
+    """The agent's own view of its load (Agent.GetStatus, asked as the cluster's admin): its WorkerLoad message."""
+    from kvplane import grpc_util
     from kvplane.v1 import agent_pb2, agent_pb2_grpc
 
-    with grpc.insecure_channel(endpoint) as channel:
+    with grpc_util.channel(cluster.worker_endpoints[worker_id], cluster.credentials.admin) as channel:
         return agent_pb2_grpc.AgentStub(channel).GetStatus(agent_pb2.GetStatusRequest(), timeout=5).load
 
 
@@ -75,9 +74,9 @@ def busy_worker(cluster) -> str | None:
     """The worker whose engine is running a request right now (asked of each agent directly)."""
     import grpc
 
-    for worker_id, endpoint in cluster.worker_endpoints.items():
+    for worker_id in cluster.worker_endpoints:
         try:
-            if cluster.processes[worker_id].poll() is None and agent_load(endpoint).num_running > 0:
+            if cluster.processes[worker_id].poll() is None and agent_load(cluster, worker_id).num_running > 0:
                 return worker_id
         except grpc.RpcError:
             continue  # not serving (yet): not the one running the request
@@ -90,9 +89,9 @@ def assert_nothing_pinned(cluster, client, timeout: float = 15.0) -> None:
     seen: dict = {}
 
     def clean():
-        for worker_id, endpoint in cluster.worker_endpoints.items():
+        for worker_id in cluster.worker_endpoints:
             if cluster.processes[worker_id].poll() is None:
-                load = agent_load(endpoint)
+                load = agent_load(cluster, worker_id)
                 seen[worker_id] = dict(
                     pinned=load.num_pinned_blocks, used=load.num_used_blocks, running=load.num_running, waiting=load.num_waiting
                 )

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.cluster  # starts processes
 
 def _index_matches_worker(cluster, client, worker_id: str) -> bool:
     indexed = next((c.blocks_by_tier.get("device", 0) for c in client.cache() if c.worker_id == worker_id), 0)
-    return indexed == agent_load(cluster.worker_endpoints[worker_id]).num_cached_blocks
+    return indexed == agent_load(cluster, worker_id).num_cached_blocks
 
 
 def test_dropped_kv_batches_trigger_a_resync_and_the_index_converges(tmp_path):

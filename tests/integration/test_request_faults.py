@@ -12,9 +12,10 @@ import threading
 import grpc
 import pytest
 
-from kvplane import Client
+from kvplane import Client, grpc_util
 from kvplane.cluster import LocalCluster
-from kvplane.errors import InvalidArgumentError, KvplaneError, UnavailableError
+from kvplane.errors import InvalidArgumentError, KvplaneError, RejectedError, UnavailableError
+from kvplane.security.local import CONTROLPLANE as CONTROLPLANE_IDENTITY
 from kvplane.v1 import agent_pb2, agent_pb2_grpc
 
 from .helpers import BLOCK_SIZE, agent_load, assert_nothing_pinned, prompt_ids
@@ -26,7 +27,7 @@ pytestmark = pytest.mark.cluster  # starts processes
 def cluster(tmp_path_factory):
     with LocalCluster(
         num_prefill=1, num_decode=1, log_dir=tmp_path_factory.mktemp("faults"),
-        controlplane_args=("--disagg-threshold", "64", "--max-prompt-bytes", str(1 << 20)),
+        controlplane_args=("--disagg-threshold", "64"),
     ) as cluster:  # fmt: skip
         yield cluster
 
@@ -59,10 +60,13 @@ def test_a_sub_epsilon_temperature_is_greedy(cluster):
 
 
 def test_malformed_protobuf_is_invalid_argument_and_serving_continues(cluster):
+    """Every server answers undecodable request bytes with INVALID_ARGUMENT (the caller passes the
+    TLS handshake with the cluster's admin certificate; the parse check runs before the role check)."""
     garbage = b"\x0a\xff\xff\xff\xff\x0f"
+    admin = cluster.credentials.admin
 
     async def call(endpoint, method, streaming):
-        async with grpc.aio.insecure_channel(endpoint) as channel:
+        async with grpc_util.aio_channel(endpoint, admin) as channel:
             make = channel.unary_stream if streaming else channel.unary_unary
             rpc = make(method, request_serializer=lambda b: b, response_deserializer=lambda b: b)
             with pytest.raises(grpc.aio.AioRpcError) as info:
@@ -82,21 +86,27 @@ def test_malformed_protobuf_is_invalid_argument_and_serving_continues(cluster):
     ]:
         error = asyncio.run(call(endpoint, method, streaming))
         assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, (method, error)
-        assert f"the request to {method} is not a valid protobuf message" in error.details()
+        assert "the request is not a valid message of this method" in error.details()
     with Client(cluster.endpoint, timeout=60) as client:
         assert len(client.generate(prompt_ids(seed=46, length=10), max_tokens=3).token_ids) == 3
 
 
 def test_a_huge_text_prompt_is_refused_before_tokenizing_and_leases_survive(cluster):
-    huge = "x" * (30 << 20)
+    """Above --max-prompt-bytes (1 MiB) the control plane refuses the text before any worker
+    tokenizes it; above the servers' 8 MiB message limit gRPC refuses it before any handler runs;
+    an agent called directly (as the control plane) applies its own cap. Leases survive all of it."""
+    large, huge = "x" * (4 << 20), "x" * (30 << 20)
     with Client(cluster.endpoint, timeout=60) as client:
-        with pytest.raises(InvalidArgumentError, match=r"prompt text of 31457280 bytes is above the limit of 1048576 bytes"):
+        with pytest.raises(InvalidArgumentError, match=r"larger than this cluster's limit of 1048576 bytes"):
+            client.generate(large, max_tokens=4)
+        with pytest.raises(RejectedError):
             client.generate(huge, max_tokens=4)
         # Straight to an agent: its own cap answers, and its event loop keeps serving.
-        with grpc.insecure_channel(cluster.worker_endpoints["decode-0"], options=[("grpc.max_send_message_length", 64 << 20)]) as ch:
+        as_controlplane = cluster.credentials.for_identity(CONTROLPLANE_IDENTITY)
+        with grpc_util.channel(cluster.worker_endpoints["decode-0"], as_controlplane) as ch:
             with pytest.raises(grpc.RpcError) as info:
-                agent_pb2_grpc.AgentStub(ch).Tokenize(agent_pb2.TokenizeRequest(text=huge), timeout=30)
-        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "above this worker's limit" in info.value.details()
+                agent_pb2_grpc.AgentStub(ch).Tokenize(agent_pb2.TokenizeRequest(text=large), timeout=30)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "larger than this worker's limit" in info.value.details()
         assert {w.worker_id for w in client.workers()} == {"prefill-0", "decode-0"}
         assert client.generate("a short text prompt", max_tokens=3).token_ids
 
@@ -135,7 +145,7 @@ def test_a_request_right_after_its_decode_worker_died_is_unavailable_naming_it(t
                 client.generate(prompt_ids(seed=47, length=10), max_tokens=3, disagg=disagg)
             message = str(info.value)
             assert "decode-0" in message and "cannot reach the kvplane control plane" not in message, message
-        assert agent_load(cluster.worker_endpoints["prefill-0"]).num_pinned_blocks == 0
+        assert agent_load(cluster, "prefill-0").num_pinned_blocks == 0
 
 
 def test_a_stalled_prefill_peer_is_waited_for_no_longer_than_the_request_deadline(cluster):
