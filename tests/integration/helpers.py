@@ -7,6 +7,7 @@ import ssl
 import time
 import urllib.request
 
+import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -91,7 +92,13 @@ def assert_nothing_pinned(cluster, client, timeout: float = 15.0) -> None:
     def clean():
         for worker_id in cluster.worker_endpoints:
             if cluster.processes[worker_id].poll() is None:
-                load = agent_load(cluster, worker_id)
+                try:
+                    load = agent_load(cluster, worker_id)
+                except grpc.RpcError:
+                    # Killed a moment ago and not reaped yet (it is skipped once it has), or
+                    # still starting: ask again.
+                    seen[worker_id] = "not answering"
+                    return False
                 seen[worker_id] = dict(
                     pinned=load.num_pinned_blocks, used=load.num_used_blocks, running=load.num_running, waiting=load.num_waiting
                 )
