@@ -4,15 +4,34 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint format env test-env etcd protos clean
+.PHONY: demo test test-fast chaos test-engines engines-env lint format env test-env etcd rdma protos clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[reference,nixl,test]'
+	$(PY) -m pip install -q -e '.[reference,nixl,engines,test]'
 	touch $(STAMP)
 
 env: $(STAMP)
+
+# The external engines kvplane's agent sits beside, each in its own virtualenv (they pin their own
+# torch and never share kvplane's): vLLM's CPU build and SGLang, at the versions in deploy/engines/.
+# About 3.5 GB and 6 GB; a few minutes each from the package index.
+VLLM_VENV ?= .venv-vllm
+SGLANG_VENV ?= .venv-sglang
+
+$(VLLM_VENV)/.installed: deploy/engines/vllm.txt
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q -r deploy/engines/vllm.txt
+	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+	touch $@
+
+$(SGLANG_VENV)/.installed: deploy/engines/sglang.txt
+	test -x $(SGLANG_VENV)/bin/python || $(PYTHON) -m venv $(SGLANG_VENV)
+	$(SGLANG_VENV)/bin/pip install -q -r deploy/engines/sglang.txt
+	touch $@
+
+engines-env: env $(VLLM_VENV)/.installed $(SGLANG_VENV)/.installed
 
 # etcd is a real server binary the tests start on a free loopback port.
 etcd:
@@ -22,15 +41,34 @@ etcd:
 	  else echo "etcd not found: install etcd 3.4+ and put it on PATH" >&2; exit 1; fi; }
 	@etcd --version | head -1
 
+# The RDMA userspace libraries (and, as apt recommends, their providers) that every InfiniBand or
+# RoCE GPU host has: the suite runs beside them, as NIXL's UCX does there (dataplane/transport/nixl.py).
+rdma:
+	@dpkg -s libibverbs1 librdmacm1 >/dev/null 2>&1 || { \
+	  if command -v apt-get >/dev/null; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libibverbs1 librdmacm1) >/dev/null; \
+	  else echo "install the RDMA userspace libraries (libibverbs, librdmacm) to test beside them" >&2; fi; }
+
 demo: env
 	$(PY) -m kvplane.demo
 
-test: env etcd lint
-	$(PY) -m pytest -q
+test: env etcd rdma lint
+	$(PY) -m pytest -q -m "not engines"
+
+# kvplane beside real vLLM and SGLang servers (tests/engines/test_engine_clusters.py): creates the
+# engines' virtualenvs first (minutes, once). About 10 minutes on 2 cores; see docs/operations.md.
+test-engines: engines-env etcd rdma
+	$(PY) -m pytest -q -m engines tests/engines
+
+# The chaos suite: a seeded, randomized fault schedule against a local etcd-backed cluster under
+# checked greedy traffic (tests/chaos/run.py). CHAOS_ARGS="--steps 8" for a short run (CI).
+CHAOS_ARGS ?= --seed 7 --steps 16
+chaos: env etcd rdma
+	$(PY) -m tests.chaos.run $(CHAOS_ARGS)
 
 # The process-free tests only (seconds): what to run while editing.
 test-fast: env
-	$(PY) -m pytest -q -m "not cluster"
+	$(PY) -m pytest -q -m "not cluster and not engines"
 
 lint: env
 	$(VENV)/bin/ruff check .

@@ -7,13 +7,16 @@ status codes. It also holds batch requests in the batch queue, relays the agent'
 metrics and serves the admin RPCs.
 
 Nothing is lost: a request either streams to completion or its caller gets a status saying why
-it failed. A decode worker that fails before the first token is retried once elsewhere.
+it failed. A decode worker that fails or stalls (relay.py's progress timeouts) before the first
+token is routed around; after tokens were sent the request migrates to another worker and the
+stream continues after them (core/failover.py); a stalled worker is taken out of routing.
 
 Security (docs/security.md): the AuthInterceptor has admitted the caller before any handler runs
 (kvplane.security.auth.caller()). The cache salt of a request is derived from the caller's tenant
 (a client salt only narrows it), so Route, metrics and cache hits only ever see the caller's own
-tenant's blocks. Every agent call carries a ticket signed for exactly that call. Prompt text is
-bounded before anything else happens, and no message echoes unbounded input.
+tenant's blocks. Every agent call carries a ticket signed for exactly that call (a migrated
+request's too, for its resumed prompt). Prompt text is bounded before anything else happens, and
+no message echoes unbounded input.
 """
 
 from __future__ import annotations
@@ -31,26 +34,33 @@ from controlplane import keys
 from controlplane.batch_queue import BatchQueue
 from controlplane.cluster_state import ClusterState
 from controlplane.config import ControlPlaneConfig
+from controlplane.core import failover
 from controlplane.core.admission_base import Reject, RejectKind
+from controlplane.core.failover import Failure
 from controlplane.core.planner import Outcome, Plan, Planner, Routed
-from controlplane.core.routing import NoCandidateError, RouteDecision, RouteRequest
+from controlplane.core.routing import NoCandidateError, NoPrefillWorkerError, RouteDecision, RouteRequest
 from controlplane.core.settings import SettingError, validate_setting
-from controlplane.observe import RequestObservation, record_admission
+from controlplane.observe import RequestObservation, record_admission, record_migration
+from controlplane.relay import WorkerFailed, agent_stream
 from controlplane.store.base import Store, StoreError
 from kvplane import tickets
 from kvplane.convert import disagg_from_pb
-from kvplane.errors import ERROR_KIND_KEY, UNKNOWN_MODEL, rejection_trailers
+from kvplane.errors import ERROR_KIND_KEY, UNKNOWN_MODEL, component_trailers, rejection_trailers
 from kvplane.grpc_util import aio_channel
+from kvplane.sampling import sampling_problem
 from kvplane.security.auth import caller
 from kvplane.security.credentials import Credentials
 from kvplane.security.identity import ANONYMOUS, tenant_cache_salt
 from kvplane.security.limits import MAX_ID_CHARS, clip
 from kvplane.telemetry import tracing
 from kvplane.telemetry.window import StatsWindow
-from kvplane.types import PRIORITIES, DisaggMode, Tier, WorkerId
+from kvplane.types import PRIORITIES, Tier, WorkerId
 from kvplane.v1 import agent_pb2, agent_pb2_grpc, client_pb2, client_pb2_grpc
 
 log = logging.getLogger(__name__)
+
+TOKENIZE_TIMEOUT_S = 10.0  # per worker asked (or less: the request's own deadline)
+DEADLINE_SLACK_S = 0.05  # an agent call failing this close to the caller's deadline failed because of it
 
 
 @dataclass(slots=True)
@@ -105,6 +115,8 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
         state.worker_removed_listeners.append(self.planner.worker_removed)
         self._batch_queue = BatchQueue(config.batch_queue_size, config.batch_queue_timeout_s, config.batch_poll_s, clock=clock)
         self.stats_window = StatsWindow()  # recent per-worker request stats, served by GetStats
+        for failure in (Failure.WORKER, Failure.STALLED):
+            record_migration(failure.value, count=0)
         self.metrics_url = ""
 
     # -- validation ----------------------------------------------------------------------------
@@ -140,8 +152,9 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"sampling.max_tokens {s.max_tokens} is above this model's limit of {limits.max_tokens_limit}",
             )
-        if not math.isfinite(s.temperature) or s.temperature < 0 or not 0 <= s.top_p <= 1:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "temperature must be >= 0 and top_p within [0, 1]")
+        problem = sampling_problem(s.temperature, s.top_p, s.top_k)
+        if problem is not None:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"sampling.{problem}")
         token_ids = await self._prompt_tokens(request, model, workers, context)
         bad = next((t for t in token_ids if t >= limits.vocab_size), None)
         if bad is not None:
@@ -201,12 +214,15 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
         for worker_id, endpoint in workers:
             try:
                 request.ticket.CopyFrom(self._signer.issue(tickets.TOKENIZE, worker_id, digest=tickets.tokenize_digest(request)))
-                reply = await self._stubs.get(endpoint).Tokenize(request, timeout=10)
+                time_left = context.time_remaining()
+                timeout = TOKENIZE_TIMEOUT_S if time_left is None else min(TOKENIZE_TIMEOUT_S, time_left)
+                reply = await self._stubs.get(endpoint).Tokenize(request, timeout=timeout)
                 return list(reply.token_ids)
             except grpc.aio.AioRpcError as e:
                 if e.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION):
                     await context.abort(e.code(), e.details())
                 failures.append(f"{endpoint}: {e.details()}")
+        context.set_trailing_metadata(component_trailers("workers"))
         await context.abort(grpc.StatusCode.UNAVAILABLE, f"no worker could tokenize the prompt ({'; '.join(failures)})")
 
     # -- planning: the planner's answers as status codes -------------------------------------------
@@ -218,8 +234,12 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
             try:
                 routed = self.planner.route(v.route, self._state.view().without(exclude), settings, self._clock())
             except NoCandidateError as e:
-                code = grpc.StatusCode.FAILED_PRECONDITION if v.route.disagg is DisaggMode.ALWAYS else grpc.StatusCode.UNAVAILABLE
-                await context.abort(code, str(e))
+                # FAILED_PRECONDITION only when the deployment lacks what `always` needs; workers
+                # that exist but are out for now (failed this request, stalled) are worth a retry.
+                permanent = isinstance(e, NoPrefillWorkerError) and not (e.transient or exclude)
+                failed = f" (left out after failing this request: {', '.join(sorted(exclude))}; retry later)" if exclude else ""
+                context.set_trailing_metadata(component_trailers("controlplane"))
+                await context.abort(grpc.StatusCode.FAILED_PRECONDITION if permanent else grpc.StatusCode.UNAVAILABLE, f"{e}{failed}")
             if span.is_recording():
                 span.set_attributes(_route_attributes(routed.decision))
         return routed
@@ -282,51 +302,57 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
         return _route_response(v, verdict, self.planner.admissible(routed, self._state.settings))
 
     async def Generate(self, request: client_pb2.GenerateRequest, context):
+        """Plans and relays the request. A decode worker that fails (dies, stalls, drains) before
+        the first token is routed around; after tokens were sent the request migrates to another
+        worker and the stream continues after them (core/failover.py decides which)."""
         started = self._clock()
         v = await self._validate(request, context)
         observation = RequestObservation(self.stats_window)
+        limits = self._config.failover
+        sent: list[int] = list(request.resume_token_ids)  # every token the caller has
+        resumed_by_caller = bool(sent)
         exclude: set[str] = set()
-        for attempt in range(self._config.max_route_attempts):
-            plan, queued_s = await self._plan(v, context, frozenset(exclude))
+        num_attempts = num_migrations = 0
+        queued_s = 0.0
+        first_token_at: float | None = None
+        last_token_at, num_new_tokens = 0.0, 0
+        migrating = False
+        while True:
+            time_left = context.time_remaining()
+            if time_left is not None and time_left <= 0:
+                await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "the request's deadline passed while it was being moved")
+            num_attempts += 1
+            route = failover.resumed(v.route, sent) if sent else v.route
+            if migrating:
+                plan = await self._place(route, context, frozenset(exclude))
+            else:
+                plan, queued_s = await self._plan(Validated(v.request_id, route, v.tenant), context, frozenset(exclude))
             decode = self._state.workers.get(plan.decode_worker)
             prefill = self._state.workers.get(plan.prefill_worker) if plan.prefill_worker else None
             if decode is None or (plan.prefill_worker and prefill is None):
-                exclude.add(plan.decode_worker)
+                exclude.add(plan.decode_worker)  # it left since planning
                 continue
             fetch = self._state.workers.get(plan.fetch_from) if plan.fetch_from else None
             if plan.fetch_from and fetch is None:
                 plan = plan.without_fetch()  # the holder left since planning
             observation.routed(v.request_id, v.route.model, plan)
             dispatch = self.planner.dispatched(plan, self._clock())
-            source_id = plan.prefill_worker or plan.fetch_from or ""
-            ticket = self._signer.issue(
-                tickets.GENERATE, plan.decode_worker, request_id=v.request_id, prefill_worker_id=source_id,
-                prompt_token_ids=v.route.prompt_token_ids, cache_salt=v.route.cache_salt, tenant=v.tenant,
-            )  # fmt: skip
-            agent_request = agent_pb2.AgentGenerateRequest(
-                ticket=ticket,
-                request_id=v.request_id,
-                prompt_token_ids=v.route.prompt_token_ids,
-                sampling=request.sampling,
-                cache_salt=v.route.cache_salt,
-            )
-            if prefill is not None:
-                agent_request.prefill_from.CopyFrom(agent_pb2.PrefillSource(worker_id=plan.prefill_worker, endpoint=prefill.info.endpoint))
-            elif fetch is not None:
-                agent_request.prefill_from.CopyFrom(
-                    agent_pb2.PrefillSource(worker_id=plan.fetch_from, endpoint=fetch.info.endpoint, cached_only=True)
-                )
-            sent_any = False
-            first_token_at: float | None = None
-            last_token_at, num_tokens = 0.0, 0
+            agent_request = self._agent_request(v, request, plan, route, prefill, fetch, num_resumed=len(sent))
             try:
-                async for reply in self._stubs.get(decode.info.endpoint).Generate(agent_request):
+                async for reply in agent_stream(
+                    self._stubs.get(decode.info.endpoint), agent_request, plan.decode_worker,
+                    time_left_s=context.time_remaining(),
+                    first_token_timeout_s=self._config.first_token_timeout_s, token_timeout_s=self._config.token_timeout_s,
+                    paused_since=self._state.pauses.paused_since,
+                ):  # fmt: skip
                     if reply.token_ids:
                         last_token_at = self._clock()
+                        if num_new_tokens == 0:
+                            self.planner.prefill_ended(dispatch, last_token_at)
                         if first_token_at is None:
                             first_token_at = last_token_at
-                            self.planner.prefill_ended(dispatch, first_token_at)
-                        num_tokens += len(reply.token_ids)
+                        num_new_tokens += len(reply.token_ids)
+                        sent.extend(reply.token_ids)
                     observation.on_reply(len(reply.token_ids))
                     out = client_pb2.GenerateResponse(
                         token_ids=reply.token_ids,
@@ -337,39 +363,102 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
                     )
                     if reply.finished:
                         self._finish_metrics(out.metrics, reply.metrics, plan, v, queued_s, started, first_token_at)
+                        out.metrics.prompt_tokens = len(v.route.prompt_token_ids)
+                        out.metrics.num_migrations = num_migrations
                         if fetch is not None and not reply.metrics.kv_fetched_from:
                             out.metrics.route_reason += f" (the fetch from {plan.fetch_from} failed; prefilled locally)"
-                        outcome = Outcome(
-                            ttft_s=first_token_at - started - queued_s if first_token_at is not None else None,
-                            tpot_s=(last_token_at - first_token_at) / (num_tokens - 1)
-                            if first_token_at is not None and num_tokens > 1
-                            else None,
-                            kv_transfer_bytes=reply.metrics.kv_transfer_bytes,
-                            kv_transfer_s=reply.metrics.kv_transfer_ms / 1000,
-                        )
+                        outcome = None
+                        if num_migrations == 0 and not resumed_by_caller:  # a moved request measured two workers
+                            outcome = Outcome(
+                                ttft_s=first_token_at - started - queued_s if first_token_at is not None else None,
+                                tpot_s=(last_token_at - first_token_at) / (num_new_tokens - 1) if num_new_tokens > 1 else None,
+                                kv_transfer_bytes=reply.metrics.kv_transfer_bytes,
+                                kv_transfer_s=reply.metrics.kv_transfer_ms / 1000,
+                            )
                         # Released before the caller sees the end, so its next request finds the worker free.
                         self.planner.finished(dispatch, self._clock(), outcome)
                         observation.finished(out.metrics)
-                    sent_any = True
                     yield out
                 return
-            except grpc.aio.AioRpcError as e:
-                retryable = e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
-                if retryable and not sent_any and attempt + 1 < self._config.max_route_attempts:
-                    log.warning(
-                        "decode worker %s failed before the first token (%s); routing %s again",
-                        plan.decode_worker,
-                        e.code().name,
-                        v.request_id,
-                    )
-                    exclude.add(plan.decode_worker)
-                    continue
-                observation.failed(e.code().name)
-                await context.abort(_relayed_code(e), f"worker {plan.decode_worker}: {e.details()}")
+            except WorkerFailed as e:
+                time_left = context.time_remaining()
+                if time_left is not None and time_left <= DEADLINE_SLACK_S:
+                    # The caller's own deadline ended the agent's call: not the worker's fault.
+                    observation.failed("DEADLINE_EXCEEDED")
+                    await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, f"the request's deadline passed on decode worker {e.worker_id}")
+                if e.failure is Failure.STALLED:
+                    self.planner.worker_stalled(WorkerId(e.worker_id), self._clock())
+                elif e.failure is Failure.WORKER:
+                    self.planner.worker_failed(WorkerId(e.worker_id), self._clock())
+                step = failover.next_step(e.failure, len(sent), num_attempts, num_migrations, limits)
+                if step is failover.Step.FAIL:
+                    observation.failed(e.code.name)
+                    await self._fail(context, e, len(sent), num_migrations)
+                log.warning(
+                    "decode worker %s failed %s (%s); %s %s", e.worker_id,
+                    f"after {len(sent)} tokens" if sent else "before the first token", e.details, step.value, v.request_id,
+                )  # fmt: skip
+                exclude.add(e.worker_id)
+                if step is failover.Step.MIGRATE:
+                    num_migrations += 1
+                    migrating = True
+                    record_migration(e.failure.value)
+                    if len(sent) >= v.route.max_tokens:  # the last token arrived, the end did not
+                        yield client_pb2.GenerateResponse(finished=True, finish_reason="length", request_id=v.request_id)
+                        return
             finally:
-                # Failed, or the caller went away: release what it was charged with (idempotent).
+                # Failed, moved, or the caller went away: release what it was charged with (idempotent).
                 self.planner.finished(dispatch, self._clock())
-        await context.abort(grpc.StatusCode.UNAVAILABLE, "no worker could take the request; try again")
+
+    def _agent_request(
+        self, v: Validated, request: client_pb2.GenerateRequest, plan: Plan, route: RouteRequest, prefill, fetch, num_resumed: int
+    ) -> agent_pb2.AgentGenerateRequest:
+        source_id = plan.prefill_worker or plan.fetch_from or ""
+        # A fresh ticket per attempt, bound to this attempt's prompt (a migrated request's carries
+        # the tokens already sent) and the tenant-derived salt.
+        ticket = self._signer.issue(
+            tickets.GENERATE, plan.decode_worker, request_id=v.request_id, prefill_worker_id=source_id,
+            prompt_token_ids=route.prompt_token_ids, cache_salt=route.cache_salt, tenant=v.tenant,
+        )  # fmt: skip
+        agent_request = agent_pb2.AgentGenerateRequest(
+            ticket=ticket,
+            request_id=v.request_id,
+            prompt_token_ids=route.prompt_token_ids,
+            sampling=request.sampling,
+            cache_salt=route.cache_salt,
+            num_resumed_tokens=num_resumed,
+        )
+        agent_request.sampling.max_tokens = route.max_tokens  # what is left of it after a resume
+        if prefill is not None:
+            agent_request.prefill_from.CopyFrom(agent_pb2.PrefillSource(worker_id=plan.prefill_worker, endpoint=prefill.info.endpoint))
+        elif fetch is not None:
+            agent_request.prefill_from.CopyFrom(
+                agent_pb2.PrefillSource(worker_id=plan.fetch_from, endpoint=fetch.info.endpoint, cached_only=True)
+            )
+        return agent_request
+
+    async def _place(self, route: RouteRequest, context, exclude: frozenset[str]) -> Plan:
+        """Where a migrating request goes: the router's choice, no admission (it was admitted)."""
+        try:
+            return self.planner.place(route, self._state.view().without(exclude), self._state.settings, self._clock())
+        except NoCandidateError as e:
+            context.set_trailing_metadata(component_trailers("controlplane"))
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE,
+                f"the request's decode worker failed ({', '.join(sorted(exclude))}) and no other can continue it: {e}",
+            )
+
+    async def _fail(self, context, e: WorkerFailed, num_sent: int, num_migrations: int) -> None:
+        """Ends the call for a worker failure: UNAVAILABLE (retryable) unless the request itself
+        failed; the message and a trailer name the worker, so nobody blames the control plane."""
+        context.set_trailing_metadata(component_trailers(f"worker {e.worker_id}"))
+        if e.failure is Failure.REQUEST:
+            await context.abort(relayed_code(e.code), f"decode worker {e.worker_id} failed the request: {e.details}")
+        where = f"after {num_sent} tokens" if num_sent else "before the first token"
+        moved = f"; moved {num_migrations} times already (the limit)" if num_migrations else ""
+        await context.abort(
+            grpc.StatusCode.UNAVAILABLE, f"decode worker {e.worker_id} failed {where} ({e.details}){moved}; retry the request"
+        )
 
     def _finish_metrics(
         self, out, agent_metrics, plan: Plan, v: Validated, queued_s: float, started: float, first_token_at: float | None
@@ -415,7 +504,8 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
         reply = client_pb2.GetCacheResponse()
         by_tier = self._state.index.blocks_by_tier()
         for worker_id in sorted(set(self._state.workers) | set(by_tier)):
-            wc = reply.workers.add(worker_id=worker_id)
+            entry = self._state.workers.get(WorkerId(worker_id))
+            wc = reply.workers.add(worker_id=worker_id, num_pinned_blocks=entry.load.num_pinned_blocks if entry else 0)
             for tier in Tier:
                 wc.blocks_by_tier[tier.value] = by_tier.get(WorkerId(worker_id), {}).get(tier, 0)
         return reply
@@ -431,10 +521,12 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
                 timeout=300,
             )  # fmt: skip
         except grpc.aio.AioRpcError as e:
-            await context.abort(_relayed_code(e), f"profiling {request.worker_id} failed: {e.details()}")
+            context.set_trailing_metadata(component_trailers(f"worker {request.worker_id}"))
+            await context.abort(relayed_code(e.code()), f"profiling {request.worker_id} failed: {e.details()}")
         try:
             await self._store.put(keys.profile_key(request.worker_id), reply.profile.SerializeToString())
         except StoreError as e:
+            context.set_trailing_metadata(component_trailers("store"))
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"profile measured but not stored: {e}")
         return client_pb2.ProfileWorkerResponse(worker_id=request.worker_id, model=reply.model, num_samples=len(reply.profile.samples))
 
@@ -453,6 +545,7 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
         except SettingError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         except StoreError as e:
+            context.set_trailing_metadata(component_trailers("store"))
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"store unavailable: {e}")
         return await self._config_response(context)
 
@@ -461,6 +554,7 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
         try:
             items, _ = await self._store.get_prefix(keys.SETTINGS)
         except StoreError as e:
+            context.set_trailing_metadata(component_trailers("store"))
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"store unavailable: {e}")
         return client_pb2.ConfigResponse(values={kv.key[len(keys.SETTINGS) :]: kv.value.decode() for kv in items})
 
@@ -487,16 +581,17 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
             else:
                 reply = await stub.Undrain(agent_pb2.UndrainRequest(ticket=self._signer.issue(tickets.UNDRAIN, worker_id)), timeout=10)
         except grpc.aio.AioRpcError as e:
+            context.set_trailing_metadata(component_trailers(f"worker {worker_id}"))
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"{verb} {worker_id} failed: {e.details()}")
         entry.state = reply.state
         return client_pb2.DrainWorkerResponse(worker_id=worker_id, state=reply.state)
 
 
-def _relayed_code(e: grpc.aio.AioRpcError) -> grpc.StatusCode:
+def relayed_code(code: grpc.StatusCode) -> grpc.StatusCode:
     """An agent's status as this replica's: its auth failures are this replica's, not the caller's, fault."""
-    if e.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNKNOWN):
+    if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNKNOWN):
         return grpc.StatusCode.UNAVAILABLE
-    return e.code()
+    return code
 
 
 def _route_response(v: Validated, plan: Plan, admissible: dict[WorkerId, bool]) -> client_pb2.RouteResponse:

@@ -3,6 +3,14 @@
 Workers, their latest load and the cache index all come from keys under /kvplane/. A worker's
 keys live under its lease, so when the lease expires (the agent died) the store deletes them and
 the worker-key delete removes it from routing and from the index, with nobody calling it.
+
+KV events are numbered end to end: the agent numbers its batches, the store keeps them in order,
+and every load report names the last batch the agent published (`kv_seq`). A batch number that
+skips one, or a report naming a batch the index never got (it was lost: the store delivers in
+order, so it would have come first), is a gap: the replica writes /kvplane/resync/<worker>, the
+replica serving that worker's next load report asks it for a snapshot, and the snapshot replaces
+what the index held for it (and clears the request). A watch that fell behind the store's
+compacted history lists everything again instead.
 """
 
 from __future__ import annotations
@@ -14,10 +22,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from controlplane import keys
-from controlplane.core.index import CacheIndex, ClearedEvent, RemovedEvent, StoredEvent
+from controlplane.core.index import NO_SEQ, CacheIndex, ClearedEvent, RemovedEvent, StoredEvent
 from controlplane.core.settings import ClusterSettings
 from controlplane.core.views import DEFAULT_CHUNK_TOKENS, ClusterView, WorkerLoadView, WorkerView
-from controlplane.store.base import EventType, Store, WatchEvent
+from controlplane.pause import PauseDetector
+from controlplane.store.base import EventType, Store, StoreCompacted, StoreError, WatchEvent
 from kvplane.convert import layout_from_pb, role_from_pb, tier_from_pb
 from kvplane.latency import StepTimeModel
 from kvplane.types import BlockHash, Tier, WorkerId
@@ -48,9 +57,20 @@ def events_from_pb(events: Sequence[common_pb2.KVEvent]) -> list[StoredEvent | R
     return out
 
 
+STORE_PROBE_INTERVAL_S = 0.5  # how often the replica checks that the store answers
+TRUST_AFTER_PAUSE_S = 1.0  # after this replica was itself paused, the store's health counts again only this much later
+
+
 class ClusterState:
     def __init__(self, store: Store) -> None:
         self._store = store
+        self.store_ok_at: float | None = None  # monotonic time a store probe last succeeded
+        self._probe_task: asyncio.Task | None = None
+        # This replica's own pauses: afterwards every report looks old until the watch catches up,
+        # so silence is not judged until the store has been heard from again a while later.
+        self.pauses = PauseDetector()
+        self.pauses.on_pause.append(self._after_pause)
+        self._trust_store_after = 0.0
         self.workers: dict[WorkerId, WorkerEntry] = {}
         self.index = CacheIndex()
         self.settings = ClusterSettings()
@@ -62,23 +82,62 @@ class ClusterState:
         self.kv_stored_listeners: list[Callable[[WorkerId, Sequence[BlockHash]], None]] = []
         self.load_reported_listeners: list[Callable[[WorkerId, float, float | None], None]] = []
         self.worker_removed_listeners: list[Callable[[WorkerId], None]] = []
+        # Snapshot requests in the store (any replica's): worker -> the seq after which a gap was seen.
+        self.resync_requests: dict[WorkerId, int] = {}
+        self.num_gaps_detected = 0  # by this replica
+        self._pending_writes: set[asyncio.Task] = set()
 
     async def start(self) -> None:
-        items, revision = await self._store.get_prefix(keys.ROOT)
-        # Workers first so load and KV keys of a known worker attach to it.
-        for kv in sorted(items, key=lambda kv: not kv.key.startswith(keys.WORKERS)):
-            self._apply(WatchEvent(EventType.PUT, kv.key, kv.value, kv.mod_revision))
-        self.revision = revision
-        self._watch_task = asyncio.create_task(self._watch(revision + 1), name="cluster-watch")
+        self.revision = await self._list()
+        self.store_ok_at = time.monotonic()
+        self._watch_task = asyncio.create_task(self._watch(self.revision + 1), name="cluster-watch")
+        self._probe_task = asyncio.create_task(self._probe(), name="store-probe")
+        self.pauses.start()
         self._synced.set()
 
+    async def _list(self) -> int:
+        """Applies every key under /kvplane/ (workers first, so that their load and KV keys attach
+        to them); workers the listing lacks are gone. Returns the listing's revision."""
+        items, revision = await self._store.get_prefix(keys.ROOT)
+        listed = {WorkerId(kv.key[len(keys.WORKERS) :]) for kv in items if kv.key.startswith(keys.WORKERS)}
+        for worker_id in [w for w in self.workers if w not in listed]:
+            self._apply(WatchEvent(EventType.DELETE, keys.worker_key(worker_id), b"", revision))
+        self.resync_requests = {w: s for w, s in self.resync_requests.items() if w in listed}
+        # Snapshot requests before load reports, so that a known gap is not found (and asked for) again.
+        for kv in sorted(items, key=lambda kv: (not kv.key.startswith(keys.WORKERS), not kv.key.startswith(keys.RESYNC))):
+            self._apply(WatchEvent(EventType.PUT, kv.key, kv.value, kv.mod_revision))
+        return revision
+
+    def snapshot_requested(self, worker_id: str) -> bool:
+        """Some replica asked this worker for a full KV snapshot and none has arrived since."""
+        return WorkerId(worker_id) in self.resync_requests
+
     async def stop(self) -> None:
-        if self._watch_task:
-            self._watch_task.cancel()
+        await self.pauses.stop()
+        for task in (self._watch_task, self._probe_task):
+            if task:
+                task.cancel()
+                try:
+                    await task
+                except (asyncio.CancelledError, Exception):
+                    pass
+
+    async def _probe(self) -> None:
+        """Notes when the store last answered, so that silent workers can be told from a silent store."""
+        while True:
+            await asyncio.sleep(STORE_PROBE_INTERVAL_S)
+            sent_at = time.monotonic()
             try:
-                await self._watch_task
-            except (asyncio.CancelledError, Exception):
-                pass
+                await self._store.get(keys.TICKET_KEY)
+            except StoreError as e:
+                log.debug("store probe failed: %s", e)
+            else:
+                if sent_at >= self._trust_store_after:
+                    self.store_ok_at = sent_at  # the store worked at least as late as this
+
+    def _after_pause(self, gap_s: float) -> None:
+        self.store_ok_at = None
+        self._trust_store_after = time.monotonic() + TRUST_AFTER_PAUSE_S
 
     async def _watch(self, start_revision: int) -> None:
         while True:
@@ -90,6 +149,14 @@ class ClusterState:
                 return  # store closed
             except asyncio.CancelledError:
                 raise
+            except StoreCompacted as e:
+                # History we missed is gone: list everything again, then watch from there.
+                log.warning("store watch fell behind compaction (%s); listing the cluster again", e)
+                try:
+                    start_revision = await self._list() + 1
+                except StoreError as list_error:
+                    log.warning("listing the cluster failed (%s); retrying", list_error)
+                    await asyncio.sleep(0.5)
             except Exception as e:  # a broken watch must not leave a stale view: resume where it stopped
                 log.warning("store watch failed (%s); resuming from revision %d", e, start_revision)
                 await asyncio.sleep(0.5)
@@ -107,6 +174,12 @@ class ClusterState:
                 self._apply_kv(key, event.value)
             elif key.startswith(keys.SETTINGS):
                 self._apply_setting(key[len(keys.SETTINGS) :], event)
+            elif key.startswith(keys.RESYNC):
+                worker_id = WorkerId(key[len(keys.RESYNC) :])
+                if event.type is EventType.DELETE:
+                    self.resync_requests.pop(worker_id, None)
+                else:
+                    self.resync_requests[worker_id] = int(event.value or b"0")
         except Exception:
             log.exception("ignoring malformed store entry %s", key)
 
@@ -114,6 +187,7 @@ class ClusterState:
         if event.type is EventType.DELETE:
             self.workers.pop(worker_id, None)
             self.index.remove_worker(worker_id)
+            self.resync_requests.pop(worker_id, None)
             for listener in self.worker_removed_listeners:
                 listener(worker_id)
             log.info("worker %s left (lease expired or deregistered)", worker_id)
@@ -133,6 +207,9 @@ class ClusterState:
         if entry is None:
             return
         report = registry_pb2.ReportLoadRequest.FromString(value)
+        if report.kv_seq > self.index.last_seq(worker_id) >= 0:
+            # The agent published a batch this index never got; it would have come before this report.
+            self._gap(worker_id, self.index.last_seq(worker_id), f"its load report names KV batch {report.kv_seq}")
         entry.load = report.load
         entry.state = report.state or entry.state
         entry.load_at = time.monotonic()
@@ -150,18 +227,47 @@ class ClusterState:
         worker_id, seq = keys.parse_kv_key(key)
         batch = registry_pb2.PublishKVEventsRequest.FromString(value)
         events = events_from_pb(batch.events)
+        worker_id = WorkerId(worker_id)
         if batch.snapshot:
             by_tier: dict[Tier, list[BlockHash]] = {}
             for ev in events:
                 if isinstance(ev, StoredEvent):
                     by_tier.setdefault(ev.tier, []).extend(ev.block_hashes)
-            self.index.apply_snapshot(WorkerId(worker_id), seq, by_tier)
+            self.index.apply_snapshot(worker_id, seq, by_tier)
+            requested = self.resync_requests.get(worker_id)
+            if requested is not None and seq > requested:
+                self._write(self._store.delete(keys.resync_key(worker_id)), f"clearing the snapshot request of {worker_id}")
         else:
-            self.index.apply_batch(WorkerId(worker_id), seq, events)
+            last = self.index.last_seq(worker_id)
+            if last != NO_SEQ and seq > last + 1:
+                self._gap(worker_id, last, f"batch {seq} follows batch {last}")
+            self.index.apply_batch(worker_id, seq, events)
         for ev in events:
             if isinstance(ev, StoredEvent):
                 for listener in self.kv_stored_listeners:
                     listener(WorkerId(worker_id), ev.block_hashes)
+
+    def _gap(self, worker_id: WorkerId, last_seq: int, why: str) -> None:
+        """A lost KV batch: ask the worker (through whichever replica it reports to) for a snapshot."""
+        if worker_id in self.resync_requests or worker_id not in self.workers:
+            return
+        self.num_gaps_detected += 1
+        self.resync_requests[worker_id] = last_seq  # at once here; other replicas see the key
+        log.warning("gap in the KV events of %s (%s); asking it for a snapshot", worker_id, why)
+        self._write(self._store.put(keys.resync_key(worker_id), str(last_seq).encode()), f"requesting a snapshot of {worker_id}")
+
+    def _write(self, coro, what: str) -> None:
+        """A store write from the (synchronous) watch handler, in the background."""
+
+        async def run():
+            try:
+                await coro
+            except StoreError as e:
+                log.warning("%s failed: %s", what, e)
+
+        task = asyncio.get_running_loop().create_task(run())
+        self._pending_writes.add(task)
+        task.add_done_callback(self._pending_writes.discard)
 
     def _apply_setting(self, name: str, event: WatchEvent) -> None:
         values = dict(self.settings.values)
@@ -177,7 +283,7 @@ class ClusterState:
     def view(self) -> ClusterView:
         """Every worker as it last reported, and the cache index (the planner corrects the loads
         for what this replica routed since)."""
-        return ClusterView(tuple(_worker_view(worker_id, e) for worker_id, e in self.workers.items()), self.index)
+        return ClusterView(tuple(_worker_view(worker_id, e) for worker_id, e in self.workers.items()), self.index, self.store_ok_at)
 
 
 def _worker_view(worker_id: WorkerId, e: WorkerEntry) -> WorkerView:
@@ -203,4 +309,6 @@ def _worker_view(worker_id: WorkerId, e: WorkerEntry) -> WorkerView:
         latency=e.latency,
         chunk_tokens=info.max_num_batched_tokens or DEFAULT_CHUNK_TOKENS,
         max_num_seqs=info.max_num_seqs,
+        reported_at=e.load_at,
+        transports=tuple(info.transports),
     )

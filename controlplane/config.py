@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from controlplane.core.failover import FailoverLimits
 from controlplane.core.planner import PlannerConfig
 from kvplane import tickets
 from kvplane.security import limits
@@ -15,15 +16,22 @@ DEFAULT_PORT = 50051
 class ControlPlaneConfig:
     host: str = "127.0.0.1"
     port: int = DEFAULT_PORT
-    store: str = "memory"  # "memory" or "etcd://host:port"
+    store: str = "memory"  # "memory", "etcd://host:port" or "etcd://h1:p1,h2:p2,..." (members of one cluster)
     lease_ttl_s: int = 10  # worker leases; agents renew at a third of it
     kv_compact_every_s: float = 10.0  # drop a worker's event batches older than its latest snapshot
     max_route_attempts: int = 2  # a decode worker that fails before the first token is retried elsewhere once
+    max_migrations: int = 2  # after tokens were sent, a failed decode worker's request moves at most this often
+    first_token_timeout_s: float = 60.0  # no first token this long after dispatch: the worker stalled
+    token_timeout_s: float = 15.0  # no next token this long: the worker stalled
     batch_queue_size: int = 64  # batch requests that may wait for admission instead of being rejected
     batch_queue_timeout_s: float = 30.0  # how long one may wait before it is rejected after all
     batch_poll_s: float = 0.05  # how often a waiting batch request asks admission again
     http_port: int = -1  # the OpenAI-compatible HTTP API (controlplane/http/): -1 = off, 0 = any free port
     planner: PlannerConfig = field(default_factory=PlannerConfig)  # routing, admission, prediction
+    # What a registering worker must match (controlplane/registration.py): the models this cluster
+    # serves (empty = any) and the KV block size of every worker (0 = one per model, set by its first worker).
+    models: tuple[str, ...] = ()
+    block_size: int = 0
     # Limits (docs/security.md): what one caller or worker can make this replica hold or do.
     max_lease_ttl_s: int = 60  # a worker asking for a longer lease gets this one
     max_workers: int = 1024  # registered workers in the cluster
@@ -55,6 +63,10 @@ class ControlPlaneConfig:
             options["password"] = open(self.etcd_password_file).read().strip() if self.etcd_password_file else ""
         return options
 
+    @property
+    def failover(self) -> FailoverLimits:
+        return FailoverLimits(self.max_route_attempts, self.max_migrations)
+
     def validate(self) -> ControlPlaneConfig:
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in 0..65535, got {self.port}")
@@ -66,6 +78,15 @@ class ControlPlaneConfig:
             raise ValueError("batch_queue_size and batch_queue_timeout_s must be >= 0 and batch_poll_s > 0")
         if self.max_route_attempts < 1:
             raise ValueError(f"max_route_attempts must be at least 1, got {self.max_route_attempts}")
+        if self.max_migrations < 0:
+            raise ValueError(f"max_migrations must be >= 0, got {self.max_migrations}")
+        for name in ("first_token_timeout_s", "token_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.block_size < 0:
+            raise ValueError(f"block_size must be >= 0 (0 = set by each model's first worker), got {self.block_size}")
+        if any(not m for m in self.models):
+            raise ValueError("a served model name must not be empty")
         if not 2 <= self.max_lease_ttl_s <= 3600 or self.lease_ttl_s > self.max_lease_ttl_s:
             raise ValueError(f"max_lease_ttl_s must be in 2..3600 and at least lease_ttl_s, got {self.max_lease_ttl_s}")
         if min(self.max_workers, self.max_hashes_per_batch, self.max_blocks_per_worker, self.max_prompt_bytes, self.rate_limit_burst) < 1:

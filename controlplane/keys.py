@@ -11,6 +11,8 @@
 /kvplane/config/settings/<key>  run-time settings (`kvplane config set`), watched by every replica
 /kvplane/profiles/<id>      LatencyProfile measured by `kvplane profile`; no lease, so a restarted
                             worker starts from it
+/kvplane/resync/<id>        the KV event seq after which a replica found a gap: the worker is asked
+                            for a snapshot; deleted once one arrives (or the worker registers again)
 """
 
 from __future__ import annotations
@@ -23,6 +25,11 @@ TICKET_SIGNING_KEY = ROOT + "config/ticket_signing_key"
 SESSION_KEY = ROOT + "config/session_key"
 SETTINGS = ROOT + "config/settings/"
 PROFILES = ROOT + "profiles/"
+RESYNC = ROOT + "resync/"
+
+
+def resync_key(worker_id: str) -> str:
+    return RESYNC + worker_id
 
 
 def setting_key(name: str) -> str:

@@ -29,6 +29,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="serve the OpenAI-compatible HTTP API on this port (0 = any free port; default: off)",
     )
     parser.add_argument("--lease-ttl", type=int, default=d.lease_ttl_s, help="worker lease TTL in seconds (default %(default)s)")
+    faults = parser.add_argument_group("failures")
+    faults.add_argument("--max-migrations", type=int, default=d.max_migrations,
+                        help="times a request may move to another decode worker mid-stream when its worker fails (default %(default)s)")  # fmt: skip
+    faults.add_argument("--first-token-timeout", type=float, default=d.first_token_timeout_s,
+                        help="seconds without a first token before a decode worker counts as stalled (default %(default)s)")  # fmt: skip
+    faults.add_argument("--token-timeout", type=float, default=d.token_timeout_s,
+                        help="seconds without a next token before a decode worker counts as stalled (default %(default)s)")  # fmt: skip
+    parser.add_argument("--serve-model", action="append", default=[], metavar="NAME",
+                        help="a model this cluster serves (repeatable); a worker serving another is refused at registration (default: any)")  # fmt: skip
+    parser.add_argument("--block-size", type=int, default=d.block_size, metavar="N",
+                        help="the KV block size every worker must use; an engine with another is refused at registration "
+                        "(default 0: workers of one model must agree with its first)")  # fmt: skip
     add_config_arguments(parser.add_argument_group("routing, admission and prediction"), d.planner)
     security_flags.add_server_arguments(parser, controlplane=True)
     etcd = parser.add_argument_group("etcd's own TLS and auth")
@@ -58,6 +70,8 @@ def config_from_args(args: argparse.Namespace) -> ControlPlaneConfig:
     planner = planner_from_args(args, PlannerConfig())
     return ControlPlaneConfig(
         host=args.host, port=args.port, store=args.store, lease_ttl_s=args.lease_ttl, http_port=args.http_port, planner=planner,
+        max_migrations=args.max_migrations, first_token_timeout_s=args.first_token_timeout, token_timeout_s=args.token_timeout,
+        models=tuple(args.serve_model), block_size=args.block_size,
         max_workers=args.max_workers, max_lease_ttl_s=max(args.max_lease_ttl, args.lease_ttl),
         max_blocks_per_worker=args.max_blocks_per_worker, max_prompt_bytes=args.max_prompt_bytes,
         rate_limit_rps=args.rate_limit, rate_limit_burst=args.rate_burst, ticket_ttl_s=args.ticket_ttl,

@@ -50,6 +50,12 @@ def record_admission(verdict: Plan | Admit | Reject, policy: str, count: bool = 
             span.set_attributes({"kvplane.admission.detail": verdict.reason, "kvplane.admission.retry_after_s": verdict.retry_after_s})
 
 
+def record_migration(reason: str, count: int = 1) -> None:
+    """A request moved to another decode worker mid-stream (reason: core.failover.Failure value);
+    count=0 declares the series, so that a scrape shows it at 0 before the first migration."""
+    instruments().kvplane_request_migrations.add(count, {"kvplane.migration.reason": reason})
+
+
 class RequestObservation:
     __slots__ = (
         "_window",

@@ -1,7 +1,9 @@
 """Registry service: agents register under a store lease, keep it alive, report load and KV events.
 
 The control plane only relays to the store; the lease lives in the store, so any replica can
-serve an agent's keep-alive and a replica's death loses nothing.
+serve an agent's keep-alive and a replica's death loses nothing. The answer to a load report
+says whether some replica asked this worker for a KV snapshot (cluster_state.py: a gap in its
+event numbers).
 
 Who may do what (docs/security.md): Register needs a worker identity, either a certificate naming
 that worker id or the cluster's join token (which may claim any id that is free). A live
@@ -20,11 +22,12 @@ from collections.abc import Callable
 
 import grpc
 
-from controlplane import keys
+from controlplane import keys, registration
 from controlplane.config import ControlPlaneConfig
 from controlplane.secrets import ClusterSecrets
 from controlplane.store.base import Compare, Delete, Put, Store, StoreError
 from kvplane import tickets
+from kvplane.errors import component_trailers
 from kvplane.security.auth import caller
 from kvplane.security.identity import ANY_WORKER, IdentityError, Role, check_name
 from kvplane.security.limits import BLOCK_HASH_MAX_BYTES, clip
@@ -68,8 +71,10 @@ class RegistryService(registry_pb2_grpc.RegistryServicer):
         *,
         num_workers: Callable[[], int] = lambda: 0,
         blocks_of: Callable[[WorkerId], int] = lambda worker_id: 0,
+        snapshot_requested: Callable[[str], bool] = lambda worker_id: False,
     ) -> None:
         self._store = store
+        self._snapshot_requested = snapshot_requested  # a replica found a gap in this worker's KV events
         self._config = config
         self._secrets = secrets
         self._public_key = tickets.public_key_of(secrets.signing_key)
@@ -90,6 +95,7 @@ class RegistryService(registry_pb2_grpc.RegistryServicer):
             )
         ttl = min(request.ttl_seconds or self._config.lease_ttl_s, self._config.max_lease_ttl_s)
         ttl = max(ttl, 2)
+        await self._check_fits_cluster(request.info, context)
         info = common_pb2.WorkerInfo()
         info.CopyFrom(request.info)
         if info.state == common_pb2.WORKER_STATE_UNSPECIFIED:
@@ -114,14 +120,18 @@ class RegistryService(registry_pb2_grpc.RegistryServicer):
             guard = Compare.absent(worker_key) if current is None or owner else Compare.mod_revision(worker_key, "==", current.mod_revision)
             won = await self._store.transaction(
                 [guard],
-                [Delete(keys.kv_prefix(worker_id), prefix=True), Put(worker_key, info.SerializeToString(), lease=lease)],
+                [
+                    Delete(keys.kv_prefix(worker_id), prefix=True),
+                    Delete(keys.resync_key(worker_id)),
+                    Put(worker_key, info.SerializeToString(), lease=lease),
+                ],
             )
             if not won:
                 await self._store.lease_revoke(lease)
                 await context.abort(grpc.StatusCode.ALREADY_EXISTS, f"worker id {worker_id!r} was registered by someone else just now")
             stored_profile = await self._store.get(keys.profile_key(worker_id))
         except StoreError as e:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, f"store unavailable: {e}")
+            await _store_unavailable(context, e)
         log.info("registered %s as %s (lease %x, ttl %ds)", worker_id, identity or "unauthenticated", lease, ttl)
         reply = registry_pb2.RegisterResponse(
             worker_id=worker_id, lease_id=lease, ttl_seconds=ttl, ticket_public_key=self._public_key,
@@ -130,6 +140,16 @@ class RegistryService(registry_pb2_grpc.RegistryServicer):
         if stored_profile is not None:
             reply.profile.ParseFromString(stored_profile.value)
         return reply
+
+    async def _check_fits_cluster(self, info: common_pb2.WorkerInfo, context: grpc.aio.ServicerContext) -> None:
+        try:
+            items, _ = await self._store.get_prefix(keys.WORKERS)
+        except StoreError as e:
+            await _store_unavailable(context, e)
+        registered = [common_pb2.WorkerInfo.FromString(kv.value) for kv in items]
+        problem = registration.mismatch(info, registered, self._config.models, self._config.block_size)
+        if problem:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"registration refused: {problem}")
 
     async def _check_session(self, context, worker_id: str, lease_id: int, token: bytes) -> None:
         """Aborts unless the caller holds the session of (worker_id, lease_id)."""
@@ -149,7 +169,7 @@ class RegistryService(registry_pb2_grpc.RegistryServicer):
         try:
             ttl = await self._store.lease_keepalive(LeaseId(request.lease_id))
         except StoreError as e:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, f"store unavailable: {e}")
+            await _store_unavailable(context, e)
         return registry_pb2.KeepAliveResponse(ttl_seconds=max(int(ttl), 0))
 
     async def ReportLoad(self, request: registry_pb2.ReportLoadRequest, context: grpc.aio.ServicerContext):
@@ -158,7 +178,7 @@ class RegistryService(registry_pb2_grpc.RegistryServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "running_remaining_tokens lists more than 65,536 requests")
         request.ClearField("session_token")  # the store keeps what replicas need, not the credential
         await self._put_under_lease(context, keys.load_key(request.worker_id), request, request.lease_id)
-        return registry_pb2.ReportLoadResponse()
+        return registry_pb2.ReportLoadResponse(snapshot_requested=self._snapshot_requested(request.worker_id))
 
     async def PublishKVEvents(self, request: registry_pb2.PublishKVEventsRequest, context: grpc.aio.ServicerContext):
         await self._check_session(context, request.worker_id, request.lease_id, request.session_token)
@@ -200,7 +220,7 @@ class RegistryService(registry_pb2_grpc.RegistryServicer):
         try:
             await self._store.lease_revoke(LeaseId(request.lease_id))
         except StoreError as e:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, f"store unavailable: {e}")
+            await _store_unavailable(context, e)
         return registry_pb2.DeregisterResponse()
 
     async def _put_under_lease(self, context, key: str, message, lease_id: int) -> None:
@@ -215,7 +235,7 @@ class RegistryService(registry_pb2_grpc.RegistryServicer):
                 )
             await self._store.put(key, message.SerializeToString(), lease=LeaseId(lease_id))
         except StoreError as e:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, f"store unavailable: {e}")
+            await _store_unavailable(context, e)
 
     async def _maybe_compact(self, worker_id: str, snapshot_seq: int) -> None:
         now = time.monotonic()
@@ -228,3 +248,9 @@ class RegistryService(registry_pb2_grpc.RegistryServicer):
             await self._store.delete(key)
         if stale:
             log.debug("compacted %d KV batches of %s", len(stale), worker_id)
+
+
+async def _store_unavailable(context, e: StoreError) -> None:
+    """UNAVAILABLE naming the store (a trailer too: the replica answered; another would say the same)."""
+    context.set_trailing_metadata(component_trailers("store"))
+    await context.abort(grpc.StatusCode.UNAVAILABLE, f"store unavailable: {e}")

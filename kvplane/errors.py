@@ -17,6 +17,9 @@ import grpc
 # Trailing metadata keys of a rejection (gRPC metadata keys must be lowercase ASCII).
 RETRY_AFTER_MS_KEY = "retry-after-ms"  # decimal milliseconds, e.g. "1500"
 REASON_KEY = "kvplane-reason"  # short machine-readable reason, e.g. "ttft_slo"
+# Set by a kvplane server on errors about another component ("worker decode-0", "controlplane"):
+# the server answered, so the error is not a failure to reach it, whatever its text says.
+COMPONENT_KEY = "kvplane-component"
 # Other refusals may name their kind in this trailer, for callers that map statuses further
 # (the HTTP face answers 404 for an unknown model, as OpenAI does).
 ERROR_KIND_KEY = "kvplane-error"
@@ -106,7 +109,8 @@ def from_rpc_error(e: grpc.RpcError, *, endpoint: str | None = None, credentials
             retry_after_s=_parse_retry_after(trailers.get(RETRY_AFTER_MS_KEY)),
             reason=trailers.get(REASON_KEY, ""),
         )
-    if code == grpc.StatusCode.UNAVAILABLE and endpoint and _is_connection_failure(details):
+    trailers = _metadata_dict(_call_attr(e, "trailing_metadata", None))
+    if code == grpc.StatusCode.UNAVAILABLE and endpoint and COMPONENT_KEY not in trailers and _is_connection_failure(details):
         details = (
             f"cannot reach the kvplane control plane at {endpoint} ({details or 'unavailable'}); "
             "is it running? Set --endpoint or KVPLANE_ENDPOINT to point elsewhere"
@@ -119,6 +123,21 @@ def from_rpc_error(e: grpc.RpcError, *, endpoint: str | None = None, credentials
     elif code == grpc.StatusCode.DEADLINE_EXCEEDED:
         details = f"no answer within the deadline ({details or 'deadline exceeded'})"
     return _CLASS_BY_CODE.get(code, KvplaneError)(code, details)
+
+
+def component_trailers(component: str) -> tuple[tuple[str, str], ...]:
+    """Trailing metadata a server attaches to an error about `component` (see COMPONENT_KEY)."""
+    return ((COMPONENT_KEY, component),)
+
+
+def is_connection_failure(e: grpc.RpcError) -> bool:
+    """True when the call never got an answer from a kvplane server: the client could not reach
+    it or lost the connection (not an UNAVAILABLE the server sent about another component)."""
+    code = _call_attr(e, "code", grpc.StatusCode.UNKNOWN)
+    if code != grpc.StatusCode.UNAVAILABLE:
+        return False
+    trailers = _metadata_dict(_call_attr(e, "trailing_metadata", None))
+    return COMPONENT_KEY not in trailers and _is_connection_failure(_call_attr(e, "details", "") or "")
 
 
 def rejection_trailers(retry_after_s: float | None, reason: str) -> tuple[tuple[str, str], ...]:

@@ -29,6 +29,11 @@ CHANNEL_OPTIONS = (
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     # Loopback peers: keep connections warm so the first request after idle is not slow.
     ("grpc.keepalive_time_ms", 30_000),
+    # A peer that restarts (a supervised agent, a replica) is back within seconds: without a cap,
+    # gRPC's reconnect back-off grows to minutes and every call meanwhile fails at once.
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 2_000),
 )
 
 

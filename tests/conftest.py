@@ -2,7 +2,9 @@
 
 `etcd_endpoint` (session-scoped) is one etcd for the whole run; tests sharing it must use their
 own key prefix. `etcd_factory` starts fresh servers for tests that stop, kill or restart etcd.
-`start_etcd(tmp_dir)` is the plain function behind both.
+`start_etcd(tmp_dir)` is the plain function behind both. `etcd_cluster_factory` starts a
+three-member etcd cluster on loopback (`start_etcd_cluster`), whose members tests kill and
+restart one by one.
 
 The server runs with a 25 ms heartbeat and a 250 ms election timeout: a single member elects
 itself in ~0.3 s, and etcd's minimum lease TTL (1.5 x election timeout, rounded up) drops from
@@ -65,6 +67,8 @@ class EtcdServer:
     peer_port: int
     data_dir: Path
     log_path: Path
+    name: str = "t"
+    initial_cluster: str = ""  # name=peer-url,... of every member ("" = just this one)
 
     @property
     def endpoint(self) -> str:
@@ -94,6 +98,10 @@ class EtcdServer:
     def restart(self, timeout_s: float = 15.0) -> None:
         """Stop it if running, then start it again on the same ports with the same data."""
         self.stop()
+        if self.initial_cluster:  # a cluster member: it is healthy once it rejoined a quorum
+            self.process = _launch(shutil.which("etcd"), self.data_dir.parent, self.client_port, self.peer_port,
+                                   self.name, self.initial_cluster).process  # fmt: skip
+            return
         again = start_etcd(self.data_dir.parent, self.client_port, self.peer_port, timeout_s)
         self.process = again.process
 
@@ -111,19 +119,19 @@ def _log_tail(path: Path, num_lines: int = 15) -> str:
         return "(no log)"
 
 
-def _launch(binary: str, tmp_dir: Path, client_port: int, peer_port: int) -> EtcdServer:
+def _launch(binary: str, tmp_dir: Path, client_port: int, peer_port: int, name: str = "t", initial_cluster: str = "") -> EtcdServer:
     client_url, peer_url = f"http://127.0.0.1:{client_port}", f"http://127.0.0.1:{peer_port}"
     data_dir, log_path = tmp_dir / "data", tmp_dir / "etcd.log"
     args = [
-        binary, "--name", "t", "--data-dir", str(data_dir),
+        binary, "--name", name, "--data-dir", str(data_dir),
         "--listen-client-urls", client_url, "--advertise-client-urls", client_url,
         "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
-        "--initial-cluster", f"t={peer_url}",
+        "--initial-cluster", initial_cluster or f"{name}={peer_url}",
         "--heartbeat-interval", "25", "--election-timeout", "250",
     ]  # fmt: skip
     with open(log_path, "ab") as log:
         process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    return EtcdServer(process, client_port, peer_port, data_dir, log_path)
+    return EtcdServer(process, client_port, peer_port, data_dir, log_path, name, initial_cluster)
 
 
 def _wait_healthy(server: EtcdServer, timeout_s: float) -> bool:
@@ -161,6 +169,48 @@ def start_etcd(tmp_dir: Path | str, client_port: int | None = None, peer_port: i
     raise RuntimeError(f"etcd did not become healthy at {server.endpoint}; log tail:\n{_log_tail(server.log_path)}")
 
 
+@dataclass(slots=True)
+class EtcdCluster:
+    members: list[EtcdServer]
+
+    @property
+    def url(self) -> str:
+        """The store URL naming every member."""
+        return "etcd://" + ",".join(m.endpoint for m in self.members)
+
+    def wait_healthy(self, timeout_s: float = 30.0) -> None:
+        """Until every running member answers /health true (it has a leader)."""
+        for member in self.members:
+            if member.process.poll() is None and not _wait_healthy(member, timeout_s):
+                raise RuntimeError(f"etcd member {member.name} is not healthy; log tail:\n{_log_tail(member.log_path)}")
+
+    def stop(self) -> None:
+        for member in self.members:
+            member.stop()
+
+
+def start_etcd_cluster(tmp_dir: Path | str, num_members: int = 3, timeout_s: float = 30.0) -> EtcdCluster:
+    """`num_members` etcd processes on loopback forming one cluster; returns once all are healthy."""
+    binary = shutil.which("etcd")
+    if binary is None:
+        raise EtcdNotFound(ETCD_MISSING)
+    tmp_dir = Path(tmp_dir)
+    ports = [(_free_port(), _free_port()) for _ in range(num_members)]
+    initial = ",".join(f"m{i}=http://127.0.0.1:{peer}" for i, (_, peer) in enumerate(ports))
+    members = []
+    for i, (client, peer) in enumerate(ports):
+        (tmp_dir / f"m{i}").mkdir(parents=True, exist_ok=True)
+        members.append(_launch(binary, tmp_dir / f"m{i}", client, peer, f"m{i}", initial))
+    cluster = EtcdCluster(members)
+    try:
+        cluster.wait_healthy(timeout_s)
+    except BaseException:
+        for member in members:
+            member.kill()
+        raise
+    return cluster
+
+
 def _start_or_fail(tmp_dir: Path) -> EtcdServer:
     try:
         return start_etcd(tmp_dir)
@@ -188,3 +238,20 @@ def etcd_factory(tmp_path_factory: pytest.TempPathFactory):
     yield start
     for server in servers:
         server.stop()
+
+
+@pytest.fixture
+def etcd_cluster_factory(tmp_path_factory: pytest.TempPathFactory):
+    """Call it to start a fresh three-member etcd cluster (an EtcdCluster); stopped afterwards."""
+    clusters: list[EtcdCluster] = []
+
+    def start(num_members: int = 3) -> EtcdCluster:
+        try:
+            clusters.append(start_etcd_cluster(tmp_path_factory.mktemp("etcd-cluster"), num_members))
+        except EtcdNotFound as err:
+            pytest.fail(str(err), pytrace=False)
+        return clusters[-1]
+
+    yield start
+    for cluster in clusters:
+        cluster.stop()

@@ -30,6 +30,10 @@ What a report shows of one request is an estimate (the engine reports totals): a
 request releases its new blocks at once, and the cached prefix it reused only once none of this
 replica's requests is left on the worker (they may share it: a hot prefix stays in use while its
 readers run); `running_remaining_tokens` keeps a finished request until the next report. Both errors last at most one report interval.
+Reports stop (the agent died or hangs, the store is down): a report older than `stale_report_s`
+stops standing and its counts decay, halving every `stale_half_life_s`, while this replica's own
+live requests stay counted (they are a floor). Without that, a store outage freezes whatever
+the last reports said, and admission keeps rejecting for a cluster that has long gone idle.
 The sample time is the worker's wall clock: a skew between its clock and ours misjudges changes
 within the skew of a sample. Without one, the lag is a guess: a report slower than report_lag_s
 still shows a finished request for one interval, and a change within report_lag_s before a fast
@@ -43,7 +47,7 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from controlplane.core.views import WorkerView
+from controlplane.core.views import WorkerLoadView, WorkerView
 from kvplane.types import WorkerId
 
 
@@ -77,12 +81,16 @@ class LoadLedger:
     """Per-request load corrections on top of workers' load reports. `now`: seconds on any
     monotonic clock, the same one for every call. Dispatch ids are the caller's (unique)."""
 
-    __slots__ = ("report_lag_s", "_worker_to_entries", "_dispatch_to_workers")
+    __slots__ = ("report_lag_s", "stale_report_s", "stale_half_life_s", "_worker_to_entries", "_dispatch_to_workers")
 
-    def __init__(self, report_lag_s: float = 0.1) -> None:
-        if report_lag_s < 0:
-            raise ValueError(f"report_lag_s must be >= 0, got {report_lag_s}")
+    def __init__(self, report_lag_s: float = 0.1, stale_report_s: float = 1.0, stale_half_life_s: float = 1.0) -> None:
+        if report_lag_s < 0 or stale_report_s < 0 or stale_half_life_s <= 0:
+            raise ValueError(
+                f"report_lag_s and stale_report_s must be >= 0 and stale_half_life_s > 0, got {report_lag_s}, {stale_report_s}, {stale_half_life_s}"
+            )
         self.report_lag_s = report_lag_s
+        self.stale_report_s = stale_report_s
+        self.stale_half_life_s = stale_half_life_s
         self._worker_to_entries: dict[WorkerId, dict[int, _Entry]] = {}
         self._dispatch_to_workers: dict[int, list[WorkerId]] = {}
 
@@ -127,8 +135,21 @@ class LoadLedger:
 
     # -- the corrected view ------------------------------------------------------------------------
 
-    def adjust(self, view: WorkerView) -> WorkerView:
-        """`view` with its reported load corrected for this replica's requests."""
+    def decay(self, view: WorkerView, now: float) -> float:
+        """How much of `view`'s reported load still stands at `now`: 1 while the report is fresh,
+        then halving every stale_half_life_s (reports stopped: what they said is over by now)."""
+        if view.reported_at is None:
+            return 1.0
+        age = now - view.reported_at - self.stale_report_s
+        return 1.0 if age <= 0 else 0.5 ** (age / self.stale_half_life_s)
+
+    def adjust(self, view: WorkerView, now: float | None = None) -> WorkerView:
+        """`view` with its reported load decayed (if stale at `now`) and corrected for this
+        replica's requests."""
+        if now is not None:
+            factor = self.decay(view, now)
+            if factor < 1.0:
+                view = dataclasses.replace(view, load=_scaled(view.load, factor))
         entries = self._worker_to_entries.get(view.worker_id)
         if not entries:
             return view
@@ -209,6 +230,21 @@ class LoadLedger:
         workers = self._dispatch_to_workers.get(dispatch_id)
         if workers is not None and all(self._entry(w, dispatch_id) is None for w in workers):
             del self._dispatch_to_workers[dispatch_id]
+
+
+def _scaled(load: WorkerLoadView, factor: float) -> WorkerLoadView:
+    """A report's counts times `factor` (rounded down: a decayed report reaches zero)."""
+    used = int(load.num_used_blocks * factor)
+    return dataclasses.replace(
+        load,
+        num_running=int(load.num_running * factor),
+        num_waiting=int(load.num_waiting * factor),
+        num_queued_prefill_tokens=int(load.num_queued_prefill_tokens * factor),
+        num_used_blocks=used,
+        num_free_blocks=load.num_free_blocks + load.num_used_blocks - used,
+        running_remaining_tokens=load.running_remaining_tokens[: int(len(load.running_remaining_tokens) * factor)],
+        running_context_tokens=int(load.running_context_tokens * factor),
+    )
 
 
 def _take(first: int, second: int, n: int) -> tuple[int, int]:

@@ -19,7 +19,12 @@ servicer, a simulator) feeds it:
   the routing policy records it (predicted prefixes, round-robin turns);
 - prefill_ended(id, now) and finished(id, now, outcome): its load is released at once; a
   finished request's measured latencies calibrate later predictions, its transfer the link rate;
-- load_reported(worker, now, sampled_at), kv_stored(worker, hashes), worker_removed(worker).
+- load_reported(worker, now, sampled_at), kv_stored(worker, hashes), worker_removed(worker);
+- worker_stalled(worker, now) / worker_failed(worker, now): a request there made no progress in
+  time / failed because of the worker.
+Workers out of routing (health.py: stalled, or silent while the store works) are left out before
+routing; when that leaves no candidate the NoCandidateError is `transient`. `place` routes without
+admission, for migrating a request that was admitted already (failover.py).
 Nothing here reads a clock, a store or the network: `now` is passed in (seconds on one monotonic
 clock) and the random draw comes from `rng`, so a run is reproducible.
 """
@@ -35,10 +40,11 @@ from dataclasses import dataclass, field
 from controlplane.core.accounting import Charge, LoadLedger
 from controlplane.core.admission import admission_policy_names, check_admission_policy, make_admission_policy
 from controlplane.core.admission_base import AdmissionConfig, AdmissionPolicy, Admit, PlacementOption, Reject
+from controlplane.core.health import HealthConfig, WorkerHealth
 from controlplane.core.params import check_numbers, param
 from controlplane.core.predictor import Calibration, LinkRate, Prediction, WorkerPerf, blocks_to_transfer, predict, tpot_recovery_s
 from controlplane.core.router import Router, RouterConfig
-from controlplane.core.routing import RouteDecision, RouteRequest
+from controlplane.core.routing import NoCandidateError, RouteDecision, RouteRequest
 from controlplane.core.settings import ClusterSettings
 from controlplane.core.views import ClusterView, WorkerView
 from kvplane.types import BlockHash, Objective, WorkerId
@@ -68,6 +74,11 @@ class PlannerConfig:
     report_lag_s: float = param(
         0.1, "a load report with no sample time arriving this soon after a request's prefill ended or it finished may predate that"
     )
+    stale_report_s: float = param(1.0, "a load report older than this stops standing: its counts decay (see --stale-half-life-s)")
+    stale_half_life_s: float = param(
+        1.0, "seconds for a stale load report's counts to halve (reports stopped: a dead agent, a store outage)"
+    )
+    health: HealthConfig = field(default_factory=HealthConfig)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -76,7 +87,8 @@ class PlannerConfig:
         self.router.validate()
         self.admission.validate()
         check_admission_policy(self.admission_policy)
-        check_numbers(self, positive=("initial_link_gb_per_s", "calibration_half_life_s"))
+        self.health.validate()
+        check_numbers(self, positive=("initial_link_gb_per_s", "calibration_half_life_s", "stale_half_life_s"))
         for name in ("link_rate_weight", "calibration_weight"):
             if not 0 < getattr(self, name) <= 1:
                 raise ValueError(f"PlannerConfig.{name} must be in (0, 1], got {getattr(self, name)!r}")
@@ -183,7 +195,8 @@ class Planner:
         config.validate()
         self.config = config
         self.router = Router(config.router, rng)
-        self.ledger = LoadLedger(config.report_lag_s)
+        self.ledger = LoadLedger(config.report_lag_s, config.stale_report_s, config.stale_half_life_s)
+        self.health = WorkerHealth(config.health)
         self.calibration = Calibration(config.calibration_weight, config.calibration_half_life_s)
         self.link = LinkRate(config.initial_link_gb_per_s * 1e9, config.link_rate_weight)
         self._admission: dict[str, AdmissionPolicy] = {}
@@ -196,8 +209,16 @@ class Planner:
         return self.admit(self.route(request, cluster, settings, now), settings)
 
     def route(self, request: RouteRequest, cluster: ClusterView, settings: ClusterSettings, now: float) -> Routed:
-        views = [self.ledger.adjust(w) for w in cluster.workers]
-        decision = self.router.route(request, views, cluster.index, now)
+        out = self.health.excluded(cluster, now)
+        views = [self.ledger.adjust(w, now) for w in cluster.workers if w.worker_id not in out]
+        try:
+            decision = self.router.route(request, views, cluster.index, now)
+        except NoCandidateError as e:
+            if not out or e.transient:
+                raise
+            # Workers exist but are out for now: a retry later may find them back.
+            why = "; ".join(f"{w}: {reason}" for w, reason in sorted(out.items()))
+            raise type(e)(f"{e} (out of routing for now: {why})", transient=True) from None
         by_id = {w.worker_id: w for w in views}
         candidates = tuple(w for w in views if w.model == request.model and w.active and w.role.can_decode)
         objective = settings.objective(request.model, request.priority)
@@ -211,6 +232,21 @@ class Planner:
         ]
         options = LazyOptions([first, *others], lambda o: self._predicted(request, o, by_id, held, objective, now))
         return Routed(request, decision, candidates, options, objective, by_id[decision.decode_worker].block_size)
+
+    def place(self, request: RouteRequest, cluster: ClusterView, settings: ClusterSettings, now: float) -> Plan:
+        """The router's placement without admission: for a request admitted already whose
+        worker failed mid-stream (a migration must not be rejected halfway through its answer)."""
+        routed = self.route(request, cluster, settings, now)
+        first = routed.options[0]
+        return Plan(
+            request=request,
+            decision=routed.decision,
+            decode_worker=first.decode_worker,
+            prefill_worker=first.prefill_worker if first.disaggregated else None,
+            prediction=first.prediction,
+            options=routed.options,
+            block_size=routed.block_size,
+        )
 
     def admit(self, routed: Routed, settings: ClusterSettings) -> Plan | Reject:
         verdict = self.admission_policy(settings).decide(routed.request, routed.candidates, routed.options, routed.objective)
@@ -321,6 +357,14 @@ class Planner:
         if outcome.tpot_s is not None:
             self.calibration.observe(TPOT, p.tpot_s - p.tpot_offset_s, outcome.tpot_s, now)
 
+    def worker_stalled(self, worker_id: WorkerId, now: float) -> None:
+        """A request on `worker_id` made no progress within its timeout: out of routing for a while."""
+        self.health.stalled(worker_id, now)
+
+    def worker_failed(self, worker_id: WorkerId, now: float) -> None:
+        """A request failed because of `worker_id` (unreachable, unavailable): out of routing until it reports again."""
+        self.health.failed(worker_id, now)
+
     def load_reported(self, worker_id: WorkerId, now: float, sampled_at: float | None = None) -> None:
         """A load report arrived at `now`; `sampled_at`: when the worker took it (same clock), if known."""
         self.ledger.reported(worker_id, now, sampled_at)
@@ -331,3 +375,4 @@ class Planner:
     def worker_removed(self, worker_id: WorkerId) -> None:
         self.router.on_worker_removed(worker_id)
         self.ledger.forget_worker(worker_id)
+        self.health.forget(worker_id)

@@ -78,7 +78,18 @@ class FetchPlan:
 
 
 class NoCandidateError(Exception):
-    """No worker can take the request; the message says why (unknown model, all draining, ...)."""
+    """No worker can take the request; the message says why (unknown model, all draining, ...).
+
+    `transient`: workers that could take it exist but are out for now (failed this request,
+    stalled, silent): worth retrying later, unlike a deployment that lacks them."""
+
+    def __init__(self, message: str, *, transient: bool = False) -> None:
+        super().__init__(message)
+        self.transient = transient
+
+
+class NoPrefillWorkerError(NoCandidateError):
+    """disagg 'always' with no prefill worker to use: unless transient, the deployment lacks one."""
 
 
 class RoutingPolicyParams(Protocol):

@@ -15,6 +15,15 @@ opens only plaintext channels, so `_TlsClient` opens a secure one in its place.
 
 Every gRPC failure becomes a StoreError; an unreachable server (UNAVAILABLE, deadline) becomes
 StoreUnavailable, with the endpoint in the message.
+
+Several members (`etcd://h1:2379,h2:2379,h3:2379`, as Kubernetes' --etcd-servers): calls go to
+one member; one that cannot be reached, or has no leader, sends the call (and every later one)
+to the next member, each member tried once per call within the call's timeout. Leases, watches
+and transactions are the cluster's, so any member serves them: a watch is opened with etcd's
+"require leader" metadata, so a member cut off from the quorum ends it instead of going quiet,
+and the caller re-opens it (from its last revision) on the next member. A transaction retried on
+another member after a lost answer may apply twice; kvplane's are idempotent (create-if-absent,
+register = delete + put of the same keys).
 """
 
 from __future__ import annotations
@@ -69,6 +78,7 @@ _RPC_TO_STUB = {
     "LeaseRevoke": "leasestub",
 }
 _UNAVAILABLE_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+_NO_LEADER = "no leader"  # etcdserver: no leader (a member cut off from its quorum)
 
 
 def _range_for_prefix(prefix: str) -> tuple[bytes, bytes]:
@@ -123,26 +133,51 @@ class _TlsClient(aetcd.Client):
             rpc.insecure_channel = original
 
 
+# A watch on a member without a leader is cancelled instead of silently delivering nothing.
+_REQUIRE_LEADER = (("hasleader", "true"),)
+
+
 class EtcdStore:
     def __init__(
-        self, host: str, port: int, timeout_s: float = DEFAULT_TIMEOUT_S, *, tls=None, username: str | None = None,
-        password: str | None = None,
+        self, members: Sequence[tuple[str, int]], timeout_s: float = DEFAULT_TIMEOUT_S, *, tls=None,
+        username: str | None = None, password: str | None = None,
     ) -> None:  # fmt: skip
-        # aetcd joins host and port with ":", so an IPv6 literal needs its brackets back.
-        client_host = f"[{host}]" if ":" in host else host
-        self._endpoint = f"{client_host}:{port}"
-        self._timeout_s = timeout_s
+        if not members:
+            raise ValueError("an etcd store needs at least one member (host, port)")
+        self._endpoints: list[str] = []
+        self._clients: list[aetcd.Client] = []
         auth = {"username": username, "password": password} if username else {}
-        if tls is not None and tls.tls:
-            self._client = _TlsClient(host=client_host, port=port, timeout=timeout_s, channel_credentials=tls.channel_credentials(), **auth)
-        else:
-            self._client = aetcd.Client(host=client_host, port=port, timeout=timeout_s, **auth)
+        channel_credentials = tls.channel_credentials() if tls is not None and tls.tls else None
+        for host, port in members:
+            # aetcd joins host and port with ":", so an IPv6 literal needs its brackets back.
+            client_host = f"[{host}]" if ":" in host else host
+            self._endpoints.append(f"{client_host}:{port}")
+            if channel_credentials is not None:
+                client = _TlsClient(host=client_host, port=port, timeout=timeout_s, channel_credentials=channel_credentials, **auth)
+            else:
+                client = aetcd.Client(host=client_host, port=port, timeout=timeout_s, **auth)
+            self._clients.append(client)
+        self._current = 0  # the member calls go to
+        self._timeout_s = timeout_s
+        # Each member gets a share of a call's time, so that one hung member leaves time for the others.
+        self._attempt_timeout_s = max(timeout_s / len(members), min(timeout_s, 1.0))
         self._watch_calls: set = set()
         self._closed = False
 
     @property
     def endpoint(self) -> str:
-        return self._endpoint
+        """Every member, comma-separated."""
+        return ",".join(self._endpoints)
+
+    @property
+    def current_endpoint(self) -> str:
+        """The member calls go to now."""
+        return self._endpoints[self._current]
+
+    def _fail_over(self, member: int) -> None:
+        """Member `member` failed: later calls go to the next one (unless another call moved on already)."""
+        if member == self._current and len(self._clients) > 1:
+            self._current = (member + 1) % len(self._clients)
 
     @property
     def num_active_watches(self) -> int:
@@ -191,7 +226,7 @@ class EtcdStore:
         except StoreError as err:
             detail = str(err)
             if "future revision" in detail:
-                raise ValueError(f"cannot compact etcd at {self._endpoint} to revision {revision}: it is in the future") from None
+                raise ValueError(f"cannot compact etcd at {self.endpoint} to revision {revision}: it is in the future") from None
             if "has been compacted" not in detail:  # compacting again is a no-op, as in memory
                 raise
 
@@ -204,12 +239,14 @@ class EtcdStore:
     async def _watch(self, prefix: str, start_revision: int | None) -> AsyncGenerator[WatchEvent, None]:
         if self._closed:
             return
-        await self._connect(f"watch of {prefix!r}")
+        member = self._current
+        await self._connect(f"watch of {prefix!r}", member)
         if self._closed:
             return
+        client, endpoint = self._clients[member], self._endpoints[member]
         key, range_end = _range_for_prefix(prefix)
         create = rpc.WatchCreateRequest(key=key, range_end=range_end, start_revision=start_revision or 0)
-        call = rpc.WatchStub(self._client.channel).Watch(metadata=self._client.metadata)
+        call = rpc.WatchStub(client.channel).Watch(metadata=(*(client.metadata or ()), *_REQUIRE_LEADER))
         self._watch_calls.add(call)
         try:
             try:
@@ -219,12 +256,14 @@ class EtcdStore:
                     if response is grpc.aio.EOF:
                         if self._closed:
                             return
-                        raise StoreUnavailable(f"etcd at {self._endpoint} ended the watch of {prefix!r}; re-list and watch again")
+                        self._fail_over(member)
+                        raise StoreUnavailable(f"etcd at {endpoint} ended the watch of {prefix!r}; re-list and watch again")
                     if response.compact_revision:
                         rev = response.compact_revision
                         raise StoreCompacted(compacted_message(prefix, start_revision or 0, rev), rev)
                     if response.canceled:
-                        raise StoreError(f"etcd at {self._endpoint} cancelled the watch of {prefix!r}: {response.cancel_reason}")
+                        self._fail_over(member)
+                        raise StoreUnavailable(f"etcd at {endpoint} cancelled the watch of {prefix!r}: {response.cancel_reason}")
                     for event in response.events:
                         is_put = event.type == rpc.Event.PUT
                         yield WatchEvent(
@@ -244,7 +283,8 @@ class EtcdStore:
             except Exception as err:
                 if self._closed:
                     return
-                raise self._translate(err, f"watch of {prefix!r}") from err
+                self._fail_over(member)
+                raise self._translate(err, f"watch of {prefix!r}", member) from err
         finally:
             self._watch_calls.discard(call)
             call.cancel()
@@ -257,11 +297,7 @@ class EtcdStore:
         return LeaseId(response.ID)
 
     async def lease_keepalive(self, lease: LeaseId) -> int:
-        await self._connect("lease_keepalive")
-        try:
-            reply = await self._client.refresh_lease(lease)
-        except Exception as err:
-            raise self._translate(err, "lease_keepalive") from err
+        reply = await self._on_members("lease_keepalive", lambda client: client.refresh_lease(lease))
         return reply.TTL if reply is not None else 0  # etcd answers TTL 0 for a dead lease
 
     async def lease_revoke(self, lease: LeaseId) -> None:
@@ -276,26 +312,48 @@ class EtcdStore:
         self._closed = True
         for call in list(self._watch_calls):
             call.cancel()
-        await self._client.close()
+        for client in self._clients:
+            await client.close()
 
     # ---- internals ---------------------------------------------------------------------
 
-    async def _connect(self, what: str) -> None:
+    async def _connect(self, what: str, member: int) -> None:
         if self._closed:
-            raise StoreError(f"the etcd store for {self._endpoint} is closed; open a new one with open_store()")
+            raise StoreError(f"the etcd store for {self.endpoint} is closed; open a new one with open_store()")
         try:
-            await self._client.connect()
+            await self._clients[member].connect()
         except Exception as err:
-            raise self._translate(err, what) from err
+            self._fail_over(member)
+            raise self._translate(err, what, member) from err
+
+    async def _on_members(self, what: str, operation):
+        """`operation(client)` on the current member, then on each other one that it could not reach."""
+        failures: list[StoreUnavailable] = []
+        for _ in range(len(self._clients)):
+            member = self._current
+            try:
+                await self._connect(what, member)
+                return await asyncio.wait_for(operation(self._clients[member]), self._attempt_timeout_s)
+            except StoreUnavailable as err:
+                failures.append(err)
+            except Exception as err:
+                translated = self._translate(err, what, member)
+                if not isinstance(translated, StoreUnavailable):
+                    raise translated from err
+                self._fail_over(member)
+                failures.append(translated)
+        if len(failures) == 1:
+            raise failures[0]
+        raise StoreUnavailable(f"no etcd member answered ({what}): " + "; ".join(str(f) for f in failures))
 
     async def _call(self, what: str, rpc_name: str, request):
-        """One unary RPC with the client's timeout and error translation."""
-        await self._connect(what)
-        method = getattr(getattr(self._client, _RPC_TO_STUB[rpc_name]), rpc_name)
-        try:
-            return await method(request, timeout=self._timeout_s, metadata=self._client.metadata)
-        except Exception as err:
-            raise self._translate(err, what) from err
+        """One unary RPC with error translation, failing over between members."""
+
+        def call(client: aetcd.Client):
+            method = getattr(getattr(client, _RPC_TO_STUB[rpc_name]), rpc_name)
+            return method(request, timeout=self._attempt_timeout_s, metadata=client.metadata)
+
+        return await self._on_members(what, call)
 
     @staticmethod
     def _compare_proto(compare: Compare):
@@ -316,16 +374,20 @@ class EtcdStore:
             return rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=start, range_end=end))
         return rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=op.key.encode()))
 
-    def _translate(self, err: BaseException, what: str) -> StoreError:
+    def _translate(self, err: BaseException, what: str, member: int) -> StoreError:
+        endpoint = self._endpoints[member]
+        if isinstance(err, StoreError):
+            return err
         rpc_err = err if isinstance(err, grpc.aio.AioRpcError) else err.__cause__
         if isinstance(rpc_err, grpc.aio.AioRpcError):
             code, detail = rpc_err.code(), rpc_err.details()
         else:
             code, detail = None, str(err) or type(err).__name__
-        if code in _UNAVAILABLE_CODES or isinstance(err, (aetcd.exceptions.ConnectionFailedError, aetcd.exceptions.ConnectionTimeoutError)):
-            return StoreUnavailable(f"etcd at {self._endpoint} is unavailable ({what}): {detail}; check that etcd is running and reachable")
+        unreachable = (aetcd.exceptions.ConnectionFailedError, aetcd.exceptions.ConnectionTimeoutError, TimeoutError)
+        if code in _UNAVAILABLE_CODES or isinstance(err, unreachable) or _NO_LEADER in (detail or ""):
+            return StoreUnavailable(f"etcd at {endpoint} is unavailable ({what}): {detail}; check that etcd is running and reachable")
         if code == grpc.StatusCode.NOT_FOUND and "lease not found" in detail:
             return LeaseNotFound(
-                f"etcd at {self._endpoint}: lease not found (expired or revoked) during {what}; grant a new lease and write the keys again"
+                f"etcd at {endpoint}: lease not found (expired or revoked) during {what}; grant a new lease and write the keys again"
             )
-        return StoreError(f"etcd at {self._endpoint} failed {what}: {detail}")
+        return StoreError(f"etcd at {endpoint} failed {what}: {detail}")

@@ -5,13 +5,14 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 
 from dataplane.engines.request import SamplingParams
+from kvplane.sampling import effective_temperature
 from kvplane.v1 import common_pb2
 
 
 def sampling_from_pb(msg: common_pb2.SamplingParams) -> SamplingParams:
     return SamplingParams(
         max_tokens=msg.max_tokens,
-        temperature=msg.temperature,
+        temperature=effective_temperature(msg.temperature),
         top_p=msg.top_p if msg.top_p > 0 else 1.0,
         top_k=msg.top_k,
         seed=msg.seed if msg.HasField("seed") else None,
@@ -31,6 +32,11 @@ class TextStream:
         self._detokenize = detokenize  # EngineAdapter.detokenize
         self._token_ids: list[int] = []
         self._num_sent_chars = 0
+
+    async def prime(self, token_ids: Sequence[int]) -> None:
+        """Starts after `token_ids` whose stable text the caller already has (a resumed request)."""
+        self._token_ids = list(token_ids)
+        self._num_sent_chars = len((await self._detokenize(self._token_ids)).rstrip("\ufffd"))
 
     async def push(self, token_ids: Sequence[int], final: bool = False) -> str:
         self._token_ids.extend(token_ids)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from dataplane import engines
 from dataplane.engines.reference.config import EngineConfig
 from dataplane.engines.registry import EngineSettings
+from kvplane.security.limits import MAX_PROMPT_BYTES
 from kvplane.types import Role
 
 
@@ -27,7 +28,15 @@ class AgentConfig:
     kv_snapshot_interval_s: float = 10.0  # and publish a full snapshot this often
     pin_timeout_s: float = 30.0  # prefill-side pins are released if not pulled by then
     pin_check_interval_s: float = 1.0  # how often expired pins are looked for
-    prefill_timeout_s: float = 120.0  # decode side gives up on a remote prefill after this
+    prefill_timeout_s: float = 120.0  # decode side gives up on a remote prefill after this (or the request's deadline)
+    transfer_timeout_s: float = 60.0  # and on pulling its KV after this (or the request's deadline)
+    max_prompt_bytes: int = MAX_PROMPT_BYTES  # Tokenize refuses longer text (tokenizing runs off the event loop, but costs CPU)
+    # Testing only: SIGUSR1 drops the next KV event batch, SIGUSR2 cuts the next KV pull served
+    # over the gRPC stream after its first chunk (the chaos suite's faults).
+    fault_injection: bool = False
+    # The agent lives and dies with its engine: once the engine has not served for this long
+    # (health() named a reason throughout), the agent deregisters and exits.
+    engine_down_grace_s: float = 2.0
 
     def validate(self) -> AgentConfig:
         if not self.worker_id or "/" in self.worker_id:
@@ -41,6 +50,9 @@ class AgentConfig:
             "pin_timeout_s",
             "pin_check_interval_s",
             "prefill_timeout_s",
+            "transfer_timeout_s",
+            "max_prompt_bytes",
+            "engine_down_grace_s",
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")

@@ -6,6 +6,15 @@ comes back with the registration and seeds that model. When the lease is gone
 (the control plane says so, or the store lost it) the agent registers again and republishes a
 full cache snapshot, so the index never misses what the agent holds.
 
+Replicas: `controlplane` may list several ("a:50051,b:50051"); a call that cannot reach its replica,
+or times out there, moves every loop to the next one (the lease lives in the shared store, so any
+replica renews it).
+
+KV events are numbered batches. A replica that sees a gap in the numbers (a lost batch, a store
+blip) asks for a snapshot; the answer to a load report carries the request (`snapshot_requested`)
+and the next KV step publishes the whole cache instead of a batch. `drop_next_batch()` loses one
+batch on purpose (fault injection, `kvplane agent --fault-injection`).
+
 Security: the link dials with the worker's credentials (its certificate, or the join token over
 plaintext). Registration returns the control plane's ticket public key (the agent verifies tickets
 with it) and a session token that every later call carries. No batch carries more than
@@ -26,6 +35,7 @@ from dataplane.agent.config import AgentConfig
 from dataplane.engines.events import AllCleared, BlockRemoved, BlockStored, KVCacheEvent
 from kvplane import tickets
 from kvplane.convert import tier_to_pb
+from kvplane.errors import is_connection_failure
 from kvplane.grpc_util import aio_channel
 from kvplane.security.credentials import Credentials
 from kvplane.security.limits import KV_BATCH_MAX_HASHES
@@ -55,6 +65,9 @@ def snapshot_to_pb(hashes: Mapping[Tier, list[BlockHash]] | list[BlockHash]) -> 
         for tier, block_hashes in by_tier.items()
         if block_hashes or tier is Tier.DEVICE
     ]
+
+
+REPORT_TIMEOUT_S = 1.0
 
 
 def _num_hashes(event: common_pb2.KVEvent) -> int:
@@ -112,8 +125,10 @@ class ControlPlaneLink:
         self._snapshot = snapshot
         self._latency = latency
         self._on_profile = on_profile
-        self._channel = aio_channel(config.controlplane, credentials)
-        self._stub = registry_pb2_grpc.RegistryStub(self._channel)
+        self.endpoints = tuple(e.strip() for e in config.controlplane.split(","))
+        self._channels = [aio_channel(e, credentials) for e in self.endpoints]
+        self._stubs = [registry_pb2_grpc.RegistryStub(c) for c in self._channels]
+        self._current = 0  # the replica every loop talks to
         self.lease_id = 0
         self.ttl_s = 0
         self.session_token = b""
@@ -122,6 +137,29 @@ class ControlPlaneLink:
         self._registered = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
         self._lock = asyncio.Lock()
+        self._snapshot_due = False  # a replica asked for one (a gap in our KV event numbers)
+        self._published_seq = 0  # the last batch the control plane acknowledged (what reports carry)
+        self._drop_next_batch = False  # fault injection: lose the next batch
+
+    @property
+    def _stub(self) -> registry_pb2_grpc.RegistryStub:
+        return self._stubs[self._current]
+
+    @property
+    def endpoint(self) -> str:
+        """The replica the link talks to now."""
+        return self.endpoints[self._current]
+
+    def _fail_over(self, e: grpc.aio.AioRpcError) -> None:
+        """A call could not reach its replica, or it did not answer in time (a hung replica must
+        not let the lease run out): the next calls go to the next one."""
+        if len(self.endpoints) > 1 and (is_connection_failure(e) or e.code() == grpc.StatusCode.DEADLINE_EXCEEDED):
+            self._current = (self._current + 1) % len(self.endpoints)
+            log.warning("control plane unreachable (%s); switching to %s", e.details(), self.endpoint)
+
+    def drop_next_batch(self) -> None:
+        """Fault injection: the next KV event batch is numbered but never published."""
+        self._drop_next_batch = True
 
     @property
     def worker_id(self) -> str:
@@ -138,9 +176,13 @@ class ControlPlaneLink:
                 # ALREADY_EXISTS: our previous incarnation's lease is still alive; it ends within its TTL.
                 retry = e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.ALREADY_EXISTS)
                 if not retry or time.monotonic() > deadline:
-                    raise RuntimeError(f"cannot register with the control plane at {self._config.controlplane}: {e.details()}") from None
+                    raise RuntimeError(
+                        f"cannot register with the control plane at {self._config.controlplane}: {e.code().name}: {e.details()}"
+                    ) from None
                 if e.code() == grpc.StatusCode.ALREADY_EXISTS:
                     log.warning("%s; retrying", e.details())
+                else:
+                    self._fail_over(e)
                 await asyncio.sleep(0.5)
         self._tasks = [
             asyncio.create_task(self._keepalive_loop(), name="keepalive"),
@@ -160,10 +202,15 @@ class ControlPlaneLink:
                 )
             except grpc.aio.AioRpcError as e:
                 log.warning("deregister failed (%s); the lease will expire on its own", e.details())
-        await self._channel.close()
+        for channel in self._channels:
+            await channel.close()
 
-    async def _register(self) -> None:
+    async def _register(self, unless_not: int | None = None) -> None:
+        """Registers under a new lease; `unless_not`: skip when the lease is no longer that one
+        (another loop noticed the same loss and registered first)."""
         async with self._lock:
+            if unless_not is not None and self.lease_id != unless_not:
+                return
             reply = await self._stub.Register(
                 registry_pb2.RegisterRequest(info=self._info(), ttl_seconds=self._config.lease_ttl_s), timeout=10
             )
@@ -173,19 +220,21 @@ class ControlPlaneLink:
                 self._on_profile(reply.profile)
             # Everything the index knew is forgotten on registration: start with a snapshot.
             self._take_events()
-            self._seq = 0
+            self._seq = self._published_seq = 0
             await self._publish(snapshot_to_pb(self._snapshot()), snapshot=True)
             self._registered.set()
             log.info("registered as %s (lease %x, ttl %ds)", self.worker_id, self.lease_id, self.ttl_s)
 
-    async def _reregister(self, why: str) -> None:
+    async def _reregister(self, why: str, lost_lease: int) -> None:
+        """Registers again after `lost_lease` was lost, unless another loop already did."""
         log.warning("lease lost (%s); registering again", why)
         while True:
             try:
-                await self._register()
+                await self._register(unless_not=lost_lease)
                 return
             except grpc.aio.AioRpcError as e:
                 log.warning("re-registration failed: %s", e.details())
+                self._fail_over(e)
                 await asyncio.sleep(1.0)
 
     async def _publish(self, events: list[common_pb2.KVEvent], snapshot: bool) -> None:
@@ -199,18 +248,22 @@ class ControlPlaneLink:
                 ),
                 timeout=10,
             )  # fmt: skip
+            # Only now: a report must never announce a batch the store may not hold yet.
+            self._published_seq = self._seq
 
     async def _guarded(self, what: str, call) -> None:
         """Runs one loop step; a lost lease triggers re-registration, other failures are retried."""
+        lease = self.lease_id
         try:
             await call()
         except LeaseLost as e:
-            await self._reregister(str(e))
+            await self._reregister(str(e), lease)
         except grpc.aio.AioRpcError as e:
             if e.code() == grpc.StatusCode.NOT_FOUND:
-                await self._reregister(e.details())
+                await self._reregister(e.details(), lease)
             else:
                 log.debug("%s failed: %s", what, e.details())
+                self._fail_over(e)
 
     async def _keepalive_loop(self) -> None:
         while True:
@@ -233,12 +286,21 @@ class ControlPlaneLink:
                 load, state = self._load()
                 load.sampled_at_unix_s = time.time()
                 report = registry_pb2.ReportLoadRequest(
-                    worker_id=self.worker_id, lease_id=self.lease_id, load=load, state=state, session_token=self.session_token
+                    worker_id=self.worker_id,
+                    lease_id=self.lease_id,
+                    load=load,
+                    state=state,
+                    kv_seq=self._published_seq,
+                    session_token=self.session_token,
                 )
                 latency = self._latency()
                 if latency is not None:
                     report.latency.CopyFrom(latency)
-                await self._stub.ReportLoad(report, timeout=5)
+                # Short: a replica that cannot take a report in a second is stuck; the next goes elsewhere.
+                reply = await self._stub.ReportLoad(report, timeout=REPORT_TIMEOUT_S)
+                if reply.snapshot_requested and not self._snapshot_due:
+                    log.info("a control-plane replica asked for a KV snapshot (it saw a gap in our event numbers)")
+                    self._snapshot_due = True
 
             await self._guarded("load report", step)
             await asyncio.sleep(self._config.load_report_interval_s)
@@ -252,12 +314,18 @@ class ControlPlaneLink:
                 nonlocal last_snapshot
                 async with self._lock:
                     events = self._take_events()
-                    due = time.monotonic() - last_snapshot >= self._config.kv_snapshot_interval_s
+                    due = self._snapshot_due or time.monotonic() - last_snapshot >= self._config.kv_snapshot_interval_s
                     try:
                         if due:
                             # Taken after draining the events, so it includes them.
+                            self._snapshot_due = False
                             await self._publish(snapshot_to_pb(self._snapshot()), snapshot=True)
                             last_snapshot = time.monotonic()
+                        elif events and self._drop_next_batch:
+                            self._drop_next_batch = False
+                            self._seq += 1  # numbered, acknowledged, lost: the replicas see a gap
+                            self._published_seq = self._seq
+                            log.warning("fault injection: dropped KV event batch %d (%d events)", self._seq, len(events))
                         elif events:
                             await self._publish(events_to_pb(events), snapshot=False)
                     except grpc.aio.AioRpcError:

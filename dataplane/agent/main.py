@@ -22,7 +22,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default=a.host, help="address to listen on (default %(default)s)")
     parser.add_argument("--port", type=int, default=a.port, help="port to listen on (default: any free port)")
     parser.add_argument("--advertise-host", default="", help="address peers and the control plane dial (default: --host)")
-    parser.add_argument("--controlplane", default=a.controlplane, help="control plane host:port (default %(default)s)")
+    parser.add_argument(
+        "--controlplane",
+        default=a.controlplane,
+        help="control plane host:port, or several replicas comma-separated; the agent fails over between them (default %(default)s)",
+    )
     parser.add_argument(
         "--engine",
         choices=engines.ENGINE_NAMES,
@@ -37,6 +41,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds a prefilled transfer stays pinned waiting for its pull (default %(default)s)",
     )
     parser.add_argument("--lease-ttl", type=int, default=a.lease_ttl_s, help="lease TTL in seconds (default: the control plane's)")
+    parser.add_argument(
+        "--fault-injection",
+        action="store_true",
+        help="testing only: SIGUSR1 drops the next KV event batch, SIGUSR2 cuts the next KV pull served over gRPC mid-way",
+    )
     for plugin in engines.plugins():
         plugin.add_arguments(parser.add_argument_group(f"--engine {plugin.NAME}", plugin.SUMMARY))
     security_flags.add_server_arguments(parser, controlplane=False)
@@ -62,6 +71,7 @@ def config_from_args(args: argparse.Namespace, certificate_name: str = "") -> Ag
         transports=tuple(t for t in args.transports.split(",") if t),
         lease_ttl_s=args.lease_ttl,
         pin_timeout_s=args.pin_timeout,
+        fault_injection=args.fault_injection,
     ).validate()
 
 

@@ -1,7 +1,10 @@
 """Runs one agent: engine, KV transports, the Agent gRPC service and the control-plane link.
 
 The engine comes from the engine registry by name (AgentConfig.engine_name); KV transports are
-built only over an engine with the KV import/export capability.
+built only over an engine with the KV import/export capability. The agent lives and dies with its
+engine: when the engine stops serving for `engine_down_grace_s` (an external engine's server was
+killed, the reference engine's step thread died), the agent deregisters and exits with an error,
+so its worker leaves routing at once (a sidecar's container is then restarted beside the engine).
 
 Security: the agent serves mutual TLS with its worker certificate (or plaintext with --insecure);
 with TLS, its AuthInterceptor admits only the control plane and peer workers (access.py), and
@@ -113,11 +116,28 @@ class AgentServer:
             log.warning("KV blocks moved over nixl (UCX) are not encrypted or authenticated by kvplane's TLS; see docs/security.md")
         return {name: make_transport(name, kv.pool, agent_name=config.worker_id, credentials=self._peer_credentials) for name in names}
 
+    async def watch_engine(self, interval_s: float = 0.25) -> str:
+        """Returns (the reason) once the engine has not served for engine_down_grace_s."""
+        assert self.engine is not None
+        down_since: float | None = None
+        while True:
+            await asyncio.sleep(interval_s)
+            reason = self.engine.health()
+            if reason is None:
+                down_since = None
+                continue
+            now = time.monotonic()
+            down_since = now if down_since is None else down_since
+            if now - down_since >= self.config.engine_down_grace_s:
+                return reason
+
     async def drain(self, timeout_s: float) -> None:
         """Takes no new work and waits (bounded) for running requests to finish."""
         assert self.service is not None and self.engine is not None
         self.service.state = common_pb2.WORKER_STATE_DRAINING
         await set_serving(self._health, SERVICE_NAMES, False)
+        if self.engine.health() is not None:
+            return  # nothing will finish on an engine that does not serve
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             load = self.engine.load()
@@ -147,9 +167,23 @@ async def serve(config: AgentConfig, credentials: Credentials) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    endpoint = await agent.start()
+    try:
+        endpoint = await agent.start()
+    except BaseException:
+        await agent.stop(drain_timeout_s=0)  # an external engine's connections, a half-built server
+        raise
+    if config.fault_injection:
+        log.warning("fault injection is on: SIGUSR1 drops the next KV event batch, SIGUSR2 cuts the next KV pull served")
+        loop.add_signal_handler(signal.SIGUSR1, agent.link.drop_next_batch)
+        loop.add_signal_handler(signal.SIGUSR2, agent.service.cut_next_pull)
     print(f"kvplane agent {config.worker_id} listening on {endpoint}", flush=True)
-    await stop.wait()
+    stopped = asyncio.create_task(stop.wait())
+    engine_down = asyncio.create_task(agent.watch_engine())
+    await asyncio.wait([stopped, engine_down], return_when=asyncio.FIRST_COMPLETED)
+    for task in (stopped, engine_down):
+        task.cancel()
     log.info("stopping agent %s", config.worker_id)
     await agent.stop()
     telemetry.shutdown()
+    if engine_down.done() and not engine_down.cancelled():
+        raise RuntimeError(f"the {config.engine_name} engine stopped serving ({engine_down.result()}); this agent lives and dies with it")

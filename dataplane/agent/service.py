@@ -20,6 +20,14 @@ ticket for that operation on this worker.
 The engine is reached only through the engine interface (dataplane/engines/base.py). Prefill,
 KV pulls and remote prefill need its KV import/export capability, Profile its step timings; on
 an engine without them those RPCs fail with FAILED_PRECONDITION and say so.
+
+Engine-native disaggregation (an engine with the native KV transfer capability: SGLang, vLLM):
+the same two steps, but the engines move the KV themselves. The decode agent asks the prefill
+agent to prefill; the prefill agent's engine returns a handoff (its own parameters: vLLM's
+kv_transfer_params, SGLang's bootstrap host/port/room), which comes back as the PrefillResponse's
+transport descriptor; the decode agent passes it unchanged to its engine's generate. Nothing is
+pinned or pulled by kvplane; the request's metrics still say what moved (blocks and bytes of the
+prompt's KV, from the layout) and how long the handoff took until the first token.
 """
 
 from __future__ import annotations
@@ -37,9 +45,9 @@ from dataplane.agent import profile
 from dataplane.agent.bridge import TextStream, sampling_from_pb
 from dataplane.agent.config import AgentConfig
 from dataplane.agent.observe import PHASE_GENERATE, PHASE_PREFILL, EngineTimer, record_transfer
-from dataplane.engines.base import EngineAdapter, KVImportExport
+from dataplane.engines.base import EngineAdapter, KVImportExport, NativeKVTransfer
 from dataplane.engines.request import EngineCapacityError, EngineInputError, EngineRequest, SamplingParams
-from dataplane.transport import LayoutMismatchError, PullSource
+from dataplane.transport import LayoutMismatchError, PullSource, TransferError
 from dataplane.transport.grpc_stream import iter_chunks
 from kvplane import tickets
 from kvplane.chat import ChatTemplateError
@@ -48,7 +56,7 @@ from kvplane.grpc_util import aio_channel
 from kvplane.latency import OnlineStepModel, StepSample, StepTimeModel, fit, samples_from_pb, samples_to_pb
 from kvplane.security.auth import caller
 from kvplane.security.credentials import Credentials
-from kvplane.security.limits import MAX_PROMPT_BYTES, clip
+from kvplane.security.limits import MAX_ID_CHARS, clip
 from kvplane.telemetry import tracing
 from kvplane.types import BlockHash
 from kvplane.v1 import agent_pb2, agent_pb2_grpc, common_pb2
@@ -64,6 +72,10 @@ class Pin:
     expires_at: float
     nonce: bytes = b""  # of the ticket it was prefilled under: pulls and releases must present it
     puller: str = ""  # the decode worker that ticket names
+
+
+class TransferReleased(Exception):
+    """The puller released a transfer before it was pinned; the message is its id."""
 
 
 class RemotePrefillRefused(Exception):
@@ -86,6 +98,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         self.endpoint = endpoint
         self._engine = engine
         self._kv: KVImportExport | None = engine.kv_transfer
+        self._native: NativeKVTransfer | None = engine.native_transfer if self._kv is None else None
         self._transports = transports  # name -> KVTransport, best first; empty without self._kv
         self._clock = clock  # wall clock (seconds): pins expire by it, peers see expires_at
         self._verifier = verifier  # () -> TicketVerifier, with the public key registration returned
@@ -94,6 +107,13 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         self.state = common_pb2.WORKER_STATE_ACTIVE
         self.metrics_url = ""  # this process's Prometheus endpoint, set by the server
         self._pins: dict[str, Pin] = {}
+        # Transfers released before their prefill ended (the decode side gave up first): transfer
+        # id -> (when to forget it, the nonce of the ticket it was released with). Their pins are
+        # dropped the moment the prefill ends, if it ran under that same ticket.
+        self._released_early: dict[str, tuple[float, bytes]] = {}
+        self._num_importing_blocks = 0  # pulled (or being pulled) here, not yet handed to their request
+        self._background: set[asyncio.Task] = set()  # clean-ups that outlive a cancelled call
+        self._cut_next_pull = False  # fault injection (AgentConfig.fault_injection)
         self._peer_stubs: dict[str, agent_pb2_grpc.AgentStub] = {}
         self._peer_channels: list[grpc.aio.Channel] = []
         self._janitor: asyncio.Task | None = None
@@ -111,6 +131,8 @@ class AgentService(agent_pb2_grpc.AgentServicer):
     async def close(self) -> None:
         if self._janitor:
             self._janitor.cancel()
+        if self._background:
+            await asyncio.wait(set(self._background), timeout=5)
         for channel in self._peer_channels:
             await channel.close()
         for transfer_id in list(self._pins):
@@ -168,9 +190,40 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         if block_ids:  # only ever non-empty with the KV capability
             self._kv.unpin(block_ids)
 
-    def _release(self, transfer_id: str) -> bool:
+    def _spawn(self, coro, name: str) -> None:
+        """Runs a clean-up that must finish even when the call that needs it is cancelled."""
+        task = asyncio.create_task(coro, name=name)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def cut_next_pull(self) -> None:
+        """Fault injection: the next PullKV stream served breaks after its first chunk."""
+        self._cut_next_pull = True
+
+    @property
+    def num_pinned_blocks(self) -> int:
+        """Blocks held for KV transfers: pinned for peers, or pulled here and not yet handed over."""
+        return sum(len(p.block_ids) for p in self._pins.values()) + self._num_importing_blocks
+
+    def _register_pin(self, transfer_id: str, block_ids: list[int], ticket: common_pb2.Ticket) -> float | None:
+        """Pins a transfer's blocks until pulled, released or expired, for the puller its ticket
+        names; returns the expiry, or None (and unpins at once) when that puller released it
+        already, or the id is taken."""
+        early = self._released_early.pop(transfer_id, None)
+        if (early is not None and early[1] == ticket.nonce) or transfer_id in self._pins:
+            self._unpin(block_ids)
+            return None
+        expires_at = self._clock() + self._config.pin_timeout_s
+        self._pins[transfer_id] = Pin(block_ids, expires_at, ticket.nonce, ticket.decode_worker_id)
+        return expires_at
+
+    def _release(self, transfer_id: str, early_nonce: bytes | None = None) -> bool:
+        """Unpins a transfer. `early_nonce`: the puller gave up, so a transfer not pinned yet (its
+        prefill still running under the ticket with that nonce) is remembered and unpinned when it ends."""
         pin = self._pins.pop(transfer_id, None)
         if pin is None:
+            if early_nonce is not None and transfer_id:
+                self._released_early[transfer_id] = (self._clock() + self._config.pin_timeout_s, early_nonce)
             return False
         self._unpin(pin.block_ids)
         return True
@@ -178,6 +231,8 @@ class AgentService(agent_pb2_grpc.AgentServicer):
     def expire_pins(self) -> list[str]:
         """Releases every pin past its expiry; returns their transfer ids."""
         now = self._clock()
+        for transfer_id in [t for t, (until, _) in self._released_early.items() if until < now]:
+            del self._released_early[transfer_id]
         expired = [t for t, p in self._pins.items() if p.expires_at < now]
         for transfer_id in expired:
             log.warning("transfer %s was not pulled in time; unpinning its blocks", transfer_id)
@@ -201,14 +256,33 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, "prefill_from names a worker the ticket does not")
         await self._check_accepting(context)
         await self._check_healthy(context)
+        if request.num_resumed_tokens >= len(prompt):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "num_resumed_tokens must be smaller than the prompt")
         metrics = common_pb2.RequestMetrics(decode_worker=self.worker_id, prefill_worker=self.worker_id, prompt_tokens=len(prompt))
         held: list[int] = []
+        handoff = b""
         remote = request.HasField("prefill_from") and request.prefill_from.endpoint
-        if remote:
+        if remote and self._native is not None:
+            if request.prefill_from.cached_only:
+                await context.abort(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"worker {self.worker_id}'s engine moves KV only by its own connector ({self._native.transport}), "
+                    "which cannot fetch cached blocks from a peer; prefill locally instead",
+                )
+            try:
+                with tracing.span(tracing.SPAN_REMOTE_PREFILL, {"kvplane.prefill_worker": request.prefill_from.worker_id}):
+                    handoff = await self._native_remote_prefill(request, metrics, context.time_remaining())
+            except RemotePrefillRefused as e:
+                await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
+            except Exception as e:  # the peer died or timed out: prefill here
+                log.warning("remote prefill on %s failed (%s); prefilling locally", request.prefill_from.worker_id, e)
+                metrics.prefill_worker = self.worker_id
+                metrics.disaggregated = False
+        elif remote:
             await self._require_kv(context, "import KV from a peer")
             try:
                 with tracing.span(tracing.SPAN_REMOTE_PREFILL, {"kvplane.prefill_worker": request.prefill_from.worker_id}):
-                    held = await self._remote_prefill(request, metrics)
+                    held = await self._remote_prefill(request, metrics, context.time_remaining())
                 record_transfer(metrics)
             except RemotePrefillRefused as e:
                 await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
@@ -224,6 +298,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             sampling=sampling_from_pb(request.sampling),
             cache_salt=request.cache_salt,
             held_block_ids=held,
+            native_handoff=handoff,
         )
         timer = EngineTimer(PHASE_GENERATE)
         try:
@@ -233,9 +308,18 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         except EngineCapacityError as e:
             self._unpin(held)
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
+            # Permanent for this worker (it can never hold the request): not a retry-later.
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
+        except BaseException:
+            self._unpin(held)  # cancelled before the engine took the imported blocks
+            raise
+        finally:
+            self._num_importing_blocks -= len(held)  # the engine (or the unpin) has them now
         started = time.monotonic()
         text = TextStream(self._engine.detokenize)
+        if request.num_resumed_tokens:
+            # The caller has the text of the resumed tokens already: continue after it.
+            await text.prime(prompt[len(prompt) - request.num_resumed_tokens :])
         finished = False
         try:
             async for out in stream:
@@ -251,6 +335,9 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                 )
                 if out.new_token_ids and not metrics.ttft_ms:
                     metrics.ttft_ms = (time.monotonic() - started) * 1000
+                    if handoff:  # the decode engine pulled the KV before its first token
+                        metrics.kv_transfer_ms = metrics.ttft_ms
+                        record_transfer(metrics)
                 if finished:
                     if not metrics.disaggregated:
                         metrics.cached_tokens = out.num_cached_tokens
@@ -268,13 +355,63 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                 # The caller went away: stop spending compute on it.
                 self._engine.abort(engine_request.request_id)
 
-    async def _remote_prefill(self, request: agent_pb2.AgentGenerateRequest, metrics: common_pb2.RequestMetrics) -> list[int]:
-        """Has the peer prefill, pulls the missing blocks into this pool; returns the refs taken on them."""
+    async def _native_remote_prefill(
+        self, request: agent_pb2.AgentGenerateRequest, metrics: common_pb2.RequestMetrics, time_left_s: float | None
+    ) -> bytes:
+        """Has the peer's engine prefill for this one; returns its handoff for this engine. Bounded
+        by the request's own deadline (`time_left_s`) as well as prefill_timeout_s."""
+        deadline = None if time_left_s is None else time.monotonic() + time_left_s
+        source = request.prefill_from
+        native = self._native
+        layout = self._engine.info.layout
+        try:
+            reply = await self._peer(source.endpoint).Prefill(
+                agent_pb2.PrefillRequest(
+                    ticket=request.ticket,
+                    request_id=request.request_id,
+                    prompt_token_ids=request.prompt_token_ids,
+                    cache_salt=request.cache_salt,
+                    layout=layout_to_pb(layout),
+                    transports=[native.transport],
+                ),
+                timeout=_bounded(self._config.prefill_timeout_s, deadline),
+            )
+        except grpc.aio.AioRpcError as e:
+            if e.code() in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMENT):
+                raise RemotePrefillRefused(f"prefill worker {source.worker_id} refused: {e.details()}") from None
+            raise
+        if reply.transport != native.transport or not reply.transport_descriptor:
+            raise RemotePrefillRefused(
+                f"prefill worker {source.worker_id} answered with transport {reply.transport!r}, not {native.transport!r}"
+            )
+        num_prompt_tokens = len(request.prompt_token_ids)
+        metrics.transport = reply.transport
+        metrics.prefill_worker = source.worker_id
+        metrics.disaggregated = True
+        metrics.cached_tokens = reply.cached_tokens
+        metrics.prefill_computed_tokens = reply.prefill_computed_tokens
+        # The engines move the whole prompt's KV; kvplane does not see the bytes, so it counts them.
+        metrics.kv_transfer_blocks = -(-num_prompt_tokens // layout.block_size)
+        metrics.kv_transfer_bytes = num_prompt_tokens * layout.bytes_per_token
+        return reply.transport_descriptor
+
+    async def _remote_prefill(
+        self, request: agent_pb2.AgentGenerateRequest, metrics: common_pb2.RequestMetrics, time_left_s: float | None
+    ) -> list[int]:
+        """Has the peer prefill, pulls the missing blocks into this pool; returns the refs taken on
+        them (counted in num_pinned_blocks until the caller hands them to the engine).
+
+        Bounded by the request's own deadline (`time_left_s`, None = none) as well as
+        prefill_timeout_s. This side names the transfer, so it can release the peer's pins in the
+        background whatever happens, even before the peer's answer arrives: a cancelled request
+        leaves nothing pinned there."""
+        deadline = None if time_left_s is None else time.monotonic() + time_left_s
         source = request.prefill_from
         kv = self._kv
         layout = self._engine.info.layout
         peer = self._peer(source.endpoint)
         offered = [source.transport] if source.transport else list(self._transports)
+        transfer_id = uuid.uuid4().hex  # ours, so that we can release it even without an answer
         try:
             reply = await peer.Prefill(
                 agent_pb2.PrefillRequest(
@@ -285,12 +422,19 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                     layout=layout_to_pb(layout),
                     transports=offered,
                     cached_only=source.cached_only,
+                    transfer_id=transfer_id,
                 ),
-                timeout=self._config.prefill_timeout_s,
+                timeout=_bounded(self._config.prefill_timeout_s, deadline),
             )
         except grpc.aio.AioRpcError as e:
+            self._spawn(self._release_peer(peer, transfer_id, request.ticket), f"release-{transfer_id}")
             if e.code() in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMENT):
                 raise RemotePrefillRefused(f"prefill worker {source.worker_id} refused: {e.details()}") from None
+            raise
+        except BaseException:
+            # Cancelled (the request's caller went away) while the peer prefills: the answer, and
+            # its pins, may be on their way; release them by the id we chose.
+            self._spawn(self._release_peer(peer, transfer_id, request.ticket), f"release-{transfer_id}")
             raise
         metrics.transport = reply.transport
         if source.cached_only:
@@ -314,6 +458,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                 dst = kv.allocate_for_import(len(missing))
                 if dst is None:
                     raise RuntimeError(f"no free KV blocks for {len(missing)} imported blocks")
+                self._num_importing_blocks += len(dst)
                 try:
                     source_desc = PullSource(
                         endpoint=source.endpoint,
@@ -323,25 +468,33 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                         ticket=request.ticket,
                     )
                     with tracing.span(tracing.SPAN_KV_TRANSFER, {"kvplane.kv_transfer.transport": reply.transport}) as span:
-                        nbytes = await transport.pull(source_desc, missing, dst)
+                        pull = transport.pull(source_desc, missing, dst)
+                        nbytes = await asyncio.wait_for(pull, _bounded(self._config.transfer_timeout_s, deadline))
                         span.set_attributes({"kvplane.kv_transfer.bytes": nbytes, "kvplane.kv_transfer.blocks": len(missing)})
                     released = reply.transport == "grpc"  # the gRPC pull asked the peer to unpin when done
+                    held = kv.commit_import([hashes[i] for i in missing], dst)
                 except BaseException:
                     kv.abort_import(dst)
+                    self._num_importing_blocks -= len(dst)
                     raise
-                held = kv.commit_import([hashes[i] for i in missing], dst)
                 metrics.kv_transfer_bytes = nbytes
                 metrics.kv_transfer_blocks = len(missing)
         except LayoutMismatchError as e:
             raise RemotePrefillRefused(str(e)) from None
+        except TimeoutError:
+            raise TransferError(f"pulling KV from {source.worker_id} made no progress in time") from None
         finally:
             metrics.kv_transfer_ms = (time.monotonic() - started) * 1000
             if not released:
-                try:
-                    await peer.ReleaseKV(agent_pb2.ReleaseKVRequest(transfer_id=reply.transfer_id, ticket=request.ticket), timeout=5)
-                except grpc.aio.AioRpcError as e:
-                    log.warning("releasing transfer %s failed (%s); the peer unpins it on timeout", reply.transfer_id, e.details())
+                # In the background: this call may be being cancelled, and the peer must unpin anyway.
+                self._spawn(self._release_peer(peer, reply.transfer_id, request.ticket), f"release-{reply.transfer_id}")
         return held
+
+    async def _release_peer(self, peer: agent_pb2_grpc.AgentStub, transfer_id: str, ticket: common_pb2.Ticket) -> None:
+        try:
+            await peer.ReleaseKV(agent_pb2.ReleaseKVRequest(transfer_id=transfer_id, ticket=ticket), timeout=5)
+        except grpc.aio.AioRpcError as e:
+            log.warning("releasing transfer %s failed (%s); the peer unpins it on timeout", transfer_id, e.details())
 
     # -- Prefill and KV serving (prefill side) --------------------------------------------------
 
@@ -351,6 +504,8 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             request_id=request.request_id, prompt_token_ids=request.prompt_token_ids, cache_salt=request.cache_salt,
         )  # fmt: skip
         await self._check_peer(request.ticket, context)
+        if len(request.transfer_id) > MAX_ID_CHARS:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"transfer_id is longer than {MAX_ID_CHARS} characters")
         await self._check_accepting(context)
         await self._check_healthy(context)
         if not self._config.role.can_prefill and not request.cached_only:
@@ -358,11 +513,13 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"worker {self.worker_id} has role {self._config.role.value} and does not prefill for peers",
             )
-        kv = await self._require_kv(context, "export KV to a peer")
         layout = self._engine.info.layout
         mismatch = layout.mismatch(layout_from_pb(request.layout))
         if mismatch:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"cannot transfer KV from {self.worker_id}: {mismatch}")
+        if self._native is not None:
+            return await self._native_prefill(request, context)
+        kv = await self._require_kv(context, "export KV to a peer")
         transport_name = next((t for t in request.transports if t in self._transports), None)
         if transport_name is None:
             await context.abort(
@@ -370,7 +527,10 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                 f"no common KV transport: the decode side offers {list(request.transports)}, this agent serves {list(self._transports)}",
             )
         if request.cached_only:
-            return self._pin_cached(kv, request, transport_name)
+            try:
+                return self._pin_cached(kv, request, transport_name)
+            except TransferReleased as e:
+                await context.abort(grpc.StatusCode.CANCELLED, f"transfer {e} was released by its puller already")
         engine_request = EngineRequest(
             request_id=f"{request.request_id or uuid.uuid4().hex}:prefill",
             prompt_token_ids=list(request.prompt_token_ids),
@@ -384,15 +544,28 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         except EngineInputError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         except EngineCapacityError as e:
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
-        async for out in stream:
-            timer.on_output(out)
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
+        # The stream is drained by its own task: if this call is cancelled (the decode side's
+        # deadline, its death), the task still sees the final output and unpins what the engine
+        # pinned for a pull that will never come.
+        drained = asyncio.ensure_future(_final_output(stream, timer))
+        try:
+            out = await asyncio.shield(drained)
+        except asyncio.CancelledError:
+            self._engine.abort(engine_request.request_id)
+            drained.add_done_callback(self._unpin_abandoned)
+            self._background.add(drained)
+            drained.add_done_callback(self._background.discard)
+            raise
         if out.error or out.finish_reason == "abort":
             self._unpin(out.pinned_block_ids)
             await context.abort(grpc.StatusCode.INTERNAL, f"prefill failed: {out.error or 'aborted'}")
-        transfer_id = uuid.uuid4().hex
-        expires_at = self._clock() + self._config.pin_timeout_s
-        self._pins[transfer_id] = Pin(list(out.pinned_block_ids), expires_at, request.ticket.nonce, request.ticket.decode_worker_id)
+        transfer_id = request.transfer_id or uuid.uuid4().hex
+        expires_at = self._register_pin(transfer_id, list(out.pinned_block_ids), request.ticket)
+        if expires_at is None:
+            await context.abort(
+                grpc.StatusCode.CANCELLED, f"transfer {clip(transfer_id)} was released by its puller before its prefill ended"
+            )
         return agent_pb2.PrefillResponse(
             transfer_id=transfer_id,
             block_hashes=list(out.block_hashes),
@@ -404,13 +577,56 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             layout=layout_to_pb(layout),
         )
 
+    def _unpin_abandoned(self, drained: asyncio.Future) -> None:
+        """An abandoned prefill ended: unpin its blocks, if it finished before the abort reached it."""
+        if not drained.cancelled() and drained.exception() is None:
+            self._unpin(drained.result().pinned_block_ids)
+
+    async def _native_prefill(self, request: agent_pb2.PrefillRequest, context) -> agent_pb2.PrefillResponse:
+        """Prefill side of engine-native disaggregation: the engine prefills and hands off."""
+        native = self._native
+        if request.cached_only:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"worker {self.worker_id}'s engine moves KV only by its own connector ({native.transport}), which cannot serve a fetch",
+            )
+        if native.transport not in request.transports:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"no common KV transport: the decode side offers {list(request.transports)}, this agent's engine hands off by {native.transport}",
+            )
+        engine_request = EngineRequest(
+            request_id=f"{request.request_id or uuid.uuid4().hex}:prefill",
+            prompt_token_ids=list(request.prompt_token_ids),
+            sampling=SamplingParams(max_tokens=1),
+            cache_salt=request.cache_salt,
+            prefill_only=True,
+        )
+        try:
+            handoff = await native.prefill(engine_request)
+        except EngineInputError as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        except EngineCapacityError as e:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
+        except RuntimeError as e:
+            await context.abort(grpc.StatusCode.INTERNAL, f"prefill failed: {e}")
+        return agent_pb2.PrefillResponse(
+            transfer_id=uuid.uuid4().hex,
+            prefill_computed_tokens=handoff.num_prompt_tokens - handoff.num_cached_tokens,
+            cached_tokens=handoff.num_cached_tokens,
+            transport=handoff.transport,
+            transport_descriptor=handoff.params,
+            layout=layout_to_pb(self._engine.info.layout),
+        )
+
     def _pin_cached(self, kv: KVImportExport, request: agent_pb2.PrefillRequest, transport_name: str) -> agent_pb2.PrefillResponse:
         """Fetch instead of recompute, source side: pin what is cached, compute nothing."""
         hashes, block_ids = kv.pin_cached_prefix(list(request.prompt_token_ids), request.cache_salt)
         layout = self._engine.info.layout
-        transfer_id = uuid.uuid4().hex
-        expires_at = self._clock() + self._config.pin_timeout_s
-        self._pins[transfer_id] = Pin(block_ids, expires_at, request.ticket.nonce, request.ticket.decode_worker_id)
+        transfer_id = request.transfer_id or uuid.uuid4().hex
+        expires_at = self._register_pin(transfer_id, block_ids, request.ticket)
+        if expires_at is None:
+            raise TransferReleased(transfer_id)
         return agent_pb2.PrefillResponse(
             transfer_id=transfer_id,
             block_hashes=list(hashes),
@@ -448,14 +664,21 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             # A pin exists, so the engine has the KV capability.
             for chunk in iter_chunks(self._kv.pool, pin.block_ids, list(request.block_indices), request.chunk_bytes or 1 << 20):
                 yield chunk
+                if self._cut_next_pull:
+                    self._cut_next_pull = False
+                    log.warning("fault injection: cutting the pull of transfer %s after its first chunk", request.transfer_id)
+                    await context.abort(grpc.StatusCode.UNAVAILABLE, "fault injection: the transfer was cut mid-way")
         finally:
             if request.release_after:
                 self._release(request.transfer_id)
 
     async def ReleaseKV(self, request: agent_pb2.ReleaseKVRequest, context):
         if request.transfer_id not in self._pins:
+            # Not pinned (yet): its prefill may still run, so the release is remembered for the
+            # ticket it was prefilled under; a genuine ticket naming this worker as source is needed.
             await self._check_ticket(request.ticket, context, tickets.GENERATE, check_expiry=False, as_source=True)
-            return agent_pb2.ReleaseKVResponse(released=False)  # already released (pull done, or expired)
+            await self._check_peer(request.ticket, context)
+            return agent_pb2.ReleaseKVResponse(released=self._release(request.transfer_id, early_nonce=request.ticket.nonce))
         await self._pin_for(request.transfer_id, request.ticket, context)
         return agent_pb2.ReleaseKVResponse(released=self._release(request.transfer_id))
 
@@ -515,8 +738,11 @@ class AgentService(agent_pb2_grpc.AgentServicer):
 
     async def Tokenize(self, request, context):
         size = len(request.text) + sum(len(m.role) + len(m.content) for m in request.messages)
-        if size > MAX_PROMPT_BYTES:  # characters <= bytes: checked before hashing or tokenizing
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"the input is larger than {MAX_PROMPT_BYTES} bytes")
+        if size > self._config.max_prompt_bytes:  # characters <= bytes: checked before hashing or tokenizing
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"the input is larger than this worker's limit of {self._config.max_prompt_bytes} bytes; shorten the prompt",
+            )
         await self._check_ticket(request.ticket, context, tickets.TOKENIZE, use="tokenize", digest=tickets.tokenize_digest(request))
         if not request.messages:
             return agent_pb2.TokenizeResponse(token_ids=await self._engine.tokenize(request.text))
@@ -541,7 +767,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             state=self.state,
             max_context=info.max_context,
             vocab_size=info.vocab_size,
-            transports=list(self._transports),
+            transports=list(self._transports) or ([self._native.transport] if self._native is not None else []),
             max_tokens_limit=info.max_tokens_limit,
             max_num_batched_tokens=info.max_num_batched_tokens,
             max_num_seqs=info.max_num_seqs,
@@ -586,4 +812,17 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             num_cached_blocks=load.num_cached_blocks,
             running_remaining_tokens=list(load.running_remaining_tokens),
             running_context_tokens=load.running_context_tokens,
+            num_pinned_blocks=self.num_pinned_blocks,
         )
+
+
+async def _final_output(stream, timer: EngineTimer):
+    """Drains an engine stream, timing it; returns its final output."""
+    async for out in stream:
+        timer.on_output(out)
+    return out
+
+
+def _bounded(limit_s: float, deadline: float | None) -> float:
+    """`limit_s`, or less when the request's deadline (time.monotonic()) comes first (never below 0)."""
+    return limit_s if deadline is None else max(0.0, min(limit_s, deadline - time.monotonic()))

@@ -4,7 +4,8 @@ Server side: the agent's PullKV servicer yields `iter_chunks(...)`: each request
 request order, cut into `chunk_bytes` pieces (default 1 MiB), each tagged with the block's index
 in the transfer and its byte offset inside the block. Client side: `pull` opens one PullKV
 stream (release_after=True, so the peer unpins when the stream completes) and writes each chunk
-straight into the destination block's bytes of the local pool. Chunks of a block must arrive in
+straight into the destination block's bytes of the local pool; a peer that sends nothing for
+`chunk_timeout_s` has stalled and the pull fails (the caller prefills locally). Chunks of a block must arrive in
 order and cover it exactly; anything else is a TransferError, never a silently partial block.
 
 Each PullKV presents the ticket of the transfer (PullSource.ticket) over the transport's channel,
@@ -46,6 +47,7 @@ if TYPE_CHECKING:
 
 NAME = "grpc"
 DEFAULT_CHUNK_BYTES = 1 << 20
+DEFAULT_CHUNK_TIMEOUT_S = 10.0  # progress timeout: the longest wait for the next chunk
 # Room for the KVChunk's other fields and framing inside one gRPC message.
 _MAX_CHUNK_BYTES = MAX_MESSAGE_BYTES - (1 << 16)
 
@@ -113,7 +115,7 @@ class GrpcStreamTransport:
 
     def __init__(
         self, pool: KVPoolLike, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES, timeout_s: float | None = 60.0,
-        credentials: Credentials | None = None,
+        chunk_timeout_s: float = DEFAULT_CHUNK_TIMEOUT_S, credentials: Credentials | None = None,
     ) -> None:  # fmt: skip
         """`credentials`: the worker's own (None: plaintext, for peers started that way, as in tests)."""
         check_pool(pool)
@@ -123,6 +125,7 @@ class GrpcStreamTransport:
         self._pool = pool
         self._chunk_bytes = chunk_bytes
         self._timeout_s = timeout_s
+        self._chunk_timeout_s = chunk_timeout_s  # a peer that sends no chunk for this long has stalled
         # endpoint -> (event loop, channel, stub): grpc.aio channels belong to the loop that made them.
         self._peers: dict[str, tuple[asyncio.AbstractEventLoop, grpc.aio.Channel, agent_pb2_grpc.AgentStub]] = {}
         self._closed = False
@@ -163,7 +166,13 @@ class GrpcStreamTransport:
         call = self._stub(source.endpoint).PullKV(request, timeout=self._timeout_s)
         where = f"PullKV of transfer {source.transfer_id} from {source.endpoint}"
         try:
-            async for chunk in call:
+            while True:
+                try:
+                    chunk = await asyncio.wait_for(call.read(), self._chunk_timeout_s)
+                except TimeoutError:
+                    raise TransferError(f"{where}: no chunk for {self._chunk_timeout_s:g} s; the peer has stalled") from None
+                if chunk is grpc.aio.EOF:
+                    break
                 index = chunk.block_index
                 received = index_to_received.get(index)
                 if received is None:

@@ -52,7 +52,27 @@ _HINTS = {
 }
 
 
+# UCX modules this process must not load (UCX_MODULES syntax), unless the user sets UCX_MODULES.
+# The nixl wheels bundle their own rdma-core (libibverbs, libnl-3, libnl-route-3 under mangled
+# names) for every UCX module but one: `efa` (libuct_ib_efa) links the system's libefa.so.1. On a
+# host with the RDMA userspace libraries (libibverbs1 + ibverbs-providers, on every InfiniBand or
+# RoCE machine) loading it brings the system libibverbs and libnl-route into the process beside
+# the bundled copies; the system libnl-route's constructors bind to the bundled one's symbols
+# (rtnl_tc_register), its registrations collide, and its destructor at exit unlinks an entry that
+# was never registered: every process that made a UCX agent died with SIGSEGV on exit.
+# Without that module UCX keeps every transport it can drive with the bundled libraries
+# (shared memory, TCP, CMA, and the verbs transports of the bundled rdma-core); EFA
+# (an AWS adapter, which NIXL reaches through its libfabric backend instead) is what is left out.
+UCX_MODULES_DEFAULT = "^efa"
+
+
+def _exclude_conflicting_ucx_modules() -> None:
+    """Sets UCX_MODULES before UCX reads its configuration (when libucs loads with nixl)."""
+    os.environ.setdefault("UCX_MODULES", UCX_MODULES_DEFAULT)
+
+
 def _import_nixl():
+    _exclude_conflicting_ucx_modules()
     try:
         import nixl  # noqa: PLC0415 (optional dependency)
     except Exception as e:  # ImportError, or a broken wheel raising at import time

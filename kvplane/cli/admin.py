@@ -23,7 +23,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     cache = subparsers.add_parser(
         "cache", parents=[parent], help="show cached KV blocks per worker and tier",
-        description="Shows how many KV blocks the cache index holds per worker and tier (device, host, disk).",
+        description="Shows how many KV blocks the cache index holds per worker and tier (device, host, disk), and the "
+        "blocks each worker holds pinned for KV transfers (0 once traffic stops).",
     )  # fmt: skip
     json_flag(cache)
     cache.set_defaults(func=run_cache)
@@ -89,13 +90,15 @@ def run_cache(args: argparse.Namespace) -> int:
         return 0
     extra_tiers = sorted({t for c in caches for t in c.blocks_by_tier} - set(_TIERS))
     tiers = (*_TIERS, *extra_tiers)
-    rows = [(c.worker_id, *(c.blocks_by_tier.get(t, 0) for t in tiers), sum(c.blocks_by_tier.values())) for c in caches]
-    print(format_table(("WORKER", *(t.upper() for t in tiers), "TOTAL"), rows))
+    rows = [
+        (c.worker_id, *(c.blocks_by_tier.get(t, 0) for t in tiers), sum(c.blocks_by_tier.values()), c.num_pinned_blocks) for c in caches
+    ]
+    print(format_table(("WORKER", *(t.upper() for t in tiers), "TOTAL", "PINNED"), rows))
     return 0
 
 
 def cache_to_json(c: WorkerCache) -> dict[str, Any]:
-    return {"id": c.worker_id, "blocks_by_tier": dict(c.blocks_by_tier)}
+    return {"id": c.worker_id, "blocks_by_tier": dict(c.blocks_by_tier), "pinned_blocks": c.num_pinned_blocks}
 
 
 def run_drain(args: argparse.Namespace) -> int:

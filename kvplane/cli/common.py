@@ -33,7 +33,7 @@ def client_parent() -> argparse.ArgumentParser:
     parent.add_argument(
         "--endpoint",
         default=None,
-        help=f"control plane host:port (default: ${ENDPOINT_ENV}, else {DEFAULT_ENDPOINT})",
+        help=f"control plane host:port, or several replicas comma-separated, tried in turn (default: ${ENDPOINT_ENV}, else {DEFAULT_ENDPOINT})",
     )
     parent.add_argument("--timeout", type=positive_float, default=None, metavar="SECONDS", help="deadline for the call")
     security_flags.add_client_arguments(parent)

@@ -92,10 +92,9 @@ class AsyncClient(ClientCore):
         return await self._unary(calls.profile(worker_id, max_prompt_tokens, max_batch))
 
     async def close(self) -> None:
-        if self._channel is not None:
-            await self._channel.close()
-            self._channel = None
-            self._stub_instance = None
+        channels, self._channels, self._stubs = self._channels, {}, {}
+        for channel in channels.values():
+            await channel.close()
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -107,24 +106,25 @@ class AsyncClient(ClientCore):
 
     def _connect(self) -> None:
         # Not yet: a grpc.aio channel belongs to the event loop that first uses it (see _stub).
-        self._channel: grpc.aio.Channel | None = None
-        self._stub_instance: client_pb2_grpc.KvplaneStub | None = None
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._stubs: dict[str, client_pb2_grpc.KvplaneStub] = {}
 
-    def _stub(self) -> client_pb2_grpc.KvplaneStub:
-        if self._stub_instance is None:
-            self._channel = grpc_util.aio_channel(self.endpoint, self.credentials, traced=False)
-            self._stub_instance = client_pb2_grpc.KvplaneStub(self._channel)
-        return self._stub_instance
+    def _stub(self, endpoint: str) -> client_pb2_grpc.KvplaneStub:
+        stub = self._stubs.get(endpoint)
+        if stub is None:
+            self._channels[endpoint] = grpc_util.aio_channel(endpoint, self.credentials, traced=False)
+            stub = self._stubs[endpoint] = client_pb2_grpc.KvplaneStub(self._channels[endpoint])
+        return stub
 
     async def _unary(self, call: calls.UnaryCall[T]) -> T:
         attempts = self._attempts(call)
-        method = getattr(self._stub(), call.method)
         while True:
             try:
-                response = await method(call.request, timeout=attempts.timeout())
+                response = await getattr(self._stub(attempts.endpoint), call.method)(call.request, timeout=attempts.timeout())
             except grpc.RpcError as e:
                 wait = attempts.wait_after(e)
             else:
+                self._answered(attempts)
                 return call.result(response)
             await asyncio.sleep(wait)
 
@@ -132,11 +132,14 @@ class AsyncClient(ClientCore):
         progress = self._progress(call)
         try:
             while True:
-                timeout = progress.attempts.timeout()
-                responses = self._stub().Generate(call.request, timeout=timeout, metadata=progress.metadata)
+                attempts = progress.attempts
+                responses = self._stub(attempts.endpoint).Generate(
+                    progress.request(), timeout=attempts.timeout(), metadata=progress.metadata
+                )
                 try:
                     async for response in responses:
                         yield progress.chunk(response)
+                    self._answered(attempts)
                     return
                 except grpc.RpcError as e:
                     wait = progress.wait_after(e)

@@ -4,15 +4,21 @@ A client method builds its call here without any I/O: a `UnaryCall` (the Kvplane
 request, the function that reads its answer, its rejection retries) or a `GenerateCall` (the one
 server stream). The client's I/O loop then makes attempts until one succeeds, asking `Attempts`
 after each failure whether to wait and try again or to raise. The rule (stated for users in the
-`kvplane.client` docstring): the call's timeout bounds all its attempts and waits together; only
-a rejection (RESOURCE_EXHAUSTED) is retried, at most `reject_retries` times, after the server's
+`kvplane.client` docstring): the call's timeout bounds all its attempts and waits together; a
+rejection (RESOURCE_EXHAUSTED) is retried at most `reject_retries` times, after the server's
 retry-after hint, while that hint fits in the time left, and a stream only before its first message.
+
+Failover: a client may know several control-plane replicas ("a:50051,b:50051"). A call that
+cannot reach its replica (a connection failure, not an answer the replica sent) moves to the next
+one at once, each replica tried once per call. A stream that loses its replica after messages
+arrived is resumed on the next one (at most `max_resumes` times): the request goes again with the
+tokens already received (`GenerateRequest.resume_token_ids`) and the stream continues after them.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -40,7 +46,7 @@ from kvplane.client.results import (
     WorkerCache,
     WorkerStatus,
 )
-from kvplane.errors import KvplaneError, RejectedError, from_rpc_error
+from kvplane.errors import KvplaneError, RejectedError, from_rpc_error, is_connection_failure
 from kvplane.telemetry import client_spans
 from kvplane.v1 import client_pb2
 
@@ -126,21 +132,53 @@ def retry_wait(error: RejectedError, attempt: int, reject_retries: int, remainin
     return hint
 
 
-class Attempts:
-    """The attempts of one call: the time left of its timeout, and what to do after each failure."""
+def split_endpoints(endpoints: str | Sequence[str]) -> tuple[str, ...]:
+    """ "a:1,b:2" (or a sequence) -> ("a:1", "b:2"); ValueError for an empty list or item."""
+    items = endpoints.split(",") if isinstance(endpoints, str) else list(endpoints)
+    parts = tuple(e.strip() for e in items)
+    if not parts or not all(parts):
+        raise ValueError(f"expected HOST:PORT or a comma-separated list of them, got {endpoints!r}")
+    return parts
 
-    __slots__ = ("endpoint", "credentials", "reject_retries", "num_retries", "_end", "_clock")
+
+class Attempts:
+    """The attempts of one call: the time left of its timeout, which replica to try, and what to
+    do after each failure."""
+
+    __slots__ = ("endpoints", "credentials", "reject_retries", "num_retries", "num_failovers", "_index", "_end", "_clock")
 
     def __init__(
-        self, endpoint: str, timeout: float | None, reject_retries: int, clock: Callable[[], float] = time.monotonic,
+        self,
+        endpoint: str | Sequence[str],
+        timeout: float | None,
+        reject_retries: int,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        first: int = 0,
         credentials: str = "",
-    ) -> None:  # fmt: skip
-        self.endpoint = endpoint  # named in connection errors, so that they say where the call went
+    ) -> None:
+        self.endpoints = split_endpoints(endpoint)  # named in connection errors, so that they say where the call went
         self.credentials = credentials  # what the client presented, in words, for the same messages
         self.reject_retries = reject_retries
         self.num_retries = 0  # waits granted so far
+        self.num_failovers = 0  # moves to another replica so far
+        self._index = first % len(self.endpoints)
         self._clock = clock
         self._end = None if timeout is None else clock() + timeout
+
+    @property
+    def endpoint(self) -> str:
+        """The replica the next attempt goes to."""
+        return self.endpoints[self._index]
+
+    @property
+    def index(self) -> int:
+        return self._index
+
+    def fail_over(self) -> None:
+        """The next attempt goes to the next replica."""
+        self._index = (self._index + 1) % len(self.endpoints)
+        self.num_failovers += 1
 
     def timeout(self) -> float | None:
         """The timeout for the next attempt: what is left of the call's (None = no deadline)."""
@@ -151,7 +189,11 @@ class Attempts:
 
         `received`: the failed attempt had already delivered a stream message, so it is never retried.
         """
-        error = from_rpc_error(failure, endpoint=self.endpoint, credentials=self.credentials)
+        if not received and is_connection_failure(failure) and self.num_failovers < len(self.endpoints) - 1:
+            self.fail_over()
+            return 0.0
+        where = self.endpoint if len(self.endpoints) == 1 else f"any of {', '.join(self.endpoints)}"
+        error = from_rpc_error(failure, endpoint=where, credentials=self.credentials)
         wait = None
         if isinstance(error, RejectedError) and not received:
             wait = retry_wait(error, self.num_retries, self.reject_retries, self.timeout())
@@ -167,24 +209,41 @@ class GenerateProgress:
     One span covers the whole call, retries included; `metadata` carries its context to the server.
     """
 
-    __slots__ = ("attempts", "metadata", "_span", "_last", "_num_tokens", "_failure")
+    __slots__ = ("attempts", "metadata", "max_resumes", "num_resumes", "_call", "_span", "_last", "_token_ids", "_failure")
 
-    def __init__(self, call: GenerateCall, attempts: Attempts, tracer: trace.Tracer) -> None:
+    def __init__(self, call: GenerateCall, attempts: Attempts, tracer: trace.Tracer, max_resumes: int = 2) -> None:
         self.attempts = attempts
+        self.max_resumes = max_resumes
+        self.num_resumes = 0
+        self._call = call
         self._span, self.metadata = client_spans.start_generate(tracer, attempts.endpoint, call.request)
         self._last: GenerateChunk | None = None
-        self._num_tokens = 0
+        self._token_ids: list[int] = []
         self._failure: grpc.RpcError | None = None
+
+    def request(self) -> client_pb2.GenerateRequest:
+        """What the next attempt sends: the request, resumed after the tokens received so far."""
+        if not self._token_ids:
+            return self._call.request
+        resumed = client_pb2.GenerateRequest()
+        resumed.CopyFrom(self._call.request)
+        resumed.resume_token_ids[:] = self._token_ids
+        return resumed
 
     def chunk(self, response: client_pb2.GenerateResponse) -> GenerateChunk:
         """The chunk for one received message, counted."""
         chunk = chunk_from_proto(response)
         self._last = chunk
-        self._num_tokens += len(chunk.token_ids)
+        self._token_ids += chunk.token_ids
         return chunk
 
     def wait_after(self, failure: grpc.RpcError) -> float:
-        """As Attempts.wait_after; a stream that has delivered a message is never retried."""
+        """As Attempts.wait_after; a stream that has delivered a message is never retried, but
+        one whose replica went away is resumed on the next replica after what it delivered."""
+        if self._last is not None and is_connection_failure(failure) and self.num_resumes < self.max_resumes:
+            self.num_resumes += 1
+            self.attempts.fail_over()
+            return 0.0
         try:
             return self.attempts.wait_after(failure, received=self._last is not None)
         except KvplaneError:
@@ -192,4 +251,4 @@ class GenerateProgress:
             raise
 
     def end(self) -> None:
-        client_spans.end_generate(self._span, self._last, self._num_tokens, self._failure)
+        client_spans.end_generate(self._span, self._last, len(self._token_ids), self._failure)

@@ -22,7 +22,8 @@ DEFAULT_ENDPOINT = "127.0.0.1:50051"
 
 
 def resolve_endpoint(endpoint: str | None = None) -> str:
-    """The explicit endpoint, else $KVPLANE_ENDPOINT, else 127.0.0.1:50051."""
+    """The explicit endpoint, else $KVPLANE_ENDPOINT, else 127.0.0.1:50051. Either may list
+    several control-plane replicas, comma-separated ("a:50051,b:50051")."""
     if endpoint:
         return endpoint
     return os.environ.get(ENDPOINT_ENV) or DEFAULT_ENDPOINT
@@ -46,6 +47,8 @@ class ClientCore:
         credentials: Credentials | None = None, token: str | None = None,
     ) -> None:  # fmt: skip
         self.endpoint = resolve_endpoint(endpoint)
+        self.endpoints = calls.split_endpoints(self.endpoint)  # the replicas, tried in turn (calls.py)
+        self._preferred = 0  # the replica that answered last: calls start there
         found = resolve_client(self.endpoint, credentials)
         self.credentials = found.with_token(token) if token else found
         self.timeout = timeout
@@ -71,10 +74,16 @@ class ClientCore:
         return calls.route(request, self._retries(reject_retries))
 
     def _attempts(self, call: calls.UnaryCall | calls.GenerateCall) -> calls.Attempts:
-        return calls.Attempts(self.endpoint, self.timeout, call.reject_retries, credentials=self.credentials.describe())
+        return calls.Attempts(
+            self.endpoints, self.timeout, call.reject_retries, first=self._preferred, credentials=self.credentials.describe()
+        )
 
     def _progress(self, call: calls.GenerateCall) -> calls.GenerateProgress:
-        return calls.GenerateProgress(call, self._attempts(call), self._tracer)
+        return calls.GenerateProgress(call, self._attempts(call), self._tracer, max_resumes=max(2, len(self.endpoints)))
+
+    def _answered(self, attempts: calls.Attempts) -> None:
+        """The replica `attempts` ended on answered: later calls start there."""
+        self._preferred = attempts.index
 
     def _retries(self, reject_retries: int | None) -> int:
         return self.reject_retries if reject_retries is None else check_reject_retries(reject_retries)

@@ -56,6 +56,7 @@ def metrics_from_proto(metrics: common_pb2.RequestMetrics, request_id: str = "")
         queued_ms=metrics.queued_ms,
         kv_fetched_from=metrics.kv_fetched_from,
         kv_fetched_tokens=metrics.kv_fetched_tokens,
+        num_migrations=metrics.num_migrations,
     )
 
 
@@ -142,6 +143,7 @@ def worker_from_proto(status: client_pb2.WorkerStatus) -> WorkerStatus:
             num_used_blocks=load.num_used_blocks,
             num_total_blocks=load.num_total_blocks,
             num_cached_blocks=load.num_cached_blocks,
+            num_pinned_blocks=load.num_pinned_blocks,
         ),
         load_age_s=status.load_age_s,
         metrics_url=info.metrics_url,
@@ -166,7 +168,7 @@ def stats_from_proto(response: client_pb2.GetStatsResponse) -> ClusterStats:
 
 
 def cache_from_proto(response: client_pb2.GetCacheResponse) -> list[WorkerCache]:
-    return [WorkerCache(w.worker_id, dict(sorted(w.blocks_by_tier.items()))) for w in response.workers]
+    return [WorkerCache(w.worker_id, dict(sorted(w.blocks_by_tier.items())), w.num_pinned_blocks) for w in response.workers]
 
 
 def drain_from_proto(response: client_pb2.DrainWorkerResponse) -> DrainResult:

@@ -40,6 +40,7 @@ class RequestMetrics:
     queued_ms: float = 0.0  # time a batch request waited in the admission queue
     kv_fetched_from: str = ""  # fetch instead of recompute: the worker whose cached prefix was pulled
     kv_fetched_tokens: int = 0
+    num_migrations: int = 0  # times the request moved to another decode worker mid-stream
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +99,7 @@ class WorkerLoad:
     num_used_blocks: int = 0
     num_total_blocks: int = 0
     num_cached_blocks: int = 0
+    num_pinned_blocks: int = 0  # held for KV transfers; 0 once traffic stops
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +158,7 @@ class ClusterStats:
 class WorkerCache:
     worker_id: str
     blocks_by_tier: dict[str, int] = field(default_factory=dict)  # "device"/"host"/"disk" -> blocks
+    num_pinned_blocks: int = 0  # held for KV transfers (the worker's last load report)
 
 
 @dataclass(frozen=True, slots=True)

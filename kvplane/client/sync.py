@@ -92,7 +92,8 @@ class Client(ClientCore):
         return self._unary(calls.profile(worker_id, max_prompt_tokens, max_batch))
 
     def close(self) -> None:
-        self._channel.close()
+        for channel in self._channels.values():
+            channel.close()
 
     def __enter__(self) -> Client:
         return self
@@ -103,18 +104,19 @@ class Client(ClientCore):
     # -- the I/O loops: the only part that differs from AsyncClient --------------------------------
 
     def _connect(self) -> None:
-        self._channel = grpc_util.channel(self.endpoint, self.credentials)
-        self._stub = client_pb2_grpc.KvplaneStub(self._channel)
+        # One channel per replica; grpc connects lazily, so unused ones cost nothing.
+        self._channels = {e: grpc_util.channel(e, self.credentials) for e in self.endpoints}
+        self._stubs = {e: client_pb2_grpc.KvplaneStub(c) for e, c in self._channels.items()}
 
     def _unary(self, call: calls.UnaryCall[T]) -> T:
         attempts = self._attempts(call)
-        method = getattr(self._stub, call.method)
         while True:
             try:
-                response = method(call.request, timeout=attempts.timeout())
+                response = getattr(self._stubs[attempts.endpoint], call.method)(call.request, timeout=attempts.timeout())
             except grpc.RpcError as e:
                 wait = attempts.wait_after(e)
             else:
+                self._answered(attempts)
                 return call.result(response)
             time.sleep(wait)
 
@@ -122,11 +124,13 @@ class Client(ClientCore):
         progress = self._progress(call)
         try:
             while True:
-                timeout = progress.attempts.timeout()
-                responses = self._stub.Generate(call.request, timeout=timeout, metadata=progress.metadata)
+                attempts = progress.attempts
+                stub = self._stubs[attempts.endpoint]
+                responses = stub.Generate(progress.request(), timeout=attempts.timeout(), metadata=progress.metadata)
                 try:
                     for response in responses:
                         yield progress.chunk(response)
+                    self._answered(attempts)
                     return
                 except grpc.RpcError as e:
                     wait = progress.wait_after(e)

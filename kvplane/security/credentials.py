@@ -167,14 +167,17 @@ def from_environment() -> Credentials | None:
 
 
 def resolve_client(endpoint: str, explicit: Credentials | None = None) -> Credentials:
-    """The credentials a client uses for `endpoint` (see the module docstring for the order)."""
+    """The credentials a client uses for `endpoint` (see the module docstring for the order). A
+    comma-separated list of replicas ("a:1,b:2") is one cluster with one CA: the first replica that
+    has a credentials directory on this machine gives them for all."""
     if explicit is not None:
         return explicit
     found = from_environment()
     if found is not None:
         return found
-    for alias in _aliases(endpoint):
-        found = from_cluster_dir(cluster_dir(alias))
-        if found is not None:
-            return found
+    for replica in (e.strip() for e in endpoint.split(",")):
+        for alias in _aliases(replica):
+            found = from_cluster_dir(cluster_dir(alias))
+            if found is not None:
+                return found
     return Credentials(source=f"defaults: no credentials found for {endpoint} in $KVPLANE_TLS_*, $KVPLANE_TOKEN or {cluster_dir(endpoint)}")

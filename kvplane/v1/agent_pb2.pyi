@@ -20,20 +20,22 @@ class PrefillSource(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., endpoint: _Optional[str] = ..., transport: _Optional[str] = ..., cached_only: _Optional[bool] = ...) -> None: ...
 
 class AgentGenerateRequest(_message.Message):
-    __slots__ = ("ticket", "request_id", "prompt_token_ids", "sampling", "cache_salt", "prefill_from")
+    __slots__ = ("ticket", "request_id", "prompt_token_ids", "sampling", "cache_salt", "prefill_from", "num_resumed_tokens")
     TICKET_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
     PREFILL_FROM_FIELD_NUMBER: _ClassVar[int]
+    NUM_RESUMED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ticket: _common_pb2.Ticket
     request_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: _common_pb2.SamplingParams
     cache_salt: str
     prefill_from: PrefillSource
-    def __init__(self, ticket: _Optional[_Union[_common_pb2.Ticket, _Mapping]] = ..., request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., cache_salt: _Optional[str] = ..., prefill_from: _Optional[_Union[PrefillSource, _Mapping]] = ...) -> None: ...
+    num_resumed_tokens: int
+    def __init__(self, ticket: _Optional[_Union[_common_pb2.Ticket, _Mapping]] = ..., request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., cache_salt: _Optional[str] = ..., prefill_from: _Optional[_Union[PrefillSource, _Mapping]] = ..., num_resumed_tokens: _Optional[int] = ...) -> None: ...
 
 class AgentGenerateResponse(_message.Message):
     __slots__ = ("token_ids", "text", "finished", "finish_reason", "metrics")
@@ -50,7 +52,7 @@ class AgentGenerateResponse(_message.Message):
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., finished: _Optional[bool] = ..., finish_reason: _Optional[str] = ..., metrics: _Optional[_Union[_common_pb2.RequestMetrics, _Mapping]] = ...) -> None: ...
 
 class PrefillRequest(_message.Message):
-    __slots__ = ("ticket", "request_id", "prompt_token_ids", "cache_salt", "layout", "transports", "decode_agent_name", "decode_transport_metadata", "cached_only")
+    __slots__ = ("ticket", "request_id", "prompt_token_ids", "cache_salt", "layout", "transports", "decode_agent_name", "decode_transport_metadata", "cached_only", "transfer_id")
     TICKET_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -60,6 +62,7 @@ class PrefillRequest(_message.Message):
     DECODE_AGENT_NAME_FIELD_NUMBER: _ClassVar[int]
     DECODE_TRANSPORT_METADATA_FIELD_NUMBER: _ClassVar[int]
     CACHED_ONLY_FIELD_NUMBER: _ClassVar[int]
+    TRANSFER_ID_FIELD_NUMBER: _ClassVar[int]
     ticket: _common_pb2.Ticket
     request_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -69,7 +72,8 @@ class PrefillRequest(_message.Message):
     decode_agent_name: str
     decode_transport_metadata: bytes
     cached_only: bool
-    def __init__(self, ticket: _Optional[_Union[_common_pb2.Ticket, _Mapping]] = ..., request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., cache_salt: _Optional[str] = ..., layout: _Optional[_Union[_common_pb2.KVLayout, _Mapping]] = ..., transports: _Optional[_Iterable[str]] = ..., decode_agent_name: _Optional[str] = ..., decode_transport_metadata: _Optional[bytes] = ..., cached_only: _Optional[bool] = ...) -> None: ...
+    transfer_id: str
+    def __init__(self, ticket: _Optional[_Union[_common_pb2.Ticket, _Mapping]] = ..., request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., cache_salt: _Optional[str] = ..., layout: _Optional[_Union[_common_pb2.KVLayout, _Mapping]] = ..., transports: _Optional[_Iterable[str]] = ..., decode_agent_name: _Optional[str] = ..., decode_transport_metadata: _Optional[bytes] = ..., cached_only: _Optional[bool] = ..., transfer_id: _Optional[str] = ...) -> None: ...
 
 class PrefillResponse(_message.Message):
     __slots__ = ("transfer_id", "block_hashes", "prefill_computed_tokens", "cached_tokens", "transport", "transport_descriptor", "expires_at", "layout")

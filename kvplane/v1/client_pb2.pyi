@@ -14,7 +14,7 @@ class TokenIds(_message.Message):
     def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("model", "text", "token_ids", "chat", "sampling", "disagg", "request_id", "cache_salt", "priority", "max_tokens_to_limit")
+    __slots__ = ("model", "text", "token_ids", "chat", "sampling", "disagg", "request_id", "cache_salt", "priority", "max_tokens_to_limit", "resume_token_ids")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -25,6 +25,7 @@ class GenerateRequest(_message.Message):
     CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     MAX_TOKENS_TO_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    RESUME_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     model: str
     text: str
     token_ids: TokenIds
@@ -35,7 +36,8 @@ class GenerateRequest(_message.Message):
     cache_salt: str
     priority: str
     max_tokens_to_limit: bool
-    def __init__(self, model: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., chat: _Optional[_Union[ChatPrompt, _Mapping]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., disagg: _Optional[_Union[_common_pb2.DisaggMode, str]] = ..., request_id: _Optional[str] = ..., cache_salt: _Optional[str] = ..., priority: _Optional[str] = ..., max_tokens_to_limit: _Optional[bool] = ...) -> None: ...
+    resume_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, model: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., chat: _Optional[_Union[ChatPrompt, _Mapping]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., disagg: _Optional[_Union[_common_pb2.DisaggMode, str]] = ..., request_id: _Optional[str] = ..., cache_salt: _Optional[str] = ..., priority: _Optional[str] = ..., max_tokens_to_limit: _Optional[bool] = ..., resume_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ChatPrompt(_message.Message):
     __slots__ = ("messages",)
@@ -126,7 +128,7 @@ class GetCacheResponse(_message.Message):
     def __init__(self, workers: _Optional[_Iterable[_Union[WorkerCache, _Mapping]]] = ...) -> None: ...
 
 class WorkerCache(_message.Message):
-    __slots__ = ("worker_id", "blocks_by_tier")
+    __slots__ = ("worker_id", "blocks_by_tier", "num_pinned_blocks")
     class BlocksByTierEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -136,9 +138,11 @@ class WorkerCache(_message.Message):
         def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     BLOCKS_BY_TIER_FIELD_NUMBER: _ClassVar[int]
+    NUM_PINNED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     blocks_by_tier: _containers.ScalarMap[str, int]
-    def __init__(self, worker_id: _Optional[str] = ..., blocks_by_tier: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    num_pinned_blocks: int
+    def __init__(self, worker_id: _Optional[str] = ..., blocks_by_tier: _Optional[_Mapping[str, int]] = ..., num_pinned_blocks: _Optional[int] = ...) -> None: ...
 
 class DrainWorkerRequest(_message.Message):
     __slots__ = ("worker_id",)

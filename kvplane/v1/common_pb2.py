@@ -24,47 +24,47 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17kvplane/v1/common.proto\x12\nkvplane.v1\"\x9f\x01\n\x0eSamplingParams\x12\x12\n\nmax_tokens\x18\x01 \x01(\r\x12\x13\n\x0btemperature\x18\x02 \x01(\x02\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\r\n\x05top_k\x18\x04 \x01(\r\x12\x11\n\x04seed\x18\x05 \x01(\x04H\x00\x88\x01\x01\x12\x16\n\x0estop_token_ids\x18\x06 \x03(\r\x12\x12\n\nignore_eos\x18\x07 \x01(\x08\x42\x07\n\x05_seed\"x\n\x08KVLayout\x12\r\n\x05model\x18\x01 \x01(\t\x12\x12\n\nnum_layers\x18\x02 \x01(\r\x12\x14\n\x0cnum_kv_heads\x18\x03 \x01(\r\x12\x10\n\x08head_dim\x18\x04 \x01(\r\x12\r\n\x05\x64type\x18\x05 \x01(\t\x12\x12\n\nblock_size\x18\x06 \x01(\r\"\x9d\x02\n\nWorkerLoad\x12\x13\n\x0bnum_running\x18\x01 \x01(\r\x12\x13\n\x0bnum_waiting\x18\x02 \x01(\r\x12!\n\x19num_queued_prefill_tokens\x18\x03 \x01(\x04\x12\x17\n\x0fnum_free_blocks\x18\x04 \x01(\r\x12\x17\n\x0fnum_used_blocks\x18\x05 \x01(\r\x12\x18\n\x10num_total_blocks\x18\x06 \x01(\r\x12\x19\n\x11num_cached_blocks\x18\x07 \x01(\r\x12 \n\x18running_remaining_tokens\x18\x08 \x03(\r\x12\x1e\n\x16running_context_tokens\x18\t \x01(\x04\x12\x19\n\x11sampled_at_unix_s\x18\n \x01(\x01\"\x84\x01\n\nStepTiming\x12\x16\n\x0eprefill_tokens\x18\x01 \x01(\r\x12\x19\n\x11prefill_attention\x18\x02 \x01(\x04\x12\x13\n\x0b\x64\x65\x63ode_seqs\x18\x03 \x01(\r\x12\x1d\n\x15\x64\x65\x63ode_context_tokens\x18\x04 \x01(\x04\x12\x0f\n\x07seconds\x18\x05 \x01(\x01\"r\n\x0cLatencyModel\x12\x14\n\x0c\x63oefficients\x18\x01 \x03(\x01\x12\x13\n\x0bnum_samples\x18\x02 \x01(\r\x12\x1a\n\x12mean_abs_pct_error\x18\x03 \x01(\x01\x12\x1b\n\x13seeded_from_profile\x18\x04 \x01(\x08\"N\n\x0eLatencyProfile\x12\'\n\x07samples\x18\x01 \x03(\x0b\x32\x16.kvplane.v1.StepTiming\x12\x13\n\x0bmeasured_at\x18\x02 \x01(\x01\"\xd0\x02\n\nWorkerInfo\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x1e\n\x04role\x18\x02 \x01(\x0e\x32\x10.kvplane.v1.Role\x12\x10\n\x08\x65ndpoint\x18\x03 \x01(\t\x12\r\n\x05model\x18\x04 \x01(\t\x12$\n\x06layout\x18\x05 \x01(\x0b\x32\x14.kvplane.v1.KVLayout\x12&\n\x05state\x18\x06 \x01(\x0e\x32\x17.kvplane.v1.WorkerState\x12\x13\n\x0bmax_context\x18\x07 \x01(\r\x12\x12\n\nvocab_size\x18\x08 \x01(\r\x12\x12\n\ntransports\x18\t \x03(\t\x12\x18\n\x10max_tokens_limit\x18\n \x01(\r\x12\x1e\n\x16max_num_batched_tokens\x18\x0b \x01(\r\x12\x14\n\x0cmax_num_seqs\x18\x0c \x01(\r\x12\x13\n\x0bmetrics_url\x18\x14 \x01(\t\"C\n\x0b\x42lockStored\x12\x14\n\x0c\x62lock_hashes\x18\x01 \x03(\x0c\x12\x1e\n\x04tier\x18\x02 \x01(\x0e\x32\x10.kvplane.v1.Tier\"D\n\x0c\x42lockRemoved\x12\x14\n\x0c\x62lock_hashes\x18\x01 \x03(\x0c\x12\x1e\n\x04tier\x18\x02 \x01(\x0e\x32\x10.kvplane.v1.Tier\"\x0c\n\nAllCleared\"\x95\x01\n\x07KVEvent\x12)\n\x06stored\x18\x01 \x01(\x0b\x32\x17.kvplane.v1.BlockStoredH\x00\x12+\n\x07removed\x18\x02 \x01(\x0b\x32\x18.kvplane.v1.BlockRemovedH\x00\x12)\n\x07\x63leared\x18\x03 \x01(\x0b\x32\x16.kvplane.v1.AllClearedH\x00\x42\x07\n\x05\x65vent\"\xe8\x01\n\x06Ticket\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10\x64\x65\x63ode_worker_id\x18\x02 \x01(\t\x12\x19\n\x11prefill_worker_id\x18\x03 \x01(\t\x12\x12\n\nexpires_at\x18\x04 \x01(\x01\x12\x11\n\tsignature\x18\x05 \x01(\x0c\x12\x11\n\tissued_at\x18\x06 \x01(\x01\x12\r\n\x05nonce\x18\x07 \x01(\x0c\x12\x15\n\rprompt_digest\x18\x08 \x01(\x0c\x12\x12\n\ncache_salt\x18\t \x01(\t\x12\x0e\n\x06tenant\x18\n \x01(\t\x12\x11\n\toperation\x18\x0b \x01(\t\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\xbd\x03\n\x0eRequestMetrics\x12\x16\n\x0eprefill_worker\x18\x01 \x01(\t\x12\x15\n\rdecode_worker\x18\x02 \x01(\t\x12\x15\n\rprompt_tokens\x18\x03 \x01(\r\x12\x15\n\rcached_tokens\x18\x04 \x01(\r\x12\x19\n\x11kv_transfer_bytes\x18\x05 \x01(\x04\x12\x1a\n\x12kv_transfer_blocks\x18\x06 \x01(\r\x12\x11\n\ttransport\x18\x07 \x01(\t\x12\x0f\n\x07ttft_ms\x18\x08 \x01(\x01\x12\x15\n\rdisaggregated\x18\t \x01(\x08\x12\x14\n\x0croute_reason\x18\n \x01(\t\x12\x1f\n\x17prefill_computed_tokens\x18\x0b \x01(\r\x12\x16\n\x0ekv_transfer_ms\x18\x0c \x01(\x01\x12\x19\n\x11predicted_ttft_ms\x18\r \x01(\x01\x12\x19\n\x11predicted_tpot_ms\x18\x0e \x01(\x01\x12\x10\n\x08priority\x18\x0f \x01(\t\x12\x11\n\tqueued_ms\x18\x10 \x01(\x01\x12\x17\n\x0fkv_fetched_from\x18\x11 \x01(\t\x12\x19\n\x11kv_fetched_tokens\x18\x12 \x01(\r*N\n\x04Role\x12\x14\n\x10ROLE_UNSPECIFIED\x10\x00\x12\x10\n\x0cROLE_PREFILL\x10\x01\x12\x0f\n\x0bROLE_DECODE\x10\x02\x12\r\n\tROLE_BOTH\x10\x03*K\n\x04Tier\x12\x14\n\x10TIER_UNSPECIFIED\x10\x00\x12\x0f\n\x0bTIER_DEVICE\x10\x01\x12\r\n\tTIER_HOST\x10\x02\x12\r\n\tTIER_DISK\x10\x03*_\n\x0bWorkerState\x12\x1c\n\x18WORKER_STATE_UNSPECIFIED\x10\x00\x12\x17\n\x13WORKER_STATE_ACTIVE\x10\x01\x12\x19\n\x15WORKER_STATE_DRAINING\x10\x02*Q\n\nDisaggMode\x12\x14\n\x10\x44ISAGG_MODE_AUTO\x10\x00\x12\x16\n\x12\x44ISAGG_MODE_ALWAYS\x10\x01\x12\x15\n\x11\x44ISAGG_MODE_NEVER\x10\x02\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17kvplane/v1/common.proto\x12\nkvplane.v1\"\x9f\x01\n\x0eSamplingParams\x12\x12\n\nmax_tokens\x18\x01 \x01(\r\x12\x13\n\x0btemperature\x18\x02 \x01(\x02\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\r\n\x05top_k\x18\x04 \x01(\r\x12\x11\n\x04seed\x18\x05 \x01(\x04H\x00\x88\x01\x01\x12\x16\n\x0estop_token_ids\x18\x06 \x03(\r\x12\x12\n\nignore_eos\x18\x07 \x01(\x08\x42\x07\n\x05_seed\"x\n\x08KVLayout\x12\r\n\x05model\x18\x01 \x01(\t\x12\x12\n\nnum_layers\x18\x02 \x01(\r\x12\x14\n\x0cnum_kv_heads\x18\x03 \x01(\r\x12\x10\n\x08head_dim\x18\x04 \x01(\r\x12\r\n\x05\x64type\x18\x05 \x01(\t\x12\x12\n\nblock_size\x18\x06 \x01(\r\"\xb8\x02\n\nWorkerLoad\x12\x13\n\x0bnum_running\x18\x01 \x01(\r\x12\x13\n\x0bnum_waiting\x18\x02 \x01(\r\x12!\n\x19num_queued_prefill_tokens\x18\x03 \x01(\x04\x12\x17\n\x0fnum_free_blocks\x18\x04 \x01(\r\x12\x17\n\x0fnum_used_blocks\x18\x05 \x01(\r\x12\x18\n\x10num_total_blocks\x18\x06 \x01(\r\x12\x19\n\x11num_cached_blocks\x18\x07 \x01(\r\x12 \n\x18running_remaining_tokens\x18\x08 \x03(\r\x12\x1e\n\x16running_context_tokens\x18\t \x01(\x04\x12\x19\n\x11sampled_at_unix_s\x18\n \x01(\x01\x12\x19\n\x11num_pinned_blocks\x18\x1e \x01(\r\"\x84\x01\n\nStepTiming\x12\x16\n\x0eprefill_tokens\x18\x01 \x01(\r\x12\x19\n\x11prefill_attention\x18\x02 \x01(\x04\x12\x13\n\x0b\x64\x65\x63ode_seqs\x18\x03 \x01(\r\x12\x1d\n\x15\x64\x65\x63ode_context_tokens\x18\x04 \x01(\x04\x12\x0f\n\x07seconds\x18\x05 \x01(\x01\"r\n\x0cLatencyModel\x12\x14\n\x0c\x63oefficients\x18\x01 \x03(\x01\x12\x13\n\x0bnum_samples\x18\x02 \x01(\r\x12\x1a\n\x12mean_abs_pct_error\x18\x03 \x01(\x01\x12\x1b\n\x13seeded_from_profile\x18\x04 \x01(\x08\"N\n\x0eLatencyProfile\x12\'\n\x07samples\x18\x01 \x03(\x0b\x32\x16.kvplane.v1.StepTiming\x12\x13\n\x0bmeasured_at\x18\x02 \x01(\x01\"\xd0\x02\n\nWorkerInfo\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x1e\n\x04role\x18\x02 \x01(\x0e\x32\x10.kvplane.v1.Role\x12\x10\n\x08\x65ndpoint\x18\x03 \x01(\t\x12\r\n\x05model\x18\x04 \x01(\t\x12$\n\x06layout\x18\x05 \x01(\x0b\x32\x14.kvplane.v1.KVLayout\x12&\n\x05state\x18\x06 \x01(\x0e\x32\x17.kvplane.v1.WorkerState\x12\x13\n\x0bmax_context\x18\x07 \x01(\r\x12\x12\n\nvocab_size\x18\x08 \x01(\r\x12\x12\n\ntransports\x18\t \x03(\t\x12\x18\n\x10max_tokens_limit\x18\n \x01(\r\x12\x1e\n\x16max_num_batched_tokens\x18\x0b \x01(\r\x12\x14\n\x0cmax_num_seqs\x18\x0c \x01(\r\x12\x13\n\x0bmetrics_url\x18\x14 \x01(\t\"C\n\x0b\x42lockStored\x12\x14\n\x0c\x62lock_hashes\x18\x01 \x03(\x0c\x12\x1e\n\x04tier\x18\x02 \x01(\x0e\x32\x10.kvplane.v1.Tier\"D\n\x0c\x42lockRemoved\x12\x14\n\x0c\x62lock_hashes\x18\x01 \x03(\x0c\x12\x1e\n\x04tier\x18\x02 \x01(\x0e\x32\x10.kvplane.v1.Tier\"\x0c\n\nAllCleared\"\x95\x01\n\x07KVEvent\x12)\n\x06stored\x18\x01 \x01(\x0b\x32\x17.kvplane.v1.BlockStoredH\x00\x12+\n\x07removed\x18\x02 \x01(\x0b\x32\x18.kvplane.v1.BlockRemovedH\x00\x12)\n\x07\x63leared\x18\x03 \x01(\x0b\x32\x16.kvplane.v1.AllClearedH\x00\x42\x07\n\x05\x65vent\"\xe8\x01\n\x06Ticket\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10\x64\x65\x63ode_worker_id\x18\x02 \x01(\t\x12\x19\n\x11prefill_worker_id\x18\x03 \x01(\t\x12\x12\n\nexpires_at\x18\x04 \x01(\x01\x12\x11\n\tsignature\x18\x05 \x01(\x0c\x12\x11\n\tissued_at\x18\x06 \x01(\x01\x12\r\n\x05nonce\x18\x07 \x01(\x0c\x12\x15\n\rprompt_digest\x18\x08 \x01(\x0c\x12\x12\n\ncache_salt\x18\t \x01(\t\x12\x0e\n\x06tenant\x18\n \x01(\t\x12\x11\n\toperation\x18\x0b \x01(\t\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\xd5\x03\n\x0eRequestMetrics\x12\x16\n\x0eprefill_worker\x18\x01 \x01(\t\x12\x15\n\rdecode_worker\x18\x02 \x01(\t\x12\x15\n\rprompt_tokens\x18\x03 \x01(\r\x12\x15\n\rcached_tokens\x18\x04 \x01(\r\x12\x19\n\x11kv_transfer_bytes\x18\x05 \x01(\x04\x12\x1a\n\x12kv_transfer_blocks\x18\x06 \x01(\r\x12\x11\n\ttransport\x18\x07 \x01(\t\x12\x0f\n\x07ttft_ms\x18\x08 \x01(\x01\x12\x15\n\rdisaggregated\x18\t \x01(\x08\x12\x14\n\x0croute_reason\x18\n \x01(\t\x12\x1f\n\x17prefill_computed_tokens\x18\x0b \x01(\r\x12\x16\n\x0ekv_transfer_ms\x18\x0c \x01(\x01\x12\x19\n\x11predicted_ttft_ms\x18\r \x01(\x01\x12\x19\n\x11predicted_tpot_ms\x18\x0e \x01(\x01\x12\x10\n\x08priority\x18\x0f \x01(\t\x12\x11\n\tqueued_ms\x18\x10 \x01(\x01\x12\x17\n\x0fkv_fetched_from\x18\x11 \x01(\t\x12\x19\n\x11kv_fetched_tokens\x18\x12 \x01(\r\x12\x16\n\x0enum_migrations\x18\x1e \x01(\r*N\n\x04Role\x12\x14\n\x10ROLE_UNSPECIFIED\x10\x00\x12\x10\n\x0cROLE_PREFILL\x10\x01\x12\x0f\n\x0bROLE_DECODE\x10\x02\x12\r\n\tROLE_BOTH\x10\x03*K\n\x04Tier\x12\x14\n\x10TIER_UNSPECIFIED\x10\x00\x12\x0f\n\x0bTIER_DEVICE\x10\x01\x12\r\n\tTIER_HOST\x10\x02\x12\r\n\tTIER_DISK\x10\x03*_\n\x0bWorkerState\x12\x1c\n\x18WORKER_STATE_UNSPECIFIED\x10\x00\x12\x17\n\x13WORKER_STATE_ACTIVE\x10\x01\x12\x19\n\x15WORKER_STATE_DRAINING\x10\x02*Q\n\nDisaggMode\x12\x14\n\x10\x44ISAGG_MODE_AUTO\x10\x00\x12\x16\n\x12\x44ISAGG_MODE_ALWAYS\x10\x01\x12\x15\n\x11\x44ISAGG_MODE_NEVER\x10\x02\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'kvplane.v1.common_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_ROLE']._serialized_start=2315
-  _globals['_ROLE']._serialized_end=2393
-  _globals['_TIER']._serialized_start=2395
-  _globals['_TIER']._serialized_end=2470
-  _globals['_WORKERSTATE']._serialized_start=2472
-  _globals['_WORKERSTATE']._serialized_end=2567
-  _globals['_DISAGGMODE']._serialized_start=2569
-  _globals['_DISAGGMODE']._serialized_end=2650
+  _globals['_ROLE']._serialized_start=2366
+  _globals['_ROLE']._serialized_end=2444
+  _globals['_TIER']._serialized_start=2446
+  _globals['_TIER']._serialized_end=2521
+  _globals['_WORKERSTATE']._serialized_start=2523
+  _globals['_WORKERSTATE']._serialized_end=2618
+  _globals['_DISAGGMODE']._serialized_start=2620
+  _globals['_DISAGGMODE']._serialized_end=2701
   _globals['_SAMPLINGPARAMS']._serialized_start=40
   _globals['_SAMPLINGPARAMS']._serialized_end=199
   _globals['_KVLAYOUT']._serialized_start=201
   _globals['_KVLAYOUT']._serialized_end=321
   _globals['_WORKERLOAD']._serialized_start=324
-  _globals['_WORKERLOAD']._serialized_end=609
-  _globals['_STEPTIMING']._serialized_start=612
-  _globals['_STEPTIMING']._serialized_end=744
-  _globals['_LATENCYMODEL']._serialized_start=746
-  _globals['_LATENCYMODEL']._serialized_end=860
-  _globals['_LATENCYPROFILE']._serialized_start=862
-  _globals['_LATENCYPROFILE']._serialized_end=940
-  _globals['_WORKERINFO']._serialized_start=943
-  _globals['_WORKERINFO']._serialized_end=1279
-  _globals['_BLOCKSTORED']._serialized_start=1281
-  _globals['_BLOCKSTORED']._serialized_end=1348
-  _globals['_BLOCKREMOVED']._serialized_start=1350
-  _globals['_BLOCKREMOVED']._serialized_end=1418
-  _globals['_ALLCLEARED']._serialized_start=1420
-  _globals['_ALLCLEARED']._serialized_end=1432
-  _globals['_KVEVENT']._serialized_start=1435
-  _globals['_KVEVENT']._serialized_end=1584
-  _globals['_TICKET']._serialized_start=1587
-  _globals['_TICKET']._serialized_end=1819
-  _globals['_CHATMESSAGE']._serialized_start=1821
-  _globals['_CHATMESSAGE']._serialized_end=1865
-  _globals['_REQUESTMETRICS']._serialized_start=1868
-  _globals['_REQUESTMETRICS']._serialized_end=2313
+  _globals['_WORKERLOAD']._serialized_end=636
+  _globals['_STEPTIMING']._serialized_start=639
+  _globals['_STEPTIMING']._serialized_end=771
+  _globals['_LATENCYMODEL']._serialized_start=773
+  _globals['_LATENCYMODEL']._serialized_end=887
+  _globals['_LATENCYPROFILE']._serialized_start=889
+  _globals['_LATENCYPROFILE']._serialized_end=967
+  _globals['_WORKERINFO']._serialized_start=970
+  _globals['_WORKERINFO']._serialized_end=1306
+  _globals['_BLOCKSTORED']._serialized_start=1308
+  _globals['_BLOCKSTORED']._serialized_end=1375
+  _globals['_BLOCKREMOVED']._serialized_start=1377
+  _globals['_BLOCKREMOVED']._serialized_end=1445
+  _globals['_ALLCLEARED']._serialized_start=1447
+  _globals['_ALLCLEARED']._serialized_end=1459
+  _globals['_KVEVENT']._serialized_start=1462
+  _globals['_KVEVENT']._serialized_end=1611
+  _globals['_TICKET']._serialized_start=1614
+  _globals['_TICKET']._serialized_end=1846
+  _globals['_CHATMESSAGE']._serialized_start=1848
+  _globals['_CHATMESSAGE']._serialized_end=1892
+  _globals['_REQUESTMETRICS']._serialized_start=1895
+  _globals['_REQUESTMETRICS']._serialized_end=2364
 # @@protoc_insertion_point(module_scope)

@@ -82,7 +82,7 @@ class KVLayout(_message.Message):
     def __init__(self, model: _Optional[str] = ..., num_layers: _Optional[int] = ..., num_kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., dtype: _Optional[str] = ..., block_size: _Optional[int] = ...) -> None: ...
 
 class WorkerLoad(_message.Message):
-    __slots__ = ("num_running", "num_waiting", "num_queued_prefill_tokens", "num_free_blocks", "num_used_blocks", "num_total_blocks", "num_cached_blocks", "running_remaining_tokens", "running_context_tokens", "sampled_at_unix_s")
+    __slots__ = ("num_running", "num_waiting", "num_queued_prefill_tokens", "num_free_blocks", "num_used_blocks", "num_total_blocks", "num_cached_blocks", "running_remaining_tokens", "running_context_tokens", "sampled_at_unix_s", "num_pinned_blocks")
     NUM_RUNNING_FIELD_NUMBER: _ClassVar[int]
     NUM_WAITING_FIELD_NUMBER: _ClassVar[int]
     NUM_QUEUED_PREFILL_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -93,6 +93,7 @@ class WorkerLoad(_message.Message):
     RUNNING_REMAINING_TOKENS_FIELD_NUMBER: _ClassVar[int]
     RUNNING_CONTEXT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     SAMPLED_AT_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    NUM_PINNED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     num_running: int
     num_waiting: int
     num_queued_prefill_tokens: int
@@ -103,7 +104,8 @@ class WorkerLoad(_message.Message):
     running_remaining_tokens: _containers.RepeatedScalarFieldContainer[int]
     running_context_tokens: int
     sampled_at_unix_s: float
-    def __init__(self, num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_queued_prefill_tokens: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., num_used_blocks: _Optional[int] = ..., num_total_blocks: _Optional[int] = ..., num_cached_blocks: _Optional[int] = ..., running_remaining_tokens: _Optional[_Iterable[int]] = ..., running_context_tokens: _Optional[int] = ..., sampled_at_unix_s: _Optional[float] = ...) -> None: ...
+    num_pinned_blocks: int
+    def __init__(self, num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_queued_prefill_tokens: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., num_used_blocks: _Optional[int] = ..., num_total_blocks: _Optional[int] = ..., num_cached_blocks: _Optional[int] = ..., running_remaining_tokens: _Optional[_Iterable[int]] = ..., running_context_tokens: _Optional[int] = ..., sampled_at_unix_s: _Optional[float] = ..., num_pinned_blocks: _Optional[int] = ...) -> None: ...
 
 class StepTiming(_message.Message):
     __slots__ = ("prefill_tokens", "prefill_attention", "decode_seqs", "decode_context_tokens", "seconds")
@@ -234,7 +236,7 @@ class ChatMessage(_message.Message):
     def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ...) -> None: ...
 
 class RequestMetrics(_message.Message):
-    __slots__ = ("prefill_worker", "decode_worker", "prompt_tokens", "cached_tokens", "kv_transfer_bytes", "kv_transfer_blocks", "transport", "ttft_ms", "disaggregated", "route_reason", "prefill_computed_tokens", "kv_transfer_ms", "predicted_ttft_ms", "predicted_tpot_ms", "priority", "queued_ms", "kv_fetched_from", "kv_fetched_tokens")
+    __slots__ = ("prefill_worker", "decode_worker", "prompt_tokens", "cached_tokens", "kv_transfer_bytes", "kv_transfer_blocks", "transport", "ttft_ms", "disaggregated", "route_reason", "prefill_computed_tokens", "kv_transfer_ms", "predicted_ttft_ms", "predicted_tpot_ms", "priority", "queued_ms", "kv_fetched_from", "kv_fetched_tokens", "num_migrations")
     PREFILL_WORKER_FIELD_NUMBER: _ClassVar[int]
     DECODE_WORKER_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -253,6 +255,7 @@ class RequestMetrics(_message.Message):
     QUEUED_MS_FIELD_NUMBER: _ClassVar[int]
     KV_FETCHED_FROM_FIELD_NUMBER: _ClassVar[int]
     KV_FETCHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    NUM_MIGRATIONS_FIELD_NUMBER: _ClassVar[int]
     prefill_worker: str
     decode_worker: str
     prompt_tokens: int
@@ -271,4 +274,5 @@ class RequestMetrics(_message.Message):
     queued_ms: float
     kv_fetched_from: str
     kv_fetched_tokens: int
-    def __init__(self, prefill_worker: _Optional[str] = ..., decode_worker: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., kv_transfer_bytes: _Optional[int] = ..., kv_transfer_blocks: _Optional[int] = ..., transport: _Optional[str] = ..., ttft_ms: _Optional[float] = ..., disaggregated: _Optional[bool] = ..., route_reason: _Optional[str] = ..., prefill_computed_tokens: _Optional[int] = ..., kv_transfer_ms: _Optional[float] = ..., predicted_ttft_ms: _Optional[float] = ..., predicted_tpot_ms: _Optional[float] = ..., priority: _Optional[str] = ..., queued_ms: _Optional[float] = ..., kv_fetched_from: _Optional[str] = ..., kv_fetched_tokens: _Optional[int] = ...) -> None: ...
+    num_migrations: int
+    def __init__(self, prefill_worker: _Optional[str] = ..., decode_worker: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., kv_transfer_bytes: _Optional[int] = ..., kv_transfer_blocks: _Optional[int] = ..., transport: _Optional[str] = ..., ttft_ms: _Optional[float] = ..., disaggregated: _Optional[bool] = ..., route_reason: _Optional[str] = ..., prefill_computed_tokens: _Optional[int] = ..., kv_transfer_ms: _Optional[float] = ..., predicted_ttft_ms: _Optional[float] = ..., predicted_tpot_ms: _Optional[float] = ..., priority: _Optional[str] = ..., queued_ms: _Optional[float] = ..., kv_fetched_from: _Optional[str] = ..., kv_fetched_tokens: _Optional[int] = ..., num_migrations: _Optional[int] = ...) -> None: ...

@@ -48,24 +48,28 @@ class KeepAliveResponse(_message.Message):
     def __init__(self, ttl_seconds: _Optional[int] = ...) -> None: ...
 
 class ReportLoadRequest(_message.Message):
-    __slots__ = ("worker_id", "lease_id", "load", "state", "latency", "session_token")
+    __slots__ = ("worker_id", "lease_id", "load", "state", "latency", "session_token", "kv_seq")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     LOAD_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     LATENCY_FIELD_NUMBER: _ClassVar[int]
     SESSION_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    KV_SEQ_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     lease_id: int
     load: _common_pb2.WorkerLoad
     state: _common_pb2.WorkerState
     latency: _common_pb2.LatencyModel
     session_token: bytes
-    def __init__(self, worker_id: _Optional[str] = ..., lease_id: _Optional[int] = ..., load: _Optional[_Union[_common_pb2.WorkerLoad, _Mapping]] = ..., state: _Optional[_Union[_common_pb2.WorkerState, str]] = ..., latency: _Optional[_Union[_common_pb2.LatencyModel, _Mapping]] = ..., session_token: _Optional[bytes] = ...) -> None: ...
+    kv_seq: int
+    def __init__(self, worker_id: _Optional[str] = ..., lease_id: _Optional[int] = ..., load: _Optional[_Union[_common_pb2.WorkerLoad, _Mapping]] = ..., state: _Optional[_Union[_common_pb2.WorkerState, str]] = ..., latency: _Optional[_Union[_common_pb2.LatencyModel, _Mapping]] = ..., session_token: _Optional[bytes] = ..., kv_seq: _Optional[int] = ...) -> None: ...
 
 class ReportLoadResponse(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("snapshot_requested",)
+    SNAPSHOT_REQUESTED_FIELD_NUMBER: _ClassVar[int]
+    snapshot_requested: bool
+    def __init__(self, snapshot_requested: _Optional[bool] = ...) -> None: ...
 
 class PublishKVEventsRequest(_message.Message):
     __slots__ = ("worker_id", "lease_id", "seq", "events", "snapshot", "session_token")

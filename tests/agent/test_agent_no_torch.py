@@ -1,12 +1,14 @@
 """An agent beside an external engine must not import torch.
 
-What this covers, honestly: no engine other than the reference one exists yet (the SGLang, vLLM
-and sim issues add them). So the first test runs the real `kvplane agent` start-up in a fresh
-process (CLI dispatch, flag parsing for every registered engine, config validation, telemetry
-set-up, AgentServer.start) and stops it inside the engine registry's factory call, the first
-point where engine-specific code would run; everything before that point is what an agent for
-any engine runs. The second imports every data-plane module outside the reference engine's
-package. When a second engine lands, run its start-up to the end here instead.
+The first test runs the real `kvplane agent` start-up in a fresh process (CLI dispatch, flag
+parsing for every registered engine, config validation, telemetry set-up, AgentServer.start) and
+stops it inside the engine registry's factory call, the first point where engine-specific code
+would run; everything before that point is what an agent for any engine runs. The second imports
+every data-plane module outside the reference engine's package (the vLLM and SGLang adapters
+included). `run_agent_start_up` runs an agent's start-up to the end (engine connected,
+registered, serving) in a fresh process and reports what it loaded: the engine tests
+(tests/engines/test_engine_clusters.py) run it beside real vLLM and SGLang servers, which only
+`make test-engines` has.
 """
 
 from __future__ import annotations
@@ -50,8 +52,41 @@ print(json.dumps({"torch": "torch" in sys.modules, "modules": names}), flush=Tru
 """
 
 
-def _run(script: str) -> tuple[subprocess.CompletedProcess[str], dict]:
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=REPO_ROOT)
+_START_UP_TO_THE_END = r"""
+import argparse, asyncio, json, sys
+from dataplane.agent import main as agent_main
+from dataplane.agent.server import AgentServer
+from kvplane.security import flags as security_flags
+
+parser = argparse.ArgumentParser()
+agent_main.add_arguments(parser)
+args = parser.parse_args(sys.argv[1:])
+credentials = security_flags.server_credentials_from_args(args, "the agent")
+config = agent_main.config_from_args(args)
+
+async def start_and_stop():
+    agent = AgentServer(config, credentials)
+    await agent.start()  # the engine connected, the worker registered, the Agent service serving
+    info = agent.engine.info
+    report = {"started": True, "engine": config.engine_name, "model": info.model, "block_size": info.layout.block_size,
+              "torch": "torch" in sys.modules}
+    await agent.stop(drain_timeout_s=0)
+    return report
+
+print(json.dumps(asyncio.run(start_and_stop())), flush=True)
+"""
+
+
+def run_agent_start_up(agent_argv: list[str]) -> dict:
+    """Runs `kvplane agent AGENT_ARGV`'s start-up to the end in a fresh process, then stops it;
+    returns its report (engine, model, block size, whether torch was loaded)."""
+    done, report = _run(_START_UP_TO_THE_END, agent_argv, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return report
+
+
+def _run(script: str, argv: list[str] = (), timeout: float = 60) -> tuple[subprocess.CompletedProcess[str], dict]:
+    done = subprocess.run([sys.executable, "-c", script, *argv], capture_output=True, text=True, timeout=timeout, cwd=REPO_ROOT)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     assert lines, f"no report from the subprocess; stdout: {done.stdout!r} stderr: {done.stderr[-2000:]!r}"
     return done, json.loads(lines[-1])

@@ -17,7 +17,7 @@ METRIC_FIELDS = {
     "prefill_worker", "decode_worker", "prompt_tokens", "cached_tokens", "kv_transfer_bytes",
     "kv_transfer_blocks", "transport", "ttft_ms", "disaggregated", "route_reason",
     "prefill_computed_tokens", "kv_transfer_ms", "request_id", "predicted_ttft_ms", "predicted_tpot_ms",
-    "priority", "queued_ms", "kv_fetched_from", "kv_fetched_tokens",
+    "priority", "queued_ms", "kv_fetched_from", "kv_fetched_tokens", "num_migrations",
 }  # fmt: skip
 
 
@@ -86,9 +86,12 @@ def test_workers_json_and_table(server: ScriptedServer) -> None:
 
 def test_cache_json_and_table(server: ScriptedServer) -> None:
     out = json.loads(run_kvplane("cache", "--json", "--endpoint", server.endpoint).stdout)
-    assert out == [{"id": "decode-0", "blocks_by_tier": {"device": 7, "host": 3}}]
+    assert out == [{"id": "decode-0", "blocks_by_tier": {"device": 7, "host": 3}, "pinned_blocks": 2}]
     table = run_kvplane("cache", "--endpoint", server.endpoint).stdout.splitlines()
-    assert [line.split() for line in table] == [["WORKER", "DEVICE", "HOST", "DISK", "TOTAL"], ["decode-0", "7", "3", "0", "10"]]
+    assert [line.split() for line in table] == [
+        ["WORKER", "DEVICE", "HOST", "DISK", "TOTAL", "PINNED"],
+        ["decode-0", "7", "3", "0", "10", "2"],
+    ]
 
 
 def test_drain(server: ScriptedServer) -> None:

@@ -62,7 +62,7 @@ def test_delegated_help(command: list[str], module: str) -> None:
         (["generate", "x", "--priority", "urgent"], "argument --priority: invalid choice: 'urgent'"),
         (["generate", "x", "--reject-retries", "-2"], "argument --reject-retries: must be >= 0, got -2"),
         (["workers", "--bogus"], "unrecognized arguments: --bogus"),
-        (["up", "--store", "redis://x"], "expected 'memory' or 'etcd://HOST:PORT', got 'redis://x'"),
+        (["up", "--store", "redis://x"], "expected 'memory' or 'etcd://HOST:PORT[,HOST:PORT...]', got 'redis://x'"),
         (["up", "--prefill", "two"], "argument --prefill: expected a whole number, got 'two'"),
         (["frobnicate"], "invalid choice: 'frobnicate'"),
         (

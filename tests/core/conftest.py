@@ -43,6 +43,7 @@ def make_worker_view(
     latency: StepTimeModel | None = None,
     running_remaining_tokens: Sequence[int] = (),
     running_context_tokens: int = 0,
+    reported_at: float | None = None,
 ) -> WorkerView:
     load = WorkerLoadView(
         num_running=num_running,
@@ -64,6 +65,7 @@ def make_worker_view(
         max_context=max_context,
         block_nbytes=block_nbytes,
         latency=latency,
+        reported_at=reported_at,
     )
 
 

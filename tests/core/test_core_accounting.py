@@ -159,3 +159,23 @@ def test_a_removed_worker_is_forgotten(worker_view):
     assert ledger.num_entries(W) == 0
     assert ledger.adjust(worker_view("w")) == worker_view("w")
     ledger.finished(1, now=1.0)  # a late finish of a forgotten request is harmless
+
+
+def test_a_stale_report_decays_and_own_live_requests_stay_counted(worker_view):
+    """Reports stopped at t=10 (a store outage): what they said fades, halving every
+    stale_half_life_s after stale_report_s, while this replica's live request stays counted."""
+    ledger = LoadLedger(report_lag_s=0.1, stale_report_s=1.0, stale_half_life_s=1.0)
+    busy = worker_view("w", num_running=8, num_waiting=4, num_queued_prefill_tokens=400, num_used_blocks=40, reported_at=10.0)
+    assert load_of(ledger.adjust(busy, now=10.5)) == (8, 4, 400, 40, 0)  # fresh
+    assert load_of(ledger.adjust(busy, now=12.0)) == (4, 2, 200, 20, 0)  # one half-life past stale
+    idle = ledger.adjust(busy, now=30.0)
+    assert load_of(idle) == (0, 0, 0, 0, 0) and idle.load.num_free_blocks == 100
+    ledger.dispatched(1, [DECODE], now=29.0)
+    assert load_of(ledger.adjust(busy, now=30.0)) == (0, 1, 30, 0, 8)  # a floor: it runs there
+    # No report time known: nothing decays.
+    assert load_of(ledger.adjust(worker_view("w", num_running=8), now=30.0))[0] == 8
+
+
+def test_decay_settings_are_checked():
+    with pytest.raises(ValueError, match="stale_half_life_s > 0"):
+        LoadLedger(stale_half_life_s=0.0)

@@ -185,3 +185,29 @@ def _request(prompt: list[int]):
     from tests.core.conftest import make_request
 
     return make_request(prompt, max_tokens=16, disagg=DisaggMode.NEVER)
+
+
+def test_out_of_routing_workers_are_skipped_and_their_absence_is_transient(index, worker_view, route_request):
+    from controlplane.core.routing import NoCandidateError
+
+    p = planner()
+    cluster = ClusterView((worker_view("a", reported_at=0.0), worker_view("b", reported_at=0.0)), index, store_ok_at=0.0)
+    p.worker_stalled(WorkerId("a"), now=0.0)
+    plan = p.plan(route_request(PROMPT_40), cluster, NO_SETTINGS, now=0.5)
+    assert plan.decode_worker == "b" and [c.worker_id for c in plan.decision.candidates] == ["b"]
+    p.worker_stalled(WorkerId("b"), now=0.5)
+    with pytest.raises(NoCandidateError, match=r"out of routing for now: a: stalled a request .*; b: stalled") as info:
+        p.plan(route_request(PROMPT_40), cluster, NO_SETTINGS, now=1.0)
+    assert info.value.transient
+    # A deployment without the worker at all is not transient.
+    with pytest.raises(NoCandidateError) as info:
+        planner().plan(route_request(PROMPT_40, model="other"), cluster, NO_SETTINGS, now=1.0)
+    assert not info.value.transient
+
+
+def test_place_skips_admission_for_a_migrating_request(index, worker_view, route_request):
+    cluster = ClusterView((worker_view("w1", num_running=80),), index)
+    p = planner()
+    assert isinstance(p.plan(route_request(PROMPT_40), cluster, NO_SETTINGS, now=0.0), Reject)
+    plan = p.place(route_request(PROMPT_40), cluster, NO_SETTINGS, now=0.0)
+    assert (plan.decode_worker, plan.prefill_worker) == ("w1", None)

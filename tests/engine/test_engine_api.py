@@ -21,7 +21,7 @@ from dataplane.engines import (
 from dataplane.engines.reference import Engine
 from kvplane.block_hash import hash_blocks
 
-from .helpers import generate, submit
+from .helpers import Collected, generate, submit
 
 BS = 4
 
@@ -43,8 +43,11 @@ def prompt(n: int, seed: int = 0) -> list[int]:
         ),
         (EngineRequest("r", [1, 259], SamplingParams()), "prompt token 1 has id 259, outside the vocabulary \\(0..258\\)"),
         (EngineRequest("r", [-1], SamplingParams()), "prompt token 0 has id -1"),
-        (EngineRequest("r", [1], SamplingParams(temperature=-0.5)), "temperature must be >= 0"),
-        (EngineRequest("r", [1], SamplingParams(top_p=1.5)), "top_p must be in \\[0, 1\\]"),
+        (EngineRequest("r", [1], SamplingParams(temperature=-0.5)), "temperature must be a finite number >= 0"),
+        (EngineRequest("r", [1], SamplingParams(temperature=float("nan"))), "temperature must be a finite number >= 0 .*nan"),
+        (EngineRequest("r", [1], SamplingParams(temperature=float("inf"))), "temperature must be a finite number >= 0 .*inf"),
+        (EngineRequest("r", [1], SamplingParams(top_p=1.5)), "top_p must be within \\[0, 1\\]"),
+        (EngineRequest("r", [1], SamplingParams(top_p=float("nan"))), "top_p must be within \\[0, 1\\]"),
         (EngineRequest("r", [1], SamplingParams(top_k=-1)), "top_k must be >= 0"),
         (EngineRequest("r", [1], SamplingParams(), held_block_ids=[64]), "held block id 64 is outside the pool"),
     ],
@@ -133,6 +136,9 @@ def test_a_failing_step_fails_its_requests_with_an_error(make_engine: Callable[.
     engine = make_engine(start=False)
 
     class Broken:
+        def forward(self, chunks: object) -> None:
+            raise RuntimeError("device lost")
+
         def run(self, chunks: object) -> None:
             raise RuntimeError("device lost")
 
@@ -141,6 +147,50 @@ def test_a_failing_step_fails_its_requests_with_an_error(make_engine: Callable[.
     sink = submit(engine, EngineRequest("r", prompt(5), SamplingParams()))
     final = sink.final
     assert (final.finish_reason, final.error) == ("error", "engine step failed: device lost")
+    assert engine.load().num_used_blocks == 0
+
+
+def test_a_sub_epsilon_temperature_is_greedy(make_engine: Callable[..., Engine]) -> None:
+    engine = make_engine()
+    greedy = generate(engine, prompt(6, seed=3), max_tokens=6, request_id="g").token_ids
+    tiny = generate(engine, prompt(6, seed=3), max_tokens=6, request_id="t", temperature=1e-45).token_ids
+    assert tiny == greedy
+
+
+def _co_batched(engine: Engine, num: int) -> list[Collected]:
+    """Queues `num` greedy requests on a stopped engine so that they run in one batch once started."""
+    return [submit(engine, EngineRequest(f"r{i}", prompt(6, seed=10 + i), SamplingParams(max_tokens=5))) for i in range(num)]
+
+
+def _solo_tokens(make_engine: Callable[..., Engine], num: int) -> list[list[int]]:
+    engine = make_engine()
+    return [generate(engine, prompt(6, seed=10 + i), max_tokens=5, request_id=f"s{i}").token_ids for i in range(num)]
+
+
+def test_a_sampling_failure_fails_that_request_and_not_its_batch(make_engine: Callable[..., Engine]) -> None:
+    expected = _solo_tokens(make_engine, 4)
+    engine = make_engine(start=False)
+    sinks = _co_batched(engine, 4)
+    # A request whose sampling breaks after validation (as NaN once did: its probabilities are NaN).
+    engine._scheduler.waiting[1].request.sampling.temperature = float("nan")
+    engine.start()
+    finals = [s.final for s in sinks]
+    assert finals[1].finish_reason == "error" and "engine step failed" in finals[1].error
+    assert [s.token_ids for i, s in enumerate(sinks) if i != 1] == [t for i, t in enumerate(expected) if i != 1]
+    assert all(f.finish_reason == "length" for i, f in enumerate(finals) if i != 1)
+    assert engine.load().num_used_blocks == 0
+
+
+def test_a_model_failure_on_one_input_fails_that_request_and_not_its_batch(make_engine: Callable[..., Engine]) -> None:
+    expected = _solo_tokens(make_engine, 4)
+    engine = make_engine(start=False)
+    sinks = _co_batched(engine, 4)
+    # An input the forward pass cannot embed breaks the whole batched call.
+    engine._scheduler.waiting[2].token_ids[0] = engine.vocab_size + 7
+    engine.start()
+    finals = [s.final for s in sinks]
+    assert finals[2].finish_reason == "error" and "index" in finals[2].error.lower()
+    assert [s.token_ids for i, s in enumerate(sinks) if i != 2] == [t for i, t in enumerate(expected) if i != 2]
     assert engine.load().num_used_blocks == 0
 
 

@@ -7,6 +7,7 @@ import ssl
 import time
 import urllib.request
 
+import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -59,3 +60,54 @@ def metric_sum(samples: dict[str, float], name: str, **labels: str) -> float:
     """The sum of `name`'s samples whose labels include `labels`."""
     wanted = [f'{k}="{v}"' for k, v in labels.items()]
     return sum(v for k, v in samples.items() if k.split("{")[0] == name and all(w in k for w in wanted))
+
+
+def agent_load(cluster, worker_id: str):
+    """The agent's own view of its load (Agent.GetStatus, asked as the cluster's admin): its WorkerLoad message."""
+    from kvplane import grpc_util
+    from kvplane.v1 import agent_pb2, agent_pb2_grpc
+
+    with grpc_util.channel(cluster.worker_endpoints[worker_id], cluster.credentials.admin) as channel:
+        return agent_pb2_grpc.AgentStub(channel).GetStatus(agent_pb2.GetStatusRequest(), timeout=5).load
+
+
+def busy_worker(cluster) -> str | None:
+    """The worker whose engine is running a request right now (asked of each agent directly)."""
+    import grpc
+
+    for worker_id in cluster.worker_endpoints:
+        try:
+            if cluster.processes[worker_id].poll() is None and agent_load(cluster, worker_id).num_running > 0:
+                return worker_id
+        except grpc.RpcError:
+            continue  # not serving (yet): not the one running the request
+    return None
+
+
+def assert_nothing_pinned(cluster, client, timeout: float = 15.0) -> None:
+    """Once traffic stops: no worker holds blocks for a transfer or a request, by its own account
+    (Agent.GetStatus) and by the control plane's (`kvplane cache`)."""
+    seen: dict = {}
+
+    def clean():
+        for worker_id in cluster.worker_endpoints:
+            if cluster.processes[worker_id].poll() is None:
+                try:
+                    load = agent_load(cluster, worker_id)
+                except grpc.RpcError:
+                    # Killed a moment ago and not reaped yet (it is skipped once it has), or
+                    # still starting: ask again.
+                    seen[worker_id] = "not answering"
+                    return False
+                seen[worker_id] = dict(
+                    pinned=load.num_pinned_blocks, used=load.num_used_blocks, running=load.num_running, waiting=load.num_waiting
+                )
+        seen["index"] = {c.worker_id: c.num_pinned_blocks for c in client.cache()}
+        agents = [v for k, v in seen.items() if k != "index"]
+        return all(not any(v.values()) for v in agents) and not any(seen["index"].values())
+
+    deadline = time.monotonic() + timeout
+    while not clean():
+        if time.monotonic() > deadline:
+            pytest.fail(f"after {timeout} s workers still hold blocks: {seen}")
+        time.sleep(0.2)

@@ -129,7 +129,9 @@ class ScriptedKvplane(client_pb2_grpc.KvplaneServicer):
         return client_pb2.ListWorkersResponse(workers=WORKERS)
 
     async def GetCache(self, request, context):  # noqa: N802
-        return client_pb2.GetCacheResponse(workers=[client_pb2.WorkerCache(worker_id="decode-0", blocks_by_tier={"device": 7, "host": 3})])
+        return client_pb2.GetCacheResponse(
+            workers=[client_pb2.WorkerCache(worker_id="decode-0", blocks_by_tier={"device": 7, "host": 3}, num_pinned_blocks=2)]
+        )
 
     async def GetStats(self, request, context):  # noqa: N802
         self.stats_windows.append(request.window_s)

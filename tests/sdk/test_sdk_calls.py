@@ -169,3 +169,54 @@ def test_a_stream_that_failed_after_its_first_message_is_not_retried_and_its_spa
     assert (span.status.status_code, span.status.description) == (StatusCode.ERROR, "RESOURCE_EXHAUSTED")
     assert span.attributes["rpc.grpc.status_code"] == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
     assert span.attributes["gen_ai.usage.output_tokens"] == 1
+
+
+# -- several control-plane replicas -----------------------------------------------------------------
+
+
+def test_endpoint_lists_are_split_and_checked() -> None:
+    assert calls.split_endpoints("a:1, b:2") == ("a:1", "b:2")
+    assert calls.split_endpoints(["a:1"]) == ("a:1",)
+    with pytest.raises(ValueError, match="comma-separated list"):
+        calls.split_endpoints("a:1,,b:2")
+
+
+def test_an_unreachable_replica_fails_over_to_the_next_once_each() -> None:
+    lost = FailedCall(grpc.StatusCode.UNAVAILABLE, "failed to connect to all addresses")
+    attempts = calls.Attempts("a:1,b:2,c:3", None, 0, first=1)
+    assert attempts.endpoint == "b:2"
+    assert attempts.wait_after(lost) == 0.0 and attempts.endpoint == "c:3"
+    assert attempts.wait_after(lost) == 0.0 and attempts.endpoint == "a:1"
+    with pytest.raises(kvplane.UnavailableError, match=r"cannot reach the kvplane control plane at any of a:1, b:2, c:3"):
+        attempts.wait_after(lost)
+
+
+def test_an_answer_from_a_replica_is_not_failed_over() -> None:
+    """UNAVAILABLE sent by the replica about a worker: the replica works, another would say the same."""
+    from kvplane.errors import component_trailers
+
+    attempts = calls.Attempts("a:1,b:2", None, 0)
+    relayed = FailedCall(grpc.StatusCode.UNAVAILABLE, "decode worker w failed (Socket closed)", component_trailers("worker w"))
+    with pytest.raises(kvplane.UnavailableError, match="decode worker w failed"):
+        attempts.wait_after(relayed)
+    assert attempts.endpoint == "a:1"
+
+
+def test_a_stream_whose_replica_died_resumes_on_the_next_after_the_tokens_received() -> None:
+    exporter, tracer = _tracer()
+    call = calls.generate(REQUEST, 0)
+    progress = calls.GenerateProgress(call, calls.Attempts("a:1,b:2", None, 0), tracer, max_resumes=2)
+    assert progress.request() is call.request
+    progress.chunk(client_pb2.GenerateResponse(token_ids=[5, 6], text="ab"))
+    lost = FailedCall(grpc.StatusCode.UNAVAILABLE, "Socket closed")
+    assert progress.wait_after(lost) == 0.0 and progress.attempts.endpoint == "b:2"
+    resumed = progress.request()
+    assert list(resumed.resume_token_ids) == [5, 6] and resumed.sampling == call.request.sampling
+    progress.chunk(client_pb2.GenerateResponse(token_ids=[7], text="c"))
+    assert list(progress.request().resume_token_ids) == [5, 6, 7]
+    assert progress.wait_after(lost) == 0.0 and progress.attempts.endpoint == "a:1"
+    with pytest.raises(kvplane.UnavailableError):
+        progress.wait_after(lost)  # resumed twice: the limit
+    progress.end()
+    (span,) = exporter.get_finished_spans()
+    assert span.attributes["gen_ai.usage.output_tokens"] == 3

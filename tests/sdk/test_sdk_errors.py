@@ -88,3 +88,18 @@ def test_server_sent_unavailable_keeps_the_servers_message() -> None:
     error = from_rpc_error(FailedCall(grpc.StatusCode.UNAVAILABLE, "all 1 decode workers are draining"), endpoint="cp:1")
     assert isinstance(error, UnavailableError)
     assert error.details == "all 1 decode workers are draining"
+
+
+def test_a_worker_failure_relayed_by_the_control_plane_does_not_blame_it() -> None:
+    """The control plane answered about a worker whose connection broke: its message carries
+    the worker's transport words ("Socket closed"), and the component trailer says who failed."""
+    from kvplane.errors import component_trailers, is_connection_failure
+
+    details = "decode worker decode-0 failed after 5 tokens (UNAVAILABLE: Socket closed); retry the request"
+    relayed = FailedCall(grpc.StatusCode.UNAVAILABLE, details, component_trailers("worker decode-0"))
+    error = from_rpc_error(relayed, endpoint="cp:1")
+    assert isinstance(error, UnavailableError) and error.details == details
+    assert not is_connection_failure(relayed)
+    lost = FailedCall(grpc.StatusCode.UNAVAILABLE, "Socket closed")
+    assert is_connection_failure(lost) and "cannot reach the kvplane control plane at cp:1" in str(from_rpc_error(lost, endpoint="cp:1"))
+    assert not is_connection_failure(FailedCall(grpc.StatusCode.INTERNAL, "Socket closed"))

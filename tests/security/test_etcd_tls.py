@@ -37,7 +37,7 @@ async def _setup_auth(endpoint: str, root: Credentials) -> None:
     """Users root (required to enable auth) and controlplane (read/write on /kvplane/ only); auth on."""
     store = open_store(f"etcd://{endpoint}", tls=root)
     await store.get("/probe")  # connects
-    auth = rpc.AuthStub(store._client.channel)
+    auth = rpc.AuthStub(store._clients[0].channel)  # the only member
     await auth.UserAdd(rpc.AuthUserAddRequest(name="root", password="unused-root-password"))
     await auth.RoleAdd(rpc.AuthRoleAddRequest(name="root"))
     await auth.UserGrantRole(rpc.AuthUserGrantRoleRequest(user="root", role="root"))

@@ -131,3 +131,36 @@ def test_closed_transport_refuses_to_pull(nixl_peer):
     transport.close()  # idempotent
     with pytest.raises(TransportError, match="the nixl transport is closed"):
         asyncio.run(transport.pull(source_for(nixl_peer), [0], [0]))
+
+
+# The child makes a UCX agent, lists the RDMA libraries it mapped, and exits normally.
+_EXIT_CHILD = """
+import sys
+from tests.transport.kv_peer import LAYOUT, empty_pool
+from dataplane.transport.nixl import NixlTransport
+transport = NixlTransport(empty_pool(LAYOUT, num_blocks=4), agent_name="exit-test")
+libs = sorted({line.split()[-1] for line in open("/proc/self/maps") if "verbs" in line or "libnl" in line})
+print("\\n".join(libs), flush=True)
+transport.close()
+"""
+
+
+@pytest.mark.cluster
+def test_a_process_with_a_ucx_agent_exits_cleanly_beside_the_system_rdma_libraries():
+    """On a host with the RDMA userspace libraries (`make rdma` installs them for this suite), a
+    second rdma-core (the system's, beside the wheel's bundled one) crashed every such process
+    at exit (SIGSEGV in libnl-route's destructor). The transport keeps the system copy out."""
+    import ctypes
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    child = subprocess.run([sys.executable, "-c", _EXIT_CHILD], cwd=root, capture_output=True, text=True, timeout=120)
+    assert child.returncode == 0, f"exit code {child.returncode}; stderr tail:\n{child.stderr[-2000:]}"
+    mapped = child.stdout.split()
+    assert all(".libs/" in path for path in mapped), f"a system rdma-core library was loaded beside the bundled one: {mapped}"
+    try:
+        ctypes.CDLL("libefa.so.1")  # what pulled the system rdma-core in (ibverbs-providers)
+    except OSError:
+        pytest.skip("passed, but without the system RDMA libraries it proves little: run `make rdma`")

@@ -23,7 +23,7 @@ from dataplane.engines.events import KVCacheEvent
 from dataplane.engines.reference.block_manager import BlockManager
 from dataplane.engines.reference.config import EngineConfig
 from dataplane.engines.reference.kv_pool import KVPool
-from dataplane.engines.reference.runner import ModelRunner
+from dataplane.engines.reference.runner import ChunkResult, ModelRunner
 from dataplane.engines.reference.sampling import make_generator
 from dataplane.engines.reference.scheduler import RequestState, ScheduledChunk, Scheduler
 from dataplane.engines.reference.tiers import TierStats, TierStore
@@ -37,6 +37,7 @@ from dataplane.engines.request import (
 )
 from kvplane.block_hash import hash_blocks
 from kvplane.latency import StepSample, prefill_attention
+from kvplane.sampling import is_greedy, sampling_problem
 from kvplane.types import BlockHash, KVLayout, Tier
 
 log = logging.getLogger(__name__)
@@ -163,7 +164,7 @@ class Engine:
             seq = RequestState(
                 request=request,
                 sink=sink,
-                generator=make_generator(seed) if params.temperature > 0 else None,
+                generator=None if is_greedy(params.temperature) else make_generator(seed),
                 token_ids=list(request.prompt_token_ids),
                 num_prompt_tokens=len(request.prompt_token_ids),
                 held_block_ids=list(request.held_block_ids),
@@ -191,12 +192,9 @@ class Engine:
         for i, t in enumerate(prompt):
             if not 0 <= t < self.vocab_size:
                 raise EngineInputError(f"prompt token {i} has id {t}, outside the vocabulary (0..{self.vocab_size - 1})")
-        if p.temperature < 0:
-            raise EngineInputError(f"temperature must be >= 0, got {p.temperature}")
-        if not 0.0 <= p.top_p <= 1.0:
-            raise EngineInputError(f"top_p must be in [0, 1], got {p.top_p}")
-        if p.top_k < 0:
-            raise EngineInputError(f"top_k must be >= 0 (0 = off), got {p.top_k}")
+        problem = sampling_problem(p.temperature, p.top_p, p.top_k)
+        if problem is not None:
+            raise EngineInputError(problem)
         for b in request.held_block_ids:
             if not 0 <= b < self.config.num_blocks:
                 raise EngineInputError(f"held block id {b} is outside the pool (0..{self.config.num_blocks - 1})")
@@ -337,23 +335,44 @@ class Engine:
         features = step_features(chunks)
         try:
             started = time.perf_counter()
-            tokens = self._runner.run(chunks)
+            logits = self._runner.forward(chunks)
             if self._cuda:
                 torch.cuda.synchronize(self.pool.device)
             seconds = time.perf_counter() - started
-        except Exception as exc:  # a failed step fails its requests, not the engine
-            log.exception("engine step failed for %d requests", len(chunks))
-            with self._cond:
-                return [self._end(c.seq, "error", f"engine step failed: {exc}") for c in chunks]
-        outputs: list[tuple[Sink, EngineOutput]] = []
+        except Exception:
+            # One request's input can break the batched forward pass: find it, keep the others.
+            log.exception("engine step failed for %d requests; re-running them one at a time", len(chunks))
+            return self._step_one_by_one(chunks)
+        results = self._runner.sample(chunks, logits)
         with self._cond:
             self._step_timings.append(StepSample(*features, seconds=seconds))
-            for chunk, token in zip(chunks, tokens):
-                out = self._scheduler.update(chunk, token)
-                if out is not None:
-                    outputs.append((chunk.seq.sink, out))
-                    if out.finished:
-                        self._live_ids.discard(out.request_id)
+            return self._apply_results(chunks, results)
+
+    def _step_one_by_one(self, chunks: list[ScheduledChunk]) -> list[tuple[Sink, EngineOutput]]:
+        """After a failed batched forward: each chunk alone, so only the requests that fail by
+        themselves end with an error (re-writing a chunk's KV writes the same values)."""
+        results: list[ChunkResult] = []
+        for chunk in chunks:
+            try:
+                results.extend(self._runner.run([chunk]))
+            except Exception as exc:
+                results.append(exc)
+        with self._cond:
+            return self._apply_results(chunks, results)
+
+    def _apply_results(self, chunks: list[ScheduledChunk], results: list[ChunkResult]) -> list[tuple[Sink, EngineOutput]]:
+        """Accounts each chunk's outcome (under the lock); a failed chunk ends its request only."""
+        outputs: list[tuple[Sink, EngineOutput]] = []
+        for chunk, result in zip(chunks, results):
+            if isinstance(result, Exception):
+                log.warning("request %s failed in the engine step: %s", chunk.seq.request_id, result)
+                outputs.append(self._end(chunk.seq, "error", f"engine step failed: {result}"))
+                continue
+            out = self._scheduler.update(chunk, result)
+            if out is not None:
+                outputs.append((chunk.seq.sink, out))
+                if out.finished:
+                    self._live_ids.discard(out.request_id)
         return outputs
 
     def _process_aborts(self) -> list[tuple[Sink, EngineOutput]]:

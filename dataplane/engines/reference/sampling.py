@@ -1,6 +1,6 @@
 """Token sampling: greedy, or temperature + top-k + top-p with a per-request torch.Generator.
 
-Rule: temperature 0 -> argmax. Otherwise logits / temperature; keep the top_k largest (0 = all;
+Rule: temperature 0 (or below kvplane.sampling.MIN_TEMPERATURE) -> argmax. Otherwise logits / temperature; keep the top_k largest (0 = all;
 ties at the k-th value are kept); then keep the smallest set of most likely tokens whose
 probability mass reaches top_p (the most likely token always stays); sample from the renormalised
 rest with the request's own generator. Each request owns its generator and rows are sampled one
@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from dataplane.engines.request import SamplingParams
+from kvplane.sampling import is_greedy
 
 
 def make_generator(seed: int) -> torch.Generator:
@@ -37,8 +38,9 @@ def filtered_probs(logits: torch.Tensor, temperature: float, top_k: int, top_p: 
 
 
 def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
-    """One token from one row of logits [vocab]."""
-    if params.temperature <= 0.0:
+    """One token from one row of logits [vocab]. Raises (e.g. on non-finite probabilities) for
+    this row alone: the caller fails the one request, not its batch."""
+    if is_greedy(params.temperature):
         return int(torch.argmax(logits).item())
     probs = filtered_probs(logits.cpu(), params.temperature, params.top_k, params.top_p)
     return int(torch.multinomial(probs, 1, generator=generator).item())

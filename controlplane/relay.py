@@ -1,0 +1,75 @@
+"""Relaying one attempt of a request from its decode agent, with progress timeouts.
+
+`agent_stream` calls Agent.Generate with the caller's remaining deadline and yields the agent's
+messages; it raises `WorkerFailed` when the agent's call fails or makes no progress: no message
+carrying a token within `first_token_timeout_s` of the call (queue, prefill and KV transfer
+included) or within `token_timeout_s` of the previous token. Either way the agent's call is
+cancelled on the way out, so the agent aborts the request and frees its blocks. What to do next
+(retry, migrate, fail) is controlplane/core/failover.py's to decide.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+
+import grpc
+
+from controlplane.core.failover import Failure, classify
+from kvplane.v1 import agent_pb2, agent_pb2_grpc
+
+
+class WorkerFailed(Exception):
+    """One attempt failed on its decode worker; `code` is what the caller would be told."""
+
+    def __init__(self, worker_id: str, failure: Failure, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(f"decode worker {worker_id}: {details}")
+        self.worker_id = worker_id
+        self.failure = failure
+        self.code = code
+        self.details = details
+
+
+async def agent_stream(
+    stub: agent_pb2_grpc.AgentStub,
+    request: agent_pb2.AgentGenerateRequest,
+    worker_id: str,
+    *,
+    time_left_s: float | None,
+    first_token_timeout_s: float,
+    token_timeout_s: float,
+    paused_since: Callable[[float], bool] = lambda moment: False,
+) -> AsyncIterator[agent_pb2.AgentGenerateResponse]:
+    """`paused_since(t)`: whether this process was itself paused after t (pause.py); a timeout that
+    expired while we were not running is not the worker's stall, and the wait starts again."""
+    call = stub.Generate(request, timeout=time_left_s)
+    got_token = False
+    read = None
+    try:
+        while True:
+            timeout = token_timeout_s if got_token else first_token_timeout_s
+            waiting_since = time.monotonic()
+            read = read or asyncio.ensure_future(call.read())
+            done, _ = await asyncio.wait({read}, timeout=timeout)
+            if not done:
+                if paused_since(waiting_since):
+                    continue  # we were frozen, not the worker: give it its time again
+                what = "the next token" if got_token else "the first token"
+                raise WorkerFailed(
+                    worker_id, Failure.STALLED, grpc.StatusCode.UNAVAILABLE, f"no progress: {what} did not come within {timeout:g} s"
+                )
+            try:
+                reply = read.result()
+            except grpc.aio.AioRpcError as e:
+                raise WorkerFailed(worker_id, classify(e.code().name), e.code(), f"{e.code().name}: {e.details()}") from None
+            finally:
+                read = None
+            if reply is grpc.aio.EOF:
+                return
+            got_token = got_token or bool(reply.token_ids)
+            yield reply
+    finally:
+        if read is not None:
+            read.cancel()
+        call.cancel()  # a no-op after completion; otherwise the agent aborts the request
