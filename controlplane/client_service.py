@@ -41,7 +41,7 @@ from controlplane.core.planner import Outcome, Plan, Planner, Routed
 from controlplane.core.routing import NoCandidateError, NoPrefillWorkerError, RouteDecision, RouteRequest
 from controlplane.core.settings import SettingError, validate_setting
 from controlplane.observe import RequestObservation, record_admission, record_migration
-from controlplane.relay import WorkerFailed, agent_stream
+from controlplane.relay import WorkerFailed, agent_stream, coalesced
 from controlplane.store.base import Store, StoreError
 from kvplane import tickets
 from kvplane.convert import disagg_from_pb
@@ -339,12 +339,12 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
             dispatch = self.planner.dispatched(plan, self._clock())
             agent_request = self._agent_request(v, request, plan, route, prefill, fetch, num_resumed=len(sent))
             try:
-                async for reply in agent_stream(
+                async for reply in coalesced(agent_stream(
                     self._stubs.get(decode.info.endpoint), agent_request, plan.decode_worker,
                     time_left_s=context.time_remaining(),
                     first_token_timeout_s=self._config.first_token_timeout_s, token_timeout_s=self._config.token_timeout_s,
                     paused_since=self._state.pauses.paused_since,
-                ):  # fmt: skip
+                )):  # fmt: skip
                     if reply.token_ids:
                         last_token_at = self._clock()
                         if num_new_tokens == 0:

@@ -6,6 +6,13 @@ carrying a token within `first_token_timeout_s` of the call (queue, prefill and 
 included) or within `token_timeout_s` of the previous token. Either way the agent's call is
 cancelled on the way out, so the agent aborts the request and frees its blocks. What to do next
 (retry, migrate, fail) is controlplane/core/failover.py's to decide.
+
+`coalesced` reads the agent's stream as fast as it comes and merges what queued up while the
+previous message was being written into one message (tokens and text joined, in order) instead of
+relaying one message per token. Messages queue up when the caller reads slower than the engine
+generates (gRPC's flow-control window is full, so the write waits) or when this replica is busy
+(its event loop runs other streams): then it sends fewer, larger messages, and the agent is never
+held back by the caller.
 """
 
 from __future__ import annotations
@@ -73,3 +80,49 @@ async def agent_stream(
         if read is not None:
             read.cancel()
         call.cancel()  # a no-op after completion; otherwise the agent aborts the request
+
+
+_END = object()
+
+
+async def coalesced(replies: AsyncIterator[agent_pb2.AgentGenerateResponse]) -> AsyncIterator[agent_pb2.AgentGenerateResponse]:
+    """`replies`, with the messages that queued up while the previous one was being written merged
+    into one. A failure of `replies` is raised after every message received before it."""
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump() -> None:
+        try:
+            async for reply in replies:
+                queue.put_nowait(reply)
+            queue.put_nowait(_END)
+        except Exception as e:  # WorkerFailed and the like: raised to the reader in order
+            queue.put_nowait(e)
+        finally:
+            await replies.aclose()
+
+    task = asyncio.ensure_future(pump())
+    try:
+        while True:
+            item = await queue.get()
+            while isinstance(item, agent_pb2.AgentGenerateResponse) and not item.finished and not queue.empty():
+                following = queue.get_nowait()
+                if not isinstance(following, agent_pb2.AgentGenerateResponse):
+                    yield item
+                    item = following
+                    break
+                merged = agent_pb2.AgentGenerateResponse()
+                merged.CopyFrom(following)
+                merged.token_ids[:0] = item.token_ids
+                merged.text = item.text + following.text
+                item = merged
+            if item is _END:
+                return
+            if isinstance(item, Exception):
+                raise item
+            yield item
+    finally:
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass

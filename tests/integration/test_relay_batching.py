@@ -1,0 +1,33 @@
+"""Relaying through the coalescing reader loses, reorders and duplicates nothing: a caller that
+pauses mid-stream gets the same tokens and text as one that waits for the whole answer, and the
+end with its metrics. (How many messages it gets depends on gRPC's flow-control window: the
+merging itself is tested on its own in tests/controlplane/test_relay_coalescing.py.)"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from kvplane import Client
+from kvplane.cluster import LocalCluster
+
+from .helpers import prompt_ids
+
+pytestmark = pytest.mark.cluster  # starts processes
+
+
+def test_a_reader_that_pauses_gets_the_same_tokens_and_end():
+    prompt = prompt_ids(seed=31, length=20)
+    with LocalCluster(num_prefill=0, num_decode=0, num_both=1) as cluster, Client(cluster.endpoint, timeout=120) as client:
+        fast = client.generate(prompt, max_tokens=48, ignore_eos=True)
+        chunks = []
+        for chunk in client.stream(prompt, max_tokens=48, ignore_eos=True):
+            chunks.append(chunk)
+            if len(chunks) == 1:
+                time.sleep(2.0)  # the engine generates the rest meanwhile
+    tokens = [t for c in chunks for t in c.token_ids]
+    assert tokens == list(fast.token_ids) and len(tokens) == 48
+    assert "".join(c.text for c in chunks) == fast.text
+    assert chunks[-1].finished and chunks[-1].metrics is not None and chunks[-1].metrics.cached_tokens > 0
+    assert sum(c.finished for c in chunks) == 1 and len(chunks) <= 49
