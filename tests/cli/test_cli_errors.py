@@ -48,6 +48,7 @@ CASES = {
     "bench tracing": Case(("bench", "tracing", "--bogus"), 2, "kvplane bench tracing: error: unrecognized arguments"),
     "bench tiers": Case(("bench", "tiers", "--bogus"), 2, "kvplane bench tiers: error: unrecognized arguments"),
     "bench prefix": Case(("bench", "prefix", "--bogus"), 2, "kvplane bench prefix: error: unrecognized arguments"),
+    "bench routing": Case(("bench", "routing", "--fleets", "nope"), 2, "kvplane bench routing: unknown fleets ['nope']"),
     "controlplane": Case(("controlplane", "--lease-ttl", "-1"), 2,
                          "kvplane controlplane: lease_ttl_s must be at least 2 seconds, got -1"),
     "agent": Case(("agent", "--port", "70000"), 2, "kvplane agent: port must be in 0..65535, got 70000"),

@@ -90,6 +90,7 @@ def assert_nothing_pinned(cluster, client, timeout: float = 15.0) -> None:
     seen: dict = {}
 
     def clean():
+        seen.clear()  # a worker that did not answer last time may have been reaped since
         for worker_id in cluster.worker_endpoints:
             if cluster.processes[worker_id].poll() is None:
                 try:
