@@ -2,7 +2,7 @@
 
 Floors, bottom up (a module may import its own floor and those below, never above):
 - shared (`kvplane.types`, `block_hash`, `latency`, `stats`, `tickets`, `convert`, `errors`,
-  `grpc_util`, `telemetry`, the `v1` stubs): imports only other shared modules;
+  `grpc_util`, `telemetry`, the `v1` stubs, `hardware`): imports only other shared modules;
 - `controlplane.core` (the plain-Python planner and its algorithms): the standard library and
   `kvplane.types`, `kvplane.block_hash`, `kvplane.latency`, `kvplane.stats` only (no grpc,
   store client or torch);
@@ -23,7 +23,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("kvplane", "controlplane", "dataplane")
 SHARED = tuple(
-    f"kvplane.{m}" for m in ("types", "block_hash", "latency", "stats", "tickets", "convert", "errors", "grpc_util", "telemetry", "v1")
+    f"kvplane.{m}"
+    for m in ("types", "block_hash", "latency", "stats", "tickets", "convert", "errors", "grpc_util", "telemetry", "v1", "hardware")
 )
 CORE_MAY_IMPORT = ("kvplane.types", "kvplane.block_hash", "kvplane.latency", "kvplane.stats")
 # The benchmarks' doors into the data plane: package entry points, not their modules.

@@ -18,15 +18,15 @@ def parse(*argv: str) -> AgentConfig:
     return agent_main.config_from_args(parser.parse_args(["--worker-id", "w", *argv]))
 
 
-def test_the_reference_engine_is_the_default_and_the_only_one_so_far():
-    assert engines.ENGINE_NAMES == ("reference",) and engines.DEFAULT_ENGINE == "reference"
+def test_the_reference_engine_is_the_default_and_listed_first():
+    assert engines.ENGINE_NAMES[0] == "reference" == engines.DEFAULT_ENGINE and "sim" in engines.ENGINE_NAMES
     assert [p.NAME for p in engines.plugins()] == list(engines.ENGINE_NAMES)
 
 
 def test_an_unknown_engine_is_refused_with_the_known_names():
-    with pytest.raises(engines.UnknownEngineError, match="unknown engine 'sglang'; known engines: reference"):
-        engines.plugin("sglang")
-    with pytest.raises(ValueError, match="unknown engine 'nope'; known engines: reference"):
+    with pytest.raises(engines.UnknownEngineError, match="unknown engine 'nope'; known engines: reference, "):
+        engines.plugin("nope")
+    with pytest.raises(ValueError, match="unknown engine 'nope'; known engines: reference, "):
         AgentConfig(worker_id="w", engine_name="nope").validate()
 
 
@@ -42,6 +42,23 @@ def test_agent_flags_build_the_chosen_engines_config():
     assert config.engine_name == "reference"
     assert config.engine == EngineConfig(num_blocks=32, block_size=8, num_host_blocks=64)
     assert parse().engine_name == "reference"  # the default: nothing changes for current users
+
+
+def test_sim_flags_build_a_sim_config_sharing_the_common_flags():
+    config = parse("--engine", "sim", "--sim-gpu", "h200", "--sim-model", "llama-3-8b", "--sim-tp", "1", "--block-size", "32",
+                   "--speedup", "4", "--sim-step-overhead-ms", "2")  # fmt: skip
+    assert config.engine_name == "sim"
+    sim = config.engine
+    assert (sim.gpu, sim.model, sim.tp, sim.block_size, sim.speedup, sim.roofline.step_overhead_s) == (
+        "h200",
+        "llama-3-8b",
+        1,
+        32,
+        4.0,
+        0.002,
+    )
+    with pytest.raises(ValueError, match="unknown gpu 'tpu'"):
+        parse("--engine", "sim", "--sim-gpu", "tpu")
 
 
 def test_agent_refuses_an_unknown_engine_flag():

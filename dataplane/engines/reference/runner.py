@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from dataplane.engines.paged.scheduler import ScheduledChunk
 from dataplane.engines.reference.kv_pool import KVPool
 from dataplane.engines.reference.model import PagedBatch, PagedLlama
 from dataplane.engines.reference.sampling import sample
-from dataplane.engines.reference.scheduler import ScheduledChunk
 
 
 class ModelRunner:

@@ -149,6 +149,30 @@ class BlockManager:
                 else:
                     self._uncached_free[b] = None
 
+    # --- KV import / export (the engine interface's KVImportExport, dataplane/engines/base.py) ---
+    def pin_prefix(self, block_hashes: Sequence[BlockHash]) -> list[int]:
+        """Takes a ref on each block of the longest cached prefix of block_hashes (a peer pulls
+        them without anything being computed); returns their ids in prefix order."""
+        block_ids = self.longest_cached_prefix(block_hashes)
+        for b in block_ids:
+            self.take_ref(b)
+        return block_ids
+
+    def missing(self, block_hashes: Sequence[BlockHash]) -> list[int]:
+        """Indices into block_hashes of the blocks the prefix cache does not hold."""
+        return [i for i, h in enumerate(block_hashes) if h not in self._hash_to_block]
+
+    def commit_import(self, block_hashes: Sequence[BlockHash], block_ids: Sequence[int]) -> list[int]:
+        """Registers pulled blocks (each holding one ref of the caller's); a hash that arrived
+        meanwhile keeps its existing copy, the caller's ref moves to it and the duplicate is freed.
+        Returns the block holding each hash."""
+        holders = self.register(block_hashes, block_ids)
+        for b, holder in zip(block_ids, holders):
+            if holder != b:
+                self.take_ref(holder)
+                self.release([b])
+        return holders
+
     # --- prefix cache --------------------------------------------------------------------
     def register(self, block_hashes: Sequence[BlockHash], block_ids: Sequence[int]) -> list[int]:
         """Publish fully written blocks under their hashes (prefix order). A hash already cached
