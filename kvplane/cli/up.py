@@ -9,6 +9,7 @@ import sys
 import time
 from types import FrameType
 
+from kvplane.cli import engine_flags
 from kvplane.cli.common import CliError, non_negative_int, positive_float, positive_int
 from kvplane.cluster import ClusterError, LocalCluster
 
@@ -43,7 +44,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     up.add_argument("--log-dir", default=None, metavar="DIR", help="where child logs go (default: a temp dir)")
     up.add_argument("--startup-timeout", type=positive_float, default=120.0, metavar="SECONDS",
                     help="how long to wait for every agent to register (default: 120)")  # fmt: skip
-    up.set_defaults(func=run_up)
+    up.set_defaults(func=run_up, engine_flags=engine_flags.add_arguments(up))
 
 
 def store_spec(text: str) -> str:
@@ -63,6 +64,7 @@ def run_up(args: argparse.Namespace) -> int:
         agent_args += ["--model", args.model]
     if args.num_blocks is not None:
         agent_args += ["--num-blocks", str(args.num_blocks)]
+    agent_args += engine_flags.forward_args(args, args.engine_flags)
     cluster = LocalCluster(
         num_prefill=args.prefill, num_decode=args.decode, num_both=args.both, store=args.store,
         port=args.port, agent_args=agent_args, controlplane_args=controlplane_args, log_dir=args.log_dir,

@@ -95,3 +95,14 @@ def test_unreachable_control_plane_is_one_line() -> None:
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1
     assert lines[0].startswith("kvplane: error: cannot reach the kvplane control plane at 127.0.0.1:1")
+
+
+def test_up_forwards_only_the_engine_flags_given() -> None:
+    from kvplane.cli import engine_flags
+    from kvplane.cli.main import build_parser
+
+    args = build_parser().parse_args(["up", "--engine", "sim", "--sim-tp", "2", "--speedup", "3", "--model", "x"])
+    assert engine_flags.forward_args(args, args.engine_flags) == ["--engine", "sim", "--sim-tp", "2", "--speedup", "3.0"]
+    assert args.model == "x"  # up's own --model keeps its meaning (forwarded separately)
+    plain = build_parser().parse_args(["up"])
+    assert engine_flags.forward_args(plain, plain.engine_flags) == []

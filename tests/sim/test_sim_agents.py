@@ -3,12 +3,22 @@ and reports the modeled bytes and link time; greedy tokens match wherever the re
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
+from dataplane.engines.sim.config import SimConfig
 from kvplane import Client, hardware
-from kvplane.cluster import LocalCluster
+from kvplane.cluster import LocalCluster, free_port
+from kvplane.latency import prefill_attention
 
 pytestmark = pytest.mark.cluster
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 SIM_ARGS = ("--engine", "sim", "--sim-model", "llama-3-8b", "--sim-gpu", "h100", "--sim-tp", "1", "--sim-link", "100gbe")
 
@@ -28,3 +38,29 @@ def test_a_disaggregated_request_moves_the_modeled_kv_over_the_modeled_link():
     # The decode worker now holds the prompt: run there without a transfer, same greedy tokens.
     assert again.metrics.decode_worker == "decode-0" and again.metrics.cached_tokens == 1984
     assert again.token_ids == remote.token_ids and local.token_ids != remote.token_ids
+
+
+def test_kvplane_up_starts_sim_workers_whose_time_runs_at_the_speedup(tmp_path):
+    """`kvplane up --engine NAME` forwards the engine's flags; --speedup 0.5 runs simulated time at
+    half speed, so a prefill takes twice its simulated time in wall time."""
+    port = free_port()
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+    up = subprocess.Popen(
+        [sys.executable, "-m", "kvplane", "up", "--port", str(port), "--prefill", "1", "--decode", "3", "--engine", "sim",
+         "--sim-model", "llama-3-8b", "--sim-tp", "1", "--speedup", "0.5", "--log-dir", str(tmp_path)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO_ROOT,
+    )  # fmt: skip
+    try:
+        first_line = up.stdout.readline()
+        assert first_line.startswith("kvplane cluster ready"), first_line + (up.stderr.read() if up.poll() is not None else "")
+        with Client(f"127.0.0.1:{port}", timeout=30) as client:
+            workers = client.workers()
+            result = client.generate(list(range(1, 4001)), max_tokens=2, disagg="never")
+    finally:
+        up.send_signal(signal.SIGTERM)
+        up.wait(timeout=60)
+    assert sorted(w.worker_id for w in workers) == ["decode-0", "decode-1", "decode-2", "prefill-0"]
+    assert {w.model for w in workers} == {"llama-3-8b"}
+    roofline = SimConfig(model="llama-3-8b", tp=1).roofline_model()
+    prefill_s = roofline.step_seconds(4000, prefill_attention(4000, 0))  # one chunk: 4,000 <= 8,192 tokens
+    assert 2 * prefill_s * 1000 <= result.metrics.ttft_ms < 2 * prefill_s * 1000 + 1500
