@@ -166,6 +166,10 @@ class CacheIndex:
             for worker_id, tier_blocks in self._worker_to_tier_blocks.items()
         }
 
+    def num_block_hashes(self) -> int:
+        """Distinct block hashes held by any worker at any tier."""
+        return len(self._block_to_worker_tiers)
+
     def worker_ids(self) -> set[WorkerId]:
         return set(self._worker_to_seq)
 

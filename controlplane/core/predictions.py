@@ -6,7 +6,9 @@ land together instead of spreading while the first one is still prefilling (Dyna
 "approximate" KV-router mode keeps such entries with a TTL). A real stored event for a block
 replaces its prediction; an expired prediction is dropped. A lookup merges both per position:
 block i counts for a worker when the index holds it there (at its fastest tier) or it is
-predicted there (credited as device: the worker is computing it now).
+predicted there (credited as device: the worker is computing it now). A worker whose every
+prediction has expired is dropped at the next lookup, so lookups cost in proportion to the
+workers routed to within the last ttl_s, not to every worker ever routed to.
 """
 
 from __future__ import annotations
@@ -18,13 +20,14 @@ from kvplane.types import BlockHash, Tier, WorkerId
 
 
 class PrefixPredictions:
-    __slots__ = ("ttl_s", "_worker_to_expiry")
+    __slots__ = ("ttl_s", "_worker_to_expiry", "_worker_to_latest")
 
     def __init__(self, ttl_s: float) -> None:
         if ttl_s < 0:
             raise ValueError(f"prediction ttl_s must be >= 0, got {ttl_s}")
         self.ttl_s = ttl_s
         self._worker_to_expiry: dict[WorkerId, dict[BlockHash, float]] = {}
+        self._worker_to_latest: dict[WorkerId, float] = {}  # the latest expiry in each table
 
     def record(self, worker_id: WorkerId, block_hashes: Sequence[BlockHash], now: float) -> None:
         if self.ttl_s == 0 or not block_hashes:
@@ -35,6 +38,7 @@ class PrefixPredictions:
         expiry = now + self.ttl_s
         for h in block_hashes:
             table[h] = expiry
+        self._worker_to_latest[worker_id] = expiry
 
     def confirm(self, worker_id: WorkerId, block_hashes: Iterable[BlockHash]) -> None:
         """Real stored events arrived: they replace the predictions."""
@@ -45,18 +49,24 @@ class PrefixPredictions:
 
     def forget_worker(self, worker_id: WorkerId) -> None:
         self._worker_to_expiry.pop(worker_id, None)
+        self._worker_to_latest.pop(worker_id, None)
+
+    def _drop_expired(self, now: float) -> None:
+        for worker_id in [w for w, latest in self._worker_to_latest.items() if latest <= now]:
+            self.forget_worker(worker_id)
 
     def num_predicted_in(self, index: CacheIndex, worker_id: WorkerId, block_hashes: Sequence[BlockHash], now: float) -> int:
         """How many of block_hashes are predicted on the worker and not yet reported there: blocks
         being computed there now."""
         table = self._worker_to_expiry.get(worker_id)
-        if not table:
+        if not table or self._worker_to_latest[worker_id] <= now:
             return 0
         return sum(1 for h in block_hashes if table.get(h, 0.0) > now and not index.holder_tiers(h, worker_id))
 
     def overlaps(self, index: CacheIndex, block_hashes: Sequence[BlockHash], now: float) -> dict[WorkerId, OverlapScore]:
         """index.overlaps(block_hashes), extended by live predictions."""
         result = index.overlaps(block_hashes)
+        self._drop_expired(now)
         for worker_id, table in self._worker_to_expiry.items():
             if not table:
                 continue

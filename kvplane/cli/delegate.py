@@ -37,6 +37,11 @@ DELEGATES = (
         "Runs a data-plane agent: registers with a control plane, serves Generate/Prefill/KV pulls.",
     ),
     Delegate(
+        ("sim",), "kvplane.sim.main", "simulate the whole cluster in virtual time",
+        "Runs the real planner against simulated GPU workers (the sim engine) in virtual time, per routing and "
+        "admission policy, and reports the benchmarks' rows: hit rate, TTFT/TPOT, goodput, attainment, load spread.",
+    ),
+    Delegate(
         ("bench", "transfer"), "kvplane.bench.transfer", "measure KV transfer throughput",
         "Measures KV-block transfer throughput and latency between two processes per transport.",
     ),

@@ -64,3 +64,13 @@ def test_sim_flags_build_a_sim_config_sharing_the_common_flags():
 def test_agent_refuses_an_unknown_engine_flag():
     with pytest.raises(argparse.ArgumentError, match="invalid choice: 'nope'"):
         parse("--engine", "nope")
+
+
+def test_sim_agent_args_rebuild_the_same_config():
+    from dataplane.engines.sim import SimConfig
+    from dataplane.engines.sim.plugin import agent_args
+    from kvplane.hardware import RooflineConfig
+
+    config = SimConfig(gpu="b200", model="qwen2.5-7b", tp=2, link="nvlink", roofline=RooflineConfig(mfu=0.4, step_overhead_s=0.0025),
+                       block_size=32, num_blocks=900, max_num_seqs=64, speedup=0.5, seed=3)  # fmt: skip
+    assert parse(*agent_args(config)).engine == config

@@ -3,6 +3,7 @@ and reports the modeled bytes and link time; greedy tokens match wherever the re
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -64,3 +65,15 @@ def test_kvplane_up_starts_sim_workers_whose_time_runs_at_the_speedup(tmp_path):
     roofline = SimConfig(model="llama-3-8b", tp=1).roofline_model()
     prefill_s = roofline.step_seconds(4000, prefill_attention(4000, 0))  # one chunk: 4,000 <= 8,192 tokens
     assert 2 * prefill_s * 1000 <= result.metrics.ttft_ms < 2 * prefill_s * 1000 + 1500
+
+
+def test_kvplane_sim_prints_json_rows_and_refuses_bad_hardware_in_one_line():
+    from tests.cli.conftest import run_kvplane
+
+    done = run_kvplane("sim", "--workload", "chat", "--both", "2", "--sim-model", "llama-3-8b", "--sim-tp", "1", "--json", timeout=120)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["config"]["model"] == "llama-3-8b" and len(result["rows"]) == 1 and result["rows"][0]["requests"] == 96
+    assert "[chat kvplane/threshold] done" in done.stderr  # progress goes to stderr
+    bad = run_kvplane("sim", "--sim-gpu", "tpu-v9")
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].startswith("kvplane sim: unknown gpu 'tpu-v9'; known: a100-80g")

@@ -7,3 +7,8 @@ step machine; adapter.SimAdapter drives it in an agent (asyncio, wall-clock slee
 --speedup) and `kvplane sim` drives it in virtual time. KV transfers go through the real
 transport code with a scaled-down payload and take the named link's modeled time. No torch.
 """
+
+from dataplane.engines.sim.config import SimConfig
+from dataplane.engines.sim.engine import SimEngine
+
+__all__ = ["SimConfig", "SimEngine"]

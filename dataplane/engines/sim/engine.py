@@ -25,6 +25,7 @@ import struct
 import zlib
 from collections import deque
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from dataplane.engines.base import EngineInfo
 from dataplane.engines.events import KVCacheEvent
@@ -33,12 +34,14 @@ from dataplane.engines.paged.scheduler import RequestState, ScheduledChunk, Sche
 from dataplane.engines.request import EngineInputError, EngineLoad, EngineOutput, EngineRequest
 from dataplane.engines.sim.config import SimConfig
 from dataplane.engines.sim.pool import SimPool
-from dataplane.transport.modeled import ModeledLink
 from kvplane import hardware
 from kvplane.block_hash import hash_blocks
 from kvplane.hardware import StepTiming
 from kvplane.latency import StepSample
 from kvplane.types import BlockHash, Tier
+
+if TYPE_CHECKING:
+    from dataplane.transport.modeled import ModeledLink
 
 log = logging.getLogger(__name__)
 

@@ -20,6 +20,17 @@ CONFIG_TYPE = SimConfig
 
 
 def add_arguments(group: argparse._ArgumentGroup) -> None:
+    add_hardware_arguments(group)
+    group.add_argument("--speedup", type=float, default=SimConfig().speedup,
+                       help="sim engine: simulated seconds per wall second (default %(default)s; 2 = twice as fast as real time)")  # fmt: skip
+
+
+def config_from_args(args: argparse.Namespace) -> SimConfig:
+    return hardware_config_from_args(args, speedup=args.speedup)
+
+
+def add_hardware_arguments(group: argparse._ArgumentGroup) -> None:
+    """The --sim-* flags: what is simulated (`kvplane sim` and `kvplane plan` use them too)."""
     c, r = SimConfig(), RooflineConfig()
     group.add_argument("--sim-gpu", default=c.gpu, help=f"simulated GPU: {', '.join(hardware.names('gpus'))} (default %(default)s)")
     group.add_argument("--sim-model", default=c.model, help=f"simulated model: {', '.join(hardware.names('models'))} (default %(default)s)")
@@ -38,11 +49,10 @@ def add_arguments(group: argparse._ArgumentGroup) -> None:
                        help="tokens per step; longer prompts prefill in chunks (default %(default)s)")  # fmt: skip
     group.add_argument("--sim-payload-bytes", type=int, default=c.payload_bytes,
                        help="bytes stored and moved per KV block; transfers report the model's real block size (default %(default)s)")  # fmt: skip
-    group.add_argument("--speedup", type=float, default=c.speedup,
-                       help="sim engine: simulated seconds per wall second (default %(default)s; 2 = twice as fast as real time)")  # fmt: skip
 
 
-def config_from_args(args: argparse.Namespace) -> SimConfig:
+def hardware_config_from_args(args: argparse.Namespace, **overrides: object) -> SimConfig:
+    """The SimConfig of the --sim-* flags and the shared --block-size, --max-tokens-limit, --seed."""
     roofline = RooflineConfig(mfu=args.sim_mfu, hbm_efficiency=args.sim_hbm_efficiency, step_overhead_s=args.sim_step_overhead_ms / 1000)
     return SimConfig(
         gpu=args.sim_gpu,
@@ -57,8 +67,8 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         max_num_batched_tokens=args.sim_max_batched_tokens,
         max_tokens_limit=args.max_tokens_limit,
         payload_bytes=args.sim_payload_bytes,
-        speedup=args.speedup,
         seed=args.seed,
+        **overrides,
     ).validate()
 
 
@@ -66,3 +76,17 @@ def create(config: SimConfig) -> EngineAdapter:
     from dataplane.engines.sim.adapter import SimAdapter  # noqa: PLC0415 (the engine only when chosen)
 
     return SimAdapter(config)
+
+
+def agent_args(config: SimConfig) -> list[str]:
+    """`kvplane agent` arguments that build `config` again (config_from_args' inverse)."""
+    r = config.roofline
+    return [
+        "--engine", NAME, "--sim-gpu", config.gpu, "--sim-model", config.model, "--sim-tp", str(config.tp),
+        "--sim-link", config.link, *(["--sim-profile", config.profile] if config.profile else []),
+        "--sim-mfu", repr(r.mfu), "--sim-hbm-efficiency", repr(r.hbm_efficiency),
+        "--sim-step-overhead-ms", repr(r.step_overhead_s * 1000), "--sim-num-blocks", str(config.num_blocks),
+        "--sim-max-num-seqs", str(config.max_num_seqs), "--sim-max-batched-tokens", str(config.max_num_batched_tokens),
+        "--sim-payload-bytes", str(config.payload_bytes), "--block-size", str(config.block_size),
+        "--max-tokens-limit", str(config.max_tokens_limit), "--seed", str(config.seed), "--speedup", repr(config.speedup),
+    ]  # fmt: skip
