@@ -42,6 +42,12 @@ DELEGATES = (
         "admission policy, and reports the benchmarks' rows: hit rate, TTFT/TPOT, goodput, attainment, load spread.",
     ),
     Delegate(
+        ("plan",), "kvplane.sim.plan", "colocated or disaggregated, and how many workers, for a model, GPU and workload",
+        "Answers with numbers, by simulating candidate configurations: colocated or disaggregated, the prefill:decode "
+        "split and worker count for a target rate (or the most requests/s a worker budget serves within the objectives), "
+        "expected TTFT/TPOT, KV bytes per request and transfer time per link, and the bottleneck.",
+    ),
+    Delegate(
         ("bench", "transfer"), "kvplane.bench.transfer", "measure KV transfer throughput",
         "Measures KV-block transfer throughput and latency between two processes per transport.",
     ),

@@ -136,6 +136,9 @@ class SimWorker:
         # Work done here, for the load spread: prompt tokens computed and tokens generated.
         self.num_prefill_tokens = 0
         self.num_generated_tokens = 0
+        self.peak_used_blocks = 0  # the most KV blocks in use any report showed
+        self.busy_s = 0.0  # seconds of steps
+        self.prefill_busy_s = 0.0  # of those, steps that computed prompt tokens
 
     # -- requests -------------------------------------------------------------------------------
     def submit(self, request: EngineRequest, sink: Callable[[EngineOutput], None]) -> None:
@@ -149,6 +152,9 @@ class SimWorker:
             return
         seconds = self.engine.begin_step()
         if seconds is not None:
+            self.busy_s += seconds
+            if self.engine.last_features[0]:
+                self.prefill_busy_s += seconds
             self._stepping = True
             self._loop.after(seconds, self._end_step)
 
@@ -177,6 +183,7 @@ class SimWorker:
         self.view = self._make_view()
         self._on_report(self)
         load = self.view.load
+        self.peak_used_blocks = max(self.peak_used_blocks, load.num_used_blocks)
         if self.engine.has_work or load.num_running or load.num_waiting or self._stepping:
             self._loop.at(self._next_tick(self._timing.load_report_interval_s), self._report)
         else:

@@ -100,6 +100,7 @@ class SimEngine:
         self._live: dict[str, RequestState] = {}
         self._abort_ids: set[str] = set()
         self.stopped = False
+        self.last_features: tuple[int, int, int, int] = (0, 0, 0, 0)  # of the latest step begun
 
     # --- requests --------------------------------------------------------------------------
     def submit(self, request: EngineRequest, sink: Sink) -> None:
@@ -162,7 +163,7 @@ class SimEngine:
         if not chunks:
             return None
         self._step = chunks
-        features = step_features(chunks)
+        features = self.last_features = step_features(chunks)
         seconds = self.timing.step_seconds(*features)
         self._step_timings.append(StepSample(*features, seconds=seconds))
         return seconds
