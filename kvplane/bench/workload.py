@@ -18,6 +18,7 @@ Plain Python (no grpc, no torch), so every rule here is tested exactly.
 from __future__ import annotations
 
 import array
+import dataclasses
 import gzip
 import hashlib
 import json
@@ -69,6 +70,17 @@ class MixConfig:
     def system_prompts(self) -> list[tuple[int, ...]]:
         rng = random.Random(f"kvplane-system-prompts:{self.system_seed}")
         return [_random_tokens(rng, rng.randint(*self.system_tokens), self.vocab_size) for _ in range(self.num_system_prompts)]
+
+    def scaled(self, factor: float) -> MixConfig:
+        """The same mix with every token count multiplied by `factor` (a bigger model's prompts)."""
+
+        def scale(r: tuple[int, int]) -> tuple[int, int]:
+            return max(1, round(r[0] * factor)), max(1, round(r[1] * factor))
+
+        return dataclasses.replace(
+            self, system_tokens=scale(self.system_tokens), short_user_tokens=scale(self.short_user_tokens),
+            long_user_tokens=scale(self.long_user_tokens), output_tokens=scale(self.output_tokens),
+        )  # fmt: skip
 
     def validate(self) -> MixConfig:
         for name in ("system_tokens", "short_user_tokens", "long_user_tokens", "output_tokens"):

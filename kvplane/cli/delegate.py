@@ -58,6 +58,16 @@ DELEGATES = (
         "attainment, TTFT/TPOT percentiles and the TTFT prediction error.",
     ),
     Delegate(
+        ("bench", "disagg"), "kvplane.bench.disagg", "colocated vs disaggregated goodput as prompts grow (simulated)",
+        "For each prompt length, the most requests/s within the latency objectives that N colocated workers serve, and "
+        "the same for the best prefill:decode split of N workers, by simulation (kvplane plan's search): DistServe's comparison.",
+    ),
+    Delegate(
+        ("bench", "calibrate"), "kvplane.bench.calibrate", "the simulator's unloaded TTFT against a profiled reference engine",
+        "Profiles a reference-engine agent, measures its unloaded TTFT per prompt length, and compares what "
+        "`kvplane sim --sim-profile` predicts for the same requests.",
+    ),
+    Delegate(
         ("bench", "tracing"), "kvplane.bench.tracing", "measure the cost of tracing on the generate path",
         "Runs the same requests against a cluster with tracing off and one with tracing on, and compares latency.",
     ),

@@ -28,7 +28,7 @@ from dataplane.engines.sim import SimConfig
 from dataplane.engines.sim import plugin as sim_plugin
 from kvplane import hardware
 from kvplane.bench.load import BATCH_OBJECTIVE_FACTOR, parse_floats
-from kvplane.bench.workload import PRIORITY_BATCH, PRIORITY_INTERACTIVE
+from kvplane.bench.workload import PRIORITY_BATCH, PRIORITY_INTERACTIVE, MixConfig
 from kvplane.sim import report, workloads
 from kvplane.sim.fleet import AgentTiming
 from kvplane.sim.simulator import FleetSpec, RunResult, SimRequest, Simulator
@@ -59,6 +59,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="mix/synthetic: rates as multiples of the capacity a closed loop measures first")  # fmt: skip
     w.add_argument(
         "--duration", type=float, default=0.0, metavar="S", help="seconds of arrivals (trace: a window; mix/synthetic: default 60)"
+    )
+    w.add_argument(
+        "--mix-scale", type=float, default=1.0, metavar="F", help="mix: every token count x F (as `kvplane bench load --mix-scale`)"
     )
     w.add_argument("--input-tokens", default="1024", metavar="N|LO-HI", help="synthetic: prompt tokens (default %(default)s)")
     w.add_argument("--output-tokens", default="128", metavar="N|LO-HI", help="synthetic: output tokens (default %(default)s)")
@@ -161,20 +164,20 @@ class Sweep:
         return planner_from_args(args, PlannerConfig())
 
     def simulate(self, requests: list[SimRequest], routing: str, admission: str, label: str, until_s: float | None = None) -> RunResult:
-        started = time.monotonic()
+        started, cpu_started = time.monotonic(), time.process_time()
         n = len(requests)
 
         def progress(sim: Simulator) -> None:
             self.log(f"  [{label} {routing}/{admission}] {sim.num_ended}/{n} requests ended, "
-                     f"virtual {sim.loop.now:.0f} s, wall {time.monotonic() - started:.0f} s")  # fmt: skip
+                     f"virtual {sim.loop.now:.0f} s, wall {time.monotonic() - started:.0f} s, CPU {time.process_time() - cpu_started:.0f} s")  # fmt: skip
 
         sim = Simulator(
             self.fleet, self.planner_config(routing, admission), self.settings, seed=self.args.seed, agent=self.agent,
             measure_cost=self.args.planner_cost, progress=progress,
         )  # fmt: skip
         result = sim.run(requests, until_s)
-        self.log(f"  [{label} {routing}/{admission}] done: {n} requests, virtual {result.duration_s:.0f} s, "
-                 f"{result.num_events} events, wall {time.monotonic() - started:.1f} s")  # fmt: skip
+        self.log(f"  [{label} {routing}/{admission}] done: {n} requests, virtual {result.duration_s:.0f} s, {result.num_events} events, "
+                 f"wall {time.monotonic() - started:.1f} s, CPU {time.process_time() - cpu_started:.1f} s (this process, one core)")  # fmt: skip
         return result
 
     def processes(self, level: Level, routing: str, admission: str, oracle_hit_rate: float) -> dict[str, Any]:
@@ -236,9 +239,9 @@ class Sweep:
                     )
                     for i in range(closed_concurrency * 64)
                 ]
-            return workloads.closed(closed_concurrency, 64, a.seed)
+            return workloads.closed(closed_concurrency, 64, a.seed, MixConfig().scaled(a.mix_scale))
         if a.workload == "mix":
-            return workloads.mix(rate, duration, a.seed)
+            return workloads.mix(rate, duration, a.seed, MixConfig().scaled(a.mix_scale))
         return workloads.synthetic(self.synthetic_spec(), rate, duration, a.seed, self.spec.vocab_size)
 
     def synthetic_spec(self) -> workloads.SyntheticSpec:

@@ -26,6 +26,7 @@ import dataclasses
 import gc
 import random
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -149,8 +150,6 @@ class OracleCache:
     the last prompt token is always computed)."""
 
     def __init__(self, capacity_blocks: int, block_size: int) -> None:
-        from collections import OrderedDict
-
         self.capacity_blocks = capacity_blocks
         self.block_size = block_size
         self._lru: OrderedDict[BlockHash, None] = OrderedDict()

@@ -25,7 +25,21 @@ def test_help_exits_zero(command: list[str]) -> None:
 
 def test_top_level_help_lists_every_command() -> None:
     out = run_kvplane("--help").stdout
-    for name in ("generate", "route", "workers", "cache", "drain", "up", "controlplane", "agent", "bench", "config", "profile"):
+    for name in (
+        "generate",
+        "route",
+        "workers",
+        "cache",
+        "drain",
+        "up",
+        "controlplane",
+        "agent",
+        "bench",
+        "config",
+        "profile",
+        "sim",
+        "plan",
+    ):
         assert name in out
     bench = run_kvplane("bench", "--help").stdout
     assert "transfer" in bench and "load" in bench
@@ -38,8 +52,12 @@ def test_top_level_help_lists_every_command() -> None:
         (["agent"], "dataplane.agent.main"),
         (["bench", "transfer"], "kvplane.bench.transfer"),
         (["bench", "load"], "kvplane.bench.load"),
+        (["sim"], "kvplane.sim.main"),
+        (["plan"], "kvplane.sim.plan"),
+        (["bench", "disagg"], "kvplane.bench.disagg"),
+        (["bench", "calibrate"], "kvplane.bench.calibrate"),
     ],  # fmt: skip
-    ids=["controlplane", "agent", "bench transfer", "bench load"],
+    ids=["controlplane", "agent", "bench transfer", "bench load", "sim", "plan", "bench disagg", "bench calibrate"],
 )
 def test_delegated_help(command: list[str], module: str) -> None:
     assert importlib.util.find_spec(module) is not None
