@@ -32,7 +32,7 @@ from controlplane.observe import RequestObservation, record_admission
 from controlplane.store.base import Store, StoreError
 from kvplane import tickets
 from kvplane.convert import disagg_from_pb
-from kvplane.errors import rejection_trailers
+from kvplane.errors import ERROR_KIND_KEY, UNKNOWN_MODEL, rejection_trailers
 from kvplane.grpc_util import aio_channel
 from kvplane.telemetry import tracing
 from kvplane.telemetry.window import StatsWindow
@@ -105,13 +105,14 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
         if not model:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"model is required: this cluster serves {models}")
         if model not in models:
+            context.set_trailing_metadata(((ERROR_KIND_KEY, UNKNOWN_MODEL),))
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"unknown model {model!r}: this cluster serves {models}")
         priority = request.priority or PRIORITIES[0]
         if priority not in PRIORITIES:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"priority must be one of {list(PRIORITIES)}, got {priority!r}")
         limits = next(e.info for e in workers.values() if e.info.model == model)
         s = request.sampling
-        if s.max_tokens == 0:
+        if s.max_tokens == 0 and not request.max_tokens_to_limit:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "sampling.max_tokens must be at least 1")
         if s.max_tokens > limits.max_tokens_limit:
             await context.abort(
@@ -126,6 +127,14 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT, f"token id {bad} is outside the vocabulary of {model!r} (size {limits.vocab_size})"
             )
+        if s.max_tokens == 0:  # max_tokens_to_limit: as many as the model allows after this prompt
+            room = min(limits.max_tokens_limit, limits.max_context - len(token_ids))
+            if room < 1:
+                await context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"prompt of {len(token_ids)} tokens fills the context of {limits.max_context} tokens: no room for an answer",
+                )
+            s.max_tokens = room
         if len(token_ids) + s.max_tokens > limits.max_context:
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT,
@@ -143,24 +152,30 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
 
     async def _prompt_tokens(self, request, model: str, workers, context) -> list[int]:
         kind = request.WhichOneof("prompt")
+        endpoints = [e.info.endpoint for e in workers.values() if e.info.model == model]
         if kind == "token_ids":
             ids = list(request.token_ids.ids)
         elif kind == "text" and request.text:
-            ids = await self._tokenize(request.text, [e.info.endpoint for e in workers.values() if e.info.model == model], context)
+            ids = await self._tokenize(agent_pb2.TokenizeRequest(text=request.text), endpoints, context)
+        elif kind == "chat" and request.chat.messages:
+            ids = await self._tokenize(agent_pb2.TokenizeRequest(messages=request.chat.messages), endpoints, context)
         else:
             ids = []
         if not ids:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "prompt is empty: send text or token_ids")
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "prompt is empty: send text, token_ids or chat messages")
         return ids
 
-    async def _tokenize(self, text: str, endpoints: list[str], context) -> list[int]:
-        """Tokenizes on a worker of the model (replicas load no tokenizer), trying each in turn."""
+    async def _tokenize(self, request: agent_pb2.TokenizeRequest, endpoints: list[str], context) -> list[int]:
+        """Tokenizes on a worker of the model (replicas load no tokenizer), trying each in turn;
+        a refusal of the input itself (e.g. no chat template) is final."""
         failures = []
         for endpoint in endpoints:
             try:
-                reply = await self._stubs.get(endpoint).Tokenize(agent_pb2.TokenizeRequest(text=text), timeout=10)
+                reply = await self._stubs.get(endpoint).Tokenize(request, timeout=10)
                 return list(reply.token_ids)
             except grpc.aio.AioRpcError as e:
+                if e.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION):
+                    await context.abort(e.code(), e.details())
                 failures.append(f"{endpoint}: {e.details()}")
         await context.abort(grpc.StatusCode.UNAVAILABLE, f"no worker could tokenize the prompt ({'; '.join(failures)})")
 

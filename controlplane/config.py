@@ -20,11 +20,14 @@ class ControlPlaneConfig:
     batch_queue_size: int = 64  # batch requests that may wait for admission instead of being rejected
     batch_queue_timeout_s: float = 30.0  # how long one may wait before it is rejected after all
     batch_poll_s: float = 0.05  # how often a waiting batch request asks admission again
+    http_port: int = -1  # the OpenAI-compatible HTTP API (controlplane/http/): -1 = off, 0 = any free port
     planner: PlannerConfig = field(default_factory=PlannerConfig)  # routing, admission, prediction
 
     def validate(self) -> ControlPlaneConfig:
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in 0..65535, got {self.port}")
+        if not -1 <= self.http_port <= 65535:
+            raise ValueError(f"http_port must be -1 (off) or in 0..65535, got {self.http_port}")
         if self.lease_ttl_s < 2:
             raise ValueError(f"lease_ttl_s must be at least 2 seconds, got {self.lease_ttl_s}")
         if self.batch_queue_size < 0 or self.batch_queue_timeout_s < 0 or self.batch_poll_s <= 0:

@@ -21,6 +21,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default=d.host, help=f"address to listen on (default {d.host})")
     parser.add_argument("--port", type=int, default=d.port, help=f"port to listen on (default {d.port}; 0 = any free port)")
     parser.add_argument("--store", default=d.store, help="'memory' (embedded, one replica) or etcd://HOST:PORT (default %(default)s)")
+    parser.add_argument(
+        "--http-port",
+        type=int,
+        default=d.http_port,
+        help="serve the OpenAI-compatible HTTP API on this port (0 = any free port; default: off)",
+    )
     parser.add_argument("--lease-ttl", type=int, default=d.lease_ttl_s, help="worker lease TTL in seconds (default %(default)s)")
     add_config_arguments(parser.add_argument_group("routing, admission and prediction"), d.planner)
     telemetry_flags.add_arguments(parser)
@@ -28,7 +34,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def config_from_args(args: argparse.Namespace) -> ControlPlaneConfig:
     planner = planner_from_args(args, PlannerConfig())
-    return ControlPlaneConfig(host=args.host, port=args.port, store=args.store, lease_ttl_s=args.lease_ttl, planner=planner).validate()
+    return ControlPlaneConfig(
+        host=args.host, port=args.port, store=args.store, lease_ttl_s=args.lease_ttl, http_port=args.http_port, planner=planner
+    ).validate()
 
 
 def run(args: argparse.Namespace) -> int:

@@ -47,6 +47,8 @@ class ControlPlane:
         self._store: Store | None = None
         self._state: ClusterState | None = None
         self._stubs = AgentStubs()
+        self._http = None
+        self.http_port: int | None = None
 
     async def start(self) -> int:
         self._store = open_store(self.config.store)
@@ -66,6 +68,12 @@ class ControlPlane:
         await set_serving(self._health, SERVICE_NAMES, True)
         self._server = server
         log.info("control plane serving on %s:%d (store %s)", self.config.host, self.port, self.config.store)
+        if self.config.http_port >= 0:
+            from controlplane.http.server import HttpFace, loopback_address
+
+            self._http = HttpFace(loopback_address(self.config.host, self.port), self.config.host, self.config.http_port)
+            self.http_port = await self._http.start()
+            log.info("OpenAI-compatible HTTP API on http://%s:%d/v1", self.config.host, self.http_port)
         return self.port
 
     @property
@@ -74,6 +82,8 @@ class ControlPlane:
         return self._state
 
     async def stop(self, grace: float = 2.0) -> None:
+        if self._http:
+            await self._http.stop()
         if self._server:
             await set_serving(self._health, SERVICE_NAMES, False)
             await self._server.stop(grace)
@@ -93,6 +103,8 @@ async def serve(config: ControlPlaneConfig, ready_line: bool = True) -> None:
     port = await plane.start()
     if ready_line:
         print(f"kvplane control plane listening on {config.host}:{port}", flush=True)
+        if plane.http_port is not None:
+            print(f"kvplane HTTP API (OpenAI-compatible) on http://{config.host}:{plane.http_port}/v1", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -60,6 +60,7 @@ class LocalCluster:
         controlplane_args: tuple[str, ...] | list[str] = (),
         log_dir: str | os.PathLike[str] | None = None,
         *,
+        http_port: int | None = None,
         env: dict[str, str] | None = None,
         startup_timeout: float = 90.0,
         stop_timeout: float = 10.0,
@@ -75,6 +76,7 @@ class LocalCluster:
         self._port = port
         self._agent_args = tuple(agent_args)
         self._controlplane_args = tuple(controlplane_args)
+        self._http_port = http_port  # the OpenAI-compatible HTTP API: None = off, 0 = a free port
         self._log_dir_arg = Path(log_dir) if log_dir is not None else None
         self._owns_log_dir = log_dir is None
         self._env = dict(env or {})  # extra environment of every child (e.g. OTEL_* settings)
@@ -83,6 +85,7 @@ class LocalCluster:
 
         self.log_dir: Path | None = None
         self.endpoint = ""
+        self.http_url = ""  # "http://127.0.0.1:PORT/v1" when the HTTP API is on
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self.worker_endpoints: dict[str, str] = {}
         self.log_paths: dict[str, Path] = {}
@@ -101,9 +104,14 @@ class LocalCluster:
             self._prepare_log_dir()
             port = self._port or free_port()
             self.endpoint = f"{LOCALHOST}:{port}"
+            http_args: list[str] = []
+            if self._http_port is not None:
+                http_port = self._http_port or free_port()
+                self.http_url = f"http://{LOCALHOST}:{http_port}/v1"
+                http_args = ["--http-port", str(http_port)]
             self._spawn(CONTROLPLANE, [
                 CONTROLPLANE, "--host", LOCALHOST, "--port", str(port), "--store", self._store,
-                *self._controlplane_args,
+                *http_args, *self._controlplane_args,
             ])  # fmt: skip
             for role in _ROLES:
                 for index in range(self._counts[role]):

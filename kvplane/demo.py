@@ -2,16 +2,22 @@
 
 Starts a control plane (embedded store, disaggregation threshold 32 tokens) with one prefill
 and one decode agent, sends prompts that share a long system prompt, and prints where each
-ran, how much of its prompt was already cached, how many KV bytes moved, and its TTFT.
+ran, how much of its prompt was already cached, how many KV bytes moved, and its TTFT; then
+sends the first prompt again through the OpenAI-compatible HTTP API.
 The shared prefix is why later prompts find cached tokens.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Sequence
+
+import grpc
 
 from kvplane.cli.common import format_bytes, format_table
 from kvplane.client import Client, GenerateResult
@@ -43,11 +49,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with LocalCluster(
             num_prefill=1, num_decode=1, store="memory",
-            controlplane_args=("--disagg-threshold", str(DISAGG_THRESHOLD)), log_dir=args.log_dir,
+            controlplane_args=("--disagg-threshold", str(DISAGG_THRESHOLD)), log_dir=args.log_dir, http_port=0,
         ) as cluster:  # fmt: skip
-            print(f"cluster ready at {cluster.endpoint} in {time.monotonic() - started:.1f} s\n")
+            print(f"cluster ready at {cluster.endpoint} (gRPC) and {cluster.http_url} (OpenAI-compatible HTTP) "
+                  f"in {time.monotonic() - started:.1f} s\n")  # fmt: skip
             with Client(cluster.endpoint, timeout=120) as client:
                 results = [client.generate(SYSTEM_PROMPT + q, max_tokens=MAX_TOKENS) for q in QUESTIONS]
+            http_answer = http_completion(cluster.http_url, SYSTEM_PROMPT + QUESTIONS[0])
     except ClusterError as e:
         print(f"demo failed: the local cluster did not start: {e}", file=sys.stderr)
         return 1
@@ -58,7 +66,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("demo interrupted; the cluster was stopped", file=sys.stderr)
         return 130
     print_report(results)
+    usage = http_answer["usage"]
+    print(
+        f"\nThe same first prompt through the HTTP API (POST /v1/completions): {usage['prompt_tokens']} prompt tokens, "
+        f"{usage['prompt_tokens_details']['cached_tokens']} cached, decoded on {http_answer['kvplane']['decode_worker']}."
+    )
     return 0
+
+
+def http_completion(base_url: str, prompt: str) -> dict:
+    """One OpenAI-style completion with the standard library's HTTP client."""
+    body = json.dumps({"model": "", "prompt": prompt, "max_tokens": MAX_TOKENS}).encode()
+    request = urllib.request.Request(f"{base_url}/completions", body, {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            return json.load(response)
+    except urllib.error.HTTPError as e:
+        raise KvplaneError(grpc.StatusCode.UNKNOWN, f"HTTP {e.code}: {e.read().decode(errors='replace')}") from None
 
 
 def print_report(results: Sequence[GenerateResult]) -> None:

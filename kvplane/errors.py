@@ -17,6 +17,10 @@ import grpc
 # Trailing metadata keys of a rejection (gRPC metadata keys must be lowercase ASCII).
 RETRY_AFTER_MS_KEY = "retry-after-ms"  # decimal milliseconds, e.g. "1500"
 REASON_KEY = "kvplane-reason"  # short machine-readable reason, e.g. "ttft_slo"
+# Other refusals may name their kind in this trailer, for callers that map statuses further
+# (the HTTP face answers 404 for an unknown model, as OpenAI does).
+ERROR_KIND_KEY = "kvplane-error"
+UNKNOWN_MODEL = "unknown-model"
 
 
 class KvplaneError(Exception):

@@ -35,6 +35,7 @@ from dataplane.engines.request import EngineCapacityError, EngineInputError, Eng
 from dataplane.transport import LayoutMismatchError, PullSource
 from dataplane.transport.grpc_stream import iter_chunks
 from kvplane import tickets
+from kvplane.chat import ChatTemplateError
 from kvplane.convert import layout_from_pb, layout_to_pb, role_to_pb
 from kvplane.grpc_util import aio_channel
 from kvplane.latency import OnlineStepModel, StepSample, StepTimeModel, fit, samples_from_pb, samples_to_pb
@@ -451,7 +452,15 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         return agent_pb2.GetStatusResponse(info=self.worker_info(), load=self.worker_load())
 
     async def Tokenize(self, request, context):
-        return agent_pb2.TokenizeResponse(token_ids=await self._engine.tokenize(request.text))
+        if not request.messages:
+            return agent_pb2.TokenizeResponse(token_ids=await self._engine.tokenize(request.text))
+        messages = [{"role": m.role, "content": m.content} for m in request.messages]
+        try:
+            ids = await self._engine.tokenize_chat(messages)
+        except ChatTemplateError as e:
+            # The same on every worker of this model: the caller must change the request.
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
+        return agent_pb2.TokenizeResponse(token_ids=ids)
 
     # -- what the link reports ---------------------------------------------------------------------
 

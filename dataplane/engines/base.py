@@ -151,6 +151,12 @@ class EngineAdapter(Protocol):
         U+FFFD (never raises), so a stream can be decoded a prefix at a time."""
         ...
 
+    async def tokenize_chat(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
+        """The token ids of a conversation rendered with the model's chat template, ending with the
+        assistant's turn opened (kvplane.chat). Raises kvplane.chat.ChatTemplateError when the model
+        has no chat template or the template refuses the conversation."""
+        ...
+
     def load(self) -> EngineLoad:
         """The latest load the engine knows (the agent calls this often: keep it cheap)."""
         ...

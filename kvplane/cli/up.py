@@ -36,6 +36,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     help="where the control plane keeps shared state (default: memory, embedded)")  # fmt: skip
     up.add_argument("--port", type=positive_int, default=DEFAULT_PORT, metavar="P",
                     help=f"control plane port (default: {DEFAULT_PORT})")  # fmt: skip
+    up.add_argument("--http-port", type=http_port_spec, default=0, metavar="P",
+                    help="OpenAI-compatible HTTP API port (default: a free port; -1 = off)")  # fmt: skip
     up.add_argument("--disagg-threshold", type=non_negative_int, default=None, metavar="N",
                     help="uncached prompt tokens above which prefill runs remotely (control plane default if unset)")  # fmt: skip
     up.add_argument("--model", default=None, metavar="M", help="model for every agent (agent default if unset)")
@@ -45,6 +47,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     up.add_argument("--startup-timeout", type=positive_float, default=120.0, metavar="SECONDS",
                     help="how long to wait for every agent to register (default: 120)")  # fmt: skip
     up.set_defaults(func=run_up, engine_flags=engine_flags.add_arguments(up))
+
+
+def http_port_spec(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, 0 (any free port) or -1 (off), got {text!r}") from None
+    if not -1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port number, 0 (any free port) or -1 (off), got {value}")
+    return value
 
 
 def store_spec(text: str) -> str:
@@ -68,7 +80,7 @@ def run_up(args: argparse.Namespace) -> int:
     cluster = LocalCluster(
         num_prefill=args.prefill, num_decode=args.decode, num_both=args.both, store=args.store,
         port=args.port, agent_args=agent_args, controlplane_args=controlplane_args, log_dir=args.log_dir,
-        startup_timeout=args.startup_timeout,
+        startup_timeout=args.startup_timeout, http_port=None if args.http_port < 0 else args.http_port,
     )  # fmt: skip
     previous = _install_stop_handlers()
     try:
@@ -99,6 +111,8 @@ def _announce(cluster: LocalCluster) -> None:
     print(f"kvplane cluster ready at {cluster.endpoint}", flush=True)
     for worker_id, endpoint in cluster.worker_endpoints.items():
         print(f"  {worker_id:<12} {endpoint}")
+    if cluster.http_url:
+        print(f"  {'HTTP API':<12} {cluster.http_url}  (OpenAI-compatible: curl {cluster.http_url}/models)")
     print(f"logs: {cluster.log_dir}")
     print(f"try: KVPLANE_ENDPOINT={cluster.endpoint} kvplane workers    (Ctrl-C stops the cluster)", flush=True)
 

@@ -60,8 +60,9 @@ class RequestOptions:
         object.__setattr__(self, "disagg", _disagg_mode(self.disagg))
         check_priority(self.priority)
 
-    def to_proto(self, prompt: str | Sequence[int]) -> client_pb2.GenerateRequest:
-        """The GenerateRequest for `prompt` (text, or a sequence of token ids) with these options."""
+    def to_proto(self, prompt: str | Sequence[int] | Sequence[Mapping[str, str]]) -> client_pb2.GenerateRequest:
+        """The GenerateRequest for `prompt` (text, a sequence of token ids, or chat messages
+        {"role", "content"} to render with the model's chat template) with these options."""
         sampling = common_pb2.SamplingParams(
             max_tokens=self.max_tokens,
             temperature=self.temperature,
@@ -83,7 +84,10 @@ class RequestOptions:
         if isinstance(prompt, str):
             request.text = prompt
         elif isinstance(prompt, (bytes, bytearray)) or not isinstance(prompt, Sequence):
-            raise TypeError(f"prompt must be a str or a sequence of token ids, got {type(prompt).__name__}")
+            raise TypeError(f"prompt must be a str, a sequence of token ids or chat messages, got {type(prompt).__name__}")
+        elif prompt and all(isinstance(m, Mapping) for m in prompt):
+            for m in prompt:
+                request.chat.messages.add(role=str(m.get("role", "")), content=str(m.get("content", "")))
         else:
             request.token_ids.ids.extend(_unsigned("prompt token id", t, _UINT32_MAX) for t in prompt)
         return request

@@ -63,6 +63,9 @@ SPECS: tuple[MetricSpec, ...] = (
     MetricSpec("kvplane.routing.decisions", "counter", "{request}", "controlplane",
                "Routing decisions by kind: local (prefill on the decode worker), remote (prefill worker + KV transfer), fetched (cached KV pulled from a holder peer).",
                (_KIND,)),
+    MetricSpec("kvplane.http.requests", "counter", "{request}", "controlplane",
+               "Requests to the OpenAI-compatible HTTP API, by route and status code (499: the client went away).",
+               ("http.route", "http.response.status_code")),
     # -- agents: the engine and the KV transfer ----------------------------------------------------
     MetricSpec("kvplane.engine.queue.duration", "histogram", "s", "agent",
                "Time a request waited in the engine's queue before admission (KV blocks reserved).",

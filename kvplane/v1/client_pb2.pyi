@@ -14,24 +14,34 @@ class TokenIds(_message.Message):
     def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("model", "text", "token_ids", "sampling", "disagg", "request_id", "cache_salt", "priority")
+    __slots__ = ("model", "text", "token_ids", "chat", "sampling", "disagg", "request_id", "cache_salt", "priority", "max_tokens_to_limit")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    CHAT_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     DISAGG_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOKENS_TO_LIMIT_FIELD_NUMBER: _ClassVar[int]
     model: str
     text: str
     token_ids: TokenIds
+    chat: ChatPrompt
     sampling: _common_pb2.SamplingParams
     disagg: _common_pb2.DisaggMode
     request_id: str
     cache_salt: str
     priority: str
-    def __init__(self, model: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., disagg: _Optional[_Union[_common_pb2.DisaggMode, str]] = ..., request_id: _Optional[str] = ..., cache_salt: _Optional[str] = ..., priority: _Optional[str] = ...) -> None: ...
+    max_tokens_to_limit: bool
+    def __init__(self, model: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., chat: _Optional[_Union[ChatPrompt, _Mapping]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., disagg: _Optional[_Union[_common_pb2.DisaggMode, str]] = ..., request_id: _Optional[str] = ..., cache_salt: _Optional[str] = ..., priority: _Optional[str] = ..., max_tokens_to_limit: _Optional[bool] = ...) -> None: ...
+
+class ChatPrompt(_message.Message):
+    __slots__ = ("messages",)
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[_common_pb2.ChatMessage]
+    def __init__(self, messages: _Optional[_Iterable[_Union[_common_pb2.ChatMessage, _Mapping]]] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("token_ids", "text", "finished", "finish_reason", "metrics", "request_id")

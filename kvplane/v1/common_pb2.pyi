@@ -211,6 +211,14 @@ class Ticket(_message.Message):
     signature: bytes
     def __init__(self, request_id: _Optional[str] = ..., decode_worker_id: _Optional[str] = ..., prefill_worker_id: _Optional[str] = ..., expires_at: _Optional[float] = ..., signature: _Optional[bytes] = ...) -> None: ...
 
+class ChatMessage(_message.Message):
+    __slots__ = ("role", "content")
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_FIELD_NUMBER: _ClassVar[int]
+    role: str
+    content: str
+    def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ...) -> None: ...
+
 class RequestMetrics(_message.Message):
     __slots__ = ("prefill_worker", "decode_worker", "prompt_tokens", "cached_tokens", "kv_transfer_bytes", "kv_transfer_blocks", "transport", "ttft_ms", "disaggregated", "route_reason", "prefill_computed_tokens", "kv_transfer_ms", "predicted_ttft_ms", "predicted_tpot_ms", "priority", "queued_ms", "kv_fetched_from", "kv_fetched_tokens")
     PREFILL_WORKER_FIELD_NUMBER: _ClassVar[int]

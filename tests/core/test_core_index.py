@@ -202,3 +202,26 @@ def test_duplicate_store_is_counted_once(index):
     assert index.blocks_by_tier() == {W1: tiers(device=1)}
     index.apply_batch(W1, 2, [removed("a")])
     assert query(index, "a") == {}
+
+
+def test_a_removed_workers_bit_is_reused_without_its_blocks(index):
+    index.apply_batch(W1, 0, [stored("a", "b")])
+    index.apply_batch(W2, 0, [stored("a")])
+    index.remove_worker(W1)
+    index.apply_batch(W3, 0, [stored("a")])  # takes W1's freed bit
+    assert query(index, "a", "b") == {W2: OverlapScore(1, tiers(device=1)), W3: OverlapScore(1, tiers(device=1))}
+    assert index.holder_tiers(b"b", W3) == frozenset()
+
+
+def test_a_thousand_workers_on_a_hot_prefix_with_mixed_tiers(index):
+    workers = [WorkerId(f"w{i}") for i in range(1000)]
+    for i, w in enumerate(workers):
+        index.apply_batch(w, 0, [stored("p0", "p1", "p2"), stored("p3", tier=Tier.HOST if i % 2 else Tier.DEVICE)])
+        if i % 10 == 0:
+            index.apply_batch(w, 1, [stored("p4", tier=Tier.DISK)])
+    scores = query(index, "p0", "p1", "p2", "p3", "p4", "p5")
+    assert len(scores) == 1000
+    assert scores[workers[0]] == OverlapScore(5, tiers(device=4, disk=1))
+    assert scores[workers[10 + 1]] == OverlapScore(4, tiers(device=3, host=1))
+    assert scores[workers[20]] == OverlapScore(5, tiers(device=4, disk=1))
+    assert scores[workers[2]] == OverlapScore(4, tiers(device=4))

@@ -33,7 +33,7 @@ def traced(tmp_path_factory):
     spans_file = tmp_path_factory.mktemp("traces") / "spans.jsonl"
     env = {"KVPLANE_TRACES_FILE": str(spans_file), "OTEL_BSP_SCHEDULE_DELAY": "50"}
     agent_args = ("--transports", "grpc", "--log-levels", "dataplane.agent=DEBUG")
-    with LocalCluster(num_prefill=1, num_decode=1, env=env, agent_args=agent_args,
+    with LocalCluster(num_prefill=1, num_decode=1, env=env, agent_args=agent_args, http_port=0,
                       controlplane_args=("--log-levels", "controlplane=DEBUG")) as cluster:  # fmt: skip
         exporter = InMemorySpanExporter()
         provider = TracerProvider()
@@ -153,6 +153,8 @@ def test_prometheus_endpoints_serve_documented_metrics_that_move(traced):
     cp_before, decode_before = scrape(cp_url), scrape(urls["decode-0"])
     remote = client.generate(prompt_ids(seed=42, length=5 * BLOCK_SIZE + 1), max_tokens=4, disagg="always", ignore_eos=True)
     local = client.generate(prompt_ids(seed=43, length=20), max_tokens=4, disagg="never", ignore_eos=True)
+    with urllib.request.urlopen(f"{cluster.http_url}/models", timeout=10) as response:  # the HTTP API counts too
+        assert response.status == 200
     cp_after, decode_after, prefill_after = scrape(cp_url), scrape(urls["decode-0"]), scrape(urls["prefill-0"])
 
     ttft = "gen_ai_server_time_to_first_token_seconds_count"

@@ -76,3 +76,11 @@ def test_one_options_instance_serves_many_prompts() -> None:
         assert request.disagg == common_pb2.DISAGG_MODE_NEVER
     assert build_request("hello", options) == first
     assert build_request("hello", options, max_tokens=5).sampling.max_tokens == 5
+
+
+def test_chat_messages_become_a_chat_prompt() -> None:
+    request = RequestOptions(max_tokens=4).to_proto([{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}])
+    assert request.WhichOneof("prompt") == "chat"
+    assert [(m.role, m.content) for m in request.chat.messages] == [("system", "be brief"), ("user", "hi")]
+    with pytest.raises(TypeError, match="chat messages"):
+        RequestOptions().to_proto(42)  # type: ignore[arg-type]

@@ -54,7 +54,7 @@ def test_values_the_wire_cannot_carry_are_refused(kwargs: dict, message: str) ->
 
 
 def test_prompt_of_the_wrong_type_is_refused() -> None:
-    with pytest.raises(TypeError, match="prompt must be a str or a sequence of token ids, got bytes"):
+    with pytest.raises(TypeError, match="prompt must be a str, a sequence of token ids or chat messages, got bytes"):
         build_request(b"raw")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="prompt token id must be between"):
         build_request([1, -1])

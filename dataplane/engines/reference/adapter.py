@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Mapping, Sequence
+from pathlib import Path
 
 from dataplane.engines.base import EngineInfo, KVImportExport, StepProfiling
 from dataplane.engines.events import KVCacheEvent
 from dataplane.engines.reference.config import EngineConfig
 from dataplane.engines.reference.engine import Engine
 from dataplane.engines.request import EngineLoad, EngineOutput, EngineRequest
+from kvplane.chat import ChatTemplateError, load_chat_template
 from kvplane.types import BlockHash, Tier
 
 
@@ -32,6 +34,8 @@ class ReferenceAdapter:
             max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens,
         )
+        # A local checkpoint directory may ship a chat template; the builtin models do not.
+        self._chat_template = load_chat_template(config.model) if Path(config.model).is_dir() else None
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> ReferenceAdapter:
@@ -67,6 +71,15 @@ class ReferenceAdapter:
 
     async def detokenize(self, token_ids: Sequence[int]) -> str:
         return self.engine.tokenizer.decode(token_ids)
+
+    async def tokenize_chat(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
+        if self._chat_template is None:
+            raise ChatTemplateError(
+                f"model {self._info.model!r} has no chat template (no chat_template in its tokenizer_config.json "
+                "or chat_template.jinja); send a plain prompt instead"
+            )
+        text = self._chat_template.render(messages)
+        return self.engine.tokenizer.encode(text)
 
     def load(self) -> EngineLoad:
         return self.engine.load()

@@ -1,0 +1,106 @@
+"""Request bodies of the OpenAI-compatible endpoints (pydantic), with kvplane's extra fields.
+
+Fields OpenAI defines that kvplane does not implement are refused with a 400 naming the field
+(`unsupported_fields`), not silently ignored; fields clients commonly send at their neutral
+value (`n=1`, penalties 0, `logprobs` null) pass.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+MAX_STOP_STRINGS = 4  # OpenAI's own limit
+
+
+class KvplaneFields(BaseModel):
+    """kvplane's knobs, sent as extra body fields (`extra_body=` in the openai package)."""
+
+    cache_salt: str = ""
+    priority: str = ""  # "interactive" (default) or "batch"
+    disagg: Literal["auto", "never", "always"] = "auto"
+    request_id: str = ""
+    ignore_eos: bool = False
+
+
+class SamplingFields(KvplaneFields):
+    model_config = ConfigDict(extra="allow")  # unknown fields are checked by unsupported_fields()
+
+    model: str = ""
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    top_p: float = Field(default=1.0, ge=0.0, le=1.0)
+    top_k: int = Field(default=0, ge=0)
+    seed: int | None = Field(default=None, ge=0, lt=2**63)
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None
+    n: int = 1
+    user: str = ""
+
+    @field_validator("stop")
+    @classmethod
+    def _bounded_stop(cls, value: str | list[str] | None) -> str | list[str] | None:
+        stops = [value] if isinstance(value, str) else (value or [])
+        if len(stops) > MAX_STOP_STRINGS or any(not s for s in stops):
+            raise ValueError(f"stop takes up to {MAX_STOP_STRINGS} non-empty strings")
+        return value
+
+    def stop_strings(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+    def include_usage(self) -> bool:
+        return bool(self.stream and self.stream_options and self.stream_options.get("include_usage"))
+
+    def unsupported_fields(self) -> list[str]:
+        """Fields set to a value kvplane cannot honour."""
+        bad = [name for name in ("logprobs", "top_logprobs", "logit_bias", "echo", "suffix", "tools", "functions") if self._set(name)]
+        bad += [name for name in ("frequency_penalty", "presence_penalty") if self._set(name) and self.model_extra.get(name) != 0]
+        if self.n != 1:
+            bad.append("n")
+        best_of = self.model_extra.get("best_of")
+        if best_of not in (None, 1):
+            bad.append("best_of")
+        return bad
+
+    def _set(self, name: str) -> bool:
+        value = (self.model_extra or {}).get(name)
+        return value not in (None, False, [], {})
+
+
+class CompletionRequest(SamplingFields):
+    # A text, a list of texts (one choice each), token ids, or a list of token id lists.
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = Field(default=16, ge=1)  # OpenAI's default for completions
+
+    def prompts(self) -> list[str | list[int]]:
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if not p:
+            return []
+        if all(isinstance(x, int) for x in p):
+            return [list(p)]
+        return list(p)
+
+
+class ChatMessage(BaseModel):
+    role: str
+    # A string, or OpenAI's list of content parts (only text parts can be served).
+    content: str | list[dict[str, Any]] | None = ""
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        kinds = {part.get("type") for part in self.content}
+        if kinds - {"text"}:
+            raise ValueError(f"message content parts of type {sorted(k for k in kinds if k != 'text')} are not supported; send text")
+        return "".join(str(part.get("text", "")) for part in self.content)
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
