@@ -16,8 +16,8 @@ lengths and a prefix-sharing rate, or a trace), it answers with numbers:
      `--attainment` (a doubling search, then bisection), i.e. goodput within the objectives;
 4. the answer: the mode needing fewer GPUs (or serving more within the objectives), its expected
    TTFT/TPOT p50/p99 and goodput, and the bottleneck: the KV transfer when it is over a third of
-   the TTFT p50, else prefill when more requests miss the TTFT objective than the TPOT one, else
-   decode (KV memory when the pool filled, memory bandwidth otherwise).
+   the TTFT p50, KV memory when a pool filled, else the objective closer to its limit at p99
+   (TTFT: prefill; TPOT: decode).
 Starting points come from a closed-form capacity estimate (the roofline's prefill time and the
 largest decode batch whose step meets the TPOT objective); the simulator decides.
 """
@@ -108,7 +108,6 @@ class Evaluation:
     transfer_s_p50: float
     kv_full: bool
     prefill_busy: float  # share of the run the prefill-doing workers spent computing prompts
-    decode_busy: float  # share of the run the decode workers spent in steps
 
     @property
     def attainment(self) -> float:
@@ -214,11 +213,9 @@ class Planner:
         kv_full = any(w.peak_used_blocks >= 0.98 * w.engine.load().num_total_blocks for w in result.workers)
         span = max(result.duration_s, 1e-9)
         prefillers = [w for w in result.workers if w.role is Role.PREFILL] or result.workers
-        decoders = [w for w in result.workers if w.role is not Role.PREFILL]
         prefill_busy = sum(w.prefill_busy_s for w in prefillers) / (len(prefillers) * span)
-        decode_busy = sum(w.busy_s - (w.prefill_busy_s if w.role is Role.BOTH else 0.0) for w in decoders) / (len(decoders) * span)
         transfer_p50 = transfers[len(transfers) // 2] if transfers else 0.0
-        e = Evaluation(candidate, rate, row, ttft_misses, tpot_misses, transfer_p50, kv_full, prefill_busy, decode_busy)
+        e = Evaluation(candidate, rate, row, ttft_misses, tpot_misses, transfer_p50, kv_full, prefill_busy)
         self.log(f"  {candidate.label:<28} at {rate:7.2f} req/s: attainment {e.attainment:6.1%}, TTFT p50 {row['ttft_p50_ms'] or 0:8.0f} ms, "
                  f"TPOT p50 {row['tpot_p50_ms'] or 0:6.1f} ms")  # fmt: skip
         return e
@@ -300,23 +297,22 @@ class Planner:
 
     def bottleneck(self, e: Evaluation) -> str:
         """What limits the candidate: the link when the transfer is over a third of the TTFT p50,
-        KV memory when a pool filled, else the busier kind of work (and the misses it causes)."""
-        ttft_p50 = (e.row["ttft_p50_ms"] or 0) / 1000
-        busy = f"prefill busy {e.prefill_busy:.0%}, decode busy {e.decode_busy:.0%} of the time"
-        misses = f"{e.ttft_misses} TTFT and {e.tpot_misses} TPOT misses"
+        KV memory when a pool filled, else the objective closer to its limit at p99 (TTFT: the
+        prefill side; TPOT: the decode side)."""
+        r = e.row
+        ttft_p50 = (r["ttft_p50_ms"] or 0) / 1000
         if e.candidate.mode == DISAGGREGATED and ttft_p50 > 0 and e.transfer_s_p50 > ttft_p50 / 3:
             return f"the KV transfer over {self.link.key} ({e.transfer_s_p50 * 1000:.0f} ms of a {ttft_p50 * 1000:.0f} ms TTFT p50)"
+        ttft = (r["ttft_p99_ms"] or 0) / self.objective.ttft_ms
+        tpot = (r["tpot_p99_ms"] or 0) / self.objective.tpot_ms
+        detail = f"TTFT p99 at {ttft:.0%} of its objective, TPOT p99 at {tpot:.0%}; prefill busy {e.prefill_busy:.0%} of the time"
         if e.kv_full:
-            return f"KV memory: a worker's pool filled ({busy}; {misses})"
-        if e.candidate.mode == COLOCATED:
-            what = (
-                "prefill (and its interference with decode steps)"
-                if e.ttft_misses >= e.tpot_misses
-                else "decode steps slowed by prefill chunks"
-            )
-            return f"{what} ({busy}; {misses})"
-        pool = "the prefill workers (TTFT)" if e.prefill_busy >= e.decode_busy else "the decode workers (memory bandwidth, TPOT)"
-        return f"{pool} ({busy}; {misses})"
+            return f"KV memory: a worker's pool filled ({detail})"
+        if ttft >= tpot:
+            where = "the prefill workers" if e.candidate.mode == DISAGGREGATED else "prefill, and its interference with decode"
+        else:
+            where = "decode memory bandwidth" if e.candidate.mode == DISAGGREGATED else "decode steps slowed by prefill chunks"
+        return f"{where} ({detail})"
 
     def describe(self, e: Evaluation) -> dict[str, Any]:
         r = e.row
@@ -327,7 +323,8 @@ class Planner:
             "rate_rps": round(e.rate, 3), "goodput_rps": r["goodput_rps"], "attainment": r["attainment"],
             "goodput_per_gpu": round(r["goodput_rps"] / (c.num_workers * self.engine.tp), 4),
             "ttft_p50_ms": r["ttft_p50_ms"], "ttft_p99_ms": r["ttft_p99_ms"], "tpot_p50_ms": r["tpot_p50_ms"], "tpot_p99_ms": r["tpot_p99_ms"],
-            "kv_transfer_p50_ms": round(e.transfer_s_p50 * 1000, 1), "bottleneck": self.bottleneck(e),
+            "kv_transfer_p50_ms": round(e.transfer_s_p50 * 1000, 1), "ttft_misses": e.ttft_misses, "tpot_misses": e.tpot_misses,
+            "bottleneck": self.bottleneck(e),
         }  # fmt: skip
 
 
