@@ -52,7 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     w.add_argument("--trace", default="", metavar="FILE", help="a Mooncake-format trace (default: the bundled one)")
     w.add_argument("--requests", type=int, default=0, metavar="N", help="trace: the first N requests only (default: all)")
     w.add_argument("--speed", type=lambda t: parse_floats(t, "--speed"), default=[1.0], metavar="F,F",
-                   help="trace: time divided by F, one level per value (default 1)")  # fmt: skip
+                   help="trace, chat, agent, rag: time divided by F, one level per value (default 1)")  # fmt: skip
     w.add_argument("--rate", type=lambda t: parse_floats(t, "--rate"), default=None, metavar="RPS,RPS",
                    help="mix/synthetic: arrival rates, one level per value")  # fmt: skip
     w.add_argument("--load-factors", type=lambda t: parse_floats(t, "--load-factors"), default=None, metavar="F,F",
@@ -261,8 +261,11 @@ class Sweep:
                 out.append(Level(f"speed {speed:g}", requests, max(window, 1e-9)))
             return out, None
         if a.workload in workloads.PREFIX_WORKLOADS:
-            requests = workloads.prefix(a.workload, a.seed)
-            return [Level(a.workload, requests, max(r.arrival_s for r in requests))], None
+            out = []
+            for speed in a.speed:
+                requests = [dataclasses.replace(r, arrival_s=r.arrival_s / speed) for r in workloads.prefix(a.workload, a.seed)]
+                out.append(Level(f"{a.workload} x{speed:g}", requests, max(r.arrival_s for r in requests)))
+            return out, None
         capacity = None
         if a.load_factors:
             capacity = self.capacity()

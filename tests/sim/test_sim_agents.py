@@ -74,6 +74,6 @@ def test_kvplane_sim_prints_json_rows_and_refuses_bad_hardware_in_one_line():
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
     assert result["config"]["model"] == "llama-3-8b" and len(result["rows"]) == 1 and result["rows"][0]["requests"] == 96
-    assert "[chat kvplane/threshold] done" in done.stderr  # progress goes to stderr
+    assert "[chat x1 kvplane/threshold] done" in done.stderr  # progress goes to stderr
     bad = run_kvplane("sim", "--sim-gpu", "tpu-v9")
     assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].startswith("kvplane sim: unknown gpu 'tpu-v9'; known: a100-80g")
