@@ -29,6 +29,7 @@ from dataplane.engines.sim import plugin as sim_plugin
 from kvplane import hardware
 from kvplane.bench.load import BATCH_OBJECTIVE_FACTOR, parse_floats
 from kvplane.bench.workload import PRIORITY_BATCH, PRIORITY_INTERACTIVE, MixConfig
+from kvplane.latency import prefill_attention
 from kvplane.sim import report, workloads
 from kvplane.sim.fleet import AgentTiming
 from kvplane.sim.simulator import FleetSpec, RunResult, SimRequest, Simulator
@@ -181,7 +182,9 @@ class Sweep:
         return result
 
     def processes(self, level: Level, routing: str, admission: str, oracle_hit_rate: float) -> dict[str, Any]:
-        """The level replayed on a local cluster of sim agents (real processes); its row."""
+        """The level replayed on a local cluster of sim agents (real processes); its row, with
+        `idle_overhead_ms`: the median TTFT of five 16-token requests sent first, less what the
+        simulation gives them (one short step and two hops), i.e. what the processes add here."""
         import asyncio
 
         from kvplane.client import Client
@@ -208,9 +211,13 @@ class Sweep:
             with Client(cluster.endpoint) as client:
                 for key, value in self.settings.values.items():  # objectives in wall milliseconds
                     client.set_config(key, f"{float(value) / a.speedup:g}")
+                # What the processes add on this machine: tiny requests whose engine time is one short step.
+                probe = [client.generate(list(range(1 + i, 17 + i)), max_tokens=1, disagg="never").metrics.ttft_ms for i in range(5)]
             records, loads, duration = asyncio.run(replay(cluster.endpoint, level.requests, speedup=a.speedup, log=self.log))
         row = report.records_row(records, [loads[w] for w in sorted(loads)], duration, level.window_s, self.objectives)
         row["oracle_hit_rate"] = oracle_hit_rate  # a property of the workload and the fleet's capacity
+        engine_ms = (self.fleet.engine.timing().step_seconds(16, prefill_attention(16, 0)) + 2 * self.agent.hop_s) * 1000
+        row["idle_overhead_ms"] = round(sorted(probe)[len(probe) // 2] * a.speedup - engine_ms, 2)
         return row
 
     def capacity(self) -> float:
@@ -324,7 +331,7 @@ def _relative_error(virtual: float | None, processes: float | None) -> float | N
 
 
 def format_agreement(result: dict[str, Any]) -> str:
-    headers = ["load", "routing/admission", *(f"{k} virtual / processes (error)" for k in AGREEMENT_KEYS)]
+    headers = ["load", "routing/admission", *(f"{k} virtual / processes (error)" for k in AGREEMENT_KEYS), "idle overhead ms"]
     lines = [" | ".join(headers), " | ".join("---" for _ in headers)]
     for r in result["rows"]:
         if "processes" not in r:
@@ -333,6 +340,7 @@ def format_agreement(result: dict[str, Any]) -> str:
         for k in AGREEMENT_KEYS:
             v, p, e = r[k], r["processes"][k], r["processes_error"][k]
             cells.append("-" if v is None or p is None else f"{v:.3g} / {p:.3g} ({'-' if e is None else f'{e:+.1%}'})")
+        cells.append(f"{r['processes']['idle_overhead_ms']:.1f}")
         lines.append(" | ".join(cells))
     return "\n".join(f"| {line} |" for line in lines)
 
