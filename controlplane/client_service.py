@@ -8,11 +8,18 @@ metrics and serves the admin RPCs.
 
 Nothing is lost: a request either streams to completion or its caller gets a status saying why
 it failed. A decode worker that fails before the first token is retried once elsewhere.
+
+Security (docs/security.md): the AuthInterceptor has admitted the caller before any handler runs
+(kvplane.security.auth.caller()). The cache salt of a request is derived from the caller's tenant
+(a client salt only narrows it), so Route, metrics and cache hits only ever see the caller's own
+tenant's blocks. Every agent call carries a ticket signed for exactly that call. Prompt text is
+bounded before anything else happens, and no message echoes unbounded input.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 import uuid
 from collections.abc import Callable
@@ -34,6 +41,10 @@ from kvplane import tickets
 from kvplane.convert import disagg_from_pb
 from kvplane.errors import ERROR_KIND_KEY, UNKNOWN_MODEL, rejection_trailers
 from kvplane.grpc_util import aio_channel
+from kvplane.security.auth import caller
+from kvplane.security.credentials import Credentials
+from kvplane.security.identity import ANONYMOUS, tenant_cache_salt
+from kvplane.security.limits import MAX_ID_CHARS, clip
 from kvplane.telemetry import tracing
 from kvplane.telemetry.window import StatsWindow
 from kvplane.types import PRIORITIES, DisaggMode, Tier, WorkerId
@@ -47,20 +58,22 @@ class Validated:
     """A request that passed validation, tokenized once for every planning attempt."""
 
     request_id: str
-    route: RouteRequest
+    route: RouteRequest  # its cache_salt is the tenant-derived one
+    tenant: str
 
 
 class AgentStubs:
-    """One channel per agent endpoint, reused across requests."""
+    """One channel per agent endpoint (with this replica's credentials), reused across requests."""
 
-    def __init__(self) -> None:
+    def __init__(self, credentials: Credentials) -> None:
+        self._credentials = credentials
         self._stubs: dict[str, agent_pb2_grpc.AgentStub] = {}
         self._channels: dict[str, grpc.aio.Channel] = {}
 
     def get(self, endpoint: str) -> agent_pb2_grpc.AgentStub:
         stub = self._stubs.get(endpoint)
         if stub is None:
-            channel = aio_channel(endpoint)
+            channel = aio_channel(endpoint, self._credentials)
             self._channels[endpoint] = channel
             stub = self._stubs[endpoint] = agent_pb2_grpc.AgentStub(channel)
         return stub
@@ -76,14 +89,14 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
         state: ClusterState,
         store: Store,
         config: ControlPlaneConfig,
-        ticket_key: bytes,
+        signer: tickets.TicketSigner,
         stubs: AgentStubs,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._state = state
         self._store = store
         self._config = config
-        self._ticket_key = ticket_key
+        self._signer = signer
         self._stubs = stubs
         self._clock = clock
         self.planner = Planner(config.planner)
@@ -97,6 +110,14 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
     # -- validation ----------------------------------------------------------------------------
 
     async def _validate(self, request: client_pb2.GenerateRequest, context) -> Validated:
+        if request.WhichOneof("prompt") == "text":
+            await self._check_prompt_size(request.text, context)
+        elif request.WhichOneof("prompt") == "chat":
+            await self._check_prompt_size("".join(m.role + m.content for m in request.chat.messages), context)
+        if len(request.request_id) > MAX_ID_CHARS or len(request.cache_salt) > 256 or len(request.model) > 256:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"request_id is at most {MAX_ID_CHARS} characters, cache_salt and model at most 256"
+            )
         workers = self._state.workers
         if not workers:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "no workers are registered with the control plane; start agents first")
@@ -106,10 +127,10 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"model is required: this cluster serves {models}")
         if model not in models:
             context.set_trailing_metadata(((ERROR_KIND_KEY, UNKNOWN_MODEL),))
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"unknown model {model!r}: this cluster serves {models}")
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"unknown model {clip(model)}: this cluster serves {models}")
         priority = request.priority or PRIORITIES[0]
         if priority not in PRIORITIES:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"priority must be one of {list(PRIORITIES)}, got {priority!r}")
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"priority must be one of {list(PRIORITIES)}, got {clip(priority)}")
         limits = next(e.info for e in workers.values() if e.info.model == model)
         s = request.sampling
         if s.max_tokens == 0 and not request.max_tokens_to_limit:
@@ -119,7 +140,7 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"sampling.max_tokens {s.max_tokens} is above this model's limit of {limits.max_tokens_limit}",
             )
-        if s.temperature < 0 or not 0 <= s.top_p <= 1:
+        if not math.isfinite(s.temperature) or s.temperature < 0 or not 0 <= s.top_p <= 1:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "temperature must be >= 0 and top_p within [0, 1]")
         token_ids = await self._prompt_tokens(request, model, workers, context)
         bad = next((t for t in token_ids if t >= limits.vocab_size), None)
@@ -144,33 +165,42 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
             disagg = disagg_from_pb(request.disagg)
         except ValueError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        identity = caller() or ANONYMOUS
         route = RouteRequest(
             model=model, prompt_token_ids=token_ids, max_tokens=s.max_tokens, disagg=disagg,
-            cache_salt=request.cache_salt, priority=priority,
+            cache_salt=tenant_cache_salt(identity, request.cache_salt), priority=priority,
         )  # fmt: skip
-        return Validated(request.request_id or uuid.uuid4().hex, route)
+        return Validated(request.request_id or uuid.uuid4().hex, route, identity.cache_tenant)
+
+    async def _check_prompt_size(self, text: str, context) -> None:
+        """Bounds prompt text before any work: len() is free, and UTF-8 bytes >= characters."""
+        limit = self._config.max_prompt_bytes
+        if len(text) > limit or (len(text) * 4 > limit and len(text.encode("utf-8", "surrogatepass")) > limit):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"the prompt text is larger than this cluster's limit of {limit} bytes")
 
     async def _prompt_tokens(self, request, model: str, workers, context) -> list[int]:
         kind = request.WhichOneof("prompt")
-        endpoints = [e.info.endpoint for e in workers.values() if e.info.model == model]
+        workers_of_model = [(w, e.info.endpoint) for w, e in workers.items() if e.info.model == model]
         if kind == "token_ids":
             ids = list(request.token_ids.ids)
         elif kind == "text" and request.text:
-            ids = await self._tokenize(agent_pb2.TokenizeRequest(text=request.text), endpoints, context)
+            ids = await self._tokenize(agent_pb2.TokenizeRequest(text=request.text), workers_of_model, context)
         elif kind == "chat" and request.chat.messages:
-            ids = await self._tokenize(agent_pb2.TokenizeRequest(messages=request.chat.messages), endpoints, context)
+            ids = await self._tokenize(agent_pb2.TokenizeRequest(messages=request.chat.messages), workers_of_model, context)
         else:
             ids = []
         if not ids:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "prompt is empty: send text, token_ids or chat messages")
         return ids
 
-    async def _tokenize(self, request: agent_pb2.TokenizeRequest, endpoints: list[str], context) -> list[int]:
+    async def _tokenize(self, request: agent_pb2.TokenizeRequest, workers: list[tuple[str, str]], context) -> list[int]:
         """Tokenizes on a worker of the model (replicas load no tokenizer), trying each in turn;
-        a refusal of the input itself (e.g. no chat template) is final."""
+        a refusal of the input itself (e.g. no chat template) is final. Each try carries a ticket
+        bound to this input and that worker."""
         failures = []
-        for endpoint in endpoints:
+        for worker_id, endpoint in workers:
             try:
+                request.ticket.CopyFrom(self._signer.issue(tickets.TOKENIZE, worker_id, digest=tickets.tokenize_digest(request)))
                 reply = await self._stubs.get(endpoint).Tokenize(request, timeout=10)
                 return list(reply.token_ids)
             except grpc.aio.AioRpcError as e:
@@ -269,12 +299,16 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
             observation.routed(v.request_id, v.route.model, plan)
             dispatch = self.planner.dispatched(plan, self._clock())
             source_id = plan.prefill_worker or plan.fetch_from or ""
+            ticket = self._signer.issue(
+                tickets.GENERATE, plan.decode_worker, request_id=v.request_id, prefill_worker_id=source_id,
+                prompt_token_ids=v.route.prompt_token_ids, cache_salt=v.route.cache_salt, tenant=v.tenant,
+            )  # fmt: skip
             agent_request = agent_pb2.AgentGenerateRequest(
-                ticket=tickets.issue(self._ticket_key, v.request_id, plan.decode_worker, source_id),
+                ticket=ticket,
                 request_id=v.request_id,
                 prompt_token_ids=v.route.prompt_token_ids,
                 sampling=request.sampling,
-                cache_salt=request.cache_salt,
+                cache_salt=v.route.cache_salt,
             )
             if prefill is not None:
                 agent_request.prefill_from.CopyFrom(agent_pb2.PrefillSource(worker_id=plan.prefill_worker, endpoint=prefill.info.endpoint))
@@ -331,7 +365,7 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
                     exclude.add(plan.decode_worker)
                     continue
                 observation.failed(e.code().name)
-                await context.abort(e.code(), f"worker {plan.decode_worker}: {e.details()}")
+                await context.abort(_relayed_code(e), f"worker {plan.decode_worker}: {e.details()}")
             finally:
                 # Failed, or the caller went away: release what it was charged with (idempotent).
                 self.planner.finished(dispatch, self._clock())
@@ -352,6 +386,8 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
             out.ttft_ms = (first_token_at - started) * 1000
 
     async def GetStats(self, request, context):
+        if not math.isfinite(request.window_s) or request.window_s < 0:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "window_s must be a finite number of seconds >= 0")
         window = self.stats_window
         reply = client_pb2.GetStatsResponse(
             window_s=min(request.window_s or window.horizon_s, window.horizon_s), metrics_url=self.metrics_url
@@ -388,10 +424,14 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
         entry = await self._worker_or_abort(request.worker_id, context)
         try:
             reply = await self._stubs.get(entry.info.endpoint).Profile(
-                agent_pb2.ProfileRequest(max_prompt_tokens=request.max_prompt_tokens, max_batch=request.max_batch), timeout=300
-            )
+                agent_pb2.ProfileRequest(
+                    max_prompt_tokens=request.max_prompt_tokens, max_batch=request.max_batch,
+                    ticket=self._signer.issue(tickets.PROFILE, request.worker_id),
+                ),
+                timeout=300,
+            )  # fmt: skip
         except grpc.aio.AioRpcError as e:
-            await context.abort(e.code(), f"profiling {request.worker_id} failed: {e.details()}")
+            await context.abort(_relayed_code(e), f"profiling {request.worker_id} failed: {e.details()}")
         try:
             await self._store.put(keys.profile_key(request.worker_id), reply.profile.SerializeToString())
         except StoreError as e:
@@ -402,6 +442,8 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
         return await self._config_response(context)
 
     async def SetConfig(self, request: client_pb2.SetConfigRequest, context):
+        if len(request.key) > 256 or len(request.value) > 256:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a setting's key and value are at most 256 characters each")
         try:
             if request.value:
                 validate_setting(request.key, request.value)
@@ -425,18 +467,36 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
     async def _worker_or_abort(self, worker_id: str, context):
         entry = self._state.workers.get(WorkerId(worker_id))
         if entry is None:
-            known = ", ".join(sorted(self._state.workers)) or "none"
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"no worker {worker_id!r}; registered workers: {known}")
+            known = ", ".join(sorted(self._state.workers)[:20]) or "none"
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no worker {clip(worker_id)}; registered workers: {known}")
         return entry
 
     async def DrainWorker(self, request, context):
-        entry = await self._worker_or_abort(request.worker_id, context)
+        return await self._set_draining(request.worker_id, True, context)
+
+    async def UndrainWorker(self, request, context):
+        return await self._set_draining(request.worker_id, False, context)
+
+    async def _set_draining(self, worker_id: str, draining: bool, context) -> client_pb2.DrainWorkerResponse:
+        entry = await self._worker_or_abort(worker_id, context)
+        stub = self._stubs.get(entry.info.endpoint)
+        verb = "draining" if draining else "undraining"
         try:
-            reply = await self._stubs.get(entry.info.endpoint).Drain(agent_pb2.DrainRequest(), timeout=10)
+            if draining:
+                reply = await stub.Drain(agent_pb2.DrainRequest(ticket=self._signer.issue(tickets.DRAIN, worker_id)), timeout=10)
+            else:
+                reply = await stub.Undrain(agent_pb2.UndrainRequest(ticket=self._signer.issue(tickets.UNDRAIN, worker_id)), timeout=10)
         except grpc.aio.AioRpcError as e:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, f"draining {request.worker_id} failed: {e.details()}")
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"{verb} {worker_id} failed: {e.details()}")
         entry.state = reply.state
-        return client_pb2.DrainWorkerResponse(worker_id=request.worker_id, state=reply.state)
+        return client_pb2.DrainWorkerResponse(worker_id=worker_id, state=reply.state)
+
+
+def _relayed_code(e: grpc.aio.AioRpcError) -> grpc.StatusCode:
+    """An agent's status as this replica's: its auth failures are this replica's, not the caller's, fault."""
+    if e.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNKNOWN):
+        return grpc.StatusCode.UNAVAILABLE
+    return e.code()
 
 
 def _route_response(v: Validated, plan: Plan, admissible: dict[WorkerId, bool]) -> client_pb2.RouteResponse:

@@ -198,4 +198,5 @@ def _worker_view(worker_id: WorkerId, e: WorkerEntry) -> WorkerView:
         latency=e.latency,
         chunk_tokens=info.max_num_batched_tokens or DEFAULT_CHUNK_TOKENS,
         max_num_seqs=info.max_num_seqs,
+        transports=tuple(info.transports),
     )

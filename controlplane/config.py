@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from controlplane.core.planner import PlannerConfig
+from kvplane import tickets
+from kvplane.security import limits
 
 DEFAULT_PORT = 50051
 
@@ -22,6 +24,40 @@ class ControlPlaneConfig:
     batch_poll_s: float = 0.05  # how often a waiting batch request asks admission again
     http_port: int = -1  # the OpenAI-compatible HTTP API (controlplane/http/): -1 = off, 0 = any free port
     planner: PlannerConfig = field(default_factory=PlannerConfig)  # routing, admission, prediction
+    # What a registering worker must match (controlplane/registration.py): the models this cluster
+    # serves (empty = any) and the KV block size of every worker (0 = one per model, set by its first worker).
+    models: tuple[str, ...] = ()
+    block_size: int = 0
+    # Limits (docs/security.md): what one caller or worker can make this replica hold or do.
+    max_lease_ttl_s: int = 60  # a worker asking for a longer lease gets this one
+    max_workers: int = 1024  # registered workers in the cluster
+    max_hashes_per_batch: int = limits.KV_BATCH_MAX_HASHES  # block hashes in one KV event batch
+    max_blocks_per_worker: int = 1 << 20  # blocks the cache index keeps for one worker
+    max_prompt_bytes: int = limits.MAX_PROMPT_BYTES  # prompt text, before tokenization
+    rate_limit_rps: float = 200.0  # client-API calls per second per identity (0 = no limit)
+    rate_limit_burst: int = 400
+    ticket_ttl_s: float = tickets.DEFAULT_TICKET_TTL_S  # at most tickets.MAX_TTL_S
+    # etcd's own TLS (its CA; a client certificate whose CN is an etcd user) and password auth.
+    etcd_ca: str = ""
+    etcd_cert: str = ""
+    etcd_key: str = ""
+    etcd_user: str = ""
+    etcd_password_file: str = ""
+
+    @property
+    def store_options(self) -> dict:
+        """Keyword arguments of open_store for this config's store (etcd TLS and auth)."""
+        if not self.store.startswith("etcd"):
+            return {}
+        options: dict = {}
+        if self.etcd_ca or self.etcd_cert:
+            from kvplane.security.credentials import Credentials  # noqa: PLC0415
+
+            options["tls"] = Credentials.from_files(self.etcd_cert or None, self.etcd_key or None, self.etcd_ca or None, source="--etcd-*")
+        if self.etcd_user:
+            options["username"] = self.etcd_user
+            options["password"] = open(self.etcd_password_file).read().strip() if self.etcd_password_file else ""
+        return options
 
     def validate(self) -> ControlPlaneConfig:
         if not 0 <= self.port <= 65535:
@@ -34,5 +70,21 @@ class ControlPlaneConfig:
             raise ValueError("batch_queue_size and batch_queue_timeout_s must be >= 0 and batch_poll_s > 0")
         if self.max_route_attempts < 1:
             raise ValueError(f"max_route_attempts must be at least 1, got {self.max_route_attempts}")
+        if self.block_size < 0:
+            raise ValueError(f"block_size must be >= 0 (0 = set by each model's first worker), got {self.block_size}")
+        if any(not m for m in self.models):
+            raise ValueError("a served model name must not be empty")
+        if not 2 <= self.max_lease_ttl_s <= 3600 or self.lease_ttl_s > self.max_lease_ttl_s:
+            raise ValueError(f"max_lease_ttl_s must be in 2..3600 and at least lease_ttl_s, got {self.max_lease_ttl_s}")
+        if min(self.max_workers, self.max_hashes_per_batch, self.max_blocks_per_worker, self.max_prompt_bytes, self.rate_limit_burst) < 1:
+            raise ValueError("max_workers, max_hashes_per_batch, max_blocks_per_worker, max_prompt_bytes and rate_limit_burst must be >= 1")
+        if self.rate_limit_rps < 0:
+            raise ValueError(f"rate_limit_rps must be >= 0 (0 = no limit), got {self.rate_limit_rps}")
+        if not 0 < self.ticket_ttl_s <= tickets.MAX_TTL_S:
+            raise ValueError(f"ticket_ttl_s must be in (0, {tickets.MAX_TTL_S:g}] seconds, got {self.ticket_ttl_s}")
+        if bool(self.etcd_cert) != bool(self.etcd_key):
+            raise ValueError("--etcd-cert and --etcd-key go together")
+        if bool(self.etcd_user) != bool(self.etcd_password_file):
+            raise ValueError("--etcd-user needs --etcd-password-file (a file holding the password)")
         self.planner.validate()
         return self

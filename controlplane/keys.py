@@ -4,7 +4,10 @@
 /kvplane/load/<id>          ReportLoadRequest     under the worker's lease, overwritten per report
 /kvplane/kv/<id>/<seq:020>  PublishKVEventsRequest under the worker's lease; a snapshot batch
                             replaces everything before it, so older batches are compacted away
-/kvplane/config/ticket_key  HMAC key for tickets, created once by whichever replica starts first
+/kvplane/config/ticket_signing_key  Ed25519 private key that signs tickets, and
+/kvplane/config/session_key  HMAC key of workers' session tokens: both created once by whichever
+                            replica starts first, read by the others, never sent in any reply
+                            (etcd's own TLS and auth keep them from anyone but the replicas)
 /kvplane/config/settings/<key>  run-time settings (`kvplane config set`), watched by every replica
 /kvplane/profiles/<id>      LatencyProfile measured by `kvplane profile`; no lease, so a restarted
                             worker starts from it
@@ -16,7 +19,8 @@ ROOT = "/kvplane/"
 WORKERS = ROOT + "workers/"
 LOAD = ROOT + "load/"
 KV = ROOT + "kv/"
-TICKET_KEY = ROOT + "config/ticket_key"
+TICKET_SIGNING_KEY = ROOT + "config/ticket_signing_key"
+SESSION_KEY = ROOT + "config/session_key"
 SETTINGS = ROOT + "config/settings/"
 PROFILES = ROOT + "profiles/"
 

@@ -13,6 +13,7 @@ from controlplane.config import ControlPlaneConfig
 from controlplane.core.planner import PlannerConfig
 from controlplane.flags import add_config_arguments
 from controlplane.flags import config_from_args as planner_from_args
+from kvplane.security import flags as security_flags
 from kvplane.telemetry import flags as telemetry_flags
 
 
@@ -28,15 +29,54 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="serve the OpenAI-compatible HTTP API on this port (0 = any free port; default: off)",
     )
     parser.add_argument("--lease-ttl", type=int, default=d.lease_ttl_s, help="worker lease TTL in seconds (default %(default)s)")
+    parser.add_argument("--serve-model", action="append", default=[], metavar="NAME",
+                        help="a model this cluster serves (repeatable); a worker serving another is refused at registration (default: any)")  # fmt: skip
+    parser.add_argument("--block-size", type=int, default=d.block_size, metavar="N",
+                        help="the KV block size every worker must use; an engine with another is refused at registration "
+                        "(default 0: workers of one model must agree with its first)")  # fmt: skip
     add_config_arguments(parser.add_argument_group("routing, admission and prediction"), d.planner)
+    security_flags.add_server_arguments(parser, controlplane=True)
+    etcd = parser.add_argument_group("etcd's own TLS and auth")
+    etcd.add_argument("--etcd-ca", default="", metavar="FILE", help="CA of etcd's server certificate (turns on TLS to etcd)")
+    etcd.add_argument("--etcd-cert", default="", metavar="FILE", help="client certificate for etcd (its CN is the etcd user)")
+    etcd.add_argument("--etcd-key", default="", metavar="FILE", help="its private key")
+    etcd.add_argument("--etcd-user", default="", help="etcd user for password auth")
+    etcd.add_argument("--etcd-password-file", default="", metavar="FILE", help="file holding that user's password")
+    limits = parser.add_argument_group("limits (docs/security.md)")
+    limits.add_argument("--max-workers", type=int, default=d.max_workers, help="registered workers (default %(default)s)")
+    limits.add_argument(
+        "--max-lease-ttl", type=int, default=d.max_lease_ttl_s, help="longest worker lease in seconds (default %(default)s)"
+    )
+    limits.add_argument("--max-blocks-per-worker", type=int, default=d.max_blocks_per_worker,
+                        help="blocks the cache index keeps per worker (default %(default)s)")  # fmt: skip
+    limits.add_argument("--max-prompt-bytes", type=int, default=d.max_prompt_bytes, help="prompt text size (default %(default)s)")
+    limits.add_argument("--rate-limit", type=float, default=d.rate_limit_rps,
+                        help="client-API calls per second per identity, 0 = none (default %(default)s)")  # fmt: skip
+    limits.add_argument("--rate-burst", type=int, default=d.rate_limit_burst, help="burst above the rate (default %(default)s)")
+    limits.add_argument(
+        "--ticket-ttl", type=float, default=d.ticket_ttl_s, help="ticket lifetime in seconds, at most 60 (default %(default)s)"
+    )
     telemetry_flags.add_arguments(parser)
 
 
 def config_from_args(args: argparse.Namespace) -> ControlPlaneConfig:
     planner = planner_from_args(args, PlannerConfig())
     return ControlPlaneConfig(
-        host=args.host, port=args.port, store=args.store, lease_ttl_s=args.lease_ttl, http_port=args.http_port, planner=planner
-    ).validate()
+        host=args.host, port=args.port, store=args.store, lease_ttl_s=args.lease_ttl, http_port=args.http_port, planner=planner,
+        models=tuple(args.serve_model), block_size=args.block_size,
+        max_workers=args.max_workers, max_lease_ttl_s=max(args.max_lease_ttl, args.lease_ttl),
+        max_blocks_per_worker=args.max_blocks_per_worker, max_prompt_bytes=args.max_prompt_bytes,
+        rate_limit_rps=args.rate_limit, rate_limit_burst=args.rate_burst, ticket_ttl_s=args.ticket_ttl,
+        etcd_ca=args.etcd_ca, etcd_cert=args.etcd_cert, etcd_key=args.etcd_key, etcd_user=args.etcd_user,
+        etcd_password_file=args.etcd_password_file,
+    ).validate()  # fmt: skip
+
+
+def security_from_args(args: argparse.Namespace):
+    from controlplane.server import ControlPlaneSecurity
+
+    credentials = security_flags.server_credentials_from_args(args, "the control plane")
+    return ControlPlaneSecurity(credentials, security_flags.tokens_from_args(args))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -46,13 +86,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = config_from_args(args)
         telemetry_config = telemetry_flags.config_from_args(args, "kvplane-controlplane", f"{config.host}:{config.port}", config.host)
-    except ValueError as e:
+        telemetry.setup(telemetry_config)
+        security = security_from_args(args)
+    except (OSError, ValueError) as e:  # CredentialsError is a ValueError
         print(f"kvplane controlplane: {e}", file=sys.stderr)
         return 2
-    try:
-        telemetry.setup(telemetry_config)
-    except (OSError, ValueError) as e:
-        print(f"kvplane controlplane: telemetry: {e}", file=sys.stderr)
-        return 2
-    asyncio.run(serve(config))
+    asyncio.run(serve(config, security))
     return 0

@@ -2,77 +2,161 @@
 
 The control plane only relays to the store; the lease lives in the store, so any replica can
 serve an agent's keep-alive and a replica's death loses nothing.
+
+Who may do what (docs/security.md): Register needs a worker identity, either a certificate naming
+that worker id or the cluster's join token (which may claim any id that is free). A live
+registration cannot be taken over: only the same certificate may register its id again while the
+lease lives (a restarted agent), which ends the old lease. Register returns a session token bound
+to (worker id, lease), and every later call must carry it, so a worker can only renew, report for
+and deregister its own registration. Leases are capped (max_lease_ttl_s), workers per cluster,
+block hashes per batch and blocks per worker are bounded, and no message echoes unbounded input.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 import grpc
 
-from controlplane import keys
+from controlplane import keys, registration
 from controlplane.config import ControlPlaneConfig
-from controlplane.store.base import Delete, Put, Store, StoreError
-from kvplane.types import LeaseId
+from controlplane.secrets import ClusterSecrets
+from controlplane.store.base import Compare, Delete, Put, Store, StoreError
+from kvplane import tickets
+from kvplane.security.auth import caller
+from kvplane.security.identity import ANY_WORKER, IdentityError, Role, check_name
+from kvplane.security.limits import BLOCK_HASH_MAX_BYTES, clip
+from kvplane.types import LeaseId, WorkerId
 from kvplane.v1 import common_pb2, registry_pb2, registry_pb2_grpc
 
 log = logging.getLogger(__name__)
 
+_MAX_FIELD_CHARS = 256  # endpoint, model and the like
+
 
 def validate_worker_info(info: common_pb2.WorkerInfo) -> str | None:
     """A sentence naming what is wrong with a registration, or None."""
-    if not info.worker_id or "/" in info.worker_id:
-        return "worker_id must be a non-empty string without '/'"
-    if info.role == common_pb2.ROLE_UNSPECIFIED:
+    try:
+        check_name(info.worker_id, "worker_id")
+    except IdentityError as e:
+        return str(e)
+    if info.role == common_pb2.ROLE_UNSPECIFIED or info.role not in common_pb2.Role.values():
         return "role must be prefill, decode or both"
     if not info.endpoint:
         return "endpoint (host:port of the agent) is required"
     if not info.model:
         return "model is required"
+    if max(len(info.endpoint), len(info.model), len(info.metrics_url), len(info.layout.model), len(info.layout.dtype)) > _MAX_FIELD_CHARS:
+        return f"endpoint, model, metrics_url and layout strings must be at most {_MAX_FIELD_CHARS} characters"
     if info.layout.block_size == 0 or info.layout.num_layers == 0:
         return "layout must give at least block_size and num_layers"
     if info.max_context == 0 or info.vocab_size == 0:
         return "max_context and vocab_size are required"
+    if len(info.transports) > 8 or any(len(t) > 32 for t in info.transports):
+        return "at most 8 transports of at most 32 characters"
     return None
 
 
 class RegistryService(registry_pb2_grpc.RegistryServicer):
-    def __init__(self, store: Store, config: ControlPlaneConfig, ticket_key: bytes) -> None:
+    def __init__(
+        self,
+        store: Store,
+        config: ControlPlaneConfig,
+        secrets: ClusterSecrets,
+        *,
+        num_workers: Callable[[], int] = lambda: 0,
+        blocks_of: Callable[[WorkerId], int] = lambda worker_id: 0,
+    ) -> None:
         self._store = store
         self._config = config
-        self._ticket_key = ticket_key
+        self._secrets = secrets
+        self._public_key = tickets.public_key_of(secrets.signing_key)
+        self._num_workers = num_workers  # registered workers, as this replica sees them
+        self._blocks_of = blocks_of  # blocks the cache index holds for a worker
         self._last_compaction: dict[str, float] = {}
 
     async def Register(self, request: registry_pb2.RegisterRequest, context: grpc.aio.ServicerContext):
         problem = validate_worker_info(request.info)
         if problem:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad registration: {problem}")
-        ttl = request.ttl_seconds or self._config.lease_ttl_s
+        worker_id = request.info.worker_id
+        identity = caller()
+        owner = identity is not None and identity.role is Role.WORKER and identity.name == worker_id
+        if identity is not None and not owner and identity.name != ANY_WORKER:
+            await context.abort(
+                grpc.StatusCode.PERMISSION_DENIED, f"{identity} may register only worker id {identity.name!r}, not {worker_id!r}"
+            )
+        ttl = min(request.ttl_seconds or self._config.lease_ttl_s, self._config.max_lease_ttl_s)
+        ttl = max(ttl, 2)
+        await self._check_fits_cluster(request.info, context)
         info = common_pb2.WorkerInfo()
         info.CopyFrom(request.info)
         if info.state == common_pb2.WORKER_STATE_UNSPECIFIED:
             info.state = common_pb2.WORKER_STATE_ACTIVE
+        worker_key = keys.worker_key(worker_id)
         try:
+            current = await self._store.get(worker_key)
+            if current is not None and not owner:
+                await context.abort(
+                    grpc.StatusCode.ALREADY_EXISTS,
+                    f"worker id {worker_id!r} is registered and its lease is alive; pick another id or wait for the lease to end",
+                )
+            if current is None and self._num_workers() >= self._config.max_workers:
+                await context.abort(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED, f"the cluster has its maximum of {self._config.max_workers} workers"
+                )
+            if current is not None and current.lease:
+                await self._store.lease_revoke(current.lease)  # the same worker, restarted: its old lease ends
             lease = await self._store.lease_grant(ttl)
-            # A re-registering worker starts its KV log afresh; its first batch is a snapshot.
-            await self._store.transaction(
-                [],
-                [
-                    Delete(keys.kv_prefix(info.worker_id), prefix=True),
-                    Put(keys.worker_key(info.worker_id), info.SerializeToString(), lease=lease),
-                ],
+            # A re-registering worker starts its KV log afresh; its first batch is a snapshot. The
+            # comparison makes two registrations racing for one id end with one winner.
+            guard = Compare.absent(worker_key) if current is None or owner else Compare.mod_revision(worker_key, "==", current.mod_revision)
+            won = await self._store.transaction(
+                [guard],
+                [Delete(keys.kv_prefix(worker_id), prefix=True), Put(worker_key, info.SerializeToString(), lease=lease)],
             )
+            if not won:
+                await self._store.lease_revoke(lease)
+                await context.abort(grpc.StatusCode.ALREADY_EXISTS, f"worker id {worker_id!r} was registered by someone else just now")
+            stored_profile = await self._store.get(keys.profile_key(worker_id))
         except StoreError as e:
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"store unavailable: {e}")
-        log.info("registered %s (lease %x, ttl %ds)", info.worker_id, lease, ttl)
-        reply = registry_pb2.RegisterResponse(worker_id=info.worker_id, lease_id=lease, ttl_seconds=ttl, ticket_key=self._ticket_key)
-        stored_profile = await self._store.get(keys.profile_key(info.worker_id))
+        log.info("registered %s as %s (lease %x, ttl %ds)", worker_id, identity or "unauthenticated", lease, ttl)
+        reply = registry_pb2.RegisterResponse(
+            worker_id=worker_id, lease_id=lease, ttl_seconds=ttl, ticket_public_key=self._public_key,
+            session_token=self._secrets.session_token(worker_id, lease),
+        )  # fmt: skip
         if stored_profile is not None:
             reply.profile.ParseFromString(stored_profile.value)
         return reply
 
+    async def _check_fits_cluster(self, info: common_pb2.WorkerInfo, context: grpc.aio.ServicerContext) -> None:
+        try:
+            items, _ = await self._store.get_prefix(keys.WORKERS)
+        except StoreError as e:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"store unavailable: {e}")
+        registered = [common_pb2.WorkerInfo.FromString(kv.value) for kv in items]
+        problem = registration.mismatch(info, registered, self._config.models, self._config.block_size)
+        if problem:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"registration refused: {problem}")
+
+    async def _check_session(self, context, worker_id: str, lease_id: int, token: bytes) -> None:
+        """Aborts unless the caller holds the session of (worker_id, lease_id)."""
+        identity = caller()
+        if identity is not None and identity.name not in (worker_id, ANY_WORKER):
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"{identity} may act only for worker {identity.name!r}")
+        if not lease_id:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "lease_id is required: register first")
+        if not self._secrets.session_valid(worker_id, lease_id, token):
+            await context.abort(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"no valid session token for worker {clip(worker_id)} and lease {lease_id:x}: only the worker that registered may do this",
+            )
+
     async def KeepAlive(self, request: registry_pb2.KeepAliveRequest, context: grpc.aio.ServicerContext):
+        await self._check_session(context, request.worker_id, request.lease_id, request.session_token)
         try:
             ttl = await self._store.lease_keepalive(LeaseId(request.lease_id))
         except StoreError as e:
@@ -80,18 +164,50 @@ class RegistryService(registry_pb2_grpc.RegistryServicer):
         return registry_pb2.KeepAliveResponse(ttl_seconds=max(int(ttl), 0))
 
     async def ReportLoad(self, request: registry_pb2.ReportLoadRequest, context: grpc.aio.ServicerContext):
+        await self._check_session(context, request.worker_id, request.lease_id, request.session_token)
+        if len(request.load.running_remaining_tokens) > 65536:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "running_remaining_tokens lists more than 65,536 requests")
+        request.ClearField("session_token")  # the store keeps what replicas need, not the credential
         await self._put_under_lease(context, keys.load_key(request.worker_id), request, request.lease_id)
         return registry_pb2.ReportLoadResponse()
 
     async def PublishKVEvents(self, request: registry_pb2.PublishKVEventsRequest, context: grpc.aio.ServicerContext):
-        if not request.worker_id or request.seq == 0:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "worker_id and a seq >= 1 are required")
+        await self._check_session(context, request.worker_id, request.lease_id, request.session_token)
+        if request.seq == 0:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "seq must be >= 1")
+        await self._check_batch(request, context)
+        request.ClearField("session_token")
         await self._put_under_lease(context, keys.kv_key(request.worker_id, request.seq), request, request.lease_id)
         if request.snapshot:
             await self._maybe_compact(request.worker_id, request.seq)
         return registry_pb2.PublishKVEventsResponse()
 
+    async def _check_batch(self, request: registry_pb2.PublishKVEventsRequest, context) -> None:
+        num_hashes = num_stored = 0
+        for event in request.events:
+            kind = event.WhichOneof("event")
+            hashes = event.stored.block_hashes if kind == "stored" else event.removed.block_hashes if kind == "removed" else ()
+            num_hashes += len(hashes)
+            if kind == "stored":
+                num_stored += len(hashes)
+            if any(not 0 < len(h) <= BLOCK_HASH_MAX_BYTES for h in hashes):
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"block hashes must be 1..{BLOCK_HASH_MAX_BYTES} bytes")
+        limit = self._config.max_hashes_per_batch
+        if num_hashes > limit:
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"a KV event batch carries at most {limit} block hashes, this one {num_hashes}: split it (snapshots too)",
+            )
+        held = 0 if request.snapshot else self._blocks_of(WorkerId(request.worker_id))
+        if held + num_stored > self._config.max_blocks_per_worker:
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"worker {request.worker_id} would hold more than {self._config.max_blocks_per_worker} blocks in the cache index; "
+                "publish a snapshot of what it really holds",
+            )
+
     async def Deregister(self, request: registry_pb2.DeregisterRequest, context: grpc.aio.ServicerContext):
+        await self._check_session(context, request.worker_id, request.lease_id, request.session_token)
         try:
             await self._store.lease_revoke(LeaseId(request.lease_id))
         except StoreError as e:
@@ -99,8 +215,6 @@ class RegistryService(registry_pb2_grpc.RegistryServicer):
         return registry_pb2.DeregisterResponse()
 
     async def _put_under_lease(self, context, key: str, message, lease_id: int) -> None:
-        if not lease_id:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "lease_id is required: register first")
         try:
             # The worker key must still exist under this lease, or the worker is gone: writing
             # load or events for it would resurrect a dead worker's keys.

@@ -1,23 +1,31 @@
-"""Runs one control plane replica: store, cluster view, Registry + Kvplane services."""
+"""Runs one control plane replica: store, cluster view, Registry + Kvplane services.
+
+Every call passes the AuthInterceptor first (kvplane.security.auth, with controlplane/access.py's
+policy): mutual TLS or bearer tokens say who calls, the policy says whether they may.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
 import signal
+from dataclasses import dataclass, field
 
 import grpc
 
-from controlplane import keys
+from controlplane import access, secrets
 from controlplane.client_service import AgentStubs, ClientService
 from controlplane.cluster_state import ClusterState
 from controlplane.config import ControlPlaneConfig
 from controlplane.registry_service import RegistryService
 from controlplane.store import open_store
-from controlplane.store.base import Compare, Put, Store
-from kvplane import telemetry
-from kvplane.grpc_util import enable_health_and_reflection, make_server, set_serving
+from controlplane.store.base import Store
+from kvplane import telemetry, tickets
+from kvplane.grpc_util import add_port, enable_health_and_reflection, make_server, set_serving
+from kvplane.security.auth import Authenticator, AuthInterceptor, TokenTable
+from kvplane.security.credentials import Credentials
+from kvplane.security.ratelimit import RateLimiter
+from kvplane.types import WorkerId
 from kvplane.v1 import client_pb2, client_pb2_grpc, registry_pb2, registry_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -28,52 +36,71 @@ SERVICE_NAMES = (
 )
 
 
-async def ensure_ticket_key(store: Store) -> bytes:
-    """The cluster's ticket key: created by the first replica, read by every later one."""
-    await store.transaction(
-        [Compare.absent(keys.TICKET_KEY)],
-        [Put(keys.TICKET_KEY, secrets.token_bytes(32))],
-    )
-    kv = await store.get(keys.TICKET_KEY)
-    assert kv is not None
-    return kv.value
+@dataclass(frozen=True, slots=True)
+class ControlPlaneSecurity:
+    """What a replica presents and whom it lets in: its credentials (mTLS, or --insecure) and the
+    bearer tokens it knows (join, admin, --tokens-file). etcd's own TLS and auth are in the config
+    (ControlPlaneConfig.store_options)."""
+
+    credentials: Credentials
+    tokens: TokenTable = field(default_factory=TokenTable)
+    allow_anonymous: bool = True  # plaintext servers only: callers without a token are the anonymous client
 
 
 class ControlPlane:
-    def __init__(self, config: ControlPlaneConfig) -> None:
+    def __init__(self, config: ControlPlaneConfig, security: ControlPlaneSecurity) -> None:
         self.config = config.validate()
+        self.security = security
         self.port: int | None = None
         self._server: grpc.aio.Server | None = None
         self._store: Store | None = None
         self._state: ClusterState | None = None
-        self._stubs = AgentStubs()
+        self._stubs = AgentStubs(security.credentials)
         self._http = None
         self.http_port: int | None = None
+        self.http_scheme = ""  # "https" when the replica runs TLS, "http" with --insecure
 
     async def start(self) -> int:
-        self._store = open_store(self.config.store)
-        ticket_key = await ensure_ticket_key(self._store)
+        config = self.config
+        self._store = open_store(config.store, **config.store_options)
+        cluster_secrets = await secrets.load_or_create(self._store)
         self._state = ClusterState(self._store)
         await self._state.start()
-        server = make_server()
-        service = ClientService(self._state, self._store, self.config, ticket_key, self._stubs)
-        service.metrics_url = telemetry.metrics_url(self.config.host)
+        authenticator = Authenticator(
+            tls=self.security.credentials.tls, tokens=self.security.tokens, allow_anonymous=self.security.allow_anonymous
+        )
+        limiter = RateLimiter(config.rate_limit_rps, config.rate_limit_burst)
+        server = make_server([AuthInterceptor(authenticator, access.policy(), limiter)])
+        signer = tickets.TicketSigner(cluster_secrets.signing_key, config.ticket_ttl_s)
+        service = ClientService(self._state, self._store, config, signer, self._stubs)
+        service.metrics_url = telemetry.metrics_url(config.host)
         client_pb2_grpc.add_KvplaneServicer_to_server(service, server)
-        registry_pb2_grpc.add_RegistryServicer_to_server(RegistryService(self._store, self.config, ticket_key), server)
+        state = self._state
+        registry = RegistryService(
+            self._store, config, cluster_secrets,
+            num_workers=lambda: len(state.workers), blocks_of=lambda worker_id: state.index.num_blocks(WorkerId(worker_id)),
+        )  # fmt: skip
+        registry_pb2_grpc.add_RegistryServicer_to_server(registry, server)
         self._health = enable_health_and_reflection(server, SERVICE_NAMES)
-        self.port = server.add_insecure_port(f"{self.config.host}:{self.config.port}")
+        self.port = add_port(server, f"{config.host}:{config.port}", self.security.credentials)
         if self.port == 0:
-            raise RuntimeError(f"cannot listen on {self.config.host}:{self.config.port} (port in use?)")
+            raise RuntimeError(f"cannot listen on {config.host}:{config.port} (port in use?)")
         await server.start()
         await set_serving(self._health, SERVICE_NAMES, True)
         self._server = server
-        log.info("control plane serving on %s:%d (store %s)", self.config.host, self.port, self.config.store)
+        log.info(
+            "control plane serving on %s:%d (store %s, %s, %d bearer tokens)",
+            config.host, self.port, config.store, self.security.credentials.describe(), len(self.security.tokens),
+        )  # fmt: skip
         if self.config.http_port >= 0:
             from controlplane.http.server import HttpFace, loopback_address
 
-            self._http = HttpFace(loopback_address(self.config.host, self.port), self.config.host, self.config.http_port)
+            self._http = HttpFace(
+                loopback_address(self.config.host, self.port), self.config.host, self.config.http_port, self.security.credentials
+            )
             self.http_port = await self._http.start()
-            log.info("OpenAI-compatible HTTP API on http://%s:%d/v1", self.config.host, self.http_port)
+            self.http_scheme = self._http.scheme
+            log.info("OpenAI-compatible HTTP API on %s://%s:%d/v1", self._http.scheme, self.config.host, self.http_port)
         return self.port
 
     @property
@@ -98,13 +125,13 @@ class ControlPlane:
         await self._server.wait_for_termination()
 
 
-async def serve(config: ControlPlaneConfig, ready_line: bool = True) -> None:
-    plane = ControlPlane(config)
+async def serve(config: ControlPlaneConfig, security: ControlPlaneSecurity, ready_line: bool = True) -> None:
+    plane = ControlPlane(config, security)
     port = await plane.start()
     if ready_line:
         print(f"kvplane control plane listening on {config.host}:{port}", flush=True)
         if plane.http_port is not None:
-            print(f"kvplane HTTP API (OpenAI-compatible) on http://{config.host}:{plane.http_port}/v1", flush=True)
+            print(f"kvplane HTTP API (OpenAI-compatible) on {plane.http_scheme}://{config.host}:{plane.http_port}/v1", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

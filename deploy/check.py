@@ -3,6 +3,8 @@ compose.yaml and k8s/*.yaml is accepted by the real argument parsers and config 
 
 Run from the repository root with the project's venv: `python deploy/check.py`.
 It needs no Docker, Kubernetes or etcd, and proves nothing about running them.
+tests/deploy/test_deploy.py runs these checks and validates every Kubernetes object against the
+API schema (kubernetes-validate, offline).
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ def command_lines() -> list[tuple[str, list[str]]]:
             if not doc or doc.get("kind") != "Deployment":
                 continue
             for c in doc["spec"]["template"]["spec"]["containers"]:
+                if not c["image"].startswith("kvplane"):
+                    continue  # an engine container beside the agent: not a kvplane command line
                 argv = [re.sub(r"\$\((\w+)\)", lambda m: K8S_VARS[m.group(1)], a) for a in c["args"]]
                 found.append((f"k8s/{path.name}:{doc['metadata']['name']}/{c['name']}", argv))
                 ports = {p["containerPort"] for p in c.get("ports", [])}

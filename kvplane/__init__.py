@@ -20,11 +20,14 @@ _EXPORTS = {
     "RouteResult": "kvplane.client",
     "WorkerCache": "kvplane.client",
     "WorkerStatus": "kvplane.client",
+    "Credentials": "kvplane.security",
     "FailedPreconditionError": "kvplane.errors",
     "InvalidArgumentError": "kvplane.errors",
     "KvplaneError": "kvplane.errors",
     "NotFoundError": "kvplane.errors",
+    "PermissionDeniedError": "kvplane.errors",
     "RejectedError": "kvplane.errors",
+    "UnauthenticatedError": "kvplane.errors",
     "UnavailableError": "kvplane.errors",
     "from_rpc_error": "kvplane.errors",
 }
@@ -47,10 +50,13 @@ if TYPE_CHECKING:
         InvalidArgumentError,
         KvplaneError,
         NotFoundError,
+        PermissionDeniedError,
         RejectedError,
+        UnauthenticatedError,
         UnavailableError,
         from_rpc_error,
     )
+    from kvplane.security import Credentials
 
 
 def __getattr__(name: str) -> Any:

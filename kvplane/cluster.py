@@ -1,10 +1,18 @@
 """A control plane and its agents as local child processes: for `kvplane up`, the demo and tests.
 
-Each child is `python -m kvplane controlplane|agent ...` with its output in a log file.
+Each child is `python -m kvplane controlplane|agent ...` with its output in a log file; with an
+external engine (`engine=EngineLaunchConfig(...)`, kvplane/engine_launch.py) each agent also gets
+an engine server of its own ("engine-<worker id>"), started just before it (the agent waits for it).
 Children run in their own session so that a terminal's Ctrl-C reaches only the launcher,
 which then stops them in order: agents first (so they can give up their leases while the
-control plane and its embedded store still run), then the control plane; SIGTERM first,
+control plane and its embedded store still run), then engine servers, then the control plane; SIGTERM first,
 SIGKILL for whatever has not exited within the grace period.
+
+Security is on by default, with throw-away credentials (kvplane.security.local): a CA and a
+certificate for the control plane, each worker and a local admin, made at start. The admin's client
+files are published in the credentials directory for the cluster's endpoint, where the SDK and CLI
+on this machine find them with no flag; stop() removes them. `insecure=True` runs plaintext with
+random join and admin tokens instead.
 """
 
 from __future__ import annotations
@@ -23,9 +31,12 @@ from types import TracebackType
 from typing import IO
 
 from kvplane.client import Client
+from kvplane.engine_launch import EngineLaunchConfig, server_for_agent
 from kvplane.errors import KvplaneError, UnavailableError
+from kvplane.security.local import LocalCredentials
 
 CONTROLPLANE = "controlplane"
+ENGINE_PREFIX = "engine-"  # the engine server beside agent <id> is process "engine-<id>"
 LOCALHOST = "127.0.0.1"
 _ROLES = ("prefill", "decode", "both")
 _PACKAGE_ROOT = Path(__file__).resolve().parent.parent  # the directory holding kvplane/
@@ -62,8 +73,10 @@ class LocalCluster:
         *,
         http_port: int | None = None,
         env: dict[str, str] | None = None,
+        engine: EngineLaunchConfig | None = None,
         startup_timeout: float = 90.0,
         stop_timeout: float = 10.0,
+        insecure: bool = False,
     ) -> None:
         counts = {"prefill": num_prefill, "decode": num_decode, "both": num_both}
         for role, count in counts.items():
@@ -80,14 +93,20 @@ class LocalCluster:
         self._log_dir_arg = Path(log_dir) if log_dir is not None else None
         self._owns_log_dir = log_dir is None
         self._env = dict(env or {})  # extra environment of every child (e.g. OTEL_* settings)
+        self._engine = engine.validate() if engine is not None else None
         self._startup_timeout = startup_timeout
         self._stop_timeout = stop_timeout
+        self._insecure = insecure
+        self.credentials: LocalCredentials | None = None  # made at start()
+        self._http_args: list[str] = []
+        self.http_token = ""  # a bearer token (client, tenant "local") for the HTTP API
 
         self.log_dir: Path | None = None
         self.endpoint = ""
-        self.http_url = ""  # "http://127.0.0.1:PORT/v1" when the HTTP API is on
+        self.http_url = ""  # "https://127.0.0.1:PORT/v1" when the HTTP API is on ("http://" with insecure=True)
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self.worker_endpoints: dict[str, str] = {}
+        self.engine_endpoints: dict[str, str] = {}  # worker id -> the API of the engine server beside it
         self.log_paths: dict[str, Path] = {}
         self._log_files: list[IO[bytes]] = []
         self._agent_argv: dict[str, list[str]] = {}
@@ -104,15 +123,12 @@ class LocalCluster:
             self._prepare_log_dir()
             port = self._port or free_port()
             self.endpoint = f"{LOCALHOST}:{port}"
-            http_args: list[str] = []
             if self._http_port is not None:
                 http_port = self._http_port or free_port()
-                self.http_url = f"http://{LOCALHOST}:{http_port}/v1"
-                http_args = ["--http-port", str(http_port)]
-            self._spawn(CONTROLPLANE, [
-                CONTROLPLANE, "--host", LOCALHOST, "--port", str(port), "--store", self._store,
-                *http_args, *self._controlplane_args,
-            ])  # fmt: skip
+                self.http_url = f"{'http' if self._insecure else 'https'}://{LOCALHOST}:{http_port}/v1"
+                self._http_args = ["--http-port", str(http_port)]
+            self._make_credentials()
+            self._spawn(CONTROLPLANE, self._controlplane_argv(port))
             for role in _ROLES:
                 for index in range(self._counts[role]):
                     self._start_agent(role, index, port)
@@ -128,7 +144,7 @@ class LocalCluster:
         expected = set(self.worker_endpoints)
         seen: set[str] = set()
         last_error = "the control plane has not answered yet"
-        with Client(self.endpoint, timeout=2.0) as client:
+        with self.client(timeout=2.0) as client:
             while True:
                 exited = self.exited()
                 if exited:
@@ -159,12 +175,16 @@ class LocalCluster:
     def stop(self) -> None:
         """Stops every child (agents, then the control plane); safe to call more than once."""
         atexit.unregister(self.stop)
-        agents = [name for name in self.processes if name != CONTROLPLANE]
+        agents = [name for name in self.processes if name != CONTROLPLANE and not name.startswith(ENGINE_PREFIX)]
         self._terminate(agents)
+        self._terminate([name for name in self.processes if name.startswith(ENGINE_PREFIX)])
         self._terminate([CONTROLPLANE] if CONTROLPLANE in self.processes else [])
         for log_file in self._log_files:
             log_file.close()
         self._log_files.clear()
+        if self.credentials is not None:
+            self.credentials.remove()
+            shutil.rmtree(self.credentials.directory, ignore_errors=True)
         if self._owns_log_dir and self.log_dir is not None and not self.exited(nonzero_only=True):
             shutil.rmtree(self.log_dir, ignore_errors=True)  # kept when something failed, for reading
 
@@ -184,7 +204,8 @@ class LocalCluster:
         self.worker_endpoints[worker_id] = f"{LOCALHOST}:{port}"
         self._agent_argv[worker_id] = [
             "agent", "--role", role, "--host", LOCALHOST, "--port", str(port),
-            "--controlplane", self.endpoint, "--worker-id", worker_id, *self._agent_args, *agent_args,
+            "--controlplane", self.endpoint, "--worker-id", worker_id, *self._worker_security(worker_id),
+            *self._agent_args, *agent_args,
         ]  # fmt: skip
         self._spawn(worker_id, self._agent_argv[worker_id])
         self.wait_until_registered(timeout)
@@ -206,12 +227,12 @@ class LocalCluster:
         if not self._store.startswith("etcd://"):
             raise ValueError("replicas share state through etcd: start the cluster with store='etcd://HOST:PORT'")
         port = free_port()
-        self._spawn(name, [
-            CONTROLPLANE, "--host", LOCALHOST, "--port", str(port), "--store", self._store, *self._controlplane_args,
-        ])  # fmt: skip
+        self._spawn(name, self._controlplane_argv(port, first=False))
         endpoint = f"{LOCALHOST}:{port}"
+        assert self.credentials is not None
+        self.credentials.publish(endpoint)
         deadline = time.monotonic() + self._startup_timeout
-        with Client(endpoint, timeout=2.0) as client:
+        with self.client(endpoint, timeout=2.0) as client:
             while True:
                 try:
                     if {w.worker_id for w in client.workers()} >= set(self.worker_endpoints):
@@ -233,9 +254,7 @@ class LocalCluster:
             process.send_signal(sig)
             process.wait(timeout=timeout)
         port = self.endpoint.rpartition(":")[2]
-        self._spawn(CONTROLPLANE, [
-            CONTROLPLANE, "--host", LOCALHOST, "--port", port, "--store", self._store, *self._controlplane_args,
-        ])  # fmt: skip
+        self._spawn(CONTROLPLANE, self._controlplane_argv(int(port)))
         self.wait_until_registered(timeout)
 
     # -- inspection and fault injection --------------------------------------------------------
@@ -261,6 +280,37 @@ class LocalCluster:
         lines = path.read_text(errors="replace").splitlines()
         return "\n".join(lines[-num_lines:]) or "(log is empty)"
 
+    # -- credentials -----------------------------------------------------------------------------
+
+    def client(self, endpoint: str | None = None, **kwargs) -> Client:
+        """An SDK client of this cluster as its local admin (any Client(endpoint) on this machine is one too)."""
+        assert self.credentials is not None, "start() the cluster first"
+        return Client(endpoint or self.endpoint, credentials=self.credentials.admin, **kwargs)
+
+    @property
+    def http_ca(self) -> str | bool:
+        """What an HTTP client verifies the HTTP API against: the cluster CA's file (True, the system's, when plaintext)."""
+        assert self.credentials is not None, "start() the cluster first"
+        return True if self.credentials.insecure else str(self.credentials.ca_path)
+
+    def _make_credentials(self) -> None:
+        directory = Path(tempfile.mkdtemp(prefix="kvplane-credentials-"))
+        self.credentials = LocalCredentials.plaintext(directory) if self._insecure else LocalCredentials.create(directory)
+        self.credentials.publish(self.endpoint)
+        self.http_token = self.credentials.http_token
+
+    def _controlplane_argv(self, port: int, first: bool = True) -> list[str]:
+        """The control plane's argv; only the first replica serves the HTTP API (its port is fixed)."""
+        assert self.credentials is not None
+        return [
+            CONTROLPLANE, "--host", LOCALHOST, "--port", str(port), "--store", self._store,
+            *(self._http_args if first else []), *self.credentials.controlplane_args(), *self._controlplane_args,
+        ]  # fmt: skip
+
+    def _worker_security(self, worker_id: str) -> list[str]:
+        assert self.credentials is not None
+        return self.credentials.worker_args(worker_id)
+
     # -- internals -----------------------------------------------------------------------------
 
     def _prepare_log_dir(self) -> None:
@@ -277,21 +327,36 @@ class LocalCluster:
         self._agent_argv[worker_id] = [
             "agent", "--role", role, "--host", LOCALHOST, "--port", str(port),
             "--controlplane", f"{LOCALHOST}:{controlplane_port}", "--worker-id", worker_id,
-            *self._agent_args,
+            *self._worker_security(worker_id), *self._engine_server(worker_id), *self._agent_args,
         ]  # fmt: skip
         self._spawn(worker_id, self._agent_argv[worker_id])
 
-    def _spawn(self, name: str, kvplane_args: list[str]) -> None:
+    def _engine_server(self, worker_id: str) -> list[str]:
+        """Starts the engine server beside agent `worker_id` (if the cluster has an external
+        engine) and returns the agent flags that point at it."""
+        if self._engine is None:
+            return []
+        server = server_for_agent(self._engine)
+        self.engine_endpoints[worker_id] = server.endpoint
+        self._spawn(ENGINE_PREFIX + worker_id, server.argv, env=server.env)
+        return server.agent_args
+
+    def _spawn(self, name: str, kvplane_args: list[str], env: dict[str, str] | None = None) -> None:
+        """Starts `python -m kvplane ARGS`, or with `env` given, the command `kvplane_args` itself."""
         assert self.log_dir is not None
         path = self.log_dir / f"{name}.log"
         log_file = path.open("ab")
         self._log_files.append(log_file)
         self.log_paths[name] = path
-        env = dict(os.environ, PYTHONUNBUFFERED="1", **self._env)
-        # The children import this same kvplane even when it is not installed (e.g. a checkout).
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_PACKAGE_ROOT), env.get("PYTHONPATH")]))
+        if env is not None:  # an engine server: its own interpreter and environment
+            argv, env = kvplane_args, dict(env, PYTHONUNBUFFERED="1")
+        else:
+            argv = [sys.executable, "-m", "kvplane", *kvplane_args]
+            env = dict(os.environ, PYTHONUNBUFFERED="1", **self._env, **(self.credentials.env() if self.credentials else {}))
+            # The children import this same kvplane even when it is not installed (e.g. a checkout).
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_PACKAGE_ROOT), env.get("PYTHONPATH")]))
         self.processes[name] = subprocess.Popen(
-            [sys.executable, "-m", "kvplane", *kvplane_args],
+            argv,
             stdin=subprocess.DEVNULL,
             stdout=log_file,
             stderr=subprocess.STDOUT,

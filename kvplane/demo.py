@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import ssl
 import sys
 import time
 import urllib.error
@@ -53,9 +54,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         ) as cluster:  # fmt: skip
             print(f"cluster ready at {cluster.endpoint} (gRPC) and {cluster.http_url} (OpenAI-compatible HTTP) "
                   f"in {time.monotonic() - started:.1f} s\n")  # fmt: skip
-            with Client(cluster.endpoint, timeout=120) as client:
+            # One tenant for both faces (the HTTP token's), so the HTTP call finds the gRPC calls' cache.
+            with Client(cluster.endpoint, timeout=120, token=cluster.http_token) as client:
                 results = [client.generate(SYSTEM_PROMPT + q, max_tokens=MAX_TOKENS) for q in QUESTIONS]
-            http_answer = http_completion(cluster.http_url, SYSTEM_PROMPT + QUESTIONS[0])
+            http_answer = http_completion(cluster.http_url, SYSTEM_PROMPT + QUESTIONS[0], cluster.http_token, cluster.http_ca)
     except ClusterError as e:
         print(f"demo failed: the local cluster did not start: {e}", file=sys.stderr)
         return 1
@@ -74,12 +76,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def http_completion(base_url: str, prompt: str) -> dict:
-    """One OpenAI-style completion with the standard library's HTTP client."""
+def http_completion(base_url: str, prompt: str, token: str, ca: str | bool = True) -> dict:
+    """One OpenAI-style completion with the standard library's HTTP client, as the token's tenant,
+    trusting `ca` (a CA file; True: the system's) for HTTPS."""
     body = json.dumps({"model": "", "prompt": prompt, "max_tokens": MAX_TOKENS}).encode()
-    request = urllib.request.Request(f"{base_url}/completions", body, {"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {token}"}
+    request = urllib.request.Request(f"{base_url}/completions", body, headers)
     try:
-        with urllib.request.urlopen(request, timeout=120) as response:
+        context = ssl.create_default_context(cafile=ca if isinstance(ca, str) else None)
+        with urllib.request.urlopen(request, timeout=120, context=context) as response:
             return json.load(response)
     except urllib.error.HTTPError as e:
         raise KvplaneError(grpc.StatusCode.UNKNOWN, f"HTTP {e.code}: {e.read().decode(errors='replace')}") from None

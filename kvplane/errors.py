@@ -75,17 +75,28 @@ class NotFoundError(KvplaneError):
     """The named object (for example a worker id) does not exist (NOT_FOUND)."""
 
 
+class UnauthenticatedError(KvplaneError):
+    """The server does not know who is calling (UNAUTHENTICATED): give credentials (docs/security.md)."""
+
+
+class PermissionDeniedError(KvplaneError):
+    """The caller's identity may not do this (PERMISSION_DENIED), e.g. an admin call from a client."""
+
+
 _CLASS_BY_CODE: dict[grpc.StatusCode, type[KvplaneError]] = {
     grpc.StatusCode.INVALID_ARGUMENT: InvalidArgumentError,
     grpc.StatusCode.FAILED_PRECONDITION: FailedPreconditionError,
     grpc.StatusCode.UNAVAILABLE: UnavailableError,
     grpc.StatusCode.DEADLINE_EXCEEDED: UnavailableError,
     grpc.StatusCode.NOT_FOUND: NotFoundError,
+    grpc.StatusCode.UNAUTHENTICATED: UnauthenticatedError,
+    grpc.StatusCode.PERMISSION_DENIED: PermissionDeniedError,
 }
 
 
-def from_rpc_error(e: grpc.RpcError, *, endpoint: str | None = None) -> KvplaneError:
-    """The KvplaneError subclass for a failed call; `endpoint` only makes messages actionable."""
+def from_rpc_error(e: grpc.RpcError, *, endpoint: str | None = None, credentials: str = "") -> KvplaneError:
+    """The KvplaneError subclass for a failed call; `endpoint` and `credentials` (what the client
+    presented, in words) only make messages actionable."""
     code = _call_attr(e, "code", grpc.StatusCode.UNKNOWN)
     details = _call_attr(e, "details", "") or ""
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
@@ -100,6 +111,11 @@ def from_rpc_error(e: grpc.RpcError, *, endpoint: str | None = None) -> KvplaneE
             f"cannot reach the kvplane control plane at {endpoint} ({details or 'unavailable'}); "
             "is it running? Set --endpoint or KVPLANE_ENDPOINT to point elsewhere"
         )
+        if credentials:
+            details += (
+                f"; the client used {credentials}: a TLS handshake failure looks the same, so check that the "
+                "server expects these (--tls-ca/--tls-cert/--tls-key, --insecure; docs/security.md)"
+            )
     elif code == grpc.StatusCode.DEADLINE_EXCEEDED:
         details = f"no answer within the deadline ({details or 'deadline exceeded'})"
     return _CLASS_BY_CODE.get(code, KvplaneError)(code, details)

@@ -1,13 +1,25 @@
-"""gRPC plumbing shared by every kvplane server and client: options, health, reflection, tracing."""
+"""gRPC plumbing shared by every kvplane server and client: credentials, limits, health, reflection, tracing.
+
+Every server and channel is made here, from a `kvplane.security.Credentials`: mutual TLS when it
+has certificates, plaintext only when it says `insecure`; a bearer token, when it has one, rides
+on every call. So no other module chooses between secure and insecure itself.
+
+Message sizes: a server accepts requests of at most SERVER_MAX_RECEIVE_BYTES (8 MiB); it may send
+up to MAX_MESSAGE_BYTES, because KV chunks flow from the serving agent to the puller.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from kvplane.security.auth import AUTHORIZATION
+from kvplane.security.credentials import Credentials
+from kvplane.security.handlers import RequestGuard
+from kvplane.security.limits import SERVER_MAX_RECEIVE_BYTES
 from kvplane.telemetry.grpc_tracing import client_interceptors, server_interceptors
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -20,9 +32,27 @@ CHANNEL_OPTIONS = (
 )
 
 
-def make_server() -> grpc.aio.Server:
-    # Interceptors only when tracing is on: off, the server is exactly what it was.
-    return grpc.aio.server(options=CHANNEL_OPTIONS, interceptors=server_interceptors())
+def server_options(max_receive_bytes: int = SERVER_MAX_RECEIVE_BYTES) -> tuple[tuple[str, int], ...]:
+    return (
+        ("grpc.max_receive_message_length", max_receive_bytes),
+        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.keepalive_time_ms", 30_000),
+    )
+
+
+def make_server(
+    interceptors: Sequence[grpc.aio.ServerInterceptor] = (), max_receive_bytes: int = SERVER_MAX_RECEIVE_BYTES
+) -> grpc.aio.Server:
+    """A grpc.aio server; malformed requests are INVALID_ARGUMENT (RequestGuard), then `interceptors`
+    (authentication) run, then tracing's, which is on only when enabled."""
+    return grpc.aio.server(options=server_options(max_receive_bytes), interceptors=[RequestGuard(), *interceptors, *server_interceptors()])
+
+
+def add_port(server: grpc.aio.Server, address: str, credentials: Credentials) -> int:
+    """Listens on `address` with mutual TLS, or in plaintext when the credentials say insecure; returns the port (0 = failed)."""
+    if credentials.insecure:
+        return server.add_insecure_port(address)
+    return server.add_secure_port(address, credentials.server_credentials())
 
 
 def enable_health_and_reflection(server: grpc.aio.Server, service_names: Iterable[str]) -> health.aio.HealthServicer:
@@ -41,5 +71,63 @@ async def set_serving(servicer: health.aio.HealthServicer, service_names: Iterab
         await servicer.set(name, status)
 
 
-def aio_channel(endpoint: str) -> grpc.aio.Channel:
-    return grpc.aio.insecure_channel(endpoint, options=CHANNEL_OPTIONS, interceptors=client_interceptors(endpoint))
+def _bearer(token: str) -> tuple[tuple[str, str], ...]:
+    return ((AUTHORIZATION, f"Bearer {token}"),)
+
+
+class _AioBearer(grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.UnaryStreamClientInterceptor):
+    """Adds `authorization: Bearer TOKEN` to every call of a grpc.aio channel."""
+
+    def __init__(self, token: str) -> None:
+        self._metadata = _bearer(token)
+
+    def _details(self, d: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
+        metadata = grpc.aio.Metadata(*(tuple(d.metadata) if d.metadata else ()), *self._metadata)
+        return grpc.aio.ClientCallDetails(d.method, d.timeout, metadata, d.credentials, d.wait_for_ready)
+
+    async def intercept_unary_unary(self, continuation, client_call_details, request):
+        return await continuation(self._details(client_call_details), request)
+
+    async def intercept_unary_stream(self, continuation, client_call_details, request):
+        return await continuation(self._details(client_call_details), request)
+
+
+class _SyncBearer(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
+    """The same for a blocking grpc channel."""
+
+    def __init__(self, token: str) -> None:
+        self._metadata = _bearer(token)
+
+    def _details(self, d):
+        return _SyncCallDetails(d.method, d.timeout, (*(d.metadata or ()), *self._metadata), d.credentials, d.wait_for_ready, d.compression)
+
+    def intercept_unary_unary(self, continuation, client_call_details, request):
+        return continuation(self._details(client_call_details), request)
+
+    def intercept_unary_stream(self, continuation, client_call_details, request):
+        return continuation(self._details(client_call_details), request)
+
+
+class _SyncCallDetails(grpc.ClientCallDetails):
+    def __init__(self, method, timeout, metadata, credentials, wait_for_ready, compression) -> None:
+        self.method, self.timeout, self.metadata = method, timeout, metadata
+        self.credentials, self.wait_for_ready, self.compression = credentials, wait_for_ready, compression
+
+
+def aio_channel(endpoint: str, credentials: Credentials, *, traced: bool = True) -> grpc.aio.Channel:
+    """A grpc.aio channel to `endpoint` with these credentials (and tracing when it is on and `traced`;
+    the SDK traces its calls itself)."""
+    tracing = (client_interceptors(endpoint) or ()) if traced else ()
+    interceptors = [*tracing, *([_AioBearer(credentials.token)] if credentials.token else [])]
+    if credentials.insecure:
+        return grpc.aio.insecure_channel(endpoint, options=CHANNEL_OPTIONS, interceptors=interceptors or None)
+    return grpc.aio.secure_channel(endpoint, credentials.channel_credentials(), options=CHANNEL_OPTIONS, interceptors=interceptors or None)
+
+
+def channel(endpoint: str, credentials: Credentials) -> grpc.Channel:
+    """A blocking grpc channel to `endpoint` with these credentials."""
+    if credentials.insecure:
+        made = grpc.insecure_channel(endpoint, options=CHANNEL_OPTIONS)
+    else:
+        made = grpc.secure_channel(endpoint, credentials.channel_credentials(), options=CHANNEL_OPTIONS)
+    return grpc.intercept_channel(made, _SyncBearer(credentials.token)) if credentials.token else made

@@ -1,56 +1,198 @@
-"""Tickets: a control plane's signed permission for one request on named workers.
+"""Tickets: a control plane's signed permission for one operation on named workers.
 
-An agent serves Generate/Prefill only with a ticket whose HMAC-SHA256 (key shared through the
-store at registration) verifies, that names the agent, and that has not expired, so a client
-cannot bypass admission by calling agents directly.
+Signing: Ed25519. Only control-plane replicas hold the private key (they share it through the
+store, never through an RPC); agents get the public key at registration and can verify tickets
+but not make them, so a registered worker cannot mint tickets for its peers (as it could with the
+shared HMAC key of kvplane <= 0.1).
+
+A ticket binds (see Ticket in protos/kvplane/v1/common.proto):
+- the operation ("generate", "tokenize", "drain", "undrain", "profile") and the worker(s):
+  `decode_worker_id` runs it; for generate, `prefill_worker_id` may prefill or serve KV for it;
+- the request: request id, SHA-256 of the prompt token ids (of the text for tokenize), the cache
+  salt the control plane derived from the tenant, and the tenant;
+- time: issued_at and expires_at, at most MAX_TTL_S apart; agents refuse a ticket issued in the
+  future or living longer (beyond CLOCK_SKEW_S), whoever signed it;
+- a random nonce: `ReplayGuard` lets each agent accept a nonce once per operation kind.
+Agents check the binding against the request they got (`check_request`), so a ticket cannot be
+moved to another prompt, salt or worker.
 """
 
 from __future__ import annotations
 
 import hashlib
-import hmac
+import os
 import struct
 import time
+from array import array
+from collections.abc import Sequence
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from kvplane.v1 import common_pb2
 
-DEFAULT_TICKET_TTL_S = 300.0
+MAX_TTL_S = 60.0  # the server-side cap on any ticket's lifetime
+DEFAULT_TICKET_TTL_S = 30.0
+CLOCK_SKEW_S = 5.0  # control plane and agents run on different clocks
+
+GENERATE, TOKENIZE, DRAIN, UNDRAIN, PROFILE = "generate", "tokenize", "drain", "undrain", "profile"
+OPERATIONS = (GENERATE, TOKENIZE, DRAIN, UNDRAIN, PROFILE)
 
 
 class TicketError(Exception):
-    """The ticket is missing, forged, expired or for another worker."""
+    """The ticket is missing, forged, expired, replayed or for another request or worker."""
 
 
-def _signed_bytes(ticket: common_pb2.Ticket) -> bytes:
-    parts = [ticket.request_id, ticket.decode_worker_id, ticket.prefill_worker_id]
-    return b"\x00".join(p.encode() for p in parts) + struct.pack("<d", ticket.expires_at)
+def new_signing_key() -> bytes:
+    """A fresh Ed25519 private key (32 raw bytes)."""
+    return os.urandom(32)
 
 
-def issue(
-    key: bytes,
-    request_id: str,
-    decode_worker_id: str,
-    prefill_worker_id: str = "",
-    ttl_s: float = DEFAULT_TICKET_TTL_S,
-) -> common_pb2.Ticket:
-    ticket = common_pb2.Ticket(
-        request_id=request_id,
-        decode_worker_id=decode_worker_id,
-        prefill_worker_id=prefill_worker_id,
-        expires_at=time.time() + ttl_s,
-    )
-    ticket.signature = hmac.new(key, _signed_bytes(ticket), hashlib.sha256).digest()
-    return ticket
+def public_key_of(signing_key: bytes) -> bytes:
+    from cryptography.hazmat.primitives import serialization  # noqa: PLC0415
+
+    public = Ed25519PrivateKey.from_private_bytes(signing_key).public_key()
+    return public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
 
 
-def verify(key: bytes, ticket: common_pb2.Ticket, worker_id: str, now: float | None = None) -> None:
-    """Raises TicketError unless `ticket` was signed with `key` for `worker_id` and is still valid."""
-    if not ticket.signature:
-        raise TicketError("request carries no ticket: send it through a kvplane control plane")
-    expected = hmac.new(key, _signed_bytes(ticket), hashlib.sha256).digest()
-    if not hmac.compare_digest(expected, ticket.signature):
-        raise TicketError("ticket signature does not verify: it was not issued by this cluster's control plane")
-    if worker_id not in (ticket.decode_worker_id, ticket.prefill_worker_id):
-        raise TicketError(f"ticket is for workers {ticket.decode_worker_id!r}/{ticket.prefill_worker_id!r}, not {worker_id!r}")
-    if (now if now is not None else time.time()) > ticket.expires_at:
-        raise TicketError("ticket expired: route the request again")
+def prompt_digest(token_ids: Sequence[int]) -> bytes:
+    return hashlib.sha256(array("I", token_ids).tobytes()).digest()
+
+
+def text_digest(text: str) -> bytes:
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()
+
+
+def tokenize_digest(request) -> bytes:
+    """What a tokenize ticket binds: the text, or the chat messages (role and content, in order)."""
+    if request.text or not request.messages:
+        return text_digest(request.text)
+    encoded = b"".join(_field(m.role) + _field(m.content) for m in request.messages)
+    return hashlib.sha256(b"chat\x00" + encoded).digest()
+
+
+def _field(value: str | bytes) -> bytes:
+    data = value.encode() if isinstance(value, str) else value
+    return struct.pack("<I", len(data)) + data
+
+
+def signed_bytes(t: common_pb2.Ticket) -> bytes:
+    """The canonical bytes the signature covers: every field but the signature, length-prefixed."""
+    parts = (t.operation, t.request_id, t.decode_worker_id, t.prefill_worker_id, t.tenant, t.cache_salt, t.prompt_digest, t.nonce)
+    return b"kvplane-ticket-v2\x00" + b"".join(_field(p) for p in parts) + struct.pack("<dd", t.issued_at, t.expires_at)
+
+
+class TicketSigner:
+    """Issues tickets; lives only in control-plane replicas."""
+
+    def __init__(self, signing_key: bytes, ttl_s: float = DEFAULT_TICKET_TTL_S) -> None:
+        if not 0 < ttl_s <= MAX_TTL_S:
+            raise ValueError(f"ticket TTL must be in (0, {MAX_TTL_S:g}] seconds, got {ttl_s}")
+        self._key = Ed25519PrivateKey.from_private_bytes(signing_key)
+        self.public_key = public_key_of(signing_key)
+        self.ttl_s = ttl_s
+
+    def issue(
+        self,
+        operation: str,
+        worker_id: str,
+        *,
+        request_id: str = "",
+        prefill_worker_id: str = "",
+        prompt_token_ids: Sequence[int] | None = None,
+        text: str | None = None,
+        digest: bytes | None = None,
+        cache_salt: str = "",
+        tenant: str = "",
+        now: float | None = None,
+    ) -> common_pb2.Ticket:
+        if operation not in OPERATIONS:
+            raise ValueError(f"unknown ticket operation {operation!r}")
+        issued = time.time() if now is None else now
+        if digest is None:
+            digest = b""
+            if prompt_token_ids is not None:
+                digest = prompt_digest(prompt_token_ids)
+            elif text is not None:
+                digest = text_digest(text)
+        ticket = common_pb2.Ticket(
+            operation=operation, request_id=request_id, decode_worker_id=worker_id, prefill_worker_id=prefill_worker_id,
+            tenant=tenant, cache_salt=cache_salt, prompt_digest=digest, nonce=os.urandom(16),
+            issued_at=issued, expires_at=issued + self.ttl_s,
+        )  # fmt: skip
+        ticket.signature = self._key.sign(signed_bytes(ticket))
+        return ticket
+
+
+class TicketVerifier:
+    """Checks tickets with the control plane's public key; what agents hold."""
+
+    def __init__(self, public_key: bytes) -> None:
+        self._key = Ed25519PublicKey.from_public_bytes(public_key) if public_key else None
+
+    def verify(self, ticket: common_pb2.Ticket, operation: str, *, check_expiry: bool = True, now: float | None = None) -> None:
+        """Raises TicketError unless `ticket` is a genuine, current ticket for `operation`."""
+        if not ticket.signature:
+            raise TicketError("the call carries no ticket: send it through a kvplane control plane")
+        if self._key is None:
+            raise TicketError("this agent has not registered yet, so it cannot verify tickets; retry shortly")
+        try:
+            self._key.verify(ticket.signature, signed_bytes(ticket))
+        except InvalidSignature:
+            raise TicketError("ticket signature does not verify: it was not issued by this cluster's control plane") from None
+        if ticket.operation != operation:
+            raise TicketError(f"the ticket is for operation {ticket.operation[:16]!r}, not {operation!r}")
+        now = time.time() if now is None else now
+        if ticket.issued_at > now + CLOCK_SKEW_S or ticket.expires_at - ticket.issued_at > MAX_TTL_S + CLOCK_SKEW_S:
+            raise TicketError(f"the ticket's lifetime is outside what a control plane issues (at most {MAX_TTL_S:g} s from now)")
+        if check_expiry and now > ticket.expires_at:
+            raise TicketError("ticket expired: route the request again")
+
+
+def check_request(
+    ticket: common_pb2.Ticket, *, worker_id: str, as_source: bool = False, request_id: str | None = None,
+    prompt_token_ids: Sequence[int] | None = None, text: str | None = None, digest: bytes | None = None,
+    cache_salt: str | None = None,
+) -> None:  # fmt: skip
+    """Raises TicketError unless the ticket names `worker_id` (as the runner, or as the KV source
+    with `as_source`) and matches the request's id, prompt (or text) and cache salt."""
+    named = ticket.prefill_worker_id if as_source else ticket.decode_worker_id
+    if not named or named != worker_id:
+        side = "prefill/KV source" if as_source else "worker"
+        raise TicketError(f"the ticket names {named[:64]!r} as its {side}, not this worker {worker_id!r}")
+    if request_id is not None and request_id != ticket.request_id:
+        raise TicketError("the ticket is for another request id")
+    if prompt_token_ids is not None and prompt_digest(prompt_token_ids) != ticket.prompt_digest:
+        raise TicketError("the ticket is for another prompt")
+    if text is not None and text_digest(text) != ticket.prompt_digest:
+        raise TicketError("the ticket is for another text")
+    if digest is not None and digest != ticket.prompt_digest:
+        raise TicketError("the ticket is for another input")
+    if cache_salt is not None and cache_salt != ticket.cache_salt:
+        raise TicketError("the ticket is for another cache salt")
+
+
+class ReplayGuard:
+    """Remembers the nonces of accepted tickets until they expire, so each is used once.
+
+    Bounded: entries leave when their ticket expires (at most MAX_TTL_S + CLOCK_SKEW_S); past
+    `max_entries` live tickets, new ones are refused rather than older ones forgotten.
+    """
+
+    def __init__(self, max_entries: int = 100_000) -> None:
+        self._expiry: dict[tuple[str, bytes], float] = {}
+        self._max_entries = max_entries
+
+    def use(self, ticket: common_pb2.Ticket, use: str, now: float | None = None) -> None:
+        now = time.time() if now is None else now
+        if len(self._expiry) >= self._max_entries // 2:
+            self._expiry = {k: t for k, t in self._expiry.items() if t >= now}
+        key = (use, ticket.nonce)
+        if key in self._expiry:
+            raise TicketError(f"this ticket was already used for {use}: tickets are single use; route the request again")
+        if len(self._expiry) >= self._max_entries:
+            raise TicketError("too many tickets in flight on this worker; retry shortly")
+        self._expiry[key] = ticket.expires_at + CLOCK_SKEW_S
+
+    def __len__(self) -> int:
+        return len(self._expiry)

@@ -34,6 +34,16 @@ class Tier(enum.Enum):
     DISK = "disk"
 
 
+# A KV transport whose name starts with this is an engine's own connector (SGLang's bootstrap
+# rooms, vLLM's NixlConnector): it carries a remote prefill between two engines of that kind,
+# but cannot fetch cached blocks (kvplane's own transports, "nixl" and "grpc", can).
+NATIVE_TRANSPORT_PREFIX = "engine:"
+
+
+def is_native_transport(name: str) -> bool:
+    return name.startswith(NATIVE_TRANSPORT_PREFIX)
+
+
 class DisaggMode(enum.Enum):
     AUTO = "auto"
     ALWAYS = "always"

@@ -41,6 +41,19 @@ def _processes_need_the_cluster_marker(request: pytest.FixtureRequest, monkeypat
     yield
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _kvplane_home(tmp_path_factory: pytest.TempPathFactory):
+    """Local clusters publish their client credentials under $KVPLANE_HOME: a temporary one for the
+    run, so tests never touch ~/.kvplane (children and CLI subprocesses inherit it)."""
+    previous = os.environ.get("KVPLANE_HOME")
+    os.environ["KVPLANE_HOME"] = str(tmp_path_factory.mktemp("kvplane-home"))
+    yield
+    if previous is None:
+        os.environ.pop("KVPLANE_HOME", None)
+    else:
+        os.environ["KVPLANE_HOME"] = previous
+
+
 class EtcdNotFound(RuntimeError):
     pass
 

@@ -1,7 +1,7 @@
 """Layering: every import between the project's modules points one way.
 
 Floors, bottom up (a module may import its own floor and those below, never above):
-- shared (`kvplane.types`, `block_hash`, `latency`, `stats`, `chat`, `tickets`, `convert`, `errors`,
+- shared (`kvplane.types`, `block_hash`, `latency`, `stats`, `chat`, `tickets`, `convert`, `errors`, `security`,
   `grpc_util`, `telemetry`, the `v1` stubs, `hardware`): imports only other shared modules;
 - `controlplane.core` (the plain-Python planner and its algorithms): the standard library and
   `kvplane.types`, `kvplane.block_hash`, `kvplane.latency`, `kvplane.stats` only (no grpc,
@@ -24,7 +24,21 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("kvplane", "controlplane", "dataplane")
 SHARED = tuple(
     f"kvplane.{m}"
-    for m in ("types", "block_hash", "latency", "stats", "tickets", "convert", "errors", "grpc_util", "telemetry", "v1", "chat", "hardware")
+    for m in (
+        "types",
+        "block_hash",
+        "latency",
+        "stats",
+        "tickets",
+        "convert",
+        "errors",
+        "grpc_util",
+        "security",
+        "telemetry",
+        "v1",
+        "chat",
+        "hardware",
+    )
 )
 CORE_MAY_IMPORT = ("kvplane.types", "kvplane.block_hash", "kvplane.latency", "kvplane.stats")
 # The benchmarks' doors into the data plane: package entry points, not their modules.

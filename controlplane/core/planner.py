@@ -65,7 +65,7 @@ class PlannerConfig:
     link_rate_weight: float = param(0.2, "weight of the newest measured transfer rate in the link-rate mean")
     calibration_weight: float = param(0.2, "weight of the newest measured - predicted latency in the calibration mean")
     calibration_half_life_s: float = param(5.0, "seconds for a latency calibration to fade by half while nothing is measured")
-    report_lag_s: float = param(0.1, "a load report arriving this soon after a request's prefill ended or it finished may predate that")
+    report_lag_s: float = param(0.5, "a load report arriving this soon after a request's prefill ended or it finished may predate that")
 
     def __post_init__(self) -> None:
         self.validate()

@@ -124,17 +124,25 @@ class Router:
         decode_workers = _decode_candidates(request, model_workers)
         decode_costs = sorted(self.policy.costs(ctx, decode_workers), key=lambda c: (c.cost, c.worker_id))
         decode = self._pick(decode_costs, prefer=lambda c: 0)
+        by_id = {w.worker_id: w for w in decode_workers}
 
         prefill_workers = [
             w
             for w in model_workers
-            if w.role.can_prefill and w.active and w.worker_id != decode.worker_id and num_prompt_tokens <= w.max_context
+            if w.role.can_prefill
+            and w.active
+            and w.worker_id != decode.worker_id
+            and num_prompt_tokens <= w.max_context
+            and w.can_move_kv_with(by_id[decode.worker_id])
         ]
         prefill_worker, reason = self._place_prefill(request, decode, prefill_workers, cost_of)
         fetch = None
         if prefill_worker is None and request.disagg is not DisaggMode.NEVER:
-            sources = [w for w in model_workers if w.active and w.worker_id != decode.worker_id]
-            by_id = {w.worker_id: w for w in decode_workers}
+            sources = [
+                w
+                for w in model_workers
+                if w.active and w.worker_id != decode.worker_id and w.can_move_kv_with(by_id[decode.worker_id], cached_blocks=True)
+            ]
             fetch = self.policy.fetch(ctx, by_id[decode.worker_id], decode, sources)
         return RouteDecision(
             decode_worker=decode.worker_id,
@@ -163,7 +171,7 @@ class Router:
             if not prefill_workers:
                 raise NoCandidateError(
                     f"disaggregation 'always' requested but no active prefill worker for model "
-                    f"{request.model!r} other than decode worker {decode.worker_id!r} is available; "
+                    f"{request.model!r} other than decode worker {decode.worker_id!r} is available (one sharing a KV transport with it); "
                     "add a prefill worker or use disagg 'auto'"
                 )
             return self._pick_prefill(prefill_workers, cost_of), "remote prefill: disaggregation requested (always)"

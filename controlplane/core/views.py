@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from controlplane.core.index import CacheIndex
 from kvplane.latency import StepTimeModel
-from kvplane.types import Role, WorkerId
+from kvplane.types import Role, WorkerId, is_native_transport
 
 # Prefill tokens per engine step assumed for a worker that does not state its own.
 DEFAULT_CHUNK_TOKENS = 2048
@@ -50,6 +50,19 @@ class WorkerView:
     latency: StepTimeModel | None = None  # the worker's step-time model (None: no prediction)
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS  # prefill tokens per engine step
     max_num_seqs: int = 0  # 0 = no slot limit known
+    # KV transports the worker serves (None = not stated: any). A remote prefill needs one the
+    # decode worker shares; a fetch needs a shared kvplane transport (not an engine's own connector).
+    transports: tuple[str, ...] | None = None
+
+    def can_move_kv_with(self, other: WorkerView, *, cached_blocks: bool = False) -> bool:
+        """Whether KV can move between the two workers (for a fetch of cached blocks: through a
+        kvplane transport; engine-native connectors carry only a remote prefill)."""
+        if self.transports is None or other.transports is None:
+            return True
+        common = set(self.transports) & set(other.transports)
+        if cached_blocks:
+            common = {t for t in common if not is_native_transport(t)}
+        return bool(common)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,15 +1,30 @@
-"""Runs the HTTP face inside the control-plane process, on its event loop, next to gRPC."""
+"""Runs the HTTP face inside the control-plane process, on its event loop, next to gRPC.
+
+Security: the face calls this process's own gRPC server with the replica's credentials and the
+caller's `Authorization: Bearer` header as metadata, so the gRPC AuthInterceptor decides: a known
+token is its identity (its tenant, its rate limit); with no token the call is the control plane's
+own identity, which may list workers (/v1/models, /health) but not generate. On a plaintext
+(--insecure) control plane, callers without a token are the anonymous client. The listener
+serves HTTPS with the replica's certificate whenever the replica runs TLS (callers trust the
+cluster CA; no client certificate is asked for: the bearer token is the HTTP identity), and plain
+HTTP only on an --insecure control plane.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
 
 import uvicorn
 
 from controlplane.http.app import make_app
 from kvplane.grpc_util import aio_channel
+from kvplane.security.credentials import Credentials
 from kvplane.v1 import client_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -23,11 +38,19 @@ def loopback_address(host: str, port: int) -> str:
 
 
 class HttpFace:
-    def __init__(self, grpc_address: str, host: str, port: int) -> None:
-        self._channel = aio_channel(grpc_address)
+    def __init__(self, grpc_address: str, host: str, port: int, credentials: Credentials) -> None:
+        self._channel = aio_channel(grpc_address, credentials)
         stub = client_pb2_grpc.KvplaneStub(self._channel)
         app = make_app(lambda: stub, _prometheus_text)
-        config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, lifespan="off")
+        self._tls_dir: Path | None = None
+        tls: dict = {}
+        if credentials.tls:
+            # uvicorn reads its certificate from files: a private copy, removed on stop.
+            self._tls_dir = Path(tempfile.mkdtemp(prefix="kvplane-https-"))
+            tls = {"ssl_certfile": str(_private(self._tls_dir / "cert.pem", credentials.cert_pem)),
+                   "ssl_keyfile": str(_private(self._tls_dir / "key.pem", credentials.key_pem))}  # fmt: skip
+        self.scheme = "https" if tls else "http"
+        config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, lifespan="off", **tls)
         self._server = _EmbeddedServer(config)
         self._task: asyncio.Task | None = None
         self.port: int | None = None
@@ -50,6 +73,15 @@ class HttpFace:
             except (TimeoutError, Exception) as e:  # shutting down: log, do not raise
                 log.warning("HTTP server did not stop cleanly: %s", e)
         await self._channel.close()
+        if self._tls_dir is not None:
+            shutil.rmtree(self._tls_dir, ignore_errors=True)
+
+
+def _private(path: Path, data: bytes | None) -> Path:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data or b"")
+    return path
 
 
 class _EmbeddedServer(uvicorn.Server):

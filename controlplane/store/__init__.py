@@ -2,7 +2,9 @@
 
 `open_store(url)` is the only place a backend is chosen:
   "memory" or "memory://"   embedded in-memory store (single machine; a new, empty store per call)
-  "etcd://host:port"        etcd v3 server
+  "etcd://host:port"        etcd v3 server; `tls` (a kvplane.security.Credentials: etcd's CA, and a
+                            client certificate whose CN etcd takes as the user) and `username` /
+                            `password` turn on etcd's own transport security and auth
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ __all__ = [
 ]
 
 
-def open_store(url: str) -> Store:
+def open_store(url: str, *, tls=None, username: str | None = None, password: str | None = None) -> Store:
     """Build the store a URL names. Raises ValueError naming the accepted forms otherwise."""
     if url in ("memory", "memory://"):
         return MemoryStore()
@@ -59,5 +61,5 @@ def open_store(url: str) -> Store:
         if host and port:
             from .etcd import EtcdStore  # imported here so the memory backend never loads grpc/aetcd
 
-            return EtcdStore(host, port)
+            return EtcdStore(host, port, tls=tls, username=username, password=password)
     raise ValueError(f"unsupported store URL {url!r}; use one of {', '.join(ACCEPTED_URL_FORMS)}")

@@ -8,6 +8,11 @@ revision is compacted, so each `watch_prefix` here opens its own Watch stream on
 (its generated stubs): cancelling that one gRPC call releases exactly that watch, and close()
 cancels them all first so it never waits on a watcher.
 
+etcd's own security: with `tls` (kvplane.security.Credentials) the channel is TLS against etcd's
+CA, presenting a client certificate when given (with etcd's --client-cert-auth and auth enabled,
+the certificate's CN is the etcd user); `username`/`password` use etcd's password auth. aetcd
+opens only plaintext channels, so `_TlsClient` opens a secure one in its place.
+
 Every gRPC failure becomes a StoreError; an unreachable server (UNAVAILABLE, deadline) becomes
 StoreUnavailable, with the endpoint in the message.
 """
@@ -94,13 +99,44 @@ def _being_cancelled() -> bool:
     return task is not None and task.cancelling() > 0
 
 
+class _TlsClient(aetcd.Client):
+    """aetcd's client over a TLS channel (aetcd itself only dials plaintext)."""
+
+    def __init__(self, *args, channel_credentials: grpc.ChannelCredentials, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._channel_credentials = channel_credentials
+
+    async def connect(self) -> None:
+        if self._connected.is_set():
+            return
+        original = rpc.insecure_channel
+        credentials = self._channel_credentials
+
+        def secure(target, options=None):
+            rpc.insecure_channel = original  # restored at once: aetcd dials synchronously, before its first await
+            return rpc.secure_channel(target, credentials, options=options)
+
+        rpc.insecure_channel = secure
+        try:
+            await super().connect()
+        finally:
+            rpc.insecure_channel = original
+
+
 class EtcdStore:
-    def __init__(self, host: str, port: int, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    def __init__(
+        self, host: str, port: int, timeout_s: float = DEFAULT_TIMEOUT_S, *, tls=None, username: str | None = None,
+        password: str | None = None,
+    ) -> None:  # fmt: skip
         # aetcd joins host and port with ":", so an IPv6 literal needs its brackets back.
         client_host = f"[{host}]" if ":" in host else host
         self._endpoint = f"{client_host}:{port}"
         self._timeout_s = timeout_s
-        self._client = aetcd.Client(host=client_host, port=port, timeout=timeout_s)
+        auth = {"username": username, "password": password} if username else {}
+        if tls is not None and tls.tls:
+            self._client = _TlsClient(host=client_host, port=port, timeout=timeout_s, channel_credentials=tls.channel_credentials(), **auth)
+        else:
+            self._client = aetcd.Client(host=client_host, port=port, timeout=timeout_s, **auth)
         self._watch_calls: set = set()
         self._closed = False
 

@@ -28,6 +28,9 @@ class AgentConfig:
     pin_timeout_s: float = 30.0  # prefill-side pins are released if not pulled by then
     pin_check_interval_s: float = 1.0  # how often expired pins are looked for
     prefill_timeout_s: float = 120.0  # decode side gives up on a remote prefill after this
+    # The agent lives and dies with its engine: once the engine has not served for this long
+    # (health() named a reason throughout), the agent deregisters and exits.
+    engine_down_grace_s: float = 2.0
 
     def validate(self) -> AgentConfig:
         if not self.worker_id or "/" in self.worker_id:
@@ -41,6 +44,7 @@ class AgentConfig:
             "pin_timeout_s",
             "pin_check_interval_s",
             "prefill_timeout_s",
+            "engine_down_grace_s",
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")

@@ -10,6 +10,7 @@ import sys
 
 from dataplane import engines
 from dataplane.agent.config import AgentConfig
+from kvplane.security import flags as security_flags
 from kvplane.telemetry import flags as telemetry_flags
 from kvplane.types import Role
 
@@ -38,13 +39,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lease-ttl", type=int, default=a.lease_ttl_s, help="lease TTL in seconds (default: the control plane's)")
     for plugin in engines.plugins():
         plugin.add_arguments(parser.add_argument_group(f"--engine {plugin.NAME}", plugin.SUMMARY))
+    security_flags.add_server_arguments(parser, controlplane=False)
     telemetry_flags.add_arguments(parser)
 
 
-def config_from_args(args: argparse.Namespace) -> AgentConfig:
+def config_from_args(args: argparse.Namespace, certificate_name: str = "") -> AgentConfig:
+    """`certificate_name`: the worker id the agent's certificate names, which is then its id."""
     engine = engines.plugin(args.engine).config_from_args(args)
+    if certificate_name and args.worker_id and args.worker_id != certificate_name:
+        raise ValueError(f"--worker-id {args.worker_id!r} differs from the worker id in the certificate ({certificate_name!r})")
     # Unique by default even for several agents of one role on one host with --port 0.
-    worker_id = args.worker_id or f"{args.role}-{socket.gethostname()}-{args.port or secrets.token_hex(3)}"
+    worker_id = args.worker_id or certificate_name or f"{args.role}-{socket.gethostname()}-{args.port or secrets.token_hex(3)}"
     return AgentConfig(
         worker_id=worker_id,
         role=Role(args.role),
@@ -65,18 +70,25 @@ def run(args: argparse.Namespace) -> int:
     from kvplane import telemetry
 
     try:
-        config = config_from_args(args)
+        try:
+            credentials = security_flags.server_credentials_from_args(args, "the agent")
+        except ValueError as e:
+            credentials, missing = None, e  # reported after the config's own errors
+        else:
+            missing = None
+        identity = credentials.identity() if credentials is not None else None
+        if identity is not None and identity.role.value != "worker":
+            raise ValueError(f"the agent's certificate is for {identity}, not a worker")
+        config = config_from_args(args, identity.name if identity is not None else "")
+        if missing is not None:
+            raise missing
         telemetry_config = telemetry_flags.config_from_args(args, "kvplane-agent", config.worker_id, config.host)
-    except ValueError as e:
+        telemetry.setup(telemetry_config)
+    except (OSError, ValueError) as e:  # CredentialsError and IdentityError are ValueErrors
         print(f"kvplane agent: {e}", file=sys.stderr)
         return 2
     try:
-        telemetry.setup(telemetry_config)
-    except (OSError, ValueError) as e:
-        print(f"kvplane agent: telemetry: {e}", file=sys.stderr)
-        return 2
-    try:
-        asyncio.run(serve(config))
+        asyncio.run(serve(config, credentials))
     except (RuntimeError, ValueError) as e:
         print(f"kvplane agent: {e}", file=sys.stderr)
         return 1

@@ -10,9 +10,24 @@ Latency: the engine's step timings feed an online step-time model (kvplane.laten
 reports with the load. Profile measures a seed for it by running synthetic requests through the
 normal engine path (see dataplane/agent/profile.py).
 
+Tickets (kvplane.tickets, docs/security.md): every call that runs work or touches KV carries a
+ticket the control plane signed for it. Generate checks it is for this worker, this request id,
+prompt and cache salt, and uses it once; Prefill checks the same with this worker as the named
+source (and, with mTLS, that the caller is the decode worker it names); PullKV and ReleaseKV must
+carry the ticket their transfer was prefilled under. Drain, Undrain, Profile and Tokenize need a
+ticket for that operation on this worker.
+
 The engine is reached only through the engine interface (dataplane/engines/base.py). Prefill,
 KV pulls and remote prefill need its KV import/export capability, Profile its step timings; on
 an engine without them those RPCs fail with FAILED_PRECONDITION and say so.
+
+Engine-native disaggregation (an engine with the native KV transfer capability: SGLang, vLLM):
+the same two steps, but the engines move the KV themselves. The decode agent asks the prefill
+agent to prefill; the prefill agent's engine returns a handoff (its own parameters: vLLM's
+kv_transfer_params, SGLang's bootstrap host/port/room), which comes back as the PrefillResponse's
+transport descriptor; the decode agent passes it unchanged to its engine's generate. Nothing is
+pinned or pulled by kvplane; the request's metrics still say what moved (blocks and bytes of the
+prompt's KV, from the layout) and how long the handoff took until the first token.
 """
 
 from __future__ import annotations
@@ -30,7 +45,7 @@ from dataplane.agent import profile
 from dataplane.agent.bridge import TextStream, sampling_from_pb
 from dataplane.agent.config import AgentConfig
 from dataplane.agent.observe import PHASE_GENERATE, PHASE_PREFILL, EngineTimer, record_transfer
-from dataplane.engines.base import EngineAdapter, KVImportExport
+from dataplane.engines.base import EngineAdapter, KVImportExport, NativeKVTransfer
 from dataplane.engines.request import EngineCapacityError, EngineInputError, EngineRequest, SamplingParams
 from dataplane.transport import LayoutMismatchError, PullSource
 from dataplane.transport.grpc_stream import iter_chunks
@@ -39,6 +54,9 @@ from kvplane.chat import ChatTemplateError
 from kvplane.convert import layout_from_pb, layout_to_pb, role_to_pb
 from kvplane.grpc_util import aio_channel
 from kvplane.latency import OnlineStepModel, StepSample, StepTimeModel, fit, samples_from_pb, samples_to_pb
+from kvplane.security.auth import caller
+from kvplane.security.credentials import Credentials
+from kvplane.security.limits import MAX_PROMPT_BYTES, clip
 from kvplane.telemetry import tracing
 from kvplane.types import BlockHash
 from kvplane.v1 import agent_pb2, agent_pb2_grpc, common_pb2
@@ -52,6 +70,8 @@ LATENCY_REFIT_INTERVAL_S = 1.0  # the online model refits at most this often (on
 class Pin:
     block_ids: list[int]
     expires_at: float
+    nonce: bytes = b""  # of the ticket it was prefilled under: pulls and releases must present it
+    puller: str = ""  # the decode worker that ticket names
 
 
 class RemotePrefillRefused(Exception):
@@ -64,17 +84,22 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         config: AgentConfig,
         engine: EngineAdapter,
         transports: dict,
-        ticket_key: Callable[[], bytes],
+        verifier: Callable[[], tickets.TicketVerifier],
         endpoint: str,
         clock: Callable[[], float] = time.time,
+        *,
+        credentials: Credentials,
     ) -> None:
         self._config = config
         self.endpoint = endpoint
         self._engine = engine
         self._kv: KVImportExport | None = engine.kv_transfer
+        self._native: NativeKVTransfer | None = engine.native_transfer if self._kv is None else None
         self._transports = transports  # name -> KVTransport, best first; empty without self._kv
         self._clock = clock  # wall clock (seconds): pins expire by it, peers see expires_at
-        self._ticket_key = ticket_key  # () -> bytes, set once registered
+        self._verifier = verifier  # () -> TicketVerifier, with the public key registration returned
+        self._credentials = credentials  # this worker's, for calls to peers
+        self._replays = tickets.ReplayGuard()
         self.state = common_pb2.WORKER_STATE_ACTIVE
         self.metrics_url = ""  # this process's Prometheus endpoint, set by the server
         self._pins: dict[str, Pin] = {}
@@ -102,11 +127,24 @@ class AgentService(agent_pb2_grpc.AgentServicer):
 
     # -- helpers ----------------------------------------------------------------------------
 
-    async def _check_ticket(self, ticket: common_pb2.Ticket, context) -> None:
+    async def _check_ticket(
+        self, ticket: common_pb2.Ticket, context, operation: str, *, use: str | None = None, check_expiry: bool = True, **binding
+    ) -> None:
+        """Aborts with PERMISSION_DENIED unless `ticket` is genuine, for `operation`, bound to this
+        call (`binding`: see tickets.check_request) and, with `use`, not used for that before."""
         try:
-            tickets.verify(self._ticket_key(), ticket, self.worker_id)
+            self._verifier().verify(ticket, operation, check_expiry=check_expiry, now=self._clock())
+            tickets.check_request(ticket, worker_id=self.worker_id, **binding)
+            if use is not None:
+                self._replays.use(ticket, use, now=self._clock())
         except tickets.TicketError as e:
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(e))
+
+    async def _check_peer(self, ticket: common_pb2.Ticket, context) -> None:
+        """With mTLS: the calling worker must be the decode worker the ticket names."""
+        identity = caller()
+        if identity is not None and identity.name != ticket.decode_worker_id:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"{identity} is not the worker this transfer's ticket was issued to")
 
     async def _check_accepting(self, context) -> None:
         if self.state == common_pb2.WORKER_STATE_DRAINING:
@@ -116,7 +154,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
     def _peer(self, endpoint: str) -> agent_pb2_grpc.AgentStub:
         stub = self._peer_stubs.get(endpoint)
         if stub is None:
-            channel = aio_channel(endpoint)
+            channel = aio_channel(endpoint, self._credentials)
             self._peer_channels.append(channel)
             stub = self._peer_stubs[endpoint] = agent_pb2_grpc.AgentStub(channel)
         return stub
@@ -163,14 +201,36 @@ class AgentService(agent_pb2_grpc.AgentServicer):
     # -- Generate (decode side, or both) ------------------------------------------------------
 
     async def Generate(self, request: agent_pb2.AgentGenerateRequest, context):
-        await self._check_ticket(request.ticket, context)
+        prompt = list(request.prompt_token_ids)
+        await self._check_ticket(
+            request.ticket, context, tickets.GENERATE, use="generate",
+            request_id=request.request_id, prompt_token_ids=prompt, cache_salt=request.cache_salt,
+        )  # fmt: skip
+        if request.HasField("prefill_from") and request.prefill_from.worker_id != request.ticket.prefill_worker_id:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, "prefill_from names a worker the ticket does not")
         await self._check_accepting(context)
         await self._check_healthy(context)
-        prompt = list(request.prompt_token_ids)
         metrics = common_pb2.RequestMetrics(decode_worker=self.worker_id, prefill_worker=self.worker_id, prompt_tokens=len(prompt))
         held: list[int] = []
+        handoff = b""
         remote = request.HasField("prefill_from") and request.prefill_from.endpoint
-        if remote:
+        if remote and self._native is not None:
+            if request.prefill_from.cached_only:
+                await context.abort(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"worker {self.worker_id}'s engine moves KV only by its own connector ({self._native.transport}), "
+                    "which cannot fetch cached blocks from a peer; prefill locally instead",
+                )
+            try:
+                with tracing.span(tracing.SPAN_REMOTE_PREFILL, {"kvplane.prefill_worker": request.prefill_from.worker_id}):
+                    handoff = await self._native_remote_prefill(request, metrics)
+            except RemotePrefillRefused as e:
+                await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
+            except Exception as e:  # the peer died or timed out: prefill here
+                log.warning("remote prefill on %s failed (%s); prefilling locally", request.prefill_from.worker_id, e)
+                metrics.prefill_worker = self.worker_id
+                metrics.disaggregated = False
+        elif remote:
             await self._require_kv(context, "import KV from a peer")
             try:
                 with tracing.span(tracing.SPAN_REMOTE_PREFILL, {"kvplane.prefill_worker": request.prefill_from.worker_id}):
@@ -190,6 +250,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             sampling=sampling_from_pb(request.sampling),
             cache_salt=request.cache_salt,
             held_block_ids=held,
+            native_handoff=handoff,
         )
         timer = EngineTimer(PHASE_GENERATE)
         try:
@@ -217,6 +278,9 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                 )
                 if out.new_token_ids and not metrics.ttft_ms:
                     metrics.ttft_ms = (time.monotonic() - started) * 1000
+                    if handoff:  # the decode engine pulled the KV before its first token
+                        metrics.kv_transfer_ms = metrics.ttft_ms
+                        record_transfer(metrics)
                 if finished:
                     if not metrics.disaggregated:
                         metrics.cached_tokens = out.num_cached_tokens
@@ -233,6 +297,42 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             if not finished:
                 # The caller went away: stop spending compute on it.
                 self._engine.abort(engine_request.request_id)
+
+    async def _native_remote_prefill(self, request: agent_pb2.AgentGenerateRequest, metrics: common_pb2.RequestMetrics) -> bytes:
+        """Has the peer's engine prefill for this one; returns its handoff for this engine."""
+        source = request.prefill_from
+        native = self._native
+        layout = self._engine.info.layout
+        try:
+            reply = await self._peer(source.endpoint).Prefill(
+                agent_pb2.PrefillRequest(
+                    ticket=request.ticket,
+                    request_id=request.request_id,
+                    prompt_token_ids=request.prompt_token_ids,
+                    cache_salt=request.cache_salt,
+                    layout=layout_to_pb(layout),
+                    transports=[native.transport],
+                ),
+                timeout=self._config.prefill_timeout_s,
+            )
+        except grpc.aio.AioRpcError as e:
+            if e.code() in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMENT):
+                raise RemotePrefillRefused(f"prefill worker {source.worker_id} refused: {e.details()}") from None
+            raise
+        if reply.transport != native.transport or not reply.transport_descriptor:
+            raise RemotePrefillRefused(
+                f"prefill worker {source.worker_id} answered with transport {reply.transport!r}, not {native.transport!r}"
+            )
+        num_prompt_tokens = len(request.prompt_token_ids)
+        metrics.transport = reply.transport
+        metrics.prefill_worker = source.worker_id
+        metrics.disaggregated = True
+        metrics.cached_tokens = reply.cached_tokens
+        metrics.prefill_computed_tokens = reply.prefill_computed_tokens
+        # The engines move the whole prompt's KV; kvplane does not see the bytes, so it counts them.
+        metrics.kv_transfer_blocks = -(-num_prompt_tokens // layout.block_size)
+        metrics.kv_transfer_bytes = num_prompt_tokens * layout.bytes_per_token
+        return reply.transport_descriptor
 
     async def _remote_prefill(self, request: agent_pb2.AgentGenerateRequest, metrics: common_pb2.RequestMetrics) -> list[int]:
         """Has the peer prefill, pulls the missing blocks into this pool; returns the refs taken on them."""
@@ -286,6 +386,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                         transfer_id=reply.transfer_id,
                         descriptor=reply.transport_descriptor,
                         layout=layout_from_pb(reply.layout),
+                        ticket=request.ticket,
                     )
                     with tracing.span(tracing.SPAN_KV_TRANSFER, {"kvplane.kv_transfer.transport": reply.transport}) as span:
                         nbytes = await transport.pull(source_desc, missing, dst)
@@ -303,7 +404,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             metrics.kv_transfer_ms = (time.monotonic() - started) * 1000
             if not released:
                 try:
-                    await peer.ReleaseKV(agent_pb2.ReleaseKVRequest(transfer_id=reply.transfer_id), timeout=5)
+                    await peer.ReleaseKV(agent_pb2.ReleaseKVRequest(transfer_id=reply.transfer_id, ticket=request.ticket), timeout=5)
                 except grpc.aio.AioRpcError as e:
                     log.warning("releasing transfer %s failed (%s); the peer unpins it on timeout", reply.transfer_id, e.details())
         return held
@@ -311,7 +412,11 @@ class AgentService(agent_pb2_grpc.AgentServicer):
     # -- Prefill and KV serving (prefill side) --------------------------------------------------
 
     async def Prefill(self, request: agent_pb2.PrefillRequest, context):
-        await self._check_ticket(request.ticket, context)
+        await self._check_ticket(
+            request.ticket, context, tickets.GENERATE, use="prefill", as_source=True,
+            request_id=request.request_id, prompt_token_ids=request.prompt_token_ids, cache_salt=request.cache_salt,
+        )  # fmt: skip
+        await self._check_peer(request.ticket, context)
         await self._check_accepting(context)
         await self._check_healthy(context)
         if not self._config.role.can_prefill and not request.cached_only:
@@ -319,11 +424,13 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"worker {self.worker_id} has role {self._config.role.value} and does not prefill for peers",
             )
-        kv = await self._require_kv(context, "export KV to a peer")
         layout = self._engine.info.layout
         mismatch = layout.mismatch(layout_from_pb(request.layout))
         if mismatch:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"cannot transfer KV from {self.worker_id}: {mismatch}")
+        if self._native is not None:
+            return await self._native_prefill(request, context)
+        kv = await self._require_kv(context, "export KV to a peer")
         transport_name = next((t for t in request.transports if t in self._transports), None)
         if transport_name is None:
             await context.abort(
@@ -353,7 +460,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             await context.abort(grpc.StatusCode.INTERNAL, f"prefill failed: {out.error or 'aborted'}")
         transfer_id = uuid.uuid4().hex
         expires_at = self._clock() + self._config.pin_timeout_s
-        self._pins[transfer_id] = Pin(list(out.pinned_block_ids), expires_at)
+        self._pins[transfer_id] = Pin(list(out.pinned_block_ids), expires_at, request.ticket.nonce, request.ticket.decode_worker_id)
         return agent_pb2.PrefillResponse(
             transfer_id=transfer_id,
             block_hashes=list(out.block_hashes),
@@ -365,13 +472,50 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             layout=layout_to_pb(layout),
         )
 
+    async def _native_prefill(self, request: agent_pb2.PrefillRequest, context) -> agent_pb2.PrefillResponse:
+        """Prefill side of engine-native disaggregation: the engine prefills and hands off."""
+        native = self._native
+        if request.cached_only:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"worker {self.worker_id}'s engine moves KV only by its own connector ({native.transport}), which cannot serve a fetch",
+            )
+        if native.transport not in request.transports:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"no common KV transport: the decode side offers {list(request.transports)}, this agent's engine hands off by {native.transport}",
+            )
+        engine_request = EngineRequest(
+            request_id=f"{request.request_id or uuid.uuid4().hex}:prefill",
+            prompt_token_ids=list(request.prompt_token_ids),
+            sampling=SamplingParams(max_tokens=1),
+            cache_salt=request.cache_salt,
+            prefill_only=True,
+        )
+        try:
+            handoff = await native.prefill(engine_request)
+        except EngineInputError as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        except EngineCapacityError as e:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
+        except RuntimeError as e:
+            await context.abort(grpc.StatusCode.INTERNAL, f"prefill failed: {e}")
+        return agent_pb2.PrefillResponse(
+            transfer_id=uuid.uuid4().hex,
+            prefill_computed_tokens=handoff.num_prompt_tokens - handoff.num_cached_tokens,
+            cached_tokens=handoff.num_cached_tokens,
+            transport=handoff.transport,
+            transport_descriptor=handoff.params,
+            layout=layout_to_pb(self._engine.info.layout),
+        )
+
     def _pin_cached(self, kv: KVImportExport, request: agent_pb2.PrefillRequest, transport_name: str) -> agent_pb2.PrefillResponse:
         """Fetch instead of recompute, source side: pin what is cached, compute nothing."""
         hashes, block_ids = kv.pin_cached_prefix(list(request.prompt_token_ids), request.cache_salt)
         layout = self._engine.info.layout
         transfer_id = uuid.uuid4().hex
         expires_at = self._clock() + self._config.pin_timeout_s
-        self._pins[transfer_id] = Pin(block_ids, expires_at)
+        self._pins[transfer_id] = Pin(block_ids, expires_at, request.ticket.nonce, request.ticket.decode_worker_id)
         return agent_pb2.PrefillResponse(
             transfer_id=transfer_id,
             block_hashes=list(hashes),
@@ -382,10 +526,20 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             layout=layout_to_pb(layout),
         )
 
-    async def PullKV(self, request: agent_pb2.PullKVRequest, context):
-        pin = self._pins.get(request.transfer_id)
+    async def _pin_for(self, transfer_id: str, ticket: common_pb2.Ticket, context) -> Pin:
+        """The transfer's pin, when `ticket` is the one it was prefilled under (its expiry is the
+        pin's own, so a long prefill does not strand its pull) and the caller is its puller."""
+        await self._check_ticket(ticket, context, tickets.GENERATE, check_expiry=False, as_source=True)
+        await self._check_peer(ticket, context)
+        pin = self._pins.get(transfer_id)
         if pin is None:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown or expired transfer {request.transfer_id!r}: prefill again")
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown or expired transfer {clip(transfer_id)}: prefill again")
+        if pin.nonce != ticket.nonce:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, "the ticket is not the one this transfer was prefilled under")
+        return pin
+
+    async def PullKV(self, request: agent_pb2.PullKVRequest, context):
+        pin = await self._pin_for(request.transfer_id, request.ticket, context)
         mismatch = self._engine.info.layout.mismatch(layout_from_pb(request.layout))
         if mismatch:
             self._release(request.transfer_id)
@@ -404,17 +558,30 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                 self._release(request.transfer_id)
 
     async def ReleaseKV(self, request: agent_pb2.ReleaseKVRequest, context):
+        if request.transfer_id not in self._pins:
+            await self._check_ticket(request.ticket, context, tickets.GENERATE, check_expiry=False, as_source=True)
+            return agent_pb2.ReleaseKVResponse(released=False)  # already released (pull done, or expired)
+        await self._pin_for(request.transfer_id, request.ticket, context)
         return agent_pb2.ReleaseKVResponse(released=self._release(request.transfer_id))
 
     # -- operations -------------------------------------------------------------------------------
 
     async def Drain(self, request, context):
+        await self._check_ticket(request.ticket, context, tickets.DRAIN, use="drain")
         self.state = common_pb2.WORKER_STATE_DRAINING
         load = self._engine.load()
         log.info("draining: %d running, %d waiting requests will finish", load.num_running, load.num_waiting)
         return agent_pb2.DrainResponse(state=self.state, num_running=load.num_running + load.num_waiting)
 
+    async def Undrain(self, request, context):
+        await self._check_ticket(request.ticket, context, tickets.UNDRAIN, use="undrain")
+        self.state = common_pb2.WORKER_STATE_ACTIVE
+        load = self._engine.load()
+        log.info("undrained: taking new requests again")
+        return agent_pb2.DrainResponse(state=self.state, num_running=load.num_running + load.num_waiting)
+
     async def Profile(self, request: agent_pb2.ProfileRequest, context):
+        await self._check_ticket(request.ticket, context, tickets.PROFILE, use="profile")
         if self.state == common_pb2.WORKER_STATE_DRAINING:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"worker {self.worker_id} is draining; profile it before draining")
         profiling = self._engine.profiling
@@ -452,6 +619,10 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         return agent_pb2.GetStatusResponse(info=self.worker_info(), load=self.worker_load())
 
     async def Tokenize(self, request, context):
+        size = len(request.text) + sum(len(m.role) + len(m.content) for m in request.messages)
+        if size > MAX_PROMPT_BYTES:  # characters <= bytes: checked before hashing or tokenizing
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"the input is larger than {MAX_PROMPT_BYTES} bytes")
+        await self._check_ticket(request.ticket, context, tickets.TOKENIZE, use="tokenize", digest=tickets.tokenize_digest(request))
         if not request.messages:
             return agent_pb2.TokenizeResponse(token_ids=await self._engine.tokenize(request.text))
         messages = [{"role": m.role, "content": m.content} for m in request.messages]
@@ -475,7 +646,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             state=self.state,
             max_context=info.max_context,
             vocab_size=info.vocab_size,
-            transports=list(self._transports),
+            transports=list(self._transports) or ([self._native.transport] if self._native is not None else []),
             max_tokens_limit=info.max_tokens_limit,
             max_num_batched_tokens=info.max_num_batched_tokens,
             max_num_seqs=info.max_num_seqs,

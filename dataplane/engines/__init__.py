@@ -1,11 +1,13 @@
 """Engines behind one interface: the interface, its data types, and the registry of engines.
 
-One package per engine under this folder (today `reference/`, kvplane's own torch engine). The
+One package per engine under this folder: `reference/` (kvplane's own torch engine, in the
+agent's process), `vllm/` and `sglang/` (servers of their own; the agent is their sidecar, with
+the pieces they share in `external/`). The
 agent reaches an engine only through `EngineAdapter` and its optional capabilities (base.py).
 Importing this package imports no torch.
 """
 
-from dataplane.engines.base import EngineAdapter, EngineInfo, KVImportExport, StepProfiling
+from dataplane.engines.base import EngineAdapter, EngineInfo, KVImportExport, NativeHandoff, NativeKVTransfer, StepProfiling
 from dataplane.engines.events import AllCleared, BlockRemoved, BlockStored, KVCacheEvent
 from dataplane.engines.registry import (
     DEFAULT_ENGINE,
@@ -42,6 +44,8 @@ __all__ = [
     "EngineRequest",
     "KVCacheEvent",
     "KVImportExport",
+    "NativeHandoff",
+    "NativeKVTransfer",
     "SamplingParams",
     "StepProfiling",
     "UnknownEngineError",

@@ -6,12 +6,17 @@
 - KV import/export (`KVImportExport`, optional): the engine's paged KV blocks, addressed by block
   id, moved by a kvplane transport (dataplane/transport/): the prefill side pins blocks, the
   decode side allocates, pulls, then commits them to its prefix cache. An engine that moves KV its
-  own way (SGLang's bootstrap rooms, vLLM's kv_transfer_params) returns None here and offers its
-  own capability beside this one; the agent then serves no kvplane transport.
+  own way returns None here and may offer the next capability instead.
+- engine-native KV transfer (`NativeKVTransfer`, optional): the engines' own connectors move the
+  KV (SGLang's bootstrap host/port/room with mooncake or nixl, vLLM's kv_transfer_params with
+  NixlConnector). kvplane only pairs the two sides and hands the prefill side's handoff (opaque
+  bytes, the engine's own parameters) to the decode side's engine; the agent stays engine-agnostic.
+  The capability's transport name starts with "engine:" (kvplane.types.NATIVE_TRANSPORT_PREFIX);
+  the worker registers with it, so the control plane pairs only workers with the same one.
 - profiling (`StepProfiling`, optional): measured step timings that feed the worker's step-time
   model (kvplane/latency.py) and `kvplane profile`. Without it the agent reports no latency model.
 
-The agent reads a capability once (`engine.kv_transfer`, `engine.profiling`) and refuses the RPCs
+The agent reads a capability once (`engine.kv_transfer`, `engine.native_transfer`, `engine.profiling`) and refuses the RPCs
 that need a missing one with FAILED_PRECONDITION, naming the engine. Nothing here imports torch:
 an agent beside an external engine must not load it.
 
@@ -99,6 +104,34 @@ class KVImportExport(Protocol):
         ...
 
 
+@dataclass(frozen=True, slots=True)
+class NativeHandoff:
+    """What a prefill-side engine hands the decode-side engine, and what the prefill did."""
+
+    transport: str  # the capability's transport name, e.g. "engine:vllm-nixl"
+    params: bytes  # engine-specific (JSON): passed unchanged to the decode side's generate
+    num_prompt_tokens: int
+    num_cached_tokens: int  # of the prompt, found in the prefill side's prefix cache
+    num_blocks: int  # KV blocks the decode side receives (from the engine, or ceil(prompt / block size))
+
+
+class NativeKVTransfer(Protocol):
+    """Disaggregation through the engines' own KV connectors (see the module docstring)."""
+
+    @property
+    def transport(self) -> str:
+        """The transport name both sides must share, starting with "engine:"."""
+        ...
+
+    async def prefill(self, request: EngineRequest) -> NativeHandoff:
+        """Prefill side: has the engine prefill `request` for a remote decode and returns the
+        handoff. Returns once the decode side can be started: after the prefill (vLLM), or as soon
+        as the engine accepted it (SGLang: the prefill waits for the decode side to connect to its
+        bootstrap room). Refusals raise EngineInputError / EngineCapacityError; a failure raises
+        RuntimeError with the engine's reason."""
+        ...
+
+
 class StepProfiling(Protocol):
     def take_step_timings(self) -> list[StepSample]:
         """The engine steps measured since the last call, oldest first (bounded; oldest dropped)."""
@@ -172,6 +205,12 @@ class EngineAdapter(Protocol):
     @property
     def kv_transfer(self) -> KVImportExport | None:
         """The KV import/export capability, or None when KV moves some other way (or not at all)."""
+        ...
+
+    @property
+    def native_transfer(self) -> NativeKVTransfer | None:
+        """The engine-native KV transfer capability, or None. Decode side: a request whose
+        `native_handoff` is set resumes from that handoff (EngineInputError when it has none)."""
         ...
 
     @property

@@ -22,6 +22,8 @@ DEFAULT_ENGINE = "reference"
 _PLUGIN_MODULES = {
     "reference": "dataplane.engines.reference.plugin",
     "sim": "dataplane.engines.sim.plugin",
+    "vllm": "dataplane.engines.vllm.plugin",
+    "sglang": "dataplane.engines.sglang.plugin",
 }
 ENGINE_NAMES = tuple(_PLUGIN_MODULES)
 

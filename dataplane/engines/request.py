@@ -36,6 +36,8 @@ class EngineRequest:
     # Refs the caller holds (e.g. on imported blocks); the engine releases them once the request
     # has taken its own refs on its cached prefix, at admission (or when it ends unadmitted).
     held_block_ids: list[int] = field(default_factory=list)
+    # Engine-native disaggregation, decode side: the prefill side's NativeHandoff.params (base.py).
+    native_handoff: bytes = b""
 
 
 @dataclass(slots=True)

@@ -77,6 +77,9 @@ class PullSource:
     transfer_id: str
     descriptor: bytes  # PrefillResponse.transport_descriptor
     layout: KVLayout  # the layout the peer announced (PrefillResponse.layout)
+    # The control plane's ticket the transfer was prefilled under (a kvplane.v1 Ticket): the grpc
+    # transport presents it with each pull. NIXL reads go through UCX, which carries no ticket.
+    ticket: object | None = None
 
 
 @runtime_checkable

@@ -7,6 +7,9 @@ stream (release_after=True, so the peer unpins when the stream completes) and wr
 straight into the destination block's bytes of the local pool. Chunks of a block must arrive in
 order and cover it exactly; anything else is a TransferError, never a silently partial block.
 
+Each PullKV presents the ticket of the transfer (PullSource.ticket) over the transport's channel,
+made with the worker's credentials (mutual TLS unless the cluster runs --insecure).
+
 The descriptor is small JSON (layout, number of pinned blocks, block size in bytes): the block
 ids stay on the server, which resolves indices through its pin table.
 """
@@ -34,6 +37,7 @@ from dataplane.transport.base import (
 )
 from kvplane.convert import layout_to_pb
 from kvplane.grpc_util import MAX_MESSAGE_BYTES, aio_channel
+from kvplane.security.credentials import Credentials
 from kvplane.types import KVLayout
 from kvplane.v1 import agent_pb2, agent_pb2_grpc
 
@@ -109,8 +113,13 @@ class GrpcStreamTransport:
 
     name = NAME
 
-    def __init__(self, pool: KVPoolLike, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES, timeout_s: float | None = 60.0) -> None:
+    def __init__(
+        self, pool: KVPoolLike, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES, timeout_s: float | None = 60.0,
+        credentials: Credentials | None = None,
+    ) -> None:  # fmt: skip
+        """`credentials`: the worker's own (None: plaintext, for peers started that way, as in tests)."""
         check_pool(pool)
+        self._credentials = credentials or Credentials.plaintext(source="grpc transport default")
         if not 0 < chunk_bytes <= _MAX_CHUNK_BYTES:
             raise ValueError(f"chunk_bytes must be in 1..{_MAX_CHUNK_BYTES}, got {chunk_bytes}")
         self._pool = pool
@@ -151,6 +160,8 @@ class GrpcStreamTransport:
             chunk_bytes=self._chunk_bytes,
             release_after=True,
         )
+        if source.ticket is not None:
+            request.ticket.CopyFrom(source.ticket)
         call = self._stub(source.endpoint).PullKV(request, timeout=self._timeout_s)
         where = f"PullKV of transfer {source.transfer_id} from {source.endpoint}"
         try:
@@ -201,7 +212,7 @@ class GrpcStreamTransport:
         if peer is not None and peer[0] is loop:
             return peer[2]
         # A channel made on another (finished) loop cannot be used or awaited here: drop it.
-        channel = aio_channel(endpoint)  # traced when tracing is on
+        channel = aio_channel(endpoint, self._credentials)  # traced when tracing is on
         stub = agent_pb2_grpc.AgentStub(channel)
         self._peers[endpoint] = (loop, channel, stub)
         return stub

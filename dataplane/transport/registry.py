@@ -36,13 +36,15 @@ def make_transport(name: str, pool: KVPoolLike, *, agent_name: str = "", **optio
     """Builds transport `name` over `pool`.
 
     agent_name: this worker's identity (the NIXL agent name is derived from it; grpc ignores it).
-    options: passed to the transport's constructor (e.g. chunk_bytes for grpc, timeout_s for both).
+    options: passed to the transport's constructor (e.g. chunk_bytes for grpc, timeout_s for both);
+    `credentials` (the worker's gRPC credentials) only to grpc: UCX has no notion of them.
     """
+    credentials = options.pop("credentials", None)
     reason = unavailable_reason(name)
     if reason is None and pool.buffer is None and name not in _BYTE_STREAM_TRANSPORTS:
         reason = f"the pool is torch-free host memory (a simulated engine's); use {', '.join(_BYTE_STREAM_TRANSPORTS)}"
     if reason is not None:
         raise TransportUnavailableError(f"KV transport {name!r} is not available here: {reason}")
     if name == "grpc":
-        return GrpcStreamTransport(pool, **options)
+        return GrpcStreamTransport(pool, credentials=credentials, **options)
     return NixlTransport(pool, agent_name=agent_name, **options)

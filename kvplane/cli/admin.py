@@ -1,4 +1,4 @@
-"""Admin commands: `kvplane workers`, `kvplane cache`, `kvplane drain WORKER_ID`."""
+"""Admin commands: `kvplane workers`, `kvplane cache`, `kvplane drain WORKER_ID` (`--undo` to undrain)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import argparse
 import dataclasses
 from typing import Any
 
-from kvplane.cli.common import client_parent, format_table, json_flag, print_json
-from kvplane.client import Client, WorkerCache, WorkerStatus
+from kvplane.cli.common import client_parent, connect, format_table, json_flag, print_json
+from kvplane.client import WorkerCache, WorkerStatus
 
 _TIERS = ("device", "host", "disk")
 
@@ -29,16 +29,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     cache.set_defaults(func=run_cache)
 
     drain = subparsers.add_parser(
-        "drain", parents=[parent], help="stop routing new requests to a worker",
-        description="Marks a worker as draining: it gets no new requests; running ones finish.",
+        "drain", parents=[parent], help="stop routing new requests to a worker (--undo: route to it again)",
+        description="Marks a worker as draining: it gets no new requests; running ones finish. "
+        "With --undo, returns a drained worker to routing.",
     )  # fmt: skip
     drain.add_argument("worker_id", metavar="WORKER_ID", help="the worker to drain (see `kvplane workers`)")
+    drain.add_argument("--undo", action="store_true", help="undrain: the worker takes new requests again")
     json_flag(drain)
     drain.set_defaults(func=run_drain)
 
 
 def run_workers(args: argparse.Namespace) -> int:
-    with Client(args.endpoint, timeout=args.timeout) as client:
+    with connect(args) as client:
         workers = client.workers()
     if args.json:
         print_json([worker_to_json(w) for w in workers])
@@ -77,7 +79,7 @@ def worker_to_json(w: WorkerStatus) -> dict[str, Any]:
 
 
 def run_cache(args: argparse.Namespace) -> int:
-    with Client(args.endpoint, timeout=args.timeout) as client:
+    with connect(args) as client:
         caches = client.cache()
     if args.json:
         print_json([cache_to_json(c) for c in caches])
@@ -97,8 +99,8 @@ def cache_to_json(c: WorkerCache) -> dict[str, Any]:
 
 
 def run_drain(args: argparse.Namespace) -> int:
-    with Client(args.endpoint, timeout=args.timeout) as client:
-        result = client.drain(args.worker_id)
+    with connect(args) as client:
+        result = client.undrain(args.worker_id) if args.undo else client.drain(args.worker_id)
     if args.json:
         print_json({"id": result.worker_id, "state": result.state.value})
     else:

@@ -8,7 +8,9 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from kvplane.client import DEFAULT_ENDPOINT, ENDPOINT_ENV
+from kvplane.client import DEFAULT_ENDPOINT, ENDPOINT_ENV, Client
+from kvplane.security import flags as security_flags
+from kvplane.security.credentials import CredentialsError
 
 
 class CliError(Exception):
@@ -34,7 +36,17 @@ def client_parent() -> argparse.ArgumentParser:
         help=f"control plane host:port (default: ${ENDPOINT_ENV}, else {DEFAULT_ENDPOINT})",
     )
     parent.add_argument("--timeout", type=positive_float, default=None, metavar="SECONDS", help="deadline for the call")
+    security_flags.add_client_arguments(parent)
     return parent
+
+
+def connect(args: argparse.Namespace, timeout: float | None = None) -> Client:
+    """The SDK client for a command's --endpoint, --timeout and credential flags."""
+    try:
+        credentials = security_flags.client_credentials_from_args(args)
+        return Client(args.endpoint, timeout=timeout or args.timeout, credentials=credentials, token=args.token)
+    except CredentialsError as e:
+        raise CliError(str(e), 2) from None
 
 
 def json_flag(parser: argparse.ArgumentParser) -> None:

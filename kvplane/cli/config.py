@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from kvplane.cli.common import CliError, client_parent, format_table, json_flag, non_negative_int, print_json, usage_error
-from kvplane.client import Client, ProfileResult
+from kvplane.cli.common import CliError, client_parent, connect, format_table, json_flag, non_negative_int, print_json, usage_error
+from kvplane.client import ProfileResult
 
 # The order of LatencyModel.coefficients (common.proto): step_seconds = coefficients . features.
 COEFFICIENT_NAMES = ("intercept_s", "prefill_tokens", "prefill_attention", "decode_seqs", "decode_context_tokens")
@@ -53,7 +53,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_config_get(args: argparse.Namespace) -> int:
-    with Client(args.endpoint, timeout=args.timeout) as client:
+    with connect(args) as client:
         _print_config(client.config(), args.json)
     return 0
 
@@ -61,7 +61,7 @@ def run_config_get(args: argparse.Namespace) -> int:
 def run_config_set(args: argparse.Namespace) -> int:
     if not args.key:
         raise CliError("KEY must not be empty", exit_code=2)
-    with Client(args.endpoint, timeout=args.timeout) as client:
+    with connect(args) as client:
         _print_config(client.set_config(args.key, args.value), args.json)
     return 0
 
@@ -76,7 +76,7 @@ def _print_config(values: dict[str, str], as_json: bool) -> None:
 
 
 def run_profile(args: argparse.Namespace) -> int:
-    with Client(args.endpoint, timeout=args.timeout) as client:
+    with connect(args) as client:
         try:
             result = client.profile(args.worker_id, max_prompt_tokens=args.max_prompt_tokens, max_batch=args.max_batch)
         except ValueError as e:

@@ -10,12 +10,13 @@ from typing import Any
 from kvplane.cli.common import (
     CliError,
     client_parent,
+    connect,
     format_bytes,
     json_flag,
     non_negative_int,
     print_json,
 )
-from kvplane.client import Client, GenerateResult, RequestMetrics, StreamAssembler
+from kvplane.client import GenerateResult, RequestMetrics, StreamAssembler
 from kvplane.types import PRIORITIES, DisaggMode
 
 _DISAGG_CHOICES = tuple(m.value for m in DisaggMode)
@@ -85,7 +86,7 @@ def _request_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 def run_generate(args: argparse.Namespace) -> int:
     kwargs = _request_kwargs(args)
     prompt = kwargs.pop("prompt")
-    with Client(args.endpoint, timeout=args.timeout) as client:
+    with connect(args) as client:
         try:
             chunks = client.stream(prompt, **kwargs)
         except ValueError as e:  # values argparse let through but the wire cannot carry
@@ -109,7 +110,7 @@ def run_generate(args: argparse.Namespace) -> int:
 def run_route(args: argparse.Namespace) -> int:
     kwargs = _request_kwargs(args)
     prompt = kwargs.pop("prompt")
-    with Client(args.endpoint, timeout=args.timeout) as client:
+    with connect(args) as client:
         try:
             decision = client.route(prompt, **kwargs)
         except ValueError as e:

@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from kvplane.cli import admin, config, delegate, generate, top, up
+from kvplane.cli import admin, certs, config, delegate, generate, top, up
 from kvplane.cli.common import CliError, usage_error
 from kvplane.errors import KvplaneError
 
@@ -22,6 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     config.register(subparsers)
     top.register(subparsers)
     up.register(subparsers)
+    certs.register(subparsers)
     delegate.register(subparsers)
     return parser
 

@@ -13,7 +13,7 @@ import sys
 import time
 from typing import Any
 
-from kvplane.cli.common import client_parent, format_table, positive_float
+from kvplane.cli.common import client_parent, connect, format_table, positive_float
 from kvplane.client import Client
 
 _TIERS = ("device", "host", "disk")
@@ -110,7 +110,7 @@ def render(snap: dict[str, Any]) -> str:
 
 def run_top(args: argparse.Namespace) -> int:
     interactive = sys.stdout.isatty() and not args.json and not args.once
-    with Client(args.endpoint, timeout=args.timeout or 5.0) as client:
+    with connect(args, timeout=args.timeout or 5.0) as client:
         while True:
             snap = snapshot(client, args.window)
             if args.json:

@@ -1,4 +1,9 @@
-"""`kvplane up`: a control plane and agents as local child processes, until Ctrl-C or SIGTERM."""
+"""`kvplane up`: a control plane and agents as local child processes, until Ctrl-C or SIGTERM.
+
+Secure by default: the cluster runs mutual TLS with throw-away certificates, and the local admin's
+client credentials go where `kvplane` commands and the SDK on this machine find them (printed at
+start). `--insecure` runs plaintext instead, with a warning.
+"""
 
 from __future__ import annotations
 
@@ -7,11 +12,14 @@ import re
 import signal
 import sys
 import time
+from pathlib import Path
 from types import FrameType
 
 from kvplane.cli import engine_flags
 from kvplane.cli.common import CliError, non_negative_int, positive_float, positive_int
 from kvplane.cluster import ClusterError, LocalCluster
+from kvplane.engine_launch import ENGINES, EngineLaunchConfig
+from kvplane.security.credentials import cluster_dir
 
 DEFAULT_PORT = 50051  # the SDK's default endpoint, so other commands need no --endpoint
 _ETCD_STORE = re.compile(r"^etcd://[^:/\s]+:\d+$")
@@ -28,8 +36,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Starts a control plane and agents as local child processes, prints the endpoint "
         "once every agent has registered, and stops them all on Ctrl-C or SIGTERM.",
     )
-    up.add_argument("--prefill", type=non_negative_int, default=1, metavar="N", help="prefill agents (default: 1)")
-    up.add_argument("--decode", type=non_negative_int, default=1, metavar="N", help="decode agents (default: 1)")
+    up.add_argument("--prefill", type=non_negative_int, default=None, metavar="N",
+                    help="prefill agents (default: 1 with the reference engine, 0 with an external one)")  # fmt: skip
+    up.add_argument("--decode", type=non_negative_int, default=None, metavar="N",
+                    help="decode agents (default: 1 with the reference engine, 0 with an external one)")  # fmt: skip
     up.add_argument("--both", type=non_negative_int, default=0, metavar="N",
                     help="agents that prefill and decode (default: 0)")  # fmt: skip
     up.add_argument("--store", type=store_spec, default="memory", metavar="memory|etcd://HOST:PORT",
@@ -40,10 +50,27 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     help="OpenAI-compatible HTTP API port (default: a free port; -1 = off)")  # fmt: skip
     up.add_argument("--disagg-threshold", type=non_negative_int, default=None, metavar="N",
                     help="uncached prompt tokens above which prefill runs remotely (control plane default if unset)")  # fmt: skip
-    up.add_argument("--model", default=None, metavar="M", help="model for every agent (agent default if unset)")
+    up.add_argument("--model", default=None, metavar="M",
+                    help="model for every agent (agent default if unset); with --engine vllm|sglang a local model directory")  # fmt: skip
+    engine = up.add_argument_group(
+        "external engines", "--engine vllm|sglang starts one engine server beside each agent (kvplane/engine_launch.py)"
+    )
+    engine.add_argument("--engine", choices=("reference", *ENGINES), default="reference",
+                        help="the engine every agent serves (default: reference, in the agent's process)")  # fmt: skip
+    engine.add_argument("--engine-python", default="", metavar="PATH",
+                        help="the Python of the engine servers (default: .venv-vllm / .venv-sglang from `make engines-env`, else python3)")  # fmt: skip
+    engine.add_argument(
+        "--engine-device", choices=("cuda", "cpu"), default="cuda", help="cpu adds the CPU-only server flags (default: cuda)"
+    )
+    engine.add_argument("--block-size", type=positive_int, default=32, metavar="N",
+                        help="KV block size of the engine servers (vLLM --block-size, SGLang --page-size; default: 32)")  # fmt: skip
+    engine.add_argument("--engine-arg", action="append", default=[], metavar="ARG",
+                        help="one more argument for every engine server (repeatable, e.g. --engine-arg=--dtype=float32)")  # fmt: skip
     up.add_argument("--num-blocks", type=positive_int, default=None, metavar="N",
                     help="KV blocks per agent (agent default if unset)")  # fmt: skip
     up.add_argument("--log-dir", default=None, metavar="DIR", help="where child logs go (default: a temp dir)")
+    up.add_argument("--insecure", action="store_true",
+                    help="plaintext gRPC with random join/admin tokens instead of TLS (development only)")  # fmt: skip
     up.add_argument("--startup-timeout", type=positive_float, default=120.0, metavar="SECONDS",
                     help="how long to wait for every agent to register (default: 120)")  # fmt: skip
     up.set_defaults(func=run_up, engine_flags=engine_flags.add_arguments(up))
@@ -66,13 +93,21 @@ def store_spec(text: str) -> str:
 
 
 def run_up(args: argparse.Namespace) -> int:
+    external = args.engine != "reference"
+    default_split = 0 if external else 1
+    args.prefill = default_split if args.prefill is None else args.prefill
+    args.decode = default_split if args.decode is None else args.decode
     if args.prefill + args.decode + args.both == 0:
         raise CliError("nothing to start: give at least one of --prefill, --decode, --both a count > 0", 2)
     controlplane_args: list[str] = []
     if args.disagg_threshold is not None:
         controlplane_args += ["--disagg-threshold", str(args.disagg_threshold)]
     agent_args: list[str] = []
-    if args.model is not None:
+    engine = None
+    if external:
+        engine, more_controlplane_args = _engine_launch(args)
+        controlplane_args += more_controlplane_args
+    elif args.model is not None:
         agent_args += ["--model", args.model]
     if args.num_blocks is not None:
         agent_args += ["--num-blocks", str(args.num_blocks)]
@@ -80,8 +115,11 @@ def run_up(args: argparse.Namespace) -> int:
     cluster = LocalCluster(
         num_prefill=args.prefill, num_decode=args.decode, num_both=args.both, store=args.store,
         port=args.port, agent_args=agent_args, controlplane_args=controlplane_args, log_dir=args.log_dir,
-        startup_timeout=args.startup_timeout, http_port=None if args.http_port < 0 else args.http_port,
+        startup_timeout=args.startup_timeout, insecure=args.insecure, engine=engine,
+        http_port=None if args.http_port < 0 else args.http_port,
     )  # fmt: skip
+    if args.insecure:
+        print("warning: --insecure: the cluster speaks plaintext; prompts and KV cross the network unencrypted", file=sys.stderr)
     previous = _install_stop_handlers()
     try:
         cluster.start()
@@ -107,13 +145,42 @@ def run_up(args: argparse.Namespace) -> int:
             signal.signal(sig, handler)
 
 
+def _engine_launch(args: argparse.Namespace) -> tuple[EngineLaunchConfig, list[str]]:
+    """The engine servers' launch config, and the control-plane flags that make the cluster
+    refuse any worker of another model or block size."""
+    if args.model is None:
+        raise CliError(f"--engine {args.engine} needs --model: a local model directory the engine servers load", 2)
+    if args.prefill or args.decode:
+        raise CliError(
+            f"--engine {args.engine} starts plain engine servers (--both); prefill/decode pairs move KV through the "
+            "engines' own connectors, which need GPUs and their transfer settings (deploy/gpu-check.sh shows them)", 2
+        )  # fmt: skip
+    served = Path(args.model).name
+    try:
+        config = EngineLaunchConfig(
+            engine=args.engine, model=args.model, block_size=args.block_size, python=args.engine_python, device=args.engine_device,
+            served_model_name=served, extra_args=tuple(args.engine_arg),
+        ).validate()  # fmt: skip
+    except ValueError as e:
+        raise CliError(str(e), 2) from None
+    return config, ["--block-size", str(args.block_size), "--serve-model", served]
+
+
 def _announce(cluster: LocalCluster) -> None:
     print(f"kvplane cluster ready at {cluster.endpoint}", flush=True)
     for worker_id, endpoint in cluster.worker_endpoints.items():
-        print(f"  {worker_id:<12} {endpoint}")
+        engine = cluster.engine_endpoints.get(worker_id)
+        print(f"  {worker_id:<12} {endpoint}" + (f"   (engine server {engine})" if engine else ""))
     if cluster.http_url:
         print(f"  {'HTTP API':<12} {cluster.http_url}  (OpenAI-compatible: curl {cluster.http_url}/models)")
+        print(f"  {'':<12} bearer token (tenant 'local'): TOKEN={cluster.http_token}")
+        if cluster.http_url.startswith("https"):
+            print(f"  {'':<12} its CA: CA={cluster.http_ca}")
     print(f"logs: {cluster.log_dir}")
+    if cluster.credentials is not None:
+        kind = "plaintext, admin token" if cluster.credentials.insecure else "mutual TLS, throw-away CA and certificates"
+        print(f"credentials ({kind}): {cluster.credentials.directory}")
+        print(f"  clients on this machine find the admin's in {cluster_dir(cluster.endpoint)}")
     print(f"try: KVPLANE_ENDPOINT={cluster.endpoint} kvplane workers    (Ctrl-C stops the cluster)", flush=True)
 
 

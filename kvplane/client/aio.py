@@ -12,6 +12,7 @@ from typing import TypeVar, Unpack
 
 import grpc
 
+from kvplane import grpc_util
 from kvplane.client import calls
 from kvplane.client.core import ClientCore
 from kvplane.client.from_proto import StreamAssembler
@@ -74,6 +75,10 @@ class AsyncClient(ClientCore):
         """Stops new requests going to `worker_id`; running ones finish."""
         return await self._unary(calls.drain(worker_id))
 
+    async def undrain(self, worker_id: str) -> DrainResult:
+        """Returns a drained worker to routing."""
+        return await self._unary(calls.undrain(worker_id))
+
     async def config(self) -> dict[str, str]:
         """Every configuration key set in the cluster's store (admission policy, objectives, ...)."""
         return await self._unary(calls.config())
@@ -107,7 +112,7 @@ class AsyncClient(ClientCore):
 
     def _stub(self) -> client_pb2_grpc.KvplaneStub:
         if self._stub_instance is None:
-            self._channel = grpc.aio.insecure_channel(self.endpoint)
+            self._channel = grpc_util.aio_channel(self.endpoint, self.credentials, traced=False)
             self._stub_instance = client_pb2_grpc.KvplaneStub(self._channel)
         return self._stub_instance
 

@@ -92,6 +92,10 @@ def drain(worker_id: str) -> UnaryCall[DrainResult]:
     return UnaryCall("DrainWorker", client_pb2.DrainWorkerRequest(worker_id=worker_id), drain_from_proto)
 
 
+def undrain(worker_id: str) -> UnaryCall[DrainResult]:
+    return UnaryCall("UndrainWorker", client_pb2.DrainWorkerRequest(worker_id=worker_id), drain_from_proto)
+
+
 def config() -> UnaryCall[dict[str, str]]:
     return UnaryCall("GetConfig", client_pb2.GetConfigRequest(), config_from_proto)
 
@@ -125,10 +129,14 @@ def retry_wait(error: RejectedError, attempt: int, reject_retries: int, remainin
 class Attempts:
     """The attempts of one call: the time left of its timeout, and what to do after each failure."""
 
-    __slots__ = ("endpoint", "reject_retries", "num_retries", "_end", "_clock")
+    __slots__ = ("endpoint", "credentials", "reject_retries", "num_retries", "_end", "_clock")
 
-    def __init__(self, endpoint: str, timeout: float | None, reject_retries: int, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, endpoint: str, timeout: float | None, reject_retries: int, clock: Callable[[], float] = time.monotonic,
+        credentials: str = "",
+    ) -> None:  # fmt: skip
         self.endpoint = endpoint  # named in connection errors, so that they say where the call went
+        self.credentials = credentials  # what the client presented, in words, for the same messages
         self.reject_retries = reject_retries
         self.num_retries = 0  # waits granted so far
         self._clock = clock
@@ -143,7 +151,7 @@ class Attempts:
 
         `received`: the failed attempt had already delivered a stream message, so it is never retried.
         """
-        error = from_rpc_error(failure, endpoint=self.endpoint)
+        error = from_rpc_error(failure, endpoint=self.endpoint, credentials=self.credentials)
         wait = None
         if isinstance(error, RejectedError) and not received:
             wait = retry_wait(error, self.num_retries, self.reject_retries, self.timeout())

@@ -14,6 +14,7 @@ from typing import Any
 from kvplane.client import calls
 from kvplane.client.request import RequestOptions, check_reject_retries, request_options
 from kvplane.client.results import RouteResult
+from kvplane.security.credentials import Credentials, resolve_client
 from kvplane.telemetry import client_spans
 
 ENDPOINT_ENV = "KVPLANE_ENDPOINT"
@@ -33,10 +34,20 @@ class ClientCore:
     `reject_retries`: how many times generate/stream/route retry a rejection after its
     retry-after hint (default 0: never); each of those calls may override it.
     Generate calls are traced with `tracer_provider` (default: OpenTelemetry's global one).
+
+    `credentials` (kvplane.Credentials): TLS files or a token, or plaintext; by default the client
+    looks in $KVPLANE_TLS_CA/_CERT/_KEY, $KVPLANE_TOKEN, $KVPLANE_INSECURE, then in the credentials
+    directory `kvplane up` wrote for this endpoint, and else speaks TLS against the system's CAs.
+    `token`: a bearer token sent with those credentials (it names the caller, and so its tenant).
     """
 
-    def __init__(self, endpoint: str | None = None, *, timeout: float | None = None, reject_retries: int = 0, tracer_provider=None) -> None:
+    def __init__(
+        self, endpoint: str | None = None, *, timeout: float | None = None, reject_retries: int = 0, tracer_provider=None,
+        credentials: Credentials | None = None, token: str | None = None,
+    ) -> None:  # fmt: skip
         self.endpoint = resolve_endpoint(endpoint)
+        found = resolve_client(self.endpoint, credentials)
+        self.credentials = found.with_token(token) if token else found
         self.timeout = timeout
         self.reject_retries = check_reject_retries(reject_retries)
         self._tracer = client_spans.tracer_for(tracer_provider)
@@ -60,7 +71,7 @@ class ClientCore:
         return calls.route(request, self._retries(reject_retries))
 
     def _attempts(self, call: calls.UnaryCall | calls.GenerateCall) -> calls.Attempts:
-        return calls.Attempts(self.endpoint, self.timeout, call.reject_retries)
+        return calls.Attempts(self.endpoint, self.timeout, call.reject_retries, credentials=self.credentials.describe())
 
     def _progress(self, call: calls.GenerateCall) -> calls.GenerateProgress:
         return calls.GenerateProgress(call, self._attempts(call), self._tracer)

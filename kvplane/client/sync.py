@@ -9,6 +9,7 @@ from typing import TypeVar, Unpack
 
 import grpc
 
+from kvplane import grpc_util
 from kvplane.client import calls
 from kvplane.client.core import ClientCore
 from kvplane.client.from_proto import StreamAssembler
@@ -74,6 +75,10 @@ class Client(ClientCore):
         """Stops new requests going to `worker_id`; running ones finish."""
         return self._unary(calls.drain(worker_id))
 
+    def undrain(self, worker_id: str) -> DrainResult:
+        """Returns a drained worker to routing."""
+        return self._unary(calls.undrain(worker_id))
+
     def config(self) -> dict[str, str]:
         """Every configuration key set in the cluster's store (admission policy, objectives, ...)."""
         return self._unary(calls.config())
@@ -98,7 +103,7 @@ class Client(ClientCore):
     # -- the I/O loops: the only part that differs from AsyncClient --------------------------------
 
     def _connect(self) -> None:
-        self._channel = grpc.insecure_channel(self.endpoint)
+        self._channel = grpc_util.channel(self.endpoint, self.credentials)
         self._stub = client_pb2_grpc.KvplaneStub(self._channel)
 
     def _unary(self, call: calls.UnaryCall[T]) -> T:

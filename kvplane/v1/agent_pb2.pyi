@@ -92,18 +92,20 @@ class PrefillResponse(_message.Message):
     def __init__(self, transfer_id: _Optional[str] = ..., block_hashes: _Optional[_Iterable[bytes]] = ..., prefill_computed_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., transport: _Optional[str] = ..., transport_descriptor: _Optional[bytes] = ..., expires_at: _Optional[float] = ..., layout: _Optional[_Union[_common_pb2.KVLayout, _Mapping]] = ...) -> None: ...
 
 class PullKVRequest(_message.Message):
-    __slots__ = ("transfer_id", "block_indices", "layout", "chunk_bytes", "release_after")
+    __slots__ = ("transfer_id", "block_indices", "layout", "chunk_bytes", "release_after", "ticket")
     TRANSFER_ID_FIELD_NUMBER: _ClassVar[int]
     BLOCK_INDICES_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_FIELD_NUMBER: _ClassVar[int]
     CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
     RELEASE_AFTER_FIELD_NUMBER: _ClassVar[int]
+    TICKET_FIELD_NUMBER: _ClassVar[int]
     transfer_id: str
     block_indices: _containers.RepeatedScalarFieldContainer[int]
     layout: _common_pb2.KVLayout
     chunk_bytes: int
     release_after: bool
-    def __init__(self, transfer_id: _Optional[str] = ..., block_indices: _Optional[_Iterable[int]] = ..., layout: _Optional[_Union[_common_pb2.KVLayout, _Mapping]] = ..., chunk_bytes: _Optional[int] = ..., release_after: _Optional[bool] = ...) -> None: ...
+    ticket: _common_pb2.Ticket
+    def __init__(self, transfer_id: _Optional[str] = ..., block_indices: _Optional[_Iterable[int]] = ..., layout: _Optional[_Union[_common_pb2.KVLayout, _Mapping]] = ..., chunk_bytes: _Optional[int] = ..., release_after: _Optional[bool] = ..., ticket: _Optional[_Union[_common_pb2.Ticket, _Mapping]] = ...) -> None: ...
 
 class KVChunk(_message.Message):
     __slots__ = ("block_index", "offset", "data")
@@ -116,10 +118,12 @@ class KVChunk(_message.Message):
     def __init__(self, block_index: _Optional[int] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class ReleaseKVRequest(_message.Message):
-    __slots__ = ("transfer_id",)
+    __slots__ = ("transfer_id", "ticket")
     TRANSFER_ID_FIELD_NUMBER: _ClassVar[int]
+    TICKET_FIELD_NUMBER: _ClassVar[int]
     transfer_id: str
-    def __init__(self, transfer_id: _Optional[str] = ...) -> None: ...
+    ticket: _common_pb2.Ticket
+    def __init__(self, transfer_id: _Optional[str] = ..., ticket: _Optional[_Union[_common_pb2.Ticket, _Mapping]] = ...) -> None: ...
 
 class ReleaseKVResponse(_message.Message):
     __slots__ = ("released",)
@@ -128,8 +132,16 @@ class ReleaseKVResponse(_message.Message):
     def __init__(self, released: _Optional[bool] = ...) -> None: ...
 
 class DrainRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("ticket",)
+    TICKET_FIELD_NUMBER: _ClassVar[int]
+    ticket: _common_pb2.Ticket
+    def __init__(self, ticket: _Optional[_Union[_common_pb2.Ticket, _Mapping]] = ...) -> None: ...
+
+class UndrainRequest(_message.Message):
+    __slots__ = ("ticket",)
+    TICKET_FIELD_NUMBER: _ClassVar[int]
+    ticket: _common_pb2.Ticket
+    def __init__(self, ticket: _Optional[_Union[_common_pb2.Ticket, _Mapping]] = ...) -> None: ...
 
 class DrainResponse(_message.Message):
     __slots__ = ("state", "num_running")
@@ -152,12 +164,14 @@ class GetStatusResponse(_message.Message):
     def __init__(self, info: _Optional[_Union[_common_pb2.WorkerInfo, _Mapping]] = ..., load: _Optional[_Union[_common_pb2.WorkerLoad, _Mapping]] = ...) -> None: ...
 
 class TokenizeRequest(_message.Message):
-    __slots__ = ("text", "messages")
+    __slots__ = ("text", "messages", "ticket")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    TICKET_FIELD_NUMBER: _ClassVar[int]
     text: str
     messages: _containers.RepeatedCompositeFieldContainer[_common_pb2.ChatMessage]
-    def __init__(self, text: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[_common_pb2.ChatMessage, _Mapping]]] = ...) -> None: ...
+    ticket: _common_pb2.Ticket
+    def __init__(self, text: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[_common_pb2.ChatMessage, _Mapping]]] = ..., ticket: _Optional[_Union[_common_pb2.Ticket, _Mapping]] = ...) -> None: ...
 
 class TokenizeResponse(_message.Message):
     __slots__ = ("token_ids",)
@@ -166,12 +180,14 @@ class TokenizeResponse(_message.Message):
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ProfileRequest(_message.Message):
-    __slots__ = ("max_prompt_tokens", "max_batch")
+    __slots__ = ("max_prompt_tokens", "max_batch", "ticket")
     MAX_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MAX_BATCH_FIELD_NUMBER: _ClassVar[int]
+    TICKET_FIELD_NUMBER: _ClassVar[int]
     max_prompt_tokens: int
     max_batch: int
-    def __init__(self, max_prompt_tokens: _Optional[int] = ..., max_batch: _Optional[int] = ...) -> None: ...
+    ticket: _common_pb2.Ticket
+    def __init__(self, max_prompt_tokens: _Optional[int] = ..., max_batch: _Optional[int] = ..., ticket: _Optional[_Union[_common_pb2.Ticket, _Mapping]] = ...) -> None: ...
 
 class ProfileResponse(_message.Message):
     __slots__ = ("profile", "model")

@@ -59,6 +59,11 @@ class AgentStub:
                 request_serializer=kvplane_dot_v1_dot_agent__pb2.DrainRequest.SerializeToString,
                 response_deserializer=kvplane_dot_v1_dot_agent__pb2.DrainResponse.FromString,
                 _registered_method=True)
+        self.Undrain = channel.unary_unary(
+                '/kvplane.v1.Agent/Undrain',
+                request_serializer=kvplane_dot_v1_dot_agent__pb2.UndrainRequest.SerializeToString,
+                response_deserializer=kvplane_dot_v1_dot_agent__pb2.DrainResponse.FromString,
+                _registered_method=True)
         self.GetStatus = channel.unary_unary(
                 '/kvplane.v1.Agent/GetStatus',
                 request_serializer=kvplane_dot_v1_dot_agent__pb2.GetStatusRequest.SerializeToString,
@@ -114,6 +119,13 @@ class AgentServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Undrain(self, request, context):
+        """Returns a drained worker to service.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetStatus(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -159,6 +171,11 @@ def add_AgentServicer_to_server(servicer, server):
             'Drain': grpc.unary_unary_rpc_method_handler(
                     servicer.Drain,
                     request_deserializer=kvplane_dot_v1_dot_agent__pb2.DrainRequest.FromString,
+                    response_serializer=kvplane_dot_v1_dot_agent__pb2.DrainResponse.SerializeToString,
+            ),
+            'Undrain': grpc.unary_unary_rpc_method_handler(
+                    servicer.Undrain,
+                    request_deserializer=kvplane_dot_v1_dot_agent__pb2.UndrainRequest.FromString,
                     response_serializer=kvplane_dot_v1_dot_agent__pb2.DrainResponse.SerializeToString,
             ),
             'GetStatus': grpc.unary_unary_rpc_method_handler(
@@ -311,6 +328,33 @@ class Agent:
             target,
             '/kvplane.v1.Agent/Drain',
             kvplane_dot_v1_dot_agent__pb2.DrainRequest.SerializeToString,
+            kvplane_dot_v1_dot_agent__pb2.DrainResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Undrain(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvplane.v1.Agent/Undrain',
+            kvplane_dot_v1_dot_agent__pb2.UndrainRequest.SerializeToString,
             kvplane_dot_v1_dot_agent__pb2.DrainResponse.FromString,
             options,
             channel_credentials,

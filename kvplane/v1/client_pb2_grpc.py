@@ -59,6 +59,11 @@ class KvplaneStub:
                 request_serializer=kvplane_dot_v1_dot_client__pb2.DrainWorkerRequest.SerializeToString,
                 response_deserializer=kvplane_dot_v1_dot_client__pb2.DrainWorkerResponse.FromString,
                 _registered_method=True)
+        self.UndrainWorker = channel.unary_unary(
+                '/kvplane.v1.Kvplane/UndrainWorker',
+                request_serializer=kvplane_dot_v1_dot_client__pb2.DrainWorkerRequest.SerializeToString,
+                response_deserializer=kvplane_dot_v1_dot_client__pb2.DrainWorkerResponse.FromString,
+                _registered_method=True)
         self.ProfileWorker = channel.unary_unary(
                 '/kvplane.v1.Kvplane/ProfileWorker',
                 request_serializer=kvplane_dot_v1_dot_client__pb2.ProfileWorkerRequest.SerializeToString,
@@ -116,6 +121,13 @@ class KvplaneServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def UndrainWorker(self, request, context):
+        """Returns a drained worker to routing.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ProfileWorker(self, request, context):
         """Measures a worker's latency profile and stores it; the worker's online model starts from it.
         """
@@ -169,6 +181,11 @@ def add_KvplaneServicer_to_server(servicer, server):
             ),
             'DrainWorker': grpc.unary_unary_rpc_method_handler(
                     servicer.DrainWorker,
+                    request_deserializer=kvplane_dot_v1_dot_client__pb2.DrainWorkerRequest.FromString,
+                    response_serializer=kvplane_dot_v1_dot_client__pb2.DrainWorkerResponse.SerializeToString,
+            ),
+            'UndrainWorker': grpc.unary_unary_rpc_method_handler(
+                    servicer.UndrainWorker,
                     request_deserializer=kvplane_dot_v1_dot_client__pb2.DrainWorkerRequest.FromString,
                     response_serializer=kvplane_dot_v1_dot_client__pb2.DrainWorkerResponse.SerializeToString,
             ),
@@ -326,6 +343,33 @@ class Kvplane:
             request,
             target,
             '/kvplane.v1.Kvplane/DrainWorker',
+            kvplane_dot_v1_dot_client__pb2.DrainWorkerRequest.SerializeToString,
+            kvplane_dot_v1_dot_client__pb2.DrainWorkerResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UndrainWorker(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvplane.v1.Kvplane/UndrainWorker',
             kvplane_dot_v1_dot_client__pb2.DrainWorkerRequest.SerializeToString,
             kvplane_dot_v1_dot_client__pb2.DrainWorkerResponse.FromString,
             options,

@@ -198,18 +198,30 @@ class KVEvent(_message.Message):
     def __init__(self, stored: _Optional[_Union[BlockStored, _Mapping]] = ..., removed: _Optional[_Union[BlockRemoved, _Mapping]] = ..., cleared: _Optional[_Union[AllCleared, _Mapping]] = ...) -> None: ...
 
 class Ticket(_message.Message):
-    __slots__ = ("request_id", "decode_worker_id", "prefill_worker_id", "expires_at", "signature")
+    __slots__ = ("request_id", "decode_worker_id", "prefill_worker_id", "expires_at", "signature", "issued_at", "nonce", "prompt_digest", "cache_salt", "tenant", "operation")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     DECODE_WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     PREFILL_WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
     SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    ISSUED_AT_FIELD_NUMBER: _ClassVar[int]
+    NONCE_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    OPERATION_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     decode_worker_id: str
     prefill_worker_id: str
     expires_at: float
     signature: bytes
-    def __init__(self, request_id: _Optional[str] = ..., decode_worker_id: _Optional[str] = ..., prefill_worker_id: _Optional[str] = ..., expires_at: _Optional[float] = ..., signature: _Optional[bytes] = ...) -> None: ...
+    issued_at: float
+    nonce: bytes
+    prompt_digest: bytes
+    cache_salt: str
+    tenant: str
+    operation: str
+    def __init__(self, request_id: _Optional[str] = ..., decode_worker_id: _Optional[str] = ..., prefill_worker_id: _Optional[str] = ..., expires_at: _Optional[float] = ..., signature: _Optional[bytes] = ..., issued_at: _Optional[float] = ..., nonce: _Optional[bytes] = ..., prompt_digest: _Optional[bytes] = ..., cache_salt: _Optional[str] = ..., tenant: _Optional[str] = ..., operation: _Optional[str] = ...) -> None: ...
 
 class ChatMessage(_message.Message):
     __slots__ = ("role", "content")

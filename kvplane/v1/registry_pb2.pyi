@@ -16,26 +16,30 @@ class RegisterRequest(_message.Message):
     def __init__(self, info: _Optional[_Union[_common_pb2.WorkerInfo, _Mapping]] = ..., ttl_seconds: _Optional[int] = ...) -> None: ...
 
 class RegisterResponse(_message.Message):
-    __slots__ = ("worker_id", "lease_id", "ttl_seconds", "ticket_key", "profile")
+    __slots__ = ("worker_id", "lease_id", "ttl_seconds", "profile", "ticket_public_key", "session_token")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
-    TICKET_KEY_FIELD_NUMBER: _ClassVar[int]
     PROFILE_FIELD_NUMBER: _ClassVar[int]
+    TICKET_PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
+    SESSION_TOKEN_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     lease_id: int
     ttl_seconds: int
-    ticket_key: bytes
     profile: _common_pb2.LatencyProfile
-    def __init__(self, worker_id: _Optional[str] = ..., lease_id: _Optional[int] = ..., ttl_seconds: _Optional[int] = ..., ticket_key: _Optional[bytes] = ..., profile: _Optional[_Union[_common_pb2.LatencyProfile, _Mapping]] = ...) -> None: ...
+    ticket_public_key: bytes
+    session_token: bytes
+    def __init__(self, worker_id: _Optional[str] = ..., lease_id: _Optional[int] = ..., ttl_seconds: _Optional[int] = ..., profile: _Optional[_Union[_common_pb2.LatencyProfile, _Mapping]] = ..., ticket_public_key: _Optional[bytes] = ..., session_token: _Optional[bytes] = ...) -> None: ...
 
 class KeepAliveRequest(_message.Message):
-    __slots__ = ("worker_id", "lease_id")
+    __slots__ = ("worker_id", "lease_id", "session_token")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_TOKEN_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     lease_id: int
-    def __init__(self, worker_id: _Optional[str] = ..., lease_id: _Optional[int] = ...) -> None: ...
+    session_token: bytes
+    def __init__(self, worker_id: _Optional[str] = ..., lease_id: _Optional[int] = ..., session_token: _Optional[bytes] = ...) -> None: ...
 
 class KeepAliveResponse(_message.Message):
     __slots__ = ("ttl_seconds",)
@@ -44,48 +48,54 @@ class KeepAliveResponse(_message.Message):
     def __init__(self, ttl_seconds: _Optional[int] = ...) -> None: ...
 
 class ReportLoadRequest(_message.Message):
-    __slots__ = ("worker_id", "lease_id", "load", "state", "latency")
+    __slots__ = ("worker_id", "lease_id", "load", "state", "latency", "session_token")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     LOAD_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     LATENCY_FIELD_NUMBER: _ClassVar[int]
+    SESSION_TOKEN_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     lease_id: int
     load: _common_pb2.WorkerLoad
     state: _common_pb2.WorkerState
     latency: _common_pb2.LatencyModel
-    def __init__(self, worker_id: _Optional[str] = ..., lease_id: _Optional[int] = ..., load: _Optional[_Union[_common_pb2.WorkerLoad, _Mapping]] = ..., state: _Optional[_Union[_common_pb2.WorkerState, str]] = ..., latency: _Optional[_Union[_common_pb2.LatencyModel, _Mapping]] = ...) -> None: ...
+    session_token: bytes
+    def __init__(self, worker_id: _Optional[str] = ..., lease_id: _Optional[int] = ..., load: _Optional[_Union[_common_pb2.WorkerLoad, _Mapping]] = ..., state: _Optional[_Union[_common_pb2.WorkerState, str]] = ..., latency: _Optional[_Union[_common_pb2.LatencyModel, _Mapping]] = ..., session_token: _Optional[bytes] = ...) -> None: ...
 
 class ReportLoadResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class PublishKVEventsRequest(_message.Message):
-    __slots__ = ("worker_id", "lease_id", "seq", "events", "snapshot")
+    __slots__ = ("worker_id", "lease_id", "seq", "events", "snapshot", "session_token")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     EVENTS_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    SESSION_TOKEN_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     lease_id: int
     seq: int
     events: _containers.RepeatedCompositeFieldContainer[_common_pb2.KVEvent]
     snapshot: bool
-    def __init__(self, worker_id: _Optional[str] = ..., lease_id: _Optional[int] = ..., seq: _Optional[int] = ..., events: _Optional[_Iterable[_Union[_common_pb2.KVEvent, _Mapping]]] = ..., snapshot: _Optional[bool] = ...) -> None: ...
+    session_token: bytes
+    def __init__(self, worker_id: _Optional[str] = ..., lease_id: _Optional[int] = ..., seq: _Optional[int] = ..., events: _Optional[_Iterable[_Union[_common_pb2.KVEvent, _Mapping]]] = ..., snapshot: _Optional[bool] = ..., session_token: _Optional[bytes] = ...) -> None: ...
 
 class PublishKVEventsResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class DeregisterRequest(_message.Message):
-    __slots__ = ("worker_id", "lease_id")
+    __slots__ = ("worker_id", "lease_id", "session_token")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_TOKEN_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     lease_id: int
-    def __init__(self, worker_id: _Optional[str] = ..., lease_id: _Optional[int] = ...) -> None: ...
+    session_token: bytes
+    def __init__(self, worker_id: _Optional[str] = ..., lease_id: _Optional[int] = ..., session_token: _Optional[bytes] = ...) -> None: ...
 
 class DeregisterResponse(_message.Message):
     __slots__ = ()

@@ -1,5 +1,5 @@
 """A real Agent service over loopback gRPC beside a real reference engine; the tests play the
-control plane (they hold the ticket key) and, where needed, the peer agent."""
+control plane (they hold the ticket-signing key, SIGNER) and, where needed, the peer agent."""
 
 from __future__ import annotations
 
@@ -15,11 +15,28 @@ from dataplane.agent.service import AgentService
 from dataplane.engines import EngineAdapter
 from dataplane.engines.reference import EngineConfig
 from dataplane.transport import make_transport
+from kvplane import tickets
 from kvplane.grpc_util import aio_channel, make_server
+from kvplane.security.credentials import Credentials
 from kvplane.types import Role
-from kvplane.v1 import agent_pb2_grpc
+from kvplane.v1 import agent_pb2_grpc, common_pb2
 
-KEY = b"test-ticket-key"
+SIGNER = tickets.TicketSigner(tickets.new_signing_key())
+PLAINTEXT = Credentials.plaintext(source="agent tests")
+
+
+def generate_ticket(
+    request_id: str, worker_id: str, source: str = "", prompt=(), cache_salt: str = "", now: float | None = None
+) -> common_pb2.Ticket:
+    """A generate ticket for `worker_id` (and `source` as its prefill/KV peer), bound to this request."""
+    return SIGNER.issue(
+        tickets.GENERATE, worker_id, request_id=request_id, prefill_worker_id=source, prompt_token_ids=list(prompt),
+        cache_salt=cache_salt, now=now,
+    )  # fmt: skip
+
+
+def op_ticket(operation: str, worker_id: str, now: float | None = None) -> common_pb2.Ticket:
+    return SIGNER.issue(operation, worker_id, now=now)
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,11 +67,12 @@ async def serve_agent(
     endpoint = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
     kv = engine.kv_transfer
     made = {name: make_transport(name, kv.pool, agent_name=worker_id) for name in transports} if kv is not None else {}
-    service = AgentService(config, engine, made, lambda: KEY, endpoint, clock=clock)
+    verifier = tickets.TicketVerifier(SIGNER.public_key)
+    service = AgentService(config, engine, made, lambda: verifier, endpoint, clock=clock, credentials=PLAINTEXT)
     agent_pb2_grpc.add_AgentServicer_to_server(service, server)
     await server.start()
     service.start()
-    channel = aio_channel(endpoint)
+    channel = aio_channel(endpoint, PLAINTEXT)
     try:
         yield RunningAgent(service, engine, agent_pb2_grpc.AgentStub(channel), endpoint)
     finally:

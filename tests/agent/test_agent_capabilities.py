@@ -18,7 +18,7 @@ from kvplane.convert import layout_to_pb
 from kvplane.types import Role
 from kvplane.v1 import agent_pb2, common_pb2
 
-from .helpers import KEY, serve_agent
+from .helpers import generate_ticket, op_ticket, serve_agent
 
 PROMPT = list(range(1, 16 * 2 + 3))
 
@@ -35,7 +35,7 @@ class WithoutCapabilities(ReferenceAdapter):
 
 def generate_request(request_id: str, **fields) -> agent_pb2.AgentGenerateRequest:
     return agent_pb2.AgentGenerateRequest(
-        ticket=tickets.issue(KEY, request_id, "w"), request_id=request_id, prompt_token_ids=PROMPT,
+        ticket=generate_ticket(request_id, "w", fields.get("prefill_from").worker_id if "prefill_from" in fields else "", PROMPT), request_id=request_id, prompt_token_ids=PROMPT,
         sampling=common_pb2.SamplingParams(max_tokens=4), **fields,
     )  # fmt: skip
 
@@ -55,7 +55,7 @@ def test_an_engine_without_kv_transfer_or_profiling_serves_generate_and_refuses_
             assert replies[-1].finished and sum(len(r.token_ids) for r in replies) == 4
 
             prefill = agent_pb2.PrefillRequest(
-                ticket=tickets.issue(KEY, "r2", "d", "w"), request_id="r2", prompt_token_ids=PROMPT,
+                ticket=generate_ticket("r2", "d", "w", PROMPT), request_id="r2", prompt_token_ids=PROMPT,
                 layout=layout_to_pb(engine.info.layout), transports=["grpc"],
             )  # fmt: skip
             error = await refused(agent.stub.Prefill(prefill))
@@ -67,7 +67,7 @@ def test_an_engine_without_kv_transfer_or_profiling_serves_generate_and_refuses_
             error = await refused(_drain(agent.stub.Generate(generate_request("r3", prefill_from=source))))
             assert error.code() == grpc.StatusCode.FAILED_PRECONDITION and "cannot import KV from a peer" in error.details()
 
-            error = await refused(agent.stub.Profile(agent_pb2.ProfileRequest()))
+            error = await refused(agent.stub.Profile(agent_pb2.ProfileRequest(ticket=op_ticket(tickets.PROFILE, "w"))))
             assert error.code() == grpc.StatusCode.FAILED_PRECONDITION and "does not measure its steps" in error.details()
             assert agent.service.latency_model() is None
             assert engine.load().num_used_blocks == 0  # nothing was left pinned

@@ -7,11 +7,10 @@ from __future__ import annotations
 import asyncio
 
 from dataplane.engines import EngineAdapter, EngineRequest, SamplingParams
-from kvplane import tickets
 from kvplane.types import Role
 from kvplane.v1 import agent_pb2, common_pb2
 
-from .helpers import KEY, serve_agent
+from .helpers import generate_ticket, serve_agent
 
 PREFIX = [(7 * i + 3) % 250 for i in range(16 * 6)]  # six full blocks, cached on the holder
 PROMPT = PREFIX + list(range(40, 61))  # plus a 21-token suffix nobody holds
@@ -47,7 +46,7 @@ def test_pulled_prefix_gives_the_same_tokens_as_a_local_computation():
             fetched_tokens, m = await _generate(
                 puller,
                 agent_pb2.AgentGenerateRequest(
-                    ticket=tickets.issue(KEY, "r1", "puller", "holder"),
+                    ticket=generate_ticket("r1", "puller", "holder", PROMPT),
                     request_id="r1",
                     prompt_token_ids=PROMPT,
                     sampling=sampling,
@@ -57,7 +56,7 @@ def test_pulled_prefix_gives_the_same_tokens_as_a_local_computation():
             local_tokens, local_m = await _generate(
                 local,
                 agent_pb2.AgentGenerateRequest(
-                    ticket=tickets.issue(KEY, "r2", "local", ""), request_id="r2", prompt_token_ids=PROMPT, sampling=sampling
+                    ticket=generate_ticket("r2", "local", "", PROMPT), request_id="r2", prompt_token_ids=PROMPT, sampling=sampling
                 ),
             )
             assert holder_engine.take_kv_events() == []  # the holder computed (and stored) nothing

@@ -6,7 +6,11 @@ stops it inside the engine registry's factory call, the first point where engine
 would run; everything before that point is what an agent for any engine runs. The second runs a
 sim-engine agent's start-up to the end, with torch made unimportable, against a real control
 plane: it registers, serves a request, and stops. The third imports every data-plane module
-outside the reference engine's package.
+outside the reference engine's package (the vLLM and SGLang adapters included).
+`run_agent_start_up` runs an agent's start-up to the end (engine connected, registered, serving)
+in a fresh process and reports what it loaded: the engine tests
+(tests/engines/test_engine_clusters.py) run it beside real vLLM and SGLang servers, which only
+`make test-engines` has.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import pytest
 
 from kvplane.client import Client
 from kvplane.cluster import free_port
+from kvplane.security.credentials import Credentials
 
 pytestmark = pytest.mark.cluster  # starts processes
 
@@ -40,7 +45,7 @@ def create(config):
 
 reference.create = create  # the registry looks the factory up when it builds the engine
 from kvplane.cli.main import main
-sys.exit(main(["agent", "--engine", "reference", "--worker-id", "w", "--controlplane", "127.0.0.1:9", "--metrics-port", "-1"]))
+sys.exit(main(["agent", "--engine", "reference", "--worker-id", "w", "--controlplane", "127.0.0.1:9", "--metrics-port", "-1", "--insecure"]))
 """
 
 # torch cannot be imported in this process: every attempt is recorded and fails.
@@ -74,8 +79,41 @@ print(json.dumps({"torch": "torch" in sys.modules, "modules": names}), flush=Tru
 """
 
 
-def _run(script: str) -> tuple[subprocess.CompletedProcess[str], dict]:
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=REPO_ROOT)
+_START_UP_TO_THE_END = r"""
+import argparse, asyncio, json, sys
+from dataplane.agent import main as agent_main
+from dataplane.agent.server import AgentServer
+from kvplane.security import flags as security_flags
+
+parser = argparse.ArgumentParser()
+agent_main.add_arguments(parser)
+args = parser.parse_args(sys.argv[1:])
+credentials = security_flags.server_credentials_from_args(args, "the agent")
+config = agent_main.config_from_args(args)
+
+async def start_and_stop():
+    agent = AgentServer(config, credentials)
+    await agent.start()  # the engine connected, the worker registered, the Agent service serving
+    info = agent.engine.info
+    report = {"started": True, "engine": config.engine_name, "model": info.model, "block_size": info.layout.block_size,
+              "torch": "torch" in sys.modules}
+    await agent.stop(drain_timeout_s=0)
+    return report
+
+print(json.dumps(asyncio.run(start_and_stop())), flush=True)
+"""
+
+
+def run_agent_start_up(agent_argv: list[str]) -> dict:
+    """Runs `kvplane agent AGENT_ARGV`'s start-up to the end in a fresh process, then stops it;
+    returns its report (engine, model, block size, whether torch was loaded)."""
+    done, report = _run(_START_UP_TO_THE_END, agent_argv, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return report
+
+
+def _run(script: str, argv: list[str] = (), timeout: float = 60) -> tuple[subprocess.CompletedProcess[str], dict]:
+    done = subprocess.run([sys.executable, "-c", script, *argv], capture_output=True, text=True, timeout=timeout, cwd=REPO_ROOT)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     assert lines, f"no report from the subprocess; stdout: {done.stdout!r} stderr: {done.stderr[-2000:]!r}"
     return done, json.loads(lines[-1])
@@ -93,20 +131,24 @@ def test_agent_start_up_reaches_engine_construction_without_torch():
     assert report["torch"] is False
 
 
+# What this test checks is torch-freeness, not security (tests/security/): a bare control plane and agent.
+PLAINTEXT = ("--insecure", "--join-token", "no-torch-test-join-token")
+
+
 def test_a_sim_agent_starts_serves_and_stops_with_torch_unimportable(tmp_path):
     cp_port, agent_port = free_port(), free_port()
     cp_log = (tmp_path / "cp.log").open("w")
     controlplane = subprocess.Popen(
-        [sys.executable, "-m", "kvplane", "controlplane", "--host", "127.0.0.1", "--port", str(cp_port), "--metrics-port", "-1"],
+        [sys.executable, "-m", "kvplane", "controlplane", "--host", "127.0.0.1", "--port", str(cp_port), "--metrics-port", "-1", *PLAINTEXT],
         cwd=REPO_ROOT, stdout=cp_log, stderr=subprocess.STDOUT,
     )  # fmt: skip
     agent = subprocess.Popen(
         [sys.executable, "-c", _SIM_AGENT, "agent", "--engine", "sim", "--sim-model", "llama-3-8b", "--sim-tp", "1", "--worker-id", "sim-0",
-         "--port", str(agent_port), "--controlplane", f"127.0.0.1:{cp_port}", "--metrics-port", "-1"],
+         "--port", str(agent_port), "--controlplane", f"127.0.0.1:{cp_port}", "--metrics-port", "-1", *PLAINTEXT],
         cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:
-        with Client(f"127.0.0.1:{cp_port}", timeout=5) as client:
+        with Client(f"127.0.0.1:{cp_port}", timeout=5, credentials=Credentials.plaintext(source="no-torch test")) as client:
             deadline = time.monotonic() + 60
             while not [w for w in _workers(client) if w.worker_id == "sim-0"]:
                 assert agent.poll() is None and controlplane.poll() is None, agent.stdout.read()

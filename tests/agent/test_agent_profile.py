@@ -27,7 +27,7 @@ from kvplane.latency import StepTimeModel, samples_from_pb, samples_to_pb
 from kvplane.types import Role
 from kvplane.v1 import agent_pb2, common_pb2
 
-from .helpers import KEY, serve_agent
+from .helpers import generate_ticket, op_ticket, serve_agent
 
 WORKER = "both-t"
 CHUNK = 512  # max_num_batched_tokens: prompts above it prefill in chunks
@@ -45,7 +45,7 @@ async def agent(**engine_overrides):
 
 async def generate(stub, request_id: str, prompt: list[int], max_tokens: int = 1, cache_salt: str = "") -> common_pb2.RequestMetrics:
     request = agent_pb2.AgentGenerateRequest(
-        ticket=tickets.issue(KEY, request_id, WORKER),
+        ticket=generate_ticket(request_id, WORKER, "", prompt, cache_salt),
         request_id=request_id,
         prompt_token_ids=prompt,
         cache_salt=cache_salt,
@@ -62,7 +62,9 @@ def test_profile_returns_samples_and_a_model_and_seeds_the_online_model():
     async def body():
         async with agent() as (service, engine, stub):
             started = time.monotonic()
-            reply = await stub.Profile(agent_pb2.ProfileRequest(max_prompt_tokens=600, max_batch=4))
+            reply = await stub.Profile(
+                agent_pb2.ProfileRequest(ticket=op_ticket(tickets.PROFILE, WORKER), max_prompt_tokens=600, max_batch=4)
+            )
             elapsed = time.monotonic() - started
             samples = samples_from_pb(reply.profile)
             # ~1 s on 2 idle cores (a default profile ~2 s); only a sanity bound, other processes share the cores.
@@ -91,7 +93,7 @@ def test_profile_defaults_and_concurrent_traffic():
     async def body():
         async with agent(max_num_seqs=4) as (service, engine, stub):
             # Traffic while profiling keeps being served; its steps simply add samples.
-            profile = asyncio.ensure_future(stub.Profile(agent_pb2.ProfileRequest()))
+            profile = asyncio.ensure_future(stub.Profile(agent_pb2.ProfileRequest(ticket=op_ticket(tickets.PROFILE, WORKER))))
             metrics = await generate(stub, "live-1", list(range(1, 200)), max_tokens=8)
             assert metrics.prompt_tokens == 199
             reply = await profile
@@ -106,9 +108,9 @@ def test_profile_defaults_and_concurrent_traffic():
 def test_profile_is_refused_while_draining():
     async def body():
         async with agent() as (service, engine, stub):
-            await stub.Drain(agent_pb2.DrainRequest())
+            await stub.Drain(agent_pb2.DrainRequest(ticket=op_ticket(tickets.DRAIN, WORKER)))
             with pytest.raises(grpc.aio.AioRpcError) as info:
-                await stub.Profile(agent_pb2.ProfileRequest())
+                await stub.Profile(agent_pb2.ProfileRequest(ticket=op_ticket(tickets.PROFILE, WORKER)))
             assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
             assert "draining" in info.value.details()
             assert engine.profiling.take_step_timings() == []  # no work was spent
@@ -122,7 +124,9 @@ def test_worker_load_and_a_stored_profile_seed():
             load = service.worker_load()
             assert list(load.running_remaining_tokens) == [] and load.running_context_tokens == 0
             assert service.latency_model_pb() is None  # nothing measured yet
-            reply = await stub.Profile(agent_pb2.ProfileRequest(max_prompt_tokens=128, max_batch=2))
+            reply = await stub.Profile(
+                agent_pb2.ProfileRequest(ticket=op_ticket(tickets.PROFILE, WORKER), max_prompt_tokens=128, max_batch=2)
+            )
             # A fresh agent seeded from the stored profile (what registration hands back) agrees.
             async with agent() as (other, _, _):
                 other.seed_latency(reply.profile)
@@ -144,7 +148,7 @@ def test_online_model_predicts_measured_prefill_time():
     """
 
     async def attempt(service, stub) -> float:
-        await stub.Profile(agent_pb2.ProfileRequest(max_prompt_tokens=1024, max_batch=8))
+        await stub.Profile(agent_pb2.ProfileRequest(ticket=op_ticket(tickets.PROFILE, WORKER), max_prompt_tokens=1024, max_batch=8))
         # New lengths (the profile's are multiples of 16 = 1024/64); 700 and 1000 prefill in
         # two chunks; the last case is 354 new tokens behind a cached prefix of 496.
         cases = [(40, 0), (150, 0), (300, 0), (450, 0), (700, 0), (1000, 0), (354, 496)]

@@ -1,12 +1,13 @@
 """The prefill side of a transfer: layout checks, pins held until pulled, released on completion,
 failure or timeout. A real Agent service over loopback gRPC with a real engine; the test plays the
-control plane (it holds the ticket key) and the decode agent."""
+control plane (it holds the ticket-signing key) and the decode agent."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import dataclasses
+import time
 
 import grpc
 import pytest
@@ -14,9 +15,9 @@ import pytest
 from kvplane import tickets
 from kvplane.convert import layout_to_pb
 from kvplane.types import Role
-from kvplane.v1 import agent_pb2
+from kvplane.v1 import agent_pb2, common_pb2
 
-from .helpers import KEY, ManualClock, serve_agent, wait_until
+from .helpers import SIGNER, ManualClock, generate_ticket, serve_agent, wait_until
 
 PROMPT = list(range(1, 16 * 4 + 5))  # four full blocks and a tail
 
@@ -27,9 +28,9 @@ async def prefill_agent(**overrides):
         yield agent.engine, agent.stub
 
 
-def prefill_request(engine, **overrides) -> agent_pb2.PrefillRequest:
+def prefill_request(engine, now: float | None = None, **overrides) -> agent_pb2.PrefillRequest:
     request = agent_pb2.PrefillRequest(
-        ticket=tickets.issue(KEY, "r1", "decode-t", "prefill-t"),
+        ticket=generate_ticket("r1", "decode-t", "prefill-t", PROMPT, now=now),
         request_id="r1",
         prompt_token_ids=PROMPT,
         layout=layout_to_pb(engine.info.layout),
@@ -48,15 +49,18 @@ def num_pinned(engine) -> int:
 def test_pull_with_release_after_unpins_when_the_stream_ends():
     async def body():
         async with prefill_agent() as (engine, stub):
-            reply = await stub.Prefill(prefill_request(engine))
+            prefill = prefill_request(engine)
+            reply = await stub.Prefill(prefill)
             assert len(reply.block_hashes) == 4 and reply.transport == "grpc"
             assert num_pinned(engine) == 4
             chunks = [c async for c in stub.PullKV(agent_pb2.PullKVRequest(
-                transfer_id=reply.transfer_id, block_indices=[1, 3], layout=layout_to_pb(engine.info.layout), release_after=True))]  # fmt: skip
+                transfer_id=reply.transfer_id, block_indices=[1, 3], layout=layout_to_pb(engine.info.layout), release_after=True,
+                ticket=prefill.ticket))]  # fmt: skip
             assert {c.block_index for c in chunks} == {1, 3}
             assert sum(len(c.data) for c in chunks) == 2 * engine.kv_transfer.pool.block_nbytes
             assert num_pinned(engine) == 0
-            assert (await stub.ReleaseKV(agent_pb2.ReleaseKVRequest(transfer_id=reply.transfer_id))).released is False
+            release = agent_pb2.ReleaseKVRequest(transfer_id=reply.transfer_id, ticket=prefill.ticket)
+            assert (await stub.ReleaseKV(release)).released is False
 
     asyncio.run(body())
 
@@ -67,7 +71,8 @@ def test_unpulled_transfer_is_unpinned_after_the_timeout():
     async def body():
         async with serve_agent("prefill-t", Role.PREFILL, clock=clock, pin_timeout_s=30.0, pin_check_interval_s=0.01) as agent:
             engine, stub = agent.engine, agent.stub
-            reply = await stub.Prefill(prefill_request(engine))
+            prefill = prefill_request(engine, now=clock.now)
+            reply = await stub.Prefill(prefill)
             assert reply.expires_at == clock.now + 30.0
             assert num_pinned(engine) == 4
             clock.now += 30.0  # due, not yet past due: the janitor keeps it
@@ -76,7 +81,10 @@ def test_unpulled_transfer_is_unpinned_after_the_timeout():
             clock.now += 0.5
             await wait_until(lambda: num_pinned(engine) == 0, "the janitor has unpinned the expired transfer")
             with pytest.raises(grpc.aio.AioRpcError) as info:
-                async for _ in stub.PullKV(agent_pb2.PullKVRequest(transfer_id=reply.transfer_id, layout=layout_to_pb(engine.info.layout))):
+                pull = agent_pb2.PullKVRequest(
+                    transfer_id=reply.transfer_id, layout=layout_to_pb(engine.info.layout), ticket=prefill.ticket
+                )
+                async for _ in stub.PullKV(pull):
                     pass
             assert info.value.code() == grpc.StatusCode.NOT_FOUND
 
@@ -94,9 +102,10 @@ def test_layout_mismatch_is_refused_before_any_work(field, value):
             assert f"KV layout mismatch on {field}" in info.value.details()
             assert engine.load().num_cached_blocks == 0  # nothing was prefilled
             # A pull whose layout differs is refused too, and releases the transfer.
-            reply = await stub.Prefill(prefill_request(engine))
+            prefill = prefill_request(engine)
+            reply = await stub.Prefill(prefill)
             with pytest.raises(grpc.aio.AioRpcError) as info:
-                async for _ in stub.PullKV(agent_pb2.PullKVRequest(transfer_id=reply.transfer_id, layout=theirs)):
+                async for _ in stub.PullKV(agent_pb2.PullKVRequest(transfer_id=reply.transfer_id, layout=theirs, ticket=prefill.ticket)):
                     pass
             assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
             assert num_pinned(engine) == 0
@@ -107,14 +116,35 @@ def test_layout_mismatch_is_refused_before_any_work(field, value):
 def test_requests_need_a_valid_ticket():
     async def body():
         async with prefill_agent() as (engine, stub):
+            other_cluster = tickets.TicketSigner(tickets.new_signing_key())
+            forged_lifetime = generate_ticket("r1", "decode-t", "prefill-t", PROMPT)
+            forged_lifetime.expires_at += 31 * 365 * 86400  # the signature no longer covers it
             for ticket, words in [
-                (tickets.issue(b"another-cluster", "r1", "decode-t", "prefill-t"), "does not verify"),
-                (tickets.issue(KEY, "r1", "decode-t", "someone-else"), "not 'prefill-t'"),
-                (tickets.issue(KEY, "r1", "decode-t", "prefill-t", ttl_s=-1), "expired"),
+                (common_pb2.Ticket(), "carries no ticket"),
+                (
+                    other_cluster.issue(
+                        tickets.GENERATE, "decode-t", request_id="r1", prefill_worker_id="prefill-t", prompt_token_ids=PROMPT
+                    ),
+                    "does not verify",
+                ),  # fmt: skip
+                (forged_lifetime, "does not verify"),
+                (generate_ticket("r1", "decode-t", "someone-else", PROMPT), "not this worker 'prefill-t'"),
+                (generate_ticket("r1", "decode-t", "prefill-t", PROMPT, now=time.time() - 120), "expired"),
+                (generate_ticket("r2", "decode-t", "prefill-t", PROMPT), "another request id"),
+                (generate_ticket("r1", "decode-t", "prefill-t", PROMPT[:-1]), "another prompt"),
+                (generate_ticket("r1", "decode-t", "prefill-t", PROMPT, cache_salt="t/other/"), "another cache salt"),
+                (SIGNER.issue(tickets.DRAIN, "prefill-t"), "for operation 'drain'"),
             ]:
                 with pytest.raises(grpc.aio.AioRpcError) as info:
                     await stub.Prefill(prefill_request(engine, ticket=ticket))
                 assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
                 assert words in info.value.details()
+            # A genuine ticket works once; a replay is refused.
+            assert (
+                await stub.Prefill(prefill_request(engine, ticket=(ticket := generate_ticket("r1", "decode-t", "prefill-t", PROMPT))))
+            ).transfer_id
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await stub.Prefill(prefill_request(engine, ticket=ticket))
+            assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED and "single use" in info.value.details()
 
     asyncio.run(body())

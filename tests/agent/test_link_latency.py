@@ -10,6 +10,7 @@ from dataplane.agent.config import AgentConfig
 from dataplane.agent.link import ControlPlaneLink
 from kvplane.grpc_util import make_server
 from kvplane.latency import OnlineStepModel, StepSample, samples_from_pb, samples_to_pb
+from kvplane.security.credentials import Credentials
 from kvplane.v1 import common_pb2, registry_pb2, registry_pb2_grpc
 
 from .helpers import wait_until
@@ -25,7 +26,7 @@ class FakeRegistry(registry_pb2_grpc.RegistryServicer):
         self.reports: list[registry_pb2.ReportLoadRequest] = []
 
     async def Register(self, request, context):
-        reply = registry_pb2.RegisterResponse(lease_id=7, ttl_seconds=10, ticket_key=b"k")
+        reply = registry_pb2.RegisterResponse(lease_id=7, ttl_seconds=10, session_token=b"s")
         if self.profile is not None:
             reply.profile.CopyFrom(self.profile)
         return reply
@@ -65,6 +66,7 @@ async def run_link(profile: common_pb2.LatencyProfile | None) -> tuple[FakeRegis
         snapshot=lambda: [],
         latency=latency,
         on_profile=lambda stored: online.seed(samples_from_pb(stored)),
+        credentials=Credentials.plaintext(source="test"),
     )
     try:
         await link.start(timeout_s=5)

@@ -51,6 +51,11 @@ CASES = {
     "controlplane": Case(("controlplane", "--lease-ttl", "-1"), 2,
                          "kvplane controlplane: lease_ttl_s must be at least 2 seconds, got -1"),
     "agent": Case(("agent", "--port", "70000"), 2, "kvplane agent: port must be in 0..65535, got 70000"),
+    "certs": Case(("certs",), 2, "usage: kvplane certs [-h] COMMAND"),
+    "certs ca": Case(("certs", "ca"), 2, "kvplane certs ca: error: the following arguments are required: --dir"),
+    "certs issue": Case(("certs", "issue", "--dir", "/nonexistent-kvplane", "--role", "worker", "--name", "w"), 1,
+                        "kvplane: error: cannot read the CA in /nonexistent-kvplane"),
+    "certs show": Case(("certs", "show", "/nonexistent-kvplane.pem"), 1, "kvplane: error: /nonexistent-kvplane.pem:"),
 }  # fmt: skip
 
 

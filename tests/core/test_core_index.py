@@ -12,7 +12,7 @@ from controlplane.core.index import (
     RemovedEvent,
     StoredEvent,
 )
-from kvplane.types import Tier, WorkerId
+from kvplane.types import BlockHash, Tier, WorkerId
 
 W1, W2, W3, W4 = WorkerId("w1"), WorkerId("w2"), WorkerId("w3"), WorkerId("w4")
 
@@ -225,3 +225,9 @@ def test_a_thousand_workers_on_a_hot_prefix_with_mixed_tiers(index):
     assert scores[workers[10 + 1]] == OverlapScore(4, tiers(device=3, host=1))
     assert scores[workers[20]] == OverlapScore(5, tiers(device=4, disk=1))
     assert scores[workers[2]] == OverlapScore(4, tiers(device=4))
+
+
+def test_num_blocks_counts_a_workers_blocks_over_its_tiers():
+    index = CacheIndex()
+    index.apply_snapshot(WorkerId("w"), 1, {Tier.DEVICE: [BlockHash(b"a"), BlockHash(b"b")], Tier.HOST: [BlockHash(b"a")]})
+    assert index.num_blocks(WorkerId("w")) == 3 and index.num_blocks(WorkerId("other")) == 0

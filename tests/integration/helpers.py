@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import ssl
 import time
 import urllib.request
 
@@ -36,9 +37,16 @@ def cached_blocks(client, worker_id: str) -> int:
     return 0
 
 
-def scrape(url: str) -> dict[str, float]:
-    """Prometheus samples as {'name{k="v",...}': value}, labels sorted, scope labels dropped."""
-    text = urllib.request.urlopen(url, timeout=5).read().decode()
+def https_context(cluster) -> ssl.SSLContext:
+    """An SSL context that trusts a LocalCluster's CA: its HTTP API serves HTTPS."""
+    return ssl.create_default_context(cafile=cluster.http_ca)
+
+
+def scrape(url: str, cafile: str | None = None) -> dict[str, float]:
+    """Prometheus samples as {'name{k="v",...}': value}, labels sorted, scope labels dropped
+    (`cafile`: the CA an https URL is verified against, e.g. a LocalCluster's http_ca)."""
+    context = ssl.create_default_context(cafile=cafile) if cafile else None
+    text = urllib.request.urlopen(url, timeout=5, context=context).read().decode()
     samples = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:

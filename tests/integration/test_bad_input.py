@@ -37,8 +37,15 @@ def test_invalid_requests_are_refused_and_serving_continues(disagg_cluster, kwar
 
 
 def test_agents_refuse_requests_without_a_control_plane_ticket(disagg_cluster):
+    """Even the control plane's own identity needs a ticket for work (the full set of attacks is in
+    tests/security)."""
+    from kvplane.grpc_util import aio_channel
+    from kvplane.security.local import CONTROLPLANE
+
     async def call():
-        async with grpc.aio.insecure_channel(disagg_cluster.worker_endpoints["decode-0"]) as channel:
+        async with aio_channel(
+            disagg_cluster.worker_endpoints["decode-0"], disagg_cluster.credentials.for_identity(CONTROLPLANE)
+        ) as channel:
             stub = agent_pb2_grpc.AgentStub(channel)
             with pytest.raises(grpc.aio.AioRpcError) as info:
                 async for _ in stub.Generate(agent_pb2.AgentGenerateRequest(prompt_token_ids=[1, 2, 3])):

@@ -49,8 +49,9 @@ def test_index_follows_tiers_and_disk_blocks_survive_a_restart(tmp_path):
             on_disk = _tiers(client, "both-0")["disk"]
             assert _tiers(client, "both-0")["device"] <= 24
             cluster.restart_agent("both-0")  # same disk directory
-            # The restarted agent's first snapshot already names its disk blocks.
-            assert _tiers(client, "both-0") == {"device": 0, "host": 0, "disk": on_disk}
+            # The restarted agent's first snapshot names its disk blocks (it follows the registration
+            # that restart_agent waits for, so wait for it too).
+            wait_for(lambda: _tiers(client, "both-0") == {"device": 0, "host": 0, "disk": on_disk}, timeout=10, what="the first snapshot")
             route = client.route(prompts[0], max_tokens=4, disagg="never")
             again = client.generate(prompts[0], max_tokens=4, disagg="never")
     assert route.decode_worker == "both-0" and route.cached_tokens > 0

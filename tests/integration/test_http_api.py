@@ -4,6 +4,7 @@ package (and curl, as the README shows it)."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -17,7 +18,7 @@ from kvplane import Client
 from kvplane.cluster import LocalCluster
 from tests.engine.helpers import write_hf_llama
 
-from .helpers import BLOCK_SIZE, prompt_ids, scrape, wait_for
+from .helpers import BLOCK_SIZE, https_context, prompt_ids, scrape, wait_for
 
 pytestmark = pytest.mark.cluster  # starts processes
 
@@ -38,7 +39,8 @@ def cluster(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def api(cluster):
-    with openai.OpenAI(base_url=cluster.http_url, api_key="unused", max_retries=0, timeout=120) as client:
+    https = httpx.Client(verify=https_context(cluster), timeout=120)  # the cluster's CA: the HTTP API serves HTTPS
+    with openai.OpenAI(base_url=cluster.http_url, api_key=cluster.http_token, max_retries=0, timeout=120, http_client=https) as client:
         yield client
 
 
@@ -59,7 +61,8 @@ def test_token_id_prompts_and_a_repeated_prefix_report_cached_tokens(api, cluste
     prefix = prompt_ids(seed=3, length=8 * BLOCK_SIZE)
     first = api.completions.with_raw_response.create(model="builtin-tiny", prompt=prefix + [1, 2], max_tokens=2)
     holder = first.headers["x-kvplane-decode-worker"]
-    with Client(cluster.endpoint) as client:
+    # As the same tenant as the HTTP token: another tenant's route would see no cached tokens.
+    with Client(cluster.endpoint, token=cluster.http_token) as client:
         wait_for(lambda: client.route(prefix + [3, 4], max_tokens=2).cached_tokens > 0, timeout=10, what="the prefix in the index")
     second = api.completions.with_raw_response.create(model="builtin-tiny", prompt=prefix + [3, 4], max_tokens=2)
     body = second.parse()
@@ -96,9 +99,24 @@ def test_bad_input_is_a_400_and_an_unknown_model_a_404(api):
 def test_models_health_and_metrics(api, cluster):
     assert [m.id for m in api.models.list()] == ["builtin-tiny"]
     base = cluster.http_url.removesuffix("/v1")
-    assert httpx.get(f"{base}/health").json() == {"status": "ok", "workers": 2}
-    samples = scrape(f"{base}/metrics")
+    assert httpx.get(f"{base}/health", verify=https_context(cluster)).json() == {"status": "ok", "workers": 2}
+    samples = scrape(f"{base}/metrics", cluster.http_ca)
     assert any(k.startswith("kvplane_http_requests_total") and 'http_route="/v1/completions"' in k for k in samples)
+
+
+def test_calls_without_a_known_token_are_refused(cluster):
+    body = {"model": "builtin-tiny", "prompt": "hello", "max_tokens": 2}
+    ca = https_context(cluster)
+    assert (
+        httpx.post(f"{cluster.http_url}/completions", json=body, timeout=30, verify=ca).status_code == 403
+    )  # the replica may not generate
+    response = httpx.post(
+        f"{cluster.http_url}/completions", json=body, timeout=30, headers={"authorization": "Bearer not-a-token-we-know"}, verify=ca
+    )
+    assert response.status_code == 401 and response.json()["error"]["type"] == "authentication_error"
+    assert httpx.get(f"{cluster.http_url}/models", timeout=30, verify=ca).status_code == 200  # listing models needs no token
+    with pytest.raises(httpx.ConnectError):  # HTTPS only: and a client that does not trust the cluster CA refuses it
+        httpx.get(f"{cluster.http_url}/models", timeout=30)
 
 
 def test_a_rejection_is_a_429_with_retry_after(cluster):
@@ -109,7 +127,11 @@ def test_a_rejection_is_a_429_with_retry_after(cluster):
         client.set_config("admission.policy", "predictive")
         try:
             response = httpx.post(
-                f"{cluster.http_url}/completions", json={"model": "builtin-tiny", "prompt": "hello", "max_tokens": 4}, timeout=60
+                f"{cluster.http_url}/completions",
+                json={"model": "builtin-tiny", "prompt": "hello", "max_tokens": 4},
+                timeout=60,
+                headers={"authorization": f"Bearer {cluster.http_token}"},
+                verify=https_context(cluster),
             )
         finally:
             client.set_config("admission.policy", "")
@@ -124,7 +146,10 @@ def test_a_client_that_disconnects_mid_stream_aborts_its_request(cluster):
     with Client(cluster.endpoint) as client:
         wait_for(lambda: all(w.load.num_running == 0 for w in client.workers()), timeout=30, what="idle workers")
         body = {"model": "builtin-tiny", "prompt": prompt_ids(seed=5, length=40), "max_tokens": 1000, "stream": True, "ignore_eos": True}
-        with httpx.stream("POST", f"{cluster.http_url}/completions", json=body, timeout=60) as response:
+        auth = {"authorization": f"Bearer {cluster.http_token}"}
+        with httpx.stream(
+            "POST", f"{cluster.http_url}/completions", json=body, timeout=60, headers=auth, verify=https_context(cluster)
+        ) as response:
             assert response.status_code == 200, response.read()
             lines = response.iter_lines()
             assert next(line for line in lines if line.startswith("data: "))
@@ -143,7 +168,8 @@ def test_chat_completions_use_the_models_chat_template(tmp_path):
     with LocalCluster(
         num_prefill=0, num_decode=0, num_both=1, agent_args=("--model", str(checkpoint)), http_port=0, log_dir=tmp_path / "logs"
     ) as c:
-        with openai.OpenAI(base_url=c.http_url, api_key="unused", max_retries=0, timeout=120) as api:
+        https = httpx.Client(verify=https_context(c), timeout=120)
+        with openai.OpenAI(base_url=c.http_url, api_key=c.http_token, max_retries=0, timeout=120, http_client=https) as api:
             messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "the quick brown fox"}]
             full = api.chat.completions.create(
                 model="chat-llama", messages=messages, max_tokens=6, temperature=0, extra_body={"ignore_eos": True}
@@ -170,7 +196,8 @@ def test_the_readme_curl_example_runs(cluster):
     # The command: from `curl` to the first line that does not continue with a backslash.
     block = re.search(r"^curl [^\n]*/v1/completions(?:[^\n]*\\\n)*[^\n]*$", README.read_text(), re.M)
     assert block, "README has no curl example for /v1/completions"
-    command = block.group(0).replace("http://127.0.0.1:8000/v1", cluster.http_url)
-    result = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=60, check=True)
+    command = block.group(0).replace("https://127.0.0.1:8000/v1", cluster.http_url)
+    env = dict(os.environ, TOKEN=cluster.http_token, CA=cluster.http_ca)  # what `kvplane up` prints
+    result = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=60, check=True, env=env)
     answer = json.loads(result.stdout)
     assert answer["object"] == "text_completion" and answer["usage"]["completion_tokens"] > 0

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import ssl
 import subprocess
 import sys
 import urllib.request
@@ -153,7 +154,8 @@ def test_prometheus_endpoints_serve_documented_metrics_that_move(traced):
     cp_before, decode_before = scrape(cp_url), scrape(urls["decode-0"])
     remote = client.generate(prompt_ids(seed=42, length=5 * BLOCK_SIZE + 1), max_tokens=4, disagg="always", ignore_eos=True)
     local = client.generate(prompt_ids(seed=43, length=20), max_tokens=4, disagg="never", ignore_eos=True)
-    with urllib.request.urlopen(f"{cluster.http_url}/models", timeout=10) as response:  # the HTTP API counts too
+    https = ssl.create_default_context(cafile=cluster.http_ca)  # the HTTP API serves HTTPS with the cluster's CA
+    with urllib.request.urlopen(f"{cluster.http_url}/models", timeout=10, context=https) as response:  # the HTTP API counts too
         assert response.status == 200
     cp_after, decode_after, prefill_after = scrape(cp_url), scrape(urls["decode-0"]), scrape(urls["prefill-0"])
 

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from kvplane import Client
+from kvplane.grpc_util import channel as channel_to
 
 from .helpers import prompt_ids
 
@@ -18,8 +18,8 @@ def _endpoints(cluster) -> dict[str, str]:
     return {"controlplane": cluster.endpoint, **cluster.worker_endpoints}
 
 
-def _services(endpoint: str) -> set[str]:
-    with grpc.insecure_channel(endpoint) as channel:
+def _services(endpoint: str, credentials) -> set[str]:
+    with channel_to(endpoint, credentials) as channel:
         stub = reflection_pb2_grpc.ServerReflectionStub(channel)
         request = reflection_pb2.ServerReflectionRequest(list_services="")
         reply = next(iter(stub.ServerReflectionInfo(iter([request]), timeout=10)))
@@ -34,12 +34,13 @@ def _services(endpoint: str) -> set[str]:
 ])  # fmt: skip
 def test_health_and_reflection(disagg_cluster, name, service):
     endpoint = _endpoints(disagg_cluster)[name]
-    with grpc.insecure_channel(endpoint) as channel:
+    credentials = disagg_cluster.credentials.admin  # with mTLS, health and reflection need a cluster certificate too
+    with channel_to(endpoint, credentials) as channel:
         health = health_pb2_grpc.HealthStub(channel)
         for probe in ("", service):
             reply = health.Check(health_pb2.HealthCheckRequest(service=probe), timeout=10)
             assert reply.status == health_pb2.HealthCheckResponse.SERVING
-    assert {service, "grpc.health.v1.Health"} <= _services(endpoint)
+    assert {service, "grpc.health.v1.Health"} <= _services(endpoint, credentials)
 
 
 def test_drained_worker_finishes_nothing_new_and_leaves_routing():

@@ -12,12 +12,16 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import shutil
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 import grpc
 
 from kvplane.errors import REASON_KEY, RETRY_AFTER_MS_KEY
+from kvplane.security.local import CONTROLPLANE, LocalCredentials
 from kvplane.v1 import client_pb2, client_pb2_grpc, common_pb2
 
 METRICS = common_pb2.RequestMetrics(
@@ -138,6 +142,11 @@ class ScriptedKvplane(client_pb2_grpc.KvplaneServicer):
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no worker {request.worker_id!r}")
         return client_pb2.DrainWorkerResponse(worker_id=request.worker_id, state=common_pb2.WORKER_STATE_DRAINING)
 
+    async def UndrainWorker(self, request, context):  # noqa: N802
+        if request.worker_id not in {w.info.worker_id for w in WORKERS}:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no worker {request.worker_id!r}")
+        return client_pb2.DrainWorkerResponse(worker_id=request.worker_id, state=common_pb2.WORKER_STATE_ACTIVE)
+
     async def GetConfig(self, request, context):  # noqa: N802
         return client_pb2.ConfigResponse(values=self.config)
 
@@ -191,9 +200,14 @@ async def _abort_if_scripted(text: str, context) -> bool:
 
 
 class ScriptedServer:
-    """Starts on a free loopback port; `.endpoint`, `.servicer` (for recorded requests), `stop()`."""
+    """Starts on a free loopback port; `.endpoint`, `.servicer` (for recorded requests), `stop()`.
+
+    It serves mutual TLS with throw-away credentials published for its endpoint, as `kvplane up`
+    does, so SDK clients made with no credentials find them."""
 
     def __init__(self) -> None:
+        self._credentials_dir = Path(tempfile.mkdtemp(prefix="kvplane-scripted-"))
+        self.credentials = LocalCredentials.create(self._credentials_dir)
         self.servicer = ScriptedKvplane()
         self.endpoint = ""
         self._loop = asyncio.new_event_loop()
@@ -208,9 +222,11 @@ class ScriptedServer:
     async def _start(self) -> None:
         self._server = grpc.aio.server()
         client_pb2_grpc.add_KvplaneServicer_to_server(self.servicer, self._server)
-        port = self._server.add_insecure_port("127.0.0.1:0")
+        server_side = self.credentials.for_identity(CONTROLPLANE)
+        port = self._server.add_secure_port("127.0.0.1:0", server_side.server_credentials())
         await self._server.start()
         self.endpoint = f"127.0.0.1:{port}"
+        self.credentials.publish(self.endpoint)
 
     def stop(self) -> None:
         assert self._server is not None
@@ -218,3 +234,5 @@ class ScriptedServer:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
         self._loop.close()
+        self.credentials.remove()
+        shutil.rmtree(self._credentials_dir, ignore_errors=True)

@@ -23,6 +23,7 @@ UNARY_CALLS = {
     "cache": calls.cache(),
     "stats": calls.stats(30.0),
     "drain": calls.drain("decode-0"),
+    "undrain": calls.undrain("decode-0"),
     "config": calls.config(),
     "set_config": calls.set_config("admission.policy", "none"),
     "profile": calls.profile("prefill-0", 512, 8),
@@ -54,6 +55,7 @@ def test_builders_carry_their_arguments_and_converters() -> None:
     assert (c["route"].request, c["route"].result, c["route"].reject_retries) == (REQUEST, from_proto.route_from_proto, 2)
     assert c["stats"].request == client_pb2.GetStatsRequest(window_s=30.0)
     assert c["drain"].request == client_pb2.DrainWorkerRequest(worker_id="decode-0")
+    assert (c["undrain"].method, c["undrain"].request) == ("UndrainWorker", client_pb2.DrainWorkerRequest(worker_id="decode-0"))
     assert c["set_config"].request == client_pb2.SetConfigRequest(key="admission.policy", value="none")
     assert c["profile"].request == client_pb2.ProfileWorkerRequest(worker_id="prefill-0", max_prompt_tokens=512, max_batch=8)
     # Only a request with a prompt may be rejected by admission, so only route retries.

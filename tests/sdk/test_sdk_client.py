@@ -148,8 +148,9 @@ def test_endpoint_comes_from_argument_then_env_then_default(monkeypatch: pytest.
 def test_every_name_the_package_exports_resolves() -> None:
     import kvplane.client
     import kvplane.errors
+    import kvplane.security
 
     for name in kvplane.__all__:
-        home = kvplane.client if name in kvplane.client.__all__ else kvplane.errors
+        home = next(m for m in (kvplane.client, kvplane.security, kvplane.errors) if m is kvplane.errors or name in m.__all__)
         assert getattr(kvplane, name) is getattr(home, name), name
     assert all(hasattr(kvplane.client, name) for name in kvplane.client.__all__)

@@ -20,7 +20,7 @@ from kvplane.client import (
 )
 from tests.sdk.scripted_server import ScriptedServer
 
-METHODS = ("cache", "close", "config", "drain", "generate", "profile", "route", "set_config", "stats", "stream", "workers")
+METHODS = ("cache", "close", "config", "drain", "generate", "profile", "route", "set_config", "stats", "stream", "undrain", "workers")
 # (method, args, kwargs): one call of every RPC, answered the same way every time by the scripted server.
 CALLS: tuple[tuple[str, tuple, dict[str, Any]], ...] = (
     ("generate", ("hello",), {"max_tokens": 4, "priority": "batch"}),
@@ -31,6 +31,7 @@ CALLS: tuple[tuple[str, tuple, dict[str, Any]], ...] = (
     ("cache", (), {}),
     ("stats", (30.0,), {}),
     ("drain", ("decode-0",), {}),
+    ("undrain", ("decode-0",), {}),
     ("config", (), {}),
     ("set_config", ("admission.policy", "threshold"), {}),
     ("profile", ("prefill-0",), {"max_batch": 4}),

@@ -16,7 +16,7 @@ from dataplane.engines.base import EngineInfo, KVImportExport, StepProfiling
 from dataplane.engines.events import KVCacheEvent
 from dataplane.engines.reference.config import EngineConfig
 from dataplane.engines.reference.engine import Engine
-from dataplane.engines.request import EngineLoad, EngineOutput, EngineRequest
+from dataplane.engines.request import EngineInputError, EngineLoad, EngineOutput, EngineRequest
 from kvplane.chat import ChatTemplateError, load_chat_template
 from kvplane.types import BlockHash, Tier
 
@@ -57,6 +57,8 @@ class ReferenceAdapter:
         return self.engine.health()
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
+        if request.native_handoff:
+            raise EngineInputError("the reference engine has no engine-native KV transfer; it imports KV through kvplane's transports")
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[EngineOutput] = asyncio.Queue()
         # Raises EngineInputError / EngineCapacityError here, before the stream exists.
@@ -67,7 +69,8 @@ class ReferenceAdapter:
         self.engine.abort(request_id)
 
     async def tokenize(self, text: str) -> list[int]:
-        return self.engine.tokenizer.encode(text)
+        # In a worker thread: a long prompt must not stall the agent's event loop (KV pulls, other requests).
+        return await asyncio.to_thread(self.engine.tokenizer.encode, text)
 
     async def detokenize(self, token_ids: Sequence[int]) -> str:
         return self.engine.tokenizer.decode(token_ids)
@@ -93,6 +96,10 @@ class ReferenceAdapter:
     @property
     def kv_transfer(self) -> KVImportExport:
         return self.engine
+
+    @property
+    def native_transfer(self) -> None:
+        return None  # KV moves through kvplane's transports (kv_transfer)
 
     @property
     def profiling(self) -> StepProfiling:

@@ -106,6 +106,10 @@ class SimAdapter:
         return self.engine
 
     @property
+    def native_transfer(self) -> None:
+        return None  # KV moves through kvplane's transports over a modeled link (kv_transfer)
+
+    @property
     def profiling(self) -> StepProfiling:
         return self
 
