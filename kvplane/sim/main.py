@@ -253,7 +253,8 @@ class Sweep:
 
     def synthetic_spec(self) -> workloads.SyntheticSpec:
         a = self.args
-        return workloads.SyntheticSpec(length_range(a.input_tokens), length_range(a.output_tokens), a.prefix_share).validate()
+        spec = workloads.SyntheticSpec(length_range(a.input_tokens), length_range(a.output_tokens), a.prefix_share).validate()
+        return spec.check_fits(self.spec.key, self.spec.max_context)
 
     def levels(self) -> tuple[list[Level], float | None]:
         a = self.args

@@ -139,9 +139,11 @@ class Planner:
             self.mean_output = sum(max(1, r.output_length) for r in records) / len(records)
             self.synthetic = None
         else:
-            self.synthetic = workloads.SyntheticSpec(
-                length_range(args.input_tokens), length_range(args.output_tokens), args.prefix_share
-            ).validate()
+            self.synthetic = (
+                workloads.SyntheticSpec(length_range(args.input_tokens), length_range(args.output_tokens), args.prefix_share)
+                .validate()
+                .check_fits(self.model.key, self.model.max_context)
+            )
             self.mean_input = sum(self.synthetic.input_tokens) / 2
             self.mean_output = sum(self.synthetic.output_tokens) / 2
         self.num_simulations = 0

@@ -113,6 +113,17 @@ class SyntheticSpec:
             raise ValueError(f"num_prefixes must be at least 1, got {self.num_prefixes}")
         return self
 
+    def check_fits(self, model: str, max_context: int) -> SyntheticSpec:
+        """ValueError unless the longest prompt plus the longest output fits the model's context
+        (the engine refuses such a request, so every simulated one would fail)."""
+        longest = self.input_tokens[1] + self.output_tokens[1]
+        if longest > max_context:
+            raise ValueError(
+                f"{self.input_tokens[1]} prompt + {self.output_tokens[1]} output tokens exceed {model}'s context of "
+                f"{max_context} tokens; shorten them or pick a longer-context model (e.g. --sim-model llama-3.1-70b)"
+            )
+        return self
+
 
 def synthetic(spec: SyntheticSpec, rate: float, duration_s: float, seed: int, vocab_size: int) -> list[SimRequest]:
     spec.validate()

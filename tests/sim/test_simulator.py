@@ -128,3 +128,12 @@ def test_virtual_time_agrees_with_real_processes_on_a_small_workload():
     assert abs(row["processes_error"]["ttft_p50_ms"]) < 0.2, (row["ttft_p50_ms"], real["ttft_p50_ms"])
     assert abs(row["processes_error"]["goodput_rps"]) < 0.1, (row["goodput_rps"], real["goodput_rps"])
     assert row["kv_bytes_moved"] == real["kv_bytes_moved"]
+
+
+def test_a_synthetic_workload_that_does_not_fit_the_model_s_context_is_refused_up_front():
+    from kvplane.sim.workloads import SyntheticSpec
+
+    spec = SyntheticSpec((4096, 8192), (64, 256), 0.0).validate()
+    with pytest.raises(ValueError, match="8192 prompt \\+ 256 output tokens exceed llama-3-70b's context of 8192 tokens"):
+        spec.check_fits("llama-3-70b", hardware.model("llama-3-70b").max_context)
+    assert spec.check_fits("llama-3.1-70b", hardware.model("llama-3.1-70b").max_context) is spec
