@@ -2,7 +2,7 @@
 
 Floors, bottom up (a module may import its own floor and those below, never above):
 - shared (`kvplane.types`, `block_hash`, `latency`, `stats`, `sampling`, `chat`, `tickets`, `convert`, `errors`, `security`,
-  `grpc_util`, `telemetry`, the `v1` stubs): imports only other shared modules;
+  `grpc_util`, `telemetry`, the `v1` stubs, `hardware`): imports only other shared modules;
 - `controlplane.core` (the plain-Python planner and its algorithms): the standard library and
   `kvplane.types`, `kvplane.block_hash`, `kvplane.latency`, `kvplane.stats` only (no grpc,
   store client or torch);
@@ -38,11 +38,12 @@ SHARED = tuple(
         "telemetry",
         "v1",
         "chat",
+        "hardware",
     )  # fmt: skip
 )
 CORE_MAY_IMPORT = ("kvplane.types", "kvplane.block_hash", "kvplane.latency", "kvplane.stats")
 # The benchmarks' doors into the data plane: package entry points, not their modules.
-BENCH_DATAPLANE_DOORS = ("dataplane.engines", "dataplane.engines.reference", "dataplane.transport")
+BENCH_DATAPLANE_DOORS = ("dataplane.engines", "dataplane.engines.reference", "dataplane.engines.sim", "dataplane.transport")
 
 
 def _under(module: str, prefixes: tuple[str, ...] | str) -> bool:

@@ -216,6 +216,10 @@ class CacheIndex:
             for worker_id, tier_blocks in self._worker_to_tier_blocks.items()
         }
 
+    def num_block_hashes(self) -> int:
+        """Distinct block hashes held by any worker at any tier."""
+        return len(self._block_to_tier_masks)
+
     def num_blocks(self, worker_id: WorkerId) -> int:
         """Blocks the worker holds, over all tiers (a block at two tiers counts twice)."""
         return sum(len(blocks) for blocks in self._worker_to_tier_blocks.get(worker_id, {}).values())

@@ -27,7 +27,7 @@ from dataplane.agent.link import ControlPlaneLink
 from dataplane.agent.observe import register_load_gauges
 from dataplane.agent.service import AgentService
 from dataplane.engines.base import EngineAdapter
-from dataplane.transport import KVTransport, available_transports, make_transport
+from dataplane.transport import KVTransport, ModeledLinkTransport, available_transports, make_transport
 from kvplane import telemetry
 from kvplane.grpc_util import add_port, enable_health_and_reflection, make_server, set_serving
 from kvplane.security.auth import Authenticator, AuthInterceptor
@@ -108,13 +108,20 @@ class AgentServer:
             if config.transports:
                 raise ValueError(f"the {config.engine_name} engine does not move KV through kvplane transports; drop --transports")
             return {}
-        names = list(config.transports) or available_transports()
-        unknown = [n for n in names if n not in available_transports()]
+        available = available_transports(kv.pool)
+        names = list(config.transports) or available
+        unknown = [n for n in names if n not in available]
         if unknown:
-            raise ValueError(f"KV transports {unknown} are not available here; available: {available_transports()}")
+            raise ValueError(f"KV transports {unknown} are not available here; available: {available}")
         if "nixl" in names and self.credentials.tls:
             log.warning("KV blocks moved over nixl (UCX) are not encrypted or authenticated by kvplane's TLS; see docs/security.md")
-        return {name: make_transport(name, kv.pool, agent_name=config.worker_id, credentials=self._peer_credentials) for name in names}
+        transports = {
+            name: make_transport(name, kv.pool, agent_name=config.worker_id, credentials=self._peer_credentials) for name in names
+        }
+        link = kv.modeled_link
+        if link is not None:  # a simulated engine: its KV crosses a modeled link (dataplane/transport/modeled.py)
+            transports = {name: ModeledLinkTransport(t, link) for name, t in transports.items()}
+        return transports
 
     async def watch_engine(self, interval_s: float = 0.25) -> str:
         """Returns (the reason) once the engine has not served for engine_down_grace_s."""

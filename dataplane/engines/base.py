@@ -37,6 +37,7 @@ from kvplane.types import BlockHash, KVLayout, Tier
 
 if TYPE_CHECKING:
     from dataplane.transport.base import KVPoolLike
+    from dataplane.transport.modeled import ModeledLink
     from kvplane.latency import StepSample
 
 
@@ -66,6 +67,13 @@ class KVImportExport(Protocol):
     @property
     def pool(self) -> KVPoolLike:
         """The pool a transport reads from and writes into (one contiguous buffer of blocks)."""
+        ...
+
+    @property
+    def modeled_link(self) -> ModeledLink | None:
+        """None when the pool holds the KV itself. A simulated engine's pool holds a scaled-down
+        payload per block; its transfers then report the model's bytes and take this link's time
+        (dataplane/transport/modeled.py)."""
         ...
 
     def pin_cached_prefix(self, prompt_token_ids: Sequence[int], cache_salt: str = "") -> tuple[list[BlockHash], list[int]]:

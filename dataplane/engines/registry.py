@@ -21,6 +21,7 @@ DEFAULT_ENGINE = "reference"
 # name -> plugin module, in the order their flags are listed. The one list of engine names.
 _PLUGIN_MODULES = {
     "reference": "dataplane.engines.reference.plugin",
+    "sim": "dataplane.engines.sim.plugin",
     "vllm": "dataplane.engines.vllm.plugin",
     "sglang": "dataplane.engines.sglang.plugin",
 }

@@ -9,12 +9,15 @@ from dataplane.transport.base import (
     TransportError,
     TransportUnavailableError,
 )
+from dataplane.transport.modeled import ModeledLink, ModeledLinkTransport
 from dataplane.transport.registry import TRANSPORT_NAMES, available_transports, make_transport, unavailable_reason
 
 __all__ = [
     "KVPoolLike",
     "KVTransport",
     "LayoutMismatchError",
+    "ModeledLink",
+    "ModeledLinkTransport",
     "PullSource",
     "TRANSPORT_NAMES",
     "TransferError",

@@ -7,9 +7,11 @@ into the pinned block list the descriptor was made from and each destination is 
 the local pool. Blocks are single contiguous byte ranges of the pool buffer, so a transport
 moves whole blocks and never looks inside them.
 
-No module here imports torch when imported (an agent beside an external engine loads none): the
-pool's buffer is a torch tensor, so code that touches it imports torch where it runs. The nixl
-package itself imports torch, so the NIXL probe only runs when a pool is there to serve.
+No module here imports torch when imported (an agent beside an external engine loads none). A
+pool is either a torch tensor (the reference engine's KVPool: every transport) or plain host
+memory without torch (the sim engine's pool: `buffer` is None, and only byte-stream transports,
+grpc, serve it). Code that touches a tensor imports torch where it runs. The nixl package itself
+imports torch, so the NIXL probe only runs when a tensor pool is there to serve.
 """
 
 from __future__ import annotations
@@ -42,14 +44,27 @@ class TransferError(TransportError):
 
 
 class KVPoolLike(Protocol):
-    """The part of a KV pool a transport needs (dataplane.engines.reference.kv_pool.KVPool satisfies it)."""
+    """The part of a KV pool a transport needs (dataplane.engines.reference.kv_pool.KVPool and
+    dataplane.engines.sim.pool.SimPool satisfy it)."""
 
     @property
-    def buffer(self) -> torch.Tensor: ...  # [num_blocks, layers, 2, block_size, heads, head_dim], contiguous
+    def buffer(self) -> torch.Tensor | None:
+        """[num_blocks, layers, 2, block_size, heads, head_dim], contiguous; None for a torch-free
+        host pool (then host_bytes() is the pool)."""
+        ...
+
+    def host_bytes(self) -> memoryview | None:
+        """The whole pool as one flat writable byte view when it lives in host memory (no copy);
+        None for device memory."""
+        ...
+
     @property
     def layout(self) -> KVLayout: ...
     @property
-    def block_nbytes(self) -> int: ...
+    def block_nbytes(self) -> int:
+        """Bytes stored per block: the layout's block bytes, or a simulated engine's scaled-down payload."""
+        ...
+
     @property
     def num_blocks(self) -> int: ...
 
@@ -91,6 +106,11 @@ def check_layout(local: KVLayout, remote: KVLayout) -> None:
 def check_pool(pool: KVPoolLike) -> None:
     """A transport addresses blocks by byte offset, so the buffer must be one dense block array."""
     buffer = pool.buffer
+    if buffer is None:
+        host = pool.host_bytes()
+        if host is None or host.nbytes != pool.num_blocks * pool.block_nbytes:
+            raise ValueError(f"a pool without a tensor must be {pool.num_blocks} blocks of {pool.block_nbytes} bytes in host memory")
+        return
     if not buffer.is_contiguous():
         raise ValueError("the KV pool buffer must be contiguous: transports address blocks by byte offset")
     if buffer.shape[0] != pool.num_blocks or buffer.numel() * buffer.element_size() != pool.num_blocks * pool.block_nbytes:

@@ -75,11 +75,15 @@ class GrpcDescriptor:
             raise TransportError(f"not a grpc transport descriptor ({e}); did the peer choose another transport?") from None
 
 
-def _byte_view(buffer: torch.Tensor) -> torch.Tensor:
-    """The pool's storage as one flat uint8 tensor (a view, not a copy)."""
-    import torch  # noqa: PLC0415 (only with a pool, whose engine has loaded torch already)
+def _byte_view(pool: KVPoolLike) -> memoryview | torch.Tensor:
+    """The pool's storage as flat bytes (a view, not a copy): a memoryview of host memory, else a
+    uint8 tensor on the pool's device."""
+    host = pool.host_bytes()
+    if host is not None:
+        return host
+    import torch  # noqa: PLC0415 (only with a device pool, whose engine has loaded torch already)
 
-    return buffer.reshape(-1).view(torch.uint8)
+    return pool.buffer.reshape(-1).view(torch.uint8)
 
 
 def iter_chunks(
@@ -96,14 +100,12 @@ def iter_chunks(
     if bad:
         raise IndexError(f"block indices {bad[:5]} are outside the transfer's {len(block_ids)} blocks")
     block_nbytes = pool.block_nbytes
-    flat = _byte_view(pool.buffer)
+    flat = _byte_view(pool)
     for index in block_indices:
         block_id = block_ids[index]
         block = flat[block_id * block_nbytes : (block_id + 1) * block_nbytes]
-        if block.device.type != "cpu":
-            block = block.cpu()
         # memoryview slicing is free; tobytes() is the one copy protobuf's bytes field needs.
-        block_bytes = memoryview(block.numpy())
+        block_bytes = block if isinstance(block, memoryview) else memoryview(block.cpu().numpy())
         for offset in range(0, block_nbytes, chunk_bytes):
             yield agent_pb2.KVChunk(block_index=index, offset=offset, data=block_bytes[offset : offset + chunk_bytes].tobytes())
 
@@ -198,9 +200,9 @@ class GrpcStreamTransport:
 
     def _writer(self):
         """A function writing bytes at a byte offset of the pool, with one copy on CPU pools."""
-        flat = _byte_view(self._pool.buffer)
-        if flat.device.type == "cpu":
-            view = memoryview(flat.numpy())
+        flat = _byte_view(self._pool)
+        if isinstance(flat, memoryview):
+            view = flat
 
             def write(start: int, data: bytes) -> None:
                 view[start : start + len(data)] = data

@@ -1,7 +1,9 @@
 """Which KV transports this process can use, best first, and how to build one by name.
 
 Preference: nixl (one-sided reads, no per-chunk Python work) when it imports and its UCX backend
-starts, then grpc (always available). The NIXL probe runs once per process and is cached.
+starts, then grpc (always available). The NIXL probe runs once per process and is cached. A pool
+without a tensor (torch-free host memory, the sim engine's) is served by grpc alone, and nixl is
+not even probed for it: the nixl package imports torch.
 """
 
 from __future__ import annotations
@@ -13,11 +15,13 @@ from dataplane.transport.grpc_stream import GrpcStreamTransport
 from dataplane.transport.nixl import NixlTransport, nixl_unavailable_reason
 
 TRANSPORT_NAMES = ("nixl", "grpc")  # every transport kvplane knows, in preference order
+_BYTE_STREAM_TRANSPORTS = ("grpc",)  # those that need no tensor, only the pool's bytes
 
 
-def available_transports() -> list[str]:
-    """The transports that work in this process, preferred first."""
-    return [name for name in TRANSPORT_NAMES if unavailable_reason(name) is None]
+def available_transports(pool: KVPoolLike | None = None) -> list[str]:
+    """The transports that work in this process (over `pool`, when given), preferred first."""
+    names = TRANSPORT_NAMES if pool is None or pool.buffer is not None else _BYTE_STREAM_TRANSPORTS
+    return [name for name in names if unavailable_reason(name) is None]
 
 
 def unavailable_reason(name: str) -> str | None:
@@ -37,6 +41,8 @@ def make_transport(name: str, pool: KVPoolLike, *, agent_name: str = "", **optio
     """
     credentials = options.pop("credentials", None)
     reason = unavailable_reason(name)
+    if reason is None and pool.buffer is None and name not in _BYTE_STREAM_TRANSPORTS:
+        reason = f"the pool is torch-free host memory (a simulated engine's); use {', '.join(_BYTE_STREAM_TRANSPORTS)}"
     if reason is not None:
         raise TransportUnavailableError(f"KV transport {name!r} is not available here: {reason}")
     if name == "grpc":

@@ -49,6 +49,7 @@ from kvplane.bench.workload import (
     synthetic_requests,
     trace_requests,
 )
+from kvplane.cli import engine_flags
 from kvplane.stats import percentile
 from kvplane.types import Objective
 
@@ -242,7 +243,7 @@ class Cell:
 async def measure(args: argparse.Namespace, endpoint: str, log: Callable[[str], None]) -> dict[str, Any]:
     from kvplane.client import AsyncClient
 
-    mix = MixConfig(batch_fraction=args.batch_fraction).validate()
+    mix = MixConfig(batch_fraction=args.batch_fraction).scaled(args.mix_scale).validate()
     async with AsyncClient(endpoint, timeout=args.request_timeout) as client:
         workers = await client.workers()
         model = workers[0].model
@@ -325,6 +326,23 @@ def build_cells(args: argparse.Namespace, mix: MixConfig, capacity: float, max_c
             arrivals = poisson_arrivals(factor * capacity, args.duration, rng)
             levels.append((f"x{factor:g}", synthetic_requests(arrivals, mix, rng), args.duration, factor))
     return [Cell(policy, *level) for policy in args.policies for level in levels]
+
+
+def in_simulated_time(
+    result: dict[str, Any], objectives: dict[str, Objective], speedup: float
+) -> tuple[dict[str, Any], dict[str, Objective]]:
+    """Rows measured in wall time against sim agents running at `speedup` simulated seconds per
+    wall second, turned into simulated time: durations x speedup, rates / speedup."""
+    rows = []
+    for r in result["rows"]:
+        r = dict(r)
+        for key in ("ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms"):
+            r[key] = None if r[key] is None else round(r[key] * speedup, 3)
+        for key in ("offered_rps", "goodput_rps"):
+            r[key] = round(r[key] / speedup, 4)
+        rows.append(r)
+    scaled = {p: Objective(o.ttft_ms * speedup, o.tpot_ms * speedup) for p, o in objectives.items()}
+    return {**result, "capacity_rps": round(result["capacity_rps"] / speedup, 4), "rows": rows}, scaled
 
 
 # ---------------------------------------------------------------------------------------------
@@ -461,8 +479,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="TOKENS",
         help="local cluster: uncached prompt tokens from which prefill runs remotely (default %(default)s)",
     )
+    parser.add_argument("--mix-scale", type=float, default=1.0, metavar="F",
+                        help="multiply every token count of the synthetic mix by F (default 1: sized for builtin-tiny; e.g. 8 for a 70B sim)")  # fmt: skip
     parser.add_argument("--json", action="store_true", help='print {"capacity_rps": ..., "rows": [...]} only')
     parser.add_argument("--plot", default="", metavar="FILE.png", help="write goodput and attainment against offered load")
+    parser.set_defaults(engine_flags=engine_flags.add_arguments(parser))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -475,14 +496,20 @@ def run(args: argparse.Namespace) -> int:
     else:
         from kvplane.cluster import LocalCluster
 
-        log(f"starting a local cluster: {args.prefill} prefill, {args.decode} decode, {args.both} both (builtin-tiny) ...")
+        agent_args = engine_flags.forward_args(args, args.engine_flags)
+        engine = getattr(args, "engine", "the default engine")
+        log(f"starting a local cluster: {args.prefill} prefill, {args.decode} decode, {args.both} both ({engine}) ...")
         cluster = LocalCluster(
-            num_prefill=args.prefill, num_decode=args.decode, num_both=args.both,
-            controlplane_args=("--disagg-threshold", str(args.disagg_threshold)),
+            num_prefill=args.prefill, num_decode=args.decode, num_both=args.both, agent_args=agent_args,
+            controlplane_args=("--disagg-threshold", str(args.disagg_threshold)), startup_timeout=300.0,
         )  # fmt: skip
         with cluster:
             result = asyncio.run(measure(args, cluster.endpoint, log))
     objectives = result.pop("objectives")
+    speedup = getattr(args, "speedup", 1.0) if getattr(args, "engine", "") == "sim" else 1.0
+    if speedup != 1.0:  # sim agents ran simulated time at `speedup` x wall time: report simulated time
+        result, objectives = in_simulated_time(result, objectives, speedup)
+        log(f"times and rates below are simulated (the agents ran {speedup:g} simulated seconds per wall second)")
     log(f"done in {time.monotonic() - started:.0f} s")
     if args.plot:
         write_plot(result, args.plot)

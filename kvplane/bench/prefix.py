@@ -23,10 +23,10 @@ import json
 import sys
 import threading
 import time
-from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 
 from kvplane.bench import workloads as wl
+from kvplane.cli import engine_flags
 from kvplane.stats import percentile
 
 POLICIES = ("round-robin", "least-load", "prefix-only", "kvplane")
@@ -57,8 +57,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--controlplane-args", default="", help="extra control-plane flags for every run, e.g. '--guard-ratio 2' (experiments)"
     )
     parser.add_argument("--seed", type=int, default=0, help="workload seed (default %(default)s)")
+    parser.add_argument("--agents", type=int, default=NUM_AGENTS, help="`both` agents per run (default %(default)s)")
     parser.add_argument("--json", action="store_true", help='print {"rows": [{' + ", ".join(f'"{k}"' for k in JSON_KEYS) + "}]}")
     parser.add_argument("--plot", default="", help="write a PNG of hit rates and TTFT p99 here (needs matplotlib)")
+    parser.set_defaults(engine_flags=engine_flags.add_arguments(parser))
 
 
 def make_workload(name: str, args: argparse.Namespace) -> list[wl.BenchRequest]:
@@ -69,23 +71,13 @@ def make_workload(name: str, args: argparse.Namespace) -> list[wl.BenchRequest]:
 
 def oracle_hit_rate(requests: list[wl.BenchRequest], capacity_blocks: int) -> float:
     from kvplane.block_hash import hash_blocks
+    from kvplane.sim.simulator import OracleCache
 
-    cache: OrderedDict[bytes, None] = OrderedDict()
+    oracle = OracleCache(capacity_blocks, BLOCK_SIZE)
     hit = total = 0
     for r in sorted(requests, key=lambda r: r.arrival_s):
-        hashes = hash_blocks(r.prompt, BLOCK_SIZE, MODEL)
-        n = 0
-        for h in hashes[: (len(r.prompt) - 1) // BLOCK_SIZE]:
-            if h not in cache:
-                break
-            n += 1
-        hit += n * BLOCK_SIZE
+        hit += oracle.feed(hash_blocks(r.prompt, BLOCK_SIZE, MODEL), len(r.prompt))
         total += len(r.prompt)
-        for h in hashes:
-            cache[h] = None
-            cache.move_to_end(h)
-        while len(cache) > capacity_blocks:
-            cache.popitem(last=False)
     return hit / total if total else 0.0
 
 
@@ -106,14 +98,16 @@ def _run_policy(workload: str, requests: list[wl.BenchRequest], policy: str, arg
     from kvplane import Client
     from kvplane.cluster import LocalCluster
 
-    agent_args = ("--model", MODEL, "--block-size", str(BLOCK_SIZE), "--num-blocks", str(args.num_blocks),
-                  "--host-blocks", str(args.host_blocks), "--transports", "grpc")  # fmt: skip
+    agent_args = ["--model", MODEL, "--block-size", str(BLOCK_SIZE), "--num-blocks", str(args.num_blocks),
+                  "--host-blocks", str(args.host_blocks), "--transports", "grpc", *engine_flags.forward_args(args, args.engine_flags)]  # fmt: skip
+    if _sim(args) and getattr(args, "sim_num_blocks", None) is None:
+        agent_args += ["--sim-num-blocks", str(args.num_blocks)]  # the same device pool as the reference runs
     cp_args = ("--routing-policy", policy, "--admission", "none", *args.controlplane_args.split())
-    log(f"[{workload} / {policy}] starting {NUM_AGENTS} agents ...")
+    log(f"[{workload} / {policy}] starting {args.agents} agents ...")
     order = sorted(range(len(requests)), key=lambda i: requests[i].arrival_s)
     done = [threading.Event() for _ in requests]
     results: list = [None] * len(requests)
-    with LocalCluster(num_prefill=0, num_decode=0, num_both=NUM_AGENTS, agent_args=agent_args, controlplane_args=cp_args) as cluster:
+    with LocalCluster(num_prefill=0, num_decode=0, num_both=args.agents, agent_args=agent_args, controlplane_args=cp_args) as cluster:
         with Client(cluster.endpoint, timeout=600) as client:
             start = time.monotonic() + 0.5
 
@@ -139,7 +133,7 @@ def _run_policy(workload: str, requests: list[wl.BenchRequest], policy: str, arg
     prompt = sum(r.metrics.prompt_tokens for r, _ in ok)
     cached = sum(r.metrics.cached_tokens for r, _ in ok)
     generated = sum(len(r.token_ids) for r, _ in ok)
-    load = {f"both-{i}": 0 for i in range(NUM_AGENTS)}
+    load = {f"both-{i}": 0 for i in range(args.agents)}
     for r, _ in ok:
         load[r.metrics.decode_worker] = load.get(r.metrics.decode_worker, 0) + r.metrics.prefill_computed_tokens + len(r.token_ids)
     mean = sum(load.values()) / len(load)
@@ -149,7 +143,9 @@ def _run_policy(workload: str, requests: list[wl.BenchRequest], policy: str, arg
         "workload": workload,
         "policy": policy,
         "hit_rate": cached / prompt if prompt else 0.0,
-        "oracle_hit_rate": oracle_hit_rate(requests, NUM_AGENTS * max(args.num_blocks, args.host_blocks)),
+        "oracle_hit_rate": oracle_hit_rate(
+            requests, args.agents * (args.num_blocks if _sim(args) else max(args.num_blocks, args.host_blocks))
+        ),
         "prefill_tokens": prompt - cached,
         "ttft_p50_ms": percentile(ttfts, 50) or 0.0,
         "ttft_p99_ms": percentile(ttfts, 99) or 0.0,
@@ -162,6 +158,11 @@ def _run_policy(workload: str, requests: list[wl.BenchRequest], policy: str, arg
     log(f"[{workload} / {policy}] hit {row['hit_rate']:.3f} (oracle {row['oracle_hit_rate']:.3f}), "
         f"TTFT p50 {row['ttft_p50_ms']:.0f} ms p99 {row['ttft_p99_ms']:.0f} ms, load max/mean {row['max_load_over_mean']:.2f}")  # fmt: skip
     return row
+
+
+def _sim(args: argparse.Namespace) -> bool:
+    """Sim agents: no host tier, the device pool set by --sim-num-blocks (default: --num-blocks)."""
+    return getattr(args, "engine", "") == "sim"
 
 
 def to_json(rows: list[dict]) -> str:

@@ -17,6 +17,8 @@ Plain Python (no grpc, no torch), so every rule here is tested exactly.
 
 from __future__ import annotations
 
+import array
+import dataclasses
 import gzip
 import hashlib
 import json
@@ -68,6 +70,17 @@ class MixConfig:
     def system_prompts(self) -> list[tuple[int, ...]]:
         rng = random.Random(f"kvplane-system-prompts:{self.system_seed}")
         return [_random_tokens(rng, rng.randint(*self.system_tokens), self.vocab_size) for _ in range(self.num_system_prompts)]
+
+    def scaled(self, factor: float) -> MixConfig:
+        """The same mix with every token count multiplied by `factor` (a bigger model's prompts)."""
+
+        def scale(r: tuple[int, int]) -> tuple[int, int]:
+            return max(1, round(r[0] * factor)), max(1, round(r[1] * factor))
+
+        return dataclasses.replace(
+            self, system_tokens=scale(self.system_tokens), short_user_tokens=scale(self.short_user_tokens),
+            long_user_tokens=scale(self.long_user_tokens), output_tokens=scale(self.output_tokens),
+        )  # fmt: skip
 
     def validate(self) -> MixConfig:
         for name in ("system_tokens", "short_user_tokens", "long_user_tokens", "output_tokens"):
@@ -206,7 +219,7 @@ def synthesize_prompt(
     """`length` token ids: block i is a pure function of hash_ids[i] (and the salt).
 
     Equal hash ids give equal blocks and different ones give different blocks (with overwhelming
-    probability: each block is drawn from a blake2b digest of its id). A prompt longer than its
+    probability: each block is drawn from a SHAKE-128 stream keyed by its id). A prompt longer than its
     hash ids cover continues with blocks that depend on all of its ids, so it shares nothing
     beyond them.
     """
@@ -224,6 +237,6 @@ def synthesize_prompt(
 
 
 def _block_tokens(key: str, block_tokens: int, vocab_size: int) -> list[int]:
-    digest = hashlib.blake2b(key.encode(), digest_size=16).digest()
-    rng = random.Random(digest)
-    return [rng.randrange(vocab_size) for _ in range(block_tokens)]
+    """block_tokens ids drawn from a SHAKE-128 stream of the key (4 bytes per id, mod vocab_size)."""
+    words = array.array("I", hashlib.shake_128(key.encode()).digest(4 * block_tokens))
+    return [w % vocab_size for w in words]

@@ -37,6 +37,17 @@ DELEGATES = (
         "Runs a data-plane agent: registers with a control plane, serves Generate/Prefill/KV pulls.",
     ),
     Delegate(
+        ("sim",), "kvplane.sim.main", "simulate the whole cluster in virtual time",
+        "Runs the real planner against simulated GPU workers (the sim engine) in virtual time, per routing and "
+        "admission policy, and reports the benchmarks' rows: hit rate, TTFT/TPOT, goodput, attainment, load spread.",
+    ),
+    Delegate(
+        ("plan",), "kvplane.sim.plan", "colocated or disaggregated, and how many workers, for a model, GPU and workload",
+        "Answers with numbers, by simulating candidate configurations: colocated or disaggregated, the prefill:decode "
+        "split and worker count for a target rate (or the most requests/s a worker budget serves within the objectives), "
+        "expected TTFT/TPOT, KV bytes per request and transfer time per link, and the bottleneck.",
+    ),
+    Delegate(
         ("bench", "transfer"), "kvplane.bench.transfer", "measure KV transfer throughput",
         "Measures KV-block transfer throughput and latency between two processes per transport.",
     ),
@@ -45,6 +56,16 @@ DELEGATES = (
         "Drives a local cluster with an open-loop Poisson arrival process (or a replayed trace) at "
         "multiples of its measured capacity, once per admission policy, and reports goodput, objective "
         "attainment, TTFT/TPOT percentiles and the TTFT prediction error.",
+    ),
+    Delegate(
+        ("bench", "disagg"), "kvplane.bench.disagg", "colocated vs disaggregated goodput as prompts grow (simulated)",
+        "For each prompt length, the most requests/s within the latency objectives that N colocated workers serve, and "
+        "the same for the best prefill:decode split of N workers, by simulation (kvplane plan's search): DistServe's comparison.",
+    ),
+    Delegate(
+        ("bench", "calibrate"), "kvplane.bench.calibrate", "the simulator's unloaded TTFT against a profiled reference engine",
+        "Profiles a reference-engine agent, measures its unloaded TTFT per prompt length, and compares what "
+        "`kvplane sim --sim-profile` predicts for the same requests.",
     ),
     Delegate(
         ("bench", "tracing"), "kvplane.bench.tracing", "measure the cost of tracing on the generate path",

@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 from types import FrameType
 
+from dataplane.engines import DEFAULT_ENGINE
+from kvplane.cli import engine_flags
 from kvplane.cli.common import CliError, non_negative_int, positive_float, positive_int
 from kvplane.cluster import ClusterError, LocalCluster
 from kvplane.engine_launch import ENGINES, EngineLaunchConfig
@@ -28,6 +30,7 @@ from kvplane.security.credentials import cluster_dir
 from kvplane.supervisor import DEFAULT_MAX_FAILURES, GaveUp, RestartPolicy, Supervisor
 
 DEFAULT_PORT = 50051  # the SDK's default endpoint, so other commands need no --endpoint
+DEFAULT_ENGINE_BLOCK_SIZE = 32  # engine servers' block size unless --block-size says otherwise
 _ETCD_STORE = re.compile(r"^etcd://[^:/\s,]+:\d+(,[^:/\s,]+:\d+)*$")
 
 
@@ -63,18 +66,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     help="uncached prompt tokens above which prefill runs remotely (control plane default if unset)")  # fmt: skip
     up.add_argument("--model", default=None, metavar="M",
                     help="model for every agent (agent default if unset); with --engine vllm|sglang a local model directory")  # fmt: skip
+    up.add_argument("--block-size", type=positive_int, default=None, metavar="N",
+                    help="tokens per KV block of every worker (default: the agent's, 16; engine servers: 32, "
+                         "vLLM --block-size, SGLang --page-size)")  # fmt: skip
     engine = up.add_argument_group(
         "external engines", "--engine vllm|sglang starts one engine server beside each agent (kvplane/engine_launch.py)"
     )
-    engine.add_argument("--engine", choices=("reference", *ENGINES), default="reference",
-                        help="the engine every agent serves (default: reference, in the agent's process)")  # fmt: skip
     engine.add_argument("--engine-python", default="", metavar="PATH",
                         help="the Python of the engine servers (default: .venv-vllm / .venv-sglang from `make engines-env`, else python3)")  # fmt: skip
     engine.add_argument(
         "--engine-device", choices=("cuda", "cpu"), default="cuda", help="cpu adds the CPU-only server flags (default: cuda)"
     )
-    engine.add_argument("--block-size", type=positive_int, default=32, metavar="N",
-                        help="KV block size of the engine servers (vLLM --block-size, SGLang --page-size; default: 32)")  # fmt: skip
     engine.add_argument("--engine-arg", action="append", default=[], metavar="ARG",
                         help="one more argument for every engine server (repeatable, e.g. --engine-arg=--dtype=float32)")  # fmt: skip
     up.add_argument("--num-blocks", type=positive_int, default=None, metavar="N",
@@ -84,7 +86,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     help="plaintext gRPC with random join/admin tokens instead of TLS (development only)")  # fmt: skip
     up.add_argument("--startup-timeout", type=positive_float, default=120.0, metavar="SECONDS",
                     help="how long to wait for every agent to register (default: 120)")  # fmt: skip
-    up.set_defaults(func=run_up)
+    # --engine and every engine plugin's flags (kvplane/cli/engine_flags.py): reference and sim run
+    # in the agent's process; vllm and sglang get an engine server beside each agent.
+    up.set_defaults(func=run_up, engine_flags=engine_flags.add_arguments(up))
 
 
 def http_port_spec(text: str) -> int:
@@ -104,7 +108,8 @@ def store_spec(text: str) -> str:
 
 
 def run_up(args: argparse.Namespace) -> int:
-    external = args.engine != "reference"
+    args.engine = getattr(args, "engine", DEFAULT_ENGINE)
+    external = args.engine in ENGINES  # engine servers that kvplane up starts beside the agents
     default_split = 0 if external else 1
     args.prefill = default_split if args.prefill is None else args.prefill
     args.decode = default_split if args.decode is None else args.decode
@@ -120,10 +125,16 @@ def run_up(args: argparse.Namespace) -> int:
     if external:
         engine, more_controlplane_args = _engine_launch(args)
         controlplane_args += more_controlplane_args
-    elif args.model is not None:
-        agent_args += ["--model", args.model]
+    else:
+        if args.model is not None:
+            agent_args += ["--model", args.model]
+        if args.block_size is not None:
+            agent_args += ["--block-size", str(args.block_size)]
     if args.num_blocks is not None:
         agent_args += ["--num-blocks", str(args.num_blocks)]
+    # The engine launch gives external agents their --engine with the server's endpoints.
+    forwarded = [a for a in args.engine_flags if not (external and a.dest == "engine")]
+    agent_args += engine_flags.forward_args(args, forwarded)
     cluster = LocalCluster(
         num_prefill=args.prefill, num_decode=args.decode, num_both=args.both, store=args.store,
         port=args.port, agent_args=agent_args, controlplane_args=controlplane_args, log_dir=args.log_dir,
@@ -166,14 +177,15 @@ def _engine_launch(args: argparse.Namespace) -> tuple[EngineLaunchConfig, list[s
             "engines' own connectors, which need GPUs and their transfer settings (deploy/gpu-check.sh shows them)", 2
         )  # fmt: skip
     served = Path(args.model).name
+    block_size = args.block_size or DEFAULT_ENGINE_BLOCK_SIZE
     try:
         config = EngineLaunchConfig(
-            engine=args.engine, model=args.model, block_size=args.block_size, python=args.engine_python, device=args.engine_device,
+            engine=args.engine, model=args.model, block_size=block_size, python=args.engine_python, device=args.engine_device,
             served_model_name=served, extra_args=tuple(args.engine_arg),
         ).validate()  # fmt: skip
     except ValueError as e:
         raise CliError(str(e), 2) from None
-    return config, ["--block-size", str(args.block_size), "--serve-model", served]
+    return config, ["--block-size", str(block_size), "--serve-model", served]
 
 
 def _announce(cluster: LocalCluster) -> None:

@@ -110,3 +110,25 @@ def test_write_plot_makes_a_png(tmp_path) -> None:
     path = tmp_path / "sub" / "load.png"
     write_plot(_result(), str(path))
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_rows_against_sim_agents_at_a_speedup_are_reported_in_simulated_time() -> None:
+    from kvplane.bench.load import in_simulated_time
+    from kvplane.types import Objective
+
+    row = {"policy": "none", "load_factor": 1.0, "offered_rps": 2.0, "admitted": 10, "rejected": 0, "goodput_rps": 1.5,
+           "attainment": 0.75, "ttft_p50_ms": 100.0, "ttft_p99_ms": None, "tpot_p50_ms": 20.0, "tpot_p99_ms": 40.0,
+           "ttft_prediction_error": 0.1}  # fmt: skip
+    result, objectives = in_simulated_time({"capacity_rps": 4.0, "rows": [row]}, {"interactive": Objective(300.0, 60.0)}, 0.25)
+    (scaled,) = result["rows"]
+    assert (scaled["offered_rps"], scaled["goodput_rps"], result["capacity_rps"]) == (8.0, 6.0, 16.0)
+    assert (scaled["ttft_p50_ms"], scaled["ttft_p99_ms"], scaled["tpot_p99_ms"]) == (25.0, None, 10.0)
+    assert scaled["attainment"] == 0.75 and objectives["interactive"] == Objective(75.0, 15.0)
+
+
+def test_a_scaled_mix_multiplies_every_token_count() -> None:
+    from kvplane.bench.workload import MixConfig
+
+    mix = MixConfig().scaled(8)
+    assert mix.system_tokens == (1536, 3072) and mix.output_tokens == (64, 768) and mix.long_user_tokens == (5120, 9216)
+    assert mix.validate() is mix and MixConfig().scaled(1) == MixConfig()

@@ -25,7 +25,21 @@ def test_help_exits_zero(command: list[str]) -> None:
 
 def test_top_level_help_lists_every_command() -> None:
     out = run_kvplane("--help").stdout
-    for name in ("generate", "route", "workers", "cache", "drain", "up", "controlplane", "agent", "bench", "config", "profile"):
+    for name in (
+        "generate",
+        "route",
+        "workers",
+        "cache",
+        "drain",
+        "up",
+        "controlplane",
+        "agent",
+        "bench",
+        "config",
+        "profile",
+        "sim",
+        "plan",
+    ):
         assert name in out
     bench = run_kvplane("bench", "--help").stdout
     assert "transfer" in bench and "load" in bench
@@ -38,8 +52,12 @@ def test_top_level_help_lists_every_command() -> None:
         (["agent"], "dataplane.agent.main"),
         (["bench", "transfer"], "kvplane.bench.transfer"),
         (["bench", "load"], "kvplane.bench.load"),
+        (["sim"], "kvplane.sim.main"),
+        (["plan"], "kvplane.sim.plan"),
+        (["bench", "disagg"], "kvplane.bench.disagg"),
+        (["bench", "calibrate"], "kvplane.bench.calibrate"),
     ],  # fmt: skip
-    ids=["controlplane", "agent", "bench transfer", "bench load"],
+    ids=["controlplane", "agent", "bench transfer", "bench load", "sim", "plan", "bench disagg", "bench calibrate"],
 )
 def test_delegated_help(command: list[str], module: str) -> None:
     assert importlib.util.find_spec(module) is not None
@@ -95,3 +113,14 @@ def test_unreachable_control_plane_is_one_line() -> None:
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1
     assert lines[0].startswith("kvplane: error: cannot reach the kvplane control plane at 127.0.0.1:1")
+
+
+def test_up_forwards_only_the_engine_flags_given() -> None:
+    from kvplane.cli import engine_flags
+    from kvplane.cli.main import build_parser
+
+    args = build_parser().parse_args(["up", "--engine", "sim", "--sim-tp", "2", "--speedup", "3", "--model", "x"])
+    assert engine_flags.forward_args(args, args.engine_flags) == ["--engine", "sim", "--sim-tp", "2", "--speedup", "3.0"]
+    assert args.model == "x"  # up's own --model keeps its meaning (forwarded separately)
+    plain = build_parser().parse_args(["up"])
+    assert engine_flags.forward_args(plain, plain.engine_flags) == []

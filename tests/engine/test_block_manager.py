@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dataplane.engines.events import AllCleared, BlockRemoved, BlockStored
-from dataplane.engines.reference.block_manager import BlockManager
+from dataplane.engines.paged.block_manager import BlockManager
 from kvplane.types import BlockHash, Tier
 
 

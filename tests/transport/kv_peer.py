@@ -46,6 +46,11 @@ class TensorPool:
     def block_nbytes(self) -> int:
         return self.layout.block_nbytes
 
+    def host_bytes(self) -> memoryview | None:
+        if self.buffer.device.type != "cpu":
+            return None
+        return memoryview(self.buffer.reshape(-1).view(torch.uint8).numpy())
+
 
 @dataclass(slots=True)
 class Peer:

@@ -20,24 +20,23 @@ from collections.abc import Callable, Sequence
 import torch
 
 from dataplane.engines.events import KVCacheEvent
-from dataplane.engines.reference.block_manager import BlockManager
+from dataplane.engines.paged.block_manager import BlockManager
+from dataplane.engines.paged.scheduler import RequestState, ScheduledChunk, Scheduler, step_features
 from dataplane.engines.reference.config import EngineConfig
 from dataplane.engines.reference.kv_pool import KVPool
 from dataplane.engines.reference.runner import ChunkResult, ModelRunner
 from dataplane.engines.reference.sampling import make_generator
-from dataplane.engines.reference.scheduler import RequestState, ScheduledChunk, Scheduler
 from dataplane.engines.reference.tiers import TierStats, TierStore
 from dataplane.engines.reference.weights import load_model
 from dataplane.engines.request import (
-    EngineCapacityError,
     EngineInputError,
     EngineLoad,
     EngineOutput,
     EngineRequest,
 )
 from kvplane.block_hash import hash_blocks
-from kvplane.latency import StepSample, prefill_attention
-from kvplane.sampling import is_greedy, sampling_problem
+from kvplane.latency import StepSample
+from kvplane.sampling import is_greedy
 from kvplane.types import BlockHash, KVLayout, Tier
 
 log = logging.getLogger(__name__)
@@ -47,20 +46,9 @@ Sink = Callable[[EngineOutput], None]
 MAX_QUEUED_STEP_TIMINGS = 4096  # untaken timings beyond this drop the oldest
 
 
-def step_features(chunks: list[ScheduledChunk]) -> tuple[int, int, int, int]:
-    """(prefill_tokens, prefill_attention, decode_seqs, decode_context_tokens) of one step."""
-    prefill_tokens = attention = decode_seqs = decode_context = 0
-    for c in chunks:
-        if c.start < c.seq.num_prompt_tokens:  # a prompt chunk (its context: cached + earlier chunks)
-            prefill_tokens += c.num_tokens
-            attention += prefill_attention(c.num_tokens, c.start)
-        else:  # one generated token, attending over everything before it
-            decode_seqs += 1
-            decode_context += c.start + c.num_tokens
-    return prefill_tokens, attention, decode_seqs, decode_context
-
-
 class Engine:
+    modeled_link = None  # KVImportExport: the pool holds the real KV
+
     def __init__(self, config: EngineConfig) -> None:
         self.config = config.validate()
         loaded = load_model(config)
@@ -174,36 +162,7 @@ class Engine:
             self._cond.notify_all()
 
     def _validate(self, request: EngineRequest) -> None:
-        p = request.sampling
-        prompt = request.prompt_token_ids
-        if not request.request_id:
-            raise EngineInputError("request_id is empty")
-        if not prompt:
-            raise EngineInputError("prompt_token_ids is empty; a request needs at least one prompt token")
-        if p.max_tokens <= 0:
-            raise EngineInputError(f"max_tokens must be at least 1, got {p.max_tokens}")
-        if p.max_tokens > self.max_tokens_limit:
-            raise EngineInputError(f"max_tokens {p.max_tokens} exceeds this engine's limit of {self.max_tokens_limit}")
-        if len(prompt) + p.max_tokens > self.max_context:
-            raise EngineInputError(
-                f"prompt ({len(prompt)} tokens) + max_tokens ({p.max_tokens}) exceeds the model's context of "
-                f"{self.max_context} tokens; shorten the prompt or lower max_tokens"
-            )
-        for i, t in enumerate(prompt):
-            if not 0 <= t < self.vocab_size:
-                raise EngineInputError(f"prompt token {i} has id {t}, outside the vocabulary (0..{self.vocab_size - 1})")
-        problem = sampling_problem(p.temperature, p.top_p, p.top_k)
-        if problem is not None:
-            raise EngineInputError(problem)
-        for b in request.held_block_ids:
-            if not 0 <= b < self.config.num_blocks:
-                raise EngineInputError(f"held block id {b} is outside the pool (0..{self.config.num_blocks - 1})")
-        needed = self._scheduler.num_blocks_needed(request)
-        if needed > self.config.num_blocks:
-            raise EngineCapacityError(
-                f"request needs {needed} KV blocks of {self.config.block_size} tokens but the pool has only "
-                f"{self.config.num_blocks}; lower max_tokens or the prompt length, or raise num_blocks"
-            )
+        self._scheduler.validate(request, vocab_size=self.vocab_size, max_tokens_limit=self.max_tokens_limit, max_context=self.max_context)
 
     def abort(self, request_id: str) -> None:
         """Abort a queued or running request (its sink gets a final "abort" output); unknown ids are ignored."""
@@ -215,21 +174,7 @@ class Engine:
     # --- introspection -------------------------------------------------------------------
     def load(self) -> EngineLoad:
         with self._cond:
-            s = self._scheduler
-            remaining = tuple(
-                0 if seq.request.prefill_only else seq.request.sampling.max_tokens - seq.num_output_tokens for seq in s.running
-            )
-            return EngineLoad(
-                num_running=len(s.running),
-                num_waiting=len(s.waiting),
-                num_queued_prefill_tokens=s.num_queued_prefill_tokens(),
-                num_free_blocks=self._blocks.num_free_blocks,
-                num_used_blocks=self._blocks.num_used_blocks,
-                num_total_blocks=self._blocks.num_blocks,
-                num_cached_blocks=self._blocks.num_cached_free_blocks,
-                running_remaining_tokens=remaining,
-                running_context_tokens=sum(len(seq.token_ids) for seq in s.running),
-            )
+            return self._scheduler.load()
 
     def take_step_timings(self) -> list[StepSample]:
         """The steps measured since the last call (at most MAX_QUEUED_STEP_TIMINGS, newest kept)."""
@@ -287,14 +232,12 @@ class Engine:
         anything (a peer fetches them); returns (hashes, pinned block ids). unpin() releases."""
         hashes = hash_blocks(prompt_token_ids, self.config.block_size, self.model_name, cache_salt)
         with self._cond:
-            block_ids = self._blocks.longest_cached_prefix(hashes)
-            for b in block_ids:
-                self._blocks.take_ref(b)
+            block_ids = self._blocks.pin_prefix(hashes)
             return hashes[: len(block_ids)], block_ids
 
     def missing_blocks(self, block_hashes: Sequence[BlockHash]) -> list[int]:
         with self._cond:
-            return [i for i, h in enumerate(block_hashes) if self._blocks.lookup(h) is None]
+            return self._blocks.missing(block_hashes)
 
     def allocate_for_import(self, num_blocks: int) -> list[int] | None:
         with self._cond:
@@ -302,13 +245,7 @@ class Engine:
 
     def commit_import(self, block_hashes: Sequence[BlockHash], block_ids: Sequence[int]) -> list[int]:
         with self._cond:
-            holders = self._blocks.register(block_hashes, block_ids)
-            for b, holder in zip(block_ids, holders):
-                if holder != b:
-                    # The hash arrived meanwhile: keep the existing copy and hand back ours.
-                    self._blocks.take_ref(holder)
-                    self._blocks.release([b])
-            return holders
+            return self._blocks.commit_import(block_hashes, block_ids)
 
     def abort_import(self, block_ids: Sequence[int]) -> None:
         with self._cond:

@@ -47,6 +47,12 @@ class KVPool:
     def device(self) -> torch.device:
         return self.buffer.device
 
+    def host_bytes(self) -> memoryview | None:
+        """The whole buffer as flat writable bytes when it lives in host memory; None on a GPU."""
+        if self.buffer.device.type != "cpu":
+            return None
+        return memoryview(self.buffer.reshape(-1).view(torch.uint8).numpy())
+
     @property
     def base_address(self) -> int:
         """Address of block 0 (for registering the pool with a transfer library)."""

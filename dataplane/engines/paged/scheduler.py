@@ -9,6 +9,8 @@ With lower KV tiers, the blocks right after the device-cached prefix that a lowe
 copied into the request's fresh blocks at admission (`load_lower`) and count as cached: prefill
 continues after them. Each step spends max_num_batched_tokens: one token per decoding request first, then prompt chunks
 in admission order. A full block is registered in the prefix cache in the step its KV is written.
+`step_features` gives a planned step's shape (kvplane.latency's step-time features), what a step
+costs in any engine that runs these chunks.
 """
 
 from __future__ import annotations
@@ -19,9 +21,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from dataplane.engines.reference.block_manager import BlockManager
-from dataplane.engines.request import EngineOutput, EngineRequest
+from dataplane.engines.paged.block_manager import BlockManager
+from dataplane.engines.request import EngineCapacityError, EngineInputError, EngineLoad, EngineOutput, EngineRequest
 from kvplane.block_hash import chain_hash, root_hash
+from kvplane.latency import prefill_attention
+from kvplane.sampling import sampling_problem
 from kvplane.types import BlockHash
 
 
@@ -46,7 +50,7 @@ class RequestState:
     num_loaded_tokens: int = 0  # of the cached tokens, those copied back from a lower tier
     num_registered_blocks: int = 0
     num_output_tokens: int = 0
-    admitted_at: float = 0.0  # time.monotonic() at admission, for queue/prefill timings
+    admitted_at: float = 0.0  # the scheduler's clock at admission, for queue/prefill timings
 
     @property
     def request_id(self) -> str:
@@ -82,6 +86,19 @@ class ScheduledChunk:
         return self.start + self.num_tokens == len(self.seq.token_ids)
 
 
+def step_features(chunks: list[ScheduledChunk]) -> tuple[int, int, int, int]:
+    """(prefill_tokens, prefill_attention, decode_seqs, decode_context_tokens) of one step."""
+    prefill_tokens = attention = decode_seqs = decode_context = 0
+    for c in chunks:
+        if c.start < c.seq.num_prompt_tokens:  # a prompt chunk (its context: cached + earlier chunks)
+            prefill_tokens += c.num_tokens
+            attention += prefill_attention(c.num_tokens, c.start)
+        else:  # one generated token, attending over everything before it
+            decode_seqs += 1
+            decode_context += c.start + c.num_tokens
+    return prefill_tokens, attention, decode_seqs, decode_context
+
+
 class Scheduler:
     __slots__ = (
         "blocks",
@@ -93,6 +110,7 @@ class Scheduler:
         "waiting",
         "running",
         "load_lower",
+        "clock",
     )
 
     def __init__(
@@ -104,6 +122,7 @@ class Scheduler:
         max_num_batched_tokens: int,
         eos_token_ids: tuple[int, ...],
         load_lower: Callable[[list[BlockHash], list[int]], int] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.blocks = blocks
         self.model_name = model_name
@@ -115,6 +134,7 @@ class Scheduler:
         self.running: list[RequestState] = []
         # (hashes, fresh block ids) -> how many leading hashes a lower tier copied into those blocks.
         self.load_lower = load_lower
+        self.clock = clock  # admission times (a simulator passes its virtual clock)
 
     # --- bookkeeping ---------------------------------------------------------------------
     def num_blocks_needed(self, request: EngineRequest) -> int:
@@ -122,6 +142,58 @@ class Scheduler:
         if not request.prefill_only:
             num_tokens += request.sampling.max_tokens
         return cdiv(num_tokens, self.block_size)
+
+    def validate(self, request: EngineRequest, *, vocab_size: int, max_tokens_limit: int, max_context: int) -> None:
+        """EngineInputError for an invalid request, EngineCapacityError for one that can never fit."""
+        p = request.sampling
+        prompt = request.prompt_token_ids
+        if not request.request_id:
+            raise EngineInputError("request_id is empty")
+        if not prompt:
+            raise EngineInputError("prompt_token_ids is empty; a request needs at least one prompt token")
+        if p.max_tokens <= 0:
+            raise EngineInputError(f"max_tokens must be at least 1, got {p.max_tokens}")
+        if p.max_tokens > max_tokens_limit:
+            raise EngineInputError(f"max_tokens {p.max_tokens} exceeds this engine's limit of {max_tokens_limit}")
+        if len(prompt) + p.max_tokens > max_context:
+            raise EngineInputError(
+                f"prompt ({len(prompt)} tokens) + max_tokens ({p.max_tokens}) exceeds the model's context of "
+                f"{max_context} tokens; shorten the prompt or lower max_tokens"
+            )
+        if min(prompt) < 0 or max(prompt) >= vocab_size:  # the loop only to name the first bad one
+            i, t = next((i, t) for i, t in enumerate(prompt) if not 0 <= t < vocab_size)
+            raise EngineInputError(f"prompt token {i} has id {t}, outside the vocabulary (0..{vocab_size - 1})")
+        problem = sampling_problem(p.temperature, p.top_p, p.top_k)  # NaN and infinities included
+        if problem is not None:
+            raise EngineInputError(problem)
+        num_blocks = self.blocks.num_blocks
+        for b in request.held_block_ids:
+            if not 0 <= b < num_blocks:
+                raise EngineInputError(f"held block id {b} is outside the pool (0..{num_blocks - 1})")
+        needed = self.num_blocks_needed(request)
+        if needed > num_blocks:
+            raise EngineCapacityError(
+                f"request needs {needed} KV blocks of {self.block_size} tokens but the pool has only "
+                f"{num_blocks}; lower max_tokens or the prompt length, or raise num_blocks"
+            )
+
+    def load(self) -> EngineLoad:
+        """What is queued, running and held now (the engine's load report)."""
+        blocks = self.blocks
+        remaining = tuple(
+            0 if seq.request.prefill_only else seq.request.sampling.max_tokens - seq.num_output_tokens for seq in self.running
+        )
+        return EngineLoad(
+            num_running=len(self.running),
+            num_waiting=len(self.waiting),
+            num_queued_prefill_tokens=self.num_queued_prefill_tokens(),
+            num_free_blocks=blocks.num_free_blocks,
+            num_used_blocks=blocks.num_used_blocks,
+            num_total_blocks=blocks.num_blocks,
+            num_cached_blocks=blocks.num_cached_free_blocks,
+            running_remaining_tokens=remaining,
+            running_context_tokens=sum(len(seq.token_ids) for seq in self.running),
+        )
 
     def num_queued_prefill_tokens(self) -> int:
         queued = sum(s.num_prompt_tokens for s in self.waiting)
@@ -150,7 +222,7 @@ class Scheduler:
             if got is None:
                 return  # the head waits for blocks; later requests do not overtake it
             self.waiting.popleft()
-            seq.admitted_at = time.monotonic()
+            seq.admitted_at = self.clock()
             seq.block_ids, num_hit_blocks = got
             if self.load_lower is not None and num_hit_blocks < max_hit:
                 span = slice(num_hit_blocks, max_hit)

@@ -28,6 +28,7 @@ class BlockManager:
         "_block_to_hash",
         "_hash_to_block",
         "_uncached_free",
+        "_next_fresh",
         "_cached_free",
         "_events",
         "_generations",
@@ -41,8 +42,11 @@ class BlockManager:
         self._ref_counts = [0] * num_blocks
         self._block_to_hash: list[BlockHash | None] = [None] * num_blocks
         self._hash_to_block: dict[BlockHash, int] = {}
-        # Free blocks with no hash, in the order they are handed out.
-        self._uncached_free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks))
+        # Free blocks with no hash, in the order they are handed out: the never-used ones first
+        # (ids _next_fresh.. num_blocks - 1, a counter rather than num_blocks entries), then
+        # released ones in release order.
+        self._next_fresh = 0
+        self._uncached_free: OrderedDict[int, None] = OrderedDict()
         # Free blocks that still hold cached KV, least recently released first.
         self._cached_free: OrderedDict[int, None] = OrderedDict()
         self._events: list[KVCacheEvent] = []
@@ -52,7 +56,7 @@ class BlockManager:
     # --- queries -------------------------------------------------------------------------
     @property
     def num_free_blocks(self) -> int:
-        return len(self._uncached_free) + len(self._cached_free)
+        return self.num_blocks - self._next_fresh + len(self._uncached_free) + len(self._cached_free)
 
     @property
     def num_cached_free_blocks(self) -> int:
@@ -113,7 +117,10 @@ class BlockManager:
         block_ids: list[int] = []
         evicted: list[BlockHash] = []
         for _ in range(num_blocks):
-            if self._uncached_free:
+            if self._next_fresh < self.num_blocks:
+                b = self._next_fresh
+                self._next_fresh += 1
+            elif self._uncached_free:
                 b, _ = self._uncached_free.popitem(last=False)
             else:
                 b, _ = self._cached_free.popitem(last=False)
@@ -134,6 +141,8 @@ class BlockManager:
             if self._block_to_hash[block_id] is not None:
                 del self._cached_free[block_id]
             else:
+                if block_id >= self._next_fresh:
+                    raise ValueError(f"block {block_id} was never handed out; nothing to reference")
                 del self._uncached_free[block_id]
         self._ref_counts[block_id] += 1
 
@@ -148,6 +157,30 @@ class BlockManager:
                     self._cached_free[b] = None
                 else:
                     self._uncached_free[b] = None
+
+    # --- KV import / export (the engine interface's KVImportExport, dataplane/engines/base.py) ---
+    def pin_prefix(self, block_hashes: Sequence[BlockHash]) -> list[int]:
+        """Takes a ref on each block of the longest cached prefix of block_hashes (a peer pulls
+        them without anything being computed); returns their ids in prefix order."""
+        block_ids = self.longest_cached_prefix(block_hashes)
+        for b in block_ids:
+            self.take_ref(b)
+        return block_ids
+
+    def missing(self, block_hashes: Sequence[BlockHash]) -> list[int]:
+        """Indices into block_hashes of the blocks the prefix cache does not hold."""
+        return [i for i, h in enumerate(block_hashes) if h not in self._hash_to_block]
+
+    def commit_import(self, block_hashes: Sequence[BlockHash], block_ids: Sequence[int]) -> list[int]:
+        """Registers pulled blocks (each holding one ref of the caller's); a hash that arrived
+        meanwhile keeps its existing copy, the caller's ref moves to it and the duplicate is freed.
+        Returns the block holding each hash."""
+        holders = self.register(block_hashes, block_ids)
+        for b, holder in zip(block_ids, holders):
+            if holder != b:
+                self.take_ref(holder)
+                self.release([b])
+        return holders
 
     # --- prefix cache --------------------------------------------------------------------
     def register(self, block_hashes: Sequence[BlockHash], block_ids: Sequence[int]) -> list[int]:

@@ -1,0 +1,148 @@
+"""SimAdapter: the sim engine behind the engine interface, in an agent's event loop.
+
+One asyncio task drives the step machine (engine.py): begin a step, sleep its simulated time
+divided by `speedup` (simulated seconds per wall second), end it, repeat; it waits on an event
+while nothing can run. So a simulated GPU costs the agent's CPU only its bookkeeping. Step
+timings go to the agent in wall seconds (what the control plane measures requests in), and KV
+transfers cross the configured link, modeled (dataplane/transport/modeled.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+
+from dataplane.engines.base import EngineInfo, KVImportExport, StepProfiling
+from dataplane.engines.events import KVCacheEvent
+from dataplane.engines.request import EngineLoad, EngineOutput, EngineRequest
+from dataplane.engines.sim.config import SimConfig
+from dataplane.engines.sim.engine import SimEngine
+from dataplane.transport.modeled import ModeledLink
+from kvplane import hardware
+from kvplane.latency import StepSample
+from kvplane.types import BlockHash, Tier
+
+log = logging.getLogger(__name__)
+
+IDLE_POLL_S = 0.01  # how often a blocked queue is looked at again (a peer's pull frees blocks silently)
+
+
+class SimAdapter:
+    def __init__(self, config: SimConfig) -> None:
+        self.config = config.validate()
+        self._speedup = config.speedup
+        self.engine = SimEngine(config, clock=time.monotonic)
+        self.engine.modeled_link = ModeledLink(hardware.link(config.link), self.engine.layout.block_nbytes, config.speedup)
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task | None = None
+        self._failure: str | None = None
+
+    @property
+    def info(self) -> EngineInfo:
+        return self.engine.info
+
+    async def start(self) -> None:
+        if self._task is None:
+            self._wake = asyncio.Event()  # bound to the running loop
+            self._task = asyncio.create_task(self._run(), name="sim-engine")
+            self._task.add_done_callback(self._on_done)
+
+    async def stop(self) -> None:
+        self.engine.stop()
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+
+    def health(self) -> str | None:
+        if self.engine.stopped:
+            return "the engine is stopped"
+        if self._task is None:
+            return "the engine is not started"
+        return self._failure
+
+    async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
+        queue: asyncio.Queue[EngineOutput] = asyncio.Queue()
+        self.engine.submit(request, queue.put_nowait)  # raises before the stream exists
+        self._wake.set()
+        return _outputs(queue)
+
+    def abort(self, request_id: str) -> None:
+        self.engine.abort(request_id)
+        self._wake.set()
+
+    async def tokenize(self, text: str) -> list[int]:
+        return list(text.encode())
+
+    async def detokenize(self, token_ids: Sequence[int]) -> str:
+        """Ids below 256 are bytes (what tokenize made); a generated id above is shown as <id>."""
+        out, pending = [], bytearray()
+        for t in token_ids:
+            if t < 256:
+                pending.append(t)
+                continue
+            out.append(pending.decode(errors="replace"))
+            pending.clear()
+            out.append(f"<{t}>")
+        out.append(pending.decode(errors="replace"))
+        return "".join(out)
+
+    def load(self) -> EngineLoad:
+        return self.engine.load()
+
+    def take_kv_events(self) -> list[KVCacheEvent]:
+        return self.engine.take_kv_events()
+
+    def cached_block_hashes_by_tier(self) -> Mapping[Tier, list[BlockHash]]:
+        return self.engine.cached_block_hashes_by_tier()
+
+    @property
+    def kv_transfer(self) -> KVImportExport:
+        return self.engine
+
+    @property
+    def native_transfer(self) -> None:
+        return None  # KV moves through kvplane's transports over a modeled link (kv_transfer)
+
+    @property
+    def profiling(self) -> StepProfiling:
+        return self
+
+    def take_step_timings(self) -> list[StepSample]:
+        """The engine's steps in wall seconds (simulated seconds / speedup)."""
+        return [dataclasses.replace(s, seconds=s.seconds / self._speedup) for s in self.engine.take_step_timings()]
+
+    async def _run(self) -> None:
+        engine = self.engine
+        while True:
+            seconds = engine.begin_step()
+            if seconds is None:
+                self._wake.clear()
+                if engine.has_work:  # queued work that cannot run yet (its blocks are pinned for a peer): look again soon
+                    try:
+                        await asyncio.wait_for(self._wake.wait(), IDLE_POLL_S)
+                    except TimeoutError:
+                        pass
+                else:
+                    await self._wake.wait()
+                continue
+            await asyncio.sleep(seconds / self._speedup)
+            engine.end_step()
+
+    def _on_done(self, task: asyncio.Task) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            self._failure = f"the sim engine's step loop died: {task.exception()!r}"
+            log.error("%s", self._failure)
+
+
+async def _outputs(queue: asyncio.Queue[EngineOutput]) -> AsyncIterator[EngineOutput]:
+    while True:
+        out = await queue.get()
+        yield out
+        if out.finished:
+            return

@@ -1,0 +1,232 @@
+"""SimEngine: kvplane's paged KV bookkeeping (the real block manager, prefix cache, scheduler and
+KV events, dataplane/engines/paged) with a timing model where the forward pass would be.
+
+It is a step machine with no clock and no thread of its own, so one class serves both drivers:
+the agent's asyncio loop (adapter.py: sleeps each step's time, divided by the speedup) and the
+discrete-event simulator (`kvplane sim`: advances a virtual clock by it).
+
+    seconds = engine.begin_step()   # schedules the next step; None when nothing can run
+    ... seconds later ...
+    engine.end_step()               # its KV is written, tokens go to each request's sink
+
+A step's time is timing.step_seconds(features of the scheduled chunks) (kvplane.hardware: a
+roofline of the GPU and model, or a measured profile). Tokens are deterministic: a request's
+tokens are a 64-bit LCG stream (Knuth's MMIX constants) seeded from the engine seed and a CRC-32 of
+its prompt (greedy: the same prompt gives the same tokens on every sim worker of the same seed)
+or, for temperature > 0, from its sampling seed or the engine's seeded stream. There is no EOS:
+a request ends at max_tokens or a stop token, as with ignore_eos.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import struct
+import zlib
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from dataplane.engines.base import EngineInfo
+from dataplane.engines.events import KVCacheEvent
+from dataplane.engines.paged.block_manager import BlockManager
+from dataplane.engines.paged.scheduler import RequestState, ScheduledChunk, Scheduler, step_features
+from dataplane.engines.request import EngineInputError, EngineLoad, EngineOutput, EngineRequest
+from dataplane.engines.sim.config import SimConfig
+from dataplane.engines.sim.pool import SimPool
+from kvplane import hardware
+from kvplane.block_hash import hash_blocks
+from kvplane.hardware import StepTiming
+from kvplane.latency import StepSample
+from kvplane.types import BlockHash, Tier
+
+if TYPE_CHECKING:
+    from dataplane.transport.modeled import ModeledLink
+
+log = logging.getLogger(__name__)
+
+Sink = Callable[[EngineOutput], None]
+
+MAX_QUEUED_STEP_TIMINGS = 4096
+_LCG_A, _LCG_C, _MASK64 = 6364136223846793005, 1442695040888963407, (1 << 64) - 1
+
+
+class TokenStream:
+    """A request's generated token ids: an LCG over 64 bits, the high bits mod the vocabulary."""
+
+    __slots__ = ("state", "vocab_size")
+
+    def __init__(self, seed: int, vocab_size: int) -> None:
+        self.state = seed & _MASK64
+        self.vocab_size = vocab_size
+
+    def next(self) -> int:
+        self.state = (self.state * _LCG_A + _LCG_C) & _MASK64
+        return (self.state >> 33) % self.vocab_size
+
+
+def prompt_digest(token_ids: Sequence[int]) -> int:
+    return zlib.crc32(struct.pack(f"<{len(token_ids)}I", *token_ids))
+
+
+class SimEngine:
+    def __init__(self, config: SimConfig, *, clock: Callable[[], float], timing: StepTiming | None = None) -> None:
+        self.config = config.validate()
+        spec = hardware.model(config.model)
+        self.timing = timing if timing is not None else config.timing()
+        self.model_name = spec.key
+        self.layout = spec.layout(config.block_size)
+        num_blocks = config.total_blocks()
+        if num_blocks <= 0:
+            raise ValueError(f"{config.model} on {config.tp} x {config.gpu} leaves no memory for KV blocks")
+        self.pool = SimPool(self.layout, num_blocks, config.payload_bytes)
+        self._blocks = BlockManager(num_blocks, on_stored=self.pool.write)
+        self._scheduler = Scheduler(
+            self._blocks, self.model_name, config.block_size, config.max_num_seqs, config.max_num_batched_tokens, (), clock=clock
+        )
+        self.info = EngineInfo(
+            model=self.model_name,
+            layout=self.layout,
+            max_context=spec.max_context,
+            vocab_size=spec.vocab_size,
+            max_tokens_limit=config.max_tokens_limit,
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+        )
+        self.modeled_link: ModeledLink | None = None  # set by the agent's adapter (KVImportExport)
+        self._seed_stream = random.Random(config.seed)
+        self._step: list[ScheduledChunk] = []  # the step in flight
+        self._step_timings: deque[StepSample] = deque(maxlen=MAX_QUEUED_STEP_TIMINGS)
+        self._live: dict[str, RequestState] = {}
+        self._abort_ids: set[str] = set()
+        self.stopped = False
+        self.last_features: tuple[int, int, int, int] = (0, 0, 0, 0)  # of the latest step begun
+
+    # --- requests --------------------------------------------------------------------------
+    def submit(self, request: EngineRequest, sink: Sink) -> None:
+        """Queues a request (EngineInputError / EngineCapacityError when it can never run)."""
+        if self.stopped:
+            raise RuntimeError("the sim engine is stopped and accepts no requests")
+        info = self.info
+        self._scheduler.validate(request, vocab_size=info.vocab_size, max_tokens_limit=info.max_tokens_limit, max_context=info.max_context)
+        if request.request_id in self._live:
+            raise EngineInputError(f"request_id {request.request_id!r} is already in flight")
+        params = request.sampling
+        if params.temperature > 0:
+            seed = params.seed if params.seed is not None else self._seed_stream.getrandbits(63)
+        else:
+            seed = prompt_digest(request.prompt_token_ids)
+        seq = RequestState(
+            request=request,
+            sink=sink,
+            generator=TokenStream(seed ^ (self.config.seed * _LCG_A), info.vocab_size),
+            token_ids=list(request.prompt_token_ids),
+            num_prompt_tokens=len(request.prompt_token_ids),
+            held_block_ids=list(request.held_block_ids),
+        )
+        self._live[request.request_id] = seq
+        self._scheduler.waiting.append(seq)
+
+    def abort(self, request_id: str) -> None:
+        """Ends a queued or running request before the next step (its sink gets "abort")."""
+        if request_id in self._live:
+            self._abort_ids.add(request_id)
+
+    def stop(self) -> None:
+        """Aborts every request; the engine takes no more."""
+        self.stopped = True
+        self._step = []
+        for seq in list(self._live.values()):
+            self._end(seq, "abort")
+
+    # --- stepping ----------------------------------------------------------------------------
+    @property
+    def busy(self) -> bool:
+        return bool(self._step)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self._live)
+
+    def begin_step(self) -> float | None:
+        """Schedules the next step and returns its simulated seconds; None when nothing can run."""
+        if self._step:
+            raise RuntimeError("a step is already in flight; end_step() first")
+        for request_id in sorted(self._abort_ids):
+            seq = self._live.get(request_id)
+            if seq is not None:
+                self._end(seq, "abort")
+        self._abort_ids.clear()
+        if self.stopped:
+            return None
+        chunks = self._scheduler.schedule()
+        if not chunks:
+            return None
+        self._step = chunks
+        features = self.last_features = step_features(chunks)
+        seconds = self.timing.step_seconds(*features)
+        self._step_timings.append(StepSample(*features, seconds=seconds))
+        return seconds
+
+    def end_step(self) -> None:
+        """The step's KV is written: account its chunks and send what they produced."""
+        chunks, self._step = self._step, []
+        outputs: list[tuple[Sink, EngineOutput]] = []
+        for chunk in chunks:
+            seq = chunk.seq
+            due = chunk.completes_known_tokens and not seq.request.prefill_only
+            out = self._scheduler.update(chunk, seq.generator.next() if due else None)
+            if out is not None:
+                outputs.append((seq.sink, out))
+                if out.finished:
+                    self._live.pop(seq.request_id, None)
+        for sink, out in outputs:
+            sink(out)
+
+    def _end(self, seq: RequestState, reason: str) -> None:
+        self._scheduler.remove(seq)
+        self._live.pop(seq.request_id, None)
+        seq.sink(seq.output([], reason))
+
+    # --- introspection -----------------------------------------------------------------------
+    def load(self) -> EngineLoad:
+        return self._scheduler.load()
+
+    def take_step_timings(self) -> list[StepSample]:
+        """The steps scheduled since the last call, in simulated seconds."""
+        timings = list(self._step_timings)
+        self._step_timings.clear()
+        return timings
+
+    def take_kv_events(self) -> list[KVCacheEvent]:
+        return self._blocks.take_events()
+
+    def cached_block_hashes_by_tier(self) -> dict[Tier, list[BlockHash]]:
+        return {Tier.DEVICE: self._blocks.cached_block_hashes()}
+
+    # --- KV import / export (KVImportExport) -------------------------------------------------
+    def pin_cached_prefix(self, prompt_token_ids: Sequence[int], cache_salt: str = "") -> tuple[list[BlockHash], list[int]]:
+        hashes = hash_blocks(prompt_token_ids, self.config.block_size, self.model_name, cache_salt)
+        block_ids = self._blocks.pin_prefix(hashes)
+        return hashes[: len(block_ids)], block_ids
+
+    def missing_blocks(self, block_hashes: Sequence[BlockHash]) -> list[int]:
+        return self._blocks.missing(block_hashes)
+
+    def allocate_for_import(self, num_blocks: int) -> list[int] | None:
+        return self._blocks.allocate(num_blocks)
+
+    def commit_import(self, block_hashes: Sequence[BlockHash], block_ids: Sequence[int]) -> list[int]:
+        """Registers pulled blocks after checking each holds its hash's fingerprint; a corrupt
+        block frees the whole import and raises ValueError: corrupt KV must never be cached."""
+        bad = self.pool.corrupt(block_hashes, block_ids)
+        if bad:
+            self.abort_import(block_ids)
+            raise ValueError(f"{len(bad)} pulled KV blocks do not hold the blocks asked for (first: index {bad[0]})")
+        return self._blocks.commit_import(block_hashes, block_ids)
+
+    def abort_import(self, block_ids: Sequence[int]) -> None:
+        self._blocks.release(list(block_ids)[::-1])
+
+    def unpin(self, block_ids: Sequence[int]) -> None:
+        self._blocks.release(list(block_ids)[::-1])

@@ -1,0 +1,139 @@
+"""kvplane sim: the real planner against simulated workers in virtual time."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from controlplane.core.planner import PlannerConfig
+from controlplane.core.router import RouterConfig
+from controlplane.core.settings import ClusterSettings
+from dataplane.engines.sim import SimConfig
+from kvplane import hardware
+from kvplane.latency import prefill_attention
+from kvplane.sim import main as sim_main
+from kvplane.sim.clock import EventLoop
+from kvplane.sim.fleet import AgentTiming
+from kvplane.sim.simulator import FleetSpec, SimRequest, Simulator
+
+ENGINE = SimConfig(model="llama-3-8b", gpu="h100", tp=1, link="100gbe")
+HOP = 0.0005
+
+
+def one(prompt_tokens: int, max_tokens: int, arrival: float = 0.0) -> SimRequest:
+    prompt = tuple(range(1, prompt_tokens + 1))
+    return SimRequest(arrival, prompt_tokens, max_tokens, lambda: prompt)
+
+
+def simulate(fleet: FleetSpec, requests: list[SimRequest], **planner) -> Simulator:
+    config = PlannerConfig(admission_policy="none", **planner)
+    sim = Simulator(fleet, config, ClusterSettings(), agent=AgentTiming(hop_s=HOP))
+    sim.result = sim.run(requests)
+    return sim
+
+
+def test_the_event_loop_runs_in_time_order_and_ties_in_scheduling_order():
+    loop, seen = EventLoop(), []
+    loop.at(2.0, seen.append, "c")
+    loop.at(1.0, seen.append, "a")
+    loop.at(1.0, seen.append, "b")
+    loop.run()
+    assert seen == ["a", "b", "c"] and loop.now == 2.0
+    with pytest.raises(ValueError, match="before now"):
+        loop.at(1.5, seen.append, "late")
+
+
+def test_a_local_request_s_ttft_is_two_hops_and_its_prefill_and_tpot_its_decode_steps():
+    sim = simulate(FleetSpec(ENGINE, num_both=1), [one(3000, 3)])
+    r = ENGINE.roofline_model()
+    prefill = r.step_seconds(3000, prefill_attention(3000, 0))
+    decode = [r.step_seconds(decode_seqs=1, decode_context_tokens=3000 + k) for k in (1, 2)]
+    (rec,) = sim.result.records
+    assert rec.ttft_s == pytest.approx(HOP + prefill + HOP, rel=1e-12)
+    assert rec.tpot_s == pytest.approx(sum(decode) / 2, rel=1e-12)
+    assert rec.num_tokens == 3 and not rec.disaggregated and rec.cached_tokens == 0
+
+
+def test_a_disaggregated_request_s_ttft_adds_the_prefill_hop_the_transfer_and_the_tail():
+    fleet = FleetSpec(ENGINE, num_prefill=1, num_decode=1, num_both=0)
+    sim = simulate(fleet, [one(4000, 2)], router=RouterConfig(disagg_threshold_tokens=1024))
+    r = ENGINE.roofline_model()
+    prefill = r.step_seconds(4000, prefill_attention(4000, 0))
+    transfer = hardware.link("100gbe").transfer_seconds(250 * ENGINE.roofline_model().model.layout(16).block_nbytes)
+    tail = r.step_seconds(16, prefill_attention(16, 3984))  # the last block is recomputed for its logits
+    (rec,) = sim.result.records
+    assert rec.disaggregated and rec.prefill_worker == "prefill-0" and rec.decode_worker == "decode-0"
+    assert rec.kv_transfer_bytes == 250 * 2_097_152
+    assert rec.ttft_s == pytest.approx(4 * HOP + prefill + transfer + tail, rel=1e-12)
+
+
+def test_a_repeated_prompt_hits_the_cache_of_the_worker_the_planner_sent_it_to():
+    sim = simulate(FleetSpec(ENGINE, num_both=4), [one(1600, 4, 0.0), one(1600, 4, 5.0)])
+    first, second = sim.result.records
+    assert second.decode_worker == first.decode_worker and second.cached_tokens == 1584
+    assert second.ttft_s < first.ttft_s / 5
+
+
+def _sweep(*argv: str) -> dict:
+    parser = argparse.ArgumentParser()
+    sim_main.add_arguments(parser)
+    return sim_main.run_sweep(parser.parse_args(list(argv)), lambda message: None)
+
+
+SMALL = ("--workload", "mix", "--rate", "8", "--duration", "10", "--both", "3", "--sim-model", "llama-3-8b", "--sim-tp", "1")
+
+
+def test_identical_seeds_give_identical_json_and_another_seed_another():
+    a = json.dumps(_sweep(*SMALL, "--compare-routing", "kvplane,round-robin"))
+    assert a == json.dumps(_sweep(*SMALL, "--compare-routing", "kvplane,round-robin"))
+    assert a != json.dumps(_sweep(*SMALL, "--compare-routing", "kvplane,round-robin", "--seed", "1"))
+
+
+def test_rows_carry_the_benchmarks_columns_and_policies_compare():
+    result = _sweep(*SMALL, "--compare-routing", "round-robin,kvplane", "--compare-admission", "none,predictive", "--planner-cost")
+    rows = result["rows"]
+    assert [(r["routing"], r["admission"]) for r in rows] == [
+        ("round-robin", "none"), ("round-robin", "predictive"), ("kvplane", "none"), ("kvplane", "predictive"),
+    ]  # fmt: skip
+    for r in rows:
+        assert r["requests"] == r["admitted"] + r["rejected"] and r["failed"] == 0
+        assert (
+            0 <= r["hit_rate"] <= r["oracle_hit_rate"] + 0.05 and r["ttft_p50_ms"] > 0 and r["planner_cost"]["decisions"] == r["requests"]
+        )
+    assert result["config"]["kv_bytes_per_token"] == 131_072
+
+
+def test_on_the_chat_workload_prefix_routing_beats_round_robin_as_in_bench_prefix():
+    rows = _sweep(
+        "--workload", "chat", "--both", "4", "--sim-model", "llama-3-8b", "--sim-tp", "1", "--compare-routing", "round-robin,kvplane"
+    )["rows"]
+    # The same requests as `kvplane bench prefix`'s chat, so the same oracle (0.744 there).
+    assert rows[0]["oracle_hit_rate"] == rows[1]["oracle_hit_rate"] == pytest.approx(0.744, abs=0.001)
+    assert rows[1]["hit_rate"] > rows[0]["hit_rate"] + 0.1
+
+
+@pytest.mark.cluster
+def test_virtual_time_agrees_with_real_processes_on_a_small_workload():
+    """The same 12 disaggregated requests through `kvplane sim` and through a control plane with
+    two sim agents (real processes, gRPC, the real transport): TTFT p50 and goodput agree."""
+    result = _sweep(
+        "--workload", "synthetic", "--input-tokens", "3000-4000", "--output-tokens", "16", "--rate", "1", "--duration", "12",
+        "--prefill", "1", "--decode", "1", "--admission", "none", "--compare-processes",
+    )  # fmt: skip
+    (row,) = result["rows"]
+    real = row["processes"]
+    assert row["requests"] == real["requests"] and real["failed"] == 0 and row["disaggregated"] == real["disaggregated"] == row["requests"]
+    assert abs(row["processes_error"]["ttft_p50_ms"]) < 0.2, (row["ttft_p50_ms"], real["ttft_p50_ms"])
+    assert abs(row["processes_error"]["goodput_rps"]) < 0.1, (row["goodput_rps"], real["goodput_rps"])
+    assert row["kv_bytes_moved"] == real["kv_bytes_moved"]
+
+
+def test_a_synthetic_workload_that_does_not_fit_the_model_s_context_is_refused_up_front():
+    from kvplane.sim.workloads import SyntheticSpec
+
+    spec = SyntheticSpec((4096, 8192), (64, 256), 0.0).validate()
+    with pytest.raises(ValueError, match="8192 prompt \\+ 256 output tokens exceed llama-3-70b's context of 8192 tokens"):
+        spec.check_fits("llama-3-70b", hardware.model("llama-3-70b").max_context)
+    assert spec.check_fits("llama-3.1-70b", hardware.model("llama-3.1-70b").max_context) is spec
