@@ -311,6 +311,15 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
         limits = self._config.failover
         sent: list[int] = list(request.resume_token_ids)  # every token the caller has
         resumed_by_caller = bool(sent)
+        if len(sent) > v.route.max_tokens:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"resume_token_ids has {len(sent)} tokens, more than max_tokens {v.route.max_tokens}: resume only what this request generated",
+            )
+        if len(sent) == v.route.max_tokens:
+            # The caller has every token; only the end was lost with the replica that relayed it.
+            yield client_pb2.GenerateResponse(finished=True, finish_reason="length", request_id=v.request_id)
+            return
         exclude: set[str] = set()
         num_attempts = num_migrations = 0
         queued_s = 0.0

@@ -31,3 +31,27 @@ def test_a_reader_that_pauses_gets_the_same_tokens_and_end():
     assert "".join(c.text for c in chunks) == fast.text
     assert chunks[-1].finished and chunks[-1].metrics is not None and chunks[-1].metrics.cached_tokens > 0
     assert sum(c.finished for c in chunks) == 1 and len(chunks) <= 49
+
+
+def test_a_resume_after_the_last_token_gets_only_the_end_and_a_longer_one_is_refused():
+    """A replica that died between a stream's last token and its end: the caller resumes with every
+    token it has, and the next replica answers with the end alone (no request is run)."""
+    import grpc
+
+    from kvplane.v1 import client_pb2
+
+    prompt = prompt_ids(seed=32, length=20)
+    with LocalCluster(num_prefill=0, num_decode=0, num_both=1) as cluster, Client(cluster.endpoint, timeout=60) as client:
+        done = client.generate(prompt, max_tokens=6, ignore_eos=True)
+        stub = client._stubs[cluster.endpoint]
+        request = client_pb2.GenerateRequest(token_ids=client_pb2.TokenIds(ids=prompt), resume_token_ids=list(done.token_ids))
+        request.sampling.max_tokens = 6
+        replies = list(stub.Generate(request, timeout=30))
+        assert [(list(r.token_ids), r.finished, r.finish_reason) for r in replies] == [([], True, "length")]
+        request.resume_token_ids.append(1)
+        try:
+            list(stub.Generate(request, timeout=30))
+            raise AssertionError("a resume longer than max_tokens was accepted")
+        except grpc.RpcError as e:
+            assert e.code() is grpc.StatusCode.INVALID_ARGUMENT and "more than max_tokens 6" in e.details()
+        assert client.generate(prompt, max_tokens=2).token_ids  # still serving
