@@ -19,13 +19,15 @@ class Role(enum.Enum):
     DECODE = "decode"
     BOTH = "both"
 
-    @property
-    def can_prefill(self) -> bool:
-        return self in (Role.PREFILL, Role.BOTH)
+    # Plain attributes, set once below: the router reads them for every worker of every request.
+    can_prefill: bool
+    can_decode: bool
 
-    @property
-    def can_decode(self) -> bool:
-        return self in (Role.DECODE, Role.BOTH)
+
+for _role in Role:
+    _role.can_prefill = _role in (Role.PREFILL, Role.BOTH)
+    _role.can_decode = _role in (Role.DECODE, Role.BOTH)
+del _role
 
 
 class Tier(enum.Enum):
