@@ -12,16 +12,15 @@ import asyncio
 from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 
-from dataplane.engines.base import EngineInfo, KVImportExport, StepProfiling
-from dataplane.engines.events import KVCacheEvent
+from dataplane.engines.base import EngineInfo, StepProfiling
+from dataplane.engines.paged.adapter import PagedEngineAdapter, outputs_until_finished
 from dataplane.engines.reference.config import EngineConfig
 from dataplane.engines.reference.engine import Engine
-from dataplane.engines.request import EngineInputError, EngineLoad, EngineOutput, EngineRequest
+from dataplane.engines.request import EngineInputError, EngineOutput, EngineRequest
 from kvplane.chat import ChatTemplateError, load_chat_template
-from kvplane.types import BlockHash, Tier
 
 
-class ReferenceAdapter:
+class ReferenceAdapter(PagedEngineAdapter):
     def __init__(self, engine: Engine) -> None:
         self.engine = engine  # public for benchmarks and tests that drive the engine directly
         config = engine.config
@@ -63,7 +62,7 @@ class ReferenceAdapter:
         queue: asyncio.Queue[EngineOutput] = asyncio.Queue()
         # Raises EngineInputError / EngineCapacityError here, before the stream exists.
         self.engine.submit(request, lambda out: loop.call_soon_threadsafe(queue.put_nowait, out))
-        return _outputs(queue)
+        return outputs_until_finished(queue)
 
     def abort(self, request_id: str) -> None:
         self.engine.abort(request_id)
@@ -84,31 +83,6 @@ class ReferenceAdapter:
         template, encode = self._chat_template, self.engine.tokenizer.encode
         return await asyncio.to_thread(lambda: encode(template.render(messages)))  # off the loop, as tokenize
 
-    def load(self) -> EngineLoad:
-        return self.engine.load()
-
-    def take_kv_events(self) -> list[KVCacheEvent]:
-        return self.engine.take_kv_events()
-
-    def cached_block_hashes_by_tier(self) -> Mapping[Tier, list[BlockHash]]:
-        return self.engine.cached_block_hashes_by_tier()
-
-    @property
-    def kv_transfer(self) -> KVImportExport:
-        return self.engine
-
-    @property
-    def native_transfer(self) -> None:
-        return None  # KV moves through kvplane's transports (kv_transfer)
-
     @property
     def profiling(self) -> StepProfiling:
         return self.engine
-
-
-async def _outputs(queue: asyncio.Queue[EngineOutput]) -> AsyncIterator[EngineOutput]:
-    while True:
-        out = await queue.get()
-        yield out
-        if out.finished:
-            return

@@ -13,24 +13,23 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Sequence
 
-from dataplane.engines.base import EngineInfo, KVImportExport, StepProfiling
-from dataplane.engines.events import KVCacheEvent
-from dataplane.engines.request import EngineLoad, EngineOutput, EngineRequest
+from dataplane.engines.base import EngineInfo, StepProfiling
+from dataplane.engines.paged.adapter import PagedEngineAdapter, outputs_until_finished
+from dataplane.engines.request import EngineOutput, EngineRequest
 from dataplane.engines.sim.config import SimConfig
 from dataplane.engines.sim.engine import SimEngine
 from dataplane.transport.modeled import ModeledLink
 from kvplane import hardware
 from kvplane.latency import StepSample
-from kvplane.types import BlockHash, Tier
 
 log = logging.getLogger(__name__)
 
 IDLE_POLL_S = 0.01  # how often a blocked queue is looked at again (a peer's pull frees blocks silently)
 
 
-class SimAdapter:
+class SimAdapter(PagedEngineAdapter):
     def __init__(self, config: SimConfig) -> None:
         self.config = config.validate()
         self._speedup = config.speedup
@@ -70,7 +69,7 @@ class SimAdapter:
         queue: asyncio.Queue[EngineOutput] = asyncio.Queue()
         self.engine.submit(request, queue.put_nowait)  # raises before the stream exists
         self._wake.set()
-        return _outputs(queue)
+        return outputs_until_finished(queue)
 
     def abort(self, request_id: str) -> None:
         self.engine.abort(request_id)
@@ -91,23 +90,6 @@ class SimAdapter:
             out.append(f"<{t}>")
         out.append(pending.decode(errors="replace"))
         return "".join(out)
-
-    def load(self) -> EngineLoad:
-        return self.engine.load()
-
-    def take_kv_events(self) -> list[KVCacheEvent]:
-        return self.engine.take_kv_events()
-
-    def cached_block_hashes_by_tier(self) -> Mapping[Tier, list[BlockHash]]:
-        return self.engine.cached_block_hashes_by_tier()
-
-    @property
-    def kv_transfer(self) -> KVImportExport:
-        return self.engine
-
-    @property
-    def native_transfer(self) -> None:
-        return None  # KV moves through kvplane's transports over a modeled link (kv_transfer)
 
     @property
     def profiling(self) -> StepProfiling:
@@ -138,11 +120,3 @@ class SimAdapter:
         if not task.cancelled() and task.exception() is not None:
             self._failure = f"the sim engine's step loop died: {task.exception()!r}"
             log.error("%s", self._failure)
-
-
-async def _outputs(queue: asyncio.Queue[EngineOutput]) -> AsyncIterator[EngineOutput]:
-    while True:
-        out = await queue.get()
-        yield out
-        if out.finished:
-            return
