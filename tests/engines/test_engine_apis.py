@@ -23,11 +23,11 @@ def request(**sampling) -> EngineRequest:
 
 
 def test_vllm_completion_body():
-    body = vllm_api.completion_body(request(max_tokens=4, top_k=5, seed=7, stop_token_ids=(2,)), "tiny", stream=True)
+    body = vllm_api.completion_body(request(max_tokens=4, top_k=5, seed=7, stop_token_ids=(2,)), "tiny", stream=True, cache_salt="kv-alias")
     assert body == {
         "model": "tiny", "prompt": PROMPT, "max_tokens": 4, "temperature": 0.0, "top_p": 1.0, "ignore_eos": False,
         "stream": True, "return_token_ids": True, "stream_options": {"include_usage": True}, "top_k": 5, "seed": 7,
-        "stop_token_ids": [2], "cache_salt": "tenant",
+        "stop_token_ids": [2], "cache_salt": "kv-alias",
     }  # fmt: skip
     assert "top_k" not in vllm_api.completion_body(request(), "tiny", stream=False)  # 0 = off: not sent
 

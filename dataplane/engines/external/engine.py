@@ -22,6 +22,7 @@ from dataplane.engines.external.config import ExternalEngineConfig
 from dataplane.engines.external.hash_map import BlockHashMapper
 from dataplane.engines.external.inflight import InFlight
 from dataplane.engines.external.model_config import kv_dtype, read_model_shape
+from dataplane.engines.external.salts import EngineSalts
 from dataplane.engines.external.subscriber import KVEventSubscriber
 from dataplane.engines.request import EngineLoad
 from kvplane.chat import ChatTemplate, ChatTemplateError, load_chat_template
@@ -70,6 +71,9 @@ class ExternalEngine:
         self.config = config
         self.endpoint = endpoint
         self.inflight = InFlight()
+        # Cache salts as sent to the engine and back (an adapter whose engine restricts them sends
+        # salts.alias(salt); the KV-event mapper takes the engine's salt back to kvplane's).
+        self.salts = EngineSalts()
         self.description: ServerDescription | None = None
         self.subscriber: KVEventSubscriber | None = None
         self._info: EngineInfo | None = None
@@ -144,7 +148,7 @@ class ExternalEngine:
         )
         self.subscriber = KVEventSubscriber(
             self.config.kv_events_endpoint,
-            BlockHashMapper(description.served_model, description.block_size),
+            BlockHashMapper(description.served_model, description.block_size, salt_of=self.salts.salt),
             replay_endpoint=self.config.kv_events_replay_endpoint,
             topic=self.config.kv_events_topic,
             flush=self.flush_cache,

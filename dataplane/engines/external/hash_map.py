@@ -21,7 +21,7 @@ blocks of another size and LoRA blocks (their KV is not the base model's).
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from dataplane.engines.events import AllCleared, BlockRemoved, BlockStored, KVCacheEvent
 from dataplane.engines.external.wire import EngineCleared, EngineEvent, EngineHash, EngineRemoved, EngineStored
@@ -32,11 +32,14 @@ DEFAULT_MAX_REMEMBERED = 1 << 18  # translations of blocks the engine no longer 
 
 
 class BlockHashMapper:
-    def __init__(self, model: str, block_size: int, max_remembered: int = DEFAULT_MAX_REMEMBERED) -> None:
+    def __init__(
+        self, model: str, block_size: int, max_remembered: int = DEFAULT_MAX_REMEMBERED, salt_of: Callable[[str], str] = str
+    ) -> None:
         if block_size <= 0:
             raise ValueError(f"block_size must be positive, got {block_size}")
         self.model = model
         self.block_size = block_size
+        self._salt_of = salt_of  # the kvplane salt behind the one an engine reports (external/salts.py)
         self._max_remembered = max_remembered
         self._held: dict[EngineHash, tuple[BlockHash, set[Tier]]] = {}  # what the engine holds now
         self._remembered: OrderedDict[EngineHash, BlockHash] = OrderedDict()  # no longer held
@@ -87,7 +90,7 @@ class BlockHashMapper:
             self.num_foreign_blocks += len(event.block_hashes)
             return []
         if event.parent is None:
-            parent = root_hash(self.model, event.cache_salt)
+            parent = root_hash(self.model, self._salt_of(event.cache_salt))
         else:
             parent = self.translate(event.parent)
             if parent is None:

@@ -89,7 +89,7 @@ class VllmAdapter(ExternalEngine):
             raise EngineInputError("the vllm engine does not import KV through kvplane's transports (held_block_ids)")
         if request.prefill_only:
             raise EngineInputError("the vllm engine prefills for a peer only through its KV connector (native_transfer.prefill)")
-        body = api.completion_body(request, self.info.model, stream=True)
+        body = api.completion_body(request, self.info.model, stream=True, cache_salt=self.salts.alias(request.cache_salt))
         if request.native_handoff:
             if self._native is None:
                 raise EngineInputError("this vLLM server runs no KV connector: it cannot decode after a remote prefill")
@@ -179,7 +179,7 @@ class VllmNixl:
 
     async def prefill(self, request: EngineRequest) -> NativeHandoff:
         adapter = self._adapter
-        body = nixl.prefill_body(request, adapter.info.model)
+        body = nixl.prefill_body(request, adapter.info.model, cache_salt=adapter.salts.alias(request.cache_salt))
         adapter.inflight.started(request.request_id, len(request.prompt_token_ids), 0)
         try:
             response = await adapter._client.post(

@@ -22,7 +22,7 @@ class ApiError(ValueError):
     """A message that is not what this vLLM version sends."""
 
 
-def completion_body(request: EngineRequest, model: str, *, stream: bool) -> dict:
+def completion_body(request: EngineRequest, model: str, *, stream: bool, cache_salt: str = "") -> dict:
     sampling = request.sampling
     body: dict = {
         "model": model,
@@ -42,8 +42,8 @@ def completion_body(request: EngineRequest, model: str, *, stream: bool) -> dict
         body["seed"] = sampling.seed
     if sampling.stop_token_ids:
         body["stop_token_ids"] = list(sampling.stop_token_ids)
-    if request.cache_salt:
-        body["cache_salt"] = request.cache_salt
+    if cache_salt:  # vLLM's cache_salt rules: an alias of the request's salt (external/salts.py)
+        body["cache_salt"] = cache_salt
     return body
 
 

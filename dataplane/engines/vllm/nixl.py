@@ -24,8 +24,8 @@ TRANSPORT = "engine:vllm-nixl"
 REQUIRED_PARAMS = ("remote_engine_id", "remote_block_ids", "remote_host", "remote_port")
 
 
-def prefill_body(request: EngineRequest, model: str) -> dict:
-    body = completion_body(request, model, stream=False)
+def prefill_body(request: EngineRequest, model: str, cache_salt: str = "") -> dict:
+    body = completion_body(request, model, stream=False, cache_salt=cache_salt)
     body["max_tokens"] = 1
     body["kv_transfer_params"] = {
         "do_remote_decode": True,
