@@ -37,6 +37,14 @@ def test_burst_that_would_overload_decode_is_rejected_before_prefill(tmp_path):
             client.set_config("objectives.*.interactive.tpot_ms", f"{target_s * 1000:.6f}")
             client.set_config("objectives.*.interactive.ttft_ms", "60000")
             client.set_config("admission.policy", "predictive")
+            # The profile reaches the planner with the worker's next load report: until then the
+            # worker has no latency model and predictive admission takes every request.
+            probe = prompt_ids(seed=99, length=BLOCK_SIZE)
+            wait_for(
+                lambda: client.generate(probe, max_tokens=1).metrics.predicted_tpot_ms > 0,
+                timeout=30,
+                what="the worker's latency model in the control plane",
+            )
             wait_for(lambda: client.workers()[0].load.num_running == 0, timeout=10, what="an idle worker")
 
             prompts = [prompt_ids(seed=100 + i, length=3 * BLOCK_SIZE) for i in range(8)]
