@@ -23,7 +23,7 @@ import sys
 import time
 
 from controlplane.core.index import CacheIndex
-from controlplane.core.planner import Planner, PlannerConfig
+from controlplane.core.planner import Plan, Planner, PlannerConfig
 from controlplane.core.router import RouterConfig
 from controlplane.core.routing import RouteRequest
 from controlplane.core.settings import ClusterSettings
@@ -100,7 +100,7 @@ def measure(workers, index, prompts, admission: str, max_uncached: int, args, rn
         elapsed = time.perf_counter() - started
         if n >= args.in_flight:
             seconds.append(elapsed)
-        if hasattr(plan, "decode_worker"):
+        if isinstance(plan, Plan):  # not a Reject
             in_flight.append(planner.dispatched(plan, now))
         if len(in_flight) > args.in_flight:
             planner.finished(in_flight.pop(0), now)

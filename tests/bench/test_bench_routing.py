@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import random
 import subprocess
 import sys
 
 import pytest
 
-from kvplane.bench.routing import HOT_PREFIX_BLOCKS, build_fleet
+from kvplane.bench.routing import BLOCK_SIZE, HOT_PREFIX_BLOCKS, MODEL, build_fleet
+from kvplane.block_hash import hash_blocks
 
 
 @pytest.mark.cluster  # runs the CLI in a subprocess
@@ -27,17 +29,9 @@ def test_bench_routing_prints_a_row_per_fleet_and_admission_policy():
 
 
 def test_hot_prefix_fleet_shares_its_first_blocks_on_every_worker():
-    import random
-
     prompts = [[random.Random(i).randrange(32000) for _ in range(2048)] for i in range(3)]
     workers, index = build_fleet(12, 200, "hot-prefix", prompts, random.Random(1))
-    counts = index.blocks_by_tier()
-    assert len(workers) == 12 and all(sum(c.values()) == 200 for c in counts.values())
-    from kvplane.bench.routing import BLOCK_SIZE, MODEL
-    from kvplane.block_hash import hash_blocks
-
-    holders = [set(index.overlaps(hash_blocks(p, BLOCK_SIZE, model_salt=MODEL, tenant_salt=""))) for p in prompts]
-    assert set().union(*holders) == {w.worker_id for w in workers}
-    for p in prompts:
-        overlaps = index.overlaps(hash_blocks(p, BLOCK_SIZE, model_salt=MODEL, tenant_salt=""))
-        assert all(o.num_blocks == HOT_PREFIX_BLOCKS for o in overlaps.values())
+    assert len(workers) == 12 and all(sum(c.values()) == 200 for c in index.blocks_by_tier().values())
+    overlaps = [index.overlaps(hash_blocks(p, BLOCK_SIZE, model_salt=MODEL, tenant_salt="")) for p in prompts]
+    assert set().union(*overlaps) == {w.worker_id for w in workers}
+    assert all(o.num_blocks == HOT_PREFIX_BLOCKS for by_worker in overlaps for o in by_worker.values())

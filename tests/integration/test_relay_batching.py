@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import time
 
+import grpc
 import pytest
 
 from kvplane import Client
 from kvplane.cluster import LocalCluster
+from kvplane.v1 import client_pb2
 
 from .helpers import prompt_ids
 
@@ -36,9 +38,6 @@ def test_a_reader_that_pauses_gets_the_same_tokens_and_end():
 def test_a_resume_after_the_last_token_gets_only_the_end_and_a_longer_one_is_refused():
     """A replica that died between a stream's last token and its end: the caller resumes with every
     token it has, and the next replica answers with the end alone (no request is run)."""
-    import grpc
-
-    from kvplane.v1 import client_pb2
 
     prompt = prompt_ids(seed=32, length=20)
     with LocalCluster(num_prefill=0, num_decode=0, num_both=1) as cluster, Client(cluster.endpoint, timeout=60) as client:
