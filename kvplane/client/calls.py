@@ -69,13 +69,14 @@ class GenerateCall:
 
     request: client_pb2.GenerateRequest
     reject_retries: int = 0
+    lookaside: bool = False  # stream from the decode agent itself (client/lookaside.py)
 
 
 # -- one builder per RPC --------------------------------------------------------------------------
 
 
-def generate(request: client_pb2.GenerateRequest, reject_retries: int) -> GenerateCall:
-    return GenerateCall(request, reject_retries)
+def generate(request: client_pb2.GenerateRequest, reject_retries: int, lookaside: bool = False) -> GenerateCall:
+    return GenerateCall(request, reject_retries, lookaside)
 
 
 def route(request: client_pb2.GenerateRequest, reject_retries: int) -> UnaryCall[RouteResult]:
