@@ -67,7 +67,7 @@ class LookasideRun:
         request.CopyFrom(self._request)
         request.lookaside = True
         request.resume_token_ids[:] = self._token_ids
-        return calls.UnaryCall("Route", request, lambda response: response, reject_retries)
+        return calls.place(request, reject_retries)
 
     def placed(self, placement: client_pb2.Placement) -> agent_pb2.AgentGenerateRequest:
         """Takes a placement; the request to send its agent."""
@@ -163,7 +163,7 @@ class LookasideRun:
         return GenerateChunk(token_ids=(), text="", finished=True, finish_reason="length", metrics=None, request_id=self._request_id)
 
     def report_call(self, report: client_pb2.ReportRequest) -> calls.UnaryCall[client_pb2.ReportResponse]:
-        return calls.UnaryCall("Report", report, lambda response: response)
+        return calls.report(report)
 
     def deadline_error(self) -> KvplaneError:
         return KvplaneError(grpc.StatusCode.DEADLINE_EXCEEDED, f"the request's timeout passed on decode worker {self.placement.worker_id}")
