@@ -62,6 +62,7 @@ log = logging.getLogger(__name__)
 
 TOKENIZE_TIMEOUT_S = 10.0  # per worker asked (or less: the request's own deadline)
 LOOKASIDE_OUTCOME = "kvplane.lookaside.outcome"
+LOOKASIDE_OUTCOMES = ("finished", "cancelled", "failed", "moved", "expired")
 DEADLINE_SLACK_S = 0.05  # an agent call failing this close to the caller's deadline failed because of it
 
 
@@ -132,6 +133,8 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
         self._lookaside = LookasideBook(clock)  # requests placed for callers to run (lookaside mode)
         for failure in (Failure.WORKER, Failure.STALLED):
             record_migration(failure.value, count=0)
+        for outcome in LOOKASIDE_OUTCOMES:  # declared at 0, so that a scrape shows them before the first
+            instruments().kvplane_lookaside_placements.add(0, {LOOKASIDE_OUTCOME: outcome})
         self.metrics_url = ""
 
     # -- validation ----------------------------------------------------------------------------
