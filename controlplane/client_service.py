@@ -40,7 +40,17 @@ from controlplane.core.failover import Failure
 from controlplane.core.planner import Outcome, Plan, Planner, Routed
 from controlplane.core.routing import NoCandidateError, NoPrefillWorkerError, RouteDecision, RouteRequest
 from controlplane.core.settings import SettingError, validate_setting
-from controlplane.observe import RequestObservation, record_admission, record_migration
+from controlplane.observe import (
+    PHASE_ADMIT,
+    PHASE_RELAY,
+    PHASE_ROUTE,
+    RequestObservation,
+    cpu_seconds,
+    record_admission,
+    record_migration,
+    record_planning,
+    register_cpu_counter,
+)
 from controlplane.relay import WorkerFailed, agent_stream, coalesced
 from controlplane.store.base import Store, StoreError
 from kvplane import tickets
@@ -117,6 +127,7 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
         self.stats_window = StatsWindow()  # recent per-worker request stats, served by GetStats
         for failure in (Failure.WORKER, Failure.STALLED):
             record_migration(failure.value, count=0)
+        register_cpu_counter()
         self.metrics_url = ""
 
     # -- validation ----------------------------------------------------------------------------
@@ -249,11 +260,16 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
     ) -> tuple[Routed, Plan | Reject]:
         """Routes and admits. `count`: record the admission decision in metrics (Generate does;
         Route runs nothing)."""
+        started, cpu = time.perf_counter(), time.thread_time()
         routed = await self._route(v, context, exclude)
+        routed_cpu = time.thread_time()
         settings = self._state.settings
         with tracing.span(tracing.SPAN_ADMISSION):
             verdict = self.planner.admit(routed, settings)
             record_admission(verdict, self.planner.admission_policy_name(settings), count=count)
+        cpu_seconds[PHASE_ROUTE] += routed_cpu - cpu
+        cpu_seconds[PHASE_ADMIT] += time.thread_time() - routed_cpu
+        record_planning(time.perf_counter() - started)
         return routed, verdict
 
     async def _reject(self, context, verdict: Reject) -> None:
@@ -354,6 +370,7 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
                     first_token_timeout_s=self._config.first_token_timeout_s, token_timeout_s=self._config.token_timeout_s,
                     paused_since=self._state.pauses.paused_since,
                 )):  # fmt: skip
+                    relay_cpu = time.thread_time()  # this message's relay work, up to handing it to gRPC
                     if reply.token_ids:
                         last_token_at = self._clock()
                         if num_new_tokens == 0:
@@ -387,6 +404,7 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
                         # Released before the caller sees the end, so its next request finds the worker free.
                         self.planner.finished(dispatch, self._clock(), outcome)
                         observation.finished(out.metrics)
+                    cpu_seconds[PHASE_RELAY] += time.thread_time() - relay_cpu
                     yield out
                 return
             except WorkerFailed as e:
