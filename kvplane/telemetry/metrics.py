@@ -131,7 +131,6 @@ class Instruments:
 
             self._meter.create_observable_gauge(name, callbacks=[callback], unit=spec.unit, description=spec.description)
 
-
     def observe_counters(self, callbacks: dict[str, Callable[[], Iterable[tuple[float, dict]]]]) -> None:
         """Registers observed counters: metric name -> callback returning (running total, attributes) pairs."""
         for name, fn in callbacks.items():
