@@ -83,8 +83,8 @@ class RateSearch:
         if self.failed_rps is None:
             return self.start_rps if self.best_rps is None else self.best_rps * 2
         if self.best_rps is None:
-            # Even the first rate failed: halve down (a floor of 1/64 of the start ends it).
-            return None if self.failed_rps <= self.start_rps / 64 else self.failed_rps / 2
+            # Even the first rate failed: halve down (a floor of 1/16 of the start ends it).
+            return None if self.failed_rps <= self.start_rps / 16 else self.failed_rps / 2
         if self.failed_rps <= self.best_rps * (1 + self.resolution):
             return None
         return (self.best_rps + self.failed_rps) / 2
