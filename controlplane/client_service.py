@@ -32,7 +32,7 @@ import grpc
 
 from controlplane import keys
 from controlplane.batch_queue import BatchQueue
-from controlplane.cluster_state import ClusterState
+from controlplane.cluster_state import ClusterState, WorkerEntry
 from controlplane.config import ControlPlaneConfig
 from controlplane.core import failover
 from controlplane.core.admission_base import Reject, RejectKind
@@ -40,6 +40,7 @@ from controlplane.core.failover import Failure
 from controlplane.core.planner import Outcome, Plan, Planner, Routed
 from controlplane.core.routing import NoCandidateError, NoPrefillWorkerError, RouteDecision, RouteRequest
 from controlplane.core.settings import SettingError, validate_setting
+from controlplane.lookaside import LookasideBook, Placed, new_placement_id, unknown_placement
 from controlplane.observe import (
     PHASE_ADMIT,
     PHASE_RELAY,
@@ -62,14 +63,15 @@ from kvplane.security.auth import caller
 from kvplane.security.credentials import Credentials
 from kvplane.security.identity import ANONYMOUS, tenant_cache_salt
 from kvplane.security.limits import MAX_ID_CHARS, clip
-from kvplane.telemetry import tracing
+from kvplane.telemetry import instruments, tracing
 from kvplane.telemetry.window import StatsWindow
 from kvplane.types import PRIORITIES, Tier, WorkerId
-from kvplane.v1 import agent_pb2, agent_pb2_grpc, client_pb2, client_pb2_grpc
+from kvplane.v1 import agent_pb2, agent_pb2_grpc, client_pb2, client_pb2_grpc, common_pb2
 
 log = logging.getLogger(__name__)
 
 TOKENIZE_TIMEOUT_S = 10.0  # per worker asked (or less: the request's own deadline)
+LOOKASIDE_OUTCOME = "kvplane.lookaside.outcome"
 DEADLINE_SLACK_S = 0.05  # an agent call failing this close to the caller's deadline failed because of it
 
 
@@ -80,6 +82,18 @@ class Validated:
     request_id: str
     route: RouteRequest  # its cache_salt is the tenant-derived one
     tenant: str
+
+
+@dataclass(slots=True)
+class Attempt:
+    """One planned and charged attempt of a request: where it runs and what the agent gets."""
+
+    plan: Plan
+    endpoint: str  # the decode agent's
+    fetch: WorkerEntry | None  # the holder a cached prefix is pulled from, if the plan fetches
+    dispatch_id: int
+    agent_request: agent_pb2.AgentGenerateRequest
+    queued_s: float  # time it waited in the batch queue (0 for a migration)
 
 
 class AgentStubs:
@@ -125,6 +139,7 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
         state.worker_removed_listeners.append(self.planner.worker_removed)
         self._batch_queue = BatchQueue(config.batch_queue_size, config.batch_queue_timeout_s, config.batch_poll_s, clock=clock)
         self.stats_window = StatsWindow()  # recent per-worker request stats, served by GetStats
+        self._lookaside = LookasideBook(clock)  # requests placed for callers to run (lookaside mode)
         for failure in (Failure.WORKER, Failure.STALLED):
             record_migration(failure.value, count=0)
         register_cpu_counter()
@@ -312,6 +327,8 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
 
     async def Route(self, request: client_pb2.GenerateRequest, context):
         v = await self._validate(request, context)
+        if request.lookaside:
+            return await self._place_lookaside(v, request, context)
         routed, verdict = await self._decide(v, context)
         if isinstance(verdict, Reject):
             await self._reject(context, verdict)
@@ -347,25 +364,13 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
             if time_left is not None and time_left <= 0:
                 await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "the request's deadline passed while it was being moved")
             num_attempts += 1
-            route = failover.resumed(v.route, sent) if sent else v.route
-            if migrating:
-                plan = await self._place(route, context, frozenset(exclude))
-            else:
-                plan, queued_s = await self._plan(Validated(v.request_id, route, v.tenant), context, frozenset(exclude))
-            decode = self._state.workers.get(plan.decode_worker)
-            prefill = self._state.workers.get(plan.prefill_worker) if plan.prefill_worker else None
-            if decode is None or (plan.prefill_worker and prefill is None):
-                exclude.add(plan.decode_worker)  # it left since planning
-                continue
-            fetch = self._state.workers.get(plan.fetch_from) if plan.fetch_from else None
-            if plan.fetch_from and fetch is None:
-                plan = plan.without_fetch()  # the holder left since planning
-            observation.routed(v.request_id, v.route.model, plan)
-            dispatch = self.planner.dispatched(plan, self._clock())
-            agent_request = self._agent_request(v, request, plan, route, prefill, fetch, num_resumed=len(sent))
+            attempt = await self._dispatch(v, request, sent, exclude, migrating, observation, context)
+            plan, fetch, dispatch = attempt.plan, attempt.fetch, attempt.dispatch_id
+            if not migrating:
+                queued_s = attempt.queued_s
             try:
                 async for reply in coalesced(agent_stream(
-                    self._stubs.get(decode.info.endpoint), agent_request, plan.decode_worker,
+                    self._stubs.get(attempt.endpoint), attempt.agent_request, plan.decode_worker,
                     time_left_s=context.time_remaining(),
                     first_token_timeout_s=self._config.first_token_timeout_s, token_timeout_s=self._config.token_timeout_s,
                     paused_since=self._state.pauses.paused_since,
@@ -437,6 +442,33 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
                 # Failed, moved, or the caller went away: release what it was charged with (idempotent).
                 self.planner.finished(dispatch, self._clock())
 
+    async def _dispatch(
+        self, v: Validated, request: client_pb2.GenerateRequest, sent: list[int], exclude: set[str], migrating: bool,
+        observation: RequestObservation, context,
+    ) -> Attempt:  # fmt: skip
+        """Plans one attempt of the request after the tokens `sent` (admitted, unless migrating:
+        it was admitted already), charges its workers and builds its agent request with a fresh
+        ticket. Aborts the call when no worker can take it."""
+        route = failover.resumed(v.route, sent) if sent else v.route
+        while True:
+            queued_s = 0.0
+            if migrating:
+                plan = await self._place(route, context, frozenset(exclude))
+            else:
+                plan, queued_s = await self._plan(Validated(v.request_id, route, v.tenant), context, frozenset(exclude))
+            decode = self._state.workers.get(plan.decode_worker)
+            prefill = self._state.workers.get(plan.prefill_worker) if plan.prefill_worker else None
+            if decode is not None and (not plan.prefill_worker or prefill is not None):
+                break
+            exclude.add(plan.decode_worker)  # it left since planning
+        fetch = self._state.workers.get(plan.fetch_from) if plan.fetch_from else None
+        if plan.fetch_from and fetch is None:
+            plan = plan.without_fetch()  # the holder left since planning
+        observation.routed(v.request_id, v.route.model, plan)
+        dispatch_id = self.planner.dispatched(plan, self._clock())
+        agent_request = self._agent_request(v, request, plan, route, prefill, fetch, num_resumed=len(sent))
+        return Attempt(plan, decode.info.endpoint, fetch, dispatch_id, agent_request, queued_s)
+
     def _agent_request(
         self, v: Validated, request: client_pb2.GenerateRequest, plan: Plan, route: RouteRequest, prefill, fetch, num_resumed: int
     ) -> agent_pb2.AgentGenerateRequest:
@@ -463,6 +495,132 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
                 agent_pb2.PrefillSource(worker_id=plan.fetch_from, endpoint=fetch.info.endpoint, cached_only=True)
             )
         return agent_request
+
+    # -- lookaside mode: the caller runs the request on its agent and reports back ----------------
+
+    async def _place_lookaside(self, v: Validated, request: client_pb2.GenerateRequest, context) -> client_pb2.RouteResponse:
+        """Admits and charges the request as Generate would and answers with its Placement."""
+        self._expire_lookaside()
+        sent = list(request.resume_token_ids)
+        if len(sent) >= v.route.max_tokens:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"resume_token_ids has {len(sent)} tokens of max_tokens {v.route.max_tokens}: nothing is left to generate",
+            )
+        placed = Placed(
+            placement_id=new_placement_id(), owner=(caller() or ANONYMOUS).key, validated=v, request=request,
+            started=self._clock(), observation=RequestObservation(self.stats_window), sent=sent, resumed_by_caller=bool(sent),
+        )  # fmt: skip
+        return client_pb2.RouteResponse(
+            request_id=v.request_id, placement=await self._lookaside_attempt(placed, migrating=False, context=context),
+            **_decision_fields(placed.plan),
+        )  # fmt: skip
+
+    async def _lookaside_attempt(self, placed: Placed, migrating: bool, context) -> client_pb2.Placement:
+        """Plans, charges and books one attempt of a placed request; its Placement."""
+        v = placed.validated
+        placed.num_attempts += 1
+        attempt = await self._dispatch(v, placed.request, placed.sent, placed.exclude, migrating, placed.observation, context)
+        placed.plan, placed.dispatch_id, placed.first_token = attempt.plan, attempt.dispatch_id, False
+        if not migrating:
+            placed.queued_s = attempt.queued_s
+        ticket = attempt.agent_request.ticket
+        placed.expires_at = self._clock() + (ticket.expires_at - ticket.issued_at) + self._config.first_token_timeout_s
+        self._lookaside.add(placed)
+        placement = client_pb2.Placement(
+            placement_id=placed.placement_id, worker_id=attempt.plan.decode_worker, endpoint=attempt.endpoint,
+            agent_request=attempt.agent_request.SerializeToString(), ticket_expires_in_s=max(ticket.expires_at - time.time(), 0.0),
+            first_token_timeout_s=self._config.first_token_timeout_s, token_timeout_s=self._config.token_timeout_s,
+            num_resumed_tokens=len(placed.sent),
+        )  # fmt: skip
+        self._finish_metrics(placement.metrics, common_pb2.RequestMetrics(), attempt.plan, v, placed.queued_s, placed.started, None)
+        placement.metrics.prompt_tokens = len(v.route.prompt_token_ids)
+        placement.metrics.num_migrations = placed.num_migrations
+        return placement
+
+    async def Report(self, request: client_pb2.ReportRequest, context):
+        """What became of a placed request: release its charge as Generate would at that point,
+        learn from its timings, and for a failure decide (core/failover.py) where it continues."""
+        self._expire_lookaside()
+        placed = self._lookaside.take(request.placement_id, (caller() or ANONYMOUS).key)
+        if placed is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, unknown_placement(request.placement_id))
+        now = self._clock()
+        events = client_pb2.ReportRequest
+        if request.event == events.FIRST_TOKEN:
+            if not placed.first_token:
+                placed.first_token = True
+                self.planner.prefill_ended(placed.dispatch_id, now)
+                placed.observation.on_reply(1)
+                placed.expires_at = now + self._config.token_timeout_s * max(placed.validated.route.max_tokens - len(placed.sent), 1)
+            return client_pb2.ReportResponse()
+        if request.event not in (events.FINISHED, events.CANCELLED, events.FAILED):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "event must be FIRST_TOKEN, FINISHED, FAILED or CANCELLED")
+        self._lookaside.pop(placed.placement_id)
+        if request.event == events.FINISHED:
+            self._lookaside_finished(placed, request, now)
+            return client_pb2.ReportResponse()
+        self.planner.finished(placed.dispatch_id, now)
+        if request.event == events.CANCELLED:
+            placed.observation.failed("CANCELLED")
+            instruments().kvplane_lookaside_placements.add(1, {LOOKASIDE_OUTCOME: "cancelled"})
+            return client_pb2.ReportResponse()
+        return await self._lookaside_failed(placed, request, context)
+
+    def _lookaside_finished(self, placed: Placed, request: client_pb2.ReportRequest, now: float) -> None:
+        outcome = None
+        if placed.num_migrations == 0 and not placed.resumed_by_caller:  # a moved request measured two workers
+            outcome = Outcome(
+                ttft_s=request.ttft_ms / 1000 - placed.queued_s if request.ttft_ms > 0 else None,
+                tpot_s=request.tpot_ms / 1000 if request.tpot_ms > 0 else None,
+                kv_transfer_bytes=request.metrics.kv_transfer_bytes, kv_transfer_s=request.metrics.kv_transfer_ms / 1000,
+            )  # fmt: skip
+        self.planner.finished(placed.dispatch_id, now, outcome)
+        placed.observation.tokens_reported(request.num_tokens, request.tpot_ms / 1000)
+        placed.observation.finished(request.metrics)
+        instruments().kvplane_lookaside_placements.add(1, {LOOKASIDE_OUTCOME: "finished"})
+
+    async def _lookaside_failed(self, placed: Placed, request: client_pb2.ReportRequest, context) -> client_pb2.ReportResponse:
+        v, worker_id = placed.validated, placed.plan.decode_worker
+        sent = list(request.token_ids)
+        if sent[: len(placed.sent)] != placed.sent or len(sent) > v.route.max_tokens:
+            instruments().kvplane_lookaside_placements.add(1, {LOOKASIDE_OUTCOME: "failed"})
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "token_ids must be every token received for this request, starting with those it was placed after; the placement is released",
+            )
+        code = grpc.StatusCode.__members__.get(request.failure_code, grpc.StatusCode.UNAVAILABLE)
+        failure = Failure.STALLED if request.stalled else failover.classify(code.name)
+        if failure is Failure.STALLED:
+            self.planner.worker_stalled(WorkerId(worker_id), self._clock())
+        elif failure is Failure.WORKER:
+            self.planner.worker_failed(WorkerId(worker_id), self._clock())
+        step = failover.next_step(failure, len(sent), placed.num_attempts, placed.num_migrations, self._config.failover)
+        details = request.failure_details[:200] or code.name
+        if step is failover.Step.FAIL:
+            placed.observation.failed(code.name)
+            instruments().kvplane_lookaside_placements.add(1, {LOOKASIDE_OUTCOME: "failed"})
+            await self._fail(context, WorkerFailed(worker_id, failure, code, details), len(sent), placed.num_migrations)
+        log.warning("decode worker %s failed a lookaside request (%s); %s %s", worker_id, details, step.value, v.request_id)
+        placed.exclude.add(worker_id)
+        placed.sent = sent
+        placed.placement_id = new_placement_id()  # a late report about the failed attempt names the old one
+        if step is failover.Step.MIGRATE:
+            placed.num_migrations += 1
+            record_migration(failure.value)
+            if len(sent) >= v.route.max_tokens:  # the caller has every token; only the end was lost
+                instruments().kvplane_lookaside_placements.add(1, {LOOKASIDE_OUTCOME: "finished"})
+                return client_pb2.ReportResponse()
+        instruments().kvplane_lookaside_placements.add(1, {LOOKASIDE_OUTCOME: "moved"})
+        return client_pb2.ReportResponse(next=await self._lookaside_attempt(placed, step is failover.Step.MIGRATE, context))
+
+    def _expire_lookaside(self) -> None:
+        """Releases what callers that stopped reporting were charged with (lookaside.py)."""
+        for placed in self._lookaside.expired():
+            log.warning("lookaside placement of %s expired without a report; its charge is released", placed.validated.request_id)
+            self.planner.finished(placed.dispatch_id, self._clock())
+            placed.observation.failed("EXPIRED")
+            instruments().kvplane_lookaside_placements.add(1, {LOOKASIDE_OUTCOME: "expired"})
 
     async def _place(self, route: RouteRequest, context, exclude: frozenset[str]) -> Plan:
         """Where a migrating request goes: the router's choice, no admission (it was admitted)."""
@@ -621,18 +779,18 @@ def relayed_code(code: grpc.StatusCode) -> grpc.StatusCode:
     return code
 
 
+def _decision_fields(plan: Plan) -> dict:
+    """RouteResponse's fields for where `plan` runs and why (its candidates aside)."""
+    d = plan.decision
+    return dict(
+        decode_worker=plan.decode_worker, prefill_worker=plan.prefill_worker or "", disaggregated=plan.prefill_worker is not None,
+        reason=d.reason, prompt_tokens=d.prompt_tokens, cached_tokens=d.cached_tokens, fetch_from=d.fetch_from or "",
+    )  # fmt: skip
+
+
 def _route_response(v: Validated, plan: Plan, admissible: dict[WorkerId, bool]) -> client_pb2.RouteResponse:
     d = plan.decision
-    reply = client_pb2.RouteResponse(
-        request_id=v.request_id,
-        decode_worker=plan.decode_worker,
-        prefill_worker=plan.prefill_worker or "",
-        disaggregated=plan.prefill_worker is not None,
-        reason=d.reason,
-        prompt_tokens=d.prompt_tokens,
-        cached_tokens=d.cached_tokens,
-        fetch_from=d.fetch_from or "",
-    )
+    reply = client_pb2.RouteResponse(request_id=v.request_id, **_decision_fields(plan))
     for c in d.candidates:
         reply.candidates.add(
             worker_id=c.worker_id, cost=c.cost, cached_tokens=c.cached_tokens, admissible=admissible.get(c.worker_id, False), note=c.note

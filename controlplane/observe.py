@@ -131,6 +131,16 @@ class RequestObservation:
         self.last_token_at = now
         self.num_output_tokens += num_tokens
 
+    def tokens_reported(self, num_tokens: int, tpot_s: float) -> None:
+        """A lookaside request's tokens, as its caller reported them (this replica saw none
+        stream by): `num_tokens` in all, `tpot_s` apart after the first."""
+        if num_tokens > 1 and tpot_s > 0:
+            histogram = instruments().kvplane_request_inter_token_latency
+            for _ in range(num_tokens - 1):
+                histogram.record(tpot_s, self._attrs)
+                self.gaps.append(tpot_s)
+        self.num_output_tokens = num_tokens
+
     def finished(self, m: common_pb2.RequestMetrics) -> None:
         now = time.monotonic()
         inst = instruments()

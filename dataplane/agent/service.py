@@ -12,7 +12,8 @@ normal engine path (see dataplane/agent/profile.py).
 
 Tickets (kvplane.tickets, docs/security.md): every call that runs work or touches KV carries a
 ticket the control plane signed for it. Generate checks it is for this worker, this request id,
-prompt and cache salt, and uses it once; Prefill checks the same with this worker as the named
+prompt and cache salt, and uses it once (a client calling it in lookaside mode must be of the
+ticket's tenant); Prefill checks the same with this worker as the named
 source (and, with mTLS, that the caller is the decode worker it names); PullKV and ReleaseKV must
 carry the ticket their transfer was prefilled under. Drain, Undrain, Profile and Tokenize need a
 ticket for that operation on this worker.
@@ -56,6 +57,7 @@ from kvplane.grpc_util import aio_channel
 from kvplane.latency import OnlineStepModel, StepSample, StepTimeModel, fit, samples_from_pb, samples_to_pb
 from kvplane.security.auth import caller
 from kvplane.security.credentials import Credentials
+from kvplane.security.identity import Role
 from kvplane.security.limits import MAX_ID_CHARS, clip
 from kvplane.telemetry import tracing
 from kvplane.types import BlockHash
@@ -248,6 +250,11 @@ class AgentService(agent_pb2_grpc.AgentServicer):
 
     async def Generate(self, request: agent_pb2.AgentGenerateRequest, context):
         prompt = list(request.prompt_token_ids)
+        identity = caller()
+        if identity is not None and identity.role is not Role.CONTROLPLANE and identity.cache_tenant != request.ticket.tenant:
+            # Lookaside mode: a client runs its own placement, never another tenant's (checked
+            # before the ticket is used, so a stolen placement cannot be burnt by someone else).
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"{identity} may not run a request placed for another tenant")
         await self._check_ticket(
             request.ticket, context, tickets.GENERATE, use="generate",
             request_id=request.request_id, prompt_token_ids=prompt, cache_salt=request.cache_salt,

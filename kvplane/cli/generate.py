@@ -32,6 +32,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "and a one-line summary of where it ran to stderr; --json prints one object when it finishes.",
     )
     _add_request_arguments(generate)
+    generate.add_argument(
+        "--lookaside", action="store_true",
+        help="stream from the decode worker's agent directly; the control plane only places the request",
+    )  # fmt: skip
     json_flag(generate)
     generate.set_defaults(func=run_generate)
 
@@ -88,7 +92,7 @@ def run_generate(args: argparse.Namespace) -> int:
     prompt = kwargs.pop("prompt")
     with connect(args) as client:
         try:
-            chunks = client.stream(prompt, **kwargs)
+            chunks = client.stream(prompt, lookaside=args.lookaside, **kwargs)
         except ValueError as e:  # values argparse let through but the wire cannot carry
             raise CliError(str(e), exit_code=2) from None
         assembler = StreamAssembler()

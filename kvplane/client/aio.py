@@ -16,6 +16,7 @@ from kvplane import grpc_util
 from kvplane.client import calls
 from kvplane.client.core import ClientCore
 from kvplane.client.from_proto import StreamAssembler
+from kvplane.client.lookaside import REPORT_TIMEOUT_S, LookasideRun
 from kvplane.client.request import RequestFields, RequestOptions
 from kvplane.client.results import (
     ClusterStats,
@@ -27,7 +28,8 @@ from kvplane.client.results import (
     WorkerCache,
     WorkerStatus,
 )
-from kvplane.v1 import client_pb2_grpc
+from kvplane.errors import KvplaneError, NotFoundError
+from kvplane.v1 import agent_pb2_grpc, client_pb2_grpc
 
 T = TypeVar("T")
 
@@ -92,8 +94,11 @@ class AsyncClient(ClientCore):
         return await self._unary(calls.profile(worker_id, max_prompt_tokens, max_batch))
 
     async def close(self) -> None:
+        if self._pending:
+            await asyncio.wait(set(self._pending), timeout=REPORT_TIMEOUT_S)
         channels, self._channels, self._stubs = self._channels, {}, {}
-        for channel in channels.values():
+        agents, self._agent_channels, self._agent_stubs = self._agent_channels, {}, {}
+        for channel in (*channels.values(), *agents.values()):
             await channel.close()
 
     async def __aenter__(self) -> AsyncClient:
@@ -108,6 +113,9 @@ class AsyncClient(ClientCore):
         # Not yet: a grpc.aio channel belongs to the event loop that first uses it (see _stub).
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._stubs: dict[str, client_pb2_grpc.KvplaneStub] = {}
+        self._agent_channels: dict[str, grpc.aio.Channel] = {}  # lookaside mode: decode agents, opened on first use
+        self._agent_stubs: dict[str, agent_pb2_grpc.AgentStub] = {}
+        self._pending: set[asyncio.Future] = set()  # background reports in flight
 
     def _stub(self, endpoint: str) -> client_pb2_grpc.KvplaneStub:
         stub = self._stubs.get(endpoint)
@@ -129,6 +137,10 @@ class AsyncClient(ClientCore):
             await asyncio.sleep(wait)
 
     async def _stream(self, call: calls.GenerateCall) -> AsyncIterator[GenerateChunk]:
+        if call.lookaside:
+            async for chunk in self._lookaside(call):
+                yield chunk
+            return
         progress = self._progress(call)
         try:
             while True:
@@ -148,3 +160,74 @@ class AsyncClient(ClientCore):
                 await asyncio.sleep(wait)
         finally:
             progress.end()
+
+    async def _lookaside(self, call: calls.GenerateCall) -> AsyncIterator[GenerateChunk]:
+        """Lookaside mode (kvplane/client/lookaside.py): place, stream from the agent, report."""
+        run = self._lookaside_run(call)
+        agent_request = run.placed((await self._unary(run.route_call(call.reject_retries))).placement)
+        try:
+            while agent_request is not None:
+                stream = self._agent_stub(run.placement.endpoint).Generate(agent_request, timeout=run.attempts.timeout())
+                try:
+                    while True:
+                        try:
+                            response = await asyncio.wait_for(stream.read(), run.read_timeout())
+                        except TimeoutError:
+                            failure = ("", "no progress within the placement's timeout", True)
+                            break
+                        except grpc.RpcError as e:
+                            failure = (e.code().name, e.details() or "", False)
+                            break
+                        if response is grpc.aio.EOF:
+                            failure = ("UNKNOWN", "the agent's stream ended before the request finished", False)
+                            break
+                        chunk, report = run.chunk(response)
+                        if report is not None:
+                            self._background(self._stub(self.endpoints[self._preferred]).Report(report, timeout=REPORT_TIMEOUT_S))
+                        if response.finished:
+                            await self._finished(run, response)
+                        yield chunk
+                        if response.finished:
+                            return
+                finally:
+                    stream.cancel()
+                if run.timed_out_by_caller():
+                    raise run.deadline_error()
+                agent_request = await self._moved(run, call, failure)
+            yield run.end_chunk()
+        finally:
+            report = run.cancelled_report()
+            if report is not None:
+                try:
+                    await self._stub(self.endpoints[self._preferred]).Report(report, timeout=REPORT_TIMEOUT_S)
+                except grpc.RpcError:
+                    pass  # the replica is gone, and with it the charge; its placement expires otherwise
+
+    async def _finished(self, run: LookasideRun, response) -> None:
+        try:
+            await self._unary(run.report_call(run.finished_report(response)))
+        except KvplaneError:
+            pass  # the request completed; a replica that forgot it holds no charge for it
+
+    async def _moved(self, run: LookasideRun, call: calls.GenerateCall, failure: tuple[str, str, bool]):
+        """Reports a failed attempt; the next placement's agent request (None: nothing left to run)."""
+        try:
+            return run.moved(await self._unary(run.report_call(run.failed_report(*failure))))
+        except NotFoundError:
+            if not run.can_route_again():
+                raise
+            return run.placed((await self._unary(run.route_call(call.reject_retries))).placement)
+
+    def _background(self, call) -> None:
+        """Sends a report without waiting for it; its answer (or failure) does not matter."""
+        task = asyncio.ensure_future(call)
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+    def _agent_stub(self, endpoint: str) -> agent_pb2_grpc.AgentStub:
+        stub = self._agent_stubs.get(endpoint)
+        if stub is None:
+            channel = self._agent_channels[endpoint] = grpc_util.aio_channel(endpoint, self.credentials, traced=False)
+            stub = self._agent_stubs[endpoint] = agent_pb2_grpc.AgentStub(channel)
+        return stub

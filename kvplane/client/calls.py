@@ -69,17 +69,32 @@ class GenerateCall:
 
     request: client_pb2.GenerateRequest
     reject_retries: int = 0
+    lookaside: bool = False  # stream from the decode agent itself (client/lookaside.py)
 
 
 # -- one builder per RPC --------------------------------------------------------------------------
 
 
-def generate(request: client_pb2.GenerateRequest, reject_retries: int) -> GenerateCall:
-    return GenerateCall(request, reject_retries)
+def generate(request: client_pb2.GenerateRequest, reject_retries: int, lookaside: bool = False) -> GenerateCall:
+    return GenerateCall(request, reject_retries, lookaside)
 
 
 def route(request: client_pb2.GenerateRequest, reject_retries: int) -> UnaryCall[RouteResult]:
     return UnaryCall("Route", request, route_from_proto, reject_retries)
+
+
+def place(request: client_pb2.GenerateRequest, reject_retries: int) -> UnaryCall[client_pb2.RouteResponse]:
+    """Lookaside mode's Route: `request` has `lookaside` set; the answer carries the Placement
+    (kept as the message: client/lookaside.py reads it, the caller never sees it)."""
+    return UnaryCall("Route", request, _itself, reject_retries)
+
+
+def report(request: client_pb2.ReportRequest) -> UnaryCall[client_pb2.ReportResponse]:
+    return UnaryCall("Report", request, _itself)
+
+
+def _itself(response: T) -> T:
+    return response
 
 
 def workers() -> UnaryCall[list[WorkerStatus]]:

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kvplane.client import calls
+from kvplane.client.lookaside import LookasideRun
 from kvplane.client.request import RequestOptions, check_reject_retries, request_options
 from kvplane.client.results import RouteResult
 from kvplane.security.credentials import Credentials, resolve_client
@@ -63,8 +64,8 @@ class ClientCore:
         self, prompt: str | Sequence[int], options: RequestOptions | None, reject_retries: int | None,
         fields: Mapping[str, Any],
     ) -> calls.GenerateCall:  # fmt: skip
-        request = request_options(options, fields).to_proto(prompt)
-        return calls.generate(request, self._retries(reject_retries))
+        checked = request_options(options, fields)
+        return calls.generate(checked.to_proto(prompt), self._retries(reject_retries), checked.lookaside)
 
     def _route_call(
         self, prompt: str | Sequence[int], options: RequestOptions | None, reject_retries: int | None,
@@ -77,6 +78,9 @@ class ClientCore:
         return calls.Attempts(
             self.endpoints, self.timeout, call.reject_retries, first=self._preferred, credentials=self.credentials.describe()
         )
+
+    def _lookaside_run(self, call: calls.GenerateCall) -> LookasideRun:
+        return LookasideRun(call, self._attempts(call), max_resumes=max(2, len(self.endpoints)))
 
     def _progress(self, call: calls.GenerateCall) -> calls.GenerateProgress:
         return calls.GenerateProgress(call, self._attempts(call), self._tracer, max_resumes=max(2, len(self.endpoints)))

@@ -45,6 +45,9 @@ class RequestOptions:
     cache_salt: str = ""  # per-tenant prefix-cache isolation
     request_id: str = ""  # empty: the control plane makes one
     priority: str = DEFAULT_PRIORITY
+    # Stream from the decode agent, not through the control plane (kvplane/client/lookaside.py);
+    # generate/stream only: route() never runs the request.
+    lookaside: bool = False
 
     def __post_init__(self) -> None:
         _unsigned("max_tokens", self.max_tokens, _UINT32_MAX)
@@ -57,6 +60,7 @@ class RequestOptions:
         object.__setattr__(self, "temperature", float(self.temperature))
         object.__setattr__(self, "top_p", float(self.top_p))
         object.__setattr__(self, "ignore_eos", bool(self.ignore_eos))
+        object.__setattr__(self, "lookaside", bool(self.lookaside))
         object.__setattr__(self, "disagg", _disagg_mode(self.disagg))
         check_priority(self.priority)
 
@@ -108,6 +112,7 @@ class RequestFields(TypedDict, total=False):
     cache_salt: str
     request_id: str
     priority: str
+    lookaside: bool
 
 
 _FIELD_NAMES = tuple(f.name for f in dataclasses.fields(RequestOptions))

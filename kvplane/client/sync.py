@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from types import TracebackType
 from typing import TypeVar, Unpack
 
@@ -13,6 +14,7 @@ from kvplane import grpc_util
 from kvplane.client import calls
 from kvplane.client.core import ClientCore
 from kvplane.client.from_proto import StreamAssembler
+from kvplane.client.lookaside import REPORT_TIMEOUT_S, LookasideRun
 from kvplane.client.request import RequestFields, RequestOptions
 from kvplane.client.results import (
     ClusterStats,
@@ -24,7 +26,8 @@ from kvplane.client.results import (
     WorkerCache,
     WorkerStatus,
 )
-from kvplane.v1 import client_pb2_grpc
+from kvplane.errors import KvplaneError, NotFoundError
+from kvplane.v1 import agent_pb2_grpc, client_pb2_grpc
 
 T = TypeVar("T")
 
@@ -92,7 +95,7 @@ class Client(ClientCore):
         return self._unary(calls.profile(worker_id, max_prompt_tokens, max_batch))
 
     def close(self) -> None:
-        for channel in self._channels.values():
+        for channel in (*self._channels.values(), *self._agent_channels.values()):
             channel.close()
 
     def __enter__(self) -> Client:
@@ -107,6 +110,8 @@ class Client(ClientCore):
         # One channel per replica; grpc connects lazily, so unused ones cost nothing.
         self._channels = {e: grpc_util.channel(e, self.credentials) for e in self.endpoints}
         self._stubs = {e: client_pb2_grpc.KvplaneStub(c) for e, c in self._channels.items()}
+        self._agent_channels: dict[str, grpc.Channel] = {}  # lookaside mode: decode agents, opened on first use
+        self._agent_stubs: dict[str, agent_pb2_grpc.AgentStub] = {}
 
     def _unary(self, call: calls.UnaryCall[T]) -> T:
         attempts = self._attempts(call)
@@ -121,6 +126,9 @@ class Client(ClientCore):
             time.sleep(wait)
 
     def _stream(self, call: calls.GenerateCall) -> Iterator[GenerateChunk]:
+        if call.lookaside:
+            yield from self._lookaside(call)
+            return
         progress = self._progress(call)
         try:
             while True:
@@ -139,3 +147,106 @@ class Client(ClientCore):
                 time.sleep(wait)
         finally:
             progress.end()
+
+    def _lookaside(self, call: calls.GenerateCall) -> Iterator[GenerateChunk]:
+        """Lookaside mode (kvplane/client/lookaside.py): place, stream from the agent, report."""
+        run = self._lookaside_run(call)
+        agent_request = run.placed(self._unary(run.route_call(call.reject_retries)).placement)
+        try:
+            while agent_request is not None:
+                stub = self._agent_stub(run.placement.endpoint)
+                responses = stub.Generate(agent_request, timeout=run.attempts.timeout())
+                watchdog = _Watchdog(responses.cancel)
+                try:
+                    for response in watchdog.iterate(responses, run.read_timeout):
+                        chunk, report = run.chunk(response)
+                        if report is not None:
+                            self._stubs[self.endpoints[self._preferred]].Report.future(report, timeout=REPORT_TIMEOUT_S)
+                        if response.finished:
+                            self._finished(run, response)
+                        yield chunk
+                        if response.finished:
+                            return
+                    failure = ("UNKNOWN", "the agent's stream ended before the request finished", False)
+                except grpc.RpcError as e:
+                    failure = (e.code().name, e.details() or "", watchdog.fired)
+                finally:
+                    watchdog.stop()
+                    responses.cancel()
+                if run.timed_out_by_caller():
+                    raise run.deadline_error()
+                agent_request = self._moved(run, call, failure)
+            yield run.end_chunk()
+        finally:
+            report = run.cancelled_report()
+            if report is not None:
+                try:
+                    self._stubs[self.endpoints[self._preferred]].Report(report, timeout=REPORT_TIMEOUT_S)
+                except grpc.RpcError:
+                    pass  # the replica is gone, and with it the charge; its placement expires otherwise
+
+    def _finished(self, run: LookasideRun, response) -> None:
+        try:
+            self._unary(run.report_call(run.finished_report(response)))
+        except KvplaneError:
+            pass  # the request completed; a replica that forgot it holds no charge for it
+
+    def _moved(self, run: LookasideRun, call: calls.GenerateCall, failure: tuple[str, str, bool]):
+        """Reports a failed attempt; the next placement's agent request (None: nothing left to run)."""
+        try:
+            return run.moved(self._unary(run.report_call(run.failed_report(*failure))))
+        except NotFoundError:
+            if not run.can_route_again():
+                raise
+            return run.placed(self._unary(run.route_call(call.reject_retries)).placement)
+
+    def _agent_stub(self, endpoint: str) -> agent_pb2_grpc.AgentStub:
+        stub = self._agent_stubs.get(endpoint)
+        if stub is None:
+            channel = self._agent_channels[endpoint] = grpc_util.channel(endpoint, self.credentials)
+            stub = self._agent_stubs[endpoint] = agent_pb2_grpc.AgentStub(channel)
+        return stub
+
+
+class _Watchdog:
+    """Cancels a blocking stream whose next message does not come in time: grpc's blocking
+    iterator has no per-message timeout. One thread per stream, re-armed per message."""
+
+    def __init__(self, cancel: Callable[[], object]) -> None:
+        self.fired = False
+        self._cancel = cancel
+        self._deadline: float | None = None
+        self._stopped = False
+        self._changed = threading.Condition()
+        threading.Thread(target=self._watch, daemon=True, name="kvplane-lookaside-watchdog").start()
+
+    def iterate(self, responses, timeout: Callable[[], float | None]):
+        """`responses`, each next() bounded by `timeout()` seconds (None: unbounded)."""
+        it = iter(responses)
+        while True:
+            seconds = timeout()
+            with self._changed:
+                self._deadline = None if seconds is None else time.monotonic() + seconds
+                self._changed.notify()
+            try:
+                yield next(it)
+            except StopIteration:
+                return
+
+    def stop(self) -> None:
+        with self._changed:
+            self._stopped = True
+            self._changed.notify()
+
+    def _watch(self) -> None:
+        with self._changed:
+            while not self._stopped:
+                if self._deadline is None:
+                    self._changed.wait()
+                    continue
+                left = self._deadline - time.monotonic()
+                if left <= 0:
+                    self.fired = True
+                    self._cancel()
+                    return
+                self._changed.wait(left)

@@ -1,5 +1,6 @@
 from kvplane.v1 import common_pb2 as _common_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
@@ -14,7 +15,7 @@ class TokenIds(_message.Message):
     def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("model", "text", "token_ids", "chat", "sampling", "disagg", "request_id", "cache_salt", "priority", "max_tokens_to_limit", "resume_token_ids")
+    __slots__ = ("model", "text", "token_ids", "chat", "sampling", "disagg", "request_id", "cache_salt", "priority", "max_tokens_to_limit", "resume_token_ids", "lookaside")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -26,6 +27,7 @@ class GenerateRequest(_message.Message):
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     MAX_TOKENS_TO_LIMIT_FIELD_NUMBER: _ClassVar[int]
     RESUME_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    LOOKASIDE_FIELD_NUMBER: _ClassVar[int]
     model: str
     text: str
     token_ids: TokenIds
@@ -37,7 +39,8 @@ class GenerateRequest(_message.Message):
     priority: str
     max_tokens_to_limit: bool
     resume_token_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, model: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., chat: _Optional[_Union[ChatPrompt, _Mapping]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., disagg: _Optional[_Union[_common_pb2.DisaggMode, str]] = ..., request_id: _Optional[str] = ..., cache_salt: _Optional[str] = ..., priority: _Optional[str] = ..., max_tokens_to_limit: _Optional[bool] = ..., resume_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    lookaside: bool
+    def __init__(self, model: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., chat: _Optional[_Union[ChatPrompt, _Mapping]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., disagg: _Optional[_Union[_common_pb2.DisaggMode, str]] = ..., request_id: _Optional[str] = ..., cache_salt: _Optional[str] = ..., priority: _Optional[str] = ..., max_tokens_to_limit: _Optional[bool] = ..., resume_token_ids: _Optional[_Iterable[int]] = ..., lookaside: _Optional[bool] = ...) -> None: ...
 
 class ChatPrompt(_message.Message):
     __slots__ = ("messages",)
@@ -62,7 +65,7 @@ class GenerateResponse(_message.Message):
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., finished: _Optional[bool] = ..., finish_reason: _Optional[str] = ..., metrics: _Optional[_Union[_common_pb2.RequestMetrics, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class RouteResponse(_message.Message):
-    __slots__ = ("request_id", "decode_worker", "prefill_worker", "disaggregated", "reason", "prompt_tokens", "cached_tokens", "candidates", "fetch_from")
+    __slots__ = ("request_id", "decode_worker", "prefill_worker", "disaggregated", "reason", "prompt_tokens", "cached_tokens", "candidates", "fetch_from", "placement")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     DECODE_WORKER_FIELD_NUMBER: _ClassVar[int]
     PREFILL_WORKER_FIELD_NUMBER: _ClassVar[int]
@@ -72,6 +75,7 @@ class RouteResponse(_message.Message):
     CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     CANDIDATES_FIELD_NUMBER: _ClassVar[int]
     FETCH_FROM_FIELD_NUMBER: _ClassVar[int]
+    PLACEMENT_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     decode_worker: str
     prefill_worker: str
@@ -81,7 +85,72 @@ class RouteResponse(_message.Message):
     cached_tokens: int
     candidates: _containers.RepeatedCompositeFieldContainer[CandidateScore]
     fetch_from: str
-    def __init__(self, request_id: _Optional[str] = ..., decode_worker: _Optional[str] = ..., prefill_worker: _Optional[str] = ..., disaggregated: _Optional[bool] = ..., reason: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., candidates: _Optional[_Iterable[_Union[CandidateScore, _Mapping]]] = ..., fetch_from: _Optional[str] = ...) -> None: ...
+    placement: Placement
+    def __init__(self, request_id: _Optional[str] = ..., decode_worker: _Optional[str] = ..., prefill_worker: _Optional[str] = ..., disaggregated: _Optional[bool] = ..., reason: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., candidates: _Optional[_Iterable[_Union[CandidateScore, _Mapping]]] = ..., fetch_from: _Optional[str] = ..., placement: _Optional[_Union[Placement, _Mapping]] = ...) -> None: ...
+
+class Placement(_message.Message):
+    __slots__ = ("placement_id", "worker_id", "endpoint", "agent_request", "ticket_expires_in_s", "first_token_timeout_s", "token_timeout_s", "metrics", "num_resumed_tokens")
+    PLACEMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    AGENT_REQUEST_FIELD_NUMBER: _ClassVar[int]
+    TICKET_EXPIRES_IN_S_FIELD_NUMBER: _ClassVar[int]
+    FIRST_TOKEN_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
+    NUM_RESUMED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    placement_id: str
+    worker_id: str
+    endpoint: str
+    agent_request: bytes
+    ticket_expires_in_s: float
+    first_token_timeout_s: float
+    token_timeout_s: float
+    metrics: _common_pb2.RequestMetrics
+    num_resumed_tokens: int
+    def __init__(self, placement_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., endpoint: _Optional[str] = ..., agent_request: _Optional[bytes] = ..., ticket_expires_in_s: _Optional[float] = ..., first_token_timeout_s: _Optional[float] = ..., token_timeout_s: _Optional[float] = ..., metrics: _Optional[_Union[_common_pb2.RequestMetrics, _Mapping]] = ..., num_resumed_tokens: _Optional[int] = ...) -> None: ...
+
+class ReportRequest(_message.Message):
+    __slots__ = ("placement_id", "event", "metrics", "ttft_ms", "tpot_ms", "num_tokens", "token_ids", "failure_code", "failure_details", "stalled")
+    class Event(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        EVENT_UNSPECIFIED: _ClassVar[ReportRequest.Event]
+        FIRST_TOKEN: _ClassVar[ReportRequest.Event]
+        FINISHED: _ClassVar[ReportRequest.Event]
+        FAILED: _ClassVar[ReportRequest.Event]
+        CANCELLED: _ClassVar[ReportRequest.Event]
+    EVENT_UNSPECIFIED: ReportRequest.Event
+    FIRST_TOKEN: ReportRequest.Event
+    FINISHED: ReportRequest.Event
+    FAILED: ReportRequest.Event
+    CANCELLED: ReportRequest.Event
+    PLACEMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    EVENT_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
+    TTFT_MS_FIELD_NUMBER: _ClassVar[int]
+    TPOT_MS_FIELD_NUMBER: _ClassVar[int]
+    NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_CODE_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_DETAILS_FIELD_NUMBER: _ClassVar[int]
+    STALLED_FIELD_NUMBER: _ClassVar[int]
+    placement_id: str
+    event: ReportRequest.Event
+    metrics: _common_pb2.RequestMetrics
+    ttft_ms: float
+    tpot_ms: float
+    num_tokens: int
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    failure_code: str
+    failure_details: str
+    stalled: bool
+    def __init__(self, placement_id: _Optional[str] = ..., event: _Optional[_Union[ReportRequest.Event, str]] = ..., metrics: _Optional[_Union[_common_pb2.RequestMetrics, _Mapping]] = ..., ttft_ms: _Optional[float] = ..., tpot_ms: _Optional[float] = ..., num_tokens: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., failure_code: _Optional[str] = ..., failure_details: _Optional[str] = ..., stalled: _Optional[bool] = ...) -> None: ...
+
+class ReportResponse(_message.Message):
+    __slots__ = ("next",)
+    NEXT_FIELD_NUMBER: _ClassVar[int]
+    next: Placement
+    def __init__(self, next: _Optional[_Union[Placement, _Mapping]] = ...) -> None: ...
 
 class CandidateScore(_message.Message):
     __slots__ = ("worker_id", "cost", "cached_tokens", "admissible", "note")

@@ -44,6 +44,11 @@ class KvplaneStub:
                 request_serializer=kvplane_dot_v1_dot_client__pb2.GenerateRequest.SerializeToString,
                 response_deserializer=kvplane_dot_v1_dot_client__pb2.RouteResponse.FromString,
                 _registered_method=True)
+        self.Report = channel.unary_unary(
+                '/kvplane.v1.Kvplane/Report',
+                request_serializer=kvplane_dot_v1_dot_client__pb2.ReportRequest.SerializeToString,
+                response_deserializer=kvplane_dot_v1_dot_client__pb2.ReportResponse.FromString,
+                _registered_method=True)
         self.ListWorkers = channel.unary_unary(
                 '/kvplane.v1.Kvplane/ListWorkers',
                 request_serializer=kvplane_dot_v1_dot_client__pb2.ListWorkersRequest.SerializeToString,
@@ -97,7 +102,17 @@ class KvplaneServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Route(self, request, context):
-        """Routing decision only (no work is done): which workers, and why.
+        """Routing decision only (no work is done): which workers, and why. With
+        GenerateRequest.lookaside it also admits the request and returns a Placement: the caller
+        runs it on the decode agent itself (lookaside mode, docs/protocol.md) and calls Report.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Report(self, request, context):
+        """Lookaside mode: what became of a placed request (first token, finished, failed, cancelled).
+        A failure answers with where the request continues, as Generate would have moved it.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -168,6 +183,11 @@ def add_KvplaneServicer_to_server(servicer, server):
                     servicer.Route,
                     request_deserializer=kvplane_dot_v1_dot_client__pb2.GenerateRequest.FromString,
                     response_serializer=kvplane_dot_v1_dot_client__pb2.RouteResponse.SerializeToString,
+            ),
+            'Report': grpc.unary_unary_rpc_method_handler(
+                    servicer.Report,
+                    request_deserializer=kvplane_dot_v1_dot_client__pb2.ReportRequest.FromString,
+                    response_serializer=kvplane_dot_v1_dot_client__pb2.ReportResponse.SerializeToString,
             ),
             'ListWorkers': grpc.unary_unary_rpc_method_handler(
                     servicer.ListWorkers,
@@ -264,6 +284,33 @@ class Kvplane:
             '/kvplane.v1.Kvplane/Route',
             kvplane_dot_v1_dot_client__pb2.GenerateRequest.SerializeToString,
             kvplane_dot_v1_dot_client__pb2.RouteResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Report(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvplane.v1.Kvplane/Report',
+            kvplane_dot_v1_dot_client__pb2.ReportRequest.SerializeToString,
+            kvplane_dot_v1_dot_client__pb2.ReportResponse.FromString,
             options,
             channel_credentials,
             insecure,

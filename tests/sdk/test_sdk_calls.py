@@ -19,6 +19,7 @@ KVPLANE = client_pb2.DESCRIPTOR.services_by_name["Kvplane"]
 REQUEST = RequestOptions(max_tokens=3).to_proto("hi")
 UNARY_CALLS = {
     "route": calls.route(REQUEST, 2),
+    "report": calls.report(client_pb2.ReportRequest(placement_id="p", event=client_pb2.ReportRequest.FINISHED)),
     "workers": calls.workers(),
     "cache": calls.cache(),
     "stats": calls.stats(30.0),
@@ -44,6 +45,9 @@ class Clock:
 def test_every_rpc_of_the_service_has_exactly_one_builder() -> None:
     unary = {m.name: m for m in KVPLANE.methods if not m.server_streaming}
     assert sorted(call.method for call in UNARY_CALLS.values()) == sorted(unary)
+    # Route has a second builder, for lookaside placements (same method and message, another reader).
+    place = calls.place(REQUEST, 1)
+    assert (place.method, place.request.DESCRIPTOR) == ("Route", unary["Route"].input_type)
     for call in UNARY_CALLS.values():  # each builder sends the message type its method takes
         assert call.request.DESCRIPTOR is unary[call.method].input_type
     assert [m.name for m in KVPLANE.methods if m.server_streaming] == ["Generate"]

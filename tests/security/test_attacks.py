@@ -289,3 +289,43 @@ def test_join_token_workers_cannot_take_over_a_live_id(tmp_path):
         assert rpc_error(stub.Drain, agent_pb2.DrainRequest(), timeout=10).code() == grpc.StatusCode.PERMISSION_DENIED
         assert ANY_WORKER == "*"
         client.close()
+
+
+def _place(kvplane_stub, prompt, max_tokens: int = 4) -> client_pb2.Placement:
+    request = client_pb2.GenerateRequest(
+        token_ids=client_pb2.TokenIds(ids=prompt), sampling=common_pb2.SamplingParams(max_tokens=max_tokens), lookaside=True
+    )
+    return kvplane_stub.Route(request, timeout=30).placement
+
+
+def test_a_lookaside_placement_runs_once_for_its_own_tenant_and_only_as_placed(cluster, as_identity):
+    alice, mallory = as_identity(tenant("alice")), as_identity(tenant("mallory"))
+    placement = _place(alice.kvplane(), PROMPT)
+    request = agent_pb2.AgentGenerateRequest.FromString(placement.agent_request)
+    assert request.ticket.tenant == "alice" and request.ticket.decode_worker_id == placement.worker_id
+    # Another tenant holding the placement can neither run it nor report on it.
+    error = rpc_error(mallory.agent(placement.worker_id).Generate, request, timeout=30)
+    assert error.code() == grpc.StatusCode.PERMISSION_DENIED and "another tenant" in error.details(), error.details()
+    report = client_pb2.ReportRequest(placement_id=placement.placement_id, event=client_pb2.ReportRequest.CANCELLED)
+    assert rpc_error(mallory.kvplane().Report, report, timeout=10).code() == grpc.StatusCode.NOT_FOUND
+    # Tampered with (another prompt, or another salt: another tenant's cache), it is refused.
+    for field, value in (("prompt_token_ids", [*PROMPT[:-1], 7]), ("cache_salt", "tenant/bob")):
+        tampered = agent_pb2.AgentGenerateRequest()
+        tampered.CopyFrom(request)
+        if field == "prompt_token_ids":
+            tampered.prompt_token_ids[:] = value
+        else:
+            tampered.cache_salt = value
+        error = rpc_error(alice.agent(placement.worker_id).Generate, tampered, timeout=30)
+        assert error.code() == grpc.StatusCode.PERMISSION_DENIED, (field, error.details())
+    # Its owner runs it once; the ticket is single use.
+    replies = list(alice.agent(placement.worker_id).Generate(request, timeout=60))
+    assert replies[-1].finished and sum(len(r.token_ids) for r in replies) == 4
+    error = rpc_error(alice.agent(placement.worker_id).Generate, request, timeout=30)
+    assert error.code() == grpc.StatusCode.PERMISSION_DENIED and "single use" in error.details(), error.details()
+    finished = client_pb2.ReportRequest(placement_id=placement.placement_id, event=client_pb2.ReportRequest.FINISHED, num_tokens=4)
+    finished.metrics.CopyFrom(replies[-1].metrics)
+    alice.kvplane().Report(finished, timeout=10)
+    # Reported, the placement is gone: a second report finds nothing.
+    assert rpc_error(alice.kvplane().Report, finished, timeout=10).code() == grpc.StatusCode.NOT_FOUND
+    serving(cluster)
