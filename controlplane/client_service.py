@@ -41,7 +41,17 @@ from controlplane.core.planner import Outcome, Plan, Planner, Routed
 from controlplane.core.routing import NoCandidateError, NoPrefillWorkerError, RouteDecision, RouteRequest
 from controlplane.core.settings import SettingError, validate_setting
 from controlplane.lookaside import LookasideBook, Placed, new_placement_id, unknown_placement
-from controlplane.observe import RequestObservation, record_admission, record_migration
+from controlplane.observe import (
+    PHASE_ADMIT,
+    PHASE_RELAY,
+    PHASE_ROUTE,
+    RequestObservation,
+    cpu_seconds,
+    record_admission,
+    record_migration,
+    record_planning,
+    register_cpu_counter,
+)
 from controlplane.relay import WorkerFailed, agent_stream, coalesced
 from controlplane.store.base import Store, StoreError
 from kvplane import tickets
@@ -135,6 +145,7 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
             record_migration(failure.value, count=0)
         for outcome in LOOKASIDE_OUTCOMES:  # declared at 0, so that a scrape shows them before the first
             instruments().kvplane_lookaside_placements.add(0, {LOOKASIDE_OUTCOME: outcome})
+        register_cpu_counter()
         self.metrics_url = ""
 
     # -- validation ----------------------------------------------------------------------------
@@ -267,11 +278,16 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
     ) -> tuple[Routed, Plan | Reject]:
         """Routes and admits. `count`: record the admission decision in metrics (Generate does;
         Route runs nothing)."""
+        started, cpu = time.perf_counter(), time.thread_time()
         routed = await self._route(v, context, exclude)
+        routed_cpu = time.thread_time()
         settings = self._state.settings
         with tracing.span(tracing.SPAN_ADMISSION):
             verdict = self.planner.admit(routed, settings)
             record_admission(verdict, self.planner.admission_policy_name(settings), count=count)
+        cpu_seconds[PHASE_ROUTE] += routed_cpu - cpu
+        cpu_seconds[PHASE_ADMIT] += time.thread_time() - routed_cpu
+        record_planning(time.perf_counter() - started)
         return routed, verdict
 
     async def _reject(self, context, verdict: Reject) -> None:
@@ -362,6 +378,7 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
                     first_token_timeout_s=self._config.first_token_timeout_s, token_timeout_s=self._config.token_timeout_s,
                     paused_since=self._state.pauses.paused_since,
                 )):  # fmt: skip
+                    relay_cpu = time.thread_time()  # this message's relay work, up to handing it to gRPC
                     if reply.token_ids:
                         last_token_at = self._clock()
                         if num_new_tokens == 0:
@@ -395,6 +412,7 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
                         # Released before the caller sees the end, so its next request finds the worker free.
                         self.planner.finished(dispatch, self._clock(), outcome)
                         observation.finished(out.metrics)
+                    cpu_seconds[PHASE_RELAY] += time.thread_time() - relay_cpu
                     yield out
                 return
             except WorkerFailed as e:

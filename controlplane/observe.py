@@ -23,6 +23,27 @@ log = logging.getLogger(__name__)
 
 ROUTE_LOCAL, ROUTE_REMOTE, ROUTE_FETCHED = "local", "remote", "fetched"
 
+# CPU by phase: thread CPU seconds (time.thread_time(), ~1 us a reading) of the event loop's thread
+# around synchronous sections only, so no other coroutine's work is counted; plain floats added
+# here and read by the metric's callback at collection (kvplane_controlplane_cpu_seconds_total).
+PHASE_ROUTE, PHASE_ADMIT, PHASE_RELAY = "route", "admit", "relay"
+cpu_seconds: dict[str, float] = dict.fromkeys((PHASE_ROUTE, PHASE_ADMIT, PHASE_RELAY), 0.0)
+_cpu_counter_for: object = None  # the Instruments the counter was registered with
+
+
+def register_cpu_counter() -> None:
+    """Exports `cpu_seconds` (once per meter provider, however many services a process builds)."""
+    global _cpu_counter_for
+    inst = instruments()
+    if _cpu_counter_for is not inst:
+        _cpu_counter_for = inst
+        inst.observe_counters({"kvplane.controlplane.cpu": lambda: [(s, {"kvplane.phase": p}) for p, s in cpu_seconds.items()]})
+
+
+def record_planning(seconds: float) -> None:
+    """One request's route + admit wall time."""
+    instruments().kvplane_routing_duration.record(seconds)
+
 
 def route_kind(plan: Plan) -> str:
     """local: prefill on the decode worker; remote: a prefill worker plus KV transfer; fetched:

@@ -72,6 +72,9 @@ class LocalCluster:
 
     Worker ids are "<role>-<i>" (prefill-0, decode-0, both-0, ...); process names are the
     worker ids plus "controlplane". `start()` returns once ListWorkers shows every agent.
+    With `agents_per_process` K > 1 (sleeping engines such as sim), each "<role>-<i>" is instead
+    one process running K agents, worker ids "<role>-<i>-0" .. "<role>-<i>-<K-1>"
+    (`hosted_workers`); restart_agent() and wait_until_serving() take single agents only.
     """
 
     def __init__(
@@ -92,6 +95,7 @@ class LocalCluster:
         startup_timeout: float = 90.0,
         stop_timeout: float = 10.0,
         insecure: bool = False,
+        agents_per_process: int = 1,
     ) -> None:
         counts = {"prefill": num_prefill, "decode": num_decode, "both": num_both}
         for role, count in counts.items():
@@ -99,6 +103,10 @@ class LocalCluster:
                 raise ValueError(f"num_{role} must be >= 0, got {count}")
         if sum(counts.values()) == 0:
             raise ValueError("a cluster needs at least one agent (num_prefill, num_decode or num_both)")
+        if agents_per_process < 1:
+            raise ValueError(f"agents_per_process must be >= 1, got {agents_per_process}")
+        if agents_per_process > 1 and engine is not None:
+            raise ValueError("an external engine has one server per agent: agents_per_process must be 1")
         if num_controlplanes < 1:
             raise ValueError(f"num_controlplanes must be >= 1, got {num_controlplanes}")
         if num_controlplanes > 1 and not store.startswith("etcd://"):
@@ -117,6 +125,7 @@ class LocalCluster:
         self._startup_timeout = startup_timeout
         self._stop_timeout = stop_timeout
         self._insecure = insecure
+        self._agents_per_process = agents_per_process
         self.credentials: LocalCredentials | None = None  # made at start()
         self._http_args: list[str] = []
         self.http_token = ""  # a bearer token (client, tenant "local") for the HTTP API
@@ -129,6 +138,7 @@ class LocalCluster:
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self.started_at: dict[str, float] = {}  # name -> time.monotonic() of its latest start
         self.worker_endpoints: dict[str, str] = {}
+        self.hosted_workers: dict[str, list[str]] = {}  # process name -> its worker ids (agents_per_process > 1)
         self.engine_endpoints: dict[str, str] = {}  # worker id -> the API of the engine server beside it
         self.log_paths: dict[str, Path] = {}
         self._log_files: list[IO[bytes]] = []
@@ -169,7 +179,7 @@ class LocalCluster:
         """Blocks until ListWorkers (on `endpoint`, default any replica) shows every agent;
         ClusterError if a child dies or time runs out."""
         deadline = time.monotonic() + timeout
-        expected = set(self.worker_endpoints)
+        expected = set(self.worker_endpoints).union(*self.hosted_workers.values())
         seen: set[str] = set()
         last_error = "the control plane has not answered yet"
         with self.client(endpoint, timeout=2.0) as client:
@@ -369,6 +379,9 @@ class LocalCluster:
 
     def _start_agent(self, role: str, index: int = 0, worker_id: str = "", extra_args: tuple[str, ...] | list[str] = ()) -> None:
         worker_id = worker_id or f"{role}-{index}"
+        if self._agents_per_process > 1:
+            self._start_agent_host(role, worker_id)
+            return
         port = free_port()
         self.worker_endpoints[worker_id] = f"{LOCALHOST}:{port}"
         self._agent_argv[worker_id] = [
@@ -377,6 +390,19 @@ class LocalCluster:
             *self._worker_security(worker_id), *self._engine_server(worker_id), *self._agent_args, *extra_args,
         ]  # fmt: skip
         self._spawn(worker_id, self._agent_argv[worker_id])
+
+    def _start_agent_host(self, role: str, name: str) -> None:
+        """One process running agents_per_process agents (`kvplane agent --count`), worker ids
+        NAME-0, NAME-1, ..., each on a free port."""
+        assert self.credentials is not None
+        worker_ids = [f"{name}-{i}" for i in range(self._agents_per_process)]
+        self.hosted_workers[name] = worker_ids
+        self._agent_argv[name] = [
+            "agent", "--role", role, "--host", LOCALHOST, "--port", "0", "--count", str(len(worker_ids)),
+            "--controlplane", ",".join(self.controlplane_endpoints.values()), "--worker-id", name,
+            *self.credentials.workers_args(worker_ids), *self._agent_args,
+        ]  # fmt: skip
+        self._spawn(name, self._agent_argv[name])
 
     def _stop_one(self, name: str, sig: signal.Signals, timeout: float) -> None:
         if sig == signal.SIGSTOP:

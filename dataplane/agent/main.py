@@ -11,6 +11,7 @@ import sys
 from dataplane import engines
 from dataplane.agent.config import AgentConfig
 from kvplane.security import flags as security_flags
+from kvplane.security.credentials import Credentials
 from kvplane.telemetry import flags as telemetry_flags
 from kvplane.types import Role
 
@@ -41,6 +42,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds a prefilled transfer stays pinned waiting for its pull (default %(default)s)",
     )
     parser.add_argument("--lease-ttl", type=int, default=a.lease_ttl_s, help="lease TTL in seconds (default: the control plane's)")
+    parser.add_argument("--load-report-interval", type=float, default=a.load_report_interval_s, metavar="S",
+                        help="seconds between load reports to the control plane (default %(default)s)")  # fmt: skip
+    parser.add_argument("--count", type=int, default=1, metavar="N",
+                        help="run N agents in this process, ids WORKER_ID-0..N-1 (for sleeping engines such as sim; "
+                        "with TLS, {worker_id} in --tls-cert/--tls-key names each one's files; default 1)")  # fmt: skip
     parser.add_argument(
         "--fault-injection",
         action="store_true",
@@ -70,35 +76,47 @@ def config_from_args(args: argparse.Namespace, certificate_name: str = "") -> Ag
         engine=engine,
         transports=tuple(t for t in args.transports.split(",") if t),
         lease_ttl_s=args.lease_ttl,
+        load_report_interval_s=args.load_report_interval,
         pin_timeout_s=args.pin_timeout,
         fault_injection=args.fault_injection,
     ).validate()
 
 
+def agent_from_args(args: argparse.Namespace) -> tuple[AgentConfig, Credentials]:
+    """One agent's config and credentials; OSError or ValueError naming the problem (the config's
+    own errors first, then missing credentials)."""
+    try:
+        credentials = security_flags.server_credentials_from_args(args, "the agent")
+    except ValueError as e:
+        credentials, missing = None, e  # reported after the config's own errors
+    else:
+        missing = None
+    identity = credentials.identity() if credentials is not None else None
+    if identity is not None and identity.role.value != "worker":
+        raise ValueError(f"the agent's certificate is for {identity}, not a worker")
+    config = config_from_args(args, identity.name if identity is not None else "")
+    if missing is not None:
+        raise missing
+    return config, credentials
+
+
 def run(args: argparse.Namespace) -> int:
+    from dataplane.agent import host
     from dataplane.agent.server import serve
     from kvplane import telemetry
 
     try:
-        try:
-            credentials = security_flags.server_credentials_from_args(args, "the agent")
-        except ValueError as e:
-            credentials, missing = None, e  # reported after the config's own errors
-        else:
-            missing = None
-        identity = credentials.identity() if credentials is not None else None
-        if identity is not None and identity.role.value != "worker":
-            raise ValueError(f"the agent's certificate is for {identity}, not a worker")
-        config = config_from_args(args, identity.name if identity is not None else "")
-        if missing is not None:
-            raise missing
-        telemetry_config = telemetry_flags.config_from_args(args, "kvplane-agent", config.worker_id, config.host)
+        if args.count < 1:
+            raise ValueError(f"--count must be at least 1, got {args.count}")
+        agents = [agent_from_args(args)] if args.count == 1 else host.agents_from_args(args, agent_from_args)
+        instance = agents[0][0].worker_id if args.count == 1 else agents[0][0].worker_id.rpartition("-")[0]
+        telemetry_config = telemetry_flags.config_from_args(args, "kvplane-agent", instance, agents[0][0].host)
         telemetry.setup(telemetry_config)
     except (OSError, ValueError) as e:  # CredentialsError and IdentityError are ValueErrors
         print(f"kvplane agent: {e}", file=sys.stderr)
         return 2
     try:
-        asyncio.run(serve(config, credentials))
+        asyncio.run(serve(*agents[0]) if len(agents) == 1 else host.serve_many(agents))
     except (RuntimeError, ValueError) as e:
         print(f"kvplane agent: {e}", file=sys.stderr)
         return 1

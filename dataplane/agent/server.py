@@ -168,12 +168,16 @@ class AgentServer:
             await self.engine.stop()
 
 
-async def serve(config: AgentConfig, credentials: Credentials) -> None:
+async def serve(config: AgentConfig, credentials: Credentials, stop: asyncio.Event | None = None) -> None:
+    """Runs one agent until SIGINT/SIGTERM or, given `stop` (several agents in one process,
+    dataplane/agent/host.py), until it is set; then flushes telemetry only when it owns the signals."""
     agent = AgentServer(config, credentials)
-    stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    owns_process = stop is None
+    if stop is None:
+        stop = asyncio.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
     try:
         endpoint = await agent.start()
     except BaseException:
@@ -191,6 +195,7 @@ async def serve(config: AgentConfig, credentials: Credentials) -> None:
         task.cancel()
     log.info("stopping agent %s", config.worker_id)
     await agent.stop()
-    telemetry.shutdown()
+    if owns_process:
+        telemetry.shutdown()
     if engine_down.done() and not engine_down.cancelled():
         raise RuntimeError(f"the {config.engine_name} engine stopped serving ({engine_down.result()}); this agent lives and dies with it")

@@ -81,6 +81,12 @@ DELEGATES = (
         "workers with 1,000 indexed blocks each, and reports route-and-admit p50/p99 against pricing every worker.",
     ),
     Delegate(
+        ("bench", "controlplane"), "kvplane.bench.controlplane", "highest request rate 1, 2, 4 control-plane replicas sustain",
+        "Starts 1, 2 and 4 control-plane replicas on one etcd in front of 128 simulated workers, searches the highest "
+        "open-loop request rate each sustains (no errors, routing p99 under 5 ms) for short and long requests, and "
+        "reports CPU per request and its shares: routing, admission, relay, gRPC and the rest.",
+    ),
+    Delegate(
         ("bench", "prefix"), "kvplane.bench.prefix", "compare routing policies on prefix-sharing workloads",
         "Replays chat/agent/rag/trace workloads against 4 local agents per routing policy: hit rate, TTFT, load spread.",
     ),

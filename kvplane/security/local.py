@@ -81,6 +81,17 @@ class LocalCredentials:
     def worker_args(self, worker_id: str) -> list[str]:
         return self.server_args(Identity(Role.WORKER, worker_id))
 
+    def workers_args(self, worker_ids: list[str]) -> list[str]:
+        """The flags of one process running several agents (`kvplane agent --count`): a
+        certificate per worker id, named by the `{worker_id}` field of --tls-cert/--tls-key."""
+        for worker_id in worker_ids:
+            self.worker_args(worker_id)  # issues its certificate
+        if self.insecure:
+            return ["--insecure"]
+        stem = "{worker_id}"
+        return ["--tls-cert", str(self.directory / f"{stem}.pem"), "--tls-key", str(self.directory / f"{stem}.key"),
+                "--tls-ca", str(self.ca_path)]  # fmt: skip
+
     def env(self) -> dict[str, str]:
         """Environment for the children: the tokens of a plaintext cluster (kept out of argv, which `ps` shows)."""
         if not self.insecure:

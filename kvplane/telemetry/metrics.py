@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from opentelemetry import metrics as otel_metrics
 
 LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+# Planning one request (route + admit): 0.1 ms .. 1 s, fine around the 1-5 ms where objectives lie.
+PLANNING_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.0015, 0.002, 0.003, 0.004, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.1, 1.0)
 TOKEN_GAP_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
@@ -27,6 +29,7 @@ class MetricSpec:
     description: str
     attributes: tuple[str, ...] = ()
     buckets: tuple[float, ...] = ()
+    observed: bool = False  # a counter read from a callback at collection (Instruments.observe_counters)
 
     @property
     def prometheus_name(self) -> str:
@@ -63,6 +66,13 @@ SPECS: tuple[MetricSpec, ...] = (
     MetricSpec("kvplane.routing.decisions", "counter", "{request}", "controlplane",
                "Routing decisions by kind: local (prefill on the decode worker), remote (prefill worker + KV transfer), fetched (cached KV pulled from a holder peer).",
                (_KIND,)),
+    MetricSpec("kvplane.routing.duration", "histogram", "s", "controlplane",
+               "Time to plan one request: route and admit (Generate and Route), the control plane's whole decision.",
+               (), PLANNING_BUCKETS_S),
+    MetricSpec("kvplane.controlplane.cpu", "counter", "s", "controlplane",
+               "CPU seconds of the control plane's event loop by request-handling phase: route, admit (planning) and relay "
+               "(the per-message work of relaying an agent's stream); the process's other CPU is gRPC, asyncio and the rest.",
+               ("kvplane.phase",), observed=True),
     MetricSpec("kvplane.request.migrations", "counter", "{request}", "controlplane",
                "Requests moved to another decode worker mid-stream, by why (worker_failed, worker_stalled); the stream continued after the tokens already sent.",
                ("kvplane.migration.reason",)),
@@ -108,10 +118,10 @@ class Instruments:
             if spec.kind == "histogram":
                 inst = meter.create_histogram(spec.name, unit=spec.unit, description=spec.description,
                                               explicit_bucket_boundaries_advisory=list(spec.buckets))  # fmt: skip
-            elif spec.kind == "counter":
+            elif spec.kind == "counter" and not spec.observed:
                 inst = meter.create_counter(spec.name, unit=spec.unit, description=spec.description)
             else:
-                continue  # gauges are observed through callbacks: observe_gauges()
+                continue  # gauges and observed counters are read through callbacks: observe_gauges(), observe_counters()
             setattr(self, attr, inst)
 
     def observe_gauges(self, callbacks: dict[str, Callable[[], Iterable[tuple[float, dict]]]]) -> None:
@@ -123,6 +133,16 @@ class Instruments:
                 return [otel_metrics.Observation(v, a) for v, a in fn()]
 
             self._meter.create_observable_gauge(name, callbacks=[callback], unit=spec.unit, description=spec.description)
+
+    def observe_counters(self, callbacks: dict[str, Callable[[], Iterable[tuple[float, dict]]]]) -> None:
+        """Registers observed counters: metric name -> callback returning (running total, attributes) pairs."""
+        for name, fn in callbacks.items():
+            spec = SPEC_BY_NAME[name]
+
+            def callback(options, fn=fn):
+                return [otel_metrics.Observation(v, a) for v, a in fn()]
+
+            self._meter.create_observable_counter(name, callbacks=[callback], unit=spec.unit, description=spec.description)
 
 
 _instruments: Instruments | None = None

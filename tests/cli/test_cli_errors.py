@@ -49,6 +49,8 @@ CASES = {
     "bench tiers": Case(("bench", "tiers", "--bogus"), 2, "kvplane bench tiers: error: unrecognized arguments"),
     "bench prefix": Case(("bench", "prefix", "--bogus"), 2, "kvplane bench prefix: error: unrecognized arguments"),
     "bench routing": Case(("bench", "routing", "--fleets", "nope"), 2, "kvplane bench routing: unknown fleets ['nope']"),
+    "bench controlplane": Case(("bench", "controlplane", "--shapes", "huge"), 2,
+                               "kvplane bench controlplane: error: argument --shapes: unknown ['huge']; choose from ['short', 'long']"),
     "bench disagg": Case(("bench", "disagg", "--bogus"), 2, "kvplane bench disagg: error: unrecognized arguments"),
     "bench calibrate": Case(("bench", "calibrate", "--bogus"), 2, "kvplane bench calibrate: error: unrecognized arguments"),
     "sim": Case(("sim", "--sim-gpu", "tpu-v9"), 2, "kvplane sim: unknown gpu 'tpu-v9'; known: a100-80g"),

@@ -1,0 +1,45 @@
+"""`kvplane bench controlplane`, tiny: one replica, 8 sim workers in one process, short requests, 2 steps."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kvplane.bench.controlplane import PHASES
+from tests.cli.conftest import run_kvplane
+
+
+@pytest.mark.cluster
+def test_a_tiny_run_reports_consistent_rates_routing_times_and_cpu_shares():
+    done = run_kvplane(
+        "bench", "controlplane", "--replicas", "1", "--workers", "8", "--shapes", "short", "--duration-s", "2",
+        "--max-steps", "2", "--start-rps", "6", "--speedup", "8", "--sim-num-blocks", "1024", "--json", timeout=180,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "1 x relay short" in done.stderr  # progress on stderr while it runs
+    result = json.loads(done.stdout)
+    assert result["config"]["workers"] == 8 and result["config"]["security"] == "mutual TLS"
+    [row] = result["rows"]
+    assert (row["replicas"], row["mode"], row["shape"]) == (1, "relay", "short")
+    steps = row["steps"]
+    assert len(steps) == 2
+    assert steps[0]["offered_rps"] == 6.0
+    sustained = [s for s in steps if s["sustained"]]
+    assert row["sustained_rps"] == max((s["offered_rps"] for s in sustained), default=0.0)
+    assert row["kept_up_rps"] == max((s["offered_rps"] for s in steps if s["kept_up"]), default=0.0)
+    assert steps[1]["offered_rps"] == (12.0 if steps[0]["kept_up"] else 3.0)
+    assert row["background_cores"] > 0  # load reports and keep-alives cost the replica something
+    for step in steps:
+        assert 0 < step["ok"] <= step["sent"]
+        assert step["ok"] + sum(step["errors"].values()) == step["sent"]
+        if step["kept_up"]:
+            assert step["ok"] == step["sent"] and step["window_ratio"] >= 0.95
+        assert step["sustained"] == (step["kept_up"] and step["routing_p99_ms"] < 5)
+        assert 0 < step["routing_p50_ms"] <= step["routing_p99_ms"]
+        assert 0 < step["cp_cpu_ms_per_request_net"] <= step["cp_cpu_ms_per_request"]
+        shares = step["phase_shares"]
+        assert set(shares) == {*PHASES, "other"}
+        assert sum(shares.values()) == pytest.approx(1.0, abs=0.01)
+        assert all(shares[p] > 0 for p in PHASES)  # every phase was timed
+        assert step["cp_cores"] > 0 and step["agents_cores"] > 0 and step["generator_cores_max"] > 0

@@ -1,0 +1,53 @@
+"""ClusterState.view(): a worker's view is built once per change of its entry, not per request.
+The embedded memory store and a real ClusterState; no processes."""
+
+from __future__ import annotations
+
+import asyncio
+
+from controlplane import keys
+from controlplane.cluster_state import ClusterState
+from controlplane.store import MemoryStore
+from kvplane.v1 import common_pb2, registry_pb2
+
+
+async def _settle(predicate, what: str) -> None:
+    for _ in range(200):
+        if predicate():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _views(state: ClusterState) -> dict:
+    return {w.worker_id: w for w in state.view().workers}
+
+
+def test_views_are_reused_until_a_report_a_state_change_or_a_departure_changes_the_worker():
+    async def body():
+        store = MemoryStore()
+        state = ClusterState(store)
+        await state.start()
+        try:
+            for w in ("a", "b"):
+                info = common_pb2.WorkerInfo(worker_id=w, role=common_pb2.ROLE_BOTH, endpoint=f"{w}:1", model="m")
+                await store.put(keys.worker_key(w), info.SerializeToString())
+            await _settle(lambda: len(state.workers) == 2, "both workers")
+            first = _views(state)
+            assert _views(state)["a"] is first["a"] and _views(state)["b"] is first["b"]
+
+            report = registry_pb2.ReportLoadRequest(worker_id="a", load=common_pb2.WorkerLoad(num_running=3))
+            await store.put(keys.load_key("a"), report.SerializeToString())
+            await _settle(lambda: _views(state)["a"].load.num_running == 3, "a's report in its view")
+            second = _views(state)
+            assert second["b"] is first["b"]  # b did not change
+
+            state.workers["a"].state = common_pb2.WORKER_STATE_DRAINING  # what DrainWorker does
+            assert _views(state)["a"].active is False and second["a"].active is True
+
+            await store.delete(keys.worker_key("b"))
+            await _settle(lambda: "b" not in _views(state), "b's departure")
+        finally:
+            await state.stop()
+
+    asyncio.run(body())
