@@ -44,6 +44,7 @@ from controlplane.lookaside import LookasideBook, Placed, new_placement_id, unkn
 from controlplane.observe import (
     PHASE_ADMIT,
     PHASE_RELAY,
+    PHASE_REPORT,
     PHASE_ROUTE,
     RequestObservation,
     cpu_seconds,
@@ -544,6 +545,13 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
     async def Report(self, request: client_pb2.ReportRequest, context):
         """What became of a placed request: release its charge as Generate would at that point,
         learn from its timings, and for a failure decide (core/failover.py) where it continues."""
+        cpu = time.thread_time()
+        try:
+            return await self._report(request, context)
+        finally:
+            cpu_seconds[PHASE_REPORT] += time.thread_time() - cpu  # a failure's re-planning included
+
+    async def _report(self, request: client_pb2.ReportRequest, context) -> client_pb2.ReportResponse:
         self._expire_lookaside()
         placed = self._lookaside.take(request.placement_id, (caller() or ANONYMOUS).key)
         if placed is None:

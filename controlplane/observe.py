@@ -26,8 +26,8 @@ ROUTE_LOCAL, ROUTE_REMOTE, ROUTE_FETCHED = "local", "remote", "fetched"
 # CPU by phase: thread CPU seconds (time.thread_time(), ~1 us a reading) of the event loop's thread
 # around synchronous sections only, so no other coroutine's work is counted; plain floats added
 # here and read by the metric's callback at collection (kvplane_controlplane_cpu_seconds_total).
-PHASE_ROUTE, PHASE_ADMIT, PHASE_RELAY = "route", "admit", "relay"
-cpu_seconds: dict[str, float] = dict.fromkeys((PHASE_ROUTE, PHASE_ADMIT, PHASE_RELAY), 0.0)
+PHASE_ROUTE, PHASE_ADMIT, PHASE_RELAY, PHASE_REPORT = "route", "admit", "relay", "report"
+cpu_seconds: dict[str, float] = dict.fromkeys((PHASE_ROUTE, PHASE_ADMIT, PHASE_RELAY, PHASE_REPORT), 0.0)
 _cpu_counter_for: object = None  # the Instruments the counter was registered with
 
 

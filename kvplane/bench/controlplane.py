@@ -13,14 +13,16 @@ tokens). After a warm-up (every agent dialled once) the replicas' idle CPU is me
 reports, keep-alives, the store's watch (`background_cores`).
 
 Then per request shape (short: 128 tokens in / 32 out; long: 4,096 / 256) and mode (`relay`:
-Kvplane.Generate streamed through the control plane), a rate search (kvplane/bench/ratesearch.py):
+Kvplane.Generate streamed through the control plane; `lookaside`: Route places the request, the
+generator streams from the decode agent and reports first token and end), a rate search (kvplane/bench/ratesearch.py):
 steps of `--duration-s` at an offered Poisson rate, doubled while sustained, then bisected.
 Sustained = no error, completions keep up with arrivals (>= 95 %) and the replicas' routing p99
 (route + admit, the kvplane_routing_duration_seconds histogram) under 5 ms.
 
 Reported for the highest sustained step: its rate, routing p50/p99, the replicas' CPU per
 completed request (/proc/PID/stat over the step; `net` leaves out the idle background), the
-shares of that CPU spent routing, admitting and relaying (kvplane_controlplane_cpu_seconds_total)
+shares of that CPU spent routing, admitting, relaying and taking lookaside reports
+(kvplane_controlplane_cpu_seconds_total)
 and the rest (gRPC, asyncio, validation, tickets, registry and store work), plus the CPU the
 agents and generators used. Everything shares this machine's cores: the rates are partly a
 measure of contention, the CPU per request is the portable number.
@@ -57,7 +59,7 @@ from kvplane.stats import percentile
 
 AGENTS_PER_HOST = 64
 DEFAULT_START_RPS = {"short": 16.0, "long": 8.0}
-PHASES = ("route", "admit", "relay")
+PHASES = ("route", "admit", "relay", "report")
 CPU_METRIC = "kvplane_controlplane_cpu_seconds_total"
 ROUTING_BUCKETS = "kvplane_routing_duration_seconds_bucket"
 SETTLE_S = 1.0
@@ -82,8 +84,8 @@ def _csv(kind: type, choices: tuple[str, ...] = ()):
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--replicas", type=_csv(int), default=[1, 2, 4], metavar="N,N,...",
                         help="control-plane replica counts, each on one etcd (default 1,2,4)")  # fmt: skip
-    parser.add_argument("--modes", type=_csv(str, tuple(MODES)), default=["relay"], metavar="M,...",
-                        help=f"request modes: {', '.join(MODES)} (default relay)")  # fmt: skip
+    parser.add_argument("--modes", type=_csv(str, tuple(MODES)), default=list(MODES), metavar="M,...",
+                        help=f"request modes (default {','.join(MODES)})")  # fmt: skip
     parser.add_argument("--shapes", type=_csv(str, tuple(SHAPES)), default=list(SHAPES), metavar="S,...",
                         help="request shapes: short (128 in / 32 out), long (4,096 in / 256 out) (default both)")  # fmt: skip
     parser.add_argument("--workers", type=int, default=128, help="simulated workers (default %(default)s)")
@@ -345,8 +347,8 @@ def run_replicas(args: argparse.Namespace, num_replicas: int, log_dir: Path, log
 
 
 def format_table(result: dict[str, Any]) -> str:
-    headers = ("replicas", "mode", "shape", "req/s", "req/s, p99 < limit", "route p50 ms", "route p99 ms", "CP CPU ms/req", "net", "route",
-               "admit", "relay", "other", "CP cores", "agents", "gen")  # fmt: skip
+    headers = ("replicas", "mode", "shape", "req/s", "req/s, p99 < limit", "route p50 ms", "route p99 ms", "CP CPU ms/req", "net",
+               *PHASES, "other", "CP cores", "agents", "gen")  # fmt: skip
     lines = [" | ".join(headers), " | ".join("---" for _ in headers)]
 
     def num(value: Any, digits: int = 2) -> str:
@@ -406,6 +408,6 @@ def run(args: argparse.Namespace) -> int:
         "are measured there); req/s, p99 < limit = the highest rate tried that also kept routing p99 under "
         f"{args.max_routing_p99_ms:g} ms"
     )
-    print("CP CPU = the replicas' CPU per completed request (net: without their idle background); route/admit/relay/other = "
+    print("CP CPU = the replicas' CPU per completed request (net: without their idle background); route/admit/relay/report/other = "
           "shares of it; CP cores, agents, gen = cores used by the replicas, the agent processes and the busiest generator")  # fmt: skip
     return 0

@@ -10,7 +10,8 @@ those still running are cancelled and count as errors ("TIMEOUT").
 Requests are token ids (no tokenizer), built before the step's clock starts so the generator
 spends its step only on sending and reading: a random first block per request (so no two share
 a cached prefix) then a fixed body, `max_tokens` with ignore_eos. A request "mode" is one async
-function (MODES): `relay` streams Kvplane.Generate through the control plane. A mode raises on
+function (MODES): `relay` streams Kvplane.Generate through the control plane; `lookaside` gets a
+placement (Route with lookaside), streams from the decode agent and reports back, as the SDK does. A mode raises on
 failure and sets the sample's first-token time; it must receive exactly max_tokens tokens.
 
 The answer carries, per request, arrival / completion times from the step's start and the time
@@ -33,7 +34,7 @@ import grpc
 from kvplane.bench.workload import poisson_arrivals
 from kvplane.grpc_util import aio_channel
 from kvplane.security.credentials import Credentials, resolve_client
-from kvplane.v1 import client_pb2, client_pb2_grpc, common_pb2
+from kvplane.v1 import agent_pb2, agent_pb2_grpc, client_pb2, client_pb2_grpc, common_pb2
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,8 +84,40 @@ async def relay(target: Target, request: client_pb2.GenerateRequest, sample: Sam
         raise ShortStream(f"{num_tokens} of {request.sampling.max_tokens} tokens")
 
 
+async def lookaside(target: Target, request: client_pb2.GenerateRequest, sample: Sample) -> None:
+    """The request placed by the control plane and streamed from the decode agent (lookaside
+    mode), with the reports the SDK sends: the first token in the background, the end awaited."""
+    loop = asyncio.get_running_loop()
+    placed = client_pb2.GenerateRequest()
+    placed.CopyFrom(request)
+    placed.lookaside = True
+    placement = (await target.kvplane.Route(placed, timeout=target.timeout_s)).placement
+    channel = target.channels.get(placement.endpoint)
+    if channel is None:
+        channel = target.channels[placement.endpoint] = aio_channel(placement.endpoint, target.credentials, traced=False)
+    agent = agent_pb2_grpc.AgentStub(channel)
+    num_tokens, final, first_report = 0, None, None
+    async for reply in agent.Generate(agent_pb2.AgentGenerateRequest.FromString(placement.agent_request), timeout=target.timeout_s):
+        if reply.token_ids:
+            if sample.first_token is None:
+                sample.first_token = loop.time()
+                event = client_pb2.ReportRequest(placement_id=placement.placement_id, event=client_pb2.ReportRequest.FIRST_TOKEN)
+                first_report = asyncio.ensure_future(target.kvplane.Report(event, timeout=target.timeout_s))
+            num_tokens += len(reply.token_ids)
+        if reply.finished:
+            final = reply
+    if num_tokens != request.sampling.max_tokens or final is None:
+        raise ShortStream(f"{num_tokens} of {request.sampling.max_tokens} tokens")
+    end = client_pb2.ReportRequest(placement_id=placement.placement_id, event=client_pb2.ReportRequest.FINISHED, num_tokens=num_tokens)
+    end.metrics.CopyFrom(final.metrics)
+    end.ttft_ms = (sample.first_token - sample.sent) * 1000
+    await target.kvplane.Report(end, timeout=target.timeout_s)
+    if first_report is not None:
+        await asyncio.gather(first_report, return_exceptions=True)  # NOT_FOUND when the end overtook it
+
+
 Mode = Callable[[Target, client_pb2.GenerateRequest, Sample], Awaitable[None]]
-MODES: dict[str, Mode] = {"relay": relay}
+MODES: dict[str, Mode] = {"relay": relay, "lookaside": lookaside}
 
 
 def build_requests(shape: Shape, count: int, rng: random.Random) -> list[client_pb2.GenerateRequest]:

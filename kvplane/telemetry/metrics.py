@@ -71,7 +71,7 @@ SPECS: tuple[MetricSpec, ...] = (
                (), PLANNING_BUCKETS_S),
     MetricSpec("kvplane.controlplane.cpu", "counter", "s", "controlplane",
                "CPU seconds of the control plane's event loop by request-handling phase: route, admit (planning) and relay "
-               "(the per-message work of relaying an agent's stream); the process's other CPU is gRPC, asyncio and the rest.",
+               "(the per-message work of relaying an agent's stream), report (lookaside mode's reports); the process's other CPU is gRPC, asyncio and the rest.",
                ("kvplane.phase",), observed=True),
     MetricSpec("kvplane.request.migrations", "counter", "{request}", "controlplane",
                "Requests moved to another decode worker mid-stream, by why (worker_failed, worker_stalled); the stream continued after the tokens already sent.",
