@@ -34,6 +34,7 @@ import argparse
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -377,6 +378,8 @@ def run(args: argparse.Namespace) -> int:
     if min(args.duration_s, args.grace_s, args.speedup, args.load_report_interval) <= 0 or args.hosts < 0 or args.generators < 0:
         log("kvplane bench controlplane: --duration-s, --grace-s, --speedup and --load-report-interval must be positive")
         return 2
+    # A SIGTERM unwinds like Ctrl-C, so the etcd, replicas, agents and generators are stopped too.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="kvplane-bench-cp-") as tmp:
         log_dir = Path(args.log_dir) if args.log_dir else Path(tmp)
