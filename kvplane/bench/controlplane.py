@@ -332,6 +332,11 @@ def run_replicas(args: argparse.Namespace, num_replicas: int, log_dir: Path, log
             generators = Generators([replicas[g % num_replicas] for g in range(num_generators)], log_dir, args.grace_s + 60)
             try:
                 bench = Bench(args, cluster, generators, log)
+                if "lookaside" in args.modes:  # lookaside callers dial the agents: each generator opens its pool first
+                    with cluster.client(timeout=30) as admin:
+                        agents = [w.endpoint for w in admin.workers()]
+                    pools = generators.step([{"connect": agents}] * num_generators)
+                    log(f"[{num_replicas} replica(s)] generators connected to {min(p['connected'] for p in pools)}/{len(agents)} agents")
                 # Warm-up: about two requests per worker, so every replica has dialled the agents.
                 warm = bench.step("short", args.modes[0], max(8.0, 2 * hosts * per_host / 4), 4.0)
                 log(f"[{num_replicas} replica(s)] warm-up: {warm['ok']}/{warm['sent']} ok")

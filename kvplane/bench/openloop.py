@@ -2,8 +2,8 @@
 replica, steps on command.
 
 `python -m kvplane.bench.openloop --endpoint HOST:PORT` reads one JSON step per line on stdin
-({"shape", "mode", "rate_rps", "duration_s", "grace_s", "seed"}) and answers each with one JSON
-line on stdout. A step sends requests at Poisson arrival times for `duration_s` whatever the
+({"shape", "mode", "rate_rps", "duration_s", "grace_s", "seed"}, or {"connect": [agent endpoints]}
+to open channels to the agents first) and answers each with one JSON line on stdout. A step sends requests at Poisson arrival times for `duration_s` whatever the
 server does (open loop), each on its own task, then waits up to `grace_s` for the last ones;
 those still running are cancelled and count as errors ("TIMEOUT").
 
@@ -148,6 +148,7 @@ async def run_step(target: Target, command: dict) -> dict:
             sample.done = loop.time()
         except grpc.aio.AioRpcError as e:
             sample.error = e.code().name
+            print(f"request failed: {e.code().name}: {e.details()}", file=sys.stderr, flush=True)  # the generator's log
         except ShortStream:
             sample.error = "SHORT_STREAM"
 
@@ -182,6 +183,18 @@ async def run_step(target: Target, command: dict) -> dict:
     }
 
 
+async def connect(target: Target, endpoints: list[str]) -> dict:
+    """Opens a channel to each agent before lookaside steps (as a lookaside client keeps a pool),
+    so that the steps measure requests, not TLS handshakes."""
+    for endpoint in endpoints:
+        if endpoint not in target.channels:
+            target.channels[endpoint] = aio_channel(endpoint, target.credentials, traced=False)
+    ready = await asyncio.gather(
+        *(asyncio.wait_for(target.channels[e].channel_ready(), target.timeout_s) for e in endpoints), return_exceptions=True
+    )
+    return {"connected": sum(r is None for r in ready), "failed": sum(r is not None for r in ready)}
+
+
 async def serve(endpoint: str, timeout_s: float) -> None:
     credentials = resolve_client(endpoint)
     channel = aio_channel(endpoint, credentials, traced=False)
@@ -192,7 +205,9 @@ async def serve(endpoint: str, timeout_s: float) -> None:
     print(json.dumps({"ready": True}), flush=True)
     try:
         while line := await reader.readline():
-            print(json.dumps(await run_step(target, json.loads(line))), flush=True)
+            command = json.loads(line)
+            answer = await connect(target, command["connect"]) if "connect" in command else await run_step(target, command)
+            print(json.dumps(answer), flush=True)
     finally:
         for other in target.channels.values():
             await other.close()

@@ -1,4 +1,5 @@
-"""`kvplane bench controlplane`, tiny: one replica, 8 sim workers in one process, short requests, 2 steps."""
+"""`kvplane bench controlplane`, tiny: one replica, 8 sim workers in one process, short requests,
+relay and lookaside, 2 steps each."""
 
 from __future__ import annotations
 
@@ -14,14 +15,26 @@ from tests.cli.conftest import run_kvplane
 def test_a_tiny_run_reports_consistent_rates_routing_times_and_cpu_shares():
     done = run_kvplane(
         "bench", "controlplane", "--replicas", "1", "--workers", "8", "--shapes", "short", "--duration-s", "2",
-        "--max-steps", "2", "--start-rps", "6", "--speedup", "8", "--sim-num-blocks", "1024", "--json", timeout=180,
+        "--max-steps", "2", "--start-rps", "6", "--speedup", "8", "--sim-num-blocks", "1024", "--modes", "relay,lookaside",
+        "--json", timeout=240,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert "1 x relay short" in done.stderr  # progress on stderr while it runs
     result = json.loads(done.stdout)
     assert result["config"]["workers"] == 8 and result["config"]["security"] == "mutual TLS"
-    [row] = result["rows"]
-    assert (row["replicas"], row["mode"], row["shape"]) == (1, "relay", "short")
+    assert "generators connected to 8/8 agents" in done.stderr  # lookaside callers dial the agents first
+    relay, lookaside = result["rows"]
+    assert [(r["replicas"], r["mode"], r["shape"]) for r in (relay, lookaside)] == [(1, "relay", "short"), (1, "lookaside", "short")]
+    for row in (relay, lookaside):
+        _check_row(row)
+    # Where the CPU goes tells the modes apart: only relay relays, only lookaside takes reports.
+    for step in relay["steps"]:
+        assert step["phase_shares"]["relay"] > 0 and step["phase_shares"]["report"] == 0
+    for step in lookaside["steps"]:
+        assert step["phase_shares"]["report"] > 0 and step["phase_shares"]["relay"] == 0
+
+
+def _check_row(row):
     steps = row["steps"]
     assert len(steps) == 2
     assert steps[0]["offered_rps"] == 6.0
@@ -41,5 +54,5 @@ def test_a_tiny_run_reports_consistent_rates_routing_times_and_cpu_shares():
         shares = step["phase_shares"]
         assert set(shares) == {*PHASES, "other"}
         assert sum(shares.values()) == pytest.approx(1.0, abs=0.01)
-        assert all(shares[p] > 0 for p in PHASES)  # every phase was timed
+        assert shares["route"] > 0 and shares["admit"] > 0  # both modes route and admit every request
         assert step["cp_cores"] > 0 and step["agents_cores"] > 0 and step["generator_cores_max"] > 0
