@@ -112,3 +112,19 @@ def assert_nothing_pinned(cluster, client, timeout: float = 15.0) -> None:
         if time.monotonic() > deadline:
             pytest.fail(f"after {timeout} s workers still hold blocks: {seen}")
         time.sleep(0.2)
+
+
+def interrupted_stream(client, cluster, prompt, sig, max_tokens: int, **options):
+    """Streams `prompt` (ignore_eos, `options` as the SDK takes them) and sends `sig` to its decode
+    worker after the first tokens; returns (tokens, text, final metrics, the worker signalled)."""
+    tokens: list[int] = []
+    text, final, victim = "", None, None
+    for chunk in client.stream(prompt, max_tokens=max_tokens, ignore_eos=True, **options):
+        tokens += chunk.token_ids
+        text += chunk.text
+        if victim is None and len(tokens) >= 5:
+            victim = wait_for(lambda: busy_worker(cluster), timeout=5, interval=0.02, what="the busy worker")
+            cluster.kill(victim, sig)
+        if chunk.finished:
+            final = chunk.metrics
+    return tokens, text, final, victim

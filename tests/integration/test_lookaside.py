@@ -18,7 +18,7 @@ from kvplane.cluster import LocalCluster
 from kvplane.grpc_util import channel
 from kvplane.v1 import client_pb2, client_pb2_grpc, common_pb2
 
-from .helpers import assert_nothing_pinned, busy_worker, metric_sum, prompt_ids, scrape, wait_for
+from .helpers import assert_nothing_pinned, interrupted_stream, metric_sum, prompt_ids, scrape, wait_for
 
 pytestmark = pytest.mark.cluster  # starts processes
 
@@ -34,22 +34,6 @@ def cluster(tmp_path_factory):
         controlplane_args=("--token-timeout", "2", "--silent-after-s", "1.5"),
     ) as cluster:  # fmt: skip
         yield cluster
-
-
-def _interrupted(client, cluster, prompt, sig: signal.Signals):
-    """Streams `prompt` in lookaside mode and sends `sig` to its decode worker after the first
-    tokens; returns (tokens, text, final metrics, the worker signalled)."""
-    tokens: list[int] = []
-    text, final, victim = "", None, None
-    for chunk in client.stream(prompt, max_tokens=MAX_TOKENS, ignore_eos=True, lookaside=True):
-        tokens += chunk.token_ids
-        text += chunk.text
-        if victim is None and len(tokens) >= 5:
-            victim = wait_for(lambda: busy_worker(cluster), timeout=5, interval=0.02, what="the busy worker")
-            cluster.kill(victim, sig)
-        if chunk.finished:
-            final = chunk.metrics
-    return tokens, text, final, victim
 
 
 def test_lookaside_streams_what_relay_streams_with_the_same_metrics(cluster):
@@ -111,7 +95,7 @@ def test_a_killed_decode_worker_mid_stream_migrates_in_lookaside_mode(cluster):
         reference = client.generate(prompt, max_tokens=MAX_TOKENS, ignore_eos=True)
         metrics_url = client.stats().metrics_url
         before = metric_sum(scrape(metrics_url), "kvplane_request_migrations_total", kvplane_migration_reason="worker_failed")
-        tokens, text, metrics, victim = _interrupted(client, cluster, prompt, signal.SIGKILL)
+        tokens, text, metrics, victim = interrupted_stream(client, cluster, prompt, signal.SIGKILL, MAX_TOKENS, lookaside=True)
         after = metric_sum(scrape(metrics_url), "kvplane_request_migrations_total", kvplane_migration_reason="worker_failed")
     assert tuple(tokens) == reference.token_ids and text == reference.text
     assert metrics.num_migrations == 1 and metrics.decode_worker != victim
@@ -125,7 +109,7 @@ def test_a_stopped_decode_worker_stalls_the_lookaside_stream_which_moves(cluster
     prompt = prompt_ids(seed=83, length=40)
     with Client(cluster.endpoint, timeout=120) as client:
         reference = client.generate(prompt, max_tokens=MAX_TOKENS, ignore_eos=True)
-        tokens, text, metrics, victim = _interrupted(client, cluster, prompt, signal.SIGSTOP)
+        tokens, text, metrics, victim = interrupted_stream(client, cluster, prompt, signal.SIGSTOP, MAX_TOKENS, lookaside=True)
         try:
             assert tuple(tokens) == reference.token_ids and text == reference.text
             assert metrics.num_migrations == 1 and metrics.decode_worker != victim

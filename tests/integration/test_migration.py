@@ -14,27 +14,11 @@ from kvplane import Client
 from kvplane.cluster import LocalCluster
 from kvplane.errors import UnavailableError
 
-from .helpers import assert_nothing_pinned, busy_worker, metric_sum, prompt_ids, scrape, wait_for
+from .helpers import assert_nothing_pinned, interrupted_stream, metric_sum, prompt_ids, scrape
 
 pytestmark = pytest.mark.cluster  # starts processes
 
 MAX_TOKENS = 600  # long enough to interrupt mid-stream on a fast CPU
-
-
-def _interrupted(client, cluster, prompt, sig: signal.Signals, **options):
-    """Streams `prompt`, sends `sig` to its decode worker after the first tokens; returns
-    (tokens, text, final metrics, the worker signalled)."""
-    tokens: list[int] = []
-    text, final, victim = "", None, None
-    for chunk in client.stream(prompt, max_tokens=MAX_TOKENS, ignore_eos=True, **options):
-        tokens += chunk.token_ids
-        text += chunk.text
-        if victim is None and len(tokens) >= 5:
-            victim = wait_for(lambda: busy_worker(cluster), timeout=5, interval=0.02, what="the busy worker")
-            cluster.kill(victim, sig)
-        if chunk.finished:
-            final = chunk.metrics
-    return tokens, text, final, victim
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +36,7 @@ def test_a_killed_decode_worker_mid_stream_migrates_without_gap_or_repeat(cluste
         reference = client.generate(prompt, max_tokens=MAX_TOKENS, ignore_eos=True)
         cp_metrics = client.stats().metrics_url
         before = metric_sum(scrape(cp_metrics), "kvplane_request_migrations_total", kvplane_migration_reason="worker_failed")
-        tokens, text, metrics, victim = _interrupted(client, cluster, prompt, signal.SIGKILL)
+        tokens, text, metrics, victim = interrupted_stream(client, cluster, prompt, signal.SIGKILL, MAX_TOKENS)
         after = metric_sum(scrape(cp_metrics), "kvplane_request_migrations_total", kvplane_migration_reason="worker_failed")
     assert tuple(tokens) == reference.token_ids and text == reference.text
     assert metrics.num_migrations == 1 and metrics.decode_worker != victim
@@ -67,7 +51,7 @@ def test_a_stopped_decode_worker_stalls_its_stream_which_moves_and_new_requests_
     prompt = prompt_ids(seed=61, length=40)
     with Client(cluster.endpoint, timeout=120) as client:
         reference = client.generate(prompt, max_tokens=MAX_TOKENS, ignore_eos=True)
-        tokens, text, metrics, victim = _interrupted(client, cluster, prompt, signal.SIGSTOP)
+        tokens, text, metrics, victim = interrupted_stream(client, cluster, prompt, signal.SIGSTOP, MAX_TOKENS)
         try:
             assert tuple(tokens) == reference.token_ids and text == reference.text
             assert metrics.num_migrations == 1 and metrics.decode_worker != victim
@@ -88,7 +72,7 @@ def test_without_migrations_a_dead_worker_ends_the_stream_naming_it(tmp_path):
         num_prefill=0, num_decode=0, num_both=2, log_dir=tmp_path, controlplane_args=("--max-migrations", "0"),
     ) as cluster, Client(cluster.endpoint, timeout=120) as client:  # fmt: skip
         with pytest.raises(UnavailableError) as info:
-            _interrupted(client, cluster, prompt_ids(seed=62, length=40), signal.SIGKILL)
+            interrupted_stream(client, cluster, prompt_ids(seed=62, length=40), signal.SIGKILL, MAX_TOKENS)
         assert_nothing_pinned(cluster, client)
     message = str(info.value)
     assert "decode worker both-" in message and "failed after" in message, message
