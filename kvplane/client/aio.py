@@ -128,7 +128,9 @@ class AsyncClient(ClientCore):
         attempts = self._attempts(call)
         while True:
             try:
-                response = await getattr(self._stub(attempts.endpoint), call.method)(call.request, timeout=attempts.timeout())
+                response = await getattr(self._stub(attempts.endpoint), call.method)(
+                    call.request, timeout=attempts.timeout(), metadata=call.metadata
+                )
             except grpc.RpcError as e:
                 wait = attempts.wait_after(e)
             else:
@@ -164,10 +166,13 @@ class AsyncClient(ClientCore):
     async def _lookaside(self, call: calls.GenerateCall) -> AsyncIterator[GenerateChunk]:
         """Lookaside mode (kvplane/client/lookaside.py): place, stream from the agent, report."""
         run = self._lookaside_run(call)
-        agent_request = run.placed((await self._unary(run.route_call(call.reject_retries))).placement)
+        error: BaseException | None = None
         try:
+            agent_request = run.placed((await self._unary(run.route_call(call.reject_retries))).placement)
             while agent_request is not None:
-                stream = self._agent_stub(run.placement.endpoint).Generate(agent_request, timeout=run.attempts.timeout())
+                stream = self._agent_stub(run.placement.endpoint).Generate(
+                    agent_request, timeout=run.attempts.timeout(), metadata=run.metadata
+                )
                 try:
                     while True:
                         try:
@@ -183,7 +188,9 @@ class AsyncClient(ClientCore):
                             break
                         chunk, report = run.chunk(response)
                         if report is not None:
-                            self._background(self._stub(self.endpoints[self._preferred]).Report(report, timeout=REPORT_TIMEOUT_S))
+                            self._background(
+                                self._stub(self.endpoints[self._preferred]).Report(report, timeout=REPORT_TIMEOUT_S, metadata=run.metadata)
+                            )
                         if response.finished:
                             await self._finished(run, response)
                         yield chunk
@@ -195,13 +202,17 @@ class AsyncClient(ClientCore):
                     raise run.deadline_error()
                 agent_request = await self._moved(run, call, failure)
             yield run.end_chunk()
+        except Exception as e:
+            error = e
+            raise
         finally:
             report = run.cancelled_report()
             if report is not None:
                 try:
-                    await self._stub(self.endpoints[self._preferred]).Report(report, timeout=REPORT_TIMEOUT_S)
+                    await self._stub(self.endpoints[self._preferred]).Report(report, timeout=REPORT_TIMEOUT_S, metadata=run.metadata)
                 except grpc.RpcError:
                     pass  # the replica is gone, and with it the charge; its placement expires otherwise
+            run.end(error)
 
     async def _finished(self, run: LookasideRun, response) -> None:
         try:

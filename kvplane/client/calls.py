@@ -61,6 +61,7 @@ class UnaryCall(Generic[T]):
     request: Message
     result: Callable[[Any], T]
     reject_retries: int = 0
+    metadata: tuple[tuple[str, str], ...] | None = None  # e.g. a trace context (lookaside calls)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,14 +84,14 @@ def route(request: client_pb2.GenerateRequest, reject_retries: int) -> UnaryCall
     return UnaryCall("Route", request, route_from_proto, reject_retries)
 
 
-def place(request: client_pb2.GenerateRequest, reject_retries: int) -> UnaryCall[client_pb2.RouteResponse]:
+def place(request: client_pb2.GenerateRequest, reject_retries: int, metadata=None) -> UnaryCall[client_pb2.RouteResponse]:
     """Lookaside mode's Route: `request` has `lookaside` set; the answer carries the Placement
     (kept as the message: client/lookaside.py reads it, the caller never sees it)."""
-    return UnaryCall("Route", request, _itself, reject_retries)
+    return UnaryCall("Route", request, _itself, reject_retries, metadata)
 
 
-def report(request: client_pb2.ReportRequest) -> UnaryCall[client_pb2.ReportResponse]:
-    return UnaryCall("Report", request, _itself)
+def report(request: client_pb2.ReportRequest, metadata=None) -> UnaryCall[client_pb2.ReportResponse]:
+    return UnaryCall("Report", request, _itself, 0, metadata)
 
 
 def _itself(response: T) -> T:

@@ -80,7 +80,7 @@ class ClientCore:
         )
 
     def _lookaside_run(self, call: calls.GenerateCall) -> LookasideRun:
-        return LookasideRun(call, self._attempts(call), max_resumes=max(2, len(self.endpoints)))
+        return LookasideRun(call, self._attempts(call), self._tracer, max_resumes=max(2, len(self.endpoints)))
 
     def _progress(self, call: calls.GenerateCall) -> calls.GenerateProgress:
         return calls.GenerateProgress(call, self._attempts(call), self._tracer, max_resumes=max(2, len(self.endpoints)))

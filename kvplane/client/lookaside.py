@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import grpc
 
@@ -27,7 +28,11 @@ from kvplane.client import calls
 from kvplane.client.from_proto import metrics_from_proto
 from kvplane.client.results import GenerateChunk
 from kvplane.errors import KvplaneError
+from kvplane.telemetry import client_spans
 from kvplane.v1 import agent_pb2, client_pb2
+
+if TYPE_CHECKING:
+    from opentelemetry import trace
 
 Event = client_pb2.ReportRequest
 REPORT_TIMEOUT_S = 5.0  # a background or farewell report: not worth waiting longer for
@@ -40,12 +45,18 @@ class LookasideRun:
     """One lookaside generate call across its placements: what to send, what was received, what to report."""
 
     __slots__ = ("attempts", "max_resumes", "num_resumes", "_request", "_clock", "_started", "_token_ids", "placement",
-                 "_num_received", "_first_token_at", "_last_token_at", "_done", "_request_id")  # fmt: skip
+                 "_num_received", "_first_token_at", "_last_token_at", "_done", "_request_id", "_span", "metadata",
+                 "_last_chunk")  # fmt: skip
 
     def __init__(
-        self, call: calls.GenerateCall, attempts: calls.Attempts, clock: Callable[[], float] = time.monotonic, max_resumes: int = 2
-    ) -> None:
+        self, call: calls.GenerateCall, attempts: calls.Attempts, tracer: trace.Tracer,
+        clock: Callable[[], float] = time.monotonic, max_resumes: int = 2,
+    ) -> None:  # fmt: skip
         self.attempts = attempts
+        # One CLIENT span for the whole call, as in relay mode; its context goes with the Route,
+        # the agent call and the reports, so the control plane's and the agent's spans join it.
+        self._span, self.metadata = client_spans.start_generate(tracer, attempts.endpoint, call.request)
+        self._last_chunk: GenerateChunk | None = None
         self.max_resumes = max_resumes
         self.num_resumes = 0
         self._request = call.request
@@ -67,7 +78,7 @@ class LookasideRun:
         request.CopyFrom(self._request)
         request.lookaside = True
         request.resume_token_ids[:] = self._token_ids
-        return calls.place(request, reject_retries)
+        return calls.place(request, reject_retries, self.metadata)
 
     def placed(self, placement: client_pb2.Placement) -> agent_pb2.AgentGenerateRequest:
         """Takes a placement; the request to send its agent."""
@@ -122,6 +133,7 @@ class LookasideRun:
             token_ids=tuple(response.token_ids), text=response.text, finished=response.finished,
             finish_reason=response.finish_reason, metrics=metrics, request_id=self._request_id,
         )  # fmt: skip
+        self._last_chunk = chunk
         return chunk, report
 
     def finished_report(self, response: agent_pb2.AgentGenerateResponse) -> client_pb2.ReportRequest:
@@ -163,7 +175,7 @@ class LookasideRun:
         return GenerateChunk(token_ids=(), text="", finished=True, finish_reason="length", metrics=None, request_id=self._request_id)
 
     def report_call(self, report: client_pb2.ReportRequest) -> calls.UnaryCall[client_pb2.ReportResponse]:
-        return calls.report(report)
+        return calls.report(report, self.metadata)
 
     def deadline_error(self) -> KvplaneError:
         return KvplaneError(grpc.StatusCode.DEADLINE_EXCEEDED, f"the request's timeout passed on decode worker {self.placement.worker_id}")
@@ -175,5 +187,24 @@ class LookasideRun:
         self.num_resumes += 1
         return True
 
+    def end(self, error: BaseException | None) -> None:
+        """Ends the call's span (`error`: what ended the call early, if anything)."""
+        failure = None
+        if isinstance(error, grpc.RpcError):
+            failure = error
+        elif isinstance(error, KvplaneError):
+            failure = _Status(error.code)
+        client_spans.end_generate(self._span, self._last_chunk, len(self._token_ids), failure)
+
     def _report(self, event: int) -> client_pb2.ReportRequest:
         return client_pb2.ReportRequest(placement_id=self.placement.placement_id, event=event)
+
+
+class _Status:
+    """A status code in the shape client_spans.end_generate reads from an RpcError."""
+
+    def __init__(self, code: grpc.StatusCode) -> None:
+        self._code = code
+
+    def code(self) -> grpc.StatusCode:
+        return self._code

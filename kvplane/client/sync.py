@@ -117,7 +117,9 @@ class Client(ClientCore):
         attempts = self._attempts(call)
         while True:
             try:
-                response = getattr(self._stubs[attempts.endpoint], call.method)(call.request, timeout=attempts.timeout())
+                response = getattr(self._stubs[attempts.endpoint], call.method)(
+                    call.request, timeout=attempts.timeout(), metadata=call.metadata
+                )
             except grpc.RpcError as e:
                 wait = attempts.wait_after(e)
             else:
@@ -151,17 +153,20 @@ class Client(ClientCore):
     def _lookaside(self, call: calls.GenerateCall) -> Iterator[GenerateChunk]:
         """Lookaside mode (kvplane/client/lookaside.py): place, stream from the agent, report."""
         run = self._lookaside_run(call)
-        agent_request = run.placed(self._unary(run.route_call(call.reject_retries)).placement)
+        error: BaseException | None = None
         try:
+            agent_request = run.placed(self._unary(run.route_call(call.reject_retries)).placement)
             while agent_request is not None:
                 stub = self._agent_stub(run.placement.endpoint)
-                responses = stub.Generate(agent_request, timeout=run.attempts.timeout())
+                responses = stub.Generate(agent_request, timeout=run.attempts.timeout(), metadata=run.metadata)
                 watchdog = _Watchdog(responses.cancel)
                 try:
                     for response in watchdog.iterate(responses, run.read_timeout):
                         chunk, report = run.chunk(response)
                         if report is not None:
-                            self._stubs[self.endpoints[self._preferred]].Report.future(report, timeout=REPORT_TIMEOUT_S)
+                            self._stubs[self.endpoints[self._preferred]].Report.future(
+                                report, timeout=REPORT_TIMEOUT_S, metadata=run.metadata
+                            )
                         if response.finished:
                             self._finished(run, response)
                         yield chunk
@@ -177,13 +182,17 @@ class Client(ClientCore):
                     raise run.deadline_error()
                 agent_request = self._moved(run, call, failure)
             yield run.end_chunk()
+        except Exception as e:
+            error = e
+            raise
         finally:
             report = run.cancelled_report()
             if report is not None:
                 try:
-                    self._stubs[self.endpoints[self._preferred]].Report(report, timeout=REPORT_TIMEOUT_S)
+                    self._stubs[self.endpoints[self._preferred]].Report(report, timeout=REPORT_TIMEOUT_S, metadata=run.metadata)
                 except grpc.RpcError:
                     pass  # the replica is gone, and with it the charge; its placement expires otherwise
+            run.end(error)
 
     def _finished(self, run: LookasideRun, response) -> None:
         try:

@@ -146,6 +146,31 @@ def test_one_disaggregated_request_is_one_trace_across_all_processes(traced):
     assert event["output_tokens"] == 5 and "prompt" not in json.dumps(event).replace("prompt_tokens", "")
 
 
+def test_a_lookaside_request_is_one_trace_from_the_client_through_the_control_plane_and_the_agent(traced):
+    cluster, client, exporter, spans_file = traced
+    result = client.generate(prompt_ids(seed=43, length=3 * BLOCK_SIZE), max_tokens=4, ignore_eos=True, lookaside=True)
+    [root] = [s for s in exporter.get_finished_spans() if s.attributes.get("kvplane.request_id") == result.request_id]
+    assert root.attributes["gen_ai.usage.output_tokens"] == 4 and root.attributes["rpc.grpc.status_code"] == 0
+    trace_id, root_id = format(root.context.trace_id, "032x"), format(root.context.span_id, "016x")
+    expected = {"kvplane.v1.Kvplane/Route", "kvplane.route", "kvplane.admission", "kvplane.v1.Agent/Generate", "kvplane.v1.Kvplane/Report"}
+    spans = wait_for(
+        lambda: (lambda got: got if expected <= {s["name"] for s in got} else None)(_file_spans(spans_file, trace_id)),
+        timeout=10,
+        what="the lookaside request's spans in the traces file",
+    )
+    servers = {(s["name"], s["service"]): s for s in spans if s["kind"] == "SERVER"}
+    place = servers["kvplane.v1.Kvplane/Route", "kvplane-controlplane"]
+    run = servers["kvplane.v1.Agent/Generate", "kvplane-agent"]
+    # The client called both directly: the control plane's Route and the agent's Generate are its children.
+    assert place["parent_span_id"] == root_id and run["parent_span_id"] == root_id
+    route = next(s for s in spans if s["name"] == "kvplane.route")
+    assert (
+        route["parent_span_id"] == place["span_id"] and route["attributes"]["kvplane.route.decode_worker"] == result.metrics.decode_worker
+    )
+    assert run["instance"] == result.metrics.decode_worker
+    assert any(s["name"] == "kvplane.engine.decode" and s["parent_span_id"] == run["span_id"] for s in spans)
+
+
 def test_prometheus_endpoints_serve_documented_metrics_that_move(traced):
     cluster, client, _, _ = traced
     urls = {w.worker_id: w.metrics_url for w in client.workers()}
