@@ -18,7 +18,7 @@ from kvplane.cluster import LocalCluster
 from kvplane.grpc_util import channel
 from kvplane.v1 import client_pb2, client_pb2_grpc, common_pb2
 
-from .helpers import assert_nothing_pinned, interrupted_stream, metric_sum, prompt_ids, scrape, wait_for
+from .helpers import assert_nothing_pinned, busy_worker, interrupted_stream, metric_sum, prompt_ids, scrape, wait_for
 
 pytestmark = pytest.mark.cluster  # starts processes
 
@@ -154,3 +154,36 @@ def test_a_placement_is_charged_until_reported_or_expired(tmp_path):
         for seed in range(4):
             result = client.generate(prompt_ids(seed=10 + seed, length=20), max_tokens=4, lookaside=True)
             assert len(result.token_ids) == 4
+
+
+def test_when_the_placing_replica_dies_with_the_worker_the_request_is_placed_again_on_the_other(etcd_factory, tmp_path):
+    """The decode worker and the replica that placed the request die mid-stream: the failure
+    report cannot reach that replica, the other one does not know the placement (NOT_FOUND), so
+    the SDK places the request again there after the tokens it has, and the stream goes on with
+    no gap and no repeat."""
+    etcd = etcd_factory()
+    with LocalCluster(
+        num_prefill=0, num_decode=0, num_both=2, store=etcd.url, num_controlplanes=2, log_dir=tmp_path,
+        controlplane_args=("--lease-ttl", "6"),
+    ) as cluster, Client(cluster.endpoint, timeout=120) as client:  # fmt: skip
+        prompt = prompt_ids(seed=84, length=40)
+        reference = client.generate(prompt, max_tokens=MAX_TOKENS, ignore_eos=True)
+        assert client.endpoints[client._preferred] == cluster.controlplane_endpoints["controlplane"]
+        tokens: list[int] = []
+        text, final, victim = "", None, None
+        for chunk in client.stream(prompt, max_tokens=MAX_TOKENS, ignore_eos=True, lookaside=True):
+            tokens += chunk.token_ids
+            text += chunk.text
+            if victim is None and len(tokens) >= 5:
+                victim = wait_for(lambda: busy_worker(cluster), timeout=5, interval=0.02, what="the busy worker")
+                cluster.kill("controlplane", signal.SIGKILL)
+                cluster.kill(victim, signal.SIGKILL)
+            if chunk.finished:
+                final = chunk.metrics
+        assert tuple(tokens) == reference.token_ids and text == reference.text
+        assert final.decode_worker != victim
+        # The survivor placed the rest (admitted there: it never saw the first placement) and got its end.
+        with Client(cluster.controlplane_endpoints["controlplane-1"], timeout=30) as survivor:
+            samples = scrape(survivor.stats().metrics_url)
+        assert metric_sum(samples, PLACEMENTS, **{OUTCOME: "finished"}) == 1
+        assert metric_sum(samples, "kvplane_admission_decisions_total", kvplane_admission_decision="admit") >= 1
