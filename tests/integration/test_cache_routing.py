@@ -121,15 +121,16 @@ def test_two_tenants_with_the_same_prompt_share_no_blocks():
 
 def test_agent_loop_steps_stay_on_the_prefix_holder():
     prompt = prompt_ids(seed=13, length=4 * BLOCK_SIZE + 5)
-    steps = []
+    steps, reasons = [], []
     with LocalCluster(num_prefill=0, num_decode=0, num_both=4) as cluster:
         with Client(cluster.endpoint, timeout=60) as client:
             for step in range(12):
                 result = client.generate(prompt, max_tokens=8, disagg="never", ignore_eos=True)
                 steps.append((result.metrics.decode_worker, len(prompt), result.metrics.cached_tokens))
+                reasons.append(result.metrics.route_reason)  # said on failure: why a step left (flaky under load once)
                 prompt = prompt + list(result.token_ids) + prompt_ids(seed=400 + step, length=8)
     workers = [w for w, _, _ in steps]
-    assert workers == [workers[0]] * len(steps), f"steps left the prefix holder: {workers}"
+    assert workers == [workers[0]] * len(steps), f"steps left the prefix holder: {workers}; route reasons: {reasons}"
     # Every later step reuses at least the full blocks of the step before it.
     for (_, previous_len, _), (_, _, cached) in zip(steps, steps[1:]):
         assert cached >= previous_len // BLOCK_SIZE * BLOCK_SIZE
