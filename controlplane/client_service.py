@@ -11,6 +11,11 @@ it failed. A decode worker that fails or stalls (relay.py's progress timeouts) b
 token is routed around; after tokens were sent the request migrates to another worker and the
 stream continues after them (core/failover.py); a stalled worker is taken out of routing.
 
+Lookaside mode (lookaside.py): Route with `lookaside` plans and charges a request like Generate
+(the same `_dispatch`) but hands the caller the agent request instead of relaying it; the
+caller's Reports release the charge and, for a failure, get the next placement from the same
+failover rules.
+
 Security (docs/security.md): the AuthInterceptor has admitted the caller before any handler runs
 (kvplane.security.auth.caller()). The cache salt of a request is derived from the caller's tenant
 (a client salt only narrows it), so Route, metrics and cache hits only ever see the caller's own
