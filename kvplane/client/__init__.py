@@ -12,10 +12,15 @@ call's timeout leaves room for the wait (a hint longer than the time left ends t
 the rejection at once, instead of a deadline error later). A stream is retried only before its
 first message; after tokens have arrived a failure goes to the caller.
 
+Lookaside mode (`lookaside=True` on generate/stream): the control plane places the request and
+the client streams it from the decode worker's agent, reporting back (`lookaside`); same
+results, same errors, and a failed worker moves the request as in relay mode.
+
 Layout: one core, two thin I/O shells. `request` builds requests (`RequestOptions`, checked once),
 `from_proto` turns answers into the dataclasses of `results`, `calls` describes each RPC and holds
-the deadline and retry rule, `core.ClientCore` turns method arguments into calls; `sync.Client`
-and `aio.AsyncClient` only run those calls over grpc and grpc.aio.
+the deadline and retry rule, `lookaside` holds a lookaside call's state, `core.ClientCore` turns
+method arguments into calls; `sync.Client` and `aio.AsyncClient` only run those calls over grpc
+and grpc.aio.
 """
 
 from __future__ import annotations
