@@ -122,7 +122,9 @@ def test_two_tenants_with_the_same_prompt_share_no_blocks():
 def test_agent_loop_steps_stay_on_the_prefix_holder():
     prompt = prompt_ids(seed=13, length=4 * BLOCK_SIZE + 5)
     steps, reasons = [], []
-    with LocalCluster(num_prefill=0, num_decode=0, num_both=4) as cluster:
+    # The subject is the load accounting: a holder whose load reports pause for 3 s on a loaded
+    # machine (the health filter's `--silent-after-s`) would leave routing for a reason of its own.
+    with LocalCluster(num_prefill=0, num_decode=0, num_both=4, controlplane_args=("--silent-after-s", "30")) as cluster:
         with Client(cluster.endpoint, timeout=60) as client:
             for step in range(12):
                 result = client.generate(prompt, max_tokens=8, disagg="never", ignore_eos=True)
