@@ -21,42 +21,17 @@ pytestmark = pytest.mark.cluster  # starts processes
 def test_burst_that_would_overload_decode_is_rejected_before_prefill(tmp_path):
     with LocalCluster(num_prefill=0, num_decode=0, num_both=1, log_dir=tmp_path) as cluster:
         with Client(cluster.endpoint, timeout=120) as client:
-            # The profile is a regression over timed steps: on a loaded 2-core machine one run can
-            # clamp the per-sequence decode cost to 0. This test needs a model that has one.
-            for _ in range(3):
-                profile = client.profile("both-0")
-                model = StepTimeModel(tuple(profile.coefficients), profile.num_samples, profile.mean_abs_pct_error)
-                per_sequence = model.decode_step_seconds(4, 0) - model.decode_step_seconds(3, 0)
-                if per_sequence > 0:
+            # The objective comes from a profile, a regression over timed steps on a loaded 2-core
+            # machine, while the planner predicts with the worker's live model (the profile refitted
+            # from the steps it runs since). When the two disagree so much that the live model
+            # puts a lone request past the objective, or a burst of 8 under it, the scenario's
+            # precondition does not hold: it is profiled again and replayed (three times at most).
+            for attempt in range(3):
+                outcome = _profiled_burst(client, seed=100 + 100 * attempt)
+                if outcome is not None:
                     break
-            assert per_sequence > 0, f"three profiles found no per-sequence decode cost: {profile}"
-            # An objective between the predicted step times of batches of 2 and 5 (context
-            # included): a few long requests fit, the rest would slow everyone past it.
-            context = 2 * (3 * BLOCK_SIZE + 100)
-            target_s = (model.decode_step_seconds(2, context) + model.decode_step_seconds(5, 2 * context)) / 2
-            client.set_config("objectives.*.interactive.tpot_ms", f"{target_s * 1000:.6f}")
-            client.set_config("objectives.*.interactive.ttft_ms", "60000")
-            client.set_config("admission.policy", "predictive")
-            # The profile reaches the planner with the worker's next load report: until then the
-            # worker has no latency model and predictive admission takes every request.
-            probe = prompt_ids(seed=99, length=BLOCK_SIZE)
-            wait_for(
-                lambda: client.generate(probe, max_tokens=1).metrics.predicted_tpot_ms > 0,
-                timeout=30,
-                what="the worker's latency model in the control plane",
-            )
-            wait_for(lambda: client.workers()[0].load.num_running == 0, timeout=10, what="an idle worker")
-
-            prompts = [prompt_ids(seed=100 + i, length=3 * BLOCK_SIZE) for i in range(8)]
-
-            def send(prompt):
-                try:
-                    return client.generate(prompt, max_tokens=200, ignore_eos=True)
-                except RejectedError as e:
-                    return e
-
-            with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
-                outcomes = list(pool.map(send, prompts))
+            assert outcome is not None, "three profiles disagreed with the live model too much to place the objective"
+            _, prompts, outcomes = outcome
             admitted = [p for p, o in zip(prompts, outcomes) if not isinstance(o, RejectedError)]
             rejected = [(p, o) for p, o in zip(prompts, outcomes) if isinstance(o, RejectedError)]
             assert 1 <= len(admitted) < len(prompts) and rejected
@@ -74,6 +49,54 @@ def test_burst_that_would_overload_decode_is_rejected_before_prefill(tmp_path):
                 what="admitted prompts in the index",
             )
             assert all(client.route(p, max_tokens=1).cached_tokens == 0 for p, _ in rejected)
+
+
+def _profiled_burst(client, seed: int):
+    """Profiles the worker, sets a TPOT objective between the profile's step times of batches of
+    2 and 5 (a few long requests fit, the rest would slow everyone past it) and sends 8 at once.
+    (target_ms, prompts, outcomes), or None when the live model's predictions fall outside the
+    profile's range (a lone probe rejected, or all 8 admitted under the objective)."""
+    client.set_config("admission.policy", "none")
+    # One run can clamp the per-sequence decode cost to 0: this needs a model that has one.
+    for _ in range(3):
+        profile = client.profile("both-0")
+        model = StepTimeModel(tuple(profile.coefficients), profile.num_samples, profile.mean_abs_pct_error)
+        per_sequence = model.decode_step_seconds(4, 0) - model.decode_step_seconds(3, 0)
+        if per_sequence > 0:
+            break
+    assert per_sequence > 0, f"three profiles found no per-sequence decode cost: {profile}"
+    context = 2 * (3 * BLOCK_SIZE + 100)
+    target_ms = (model.decode_step_seconds(2, context) + model.decode_step_seconds(5, 2 * context)) / 2 * 1000
+    client.set_config("objectives.*.interactive.tpot_ms", f"{target_ms:.6f}")
+    client.set_config("objectives.*.interactive.ttft_ms", "60000")
+    client.set_config("admission.policy", "predictive")
+    # The profile reaches the planner with the worker's next load report: until then the worker
+    # has no latency model and predictive admission takes every request.
+    probe = prompt_ids(seed=seed - 1, length=BLOCK_SIZE)
+
+    def predicted_or_rejected():
+        try:
+            return client.generate(probe, max_tokens=1).metrics.predicted_tpot_ms > 0
+        except RejectedError as e:
+            return e  # predicted, and already past the objective alone
+
+    arrived = wait_for(predicted_or_rejected, timeout=30, what="the worker's latency model in the control plane")
+    if isinstance(arrived, RejectedError):
+        return None
+    wait_for(lambda: client.workers()[0].load.num_running == 0, timeout=10, what="an idle worker")
+    prompts = [prompt_ids(seed=seed + i, length=3 * BLOCK_SIZE) for i in range(8)]
+
+    def send(prompt):
+        try:
+            return client.generate(prompt, max_tokens=200, ignore_eos=True)
+        except RejectedError as e:
+            return e
+
+    with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
+        outcomes = list(pool.map(send, prompts))
+    if not any(isinstance(o, RejectedError) for o in outcomes):
+        return None
+    return target_ms, prompts, outcomes
 
 
 def test_objective_changed_with_the_cli_applies_on_every_replica(etcd_factory, tmp_path):
