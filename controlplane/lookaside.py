@@ -19,7 +19,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from controlplane.core.planner import Plan
+from controlplane.observe import RequestObservation
 from kvplane.security.limits import clip
+from kvplane.v1 import client_pb2
 
 
 def new_placement_id() -> str:
@@ -33,13 +36,13 @@ class Placed:
     placement_id: str
     owner: str  # the identity that placed it (Identity.key); only it may report
     validated: Any  # client_service.Validated: the request as admitted
-    request: Any  # the caller's GenerateRequest (its sampling parameters)
+    request: client_pb2.GenerateRequest  # the caller's (its sampling parameters)
     started: float  # when the Route call arrived
-    observation: Any  # controlplane.observe.RequestObservation
+    observation: RequestObservation
     sent: list[int]  # tokens the caller had when this attempt was placed
     resumed_by_caller: bool  # the caller resumed it (its earlier tokens came from elsewhere)
     expires_at: float = 0.0
-    plan: Any = None  # the current attempt's Plan
+    plan: Plan | None = None  # the current attempt's
     dispatch_id: int = -1
     queued_s: float = 0.0
     num_attempts: int = 0

@@ -126,23 +126,20 @@ class Instruments:
 
     def observe_gauges(self, callbacks: dict[str, Callable[[], Iterable[tuple[float, dict]]]]) -> None:
         """Registers observable gauges: metric name -> callback returning (value, attributes) pairs."""
-        for name, fn in callbacks.items():
-            spec = SPEC_BY_NAME[name]
-
-            def callback(options, fn=fn):
-                return [otel_metrics.Observation(v, a) for v, a in fn()]
-
-            self._meter.create_observable_gauge(name, callbacks=[callback], unit=spec.unit, description=spec.description)
+        self._observe(callbacks, self._meter.create_observable_gauge)
 
     def observe_counters(self, callbacks: dict[str, Callable[[], Iterable[tuple[float, dict]]]]) -> None:
         """Registers observed counters: metric name -> callback returning (running total, attributes) pairs."""
+        self._observe(callbacks, self._meter.create_observable_counter)
+
+    def _observe(self, callbacks: dict[str, Callable[[], Iterable[tuple[float, dict]]]], create) -> None:
         for name, fn in callbacks.items():
             spec = SPEC_BY_NAME[name]
 
             def callback(options, fn=fn):
                 return [otel_metrics.Observation(v, a) for v, a in fn()]
 
-            self._meter.create_observable_counter(name, callbacks=[callback], unit=spec.unit, description=spec.description)
+            create(name, callbacks=[callback], unit=spec.unit, description=spec.description)
 
 
 _instruments: Instruments | None = None
