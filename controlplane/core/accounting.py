@@ -47,6 +47,9 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
+from controlplane.core.pool import WorkerTable
 from controlplane.core.views import WorkerLoadView, WorkerView
 from kvplane.types import WorkerId
 
@@ -202,6 +205,20 @@ class LoadLedger:
             num_free_blocks=max(load.num_free_blocks + load.num_used_blocks - used, 0),
         )
         return dataclasses.replace(view, load=adjusted, pending_blocks=view.pending_blocks + pending)
+
+    def corrections(self, table: WorkerTable, now: float) -> dict[int, WorkerView]:
+        """The rows of `table` that `adjust` changes at `now`, adjusted: the workers this ledger
+        has entries for and those whose report is stale (the others stand as reported)."""
+        row_of = table.row_of
+        rows = {row_of[w] for w in self._worker_to_entries if w in row_of}
+        rows.update(np.flatnonzero(now - table.reported_at - self.stale_report_s > 0).tolist())  # NaN (no time): never stale
+        out = {}
+        for row in rows:
+            view = table.views[row]
+            adjusted = self.adjust(view, now)
+            if adjusted is not view:
+                out[row] = adjusted
+        return out
 
     def num_entries(self, worker_id: WorkerId) -> int:
         """Requests the ledger still corrects `worker_id`'s reports for."""

@@ -11,12 +11,14 @@ decode workers with it. Parameters: CostConfig below, the single source of their
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from controlplane.core.index import OverlapScore
 from controlplane.core.params import check_numbers, param
+from controlplane.core.pool import WorkerPool
 from controlplane.core.routing import CandidateCost
 from controlplane.core.views import WorkerView
 from kvplane.types import Tier
@@ -104,14 +106,10 @@ def cheapest_uncached(config: CostConfig, workers: Sequence[WorkerView], limit: 
     the last of them; all of them when limit is 0. In their given order within equal cost."""
     if limit <= 0 or len(workers) <= limit:
         return list(workers)
-    scale = config.prefill_load_scale
-
-    def load_cost(w: WorkerView) -> float:
-        return scale * -(-w.load.num_queued_prefill_tokens // w.block_size) + w.load.num_used_blocks
-
-    costs = [load_cost(w) for w in workers]
-    cutoff = heapq.nsmallest(limit, costs)[-1]
-    return [w for w, c in zip(workers, costs) if c <= cutoff]
+    pool = WorkerPool.of(workers)
+    costs = config.prefill_load_scale * -(-pool.column("queued") // pool.column("block_size")) + pool.column("used")
+    cutoff = np.partition(costs, limit - 1)[limit - 1]
+    return list(pool.where_own(costs <= cutoff))
 
 
 def cached_prefix_tokens(num_matched_blocks: int, num_prompt_tokens: int, block_size: int) -> int:

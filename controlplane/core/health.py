@@ -23,7 +23,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+import numpy as np
+
 from controlplane.core.params import check_numbers, param
+from controlplane.core.pool import table_of
 from controlplane.core.views import ClusterView
 from kvplane.types import WorkerId
 
@@ -61,10 +64,17 @@ class WorkerHealth:
         self._failed_at.pop(worker_id, None)
 
     def excluded(self, cluster: ClusterView, now: float) -> Mapping[WorkerId, str]:
-        """Workers out of routing at `now`, each with the reason in words."""
+        """Workers out of routing at `now`, each with the reason in words. Only the workers that
+        stalled or failed a request, or whose reports stopped, are looked at one by one."""
+        table = table_of(cluster)
+        silent_after, store_ok_at = self.config.silent_after_s, cluster.store_ok_at
+        rows = {table.row_of[w] for w in (*self._stalled_until, *self._failed_at) if w in table.row_of}
+        if store_ok_at is not None:
+            reported_at = table.reported_at  # NaN (never reported): never silent
+            rows.update(np.flatnonzero((now - reported_at > silent_after) & (store_ok_at - reported_at > silent_after)).tolist())
         out: dict[WorkerId, str] = {}
-        silent_after = self.config.silent_after_s
-        for w in cluster.workers:
+        for row in sorted(rows):
+            w = table.views[row]
             until = self._stalled_until.get(w.worker_id)
             failed_at = self._failed_at.get(w.worker_id)
             if until is not None and now < until:
@@ -73,9 +83,9 @@ class WorkerHealth:
                 out[w.worker_id] = f"failed a request {now - failed_at:.1f} s ago and has not reported since"
             elif (
                 w.reported_at is not None
-                and cluster.store_ok_at is not None
+                and store_ok_at is not None
                 and now - w.reported_at > silent_after
-                and cluster.store_ok_at - w.reported_at > silent_after
+                and store_ok_at - w.reported_at > silent_after
             ):
                 out[w.worker_id] = f"no load report for {now - w.reported_at:.1f} s"
         return out

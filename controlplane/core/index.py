@@ -58,9 +58,12 @@ class OverlapScore:
     num_blocks: int
     # Those num_blocks split by the fastest tier each is held at; every Tier is a key.
     blocks_by_tier: Mapping[Tier, int]
+    # Of those, blocks only predicted there (being computed now, not yet in the index: predictions.py).
+    num_predicted: int = 0
 
 
 _TIER_SLOT = {tier: slot for slot, tier in enumerate(TIERS_FASTEST_FIRST)}
+_ANY = len(TIERS_FASTEST_FIRST)  # the slot of a block's mask of holders at any tier
 
 
 class CacheIndex:
@@ -74,7 +77,7 @@ class CacheIndex:
     __slots__ = ("_block_to_tier_masks", "_worker_to_tier_blocks", "_worker_to_seq", "_worker_to_bit", "_bit_to_worker", "_free_bits")
 
     def __init__(self) -> None:
-        # block -> [device mask, host mask, disk mask] of its holders (the lookup side).
+        # block -> [device mask, host mask, disk mask, any-tier mask] of its holders (the lookup side).
         self._block_to_tier_masks: dict[BlockHash, list[int]] = {}
         # worker -> tier -> blocks (the removal and counting side).
         self._worker_to_tier_blocks: dict[WorkerId, dict[Tier, set[BlockHash]]] = {}
@@ -151,24 +154,25 @@ class CacheIndex:
         length: dict[int, int] = {}  # bit -> matched blocks, set when the worker drops out
         slower: dict[int, list[int]] = {}  # bit -> [host, disk] blocks of its matched prefix
         position = 0
+        get = self._block_to_tier_masks.get
         for position, block_hash in enumerate(block_hashes):  # noqa: B007 - read after the loop
-            masks = self._block_to_tier_masks.get(block_hash)
-            held = (masks[0] | masks[1] | masks[2]) if masks else 0
-            if position == 0:
-                matching = held
-            elif matching & ~held:
-                for bit in _bits(matching & ~held):
+            masks = get(block_hash)
+            if masks is None:
+                break
+            kept = matching & masks[_ANY] if position else masks[_ANY]
+            if kept != matching and position:
+                for bit in set_bits(matching ^ kept):
                     length[bit] = position
-                matching &= held
+            matching = kept
             if not matching:
                 break
-            not_device = matching & ~masks[0]
-            if not_device:  # rare: most matched blocks sit on the device
-                for bit in _bits(not_device):
+            if masks[1] or masks[2]:  # rare: most blocks sit on the device only
+                not_device = matching & ~masks[0]
+                for bit in set_bits(not_device):
                     slower.setdefault(bit, [0, 0])[0 if masks[1] >> bit & 1 else 1] += 1
         else:
             position = len(block_hashes)
-        for bit in _bits(matching):
+        for bit in set_bits(matching):
             length[bit] = position
         # Workers with the same match share one (read-only) score: a hot prefix has a thousand.
         scores: dict[tuple[int, int, int], OverlapScore] = {}
@@ -195,7 +199,7 @@ class CacheIndex:
         """Whether the worker holds the block at any tier."""
         masks = self._block_to_tier_masks.get(block_hash)
         bit = self._worker_to_bit.get(worker_id)
-        return masks is not None and bit is not None and bool((masks[0] | masks[1] | masks[2]) >> bit & 1)
+        return masks is not None and bit is not None and bool(masks[_ANY] >> bit & 1)
 
     def fastest_tier(self, block_hash: BlockHash, worker_id: WorkerId) -> Tier | None:
         """The fastest tier at which the worker holds the block (None: it does not)."""
@@ -245,8 +249,10 @@ class CacheIndex:
         self._worker_to_tier_blocks[worker_id].setdefault(tier, set()).add(block_hash)
         masks = self._block_to_tier_masks.get(block_hash)
         if masks is None:
-            masks = self._block_to_tier_masks[block_hash] = [0, 0, 0]
-        masks[_TIER_SLOT[tier]] |= 1 << self._bit(worker_id)
+            masks = self._block_to_tier_masks[block_hash] = [0, 0, 0, 0]
+        bit = 1 << self._bit(worker_id)
+        masks[_TIER_SLOT[tier]] |= bit
+        masks[_ANY] |= bit
 
     def _discard(self, worker_id: WorkerId, block_hash: BlockHash, tier: Tier) -> None:
         # Removing a block the index never saw is normal after a compacted gap; ignore it.
@@ -256,7 +262,8 @@ class CacheIndex:
         if masks is None or bit is None:
             return
         masks[_TIER_SLOT[tier]] &= ~(1 << bit)
-        if not (masks[0] or masks[1] or masks[2]):
+        masks[_ANY] = masks[0] | masks[1] | masks[2]
+        if not masks[_ANY]:
             del self._block_to_tier_masks[block_hash]
 
     def _clear(self, worker_id: WorkerId) -> None:
@@ -269,7 +276,7 @@ class CacheIndex:
         tier_blocks.clear()
 
 
-def _bits(mask: int):
+def set_bits(mask: int):
     """The positions of the set bits of `mask`, lowest first."""
     while mask:
         low = mask & -mask

@@ -41,7 +41,9 @@ from controlplane.core.accounting import Charge, LoadLedger
 from controlplane.core.admission import admission_policy_names, check_admission_policy, make_admission_policy
 from controlplane.core.admission_base import AdmissionConfig, AdmissionPolicy, Admit, PlacementOption, Reject
 from controlplane.core.health import HealthConfig, WorkerHealth
+from controlplane.core.index import OverlapScore
 from controlplane.core.params import check_numbers, param
+from controlplane.core.pool import WorkerPool, table_of
 from controlplane.core.predictor import Calibration, LinkRate, Prediction, WorkerPerf, blocks_to_transfer, predict, tpot_recovery_s
 from controlplane.core.router import Router, RouterConfig
 from controlplane.core.routing import NoCandidateError, RouteDecision, RouteRequest
@@ -100,7 +102,7 @@ class Routed:
 
     request: RouteRequest
     decision: RouteDecision
-    candidates: tuple[WorkerView, ...]  # the decode candidates, loads corrected
+    candidates: Sequence[WorkerView]  # the decode candidates, loads corrected (a WorkerPool)
     options: Sequence[PlacementOption]  # the router's placement first, then by cost (LazyOptions)
     objective: Objective
     block_size: int
@@ -210,28 +212,30 @@ class Planner:
 
     def route(self, request: RouteRequest, cluster: ClusterView, settings: ClusterSettings, now: float) -> Routed:
         out = self.health.excluded(cluster, now)
-        views = [self.ledger.adjust(w, now) for w in cluster.workers if w.worker_id not in out]
+        table = table_of(cluster)
+        pool = table.with_loads(self.ledger.corrections(table, now)).pool(out)
         try:
-            decision = self.router.route(request, views, cluster.index, now)
+            decision = self.router.route(request, pool, cluster.index, now)
         except NoCandidateError as e:
             if not out or e.transient:
                 raise
             # Workers exist but are out for now: a retry later may find them back.
             why = "; ".join(f"{w}: {reason}" for w, reason in sorted(out.items()))
             raise type(e)(f"{e} (out of routing for now: {why})", transient=True) from None
-        by_id = {w.worker_id: w for w in views}
-        candidates = tuple(w for w in views if w.model == request.model and w.active and w.role.can_decode)
+        t = pool.table
+        candidates = pool.where((t.model_code == t.models.index(request.model)) & t.active & t.can_decode)
         objective = settings.objective(request.model, request.priority)
-        # The router already hashed the prompt; one index walk serves every option.
-        hashes = decision.block_hashes
-        held = {w: o.num_blocks for w, o in cluster.index.overlaps(hashes).items()} if hashes else {}
+        # The router already walked the index for the prompt; that walk serves every option.
+        held = decision.index_overlaps
         first = PlacementOption(decision.decode_worker, decision.prefill_worker or decision.decode_worker)
         others = [
             PlacementOption(w, first.prefill_worker if first.disaggregated and first.prefill_worker != w else w)
             for w in (c.worker_id for c in decision.candidates if c.worker_id != decision.decode_worker)
         ]
-        options = LazyOptions([first, *others], lambda o: self._predicted(request, o, by_id, held, objective, now))
-        return Routed(request, decision, candidates, options, objective, by_id[decision.decode_worker].block_size)
+        options = LazyOptions([first, *others], lambda o: self._predicted(request, o, pool, held, objective, now))
+        decode_view = pool.get(decision.decode_worker)
+        assert decode_view is not None
+        return Routed(request, decision, candidates, options, objective, decode_view.block_size)
 
     def place(self, request: RouteRequest, cluster: ClusterView, settings: ClusterSettings, now: float) -> Plan:
         """The router's placement without admission: for a request admitted already whose
@@ -296,19 +300,25 @@ class Planner:
         self,
         request: RouteRequest,
         option: PlacementOption,
-        by_id: Mapping[WorkerId, WorkerView],
-        held: Mapping[WorkerId, int],
+        pool: WorkerPool,
+        held: Mapping[WorkerId, OverlapScore],
         objective: Objective,
         now: float,
     ) -> PlacementOption:
-        """`option` with its latency prediction; `held`: leading prompt blocks each worker holds."""
-        decode_view, prefill_view = by_id[option.decode_worker], by_id[option.prefill_worker]
+        """`option` with its latency prediction; `held`: the prompt's cached prefix per worker."""
+        decode_view, prefill_view = pool.get(option.decode_worker), pool.get(option.prefill_worker)
+        assert decode_view is not None and prefill_view is not None  # options come from the pool
         decode, prefill = WorkerPerf.of(decode_view), WorkerPerf.of(prefill_view)
         prompt = len(request.prompt_token_ids)
-        prefill_cached = min(held.get(option.prefill_worker, 0), (prompt - 1) // decode.block_size) * decode.block_size
+
+        def num_held(worker_id: WorkerId) -> int:
+            score = held.get(worker_id)
+            return score.num_blocks if score is not None else 0
+
+        prefill_cached = min(num_held(option.prefill_worker), (prompt - 1) // decode.block_size) * decode.block_size
         transfer_bytes = 0
         if option.disaggregated:
-            num_blocks = blocks_to_transfer(prompt, decode.block_size, held.get(option.decode_worker, 0))
+            num_blocks = blocks_to_transfer(prompt, decode.block_size, num_held(option.decode_worker))
             transfer_bytes = num_blocks * decode_view.block_nbytes
         prediction = predict(
             prompt_tokens=prompt,

@@ -3,97 +3,184 @@
 Rule: when a request is routed, its prompt's block hashes are recorded as held on the chosen
 worker(s) for `ttl_s` seconds, so the next requests of a burst sharing a new prefix see it and
 land together instead of spreading while the first one is still prefilling (Dynamo's
-"approximate" KV-router mode keeps such entries with a TTL). A real stored event for a block
-replaces its prediction; an expired prediction is dropped. A lookup merges both per position:
-block i counts for a worker when the index holds it there (at its fastest tier) or it is
-predicted there (credited as device: the worker is computing it now).
+"approximate" KV-router mode keeps such entries with a TTL). A recorded prompt is dropped when
+it expires, or when the worker reports its last block stored (engines store a prompt's blocks in
+order, so the index then holds the whole prompt and the prediction has nothing left to add).
+
+A lookup merges both: a worker matches a prompt as far as its longest live recorded prompt
+shares blocks with it (credited as device: the worker is computing them now), then as far as the
+index holds the following blocks; when the index alone matches further, the index's match
+stands. The blocks past the index's own prefix are the ones being computed (`num_predicted`).
+
+Like the index, every block keeps a bitmask of the workers predicted to hold it, so a lookup is
+one integer AND per prompt block whatever the number of predicted workers (a hot prompt routed
+to hundreds of workers within the TTL), plus a few steps per predicted worker.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import heapq
+import itertools
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
-from controlplane.core.index import CacheIndex, OverlapScore
+from controlplane.core.index import CacheIndex, OverlapScore, set_bits
 from kvplane.types import BlockHash, Tier, WorkerId
 
 
+@dataclass(slots=True, eq=False)
+class _Record:
+    """One routed prompt on one worker."""
+
+    worker_id: WorkerId
+    bit: int
+    block_hashes: tuple[BlockHash, ...]
+    expiry: float
+    live: bool = True
+
+
 class PrefixPredictions:
-    __slots__ = ("ttl_s", "_worker_to_expiry", "_first_block_to_workers")
+    __slots__ = ("ttl_s", "_expiries", "_seq", "_worker_to_records", "_block_to_mask", "_refs", "_worker_to_bit", "_bit_to_worker", "_free_bits")
 
     def __init__(self, ttl_s: float) -> None:
         if ttl_s < 0:
             raise ValueError(f"prediction ttl_s must be >= 0, got {ttl_s}")
         self.ttl_s = ttl_s
-        self._worker_to_expiry: dict[WorkerId, dict[BlockHash, float]] = {}
-        # The first block of every recorded prompt -> the workers it was recorded on: a lookup
-        # visits only those (and the index's own holders), not every worker with predictions.
-        # Entries may be stale (expired, confirmed); a lookup checks the worker's table.
-        self._first_block_to_workers: dict[BlockHash, set[WorkerId]] = {}
+        self._expiries: list[tuple[float, int, _Record]] = []  # a heap: the next record to expire first
+        self._seq = itertools.count()  # ties in the heap: oldest first
+        # worker -> last block of a recorded prompt -> its live records (confirm finds them by it)
+        self._worker_to_records: dict[WorkerId, dict[BlockHash, list[_Record]]] = {}
+        self._block_to_mask: dict[BlockHash, int] = {}  # block -> bits of the workers with a live record of it
+        self._refs: dict[tuple[BlockHash, int], int] = {}  # (block, bit) -> live records of it there
+        self._worker_to_bit: dict[WorkerId, int] = {}
+        self._bit_to_worker: dict[int, WorkerId] = {}
+        self._free_bits: list[int] = []
+
+    # -- writes ----------------------------------------------------------------------------------
 
     def record(self, worker_id: WorkerId, block_hashes: Sequence[BlockHash], now: float) -> None:
+        """The prompt `block_hashes` (from its first block) was routed to `worker_id` at `now`."""
         if self.ttl_s == 0 or not block_hashes:
             return
-        table = self._worker_to_expiry.setdefault(worker_id, {})
-        for h in [h for h, expiry in table.items() if expiry <= now]:
-            del table[h]
-            self._unlink_first(h, worker_id)
-        expiry = now + self.ttl_s
-        for h in block_hashes:
-            table[h] = expiry
-        self._first_block_to_workers.setdefault(block_hashes[0], set()).add(worker_id)
-
-    def _unlink_first(self, block_hash: BlockHash, worker_id: WorkerId) -> None:
-        workers = self._first_block_to_workers.get(block_hash)
-        if workers is not None:
-            workers.discard(worker_id)
-            if not workers:
-                del self._first_block_to_workers[block_hash]
+        self._expire(now)
+        bit = self._worker_to_bit.get(worker_id)
+        if bit is None:
+            bit = self._free_bits.pop() if self._free_bits else len(self._worker_to_bit)
+            self._worker_to_bit[worker_id] = bit
+            self._bit_to_worker[bit] = worker_id
+        record = _Record(worker_id, bit, tuple(block_hashes), now + self.ttl_s)
+        heapq.heappush(self._expiries, (record.expiry, next(self._seq), record))
+        self._worker_to_records.setdefault(worker_id, {}).setdefault(record.block_hashes[-1], []).append(record)
+        mask, refs, flag = self._block_to_mask, self._refs, 1 << bit
+        for h in record.block_hashes:
+            n = refs.get((h, bit), 0)
+            refs[h, bit] = n + 1
+            if n == 0:
+                mask[h] = mask.get(h, 0) | flag
 
     def confirm(self, worker_id: WorkerId, block_hashes: Iterable[BlockHash]) -> None:
-        """Real stored events arrived: they replace the predictions."""
-        table = self._worker_to_expiry.get(worker_id)
-        if table:
-            for h in block_hashes:
-                if table.pop(h, None) is not None:
-                    self._unlink_first(h, worker_id)
+        """Real stored events arrived: a recorded prompt whose last block is among them is in the
+        index now, and its prediction is dropped."""
+        by_last = self._worker_to_records.get(worker_id)
+        if not by_last:
+            return
+        for h in block_hashes:
+            for record in list(by_last.get(h, ())):
+                self._drop(record)
 
     def forget_worker(self, worker_id: WorkerId) -> None:
-        for h in self._worker_to_expiry.pop(worker_id, {}):
-            self._unlink_first(h, worker_id)
+        for records in list(self._worker_to_records.get(worker_id, {}).values()):
+            for record in list(records):
+                self._drop(record)
 
-    def num_predicted_in(self, index: CacheIndex, worker_id: WorkerId, block_hashes: Sequence[BlockHash], now: float) -> int:
-        """How many of block_hashes are predicted on the worker and not yet reported there: blocks
-        being computed there now."""
-        table = self._worker_to_expiry.get(worker_id)
-        if not table:
-            return 0
-        return sum(1 for h in block_hashes if table.get(h, 0.0) > now and not index.holds(h, worker_id))
+    def num_records(self) -> int:
+        """Recorded prompts not yet dropped (expired ones are dropped when next looked at)."""
+        return sum(len(rs) for by_last in self._worker_to_records.values() for rs in by_last.values())
 
-    def overlaps(self, index: CacheIndex, block_hashes: Sequence[BlockHash], now: float) -> dict[WorkerId, OverlapScore]:
-        """index.overlaps(block_hashes), extended by live predictions. Only a worker holding or
-        predicted to hold block 0 can match (hashes are chained), so only those are walked."""
-        result = index.overlaps(block_hashes)
-        if not block_hashes or not self._worker_to_expiry:
-            return result
-        walk = set(self._first_block_to_workers.get(block_hashes[0], ()))
-        walk.update(w for w in result if w in self._worker_to_expiry)
-        for worker_id in sorted(walk):  # a fixed order: a simulation replays identically
-            table = self._worker_to_expiry.get(worker_id)
-            if not table:
-                continue
+    # -- reads -----------------------------------------------------------------------------------
+
+    def overlaps(
+        self, index: CacheIndex, block_hashes: Sequence[BlockHash], now: float, cached: Mapping[WorkerId, OverlapScore] | None = None
+    ) -> Mapping[WorkerId, OverlapScore]:
+        """index.overlaps(block_hashes) (`cached`, when the caller has it), extended by live
+        predictions (module docstring)."""
+        if cached is None:
+            cached = index.overlaps(block_hashes)
+        if not block_hashes or not self._block_to_mask:
+            return cached
+        self._expire(now)
+        predicted = self._predicted_prefixes(block_hashes)
+        if not predicted:
+            return cached
+        result = dict(cached)
+        for bit, num_predicted_prefix in sorted(predicted.items()):
+            worker_id = self._bit_to_worker[bit]
+            known = cached.get(worker_id)
+            num_indexed = known.num_blocks if known is not None else 0
+            if num_predicted_prefix <= num_indexed:
+                continue  # the index alone matches as far
             counts = {tier: 0 for tier in Tier}
-            num_blocks = 0
-            for h in block_hashes:
-                expiry = table.get(h)
-                if expiry is not None and expiry > now:
-                    counts[Tier.DEVICE] += 1
-                else:
-                    tier = index.fastest_tier(h, worker_id)
-                    if tier is None:
-                        break
-                    counts[tier] += 1
+            counts[Tier.DEVICE] = num_blocks = num_predicted_prefix
+            while num_blocks < len(block_hashes):  # then as far as the index holds the next blocks
+                tier = index.fastest_tier(block_hashes[num_blocks], worker_id)
+                if tier is None:
+                    break
+                counts[tier] += 1
                 num_blocks += 1
-            known = result.get(worker_id)
-            if num_blocks and (known is None or num_blocks > known.num_blocks):
-                result[worker_id] = OverlapScore(num_blocks=num_blocks, blocks_by_tier=counts)
+            result[worker_id] = OverlapScore(num_blocks, counts, num_predicted=num_predicted_prefix - num_indexed)
         return result
+
+    # -- internals -------------------------------------------------------------------------------
+
+    def _predicted_prefixes(self, block_hashes: Sequence[BlockHash]) -> dict[int, int]:
+        """bit -> how many leading blocks of `block_hashes` a live record there shares."""
+        get = self._block_to_mask.get
+        matching = get(block_hashes[0], 0)
+        if not matching:
+            return {}
+        length: dict[int, int] = {}
+        position = len(block_hashes)
+        for i in range(1, len(block_hashes)):
+            kept = matching & get(block_hashes[i], 0)
+            if kept != matching:
+                for bit in set_bits(matching ^ kept):
+                    length[bit] = i
+                matching = kept
+                if not matching:
+                    position = i
+                    break
+        for bit in set_bits(matching):
+            length[bit] = position
+        return length
+
+    def _expire(self, now: float) -> None:
+        expiries = self._expiries
+        while expiries and expiries[0][0] <= now:
+            self._drop(heapq.heappop(expiries)[2])
+
+    def _drop(self, record: _Record) -> None:
+        if not record.live:
+            return
+        record.live = False
+        bit, mask, refs = record.bit, self._block_to_mask, self._refs
+        for h in record.block_hashes:
+            n = refs[h, bit] - 1
+            if n:
+                refs[h, bit] = n
+                continue
+            del refs[h, bit]
+            remaining = mask[h] & ~(1 << bit)
+            if remaining:
+                mask[h] = remaining
+            else:
+                del mask[h]
+        by_last = self._worker_to_records[record.worker_id]
+        same_last = by_last[record.block_hashes[-1]]
+        same_last.remove(record)
+        if not same_last:
+            del by_last[record.block_hashes[-1]]
+        if not by_last:  # nothing recorded there any more: its bit is free
+            del self._worker_to_records[record.worker_id]
+            del self._worker_to_bit[record.worker_id], self._bit_to_worker[bit]
+            self._free_bits.append(bit)
+

@@ -38,6 +38,7 @@ from controlplane.core.cost import CostConfig, cheapest_uncached, overlap_cost
 from controlplane.core.index import CacheIndex, OverlapScore
 from controlplane.core.params import check_numbers, param, selector
 from controlplane.core.policies import check_params, default_params, make_routing_policy, params_types
+from controlplane.core.pool import WorkerPool
 from controlplane.core.routing import (
     CandidateCost,
     NoCandidateError,
@@ -116,12 +117,15 @@ class Router:
         if request.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {request.max_tokens}")
 
-        model_workers = _model_workers(request.model, workers)
+        pool = WorkerPool.of(workers)
+        table = pool.table
+        model_workers = _model_workers(request.model, pool)
         block_size = model_workers[0].block_size
         block_hashes = hash_blocks(request.prompt_token_ids, block_size, model_salt=request.model, tenant_salt=request.cache_salt)
-        worker_to_overlap = self.policy.overlaps(index, block_hashes, now)
+        cached = index.overlaps(block_hashes)  # the one walk of the index: policies and the planner share it
+        worker_to_overlap = self.policy.overlaps(index, block_hashes, now, cached)
         limit = self._config.max_uncached_candidates if self._config.temperature == 0 else 0  # a softmax draw needs every worker
-        ctx = RouteContext(request, num_prompt_tokens, block_size, block_hashes, worker_to_overlap, index, now, limit)
+        ctx = RouteContext(request, num_prompt_tokens, block_size, block_hashes, worker_to_overlap, index, now, limit, cached)
 
         def cost_of(worker: WorkerView) -> CandidateCost:
             return overlap_cost(self._config.cost, worker, num_prompt_tokens, worker_to_overlap.get(worker.worker_id))
@@ -129,26 +133,17 @@ class Router:
         decode_workers = _decode_candidates(request, model_workers)
         decode_costs = sorted(self.policy.costs(ctx, decode_workers), key=lambda c: (c.cost, c.worker_id))
         decode = self._pick(decode_costs, prefer=lambda c: 0)
-        by_id = {w.worker_id: w for w in decode_workers}
+        decode_view = decode_workers.get(decode.worker_id)
+        assert decode_view is not None  # a policy prices only the workers it is given
 
-        prefill_workers = [
-            w
-            for w in model_workers
-            if w.role.can_prefill
-            and w.active
-            and w.worker_id != decode.worker_id
-            and num_prompt_tokens <= w.max_context
-            and w.can_move_kv_with(by_id[decode.worker_id])
-        ]
+        prefill_workers = model_workers.where(
+            table.can_prefill & table.active & (table.max_context >= num_prompt_tokens) & table.kv_mask(decode_view)
+        ).without(decode.worker_id)
         prefill_worker, reason = self._place_prefill(request, decode, prefill_workers, cost_of, worker_to_overlap, limit)
         fetch = None
         if prefill_worker is None and request.disagg is not DisaggMode.NEVER:
-            sources = [
-                w
-                for w in model_workers
-                if w.active and w.worker_id != decode.worker_id and w.can_move_kv_with(by_id[decode.worker_id], cached_blocks=True)
-            ]
-            fetch = self.policy.fetch(ctx, by_id[decode.worker_id], decode, sources)
+            sources = model_workers.where(table.active & table.kv_mask(decode_view, cached_blocks=True)).without(decode.worker_id)
+            fetch = self.policy.fetch(ctx, decode_view, decode, sources)
         return RouteDecision(
             decode_worker=decode.worker_id,
             prefill_worker=prefill_worker,
@@ -160,13 +155,14 @@ class Router:
             fetch_from=fetch.worker_id if fetch else None,
             fetch_tokens=fetch.num_tokens if fetch else 0,
             block_hashes=tuple(block_hashes),
+            index_overlaps=cached,
         )
 
     def _place_prefill(
         self,
         request: RouteRequest,
         decode: CandidateCost,
-        prefill_workers: list[WorkerView],
+        prefill_workers: WorkerPool,
         cost_of: Callable[[WorkerView], CandidateCost],
         overlaps: Mapping[WorkerId, OverlapScore],
         max_uncached: int,
@@ -174,10 +170,9 @@ class Router:
         """(prefill worker or None for local prefill, the reason in one sentence). Prefill workers
         holding none of the prompt are priced only up to `max_uncached` with the least load."""
 
-        def pick(workers: list[WorkerView]) -> WorkerId:
-            holders = [w for w in workers if w.worker_id in overlaps]
-            others = cheapest_uncached(self._config.cost, [w for w in workers if w.worker_id not in overlaps], max_uncached)
-            return self._pick_prefill(holders + others, cost_of)
+        def pick(workers: WorkerPool) -> WorkerId:
+            holders, rest = workers.split(overlaps)
+            return self._pick_prefill(holders + cheapest_uncached(self._config.cost, rest, max_uncached), cost_of)
 
         if request.disagg is DisaggMode.NEVER:
             return None, "local prefill: disaggregation disabled for this request (never)"
@@ -196,7 +191,7 @@ class Router:
         if not prefill_workers:
             return None, (f"local prefill: {uncached} uncached tokens >= threshold {threshold} but no other active prefill worker")
         limit = self._config.max_prefill_queue_tokens
-        idle_workers = [w for w in prefill_workers if w.load.num_queued_prefill_tokens < limit]
+        idle_workers = prefill_workers.where(prefill_workers.table.queued < limit)
         if not idle_workers:
             return None, (
                 f"local prefill: {uncached} uncached tokens >= threshold {threshold} but all "
@@ -226,14 +221,16 @@ class Router:
         return self._rng.choice([c for c in tied if prefer(c) == best_rank])
 
 
-def _model_workers(model: str, workers: Sequence[WorkerView]) -> list[WorkerView]:
-    model_workers = [w for w in workers if w.model == model]
+def _model_workers(model: str, workers: WorkerPool) -> WorkerPool:
+    table = workers.table
+    model_workers = workers.where(table.model_code == table.models.index(model)) if model in table.models else WorkerPool(table, workers.rows[:0])
     if not model_workers:
         served = sorted({w.model for w in workers})
         known = f"registered workers serve {served}" if served else "no workers are registered"
         raise NoCandidateError(f"no worker serves model {model!r}; {known}")
-    block_sizes = sorted({w.block_size for w in model_workers})
-    if len(block_sizes) > 1:
+    block_sizes = model_workers.column("block_size")
+    if block_sizes.min() != block_sizes.max():
+        block_sizes = sorted(set(block_sizes.tolist()))
         raise NoCandidateError(
             f"workers of model {model!r} disagree on block_size {block_sizes}; they must share one "
             "block size so their block hashes match (fix the workers' engine configuration)"
@@ -241,19 +238,20 @@ def _model_workers(model: str, workers: Sequence[WorkerView]) -> list[WorkerView
     return model_workers
 
 
-def _decode_candidates(request: RouteRequest, model_workers: list[WorkerView]) -> list[WorkerView]:
-    decoders = [w for w in model_workers if w.role.can_decode]
+def _decode_candidates(request: RouteRequest, model_workers: WorkerPool) -> WorkerPool:
+    table = model_workers.table
+    decoders = model_workers.where(table.can_decode)
     if not decoders:
         raise NoCandidateError(
             f"no decode-capable worker for model {request.model!r} ({len(model_workers)} prefill-only workers registered)"
         )
-    active = [w for w in decoders if w.active]
+    active = decoders.where(table.active)
     if not active:
         raise NoCandidateError(f"all {len(decoders)} decode workers for model {request.model!r} are draining")
     num_needed = len(request.prompt_token_ids) + request.max_tokens
-    fitting = [w for w in active if num_needed <= w.max_context]
+    fitting = active.where(table.max_context >= num_needed)
     if not fitting:
-        largest = max(w.max_context for w in active)
+        largest = int(active.column("max_context").max())
         raise NoCandidateError(
             f"prompt of {len(request.prompt_token_ids)} tokens + max_tokens {request.max_tokens} = "
             f"{num_needed} exceeds max_context of every active decode worker for model "

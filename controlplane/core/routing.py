@@ -52,6 +52,8 @@ class RouteDecision:
     fetch_from: WorkerId | None = None
     fetch_tokens: int = 0  # cached tokens the fetch is expected to bring beyond the decode worker's own
     block_hashes: tuple[BlockHash, ...] = field(default=(), compare=False, repr=False)
+    # The cache index's own overlaps of the prompt (no predictions): what the blocks really are.
+    index_overlaps: Mapping[WorkerId, OverlapScore] = field(default_factory=dict, compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +70,8 @@ class RouteContext:
     # Policies that price by load may return, of the workers holding none of the prompt, only
     # this many cheapest (and any tied with the last): none of the others can win (RouterConfig).
     max_uncached_candidates: int = 0  # 0 = price every worker
+    # The cache index's own overlaps (what `overlaps` extends): blocks that exist now.
+    cached: Mapping[WorkerId, OverlapScore] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +107,11 @@ class RoutingPolicyParams(Protocol):
 class RoutingPolicy(Protocol):
     def costs(self, ctx: RouteContext, workers: Sequence[WorkerView]) -> list[CandidateCost]: ...
 
-    def overlaps(self, index: CacheIndex, block_hashes: Sequence[BlockHash], now: float) -> dict[WorkerId, OverlapScore]: ...
+    def overlaps(
+        self, index: CacheIndex, block_hashes: Sequence[BlockHash], now: float, cached: Mapping[WorkerId, OverlapScore]
+    ) -> Mapping[WorkerId, OverlapScore]:
+        """The overlaps the policy prices with; `cached` is index.overlaps(block_hashes)."""
+        ...
 
     def fetch(
         self, ctx: RouteContext, decode: WorkerView, decode_cost: CandidateCost, sources: Sequence[WorkerView]
@@ -119,8 +127,10 @@ class RoutingPolicy(Protocol):
 class PolicyHooks:
     """No-op defaults for the optional hooks."""
 
-    def overlaps(self, index: CacheIndex, block_hashes: Sequence[BlockHash], now: float) -> dict[WorkerId, OverlapScore]:
-        return index.overlaps(block_hashes)
+    def overlaps(
+        self, index: CacheIndex, block_hashes: Sequence[BlockHash], now: float, cached: Mapping[WorkerId, OverlapScore]
+    ) -> Mapping[WorkerId, OverlapScore]:
+        return cached
 
     def fetch(self, ctx: RouteContext, decode: WorkerView, decode_cost: CandidateCost, sources: Sequence[WorkerView]) -> FetchPlan | None:
         return None

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from controlplane.core.index import CacheIndex
 from kvplane.latency import StepTimeModel
@@ -57,14 +57,20 @@ class WorkerView:
     transports: tuple[str, ...] | None = None
 
     def can_move_kv_with(self, other: WorkerView, *, cached_blocks: bool = False) -> bool:
-        """Whether KV can move between the two workers (for a fetch of cached blocks: through a
-        kvplane transport; engine-native connectors carry only a remote prefill)."""
-        if self.transports is None or other.transports is None:
-            return True
-        common = set(self.transports) & set(other.transports)
-        if cached_blocks:
-            common = {t for t in common if not is_native_transport(t)}
-        return bool(common)
+        """Whether KV can move between the two workers (kv_can_move)."""
+        return kv_can_move(self.transports, other.transports, cached_blocks=cached_blocks)
+
+
+def kv_can_move(a: tuple[str, ...] | None, b: tuple[str, ...] | None, *, cached_blocks: bool = False) -> bool:
+    """Whether KV can move between workers serving transports `a` and `b` (None: not stated,
+    any): they share one; for a fetch of cached blocks, a kvplane transport (engine-native
+    connectors carry only a remote prefill)."""
+    if a is None or b is None:
+        return True
+    common = set(a) & set(b)
+    if cached_blocks:
+        common = {t for t in common if not is_native_transport(t)}
+    return bool(common)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,8 +82,11 @@ class ClusterView:
     # When the store last answered (monotonic s; None = unknown): a report missing while the
     # store works means the worker is silent, not that the store is down (core/health.py).
     store_ok_at: float | None = None
+    # The workers as columns (a pool.WorkerTable of exactly `workers`), when the builder keeps
+    # one up to date (controlplane/cluster_state.py); otherwise pool.table_of builds it once.
+    table: object | None = field(default=None, compare=False, repr=False)
 
     def without(self, worker_ids: Collection[str]) -> ClusterView:
         if not worker_ids:
             return self
-        return dataclasses.replace(self, workers=tuple(w for w in self.workers if w.worker_id not in worker_ids))
+        return dataclasses.replace(self, workers=tuple(w for w in self.workers if w.worker_id not in worker_ids), table=None)

@@ -80,22 +80,51 @@ def test_threshold_admission_predicts_only_the_placement_it_takes():
     assert [o.decode_worker for o in plan.options[1:3]] == [o.decode_worker for o in list(plan.options)[1:3]]
 
 
-def test_predicted_prefixes_are_found_through_their_first_block_and_forgotten():
+def test_predicted_prefixes_merge_with_the_index_expire_and_are_dropped_when_stored():
     index = CacheIndex()
     predictions = PrefixPredictions(ttl_s=5.0)
-    a = hash_blocks(list(range(40)), BLOCK_SIZE, model_salt=MODEL, tenant_salt="")
-    b = hash_blocks(list(range(100, 140)), BLOCK_SIZE, model_salt=MODEL, tenant_salt="")
+    bs = BLOCK_SIZE
+    a = hash_blocks(list(range(10 * bs)), bs, model_salt=MODEL, tenant_salt="")  # 10 blocks
+    other = hash_blocks(list(range(2 * bs)) + list(range(500, 500 + 8 * bs)), bs, model_salt=MODEL, tenant_salt="")  # a's first 2 blocks, then its own
+    b = hash_blocks(list(range(100, 100 + 10 * bs)), bs, model_salt=MODEL, tenant_salt="")
     predictions.record(WorkerId("p"), a, now=0.0)
     predictions.record(WorkerId("q"), b, now=0.0)
-    # w holds a's first 3 blocks for real and is predicted to hold the rest.
+    # w holds a's first 3 blocks for real (host) and was routed a: predicted blocks count as device.
     index.apply_batch(WorkerId("w"), 0, [StoredEvent(tuple(a[:3]), Tier.HOST)])
-    predictions.record(WorkerId("w"), a[3:], now=0.0)
+    predictions.record(WorkerId("w"), a, now=0.0)
+    # x holds 5 of a's blocks and was routed a prompt sharing only 2: the index's match stands.
+    index.apply_batch(WorkerId("x"), 0, [StoredEvent(tuple(a[:5]), Tier.DEVICE)])
+    predictions.record(WorkerId("x"), other, now=0.0)
+    # y was routed a's first 6 blocks and holds the next 2 for real: the match goes on through them.
+    index.apply_batch(WorkerId("y"), 0, [StoredEvent(tuple(a[6:8]), Tier.HOST)])
+    predictions.record(WorkerId("y"), a[:6], now=0.0)
+
     found = predictions.overlaps(index, a, now=1.0)
-    assert {w: o.num_blocks for w, o in found.items()} == {"p": len(a), "w": len(a)}
-    assert dict(found["w"].blocks_by_tier) == {Tier.DEVICE: len(a) - 3, Tier.HOST: 3, Tier.DISK: 0}
+    assert {w: o.num_blocks for w, o in found.items()} == {"p": 10, "w": 10, "x": 5, "y": 8}
+    assert dict(found["w"].blocks_by_tier) == {Tier.DEVICE: 10, Tier.HOST: 0, Tier.DISK: 0}
+    assert dict(found["y"].blocks_by_tier) == {Tier.DEVICE: 6, Tier.HOST: 2, Tier.DISK: 0}
+    # Being computed: the predicted blocks past the index's own prefix.
+    assert {w: o.num_predicted for w, o in found.items()} == {"p": 10, "w": 7, "x": 0, "y": 6}
+    assert found["x"] == index.overlaps(a)["x"]
     assert predictions.overlaps(index, a, now=6.0) == index.overlaps(a)  # expired
-    # Confirmed and forgotten predictions leave nothing behind in the first-block map.
-    predictions.confirm(WorkerId("p"), a)
-    predictions.forget_worker(WorkerId("q"))
-    predictions.forget_worker(WorkerId("w"))
-    assert predictions._first_block_to_workers == {}
+    assert predictions.num_records() == 0
+
+    # The worker reports the prompt's last block stored: the index has it all, the prediction goes.
+    predictions.record(WorkerId("p"), a, now=10.0)
+    predictions.record(WorkerId("p"), a[:4], now=10.0)
+    predictions.confirm(WorkerId("p"), a[-1:])
+    assert predictions.overlaps(index, a, now=11.0)["p"].num_blocks == 4  # the shorter prompt is still coming
+    predictions.forget_worker(WorkerId("p"))
+    assert predictions.overlaps(index, a, now=11.0) == index.overlaps(a)
+    assert predictions.num_records() == 0 and predictions._block_to_mask == {} and predictions._refs == {}
+
+
+def test_a_prompt_predicted_on_many_workers_is_found_on_every_one():
+    index = CacheIndex()
+    predictions = PrefixPredictions(ttl_s=5.0)
+    prompt = hash_blocks(list(range(4096)), BLOCK_SIZE, model_salt=MODEL, tenant_salt="")
+    workers = [WorkerId(f"w{i:03d}") for i in range(300)]
+    for i, w in enumerate(workers):
+        predictions.record(w, prompt[: 1 + i % len(prompt)], now=0.0)  # each a different length
+    found = predictions.overlaps(index, prompt, now=1.0)
+    assert {w: o.num_blocks for w, o in found.items()} == {w: 1 + i % len(prompt) for i, w in enumerate(workers)}

@@ -3,6 +3,8 @@ the three baselines. Fleet defaults (conftest): model "m", block size 4, 100-blo
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from controlplane.core.cost import CostConfig
@@ -69,17 +71,26 @@ def test_routed_prefix_is_predicted_until_ttl_and_replaced_by_events(index, work
         d = router.route(route_request(PROMPT_40 + [i]), workers, index, NOW)
         assert d.decode_worker == first.decode_worker and d.cached_tokens == 40
         router.record(d, NOW)
-    # Real events replace the prediction: after confirmation only the index speaks.
+    # Part of the prompt stored: the rest is still being computed, the prediction still speaks.
     hashes = hash_blocks(PROMPT_40, 4, "m")
     index.apply_batch(first.decode_worker, 0, [StoredEvent(tuple(hashes[:3]), Tier.HOST)])
     router.on_kv_stored(first.decode_worker, hashes[:3])
     d = router.route(route_request(PROMPT_40), workers, index, NOW)
     chosen = next(c for c in d.candidates if c.worker_id == first.decode_worker)
-    assert "10 matched blocks (credit 9.7)" in chosen.note  # 3 host blocks (0.9) + 7 predicted (1.0)
-    # 2.5 s later the predictions have expired; the 3 real host blocks remain.
-    d = router.route(route_request(PROMPT_40), workers, index, NOW + 2.5)
+    assert "10 matched blocks (credit 10)" in chosen.note
+    # Its last block stored: the index holds the prompt, and only the index speaks.
+    index.apply_batch(first.decode_worker, 1, [StoredEvent(tuple(hashes[3:]), Tier.HOST)])
+    router.on_kv_stored(first.decode_worker, hashes[3:])
+    d = router.route(route_request(PROMPT_40), workers, index, NOW)
     chosen = next(c for c in d.candidates if c.worker_id == first.decode_worker)
-    assert "3 matched blocks (credit 2.7)" in chosen.note
+    assert "10 matched blocks (credit 9)" in chosen.note  # 10 host blocks (0.9)
+    # Without the stored events, the predictions expire after the TTL.
+    other = workers[1] if first.decode_worker != "w2" else workers[2]
+    router.record(dataclasses.replace(first, decode_worker=other.worker_id), NOW)
+    d = router.route(route_request(PROMPT_40), workers, index, NOW + 1.0)
+    assert next(c for c in d.candidates if c.worker_id == other.worker_id).cached_tokens == 36
+    d = router.route(route_request(PROMPT_40), workers, index, NOW + 2.5)
+    assert next(c for c in d.candidates if c.worker_id == other.worker_id).cached_tokens == 0
 
 
 def test_route_queries_without_record_predict_nothing(index, worker_view, route_request):

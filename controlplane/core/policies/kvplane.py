@@ -20,13 +20,16 @@ Parameters: KvplaneParams below (the cost's own: cost.CostConfig).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
+
+import numpy as np
 
 from controlplane.core.cost import CostConfig, cheapest_uncached, overlap_cost
 from controlplane.core.index import CacheIndex, OverlapScore
 from controlplane.core.params import check_numbers, param
+from controlplane.core.pool import WorkerPool
 from controlplane.core.predictions import PrefixPredictions
 from controlplane.core.routing import CandidateCost, FetchPlan, PolicyHooks, RouteContext, RouteDecision
 from controlplane.core.views import WorkerView
@@ -79,15 +82,16 @@ class KvplanePolicy(PolicyHooks):
         self.predictions = PrefixPredictions(params.prediction_ttl_s)
 
     # -- scoring ---------------------------------------------------------------------------
-    def overlaps(self, index: CacheIndex, block_hashes: Sequence[BlockHash], now: float) -> dict[WorkerId, OverlapScore]:
-        return self.predictions.overlaps(index, block_hashes, now)
+    def overlaps(
+        self, index: CacheIndex, block_hashes: Sequence[BlockHash], now: float, cached: Mapping[WorkerId, OverlapScore]
+    ) -> Mapping[WorkerId, OverlapScore]:
+        return self.predictions.overlaps(index, block_hashes, now, cached)
 
     def costs(self, ctx: RouteContext, workers: Sequence[WorkerView]) -> list[CandidateCost]:
         """Every worker holding part of the prompt (real or predicted) priced in full; of the rest,
         which have no credit for the guard to shrink, the ctx.max_uncached_candidates cheapest."""
         held = ctx.overlaps
-        holders = [w for w in workers if w.worker_id in held]
-        others = [w for w in workers if w.worker_id not in held]
+        holders, others = WorkerPool.of(workers).split(held)
         out = [
             overlap_cost(self._cost, w, ctx.num_prompt_tokens, None)
             for w in cheapest_uncached(self._cost, others, ctx.max_uncached_candidates)
@@ -98,8 +102,8 @@ class KvplanePolicy(PolicyHooks):
         for w in holders:
             # Queued work that is computing this prompt's predicted blocks is shared, not added.
             # (Only a worker holding block 0 can hold a later block: hashes are chained.)
-            shared = self.predictions.num_predicted_in(ctx.index, w.worker_id, ctx.block_hashes, ctx.now)
-            out.append(overlap_cost(self._cost, w, ctx.num_prompt_tokens, held[w.worker_id], guard(w), shared))
+            overlap = held[w.worker_id]
+            out.append(overlap_cost(self._cost, w, ctx.num_prompt_tokens, overlap, guard(w), overlap.num_predicted))
         return out
 
     def _guard(self, workers: Sequence[WorkerView]) -> Callable[[WorkerView], float]:
@@ -108,9 +112,12 @@ class KvplanePolicy(PolicyHooks):
         n = len(workers)
         if c.guard_ratio == 0 or n < 2:
             return lambda w: 1.0
-        mean_tokens = sum(w.load.num_queued_prefill_tokens for w in workers) / n
-        mean_kv = sum(_kv_use(w) for w in workers) / n
-        mean_requests = sum(w.load.num_running + w.load.num_waiting for w in workers) / n
+        pool = WorkerPool.of(workers)
+        total = pool.column("total")
+        kv_use = np.divide(pool.column("used") + pool.column("pending"), total, out=np.zeros(n), where=total > 0)
+        mean_tokens = int(pool.column("queued").sum()) / n
+        mean_kv = float(np.cumsum(kv_use)[-1]) / n  # summed in order, as _kv_use values one by one would be
+        mean_requests = int(pool.column("requests").sum()) / n
 
         def factor(w: WorkerView) -> float:
             return min(
@@ -131,11 +138,12 @@ class KvplanePolicy(PolicyHooks):
         bs = ctx.block_size
         max_blocks = (ctx.num_prompt_tokens - 1) // bs
         own = decode_cost.cached_tokens // bs
-        real = ctx.index.overlaps(ctx.block_hashes)  # predicted blocks do not exist yet
+        real = ctx.cached  # predicted blocks do not exist yet
         best: tuple[int, WorkerId] | None = None
-        for w in sources:
-            overlap = real.get(w.worker_id)
-            if overlap is None or w.block_nbytes != decode.block_nbytes:
+        holders, _ = WorkerPool.of(sources).split(real)
+        for w in holders:
+            overlap = real[w.worker_id]
+            if w.block_nbytes != decode.block_nbytes:
                 continue
             # Only device blocks can be pinned for a pull without computing.
             num_device = min(overlap.blocks_by_tier.get(Tier.DEVICE, 0), max_blocks)

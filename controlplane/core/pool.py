@@ -1,0 +1,219 @@
+"""The fleet as columns: what routing filters and ranks workers by, one numpy row per worker.
+
+Routing a request looks at every worker (which serve the model, which are active, which hold
+the least load, the pool's mean load for the load guard), and a Python loop over a thousand
+worker objects costs tens of microseconds per pass; a planner made a dozen such passes per
+request. A `WorkerTable` holds the same numbers as arrays, built once per ClusterView
+(`ClusterView.table()`) and updated row by row where something changed (`with_loads` for the
+planner's load corrections, `replaced` for new reports), so a pass is a few array operations.
+
+A `WorkerPool` is a table and the rows in play (sorted, so a pool lists its workers in the
+table's order, as the lists it replaces did). It is a Sequence of WorkerViews: a policy that
+needs every worker's object may simply iterate it; the hot paths use its columns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterator, Mapping, Sequence
+
+import numpy as np
+
+from controlplane.core.views import ClusterView, WorkerView, kv_can_move
+from kvplane.types import WorkerId
+
+# Columns a load report or a load correction changes; the rest change only with the worker.
+_LOAD_COLUMNS = ("queued", "used", "total", "requests", "pending")
+
+
+def _load_row(w: WorkerView) -> tuple[int, int, int, int, int]:
+    load = w.load
+    return (
+        load.num_queued_prefill_tokens,
+        load.num_used_blocks,
+        load.num_total_blocks,
+        load.num_running + load.num_waiting,
+        w.pending_blocks,
+    )
+
+
+class WorkerTable:
+    """Columns of a fixed sequence of worker views; row i is views[i]. Read-only once built."""
+
+    __slots__ = (
+        "views", "row_of", "models", "transports",
+        "model_code", "transport_code", "block_size", "max_context", "active", "can_decode", "can_prefill", "reported_at",
+        "queued", "used", "total", "requests", "pending",
+    )  # fmt: skip
+
+    def __init__(self, views: Sequence[WorkerView]) -> None:
+        self.views: tuple[WorkerView, ...] = tuple(views)
+        self.row_of: dict[WorkerId, int] = {w.worker_id: i for i, w in enumerate(self.views)}
+        n = len(self.views)
+        models: dict[str, int] = {}
+        transports: dict[tuple[str, ...] | None, int] = {}
+        rows = [
+            (
+                models.setdefault(w.model, len(models)),
+                transports.setdefault(w.transports, len(transports)),
+                w.block_size, w.max_context, w.active, w.role.can_decode, w.role.can_prefill,
+            )
+            for w in self.views
+        ]  # fmt: skip
+        self.models = list(models)
+        self.transports = list(transports)
+        static = np.array(rows, np.int64).reshape(n, 7)
+        self.model_code = static[:, 0].astype(np.int32)
+        self.transport_code = static[:, 1].astype(np.int32)
+        self.block_size = np.ascontiguousarray(static[:, 2])
+        self.max_context = np.ascontiguousarray(static[:, 3])
+        self.active = static[:, 4].astype(bool)
+        self.can_decode = static[:, 5].astype(bool)
+        self.can_prefill = static[:, 6].astype(bool)
+        self.reported_at = np.array([np.nan if w.reported_at is None else w.reported_at for w in self.views], np.float64)
+        loads = np.array([_load_row(w) for w in self.views], np.int64).reshape(n, len(_LOAD_COLUMNS))
+        for j, name in enumerate(_LOAD_COLUMNS):
+            setattr(self, name, np.ascontiguousarray(loads[:, j]))
+
+    def _code(self, table: list, value) -> int:
+        try:
+            return table.index(value)
+        except ValueError:
+            table.append(value)
+            return len(table) - 1
+
+    def _set_worker(self, i: int, w: WorkerView) -> None:
+        self.model_code[i] = self._code(self.models, w.model)
+        self.transport_code[i] = self._code(self.transports, w.transports)
+        self.block_size[i] = w.block_size
+        self.max_context[i] = w.max_context
+        self.active[i] = w.active
+        self.can_decode[i] = w.role.can_decode
+        self.can_prefill[i] = w.role.can_prefill
+        self.reported_at[i] = np.nan if w.reported_at is None else w.reported_at
+
+    def _copy(self, columns: Collection[str]) -> WorkerTable:
+        """A shallow copy whose `columns` are copies (the others shared: they are not written)."""
+        t = object.__new__(WorkerTable)
+        for name in WorkerTable.__slots__:
+            value = getattr(self, name)
+            setattr(t, name, value.copy() if name in columns else value)
+        return t
+
+    def with_loads(self, rows: Mapping[int, WorkerView]) -> WorkerTable:
+        """This table with rows replaced by views of the same workers that differ only in load
+        (and pending blocks): the planner's corrections for what this replica routed."""
+        if not rows:
+            return self
+        t = self._copy(_LOAD_COLUMNS)
+        views = list(self.views)
+        for i, w in rows.items():
+            views[i] = w
+        t.views = tuple(views)
+        index = np.fromiter(rows, np.int64, len(rows))
+        loads = np.array([_load_row(w) for w in rows.values()], np.int64).reshape(len(rows), len(_LOAD_COLUMNS))
+        for j, name in enumerate(_LOAD_COLUMNS):
+            getattr(t, name)[index] = loads[:, j]
+        return t
+
+    def replaced(self, rows: Mapping[int, WorkerView]) -> WorkerTable:
+        """This table with rows replaced by new views of the same workers (a new report, a drain)."""
+        if not rows:
+            return self
+        t = self.with_loads(rows)
+        t = t._copy(("model_code", "transport_code", "block_size", "max_context", "active", "can_decode", "can_prefill", "reported_at"))
+        t.models, t.transports = list(self.models), list(self.transports)
+        for i, w in rows.items():
+            t._set_worker(i, w)
+        return t
+
+    def pool(self, excluded: Collection[WorkerId] = ()) -> WorkerPool:
+        """Every row but the `excluded` workers'."""
+        rows = np.arange(len(self.views), dtype=np.int64)
+        if excluded:
+            out = [self.row_of[w] for w in excluded if w in self.row_of]
+            rows = np.delete(rows, out)
+        return WorkerPool(self, rows)
+
+    def kv_mask(self, other: WorkerView, *, cached_blocks: bool = False) -> np.ndarray:
+        """Per row, whether KV can move between that worker and `other` (views.kv_can_move)."""
+        can = np.array([kv_can_move(t, other.transports, cached_blocks=cached_blocks) for t in self.transports], bool)
+        return can[self.transport_code]
+
+
+class WorkerPool(Sequence[WorkerView]):
+    """Some rows of a WorkerTable, in table order: the workers a routing step chooses among."""
+
+    __slots__ = ("table", "rows")
+
+    def __init__(self, table: WorkerTable, rows: np.ndarray) -> None:
+        self.table = table
+        self.rows = rows
+
+    @staticmethod
+    def of(workers: Sequence[WorkerView]) -> WorkerPool:
+        """`workers` as a pool (itself when it is one already)."""
+        if isinstance(workers, WorkerPool):
+            return workers
+        return WorkerTable(workers).pool()
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i):  # an int or a slice, as a list's
+        if isinstance(i, slice):
+            return [self.table.views[r] for r in self.rows[i].tolist()]
+        return self.table.views[int(self.rows[i])]
+
+    def __iter__(self) -> Iterator[WorkerView]:
+        views = self.table.views
+        return (views[r] for r in self.rows.tolist())
+
+    def column(self, name: str) -> np.ndarray:
+        """One column (a WorkerTable attribute) for this pool's rows."""
+        return getattr(self.table, name)[self.rows]
+
+    def where(self, mask: np.ndarray) -> WorkerPool:
+        """The rows of this pool where `mask` (one bool per TABLE row) holds."""
+        return WorkerPool(self.table, self.rows[mask[self.rows]])
+
+    def where_own(self, mask: np.ndarray) -> WorkerPool:
+        """The rows of this pool where `mask` (one bool per POOL row) holds."""
+        return WorkerPool(self.table, self.rows[mask])
+
+    def get(self, worker_id: WorkerId) -> WorkerView | None:
+        """The worker's view if it is in this pool."""
+        row = self.table.row_of.get(worker_id)
+        if row is None or not self._has(row):
+            return None
+        return self.table.views[row]
+
+    def _has(self, row: int) -> bool:
+        i = int(np.searchsorted(self.rows, row))
+        return i < len(self.rows) and int(self.rows[i]) == row
+
+    def split(self, worker_ids: Collection[WorkerId]) -> tuple[list[WorkerView], WorkerPool]:
+        """(this pool's workers among `worker_ids`, in pool order; the pool without them)."""
+        row_of = self.table.row_of
+        rows = [r for r in map(row_of.get, worker_ids) if r is not None]
+        if not rows:
+            return [], self
+        named = np.zeros(len(self.table.views), bool)
+        named[rows] = True
+        mine = named[self.rows]
+        views = self.table.views
+        return [views[r] for r in self.rows[mine].tolist()], WorkerPool(self.table, self.rows[~mine])
+
+    def without(self, worker_id: WorkerId) -> WorkerPool:
+        row = self.table.row_of.get(worker_id)
+        if row is None or not self._has(row):
+            return self
+        return WorkerPool(self.table, self.rows[self.rows != row])
+
+
+def table_of(cluster: ClusterView) -> WorkerTable:
+    """The cluster's workers as a table: the one its builder kept, else built now and kept."""
+    table = cluster.table
+    if not isinstance(table, WorkerTable):
+        table = WorkerTable(cluster.workers)
+        object.__setattr__(cluster, "table", table)  # a cache of `workers`, which are frozen
+    return table
