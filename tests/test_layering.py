@@ -3,9 +3,9 @@
 Floors, bottom up (a module may import its own floor and those below, never above):
 - shared (`kvplane.types`, `block_hash`, `latency`, `stats`, `sampling`, `chat`, `tickets`, `convert`, `errors`, `security`,
   `grpc_util`, `telemetry`, the `v1` stubs, `hardware`): imports only other shared modules;
-- `controlplane.core` (the plain-Python planner and its algorithms): the standard library and
-  `kvplane.types`, `kvplane.block_hash`, `kvplane.latency`, `kvplane.stats` only (no grpc,
-  store client or torch);
+- `controlplane.core` (the plain-Python planner and its algorithms): the standard library, numpy
+  (the fleet's columns, core/pool.py: arithmetic, no I/O) and `kvplane.types`, `kvplane.block_hash`,
+  `kvplane.latency`, `kvplane.stats` only (no grpc, store client or torch);
 - the planes: `controlplane` (its core and the shared floor) and `dataplane` (the shared floor);
   neither imports the other: they meet over gRPC;
 - the top floor (`kvplane.client`, `cli`, `bench`, `cluster`, `demo`, the package itself):
@@ -22,6 +22,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("kvplane", "controlplane", "dataplane")
+CORE_LIBRARIES = ("numpy",)  # third-party packages the core may use: computation only
 SHARED = tuple(
     f"kvplane.{m}"
     for m in (
@@ -129,7 +130,7 @@ def _third_party_in_core(modules: dict[str, Path]) -> set[str]:
                 if isinstance(node, ast.Import)
                 else ([node.module] if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 else [])
             )
-            out.update(f"{name}: {n}" for n in names if n.split(".")[0] not in (*sys.stdlib_module_names, *PACKAGES))
+            out.update(f"{name}: {n}" for n in names if n.split(".")[0] not in (*sys.stdlib_module_names, *PACKAGES, *CORE_LIBRARIES))
     return out
 
 
