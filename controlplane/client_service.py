@@ -784,7 +784,7 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
         except grpc.aio.AioRpcError as e:
             context.set_trailing_metadata(component_trailers(f"worker {worker_id}"))
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"{verb} {worker_id} failed: {e.details()}")
-        entry.state = reply.state
+        self._state.set_worker_state(WorkerId(worker_id), reply.state)
         return client_pb2.DrainWorkerResponse(worker_id=worker_id, state=reply.state)
 
 

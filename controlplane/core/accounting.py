@@ -84,7 +84,10 @@ class LoadLedger:
     """Per-request load corrections on top of workers' load reports. `now`: seconds on any
     monotonic clock, the same one for every call. Dispatch ids are the caller's (unique)."""
 
-    __slots__ = ("report_lag_s", "stale_report_s", "stale_half_life_s", "_worker_to_entries", "_dispatch_to_workers")
+    __slots__ = (
+        "report_lag_s", "stale_report_s", "stale_half_life_s", "_worker_to_entries", "_dispatch_to_workers", "_changes", "_worker_to_change",
+        "_adjusted",
+    )  # fmt: skip
 
     def __init__(self, report_lag_s: float = 0.1, stale_report_s: float = 1.0, stale_half_life_s: float = 1.0) -> None:
         if report_lag_s < 0 or stale_report_s < 0 or stale_half_life_s <= 0:
@@ -96,6 +99,11 @@ class LoadLedger:
         self.stale_half_life_s = stale_half_life_s
         self._worker_to_entries: dict[WorkerId, dict[int, _Entry]] = {}
         self._dispatch_to_workers: dict[int, list[WorkerId]] = {}
+        # Each change to a worker's entries gets a number; a corrected view is reused while
+        # neither the worker's view nor its entries changed (corrections()).
+        self._changes = 0
+        self._worker_to_change: dict[WorkerId, int] = {}
+        self._adjusted: dict[WorkerId, tuple[WorkerView, int, WorkerView]] = {}  # worker -> (view, change, corrected)
 
     # -- what happened ---------------------------------------------------------------------------
 
@@ -105,6 +113,7 @@ class LoadLedger:
         self._dispatch_to_workers[dispatch_id] = [c.worker_id for c in charges]
         for charge in charges:
             self._worker_to_entries.setdefault(charge.worker_id, {})[dispatch_id] = _Entry(charge, since=now)
+            self._changed(charge.worker_id)
 
     def prefill_ended(self, dispatch_id: int, now: float) -> None:
         """The request's first token is out: its prefill tokens leave the queues."""
@@ -121,6 +130,7 @@ class LoadLedger:
         entries = self._worker_to_entries.get(worker_id)
         if not entries:
             return
+        self._changed(worker_id)
         for dispatch_id, e in list(entries.items()):
             if sampled_at is not None:
                 recent = e.phase is not Phase.PREFILL and e.since > sampled_at
@@ -135,6 +145,8 @@ class LoadLedger:
     def forget_worker(self, worker_id: WorkerId) -> None:
         for dispatch_id in list(self._worker_to_entries.get(worker_id, {})):
             self._drop(worker_id, dispatch_id)
+        self._worker_to_change.pop(worker_id, None)
+        self._adjusted.pop(worker_id, None)
 
     # -- the corrected view ------------------------------------------------------------------------
 
@@ -208,15 +220,26 @@ class LoadLedger:
 
     def corrections(self, table: WorkerTable, now: float) -> dict[int, WorkerView]:
         """The rows of `table` that `adjust` changes at `now`, adjusted: the workers this ledger
-        has entries for and those whose report is stale (the others stand as reported)."""
-        row_of = table.row_of
-        rows = {row_of[w] for w in self._worker_to_entries if w in row_of}
-        rows.update(np.flatnonzero(now - table.reported_at - self.stale_report_s > 0).tolist())  # NaN (no time): never stale
+        has entries for and those whose report is stale (the others stand as reported). A fresh
+        report's correction does not depend on `now`: it is reused until the worker's view or
+        its entries change, so a request pays for the workers that changed since the last one."""
+        row_of, views = table.row_of, table.views
+        stale = set(np.flatnonzero(now - table.reported_at - self.stale_report_s > 0).tolist())  # NaN (no time): never stale
         out = {}
-        for row in rows:
-            view = table.views[row]
-            adjusted = self.adjust(view, now)
-            if adjusted is not view:
+        for worker_id in self._worker_to_entries:
+            row = row_of.get(worker_id)
+            if row is None or row in stale:
+                continue
+            view, change = views[row], self._worker_to_change[worker_id]
+            cached = self._adjusted.get(worker_id)
+            if cached is not None and cached[0] is view and cached[1] == change:
+                out[row] = cached[2]
+            else:
+                out[row] = self.adjust(view, now)
+                self._adjusted[worker_id] = (view, change, out[row])
+        for row in stale:
+            adjusted = self.adjust(views[row], now)
+            if adjusted is not views[row]:
                 out[row] = adjusted
         return out
 
@@ -235,15 +258,22 @@ class LoadLedger:
             if e is None or e.phase >= phase:
                 continue
             e.previous, e.phase, e.since = e.phase, phase, now
+            self._changed(worker_id)
             if phase is Phase.DONE and e.shown is None:
                 self._drop(worker_id, dispatch_id)  # no report ever showed it: nothing to undo
+
+    def _changed(self, worker_id: WorkerId) -> None:
+        self._changes += 1
+        self._worker_to_change[worker_id] = self._changes
 
     def _drop(self, worker_id: WorkerId, dispatch_id: int) -> None:
         entries = self._worker_to_entries.get(worker_id)
         if entries is not None:
+            self._changed(worker_id)
             entries.pop(dispatch_id, None)
             if not entries:
                 del self._worker_to_entries[worker_id]
+                self._adjusted.pop(worker_id, None)
         workers = self._dispatch_to_workers.get(dispatch_id)
         if workers is not None and all(self._entry(w, dispatch_id) is None for w in workers):
             del self._dispatch_to_workers[dispatch_id]

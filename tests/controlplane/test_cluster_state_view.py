@@ -42,8 +42,12 @@ def test_views_are_reused_until_a_report_a_state_change_or_a_departure_changes_t
             second = _views(state)
             assert second["b"] is first["b"]  # b did not change
 
-            state.workers["a"].state = common_pb2.WORKER_STATE_DRAINING  # what DrainWorker does
+            state.set_worker_state("a", common_pb2.WORKER_STATE_DRAINING)  # what DrainWorker does
             assert _views(state)["a"].active is False and second["a"].active is True
+            assert state.view() is state.view()  # nothing changed: the same view, columns and all
+            view = state.view()
+            assert view.table is not None and [w.worker_id for w in view.table.views] == [w.worker_id for w in view.workers]
+            assert list(view.table.active) == [w.active for w in view.workers]
 
             await store.delete(keys.worker_key("b"))
             await _settle(lambda: "b" not in _views(state), "b's departure")

@@ -1,0 +1,96 @@
+"""The fleet's columns (core/pool.py): they say what the views say, row updates leave the table
+they came from untouched, and the vectorised passes pick what a loop over the views picks."""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import random
+
+from controlplane.core.cost import CostConfig, cheapest_uncached
+from controlplane.core.index import CacheIndex
+from controlplane.core.pool import WorkerPool, WorkerTable, table_of
+from controlplane.core.views import ClusterView, WorkerLoadView, WorkerView
+from kvplane.types import Role, WorkerId
+
+
+def _fleet(n: int, seed: int = 0) -> list[WorkerView]:
+    rng = random.Random(seed)
+    return [
+        WorkerView(
+            worker_id=WorkerId(f"w{i:03d}"),
+            role=rng.choice(list(Role)),
+            model=rng.choice(["m", "n"]),
+            block_size=16,
+            active=rng.random() < 0.9,
+            load=WorkerLoadView(
+                num_running=rng.randrange(8),
+                num_waiting=rng.randrange(3),
+                num_queued_prefill_tokens=rng.choice([0, 16, 100, 4096]),
+                num_free_blocks=100,
+                num_used_blocks=rng.choice([0, 10, 50]),
+                num_total_blocks=rng.choice([0, 200]),
+            ),  # fmt: skip
+            max_context=rng.choice([1024, 8192]),
+            pending_blocks=rng.randrange(4),
+            reported_at=rng.choice([None, 10.0, 12.5]),
+            transports=rng.choice([None, ("nixl",), ("engine:vllm",)]),
+        )
+        for i in range(n)
+    ]
+
+
+def test_columns_say_what_the_views_say():
+    views = _fleet(60)
+    t = WorkerTable(views)
+    assert [t.models[c] for c in t.model_code] == [w.model for w in views]
+    assert list(t.active) == [w.active for w in views] and list(t.can_decode) == [w.role.can_decode for w in views]
+    assert list(t.queued) == [w.load.num_queued_prefill_tokens for w in views]
+    assert list(t.requests) == [w.load.num_running + w.load.num_waiting for w in views]
+    assert [None if r != r else r for r in t.reported_at.tolist()] == [w.reported_at for w in views]  # NaN: never reported
+    other = views[0]
+    assert list(t.kv_mask(other, cached_blocks=True)) == [w.can_move_kv_with(other, cached_blocks=True) for w in views]
+
+
+def test_row_updates_leave_the_original_table_untouched():
+    views = _fleet(20)
+    t = WorkerTable(views)
+    busier = dataclasses.replace(views[3], load=dataclasses.replace(views[3].load, num_queued_prefill_tokens=9999))
+    drained = dataclasses.replace(views[5], active=False, model="new-model")
+    loads = t.with_loads({3: busier})
+    changed = t.replaced({5: drained})
+    assert loads.queued[3] == 9999 and t.queued[3] == views[3].load.num_queued_prefill_tokens
+    assert loads.views[3] is busier and t.views[3] is views[3]
+    assert not changed.active[5] and changed.models[changed.model_code[5]] == "new-model"
+    assert t.active[5] == views[5].active and "new-model" not in t.models
+
+
+def test_a_pool_lists_its_workers_in_table_order_and_splits_by_id():
+    views = _fleet(30)
+    pool = WorkerTable(views).pool(excluded=[views[2].worker_id])
+    assert list(pool) == [w for w in views if w is not views[2]]
+    decoders = pool.where(pool.table.can_decode)
+    assert list(decoders) == [w for w in views if w is not views[2] and w.role.can_decode]
+    named = {views[9].worker_id, views[1].worker_id, views[2].worker_id, WorkerId("nobody")}
+    inside, rest = pool.split(named)
+    assert inside == [views[1], views[9]] and list(rest) == [w for w in views if w.worker_id not in named]
+    assert pool.get(views[2].worker_id) is None and pool.get(views[9].worker_id) is views[9]
+    assert list(pool.without(views[9].worker_id)) == [w for w in views if w not in (views[2], views[9])]
+
+
+def test_the_cheapest_uncached_are_the_ones_a_loop_over_the_views_finds():
+    config = CostConfig(prefill_load_scale=0.5)
+    for seed in range(20):
+        views = _fleet(80, seed)
+        limit = 1 + seed % 7
+        costs = [config.prefill_load_scale * -(-w.load.num_queued_prefill_tokens // w.block_size) + w.load.num_used_blocks for w in views]
+        cutoff = heapq.nsmallest(limit, costs)[-1]
+        expected = [w for w, c in zip(views, costs) if c <= cutoff]  # the limit cheapest and every tie
+        assert cheapest_uncached(config, views, limit) == expected
+        assert cheapest_uncached(config, WorkerPool.of(views), limit) == expected
+
+
+def test_a_cluster_view_builds_its_table_once():
+    view = ClusterView(tuple(_fleet(5)), CacheIndex())
+    assert table_of(view) is table_of(view)
+    assert view.without({"w001"}).table is None  # other workers: other columns
