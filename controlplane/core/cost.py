@@ -11,17 +11,17 @@ decode workers with it. Parameters: CostConfig below, the single source of their
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from controlplane.core.index import OverlapScore
 from controlplane.core.params import check_numbers, param
-from controlplane.core.pool import WorkerPool
+from controlplane.core.pool import WorkerPool, WorkerTable
 from controlplane.core.routing import CandidateCost
 from controlplane.core.views import WorkerView
-from kvplane.types import Tier
+from kvplane.types import Tier, WorkerId
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,41 +75,146 @@ class CostBreakdown:
         )
 
 
-def overlap_cost(
+class Priced(Sequence[CandidateCost]):
+    """Candidates priced together: one array per field (rows: their WorkerTable rows), and a
+    CandidateCost made only for the ones someone reads, so a thousand priced candidates cost
+    a few array operations, not a thousand objects."""
+
+    __slots__ = ("worker_ids", "rows", "cost", "cached_tokens", "prefill_tokens", "_detail")
+
+    def __init__(self, worker_ids, rows, cost, cached_tokens, prefill_tokens, detail: Callable[[int], object]) -> None:
+        self.worker_ids: list[WorkerId] = worker_ids
+        self.rows: np.ndarray = rows
+        self.cost: np.ndarray = cost
+        self.cached_tokens: np.ndarray = cached_tokens
+        self.prefill_tokens: np.ndarray = prefill_tokens
+        self._detail = detail
+
+    @staticmethod
+    def of(costs: Sequence[CandidateCost], table: WorkerTable) -> Priced:
+        """A policy's candidates (Priced already, or CandidateCost objects) as columns."""
+        if isinstance(costs, Priced):
+            return costs
+        costs = list(costs)
+        return Priced(
+            [c.worker_id for c in costs],
+            np.array([table.row_of[c.worker_id] for c in costs], np.int64),
+            np.array([c.cost for c in costs], np.float64),
+            np.array([c.cached_tokens for c in costs], np.int64),
+            np.array([c.prefill_tokens for c in costs], np.int64),
+            lambda i: costs[i].detail,
+        )
+
+    @staticmethod
+    def concat(parts: Sequence[Priced]) -> Priced:
+        parts = [p for p in parts if len(p)]
+        if len(parts) == 1:
+            return parts[0]
+        offsets = np.cumsum([0] + [len(p) for p in parts])
+
+        def detail(i: int) -> object:
+            k = int(np.searchsorted(offsets, i, side="right")) - 1
+            return parts[k]._detail(i - int(offsets[k]))
+
+        return Priced(
+            [w for p in parts for w in p.worker_ids],
+            np.concatenate([p.rows for p in parts]) if parts else np.empty(0, np.int64),
+            np.concatenate([p.cost for p in parts]) if parts else np.empty(0),
+            np.concatenate([p.cached_tokens for p in parts]) if parts else np.empty(0, np.int64),
+            np.concatenate([p.prefill_tokens for p in parts]) if parts else np.empty(0, np.int64),
+            detail,
+        )
+
+    def take(self, order: np.ndarray) -> Priced:
+        """These candidates in `order` (indices into this one)."""
+        ids = self.worker_ids
+        return Priced(
+            [ids[i] for i in order.tolist()],
+            self.rows[order],
+            self.cost[order],
+            self.cached_tokens[order],
+            self.prefill_tokens[order],
+            lambda i: self._detail(int(order[i])),
+        )
+
+    def ranked(self, table: WorkerTable) -> Priced:
+        """Cheapest first, equal costs in worker-id order (what a seeded draw among ties needs)."""
+        return self.take(np.lexsort((table.id_rank[self.rows], self.cost)))
+
+    def __len__(self) -> int:
+        return len(self.worker_ids)
+
+    def __getitem__(self, i):  # an int or a slice, as a list's
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        i = range(len(self))[i]
+        return CandidateCost(
+            self.worker_ids[i], float(self.cost[i]), int(self.cached_tokens[i]), int(self.prefill_tokens[i]), self._detail(i)
+        )
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and list(self) == list(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def price(
     config: CostConfig,
-    worker: WorkerView,
+    workers: WorkerPool,
     num_prompt_tokens: int,
-    overlap: OverlapScore | None,
-    credit_scale: float = 1.0,
-    queued_discount_blocks: int = 0,
-) -> CandidateCost:
-    """The cost of one candidate; credit_scale < 1 shrinks its cache credit (the load guard);
-    queued_discount_blocks leaves out queued prefill work that computes blocks this request reuses."""
-    block_size = worker.block_size
-    if overlap is None:
-        num_matched_blocks, credit = 0, 0.0
-    else:
-        num_matched_blocks = overlap.num_blocks
-        credit = sum(config.tier_weight(tier) * n for tier, n in overlap.blocks_by_tier.items() if n) * credit_scale
+    overlaps: Mapping[WorkerId, OverlapScore] | None = None,
+    credit_scale: np.ndarray | None = None,
+    discount_predicted: bool = False,
+) -> Priced:
+    """The cost of each worker of the pool (module docstring), in pool order. `overlaps`: the
+    prompt's cached prefix per worker (None: no worker holds any of it); credit_scale < 1 shrinks
+    a worker's cache credit (the load guard); discount_predicted leaves out the queued prefill
+    work that computes blocks this request reuses (its overlap's predicted blocks)."""
+    n = len(workers)
+    block_size, queued, used = workers.column("block_size"), workers.column("queued"), workers.column("used")
+    matched, credit, discount = np.zeros(n, np.int64), np.zeros(n), np.zeros(n, np.int64)
+    if overlaps is not None and n:
+        scores = [overlaps.get(w) for w in workers.worker_ids]
+        distinct: dict[int, tuple[int, OverlapScore | None]] = {}  # a hot prefix: a thousand workers, one score
+        codes = np.fromiter((distinct.setdefault(id(s), (len(distinct), s))[0] for s in scores), np.int64, n)
+        per = [s for _, s in distinct.values()]
+        matched = np.array([s.num_blocks if s else 0 for s in per], np.int64)[codes]
+        credit = np.array([_raw_credit(config, s) for s in per], np.float64)[codes]
+        if discount_predicted:
+            discount = np.array([s.num_predicted if s else 0 for s in per], np.int64)[codes]
+    scale = credit_scale if credit_scale is not None else np.ones(n)
+    if credit_scale is not None:
+        credit = credit * credit_scale
     num_prompt_blocks = -(-num_prompt_tokens // block_size)
-    num_queued_blocks = max(-(-worker.load.num_queued_prefill_tokens // block_size) - queued_discount_blocks, 0)
-    num_used_blocks = worker.load.num_used_blocks
-    cost = config.prefill_load_scale * max(num_queued_blocks + num_prompt_blocks - credit, 0.0) + num_used_blocks
-    cached_tokens = cached_prefix_tokens(num_matched_blocks, num_prompt_tokens, block_size)
-    breakdown = CostBreakdown(num_matched_blocks, credit, num_queued_blocks, num_prompt_blocks, num_used_blocks, credit_scale)
-    return CandidateCost(worker.worker_id, cost, cached_tokens, num_prompt_tokens - cached_tokens, breakdown)
+    num_queued_blocks = np.maximum(-(-queued // block_size) - discount, 0)
+    cost = config.prefill_load_scale * np.maximum(num_queued_blocks + num_prompt_blocks - credit, 0.0) + used
+    cached_tokens = np.minimum(matched, (num_prompt_tokens - 1) // block_size) * block_size
+
+    def detail(i: int) -> CostBreakdown:
+        return CostBreakdown(
+            int(matched[i]), float(credit[i]), int(num_queued_blocks[i]), int(num_prompt_blocks[i]), int(used[i]), float(scale[i])
+        )
+
+    return Priced(workers.worker_ids, workers.rows, cost, cached_tokens, num_prompt_tokens - cached_tokens, detail)
 
 
-def cheapest_uncached(config: CostConfig, workers: Sequence[WorkerView], limit: int) -> list[WorkerView]:
+def _raw_credit(config: CostConfig, overlap: OverlapScore | None) -> float:
+    """Credit before the load guard: the tier weight of each matched block, summed."""
+    if overlap is None:
+        return 0.0
+    return sum(config.tier_weight(tier) * n for tier, n in overlap.blocks_by_tier.items() if n)
+
+
+def cheapest_uncached(config: CostConfig, workers: Sequence[WorkerView], limit: int) -> WorkerPool:
     """Of workers that hold none of a prompt (cost = scale x (queued + prompt blocks) + used
     blocks, the prompt's share the same for all), the `limit` cheapest and every worker tied with
-    the last of them; all of them when limit is 0. In their given order within equal cost."""
-    if limit <= 0 or len(workers) <= limit:
-        return list(workers)
+    the last of them; all of them when limit is 0. In their given order."""
     pool = WorkerPool.of(workers)
+    if limit <= 0 or len(pool) <= limit:
+        return pool
     costs = config.prefill_load_scale * -(-pool.column("queued") // pool.column("block_size")) + pool.column("used")
     cutoff = np.partition(costs, limit - 1)[limit - 1]
-    return list(pool.where_own(costs <= cutoff))
+    return pool.where_own(costs <= cutoff)
 
 
 def cached_prefix_tokens(num_matched_blocks: int, num_prompt_tokens: int, block_size: int) -> int:

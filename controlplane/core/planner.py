@@ -46,7 +46,7 @@ from controlplane.core.params import check_numbers, param
 from controlplane.core.pool import WorkerPool, table_of
 from controlplane.core.predictor import Calibration, LinkRate, Prediction, WorkerPerf, blocks_to_transfer, predict, tpot_recovery_s
 from controlplane.core.router import Router, RouterConfig
-from controlplane.core.routing import NoCandidateError, RouteDecision, RouteRequest
+from controlplane.core.routing import CandidateCost, NoCandidateError, RouteDecision, RouteRequest
 from controlplane.core.settings import ClusterSettings
 from controlplane.core.views import ClusterView, WorkerView
 from kvplane.types import BlockHash, Objective, WorkerId
@@ -168,19 +168,24 @@ class Outcome:
 
 
 class LazyOptions(Sequence[PlacementOption]):
-    """Placement options predicted when first read, once: threshold admission reads none but the
-    chosen one and predictive admission stops at the first that meets the objectives, so a
-    thousand candidates cost a thousand predictions only when every one of them is needed."""
+    """Placement options made and predicted when first read, once: the router's own first, then
+    one per other decode candidate in its order, prefilling where the router's placement does.
+    Threshold admission reads none but the chosen one and predictive admission stops at the
+    first that meets the objectives, so a thousand candidates cost a thousand predictions (or
+    options) only when every one of them is needed."""
 
-    __slots__ = ("_placements", "_predict", "_predicted")
+    __slots__ = ("_first", "_others", "_predict", "_predicted")
 
-    def __init__(self, placements: Sequence[PlacementOption], predict: Callable[[PlacementOption], PlacementOption]) -> None:
-        self._placements = placements
+    def __init__(
+        self, first: PlacementOption, candidates: Sequence[WorkerId], predict: Callable[[PlacementOption], PlacementOption]
+    ) -> None:
+        self._first = first
+        self._others = [w for w in candidates if w != first.decode_worker]
         self._predict = predict
         self._predicted: dict[int, PlacementOption] = {}
 
     def __len__(self) -> int:
-        return len(self._placements)
+        return 1 + len(self._others)
 
     def __getitem__(self, i):  # an int or a slice, as a tuple's
         if isinstance(i, slice):
@@ -188,8 +193,21 @@ class LazyOptions(Sequence[PlacementOption]):
         j = range(len(self))[i]  # negative indices; IndexError past the end
         option = self._predicted.get(j)
         if option is None:
-            option = self._predicted[j] = self._predict(self._placements[j])
+            option = self._predicted[j] = self._predict(self._placement(j))
         return option
+
+    def _placement(self, j: int) -> PlacementOption:
+        first = self._first
+        if j == 0:
+            return first
+        w = self._others[j - 1]
+        return PlacementOption(w, first.prefill_worker if first.disaggregated and first.prefill_worker != w else w)
+
+
+def _ids(candidates: Sequence[CandidateCost]) -> list[WorkerId]:
+    """The candidates' worker ids, without making each candidate (cost.Priced keeps them as a list)."""
+    ids = getattr(candidates, "worker_ids", None)
+    return ids if ids is not None else [c.worker_id for c in candidates]
 
 
 class Planner:
@@ -228,11 +246,7 @@ class Planner:
         # The router already walked the index for the prompt; that walk serves every option.
         held = decision.index_overlaps
         first = PlacementOption(decision.decode_worker, decision.prefill_worker or decision.decode_worker)
-        others = [
-            PlacementOption(w, first.prefill_worker if first.disaggregated and first.prefill_worker != w else w)
-            for w in (c.worker_id for c in decision.candidates if c.worker_id != decision.decode_worker)
-        ]
-        options = LazyOptions([first, *others], lambda o: self._predicted(request, o, pool, held, objective, now))
+        options = LazyOptions(first, _ids(decision.candidates), lambda o: self._predicted(request, o, pool, held, objective, now))
         decode_view = pool.get(decision.decode_worker)
         assert decode_view is not None
         return Routed(request, decision, candidates, options, objective, decode_view.block_size)
@@ -276,7 +290,7 @@ class Planner:
         `kvplane route` shows)."""
         policy = self.admission_policy(settings)
         by_decode = {o.decode_worker: o for o in routed.options[1:]}
-        ranked = {c.worker_id for c in routed.decision.candidates}
+        ranked = set(_ids(routed.decision.candidates))
         return {
             w.worker_id: isinstance(
                 policy.decide(routed.request, [w], [by_decode.get(w.worker_id, routed.options[0])], routed.objective), Admit

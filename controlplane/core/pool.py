@@ -40,14 +40,18 @@ class WorkerTable:
     """Columns of a fixed sequence of worker views; row i is views[i]. Read-only once built."""
 
     __slots__ = (
-        "views", "row_of", "models", "transports",
+        "views", "worker_ids", "row_of", "id_rank", "models", "transports",
         "model_code", "transport_code", "block_size", "max_context", "active", "can_decode", "can_prefill", "reported_at",
         "queued", "used", "total", "requests", "pending",
     )  # fmt: skip
 
     def __init__(self, views: Sequence[WorkerView]) -> None:
         self.views: tuple[WorkerView, ...] = tuple(views)
-        self.row_of: dict[WorkerId, int] = {w.worker_id: i for i, w in enumerate(self.views)}
+        self.worker_ids: list[WorkerId] = [w.worker_id for w in self.views]
+        self.row_of: dict[WorkerId, int] = {w: i for i, w in enumerate(self.worker_ids)}
+        # Each row's place in worker-id order: ties in cost are broken by worker id.
+        self.id_rank = np.empty(len(self.views), np.int64)
+        self.id_rank[sorted(range(len(self.views)), key=self.worker_ids.__getitem__)] = np.arange(len(self.views))
         n = len(self.views)
         models: dict[str, int] = {}
         transports: dict[tuple[str, ...] | None, int] = {}
@@ -191,17 +195,25 @@ class WorkerPool(Sequence[WorkerView]):
         i = int(np.searchsorted(self.rows, row))
         return i < len(self.rows) and int(self.rows[i]) == row
 
-    def split(self, worker_ids: Collection[WorkerId]) -> tuple[list[WorkerView], WorkerPool]:
-        """(this pool's workers among `worker_ids`, in pool order; the pool without them)."""
+    def split(self, worker_ids: Collection[WorkerId]) -> tuple[WorkerPool, WorkerPool]:
+        """(this pool's workers among `worker_ids`; the others)."""
         row_of = self.table.row_of
         rows = [r for r in map(row_of.get, worker_ids) if r is not None]
         if not rows:
-            return [], self
+            return WorkerPool(self.table, self.rows[:0]), self
         named = np.zeros(len(self.table.views), bool)
         named[rows] = True
         mine = named[self.rows]
-        views = self.table.views
-        return [views[r] for r in self.rows[mine].tolist()], WorkerPool(self.table, self.rows[~mine])
+        return WorkerPool(self.table, self.rows[mine]), WorkerPool(self.table, self.rows[~mine])
+
+    def union(self, other: WorkerPool) -> WorkerPool:
+        """The workers of both pools (of one table), in table order."""
+        return WorkerPool(self.table, np.union1d(self.rows, other.rows))
+
+    @property
+    def worker_ids(self) -> list[WorkerId]:
+        ids = self.table.worker_ids
+        return [ids[r] for r in self.rows.tolist()]
 
     def without(self, worker_id: WorkerId) -> WorkerPool:
         row = self.table.row_of.get(worker_id)

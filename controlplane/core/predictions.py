@@ -40,7 +40,17 @@ class _Record:
 
 
 class PrefixPredictions:
-    __slots__ = ("ttl_s", "_expiries", "_seq", "_worker_to_records", "_block_to_mask", "_refs", "_worker_to_bit", "_bit_to_worker", "_free_bits")
+    __slots__ = (
+        "ttl_s",
+        "_expiries",
+        "_seq",
+        "_worker_to_records",
+        "_block_to_mask",
+        "_refs",
+        "_worker_to_bit",
+        "_bit_to_worker",
+        "_free_bits",
+    )
 
     def __init__(self, ttl_s: float) -> None:
         if ttl_s < 0:
@@ -183,4 +193,3 @@ class PrefixPredictions:
             del self._worker_to_records[record.worker_id]
             del self._worker_to_bit[record.worker_id], self._bit_to_worker[bit]
             self._free_bits.append(bit)
-

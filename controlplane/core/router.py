@@ -31,10 +31,12 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from controlplane.core.cost import CostConfig, cheapest_uncached, overlap_cost
+import numpy as np
+
+from controlplane.core.cost import CostConfig, Priced, cheapest_uncached, price
 from controlplane.core.index import CacheIndex, OverlapScore
 from controlplane.core.params import check_numbers, param, selector
 from controlplane.core.policies import check_params, default_params, make_routing_policy, params_types
@@ -50,7 +52,7 @@ from controlplane.core.routing import (
 )
 from controlplane.core.views import WorkerView
 from kvplane.block_hash import hash_blocks
-from kvplane.types import BlockHash, DisaggMode, Role, WorkerId
+from kvplane.types import BlockHash, DisaggMode, WorkerId
 
 # Costs closer than this are a tie: tier weights are fractions, and float sums of the same
 # credit in a different order must not decide the route.
@@ -127,19 +129,16 @@ class Router:
         limit = self._config.max_uncached_candidates if self._config.temperature == 0 else 0  # a softmax draw needs every worker
         ctx = RouteContext(request, num_prompt_tokens, block_size, block_hashes, worker_to_overlap, index, now, limit, cached)
 
-        def cost_of(worker: WorkerView) -> CandidateCost:
-            return overlap_cost(self._config.cost, worker, num_prompt_tokens, worker_to_overlap.get(worker.worker_id))
-
         decode_workers = _decode_candidates(request, model_workers)
-        decode_costs = sorted(self.policy.costs(ctx, decode_workers), key=lambda c: (c.cost, c.worker_id))
-        decode = self._pick(decode_costs, prefer=lambda c: 0)
+        decode_costs = Priced.of(self.policy.costs(ctx, decode_workers), table).ranked(table)
+        decode = self._pick(decode_costs)
         decode_view = decode_workers.get(decode.worker_id)
         assert decode_view is not None  # a policy prices only the workers it is given
 
         prefill_workers = model_workers.where(
             table.can_prefill & table.active & (table.max_context >= num_prompt_tokens) & table.kv_mask(decode_view)
         ).without(decode.worker_id)
-        prefill_worker, reason = self._place_prefill(request, decode, prefill_workers, cost_of, worker_to_overlap, limit)
+        prefill_worker, reason = self._place_prefill(request, decode, prefill_workers, worker_to_overlap, limit)
         fetch = None
         if prefill_worker is None and request.disagg is not DisaggMode.NEVER:
             sources = model_workers.where(table.active & table.kv_mask(decode_view, cached_blocks=True)).without(decode.worker_id)
@@ -151,7 +150,7 @@ class Router:
             reason=fetch.reason if fetch else reason,
             prompt_tokens=num_prompt_tokens,
             cached_tokens=decode.cached_tokens,
-            candidates=tuple(decode_costs),
+            candidates=decode_costs,
             fetch_from=fetch.worker_id if fetch else None,
             fetch_tokens=fetch.num_tokens if fetch else 0,
             block_hashes=tuple(block_hashes),
@@ -163,7 +162,6 @@ class Router:
         request: RouteRequest,
         decode: CandidateCost,
         prefill_workers: WorkerPool,
-        cost_of: Callable[[WorkerView], CandidateCost],
         overlaps: Mapping[WorkerId, OverlapScore],
         max_uncached: int,
     ) -> tuple[WorkerId | None, str]:
@@ -172,7 +170,11 @@ class Router:
 
         def pick(workers: WorkerPool) -> WorkerId:
             holders, rest = workers.split(overlaps)
-            return self._pick_prefill(holders + cheapest_uncached(self._config.cost, rest, max_uncached), cost_of)
+            candidates = holders.union(cheapest_uncached(self._config.cost, rest, max_uncached))
+            costs = price(self._config.cost, candidates, len(request.prompt_token_ids), overlaps).ranked(candidates.table)
+            # A dedicated prefill worker before a mixed one at equal cost: prefill on a BOTH worker
+            # stalls the decodes it runs (of prefill-capable workers, PREFILL is the one that cannot decode).
+            return self._pick(costs, prefer=candidates.table.can_decode[costs.rows].astype(np.int64)).worker_id
 
         if request.disagg is DisaggMode.NEVER:
             return None, "local prefill: disaggregation disabled for this request (never)"
@@ -199,31 +201,28 @@ class Router:
             )
         return pick(idle_workers), f"remote prefill: {uncached} uncached tokens >= threshold {threshold}"
 
-    def _pick_prefill(self, prefill_workers: list[WorkerView], cost_of: Callable[[WorkerView], CandidateCost]) -> WorkerId:
-        id_to_role = {w.worker_id: w.role for w in prefill_workers}
-        costs = sorted((cost_of(w) for w in prefill_workers), key=lambda c: (c.cost, c.worker_id))
-        # A dedicated prefill worker before a mixed one at equal cost: prefill on a BOTH worker
-        # stalls the decodes it runs.
-        return self._pick(costs, prefer=lambda c: 0 if id_to_role[c.worker_id] is Role.PREFILL else 1).worker_id
-
-    def _pick(self, costs: list[CandidateCost], prefer: Callable[[CandidateCost], int]) -> CandidateCost:
+    def _pick(self, costs: Priced, prefer: np.ndarray | None = None) -> CandidateCost:
         """Argmin (ties: lowest `prefer`, then the rng) or, with temperature, a softmax draw.
 
-        `costs` must be sorted by worker id within equal cost so a seeded rng is reproducible.
+        `costs` must be ranked (by cost, then worker id) so that a seeded rng is reproducible.
         """
         if self._config.temperature > 0:
-            lowest = min(c.cost for c in costs)
-            weights = [math.exp(-(c.cost - lowest) / self._config.temperature) for c in costs]
-            return self._rng.choices(costs, weights=weights)[0]
-        lowest = costs[0].cost
-        tied = [c for c in costs if c.cost - lowest <= _COST_TIE_EPSILON]
-        best_rank = min(prefer(c) for c in tied)
-        return self._rng.choice([c for c in tied if prefer(c) == best_rank])
+            listed = list(costs)
+            lowest = min(c.cost for c in listed)
+            weights = [math.exp(-(c.cost - lowest) / self._config.temperature) for c in listed]
+            return self._rng.choices(listed, weights=weights)[0]
+        tied = np.flatnonzero(costs.cost - costs.cost[0] <= _COST_TIE_EPSILON)
+        if prefer is not None:
+            ranks = prefer[tied]
+            tied = tied[ranks == ranks.min()]
+        return costs[int(self._rng.choice(tied.tolist()))]
 
 
 def _model_workers(model: str, workers: WorkerPool) -> WorkerPool:
     table = workers.table
-    model_workers = workers.where(table.model_code == table.models.index(model)) if model in table.models else WorkerPool(table, workers.rows[:0])
+    model_workers = (
+        workers.where(table.model_code == table.models.index(model)) if model in table.models else WorkerPool(table, workers.rows[:0])
+    )
     if not model_workers:
         served = sorted({w.model for w in workers})
         known = f"registered workers serve {served}" if served else "no workers are registered"

@@ -47,7 +47,7 @@ class RouteDecision:
     reason: str
     prompt_tokens: int
     cached_tokens: int  # on the decode worker
-    candidates: tuple[CandidateCost, ...]  # decode candidates, cheapest first
+    candidates: Sequence[CandidateCost]  # decode candidates, cheapest first (cost.Priced: made when read)
     # Fetch instead of recompute: the decode worker pulls this worker's cached prefix blocks.
     fetch_from: WorkerId | None = None
     fetch_tokens: int = 0  # cached tokens the fetch is expected to bring beyond the decode worker's own

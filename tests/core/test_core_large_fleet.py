@@ -85,7 +85,9 @@ def test_predicted_prefixes_merge_with_the_index_expire_and_are_dropped_when_sto
     predictions = PrefixPredictions(ttl_s=5.0)
     bs = BLOCK_SIZE
     a = hash_blocks(list(range(10 * bs)), bs, model_salt=MODEL, tenant_salt="")  # 10 blocks
-    other = hash_blocks(list(range(2 * bs)) + list(range(500, 500 + 8 * bs)), bs, model_salt=MODEL, tenant_salt="")  # a's first 2 blocks, then its own
+    other = hash_blocks(
+        list(range(2 * bs)) + list(range(500, 500 + 8 * bs)), bs, model_salt=MODEL, tenant_salt=""
+    )  # a's first 2 blocks, then its own
     b = hash_blocks(list(range(100, 100 + 10 * bs)), bs, model_salt=MODEL, tenant_salt="")
     predictions.record(WorkerId("p"), a, now=0.0)
     predictions.record(WorkerId("q"), b, now=0.0)

@@ -7,7 +7,9 @@ import dataclasses
 import heapq
 import random
 
-from controlplane.core.cost import CostConfig, cheapest_uncached
+import numpy as np
+
+from controlplane.core.cost import CostConfig, Priced, cheapest_uncached
 from controlplane.core.index import CacheIndex
 from controlplane.core.pool import WorkerPool, WorkerTable, table_of
 from controlplane.core.views import ClusterView, WorkerLoadView, WorkerView
@@ -73,7 +75,7 @@ def test_a_pool_lists_its_workers_in_table_order_and_splits_by_id():
     assert list(decoders) == [w for w in views if w is not views[2] and w.role.can_decode]
     named = {views[9].worker_id, views[1].worker_id, views[2].worker_id, WorkerId("nobody")}
     inside, rest = pool.split(named)
-    assert inside == [views[1], views[9]] and list(rest) == [w for w in views if w.worker_id not in named]
+    assert list(inside) == [views[1], views[9]] and list(rest) == [w for w in views if w.worker_id not in named]
     assert pool.get(views[2].worker_id) is None and pool.get(views[9].worker_id) is views[9]
     assert list(pool.without(views[9].worker_id)) == [w for w in views if w not in (views[2], views[9])]
 
@@ -86,11 +88,30 @@ def test_the_cheapest_uncached_are_the_ones_a_loop_over_the_views_finds():
         costs = [config.prefill_load_scale * -(-w.load.num_queued_prefill_tokens // w.block_size) + w.load.num_used_blocks for w in views]
         cutoff = heapq.nsmallest(limit, costs)[-1]
         expected = [w for w, c in zip(views, costs) if c <= cutoff]  # the limit cheapest and every tie
-        assert cheapest_uncached(config, views, limit) == expected
-        assert cheapest_uncached(config, WorkerPool.of(views), limit) == expected
+        assert list(cheapest_uncached(config, views, limit)) == expected
+        assert list(cheapest_uncached(config, WorkerPool.of(views), limit)) == expected
 
 
 def test_a_cluster_view_builds_its_table_once():
     view = ClusterView(tuple(_fleet(5)), CacheIndex())
     assert table_of(view) is table_of(view)
     assert view.without({"w001"}).table is None  # other workers: other columns
+
+
+def test_priced_candidates_rank_cheapest_first_ties_by_worker_id_and_are_made_when_read():
+    views = _fleet(6)
+    table = WorkerTable(views)
+    made = []
+    priced = Priced(
+        [w.worker_id for w in views][::-1],
+        np.arange(6, dtype=np.int64)[::-1].copy(),
+        np.array([3.0, 1.0, 2.0, 1.0, 0.5, 1.0]),
+        np.zeros(6, np.int64),
+        np.full(6, 10, np.int64),
+        lambda i: made.append(i) or f"candidate {i}",
+    )
+    ranked = priced.ranked(table)
+    assert made == []
+    assert ranked.worker_ids == ["w001", "w000", "w002", "w004", "w003", "w005"]  # 0.5, then the three 1.0 by id, 2.0, 3.0
+    first = ranked[0]
+    assert first.cost == 0.5 and first.note == "candidate 4" and made == [4]

@@ -1,7 +1,7 @@
 """Policy `kvplane`: Dynamo's cost with tier-weighted cache credit, a load guard, predicted
 prefixes, and fetch instead of recompute.
 
-- Cost (cost.overlap_cost): prefill_load_scale x max(queued + prompt blocks - credit, 0)
+- Cost (cost.price): prefill_load_scale x max(queued + prompt blocks - credit, 0)
   + used blocks, credit = sum over the matched prefix of the tier weight of each block.
 - Load guard: for each signal s of a candidate (queued prefill tokens incl. just-routed work, KV
   use = (used + pending) / total blocks, running + waiting requests), allowed_s = guard_ratio x mean_s over
@@ -20,13 +20,13 @@ Parameters: KvplaneParams below (the cost's own: cost.CostConfig).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
 
-from controlplane.core.cost import CostConfig, cheapest_uncached, overlap_cost
+from controlplane.core.cost import CostConfig, Priced, cheapest_uncached, price
 from controlplane.core.index import CacheIndex, OverlapScore
 from controlplane.core.params import check_numbers, param
 from controlplane.core.pool import WorkerPool
@@ -62,17 +62,25 @@ class KvplaneParams:
         )
 
 
-def guard_factor(value: float, mean: float, ratio: float, slack: float, power: float) -> float:
-    """1 while value <= ratio x mean + slack, then (allowed / value) ** power."""
+def guard_factors(values: np.ndarray, mean: float, ratio: float, slack: float, power: float) -> np.ndarray:
+    """Per value: 1 while value <= ratio x mean + slack, then (allowed / value) ** power."""
     allowed = ratio * mean + slack
-    if value <= allowed or value <= 0:
-        return 1.0
-    return (allowed / value) ** power
+    out = np.ones(len(values))
+    over = (values > allowed) & (values > 0)
+    out[over] = (allowed / values[over]) ** power
+    return out
 
 
-def _kv_use(w: WorkerView) -> float:
-    """KV use the guard sees: used blocks plus those of requests routed since the last report."""
-    return (w.load.num_used_blocks + w.pending_blocks) / w.load.num_total_blocks if w.load.num_total_blocks else 0.0
+def guard_factor(value: float, mean: float, ratio: float, slack: float, power: float) -> float:
+    """guard_factors of one value."""
+    return float(guard_factors(np.array([value], np.float64), mean, ratio, slack, power)[0])
+
+
+def _kv_use(pool: WorkerPool) -> np.ndarray:
+    """KV use the guard sees: used blocks plus those of requests routed since the last report,
+    over total blocks (0 for a worker that has not reported its pool)."""
+    total = pool.column("total")
+    return np.divide(pool.column("used") + pool.column("pending"), total, out=np.zeros(len(pool)), where=total > 0)
 
 
 class KvplanePolicy(PolicyHooks):
@@ -87,48 +95,36 @@ class KvplanePolicy(PolicyHooks):
     ) -> Mapping[WorkerId, OverlapScore]:
         return self.predictions.overlaps(index, block_hashes, now, cached)
 
-    def costs(self, ctx: RouteContext, workers: Sequence[WorkerView]) -> list[CandidateCost]:
+    def costs(self, ctx: RouteContext, workers: Sequence[WorkerView]) -> Priced:
         """Every worker holding part of the prompt (real or predicted) priced in full; of the rest,
-        which have no credit for the guard to shrink, the ctx.max_uncached_candidates cheapest."""
-        held = ctx.overlaps
-        holders, others = WorkerPool.of(workers).split(held)
-        out = [
-            overlap_cost(self._cost, w, ctx.num_prompt_tokens, None)
-            for w in cheapest_uncached(self._cost, others, ctx.max_uncached_candidates)
-        ]
-        if not holders:
-            return out
-        guard = self._guard(workers)
-        for w in holders:
-            # Queued work that is computing this prompt's predicted blocks is shared, not added.
-            # (Only a worker holding block 0 can hold a later block: hashes are chained.)
-            overlap = held[w.worker_id]
-            out.append(overlap_cost(self._cost, w, ctx.num_prompt_tokens, overlap, guard(w), overlap.num_predicted))
-        return out
-
-    def _guard(self, workers: Sequence[WorkerView]) -> Callable[[WorkerView], float]:
-        """The load guard's credit factor of a worker, against the means over `workers`."""
-        c = self._params
-        n = len(workers)
-        if c.guard_ratio == 0 or n < 2:
-            return lambda w: 1.0
+        which have no credit for the guard to shrink, the ctx.max_uncached_candidates cheapest.
+        Queued work that is computing this prompt's predicted blocks is shared, not added."""
         pool = WorkerPool.of(workers)
-        total = pool.column("total")
-        kv_use = np.divide(pool.column("used") + pool.column("pending"), total, out=np.zeros(n), where=total > 0)
+        holders, others = pool.split(ctx.overlaps)
+        uncached = price(self._cost, cheapest_uncached(self._cost, others, ctx.max_uncached_candidates), ctx.num_prompt_tokens)
+        if not holders:
+            return uncached
+        guard = self._guard(pool, holders)
+        return Priced.concat([uncached, price(self._cost, holders, ctx.num_prompt_tokens, ctx.overlaps, guard, discount_predicted=True)])
+
+    def _guard(self, pool: WorkerPool, holders: WorkerPool) -> np.ndarray:
+        """The load guard's credit factor of each holder, against the means over `pool`."""
+        c = self._params
+        n = len(pool)
+        if c.guard_ratio == 0 or n < 2:
+            return np.ones(len(holders))
         mean_tokens = int(pool.column("queued").sum()) / n
-        mean_kv = float(np.cumsum(kv_use)[-1]) / n  # summed in order, as _kv_use values one by one would be
+        mean_kv = float(np.cumsum(_kv_use(pool))[-1]) / n  # summed in order, as a loop over the workers would
         mean_requests = int(pool.column("requests").sum()) / n
-
-        def factor(w: WorkerView) -> float:
-            return min(
-                guard_factor(float(w.load.num_queued_prefill_tokens), mean_tokens, c.guard_ratio, c.guard_slack_tokens, c.guard_power),
-                guard_factor(_kv_use(w), mean_kv, c.guard_ratio, c.guard_slack_kv_usage, c.guard_power),
-                guard_factor(
-                    float(w.load.num_running + w.load.num_waiting), mean_requests, c.guard_ratio, c.guard_slack_requests, c.guard_power
+        return np.minimum.reduce(
+            [
+                guard_factors(holders.column("queued").astype(np.float64), mean_tokens, c.guard_ratio, c.guard_slack_tokens, c.guard_power),
+                guard_factors(_kv_use(holders), mean_kv, c.guard_ratio, c.guard_slack_kv_usage, c.guard_power),
+                guard_factors(
+                    holders.column("requests").astype(np.float64), mean_requests, c.guard_ratio, c.guard_slack_requests, c.guard_power
                 ),
-            )
-
-        return factor
+            ]
+        )
 
     # -- fetch instead of recompute -----------------------------------------------------------
     def fetch(self, ctx: RouteContext, decode: WorkerView, decode_cost: CandidateCost, sources: Sequence[WorkerView]) -> FetchPlan | None:

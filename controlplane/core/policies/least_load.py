@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from controlplane.core.cost import CostConfig, cached_prefix_tokens, cheapest_uncached, overlap_cost
+from controlplane.core.cost import CostConfig, cached_prefix_tokens, cheapest_uncached, price
 from controlplane.core.routing import CandidateCost, PolicyHooks, RouteContext
 from controlplane.core.views import WorkerView
 
@@ -28,9 +28,8 @@ class LeastLoadPolicy(PolicyHooks):
     def costs(self, ctx: RouteContext, workers: Sequence[WorkerView]) -> list[CandidateCost]:
         out = []
         # No credit: every worker is priced as if it held nothing, so only the cheapest can win.
-        for w in cheapest_uncached(self._cost, workers, ctx.max_uncached_candidates):
-            c = overlap_cost(self._cost, w, ctx.num_prompt_tokens, None)
-            overlap = ctx.overlaps.get(w.worker_id)
-            cached = cached_prefix_tokens(overlap.num_blocks if overlap else 0, ctx.num_prompt_tokens, w.block_size)
-            out.append(CandidateCost(w.worker_id, c.cost, cached, ctx.num_prompt_tokens - cached, c.detail))
+        for c in price(self._cost, cheapest_uncached(self._cost, workers, ctx.max_uncached_candidates), ctx.num_prompt_tokens):
+            overlap = ctx.overlaps.get(c.worker_id)
+            cached = cached_prefix_tokens(overlap.num_blocks if overlap else 0, ctx.num_prompt_tokens, ctx.block_size)
+            out.append(CandidateCost(c.worker_id, c.cost, cached, ctx.num_prompt_tokens - cached, c.detail))
         return out
