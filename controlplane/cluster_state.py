@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from controlplane import keys
 from controlplane.core.index import NO_SEQ, CacheIndex, ClearedEvent, RemovedEvent, StoredEvent
-from controlplane.core.pool import WorkerTable, table_of
+from controlplane.core.pool import WorkerTable, cluster_with
 from controlplane.core.settings import ClusterSettings
 from controlplane.core.views import DEFAULT_CHUNK_TOKENS, ClusterView, WorkerLoadView, WorkerView
 from controlplane.pause import PauseDetector
@@ -314,10 +314,7 @@ class ClusterState:
             workers = tuple(self._worker_view(worker_id, e) for worker_id, e in self.workers.items())
             view = ClusterView(workers, self.index, self.store_ok_at, table=WorkerTable(workers))
         elif self._changed:
-            table = table_of(last)
-            rows = {table.row_of[w]: self._worker_view(w, self.workers[w]) for w in self._changed}
-            table = table.replaced({row: v for row, v in rows.items() if v is not table.views[row]})
-            view = ClusterView(table.views, self.index, self.store_ok_at, table=table)
+            view = cluster_with(last, {w: self._worker_view(w, self.workers[w]) for w in self._changed}, self.store_ok_at)
         elif last.store_ok_at != self.store_ok_at:
             view = dataclasses.replace(last, store_ok_at=self.store_ok_at)  # the same workers and columns
         else:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from controlplane import access, secrets
+from controlplane import access, gc_tuning, secrets
 from controlplane.client_service import AgentStubs, ClientService
 from controlplane.cluster_state import ClusterState
 from controlplane.config import ControlPlaneConfig
@@ -129,6 +129,7 @@ class ControlPlane:
 async def serve(config: ControlPlaneConfig, security: ControlPlaneSecurity, ready_line: bool = True) -> None:
     plane = ControlPlane(config, security)
     port = await plane.start()
+    gc_tuning.tune_for_serving()
     if ready_line:
         print(f"kvplane control plane listening on {config.host}:{port}", flush=True)
         if plane.http_port is not None:

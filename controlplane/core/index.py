@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import accumulate, compress, repeat
+from operator import and_, ne
 from types import MappingProxyType
 
 from kvplane.types import BlockHash, Tier, WorkerId
@@ -63,7 +65,7 @@ class OverlapScore:
 
 
 _TIER_SLOT = {tier: slot for slot, tier in enumerate(TIERS_FASTEST_FIRST)}
-_ANY = len(TIERS_FASTEST_FIRST)  # the slot of a block's mask of holders at any tier
+_FIRST_CHUNK = 8  # blocks a lookup reads before it checks whether anyone still matches
 
 
 class CacheIndex:
@@ -74,11 +76,17 @@ class CacheIndex:
     instead of walking every holder of every block.
     """
 
-    __slots__ = ("_block_to_tier_masks", "_worker_to_tier_blocks", "_worker_to_seq", "_worker_to_bit", "_bit_to_worker", "_free_bits")
+    __slots__ = (
+        "_block_to_holders", "_block_to_tier_masks", "_slow_blocks", "_worker_to_tier_blocks", "_worker_to_seq", "_worker_to_bit",
+        "_bit_to_worker", "_free_bits",
+    )  # fmt: skip
 
     def __init__(self) -> None:
-        # block -> [device mask, host mask, disk mask, any-tier mask] of its holders (the lookup side).
+        # The lookup side: block -> mask of its holders at any tier, and [device, host, disk] masks,
+        # and the blocks some worker holds off the device (rare: a lookup looks at those alone).
+        self._block_to_holders: dict[BlockHash, int] = {}
         self._block_to_tier_masks: dict[BlockHash, list[int]] = {}
+        self._slow_blocks: set[BlockHash] = set()
         # worker -> tier -> blocks (the removal and counting side).
         self._worker_to_tier_blocks: dict[WorkerId, dict[Tier, set[BlockHash]]] = {}
         self._worker_to_seq: dict[WorkerId, int] = {}
@@ -150,30 +158,35 @@ class CacheIndex:
 
     def overlaps(self, block_hashes: Sequence[BlockHash]) -> dict[WorkerId, OverlapScore]:
         """Longest cached prefix of `block_hashes` per worker; workers matching no block are absent."""
-        matching = 0  # workers holding every block so far
-        length: dict[int, int] = {}  # bit -> matched blocks, set when the worker drops out
+        n = len(block_hashes)
+        # matching[i]: the workers holding every block up to i, the running AND of the holder
+        # masks, computed by itertools in C (the walk is a few Python steps per worker, not per
+        # block) in chunks of doubling length, so a short match in a long prompt stops early.
+        matching: list[int] = []
+        get, running, start, chunk = self._block_to_holders.get, -1, 0, _FIRST_CHUNK
+        while start < n and running:
+            part = block_hashes[start : start + chunk]
+            matching += accumulate(map(get, part, repeat(0, len(part))), and_, initial=running)
+            del matching[start]  # the initial value
+            running, start, chunk = matching[-1], start + chunk, chunk * 2
+        if not n or not matching[0]:
+            return {}
+        try:
+            end = matching.index(0)  # the longest prefix anyone holds
+        except ValueError:
+            end = len(matching)
+        length: dict[int, int] = {}  # bit -> matched blocks
+        for i in compress(range(1, end), map(ne, matching[1:end], matching)):
+            for bit in set_bits(matching[i - 1] ^ matching[i]):
+                length[bit] = i
+        for bit in set_bits(matching[end - 1]):
+            length[bit] = end
         slower: dict[int, list[int]] = {}  # bit -> [host, disk] blocks of its matched prefix
-        position = 0
-        get = self._block_to_tier_masks.get
-        for position, block_hash in enumerate(block_hashes):  # noqa: B007 - read after the loop
-            masks = get(block_hash)
-            if masks is None:
-                break
-            kept = matching & masks[_ANY] if position else masks[_ANY]
-            if kept != matching and position:
-                for bit in set_bits(matching ^ kept):
-                    length[bit] = position
-            matching = kept
-            if not matching:
-                break
-            if masks[1] or masks[2]:  # rare: most blocks sit on the device only
-                not_device = matching & ~masks[0]
-                for bit in set_bits(not_device):
+        if self._slow_blocks:  # rare: most blocks sit on the device only
+            for i in compress(range(end), map(self._slow_blocks.__contains__, block_hashes[:end])):
+                masks = self._block_to_tier_masks[block_hashes[i]]
+                for bit in set_bits(matching[i] & ~masks[0]):
                     slower.setdefault(bit, [0, 0])[0 if masks[1] >> bit & 1 else 1] += 1
-        else:
-            position = len(block_hashes)
-        for bit in set_bits(matching):
-            length[bit] = position
         # Workers with the same match share one (read-only) score: a hot prefix has a thousand.
         scores: dict[tuple[int, int, int], OverlapScore] = {}
         result = {}
@@ -197,9 +210,8 @@ class CacheIndex:
 
     def holds(self, block_hash: BlockHash, worker_id: WorkerId) -> bool:
         """Whether the worker holds the block at any tier."""
-        masks = self._block_to_tier_masks.get(block_hash)
         bit = self._worker_to_bit.get(worker_id)
-        return masks is not None and bit is not None and bool(masks[_ANY] >> bit & 1)
+        return bit is not None and bool(self._block_to_holders.get(block_hash, 0) >> bit & 1)
 
     def fastest_tier(self, block_hash: BlockHash, worker_id: WorkerId) -> Tier | None:
         """The fastest tier at which the worker holds the block (None: it does not)."""
@@ -249,10 +261,12 @@ class CacheIndex:
         self._worker_to_tier_blocks[worker_id].setdefault(tier, set()).add(block_hash)
         masks = self._block_to_tier_masks.get(block_hash)
         if masks is None:
-            masks = self._block_to_tier_masks[block_hash] = [0, 0, 0, 0]
+            masks = self._block_to_tier_masks[block_hash] = [0, 0, 0]
         bit = 1 << self._bit(worker_id)
         masks[_TIER_SLOT[tier]] |= bit
-        masks[_ANY] |= bit
+        self._block_to_holders[block_hash] = self._block_to_holders.get(block_hash, 0) | bit
+        if tier is not Tier.DEVICE:
+            self._slow_blocks.add(block_hash)
 
     def _discard(self, worker_id: WorkerId, block_hash: BlockHash, tier: Tier) -> None:
         # Removing a block the index never saw is normal after a compacted gap; ignore it.
@@ -262,9 +276,13 @@ class CacheIndex:
         if masks is None or bit is None:
             return
         masks[_TIER_SLOT[tier]] &= ~(1 << bit)
-        masks[_ANY] = masks[0] | masks[1] | masks[2]
-        if not masks[_ANY]:
-            del self._block_to_tier_masks[block_hash]
+        if not (masks[1] or masks[2]):
+            self._slow_blocks.discard(block_hash)
+        holders = masks[0] | masks[1] | masks[2]
+        if holders:
+            self._block_to_holders[block_hash] = holders
+        else:
+            del self._block_to_tier_masks[block_hash], self._block_to_holders[block_hash]
 
     def _clear(self, worker_id: WorkerId) -> None:
         tier_blocks = self._worker_to_tier_blocks.get(worker_id)

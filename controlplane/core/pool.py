@@ -229,3 +229,12 @@ def table_of(cluster: ClusterView) -> WorkerTable:
         table = WorkerTable(cluster.workers)
         object.__setattr__(cluster, "table", table)  # a cache of `workers`, which are frozen
     return table
+
+
+def cluster_with(cluster: ClusterView, changed: Mapping[WorkerId, WorkerView], store_ok_at: float | None) -> ClusterView:
+    """`cluster` with new views of some of its workers (new reports, a drain): only their rows
+    change. A worker it does not have is a KeyError (a join rebuilds the view from scratch)."""
+    table = table_of(cluster)
+    rows = {table.row_of[w]: view for w, view in changed.items()}
+    table = table.replaced({row: view for row, view in rows.items() if view is not table.views[row]})
+    return ClusterView(table.views, cluster.index, store_ok_at, table=table)

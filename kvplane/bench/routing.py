@@ -1,29 +1,37 @@
-"""`kvplane bench routing`: what planning one request costs the control plane as the fleet grows.
+"""`kvplane bench routing`: what routing one request costs the control plane as the fleet grows.
 
 In one process, no sockets: the real planner (router, kvplane policy, admission, predictions, load
 ledger) over a fleet of plain worker views and a cache index filled to `--blocks-per-worker` per
-worker. Each request is a `--prompt-tokens` prompt planned with `Planner.plan` (hash, index
-lookup, pricing, placement, admission) and then dispatched, so predicted prefixes and ledger
-entries build up as in a running control plane; requests finish after `--in-flight` later ones.
+worker. Before each request, `--reports-per-request` workers report a new load (the store's
+watch; not timed); the timed part is what the control plane does for the request: its view
+updated with those reports (core/pool.cluster_with, as ClusterState.view() does) and
+`Planner.plan` (hash, index lookup, pricing, placement, admission). Each request is then
+dispatched, so predicted prefixes and ledger entries build up as in a running control plane;
+requests finish after `--in-flight` later ones. The garbage collector is set as the control
+plane sets it (controlplane/gc_tuning.py).
 
-Two fleets: `spread` (each worker holds a random part of one of 16 hot prompts beside its own
-blocks: a few hundred holders per prompt) and `hot-prefix` (every worker holds the prompts' first
-64 blocks: a shared system prompt, so every worker must be priced in full). Two admission
-policies: threshold (reads loads) and predictive (predicts latencies). The baseline, measured in
-the same run, prices every worker (`--max-uncached-candidates 0`); the default prices the workers
-holding part of the prompt and the 16 least loaded others, the only ones that can win.
+Two fleets: `spread` (three workers in ten hold a random part of one of 16 hot prompts beside
+their own blocks: about twenty holders per prompt at 1,000 workers) and `hot-prefix` (every
+worker holds the prompts' first 64 blocks: a shared system prompt, so every worker must be
+priced in full). Two admission policies: threshold (reads loads) and predictive (predicts
+latencies). The baseline, measured in the same run, prices every worker
+(`--max-uncached-candidates 0`); the default prices the workers holding part of the prompt and
+the 16 least loaded others, the only ones that can win.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import random
 import sys
 import time
 
+from controlplane import gc_tuning
 from controlplane.core.index import CacheIndex
 from controlplane.core.planner import Plan, Planner, PlannerConfig
+from controlplane.core.pool import cluster_with
 from controlplane.core.router import RouterConfig
 from controlplane.core.routing import RouteRequest
 from controlplane.core.settings import ClusterSettings
@@ -51,8 +59,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--in-flight", type=int, default=64, help="requests dispatched and not yet finished (default %(default)s)")
     parser.add_argument("--fleets", default=",".join(FLEETS), help="comma-separated: spread, hot-prefix (default %(default)s)")
     parser.add_argument("--admissions", default=",".join(ADMISSIONS), help="comma-separated admission policies (default %(default)s)")
+    parser.add_argument(
+        "--reports-per-request", type=int, default=1,
+        help="load reports arriving between two requests (default %(default)s: a thousand workers reporting every second at 1,000 req/s)",
+    )  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
+
+
+def random_load(rng: random.Random) -> WorkerLoadView:
+    """A busy worker's load report."""
+    return WorkerLoadView(
+        num_running=rng.randrange(0, 32), num_waiting=rng.randrange(0, 4), num_queued_prefill_tokens=rng.randrange(0, 16384),
+        num_free_blocks=4000, num_used_blocks=rng.randrange(0, 4000), num_total_blocks=8000,
+        running_remaining_tokens=tuple(rng.randrange(1, 512) for _ in range(16)), running_context_tokens=40000,
+    )  # fmt: skip
 
 
 def build_fleet(num_workers: int, blocks_per_worker: int, fleet: str, prompts: list[list[int]], rng: random.Random):
@@ -69,11 +90,7 @@ def build_fleet(num_workers: int, blocks_per_worker: int, fleet: str, prompts: l
             held = list(prompt[: rng.randrange(0, len(prompt))]) if rng.random() < 0.3 else []
         held += [rng.getrandbits(63).to_bytes(8, "big") for _ in range(blocks_per_worker - len(held))]
         index.apply_snapshot(worker_id, 0, {Tier.DEVICE: held})
-        load = WorkerLoadView(
-            num_running=rng.randrange(0, 32), num_waiting=rng.randrange(0, 4), num_queued_prefill_tokens=rng.randrange(0, 16384),
-            num_free_blocks=4000, num_used_blocks=rng.randrange(0, 4000), num_total_blocks=8000,
-            running_remaining_tokens=tuple(rng.randrange(1, 512) for _ in range(16)), running_context_tokens=40000,
-        )  # fmt: skip
+        load = random_load(rng)
         role = Role.PREFILL if i % 4 == 0 else Role.BOTH
         workers.append(
             WorkerView(worker_id, role, MODEL, BLOCK_SIZE, True, load, 131072, block_nbytes=BLOCK_SIZE * 327680, latency=LATENCY)
@@ -82,10 +99,13 @@ def build_fleet(num_workers: int, blocks_per_worker: int, fleet: str, prompts: l
 
 
 def measure(workers, index, prompts, admission: str, max_uncached: int, args, rng: random.Random) -> list[float]:
-    """Seconds per Planner.plan of `args.requests` requests (after a warm-up of `in_flight`)."""
+    """Seconds per request of `args.requests` requests (after a warm-up of `in_flight`): the
+    control plane's view updated with the load reports that arrived since the last request, as
+    ClusterState.view() does, then Planner.plan."""
     config = PlannerConfig(router=RouterConfig(max_uncached_candidates=max_uncached), admission_policy=admission)
     planner = Planner(config, random.Random(args.seed))
     cluster = ClusterView(workers, index)
+    by_id = {w.worker_id: w for w in workers}
     settings = ClusterSettings()
     in_flight: list[int] = []
     seconds = []
@@ -95,7 +115,14 @@ def measure(workers, index, prompts, admission: str, max_uncached: int, args, rn
         tail = [rng.randrange(32000) for _ in range(BLOCK_SIZE)]  # a user's own turn after the shared part
         request = RouteRequest(MODEL, prompt[: args.prompt_tokens - len(tail)] + tail, 256, DisaggMode.AUTO)
         now += 0.001
+        reports = {}  # what the store's watch delivered since the last request (not timed: not routing's work)
+        for _ in range(args.reports_per_request):
+            w = workers[rng.randrange(len(workers))].worker_id
+            reports[w] = by_id[w] = dataclasses.replace(by_id[w], load=random_load(rng), reported_at=now)
+            planner.load_reported(w, now)
         started = time.perf_counter()
+        if reports:
+            cluster = cluster_with(cluster, reports, None)
         plan = planner.plan(request, cluster, settings, now)
         elapsed = time.perf_counter() - started
         if n >= args.in_flight:
@@ -108,6 +135,7 @@ def measure(workers, index, prompts, admission: str, max_uncached: int, args, rn
 
 
 def run(args: argparse.Namespace) -> int:
+    gc_tuning.tune_for_serving()  # as the control plane runs
     rng = random.Random(args.seed)
     prompts = [[rng.randrange(32000) for _ in range(args.prompt_tokens)] for _ in range(NUM_HOT_PROMPTS)]
     rows = []

@@ -73,12 +73,18 @@ def test_block_at_several_tiers_counts_once_at_its_fastest(index):
 
 
 def test_overlap_walk_stops_when_no_worker_still_matches(index):
-    """Cost is O(matched blocks): the walk reads one block past the longest match, no more."""
+    """Cost is O(matched blocks): the walk reads in chunks of doubling length (8, 16, ...) and
+    stops after the chunk where the longest match ends."""
     index.apply_batch(W1, 0, [stored("a", "b")])
     index.apply_batch(W2, 0, [stored("c")])  # "c" exists, but only at a worker that lacks "a"
 
     class CountingList(list):
         num_read = 0
+
+        def __getitem__(self, i):
+            item = super().__getitem__(i)
+            self.num_read += len(item) if isinstance(i, slice) else 1
+            return item
 
         def __iter__(self):
             for item in super().__iter__():
@@ -87,10 +93,14 @@ def test_overlap_walk_stops_when_no_worker_still_matches(index):
 
     long_query = CountingList([b"a", b"b", b"c"] + [b"x%d" % i for i in range(1000)])
     assert index.overlaps(long_query) == {W1: OverlapScore(2, tiers(device=2))}
-    assert long_query.num_read == 3
+    assert long_query.num_read <= 8 + 3  # the first chunk, and the blocks of the answer's prefix
     missing_first = CountingList([b"z"] + [b"x%d" % i for i in range(1000)])
     assert index.overlaps(missing_first) == {}
-    assert missing_first.num_read == 1
+    assert missing_first.num_read <= 8
+    index.apply_batch(W1, 1, [stored(*(f"y{i}" for i in range(40)))])
+    long_match = CountingList([b"y%d" % i for i in range(40)] + [b"x%d" % i for i in range(1000)])
+    assert index.overlaps(long_match) == {W1: OverlapScore(40, tiers(device=40))}
+    assert long_match.num_read <= 8 + 16 + 32 + 40  # the chunks up to the one where the match ends, and the prefix
 
 
 def test_events_in_a_batch_apply_in_order(index):
