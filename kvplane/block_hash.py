@@ -56,3 +56,47 @@ def hash_blocks(token_ids: Sequence[int], block_size: int, model_salt: str, tena
         parent = BlockHash(h.digest())
         hashes.append(parent)
     return hashes
+
+
+class CachedBlockHasher:
+    """hash_blocks with a memory of recent blocks: prompts that share a prefix with recent ones
+    (a system prompt, the turns of a chat, an agent's loop) hash their shared blocks by one
+    dictionary lookup each instead of one blake2b each. Results are exactly hash_blocks': the
+    key is the block's whole hash input (parent hash and token bytes). Two generations of at
+    most `capacity` blocks each: when the newer one fills, the older is dropped."""
+
+    __slots__ = ("capacity", "_new", "_old")
+
+    def __init__(self, capacity: int = 1 << 15) -> None:
+        if capacity <= 0:
+            raise ValueError(f"capacity must be positive, got {capacity}")
+        self.capacity = capacity
+        self._new: dict[bytes, BlockHash] = {}
+        self._old: dict[bytes, BlockHash] = {}
+
+    def hash_blocks(self, token_ids: Sequence[int], block_size: int, model_salt: str, tenant_salt: str = "") -> list[BlockHash]:
+        if block_size <= 0:
+            raise ValueError(f"block_size must be positive, got {block_size}")
+        num_blocks = len(token_ids) // block_size
+        packed = array("I", token_ids[: num_blocks * block_size])
+        if sys.byteorder != "little":
+            packed.byteswap()
+        data = packed.tobytes()
+        step = 4 * block_size
+        parent = root_hash(model_salt, tenant_salt)
+        hashes: list[BlockHash] = []
+        new, old, blake2b = self._new, self._old, hashlib.blake2b
+        for offset in range(0, num_blocks * step, step):
+            key = parent + data[offset : offset + step]  # exactly what chain_hash hashes
+            child = new.get(key)
+            if child is None:
+                child = old.get(key)
+                if child is None:
+                    child = BlockHash(blake2b(key, digest_size=HASH_BYTES).digest())
+                if len(new) >= self.capacity:
+                    self._old, self._new = new, {}
+                    old, new = self._old, self._new
+                new[key] = child
+            parent = child
+            hashes.append(child)
+        return hashes

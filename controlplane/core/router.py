@@ -51,7 +51,7 @@ from controlplane.core.routing import (
     RoutingPolicyParams,
 )
 from controlplane.core.views import WorkerView
-from kvplane.block_hash import hash_blocks
+from kvplane.block_hash import CachedBlockHasher
 from kvplane.types import BlockHash, DisaggMode, WorkerId
 
 # Costs closer than this are a tie: tier weights are fractions, and float sums of the same
@@ -97,6 +97,7 @@ class Router:
         self._config = config
         self._rng = rng if rng is not None else random.Random()
         self.policy = make_routing_policy(config.policy, config.cost)
+        self._hasher = CachedBlockHasher()
 
     @property
     def config(self) -> RouterConfig:
@@ -123,7 +124,9 @@ class Router:
         table = pool.table
         model_workers = _model_workers(request.model, pool)
         block_size = model_workers[0].block_size
-        block_hashes = hash_blocks(request.prompt_token_ids, block_size, model_salt=request.model, tenant_salt=request.cache_salt)
+        block_hashes = self._hasher.hash_blocks(
+            request.prompt_token_ids, block_size, model_salt=request.model, tenant_salt=request.cache_salt
+        )
         cached = index.overlaps(block_hashes)  # the one walk of the index: policies and the planner share it
         worker_to_overlap = self.policy.overlaps(index, block_hashes, now, cached)
         limit = self._config.max_uncached_candidates if self._config.temperature == 0 else 0  # a softmax draw needs every worker

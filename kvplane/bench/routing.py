@@ -2,8 +2,8 @@
 
 In one process, no sockets: the real planner (router, kvplane policy, admission, predictions, load
 ledger) over a fleet of plain worker views and a cache index filled to `--blocks-per-worker` per
-worker. Before each request, `--reports-per-request` workers report a new load (the store's
-watch; not timed); the timed part is what the control plane does for the request: its view
+worker. Requests arrive every millisecond of the planner's clock, and every worker reports a new
+load every `--report-interval` seconds of it, in turn (the store's watch; not timed); the timed part is what the control plane does for the request: its view
 updated with those reports (core/pool.cluster_with, as ClusterState.view() does) and
 `Planner.plan` (hash, index lookup, pricing, placement, admission). Each request is then
 dispatched, so predicted prefixes and ledger entries build up as in a running control plane;
@@ -45,6 +45,7 @@ MODEL = "bench-model"
 BLOCK_SIZE = 16
 NUM_HOT_PROMPTS = 16
 HOT_PREFIX_BLOCKS = 64
+REQUEST_INTERVAL_S = 0.001  # the planner's clock between two requests: 1,000 requests/s
 # A step-time model of a large GPU worker (seconds): predictions cost what real ones cost.
 LATENCY = StepTimeModel((0.008, 2e-5, 1e-9, 3e-4, 2e-7), num_samples=100, mean_abs_pct_error=0.05)
 FLEETS = ("spread", "hot-prefix")
@@ -60,8 +61,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fleets", default=",".join(FLEETS), help="comma-separated: spread, hot-prefix (default %(default)s)")
     parser.add_argument("--admissions", default=",".join(ADMISSIONS), help="comma-separated admission policies (default %(default)s)")
     parser.add_argument(
-        "--reports-per-request", type=int, default=1,
-        help="load reports arriving between two requests (default %(default)s: a thousand workers reporting every second at 1,000 req/s)",
+        "--report-interval", type=float, default=1.0, metavar="S",
+        help="seconds between two load reports of a worker, at 1,000 requests/s; the planner takes reports as fresh for 3x this (default %(default)s)",
     )  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
@@ -102,24 +103,28 @@ def measure(workers, index, prompts, admission: str, max_uncached: int, args, rn
     """Seconds per request of `args.requests` requests (after a warm-up of `in_flight`): the
     control plane's view updated with the load reports that arrived since the last request, as
     ClusterState.view() does, then Planner.plan."""
-    config = PlannerConfig(router=RouterConfig(max_uncached_candidates=max_uncached), admission_policy=admission)
+    config = PlannerConfig(
+        router=RouterConfig(max_uncached_candidates=max_uncached), admission_policy=admission, stale_report_s=3 * args.report_interval
+    )
     planner = Planner(config, random.Random(args.seed))
-    cluster = ClusterView(workers, index)
-    by_id = {w.worker_id: w for w in workers}
+    now = 1000.0
+    workers = [dataclasses.replace(w, reported_at=now - args.report_interval * i / len(workers)) for i, w in enumerate(workers)]
+    cluster = ClusterView(tuple(workers), index)
     settings = ClusterSettings()
     in_flight: list[int] = []
     seconds = []
-    now = 1000.0
+    reporting = 0  # workers report in turn, each every report_interval
     for n in range(args.in_flight + args.requests):
         prompt = prompts[rng.randrange(len(prompts))]
         tail = [rng.randrange(32000) for _ in range(BLOCK_SIZE)]  # a user's own turn after the shared part
         request = RouteRequest(MODEL, prompt[: args.prompt_tokens - len(tail)] + tail, 256, DisaggMode.AUTO)
-        now += 0.001
+        now += REQUEST_INTERVAL_S
         reports = {}  # what the store's watch delivered since the last request (not timed: not routing's work)
-        for _ in range(args.reports_per_request):
-            w = workers[rng.randrange(len(workers))].worker_id
-            reports[w] = by_id[w] = dataclasses.replace(by_id[w], load=random_load(rng), reported_at=now)
-            planner.load_reported(w, now)
+        while workers[reporting].reported_at + args.report_interval <= now:
+            w = workers[reporting] = dataclasses.replace(workers[reporting], load=random_load(rng), reported_at=now)
+            reports[w.worker_id] = w
+            planner.load_reported(w.worker_id, now)
+            reporting = (reporting + 1) % len(workers)
         started = time.perf_counter()
         if reports:
             cluster = cluster_with(cluster, reports, None)
