@@ -33,9 +33,10 @@ from dataclasses import dataclass, field
 from controlplane.core.admission_base import Reject
 from controlplane.core.index import CacheIndex, KVEvent, StoredEvent
 from controlplane.core.planner import Outcome, Plan, Planner, PlannerConfig
+from controlplane.core.pool import cluster_with
 from controlplane.core.routing import NoCandidateError, RouteRequest
 from controlplane.core.settings import ClusterSettings
-from controlplane.core.views import ClusterView
+from controlplane.core.views import ClusterView, WorkerView
 from dataplane.engines import EngineCapacityError, EngineInputError, EngineOutput, EngineRequest, SamplingParams
 from dataplane.engines.sim import SimConfig, SimEngine
 from kvplane import hardware
@@ -206,8 +207,9 @@ class Simulator:
             worker = SimWorker(worker_id, role, engine, self.loop, self.agent, i / len(roles), latency, self._reported, self._kv_events)
             self.workers.append(worker)
         self._by_id = {w.worker_id: w for w in self.workers}
-        self._views = [w.view for w in self.workers]
-        self._position = {w.worker_id: i for i, w in enumerate(self.workers)}
+        # The planner's view, updated row by row as workers report (as the control plane's is).
+        self._cluster = ClusterView(tuple(w.view for w in self.workers), self.index)
+        self._reports: dict[WorkerId, WorkerView] = {}
         first = self.workers[0].engine
         self.model_name = first.info.model
         self.block_size = first.info.layout.block_size
@@ -224,7 +226,7 @@ class Simulator:
 
     # -- control plane: what the workers report -------------------------------------------------
     def _reported(self, worker: SimWorker) -> None:
-        self._views[self._position[worker.worker_id]] = worker.view
+        self._reports[worker.worker_id] = worker.view
         self.planner.load_reported(worker.worker_id, self.loop.now, sampled_at=self.loop.now)  # virtual time: exact
 
     def _kv_events(self, worker: SimWorker, events: list[KVEvent]) -> None:
@@ -278,7 +280,10 @@ class Simulator:
         now = self.loop.now
         rec.sent_s = now
         route = RouteRequest(self.model_name, spec.make_prompt(), spec.max_tokens, self.disagg, priority=spec.priority)
-        view = ClusterView(tuple(self._views), self.index)
+        if self._reports:
+            self._cluster = cluster_with(self._cluster, self._reports, None)
+            self._reports = {}
+        view = self._cluster
         started = time.thread_time() if self.measure_cost else 0.0
         try:
             routed = self.planner.route(route, view, self.settings, now)
