@@ -86,7 +86,7 @@ class LoadLedger:
 
     __slots__ = (
         "report_lag_s", "stale_report_s", "stale_half_life_s", "_worker_to_entries", "_dispatch_to_workers", "_changes", "_worker_to_change",
-        "_adjusted",
+        "_changed_workers", "_corrected",
     )  # fmt: skip
 
     def __init__(self, report_lag_s: float = 0.1, stale_report_s: float = 1.0, stale_half_life_s: float = 1.0) -> None:
@@ -99,11 +99,10 @@ class LoadLedger:
         self.stale_half_life_s = stale_half_life_s
         self._worker_to_entries: dict[WorkerId, dict[int, _Entry]] = {}
         self._dispatch_to_workers: dict[int, list[WorkerId]] = {}
-        # Each change to a worker's entries gets a number; a corrected view is reused while
-        # neither the worker's view nor its entries changed (corrections()).
-        self._changes = 0
-        self._worker_to_change: dict[WorkerId, int] = {}
-        self._adjusted: dict[WorkerId, tuple[WorkerView, int, WorkerView]] = {}  # worker -> (view, change, corrected)
+        # Workers whose entries changed since the last corrected(), and what it last returned:
+        # (the table it corrected, the corrected table, the rows that were stale then).
+        self._changed_workers: set[WorkerId] = set()
+        self._corrected: tuple[WorkerTable, WorkerTable, set[int]] | None = None
 
     # -- what happened ---------------------------------------------------------------------------
 
@@ -145,8 +144,7 @@ class LoadLedger:
     def forget_worker(self, worker_id: WorkerId) -> None:
         for dispatch_id in list(self._worker_to_entries.get(worker_id, {})):
             self._drop(worker_id, dispatch_id)
-        self._worker_to_change.pop(worker_id, None)
-        self._adjusted.pop(worker_id, None)
+        self._changed_workers.add(worker_id)
 
     # -- the corrected view ------------------------------------------------------------------------
 
@@ -218,28 +216,41 @@ class LoadLedger:
         )
         return dataclasses.replace(view, load=adjusted, pending_blocks=view.pending_blocks + pending)
 
-    def corrections(self, table: WorkerTable, now: float) -> dict[int, WorkerView]:
-        """The rows of `table` that `adjust` changes at `now`, adjusted: the workers this ledger
-        has entries for and those whose report is stale (the others stand as reported). A fresh
-        report's correction does not depend on `now`: it is reused until the worker's view or
-        its entries change, so a request pays for the workers that changed since the last one."""
-        row_of, views = table.row_of, table.views
+    def corrected(self, table: WorkerTable, now: float) -> WorkerTable:
+        """`table` with `adjust` applied at `now` to the rows it changes (the workers this ledger
+        has entries for, and those whose report is stale). Kept from one call to the next: when
+        `table` was made from the previous call's by `WorkerTable.replaced` (the control plane's
+        view after new reports), only its changed rows, the workers whose entries changed since
+        and the stale rows are redone, so a request pays for what changed, not for every worker
+        with requests in flight."""
         stale = set(np.flatnonzero(now - table.reported_at - self.stale_report_s > 0).tolist())  # NaN (no time): never stale
+        changed_workers, self._changed_workers = self._changed_workers, set()
+        last = self._corrected
+        if last is not None and last[0] is table:
+            base_rows: frozenset[int] = frozenset()
+        elif last is not None and table.parent is last[0]:
+            base_rows = table.changed_rows
+        else:  # another table: correct it from scratch
+            rows = {table.row_of[w] for w in self._worker_to_entries if w in table.row_of} | stale
+            corrected = table.with_loads(self._adjusted_rows(table, rows, now))
+            self._corrected = (table, corrected, stale)
+            return corrected
+        row_of = table.row_of
+        # Rows stale last time are redone too: in case a report that is no longer stale came without a new row.
+        redo = set(base_rows) | stale | last[2] | {row_of[w] for w in changed_workers if w in row_of}
+        views = self._adjusted_rows(table, redo, now)
+        views.update({row: table.views[row] for row in redo if row not in views})  # back to the report as it is
+        corrected = last[1].replaced(views)
+        self._corrected = (table, corrected, stale)
+        return corrected
+
+    def _adjusted_rows(self, table: WorkerTable, rows: set[int], now: float) -> dict[int, WorkerView]:
+        """row -> the adjusted view, for those of `rows` that `adjust` changes."""
         out = {}
-        for worker_id in self._worker_to_entries:
-            row = row_of.get(worker_id)
-            if row is None or row in stale:
-                continue
-            view, change = views[row], self._worker_to_change[worker_id]
-            cached = self._adjusted.get(worker_id)
-            if cached is not None and cached[0] is view and cached[1] == change:
-                out[row] = cached[2]
-            else:
-                out[row] = self.adjust(view, now)
-                self._adjusted[worker_id] = (view, change, out[row])
-        for row in stale:
-            adjusted = self.adjust(views[row], now)
-            if adjusted is not views[row]:
+        for row in rows:
+            view = table.views[row]
+            adjusted = self.adjust(view, now)
+            if adjusted is not view:
                 out[row] = adjusted
         return out
 
@@ -263,8 +274,7 @@ class LoadLedger:
                 self._drop(worker_id, dispatch_id)  # no report ever showed it: nothing to undo
 
     def _changed(self, worker_id: WorkerId) -> None:
-        self._changes += 1
-        self._worker_to_change[worker_id] = self._changes
+        self._changed_workers.add(worker_id)
 
     def _drop(self, worker_id: WorkerId, dispatch_id: int) -> None:
         entries = self._worker_to_entries.get(worker_id)
@@ -273,7 +283,6 @@ class LoadLedger:
             entries.pop(dispatch_id, None)
             if not entries:
                 del self._worker_to_entries[worker_id]
-                self._adjusted.pop(worker_id, None)
         workers = self._dispatch_to_workers.get(dispatch_id)
         if workers is not None and all(self._entry(w, dispatch_id) is None for w in workers):
             del self._dispatch_to_workers[dispatch_id]

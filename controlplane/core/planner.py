@@ -231,7 +231,7 @@ class Planner:
     def route(self, request: RouteRequest, cluster: ClusterView, settings: ClusterSettings, now: float) -> Routed:
         out = self.health.excluded(cluster, now)
         table = table_of(cluster)
-        pool = table.with_loads(self.ledger.corrections(table, now)).pool(out)
+        pool = self.ledger.corrected(table, now).pool(out)
         try:
             decision = self.router.route(request, pool, cluster.index, now)
         except NoCandidateError as e:

@@ -14,6 +14,7 @@ needs every worker's object may simply iterate it; the hot paths use its columns
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Collection, Iterator, Mapping, Sequence
 
 import numpy as np
@@ -42,11 +43,13 @@ class WorkerTable:
     __slots__ = (
         "views", "worker_ids", "row_of", "id_rank", "models", "transports",
         "model_code", "transport_code", "block_size", "max_context", "active", "can_decode", "can_prefill", "reported_at",
-        "queued", "used", "total", "requests", "pending",
+        "queued", "used", "total", "requests", "pending", "_parent", "changed_rows", "__weakref__",
     )  # fmt: skip
 
     def __init__(self, views: Sequence[WorkerView]) -> None:
         self.views: tuple[WorkerView, ...] = tuple(views)
+        self._parent: weakref.ref[WorkerTable] | None = None  # the table `replaced` made this one from
+        self.changed_rows: frozenset[int] = frozenset()  # and the rows it replaced there
         self.worker_ids: list[WorkerId] = [w.worker_id for w in self.views]
         self.row_of: dict[WorkerId, int] = {w: i for i, w in enumerate(self.worker_ids)}
         # Each row's place in worker-id order: ties in cost are broken by worker id.
@@ -98,10 +101,17 @@ class WorkerTable:
     def _copy(self, columns: Collection[str]) -> WorkerTable:
         """A shallow copy whose `columns` are copies (the others shared: they are not written)."""
         t = object.__new__(WorkerTable)
-        for name in WorkerTable.__slots__:
+        for name in _DATA_SLOTS:
             value = getattr(self, name)
             setattr(t, name, value.copy() if name in columns else value)
+        t._parent, t.changed_rows = None, frozenset()
         return t
+
+    @property
+    def parent(self) -> WorkerTable | None:
+        """The table this one was made from by `replaced` (if it is still alive): it differs from
+        this one in `changed_rows` only."""
+        return self._parent() if self._parent is not None else None
 
     def with_loads(self, rows: Mapping[int, WorkerView]) -> WorkerTable:
         """This table with rows replaced by views of the same workers that differ only in load
@@ -128,6 +138,7 @@ class WorkerTable:
         t.models, t.transports = list(self.models), list(self.transports)
         for i, w in rows.items():
             t._set_worker(i, w)
+        t._parent, t.changed_rows = weakref.ref(self), frozenset(rows)
         return t
 
     def pool(self, excluded: Collection[WorkerId] = ()) -> WorkerPool:
@@ -142,6 +153,9 @@ class WorkerTable:
         """Per row, whether KV can move between that worker and `other` (views.kv_can_move)."""
         can = np.array([kv_can_move(t, other.transports, cached_blocks=cached_blocks) for t in self.transports], bool)
         return can[self.transport_code]
+
+
+_DATA_SLOTS = tuple(n for n in WorkerTable.__slots__ if n not in ("_parent", "changed_rows", "__weakref__"))
 
 
 class WorkerPool(Sequence[WorkerView]):

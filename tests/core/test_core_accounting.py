@@ -4,9 +4,15 @@ Fleet defaults (conftest): 100-block workers. Times are seconds on the ledger's 
 
 from __future__ import annotations
 
+import dataclasses
+import random
+
 import pytest
 
 from controlplane.core.accounting import Charge, LoadLedger
+from controlplane.core.index import CacheIndex
+from controlplane.core.pool import WorkerTable, cluster_with, table_of
+from controlplane.core.views import ClusterView
 from kvplane.types import WorkerId
 
 W = WorkerId("w")
@@ -179,3 +185,46 @@ def test_a_stale_report_decays_and_own_live_requests_stay_counted(worker_view):
 def test_decay_settings_are_checked():
     with pytest.raises(ValueError, match="stale_half_life_s > 0"):
         LoadLedger(stale_half_life_s=0.0)
+
+
+def test_corrected_tables_kept_across_calls_equal_corrections_made_from_scratch(worker_view):
+    """LoadLedger.corrected redoes only what changed (rows the new view replaced, workers whose
+    entries changed, stale rows): after any sequence of dispatches, phase changes, reports and
+    new views, its table is the one a fresh correction of every row gives."""
+    rng = random.Random(7)
+    ids = [f"w{i}" for i in range(12)]
+
+    def view(w: str, now: float):
+        return dataclasses.replace(
+            worker_view(w, num_running=rng.randrange(4), num_waiting=rng.randrange(3), num_queued_prefill_tokens=rng.randrange(200),
+                        num_used_blocks=rng.randrange(50)),
+            reported_at=now - rng.choice([0.0, 0.5, 2.0]),
+        )  # fmt: skip
+
+    ledger = LoadLedger(report_lag_s=0.1, stale_report_s=1.0, stale_half_life_s=1.0)
+    now = 10.0
+    cluster = ClusterView(tuple(view(w, now) for w in ids), CacheIndex())
+    live: list[int] = []
+    for step in range(300):
+        now += 0.05
+        action = rng.random()
+        if action < 0.3:
+            d = step + 1
+            workers = rng.sample(ids, rng.choice([1, 2]))
+            ledger.dispatched(d, [Charge(w, rng.randrange(100), 5, rng.randrange(6), decodes=i == 0) for i, w in enumerate(workers)], now)
+            live.append(d)
+        elif action < 0.45 and live:
+            ledger.prefill_ended(rng.choice(live), now)
+        elif action < 0.6 and live:
+            ledger.finished(live.pop(rng.randrange(len(live))), now)
+        elif action < 0.8:
+            changed = {w: view(w, now) for w in rng.sample(ids, rng.randrange(1, 4))}
+            for w in changed:
+                ledger.reported(w, now, sampled_at=now - rng.choice([0.0, 0.2]))
+            cluster = cluster_with(cluster, changed, None)
+        table = table_of(cluster)
+        got = ledger.corrected(table, now)
+        want = WorkerTable([ledger.adjust(v, now) for v in table.views])
+        assert got.views == want.views, f"step {step}"
+        for column in ("queued", "used", "total", "requests", "pending", "active", "reported_at"):
+            assert list(getattr(got, column)) == list(getattr(want, column)), f"step {step}: {column}"
