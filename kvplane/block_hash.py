@@ -58,21 +58,48 @@ def hash_blocks(token_ids: Sequence[int], block_size: int, model_salt: str, tena
     return hashes
 
 
+class _Recent:
+    """A map that remembers about the last `capacity` to 2 x `capacity` entries put: two
+    generations, the older dropped whole when the newer fills (O(1), no per-entry bookkeeping)."""
+
+    __slots__ = ("capacity", "new", "old")
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.new: dict = {}
+        self.old: dict = {}
+
+    def get(self, key):
+        value = self.new.get(key)
+        if value is None:
+            value = self.old.get(key)
+            if value is not None:
+                self.put(key, value)
+        return value
+
+    def put(self, key, value) -> None:
+        if len(self.new) >= self.capacity:
+            self.old, self.new = self.new, {}
+        self.new[key] = value
+
+
 class CachedBlockHasher:
     """hash_blocks with a memory of recent blocks: prompts that share a prefix with recent ones
-    (a system prompt, the turns of a chat, an agent's loop) hash their shared blocks by one
-    dictionary lookup each instead of one blake2b each. Results are exactly hash_blocks': the
-    key is the block's whole hash input (parent hash and token bytes). Two generations of at
-    most `capacity` blocks each: when the newer one fills, the older is dropped."""
+    (a system prompt, the turns of a chat, an agent's loop) hash their shared blocks by
+    dictionary lookups instead of one blake2b each, a run of CHUNK_BLOCKS blocks per lookup.
+    Results are exactly hash_blocks': a block's key is its whole hash input (parent hash and
+    token bytes), a run's the parent hash and the run's token bytes. Memory: about `capacity`
+    blocks (and runs) per generation, two generations."""
 
-    __slots__ = ("capacity", "_new", "_old")
+    CHUNK_BLOCKS = 16
+
+    __slots__ = ("_blocks", "_runs")
 
     def __init__(self, capacity: int = 1 << 15) -> None:
         if capacity <= 0:
             raise ValueError(f"capacity must be positive, got {capacity}")
-        self.capacity = capacity
-        self._new: dict[bytes, BlockHash] = {}
-        self._old: dict[bytes, BlockHash] = {}
+        self._blocks = _Recent(capacity)
+        self._runs = _Recent(max(capacity // self.CHUNK_BLOCKS, 1))
 
     def hash_blocks(self, token_ids: Sequence[int], block_size: int, model_salt: str, tenant_salt: str = "") -> list[BlockHash]:
         if block_size <= 0:
@@ -82,21 +109,32 @@ class CachedBlockHasher:
         if sys.byteorder != "little":
             packed.byteswap()
         data = packed.tobytes()
-        step = 4 * block_size
+        step, end = 4 * block_size, 4 * block_size * num_blocks
+        run_bytes = step * self.CHUNK_BLOCKS
         parent = root_hash(model_salt, tenant_salt)
         hashes: list[BlockHash] = []
-        new, old, blake2b = self._new, self._old, hashlib.blake2b
-        for offset in range(0, num_blocks * step, step):
-            key = parent + data[offset : offset + step]  # exactly what chain_hash hashes
-            child = new.get(key)
-            if child is None:
-                child = old.get(key)
-                if child is None:
-                    child = BlockHash(blake2b(key, digest_size=HASH_BYTES).digest())
-                if len(new) >= self.capacity:
-                    self._old, self._new = new, {}
-                    old, new = self._old, self._new
-                new[key] = child
-            parent = child
-            hashes.append(child)
+        offset = 0
+        while offset + run_bytes <= end:
+            key = parent + data[offset : offset + run_bytes]
+            run = self._runs.get(key)
+            if run is None:
+                run = self._hash_run(parent, data, offset, offset + run_bytes, step)
+                self._runs.put(key, run)
+            hashes += run
+            parent, offset = run[-1], offset + run_bytes
+        if offset < end:
+            hashes += self._hash_run(parent, data, offset, end, step)
         return hashes
+
+    def _hash_run(self, parent: BlockHash, data: bytes, start: int, end: int, step: int) -> tuple[BlockHash, ...]:
+        blocks, blake2b = self._blocks, hashlib.blake2b
+        out = []
+        for offset in range(start, end, step):
+            key = parent + data[offset : offset + step]  # exactly what chain_hash hashes
+            child = blocks.get(key)
+            if child is None:
+                child = BlockHash(blake2b(key, digest_size=HASH_BYTES).digest())
+                blocks.put(key, child)
+            out.append(child)
+            parent = child
+        return tuple(out)

@@ -43,6 +43,6 @@ def test_the_cached_hasher_gives_exactly_hash_blocks_answers_across_shared_prefi
         prompt = rng.choice(bases)[: rng.randrange(0, 400)] + [rng.randrange(2**32) for _ in range(rng.randrange(0, 40))]
         block_size, salts = rng.choice([1, 4, 16]), rng.choice([("m", ""), ("m", "tenant-a"), ("other", "")])
         assert hasher.hash_blocks(prompt, block_size, *salts) == hash_blocks(prompt, block_size, *salts)
-    assert len(hasher._new) <= 50 and len(hasher._old) <= 50
+    assert len(hasher._blocks.new) <= 50 and len(hasher._blocks.old) <= 50
     with pytest.raises(ValueError, match="block_size must be positive"):
         hasher.hash_blocks([1, 2], 0, "m")
