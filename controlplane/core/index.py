@@ -158,29 +158,11 @@ class CacheIndex:
 
     def overlaps(self, block_hashes: Sequence[BlockHash]) -> dict[WorkerId, OverlapScore]:
         """Longest cached prefix of `block_hashes` per worker; workers matching no block are absent."""
-        n = len(block_hashes)
-        # matching[i]: the workers holding every block up to i, the running AND of the holder
-        # masks, computed by itertools in C (the walk is a few Python steps per worker, not per
-        # block) in chunks of doubling length, so a short match in a long prompt stops early.
-        matching: list[int] = []
-        get, running, start, chunk = self._block_to_holders.get, -1, 0, _FIRST_CHUNK
-        while start < n and running:
-            part = block_hashes[start : start + chunk]
-            matching += accumulate(map(get, part, repeat(0, len(part))), and_, initial=running)
-            del matching[start]  # the initial value
-            running, start, chunk = matching[-1], start + chunk, chunk * 2
-        if not n or not matching[0]:
+        matching = running_and(self._block_to_holders, block_hashes)
+        if not matching:
             return {}
-        try:
-            end = matching.index(0)  # the longest prefix anyone holds
-        except ValueError:
-            end = len(matching)
-        length: dict[int, int] = {}  # bit -> matched blocks
-        for i in compress(range(1, end), map(ne, matching[1:end], matching)):
-            for bit in set_bits(matching[i - 1] ^ matching[i]):
-                length[bit] = i
-        for bit in set_bits(matching[end - 1]):
-            length[bit] = end
+        end = len(matching)
+        length = prefix_lengths(matching)  # bit -> matched blocks
         slower: dict[int, list[int]] = {}  # bit -> [host, disk] blocks of its matched prefix
         if self._slow_blocks:  # rare: most blocks sit on the device only
             for i in compress(range(end), map(self._slow_blocks.__contains__, block_hashes[:end])):
@@ -292,6 +274,37 @@ class CacheIndex:
             for block_hash in list(block_hashes):
                 self._discard(worker_id, block_hash, tier)
         tier_blocks.clear()
+
+
+def running_and(masks: Mapping[BlockHash, int], block_hashes: Sequence[BlockHash]) -> list[int]:
+    """matching[i]: the bits set in the masks of every block up to i, while any is: the
+    workers holding all of a prompt's first i + 1 blocks. Computed by itertools in C (a few
+    Python steps per chunk, not per block) in chunks of doubling length, so that a short match
+    in a long prompt stops early."""
+    n = len(block_hashes)
+    matching: list[int] = []
+    get, running, start, chunk = masks.get, -1, 0, _FIRST_CHUNK
+    while start < n and running:
+        part = block_hashes[start : start + chunk]
+        matching += accumulate(map(get, part, repeat(0, len(part))), and_, initial=running)
+        del matching[start]  # the initial value
+        running, start, chunk = matching[-1], start + chunk, chunk * 2
+    if matching and not matching[-1]:
+        del matching[matching.index(0) :]
+    return matching
+
+
+def prefix_lengths(matching: Sequence[int]) -> dict[int, int]:
+    """bit -> how many leading blocks it matched (running_and's answer), from where bits drop out."""
+    end = len(matching)
+    length: dict[int, int] = {}
+    for i in compress(range(1, end), map(ne, matching[1:end], matching)):
+        for bit in set_bits(matching[i - 1] ^ matching[i]):
+            length[bit] = i
+    if end:
+        for bit in set_bits(matching[end - 1]):
+            length[bit] = end
+    return length
 
 
 def set_bits(mask: int):

@@ -26,6 +26,11 @@ from kvplane.types import WorkerId
 _LOAD_COLUMNS = ("queued", "used", "total", "requests", "pending")
 
 
+def _fixed(w: WorkerView) -> tuple:
+    """What a worker's columns hold besides its load and report time."""
+    return w.model, w.transports, w.block_size, w.max_context, w.active, w.role
+
+
 def _load_row(w: WorkerView) -> tuple[int, int, int, int, int]:
     load = w.load
     return (
@@ -134,10 +139,15 @@ class WorkerTable:
         if not rows:
             return self
         t = self.with_loads(rows)
-        t = t._copy(("model_code", "transport_code", "block_size", "max_context", "active", "can_decode", "can_prefill", "reported_at"))
-        t.models, t.transports = list(self.models), list(self.transports)
-        for i, w in rows.items():
-            t._set_worker(i, w)
+        if any(_fixed(self.views[i]) != _fixed(w) for i, w in rows.items()):
+            t = t._copy(("model_code", "transport_code", "block_size", "max_context", "active", "can_decode", "can_prefill", "reported_at"))
+            t.models, t.transports = list(self.models), list(self.transports)
+            for i, w in rows.items():
+                t._set_worker(i, w)
+        else:  # the common case, new reports: of the rest only their time changed
+            t.reported_at = self.reported_at.copy()
+            for i, w in rows.items():
+                t.reported_at[i] = np.nan if w.reported_at is None else w.reported_at
         t._parent, t.changed_rows = weakref.ref(self), frozenset(rows)
         return t
 

@@ -24,7 +24,7 @@ import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from controlplane.core.index import CacheIndex, OverlapScore, set_bits
+from controlplane.core.index import CacheIndex, OverlapScore, prefix_lengths, running_and
 from kvplane.types import BlockHash, Tier, WorkerId
 
 
@@ -144,24 +144,7 @@ class PrefixPredictions:
 
     def _predicted_prefixes(self, block_hashes: Sequence[BlockHash]) -> dict[int, int]:
         """bit -> how many leading blocks of `block_hashes` a live record there shares."""
-        get = self._block_to_mask.get
-        matching = get(block_hashes[0], 0)
-        if not matching:
-            return {}
-        length: dict[int, int] = {}
-        position = len(block_hashes)
-        for i in range(1, len(block_hashes)):
-            kept = matching & get(block_hashes[i], 0)
-            if kept != matching:
-                for bit in set_bits(matching ^ kept):
-                    length[bit] = i
-                matching = kept
-                if not matching:
-                    position = i
-                    break
-        for bit in set_bits(matching):
-            length[bit] = position
-        return length
+        return prefix_lengths(running_and(self._block_to_mask, block_hashes))
 
     def _expire(self, now: float) -> None:
         expiries = self._expiries

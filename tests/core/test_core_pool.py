@@ -65,6 +65,10 @@ def test_row_updates_leave_the_original_table_untouched():
     assert loads.views[3] is busier and t.views[3] is views[3]
     assert not changed.active[5] and changed.models[changed.model_code[5]] == "new-model"
     assert t.active[5] == views[5].active and "new-model" not in t.models
+    reported = dataclasses.replace(views[7], reported_at=99.0, load=dataclasses.replace(views[7].load, num_used_blocks=77))
+    after_report = t.replaced({7: reported})
+    assert after_report.reported_at[7] == 99.0 and after_report.used[7] == 77 and after_report.views[7] is reported
+    assert t.reported_at[7] != 99.0 and after_report.parent is t and after_report.changed_rows == {7}
 
 
 def test_a_pool_lists_its_workers_in_table_order_and_splits_by_id():
