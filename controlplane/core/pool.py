@@ -46,7 +46,7 @@ class WorkerTable:
     """Columns of a fixed sequence of worker views; row i is views[i]. Read-only once built."""
 
     __slots__ = (
-        "views", "worker_ids", "row_of", "id_rank", "models", "transports",
+        "views", "worker_ids", "id_array", "row_of", "id_rank", "models", "transports",
         "model_code", "transport_code", "block_size", "max_context", "active", "can_decode", "can_prefill", "reported_at",
         "queued", "used", "total", "requests", "pending", "_parent", "changed_rows", "__weakref__",
     )  # fmt: skip
@@ -56,6 +56,7 @@ class WorkerTable:
         self._parent: weakref.ref[WorkerTable] | None = None  # the table `replaced` made this one from
         self.changed_rows: frozenset[int] = frozenset()  # and the rows it replaced there
         self.worker_ids: list[WorkerId] = [w.worker_id for w in self.views]
+        self.id_array = np.array(self.worker_ids, dtype=object)  # to pick many ids at C speed
         self.row_of: dict[WorkerId, int] = {w: i for i, w in enumerate(self.worker_ids)}
         # Each row's place in worker-id order: ties in cost are broken by worker id.
         self.id_rank = np.empty(len(self.views), np.int64)
@@ -232,12 +233,18 @@ class WorkerPool(Sequence[WorkerView]):
 
     def union(self, other: WorkerPool) -> WorkerPool:
         """The workers of both pools (of one table), in table order."""
-        return WorkerPool(self.table, np.union1d(self.rows, other.rows))
+        if not len(other):
+            return self
+        if not len(self):
+            return other
+        both = np.zeros(len(self.table.views), bool)
+        both[self.rows] = True
+        both[other.rows] = True
+        return WorkerPool(self.table, np.flatnonzero(both))
 
     @property
     def worker_ids(self) -> list[WorkerId]:
-        ids = self.table.worker_ids
-        return [ids[r] for r in self.rows.tolist()]
+        return self.table.id_array[self.rows].tolist()
 
     def without(self, worker_id: WorkerId) -> WorkerPool:
         row = self.table.row_of.get(worker_id)
