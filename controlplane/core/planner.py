@@ -241,7 +241,7 @@ class Planner:
             why = "; ".join(f"{w}: {reason}" for w, reason in sorted(out.items()))
             raise type(e)(f"{e} (out of routing for now: {why})", transient=True) from None
         t = pool.table
-        candidates = pool.where((t.model_code == t.models.index(request.model)) & t.active & t.can_decode)
+        candidates = pool.where(t.serving(request.model, "decode"))
         objective = settings.objective(request.model, request.priority)
         # The router already walked the index for the prompt; that walk serves every option.
         held = decision.index_overlaps

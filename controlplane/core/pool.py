@@ -15,7 +15,7 @@ needs every worker's object may simply iterate it; the hot paths use its columns
 from __future__ import annotations
 
 import weakref
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -48,12 +48,15 @@ class WorkerTable:
     __slots__ = (
         "views", "worker_ids", "id_array", "row_of", "id_rank", "models", "transports",
         "model_code", "transport_code", "block_size", "max_context", "active", "can_decode", "can_prefill", "reported_at",
-        "queued", "used", "total", "requests", "pending", "_parent", "changed_rows", "__weakref__",
+        "queued", "used", "total", "requests", "pending", "_memo", "_parent", "changed_rows", "__weakref__",
     )  # fmt: skip
 
     def __init__(self, views: Sequence[WorkerView]) -> None:
         self.views: tuple[WorkerView, ...] = tuple(views)
         self._parent: weakref.ref[WorkerTable] | None = None  # the table `replaced` made this one from
+        # Masks of the fixed columns (model, role, active, transports), made once and shared by
+        # every table made from this one that keeps those columns (new reports, load corrections).
+        self._memo: dict[tuple, np.ndarray] = {}
         self.changed_rows: frozenset[int] = frozenset()  # and the rows it replaced there
         self.worker_ids: list[WorkerId] = [w.worker_id for w in self.views]
         self.id_array = np.array(self.worker_ids, dtype=object)  # to pick many ids at C speed
@@ -142,7 +145,7 @@ class WorkerTable:
         t = self.with_loads(rows)
         if any(_fixed(self.views[i]) != _fixed(w) for i, w in rows.items()):
             t = t._copy(("model_code", "transport_code", "block_size", "max_context", "active", "can_decode", "can_prefill", "reported_at"))
-            t.models, t.transports = list(self.models), list(self.transports)
+            t.models, t.transports, t._memo = list(self.models), list(self.transports), {}
             for i, w in rows.items():
                 t._set_worker(i, w)
         else:  # the common case, new reports: of the rest only their time changed
@@ -162,8 +165,36 @@ class WorkerTable:
 
     def kv_mask(self, other: WorkerView, *, cached_blocks: bool = False) -> np.ndarray:
         """Per row, whether KV can move between that worker and `other` (views.kv_can_move)."""
-        can = np.array([kv_can_move(t, other.transports, cached_blocks=cached_blocks) for t in self.transports], bool)
-        return can[self.transport_code]
+        key = ("kv", other.transports, cached_blocks)
+        mask = self._memo.get(key)
+        if mask is None:
+            can = np.array([kv_can_move(t, other.transports, cached_blocks=cached_blocks) for t in self.transports], bool)
+            mask = self._memo[key] = can[self.transport_code]
+        return mask
+
+    def fixed(self, key: tuple, make: Callable[[], object]):
+        """`make()`, once per set of fixed columns: for what depends on model, role, activity,
+        context or transports only (never on loads or report times)."""
+        value = self._memo.get(key)
+        if value is None:
+            value = self._memo[key] = make()
+        return value
+
+    def serving(self, model: str, role: str = "any") -> np.ndarray:
+        """Per row, whether the worker serves `model` and, for role "decode" / "prefill" /
+        "active", is active and can decode / prefill / do either."""
+        key = ("serving", model, role)
+        mask = self._memo.get(key)
+        if mask is None:
+            mask = self.model_code == self.models.index(model) if model in self.models else np.zeros(len(self.views), bool)
+            if role != "any":
+                mask = mask & self.active
+            if role == "decode":
+                mask = mask & self.can_decode
+            elif role == "prefill":
+                mask = mask & self.can_prefill
+            self._memo[key] = mask
+        return mask
 
 
 _DATA_SLOTS = tuple(n for n in WorkerTable.__slots__ if n not in ("_parent", "changed_rows", "__weakref__"))

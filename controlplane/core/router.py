@@ -139,12 +139,14 @@ class Router:
         assert decode_view is not None  # a policy prices only the workers it is given
 
         prefill_workers = model_workers.where(
-            table.can_prefill & table.active & (table.max_context >= num_prompt_tokens) & table.kv_mask(decode_view)
+            table.serving(request.model, "prefill") & (table.max_context >= num_prompt_tokens) & table.kv_mask(decode_view)
         ).without(decode.worker_id)
         prefill_worker, reason = self._place_prefill(request, decode, prefill_workers, worker_to_overlap, limit)
         fetch = None
         if prefill_worker is None and request.disagg is not DisaggMode.NEVER:
-            sources = model_workers.where(table.active & table.kv_mask(decode_view, cached_blocks=True)).without(decode.worker_id)
+            sources = model_workers.where(table.serving(request.model, "active") & table.kv_mask(decode_view, cached_blocks=True)).without(
+                decode.worker_id
+            )
             fetch = self.policy.fetch(ctx, decode_view, decode, sources)
         return RouteDecision(
             decode_worker=decode.worker_id,
@@ -223,16 +225,18 @@ class Router:
 
 def _model_workers(model: str, workers: WorkerPool) -> WorkerPool:
     table = workers.table
-    model_workers = (
-        workers.where(table.model_code == table.models.index(model)) if model in table.models else WorkerPool(table, workers.rows[:0])
-    )
+    model_workers = workers.where(table.serving(model))
     if not model_workers:
         served = sorted({w.model for w in workers})
         known = f"registered workers serve {served}" if served else "no workers are registered"
         raise NoCandidateError(f"no worker serves model {model!r}; {known}")
-    block_sizes = model_workers.column("block_size")
-    if block_sizes.min() != block_sizes.max():
-        block_sizes = sorted(set(block_sizes.tolist()))
+    # One block size among all the model's workers (the common case, known once per set of
+    # workers) means one among these; otherwise look at these.
+    if len(table.fixed(("block sizes", model), lambda: set(table.block_size[table.serving(model)].tolist()))) > 1:
+        block_sizes = sorted(set(model_workers.column("block_size").tolist()))
+    else:
+        block_sizes = [model_workers[0].block_size]
+    if len(block_sizes) > 1:
         raise NoCandidateError(
             f"workers of model {model!r} disagree on block_size {block_sizes}; they must share one "
             "block size so their block hashes match (fix the workers' engine configuration)"
@@ -242,6 +246,11 @@ def _model_workers(model: str, workers: WorkerPool) -> WorkerPool:
 
 def _decode_candidates(request: RouteRequest, model_workers: WorkerPool) -> WorkerPool:
     table = model_workers.table
+    num_needed = len(request.prompt_token_ids) + request.max_tokens
+    fitting = model_workers.where(table.serving(request.model, "decode") & (table.max_context >= num_needed))
+    if fitting:
+        return fitting
+    # None: say why.
     decoders = model_workers.where(table.can_decode)
     if not decoders:
         raise NoCandidateError(
@@ -250,13 +259,9 @@ def _decode_candidates(request: RouteRequest, model_workers: WorkerPool) -> Work
     active = decoders.where(table.active)
     if not active:
         raise NoCandidateError(f"all {len(decoders)} decode workers for model {request.model!r} are draining")
-    num_needed = len(request.prompt_token_ids) + request.max_tokens
-    fitting = active.where(table.max_context >= num_needed)
-    if not fitting:
-        largest = int(active.column("max_context").max())
-        raise NoCandidateError(
-            f"prompt of {len(request.prompt_token_ids)} tokens + max_tokens {request.max_tokens} = "
-            f"{num_needed} exceeds max_context of every active decode worker for model "
-            f"{request.model!r} (largest {largest}); shorten the prompt or lower max_tokens"
-        )
-    return fitting
+    largest = int(active.column("max_context").max())
+    raise NoCandidateError(
+        f"prompt of {len(request.prompt_token_ids)} tokens + max_tokens {request.max_tokens} = "
+        f"{num_needed} exceeds max_context of every active decode worker for model "
+        f"{request.model!r} (largest {largest}); shorten the prompt or lower max_tokens"
+    )

@@ -119,3 +119,14 @@ def test_priced_candidates_rank_cheapest_first_ties_by_worker_id_and_are_made_wh
     assert ranked.worker_ids == ["w001", "w000", "w002", "w004", "w003", "w005"]  # 0.5, then the three 1.0 by id, 2.0, 3.0
     first = ranked[0]
     assert first.cost == 0.5 and first.note == "candidate 4" and made == [4]
+
+
+def test_masks_of_fixed_columns_are_made_once_and_follow_a_drain():
+    views = [dataclasses.replace(w, model="m", active=True, role=Role.BOTH) for w in _fleet(8)]
+    t = WorkerTable(views)
+    decoding = t.serving("m", "decode")
+    assert decoding.all() and t.serving("m", "decode") is decoding and not t.serving("unknown").any()
+    reported = t.replaced({2: dataclasses.replace(views[2], reported_at=50.0)})
+    assert reported.serving("m", "decode") is decoding  # a report changes no fixed column
+    drained = reported.replaced({3: dataclasses.replace(views[3], active=False)})
+    assert list(drained.serving("m", "decode")) == [i != 3 for i in range(8)] and decoding[3]
