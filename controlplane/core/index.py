@@ -18,6 +18,7 @@ events; because block hashes are chained, a flat hash -> holders map is enough t
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import accumulate, compress, repeat
@@ -169,18 +170,10 @@ class CacheIndex:
                 masks = self._block_to_tier_masks[block_hashes[i]]
                 for bit in set_bits(matching[i] & ~masks[0]):
                     slower.setdefault(bit, [0, 0])[0 if masks[1] >> bit & 1 else 1] += 1
-        # Workers with the same match share one (read-only) score: a hot prefix has a thousand.
-        scores: dict[tuple[int, int, int], OverlapScore] = {}
-        result = {}
         bit_to_worker = self._bit_to_worker
-        for bit, num_blocks in length.items():
-            host, disk = slower.get(bit, (0, 0))
-            score = scores.get((num_blocks, host, disk))
-            if score is None:
-                counts = MappingProxyType({Tier.DEVICE: num_blocks - host - disk, Tier.HOST: host, Tier.DISK: disk})
-                score = scores[num_blocks, host, disk] = OverlapScore(num_blocks=num_blocks, blocks_by_tier=counts)
-            result[bit_to_worker[bit]] = score
-        return result
+        if not slower:
+            return {bit_to_worker[bit]: _score(num_blocks, 0, 0) for bit, num_blocks in length.items()}
+        return {bit_to_worker[bit]: _score(num_blocks, *slower.get(bit, (0, 0))) for bit, num_blocks in length.items()}
 
     def holder_tiers(self, block_hash: BlockHash, worker_id: WorkerId) -> frozenset[Tier]:
         """Tiers at which the worker holds the block (empty when it does not)."""
@@ -315,5 +308,9 @@ def set_bits(mask: int):
         mask ^= low
 
 
-def _score(counts: dict[Tier, int]) -> OverlapScore:
-    return OverlapScore(num_blocks=sum(counts.values()), blocks_by_tier=counts)
+@functools.lru_cache(maxsize=1 << 14)
+def _score(num_blocks: int, host: int, disk: int) -> OverlapScore:
+    """The (read-only) score of a match: workers with the same match share it, a hot prefix's
+    thousand holders and every lookup that finds the same."""
+    counts = MappingProxyType({Tier.DEVICE: num_blocks - host - disk, Tier.HOST: host, Tier.DISK: disk})
+    return OverlapScore(num_blocks=num_blocks, blocks_by_tier=counts)
