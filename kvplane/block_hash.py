@@ -84,22 +84,23 @@ class _Recent:
 
 
 class CachedBlockHasher:
-    """hash_blocks with a memory of recent blocks: prompts that share a prefix with recent ones
-    (a system prompt, the turns of a chat, an agent's loop) hash their shared blocks by
-    dictionary lookups instead of one blake2b each, a run of CHUNK_BLOCKS blocks per lookup.
-    Results are exactly hash_blocks': a block's key is its whole hash input (parent hash and
-    token bytes), a run's the parent hash and the run's token bytes. Memory: about `capacity`
-    blocks (and runs) per generation, two generations."""
+    """hash_blocks with a memory of recent prompts: a prompt that shares a prefix with recent ones
+    (a system prompt, the turns of a chat, an agent's loop) gets the hashes of each shared run of
+    RUN_BLOCKS blocks by one dictionary lookup instead of one blake2b per block. Results are
+    exactly hash_blocks': a run's key is its whole hash input (the parent hash and the run's token
+    bytes). After the first run that misses no later one can hit (its last hash is new and the
+    next run's parent), so a prompt of new blocks costs hash_blocks plus one store per run. The
+    partial run at a prompt's end is not cached. Memory: about `capacity` runs per generation,
+    two generations."""
 
-    CHUNK_BLOCKS = 16
+    RUN_BLOCKS = 16
 
-    __slots__ = ("_blocks", "_runs")
+    __slots__ = ("_runs",)
 
-    def __init__(self, capacity: int = 1 << 15) -> None:
+    def __init__(self, capacity: int = 1 << 11) -> None:
         if capacity <= 0:
             raise ValueError(f"capacity must be positive, got {capacity}")
-        self._blocks = _Recent(capacity)
-        self._runs = _Recent(max(capacity // self.CHUNK_BLOCKS, 1))
+        self._runs = _Recent(capacity)
 
     def hash_blocks(self, token_ids: Sequence[int], block_size: int, model_salt: str, tenant_salt: str = "") -> list[BlockHash]:
         if block_size <= 0:
@@ -110,31 +111,29 @@ class CachedBlockHasher:
             packed.byteswap()
         data = packed.tobytes()
         step, end = 4 * block_size, 4 * block_size * num_blocks
-        run_bytes = step * self.CHUNK_BLOCKS
+        run_bytes = step * self.RUN_BLOCKS
         parent = root_hash(model_salt, tenant_salt)
         hashes: list[BlockHash] = []
-        offset = 0
+        offset, known = 0, True  # known: every run so far was in the cache
         while offset + run_bytes <= end:
             key = parent + data[offset : offset + run_bytes]
-            run = self._runs.get(key)
+            run = self._runs.get(key) if known else None
             if run is None:
-                run = self._hash_run(parent, data, offset, offset + run_bytes, step)
+                known = False
+                run = _chain(parent, data, offset, offset + run_bytes, step)
                 self._runs.put(key, run)
             hashes += run
             parent, offset = run[-1], offset + run_bytes
         if offset < end:
-            hashes += self._hash_run(parent, data, offset, end, step)
+            hashes += _chain(parent, data, offset, end, step)
         return hashes
 
-    def _hash_run(self, parent: BlockHash, data: bytes, start: int, end: int, step: int) -> tuple[BlockHash, ...]:
-        blocks, blake2b = self._blocks, hashlib.blake2b
-        out = []
-        for offset in range(start, end, step):
-            key = parent + data[offset : offset + step]  # exactly what chain_hash hashes
-            child = blocks.get(key)
-            if child is None:
-                child = BlockHash(blake2b(key, digest_size=HASH_BYTES).digest())
-                blocks.put(key, child)
-            out.append(child)
-            parent = child
-        return tuple(out)
+
+def _chain(parent: BlockHash, data: bytes, start: int, end: int, step: int) -> tuple[BlockHash, ...]:
+    """The chained hashes of the blocks of data[start:end], `step` bytes each, after `parent`."""
+    blake2b = hashlib.blake2b
+    out = []
+    for offset in range(start, end, step):
+        parent = BlockHash(blake2b(parent + data[offset : offset + step], digest_size=HASH_BYTES).digest())
+        out.append(parent)
+    return tuple(out)

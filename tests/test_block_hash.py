@@ -37,12 +37,12 @@ def test_token_ids_must_fit_uint32_and_block_size_be_positive():
 
 def test_the_cached_hasher_gives_exactly_hash_blocks_answers_across_shared_prefixes_and_evictions():
     rng = random.Random(3)
-    hasher = CachedBlockHasher(capacity=50)  # small: generations turn over during the test
+    hasher = CachedBlockHasher(capacity=3)  # small: generations turn over during the test
     bases = [[rng.randrange(2**32) for _ in range(400)] for _ in range(4)]
     for _ in range(60):
         prompt = rng.choice(bases)[: rng.randrange(0, 400)] + [rng.randrange(2**32) for _ in range(rng.randrange(0, 40))]
         block_size, salts = rng.choice([1, 4, 16]), rng.choice([("m", ""), ("m", "tenant-a"), ("other", "")])
         assert hasher.hash_blocks(prompt, block_size, *salts) == hash_blocks(prompt, block_size, *salts)
-    assert len(hasher._blocks.new) <= 50 and len(hasher._blocks.old) <= 50
+    assert len(hasher._runs.new) <= 3 and len(hasher._runs.old) <= 3
     with pytest.raises(ValueError, match="block_size must be positive"):
         hasher.hash_blocks([1, 2], 0, "m")
