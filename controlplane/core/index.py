@@ -172,8 +172,8 @@ class CacheIndex:
                     slower.setdefault(bit, [0, 0])[0 if masks[1] >> bit & 1 else 1] += 1
         bit_to_worker = self._bit_to_worker
         if not slower:
-            return {bit_to_worker[bit]: _score(num_blocks, 0, 0) for bit, num_blocks in length.items()}
-        return {bit_to_worker[bit]: _score(num_blocks, *slower.get(bit, (0, 0))) for bit, num_blocks in length.items()}
+            return {bit_to_worker[bit]: overlap_score(num_blocks) for bit, num_blocks in length.items()}
+        return {bit_to_worker[bit]: overlap_score(num_blocks, *slower.get(bit, (0, 0))) for bit, num_blocks in length.items()}
 
     def holder_tiers(self, block_hash: BlockHash, worker_id: WorkerId) -> frozenset[Tier]:
         """Tiers at which the worker holds the block (empty when it does not)."""
@@ -309,8 +309,9 @@ def set_bits(mask: int):
 
 
 @functools.lru_cache(maxsize=1 << 14)
-def _score(num_blocks: int, host: int, disk: int) -> OverlapScore:
-    """The (read-only) score of a match: workers with the same match share it, a hot prefix's
-    thousand holders and every lookup that finds the same."""
+def overlap_score(num_blocks: int, host: int = 0, disk: int = 0, num_predicted: int = 0) -> OverlapScore:
+    """The (read-only) score of a match of num_blocks, host and disk of them off the device:
+    workers with the same match share it, a hot prefix's thousand holders and every lookup that
+    finds the same."""
     counts = MappingProxyType({Tier.DEVICE: num_blocks - host - disk, Tier.HOST: host, Tier.DISK: disk})
-    return OverlapScore(num_blocks=num_blocks, blocks_by_tier=counts)
+    return OverlapScore(num_blocks=num_blocks, blocks_by_tier=counts, num_predicted=num_predicted)

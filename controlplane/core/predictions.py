@@ -24,7 +24,7 @@ import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from controlplane.core.index import CacheIndex, OverlapScore, prefix_lengths, running_and
+from controlplane.core.index import CacheIndex, OverlapScore, overlap_score, prefix_lengths, running_and
 from kvplane.types import BlockHash, Tier, WorkerId
 
 
@@ -129,15 +129,15 @@ class PrefixPredictions:
             num_indexed = known.num_blocks if known is not None else 0
             if num_predicted_prefix <= num_indexed:
                 continue  # the index alone matches as far
-            counts = {tier: 0 for tier in Tier}
-            counts[Tier.DEVICE] = num_blocks = num_predicted_prefix
+            num_blocks, slower = num_predicted_prefix, {Tier.HOST: 0, Tier.DISK: 0}
             while num_blocks < len(block_hashes):  # then as far as the index holds the next blocks
                 tier = index.fastest_tier(block_hashes[num_blocks], worker_id)
                 if tier is None:
                     break
-                counts[tier] += 1
+                if tier is not Tier.DEVICE:
+                    slower[tier] += 1
                 num_blocks += 1
-            result[worker_id] = OverlapScore(num_blocks, counts, num_predicted=num_predicted_prefix - num_indexed)
+            result[worker_id] = overlap_score(num_blocks, slower[Tier.HOST], slower[Tier.DISK], num_predicted_prefix - num_indexed)
         return result
 
     # -- internals -------------------------------------------------------------------------------
