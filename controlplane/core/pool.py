@@ -4,8 +4,10 @@ Routing a request looks at every worker (which serve the model, which are active
 the least load, the pool's mean load for the load guard), and a Python loop over a thousand
 worker objects costs tens of microseconds per pass; a planner made a dozen such passes per
 request. A `WorkerTable` holds the same numbers as arrays, built once per ClusterView
-(`ClusterView.table()`) and updated row by row where something changed (`with_loads` for the
-planner's load corrections, `replaced` for new reports), so a pass is a few array operations.
+(`table_of`) and updated row by row where something changed (`with_loads` for the planner's load
+corrections, `replaced` for new reports: `cluster_with`), so a pass is a few array operations;
+masks of the columns that change only with the worker (model, role, activity, transports) are
+made once and shared by the tables made from one another.
 
 A `WorkerPool` is a table and the rows in play (sorted, so a pool lists its workers in the
 table's order, as the lists it replaces did). It is a Sequence of WorkerViews: a policy that
@@ -53,11 +55,12 @@ class WorkerTable:
 
     def __init__(self, views: Sequence[WorkerView]) -> None:
         self.views: tuple[WorkerView, ...] = tuple(views)
-        self._parent: weakref.ref[WorkerTable] | None = None  # the table `replaced` made this one from
-        # Masks of the fixed columns (model, role, active, transports), made once and shared by
-        # every table made from this one that keeps those columns (new reports, load corrections).
-        self._memo: dict[tuple, np.ndarray] = {}
-        self.changed_rows: frozenset[int] = frozenset()  # and the rows it replaced there
+        # The table `replaced` made this one from, and the rows it replaced there (none: built anew).
+        self._parent: weakref.ref[WorkerTable] | None = None
+        self.changed_rows: frozenset[int] = frozenset()
+        # What depends on the fixed columns only (fixed()), shared by every table made from this
+        # one that keeps those columns (new reports, load corrections).
+        self._memo: dict[tuple, object] = {}
         self.worker_ids: list[WorkerId] = [w.worker_id for w in self.views]
         self.id_array = np.array(self.worker_ids, dtype=object)  # to pick many ids at C speed
         self.row_of: dict[WorkerId, int] = {w: i for i, w in enumerate(self.worker_ids)}
@@ -165,12 +168,12 @@ class WorkerTable:
 
     def kv_mask(self, other: WorkerView, *, cached_blocks: bool = False) -> np.ndarray:
         """Per row, whether KV can move between that worker and `other` (views.kv_can_move)."""
-        key = ("kv", other.transports, cached_blocks)
-        mask = self._memo.get(key)
-        if mask is None:
+
+        def make() -> np.ndarray:
             can = np.array([kv_can_move(t, other.transports, cached_blocks=cached_blocks) for t in self.transports], bool)
-            mask = self._memo[key] = can[self.transport_code]
-        return mask
+            return can[self.transport_code]
+
+        return self.fixed(("kv", other.transports, cached_blocks), make)
 
     def fixed(self, key: tuple, make: Callable[[], object]):
         """`make()`, once per set of fixed columns: for what depends on model, role, activity,
@@ -183,9 +186,8 @@ class WorkerTable:
     def serving(self, model: str, role: str = "any") -> np.ndarray:
         """Per row, whether the worker serves `model` and, for role "decode" / "prefill" /
         "active", is active and can decode / prefill / do either."""
-        key = ("serving", model, role)
-        mask = self._memo.get(key)
-        if mask is None:
+
+        def make() -> np.ndarray:
             mask = self.model_code == self.models.index(model) if model in self.models else np.zeros(len(self.views), bool)
             if role != "any":
                 mask = mask & self.active
@@ -193,8 +195,9 @@ class WorkerTable:
                 mask = mask & self.can_decode
             elif role == "prefill":
                 mask = mask & self.can_prefill
-            self._memo[key] = mask
-        return mask
+            return mask
+
+        return self.fixed(("serving", model, role), make)
 
 
 _DATA_SLOTS = tuple(n for n in WorkerTable.__slots__ if n not in ("_parent", "changed_rows", "__weakref__"))
