@@ -38,24 +38,18 @@ def chain_hash(parent: BlockHash, block_token_ids: Sequence[int]) -> BlockHash:
 
 def hash_blocks(token_ids: Sequence[int], block_size: int, model_salt: str, tenant_salt: str = "") -> list[BlockHash]:
     """Hashes of every full block of `token_ids`, each chained on all blocks before it."""
+    data = _packed(token_ids, block_size)
+    return list(_chain(root_hash(model_salt, tenant_salt), data, 0, len(data), 4 * block_size))
+
+
+def _packed(token_ids: Sequence[int], block_size: int) -> bytes:
+    """The tokens of every full block, packed once (little-endian uint32, as chain_hash does)."""
     if block_size <= 0:
         raise ValueError(f"block_size must be positive, got {block_size}")
-    num_blocks = len(token_ids) // block_size
-    # Every token packed once (little-endian uint32, as chain_hash does), then hashed block by block.
-    packed = array("I", token_ids[: num_blocks * block_size])
+    packed = array("I", token_ids[: len(token_ids) // block_size * block_size])
     if sys.byteorder != "little":
         packed.byteswap()
-    data = memoryview(packed.tobytes())
-    step = 4 * block_size
-    parent = root_hash(model_salt, tenant_salt)
-    hashes: list[BlockHash] = []
-    blake2b = hashlib.blake2b
-    for offset in range(0, num_blocks * step, step):
-        h = blake2b(parent, digest_size=HASH_BYTES)
-        h.update(data[offset : offset + step])
-        parent = BlockHash(h.digest())
-        hashes.append(parent)
-    return hashes
+    return packed.tobytes()
 
 
 class _Recent:
@@ -103,14 +97,8 @@ class CachedBlockHasher:
         self._runs = _Recent(capacity)
 
     def hash_blocks(self, token_ids: Sequence[int], block_size: int, model_salt: str, tenant_salt: str = "") -> list[BlockHash]:
-        if block_size <= 0:
-            raise ValueError(f"block_size must be positive, got {block_size}")
-        num_blocks = len(token_ids) // block_size
-        packed = array("I", token_ids[: num_blocks * block_size])
-        if sys.byteorder != "little":
-            packed.byteswap()
-        data = packed.tobytes()
-        step, end = 4 * block_size, 4 * block_size * num_blocks
+        data = _packed(token_ids, block_size)
+        step, end = 4 * block_size, len(data)
         run_bytes = step * self.RUN_BLOCKS
         parent = root_hash(model_salt, tenant_salt)
         hashes: list[BlockHash] = []

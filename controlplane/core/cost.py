@@ -107,9 +107,10 @@ class Priced(Sequence[CandidateCost]):
 
     @staticmethod
     def concat(parts: Sequence[Priced]) -> Priced:
-        parts = [p for p in parts if len(p)]
-        if len(parts) == 1:
-            return parts[0]
+        nonempty = [p for p in parts if len(p)]
+        if len(nonempty) <= 1:
+            return nonempty[0] if nonempty else parts[0]
+        parts = nonempty
         offsets = np.cumsum([0] + [len(p) for p in parts])
 
         def detail(i: int) -> object:
@@ -118,10 +119,10 @@ class Priced(Sequence[CandidateCost]):
 
         return Priced(
             [w for p in parts for w in p.worker_ids],
-            np.concatenate([p.rows for p in parts]) if parts else np.empty(0, np.int64),
-            np.concatenate([p.cost for p in parts]) if parts else np.empty(0),
-            np.concatenate([p.cached_tokens for p in parts]) if parts else np.empty(0, np.int64),
-            np.concatenate([p.prefill_tokens for p in parts]) if parts else np.empty(0, np.int64),
+            np.concatenate([p.rows for p in parts]),
+            np.concatenate([p.cost for p in parts]),
+            np.concatenate([p.cached_tokens for p in parts]),
+            np.concatenate([p.prefill_tokens for p in parts]),
             detail,
         )
 
@@ -183,8 +184,7 @@ def price(
         if discount_predicted:
             discount = np.array([s.num_predicted if s else 0 for s in per], np.int64)[codes]
     scale = credit_scale if credit_scale is not None else np.ones(n)
-    if credit_scale is not None:
-        credit = credit * credit_scale
+    credit = credit * scale  # x 1.0 is exact: unguarded credit unchanged
     num_prompt_blocks = -(-num_prompt_tokens // block_size)
     num_queued_blocks = np.maximum(-(-queued // block_size) - discount, 0)
     cost = config.prefill_load_scale * np.maximum(num_queued_blocks + num_prompt_blocks - credit, 0.0) + used

@@ -105,7 +105,9 @@ class RoutingPolicyParams(Protocol):
 
 
 class RoutingPolicy(Protocol):
-    def costs(self, ctx: RouteContext, workers: Sequence[WorkerView]) -> list[CandidateCost]: ...
+    def costs(self, ctx: RouteContext, workers: Sequence[WorkerView]) -> Sequence[CandidateCost]:
+        """Candidate costs in any order: a list, or cost.Priced columns."""
+        ...
 
     def overlaps(
         self, index: CacheIndex, block_hashes: Sequence[BlockHash], now: float, cached: Mapping[WorkerId, OverlapScore]
