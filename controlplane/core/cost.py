@@ -175,10 +175,7 @@ def price(
     block_size, queued, used = workers.column("block_size"), workers.column("queued"), workers.column("used")
     matched, credit, discount = np.zeros(n, np.int64), np.zeros(n), np.zeros(n, np.int64)
     if overlaps is not None and n:
-        scores = [overlaps.get(w) for w in workers.worker_ids]
-        distinct: dict[int, tuple[int, OverlapScore | None]] = {}  # a hot prefix: a thousand workers, one score
-        codes = np.fromiter((distinct.setdefault(id(s), (len(distinct), s))[0] for s in scores), np.int64, n)
-        per = [s for _, s in distinct.values()]
+        codes, per = workers.distinct_values(overlaps)
         matched = np.array([s.num_blocks if s else 0 for s in per], np.int64)[codes]
         credit = np.array([_raw_credit(config, s) for s in per], np.float64)[codes]
         if discount_predicted:

@@ -30,7 +30,7 @@ _LOAD_COLUMNS = ("queued", "used", "total", "requests", "pending")
 
 def _fixed(w: WorkerView) -> tuple:
     """What a worker's columns hold besides its load and report time."""
-    return w.model, w.transports, w.block_size, w.max_context, w.active, w.role
+    return w.model, w.transports, w.block_size, w.max_context, w.active, w.role, w.block_nbytes
 
 
 def _load_row(w: WorkerView) -> tuple[int, int, int, int, int]:
@@ -49,7 +49,7 @@ class WorkerTable:
 
     __slots__ = (
         "views", "worker_ids", "id_array", "row_of", "id_rank", "models", "transports",
-        "model_code", "transport_code", "block_size", "max_context", "active", "can_decode", "can_prefill", "reported_at",
+        "model_code", "transport_code", "block_size", "block_nbytes", "max_context", "active", "can_decode", "can_prefill", "reported_at",
         "queued", "used", "total", "requests", "pending", "_memo", "_parent", "changed_rows", "__weakref__",
     )  # fmt: skip
 
@@ -74,13 +74,13 @@ class WorkerTable:
             (
                 models.setdefault(w.model, len(models)),
                 transports.setdefault(w.transports, len(transports)),
-                w.block_size, w.max_context, w.active, w.role.can_decode, w.role.can_prefill,
+                w.block_size, w.max_context, w.active, w.role.can_decode, w.role.can_prefill, w.block_nbytes,
             )
             for w in self.views
         ]  # fmt: skip
         self.models = list(models)
         self.transports = list(transports)
-        static = np.array(rows, np.int64).reshape(n, 7)
+        static = np.array(rows, np.int64).reshape(n, 8)
         self.model_code = static[:, 0].astype(np.int32)
         self.transport_code = static[:, 1].astype(np.int32)
         self.block_size = np.ascontiguousarray(static[:, 2])
@@ -88,6 +88,7 @@ class WorkerTable:
         self.active = static[:, 4].astype(bool)
         self.can_decode = static[:, 5].astype(bool)
         self.can_prefill = static[:, 6].astype(bool)
+        self.block_nbytes = np.ascontiguousarray(static[:, 7])
         self.reported_at = np.array([np.nan if w.reported_at is None else w.reported_at for w in self.views], np.float64)
         loads = np.array([_load_row(w) for w in self.views], np.int64).reshape(n, len(_LOAD_COLUMNS))
         for j, name in enumerate(_LOAD_COLUMNS):
@@ -108,6 +109,7 @@ class WorkerTable:
         self.active[i] = w.active
         self.can_decode[i] = w.role.can_decode
         self.can_prefill[i] = w.role.can_prefill
+        self.block_nbytes[i] = w.block_nbytes
         self.reported_at[i] = np.nan if w.reported_at is None else w.reported_at
 
     def _copy(self, columns: Collection[str]) -> WorkerTable:
@@ -147,7 +149,19 @@ class WorkerTable:
             return self
         t = self.with_loads(rows)
         if any(_fixed(self.views[i]) != _fixed(w) for i, w in rows.items()):
-            t = t._copy(("model_code", "transport_code", "block_size", "max_context", "active", "can_decode", "can_prefill", "reported_at"))
+            t = t._copy(
+                (
+                    "model_code",
+                    "transport_code",
+                    "block_size",
+                    "block_nbytes",
+                    "max_context",
+                    "active",
+                    "can_decode",
+                    "can_prefill",
+                    "reported_at",
+                )
+            )
             t.models, t.transports, t._memo = list(self.models), list(self.transports), {}
             for i, w in rows.items():
                 t._set_worker(i, w)
@@ -200,6 +214,7 @@ class WorkerTable:
         return self.fixed(("serving", model, role), make)
 
 
+_FIXED_COLUMNS = ("model_code", "transport_code", "block_size", "block_nbytes", "max_context", "active", "can_decode", "can_prefill")
 _DATA_SLOTS = tuple(n for n in WorkerTable.__slots__ if n not in ("_parent", "changed_rows", "__weakref__"))
 
 
@@ -265,6 +280,18 @@ class WorkerPool(Sequence[WorkerView]):
         named[rows] = True
         mine = named[self.rows]
         return WorkerPool(self.table, self.rows[mine]), WorkerPool(self.table, self.rows[~mine])
+
+    def distinct_values(self, mapping: Mapping[WorkerId, object]) -> tuple[np.ndarray, list]:
+        """(codes, values): mapping.get(worker) of each row is values[codes[row]], one entry per
+        distinct object (by identity): a hot prefix's thousand holders share one overlap score,
+        so what is computed per score is computed once."""
+        found = list(map(mapping.get, self.worker_ids))
+        if len(found) <= 64:  # a dictionary in Python beats np.unique's fixed cost
+            distinct: dict[int, tuple[int, object]] = {}
+            codes = np.fromiter((distinct.setdefault(id(v), (len(distinct), v))[0] for v in found), np.int64, len(found))
+            return codes, [v for _, v in distinct.values()]
+        _, first, codes = np.unique(np.fromiter(map(id, found), np.int64, len(found)), return_index=True, return_inverse=True)
+        return codes.reshape(-1), [found[i] for i in first.tolist()]
 
     def union(self, other: WorkerPool) -> WorkerPool:
         """The workers of both pools (of one table), in table order."""

@@ -117,6 +117,21 @@ def test_fetch_from_a_busy_holder_when_pull_beats_prefill(index, cache_prefix, w
     assert make_router(prefill_tokens_per_s=1000.0).route(never, workers, index, NOW).fetch_from is None
 
 
+def test_fetch_source_is_the_longest_holder_with_the_same_block_layout(index, cache_prefix, worker_view, route_request):
+    cache_prefix("other-layout", PROMPT_40, 10)  # holds more, but its blocks have another size in bytes
+    cache_prefix("holder", PROMPT_40, 6)
+    cache_prefix("shorter", PROMPT_40, 5)
+    workers = [
+        worker_view("other-layout", num_used_blocks=40, block_nbytes=4096),
+        worker_view("shorter", num_used_blocks=40, block_nbytes=8192),
+        worker_view("holder", num_used_blocks=40, block_nbytes=8192),
+        worker_view("idle", block_nbytes=8192),
+    ]
+    router = make_router(fetch_overhead_ms=1.0, fetch_bytes_per_s=1e9, prefill_tokens_per_s=1000.0)
+    d = router.route(route_request(PROMPT_40, disagg=DisaggMode.AUTO), workers, index, NOW)
+    assert (d.decode_worker, d.fetch_from, d.fetch_tokens) == ("idle", "holder", 24)
+
+
 def test_registry_builds_every_policy_from_its_params():
     for name in routing_policy_names():
         params = params_type(name)()

@@ -34,6 +34,7 @@ def _fleet(n: int, seed: int = 0) -> list[WorkerView]:
                 num_total_blocks=rng.choice([0, 200]),
             ),  # fmt: skip
             max_context=rng.choice([1024, 8192]),
+            block_nbytes=rng.choice([0, 4096, 8192]),
             pending_blocks=rng.randrange(4),
             reported_at=rng.choice([None, 10.0, 12.5]),
             transports=rng.choice([None, ("nixl",), ("engine:vllm",)]),
@@ -49,6 +50,7 @@ def test_columns_say_what_the_views_say():
     assert list(t.active) == [w.active for w in views] and list(t.can_decode) == [w.role.can_decode for w in views]
     assert list(t.queued) == [w.load.num_queued_prefill_tokens for w in views]
     assert list(t.requests) == [w.load.num_running + w.load.num_waiting for w in views]
+    assert list(t.block_nbytes) == [w.block_nbytes for w in views]
     assert [None if r != r else r for r in t.reported_at.tolist()] == [w.reported_at for w in views]  # NaN: never reported
     other = views[0]
     assert list(t.kv_mask(other, cached_blocks=True)) == [w.can_move_kv_with(other, cached_blocks=True) for w in views]
@@ -82,6 +84,16 @@ def test_a_pool_lists_its_workers_in_table_order_and_splits_by_id():
     assert list(inside) == [views[1], views[9]] and list(rest) == [w for w in views if w.worker_id not in named]
     assert pool.get(views[2].worker_id) is None and pool.get(views[9].worker_id) is views[9]
     assert list(pool.without(views[9].worker_id)) == [w for w in views if w not in (views[2], views[9])]
+
+
+def test_distinct_values_name_each_rows_value_once_per_object():
+    for n in (10, 300):  # both sides of the small-pool path
+        pool = WorkerTable(_fleet(n)).pool()
+        shared, own = object(), {w.worker_id: object() for w in list(pool)[::7]}
+        mapping = {w.worker_id: shared for w in list(pool)[1::3]} | own
+        codes, values = pool.distinct_values(mapping)
+        assert [values[c] for c in codes] == [mapping.get(w.worker_id) for w in pool]
+        assert len(values) == len({id(v) for v in values}) == len(own) + 2  # + shared + None
 
 
 def test_the_cheapest_uncached_are_the_ones_a_loop_over_the_views_finds():

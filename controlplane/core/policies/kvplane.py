@@ -135,18 +135,18 @@ class KvplanePolicy(PolicyHooks):
         max_blocks = (ctx.num_prompt_tokens - 1) // bs
         own = decode_cost.cached_tokens // bs
         real = ctx.cached  # predicted blocks do not exist yet
-        best: tuple[int, WorkerId] | None = None
         holders, _ = WorkerPool.of(sources).split(real)
-        for w in holders:
-            overlap = real[w.worker_id]
-            if w.block_nbytes != decode.block_nbytes:
-                continue
-            # Only device blocks can be pinned for a pull without computing.
-            num_device = min(overlap.blocks_by_tier.get(Tier.DEVICE, 0), max_blocks)
-            if best is None or num_device > best[0]:
-                best = (num_device, w.worker_id)
-        if best is None:
+        if not holders:
             return None
+        # Only device blocks can be pinned for a pull without computing; only a worker with the
+        # same block layout can send them.
+        codes, per = holders.distinct_values(real)
+        num_device = np.minimum(np.array([s.blocks_by_tier.get(Tier.DEVICE, 0) for s in per], np.int64)[codes], max_blocks)
+        num_device[holders.column("block_nbytes") != decode.block_nbytes] = -1
+        i = int(np.argmax(num_device))  # the first in pool order of the most
+        if num_device[i] < 0:
+            return None
+        best = (int(num_device[i]), holders.table.worker_ids[int(holders.rows[i])])
         gain = best[0] - own
         if gain < c.fetch_min_blocks:
             return None
