@@ -25,6 +25,8 @@ from itertools import accumulate, compress, repeat
 from operator import and_, ne
 from types import MappingProxyType
 
+import numpy as np
+
 from kvplane.types import BlockHash, Tier, WorkerId
 
 # Fastest first: a block held at several tiers is credited at the first one listed here.
@@ -163,17 +165,20 @@ class CacheIndex:
         if not matching:
             return {}
         end = len(matching)
-        length = prefix_lengths(matching)  # bit -> matched blocks
+        groups = drop_outs(matching)
         slower: dict[int, list[int]] = {}  # bit -> [host, disk] blocks of its matched prefix
         if self._slow_blocks:  # rare: most blocks sit on the device only
             for i in compress(range(end), map(self._slow_blocks.__contains__, block_hashes[:end])):
                 masks = self._block_to_tier_masks[block_hashes[i]]
                 for bit in set_bits(matching[i] & ~masks[0]):
                     slower.setdefault(bit, [0, 0])[0 if masks[1] >> bit & 1 else 1] += 1
-        bit_to_worker = self._bit_to_worker
-        if not slower:
-            return {bit_to_worker[bit]: overlap_score(num_blocks) for bit, num_blocks in length.items()}
-        return {bit_to_worker[bit]: overlap_score(num_blocks, *slower.get(bit, (0, 0))) for bit, num_blocks in length.items()}
+        worker_of = self._bit_to_worker.__getitem__
+        if not slower:  # workers with the same match share its score
+            result: dict[WorkerId, OverlapScore] = {}
+            for num_blocks, bits in groups:
+                result.update(zip(map(worker_of, bits), repeat(overlap_score(num_blocks))))
+            return result
+        return {worker_of(bit): overlap_score(num_blocks, *slower.get(bit, (0, 0))) for num_blocks, bits in groups for bit in bits}
 
     def holder_tiers(self, block_hash: BlockHash, worker_id: WorkerId) -> frozenset[Tier]:
         """Tiers at which the worker holds the block (empty when it does not)."""
@@ -288,24 +293,31 @@ def running_and(masks: Mapping[BlockHash, int], block_hashes: Sequence[BlockHash
 
 
 def prefix_lengths(matching: Sequence[int]) -> dict[int, int]:
-    """bit -> how many leading blocks it matched (running_and's answer), from where bits drop out."""
+    """bit -> how many leading blocks it matched (running_and's answer)."""
+    return {bit: length for length, bits in drop_outs(matching) for bit in bits}
+
+
+def drop_outs(matching: Sequence[int]) -> list[tuple[int, list[int]]]:
+    """(length, the bits that matched exactly `length` leading blocks), shortest first, from
+    where bits drop out of running_and's answer: a hot prefix's thousand holders are one entry."""
     end = len(matching)
-    length: dict[int, int] = {}
-    for i in compress(range(1, end), map(ne, matching[1:end], matching)):
-        for bit in set_bits(matching[i - 1] ^ matching[i]):
-            length[bit] = i
+    out = [(i, set_bits(matching[i - 1] ^ matching[i])) for i in compress(range(1, end), map(ne, matching[1:end], matching))]
     if end:
-        for bit in set_bits(matching[end - 1]):
-            length[bit] = end
-    return length
+        out.append((end, set_bits(matching[end - 1])))
+    return out
 
 
-def set_bits(mask: int):
+def set_bits(mask: int) -> list[int]:
     """The positions of the set bits of `mask`, lowest first."""
+    if mask.bit_count() > 16:  # many workers: unpack all bytes at once
+        packed = np.frombuffer(mask.to_bytes((mask.bit_length() + 7) // 8, "little"), np.uint8)
+        return np.flatnonzero(np.unpackbits(packed, bitorder="little")).tolist()
+    bits = []
     while mask:
         low = mask & -mask
-        yield low.bit_length() - 1
+        bits.append(low.bit_length() - 1)
         mask ^= low
+    return bits
 
 
 @functools.lru_cache(maxsize=1 << 14)

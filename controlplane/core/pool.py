@@ -273,7 +273,9 @@ class WorkerPool(Sequence[WorkerView]):
     def split(self, worker_ids: Collection[WorkerId]) -> tuple[WorkerPool, WorkerPool]:
         """(this pool's workers among `worker_ids`; the others)."""
         row_of = self.table.row_of
-        rows = [r for r in map(row_of.get, worker_ids) if r is not None]
+        rows = list(map(row_of.get, worker_ids))
+        if None in rows:  # workers of another view (the index outlives a departed worker's row)
+            rows = [r for r in rows if r is not None]
         if not rows:
             return WorkerPool(self.table, self.rows[:0]), self
         named = np.zeros(len(self.table.views), bool)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from controlplane.core.index import (
@@ -11,6 +13,9 @@ from controlplane.core.index import (
     OverlapScore,
     RemovedEvent,
     StoredEvent,
+    drop_outs,
+    prefix_lengths,
+    set_bits,
 )
 from kvplane.types import BlockHash, Tier, WorkerId
 
@@ -241,3 +246,15 @@ def test_num_blocks_counts_a_workers_blocks_over_its_tiers():
     index = CacheIndex()
     index.apply_snapshot(WorkerId("w"), 1, {Tier.DEVICE: [BlockHash(b"a"), BlockHash(b"b")], Tier.HOST: [BlockHash(b"a")]})
     assert index.num_blocks(WorkerId("w")) == 3 and index.num_blocks(WorkerId("other")) == 0
+
+
+def test_set_bits_and_drop_outs_on_sparse_and_dense_masks():
+    rng = random.Random(3)
+    for num_bits in (0, 1, 5, 16, 17, 300, 1000):  # both sides of the unpacking path
+        positions = sorted(rng.sample(range(1200), num_bits))
+        assert set_bits(sum(1 << p for p in positions)) == positions
+    # Bits 0-999 match 3 blocks, 1000-1002 one more, bit 1003 all five.
+    hot, few, one = (1 << 1000) - 1, 0b111 << 1000, 1 << 1003
+    matching = [hot | few | one] * 3 + [few | one, one]
+    assert drop_outs(matching) == [(3, list(range(1000))), (4, [1000, 1001, 1002]), (5, [1003])]
+    assert prefix_lengths(matching) == {**dict.fromkeys(range(1000), 3), 1000: 4, 1001: 4, 1002: 4, 1003: 5}
