@@ -150,9 +150,15 @@ class ControlPlaneLink:
         """The replica the link talks to now."""
         return self.endpoints[self._current]
 
-    def _fail_over(self, e: grpc.aio.AioRpcError) -> None:
-        """A call could not reach its replica, or it did not answer in time (a hung replica must
-        not let the lease run out): the next calls go to the next one."""
+    def _fail_over(self, e: grpc.aio.AioRpcError, tried: int) -> None:
+        """A call to replica `tried` could not reach it, or it did not answer in time (a hung
+        replica must not let the lease run out): the next calls go to the next one. Only away
+        from the replica that failed: the loops share one replica, and a call that was already
+        waiting on a hung one when another loop left it must not send every loop back there
+        (with two replicas, that late timeout flipped the link back to the hung one until the
+        lease ran out)."""
+        if tried != self._current:
+            return
         if len(self.endpoints) > 1 and (is_connection_failure(e) or e.code() == grpc.StatusCode.DEADLINE_EXCEEDED):
             self._current = (self._current + 1) % len(self.endpoints)
             log.warning("control plane unreachable (%s); switching to %s", e.details(), self.endpoint)
@@ -169,6 +175,7 @@ class ControlPlaneLink:
         """Registers (retrying while the control plane is unreachable) and starts the loops."""
         deadline = time.monotonic() + timeout_s
         while True:
+            tried = self._current
             try:
                 await self._register()
                 break
@@ -182,7 +189,7 @@ class ControlPlaneLink:
                 if e.code() == grpc.StatusCode.ALREADY_EXISTS:
                     log.warning("%s; retrying", e.details())
                 else:
-                    self._fail_over(e)
+                    self._fail_over(e, tried)
                 await asyncio.sleep(0.5)
         self._tasks = [
             asyncio.create_task(self._keepalive_loop(), name="keepalive"),
@@ -229,12 +236,13 @@ class ControlPlaneLink:
         """Registers again after `lost_lease` was lost, unless another loop already did."""
         log.warning("lease lost (%s); registering again", why)
         while True:
+            tried = self._current
             try:
                 await self._register(unless_not=lost_lease)
                 return
             except grpc.aio.AioRpcError as e:
                 log.warning("re-registration failed: %s", e.details())
-                self._fail_over(e)
+                self._fail_over(e, tried)
                 await asyncio.sleep(1.0)
 
     async def _publish(self, events: list[common_pb2.KVEvent], snapshot: bool) -> None:
@@ -251,11 +259,13 @@ class ControlPlaneLink:
             # Only now: a report must never announce a batch the store may not hold yet.
             self._published_seq = self._seq
 
-    async def _guarded(self, what: str, call) -> None:
-        """Runs one loop step; a lost lease triggers re-registration, other failures are retried."""
-        lease = self.lease_id
+    async def _guarded(self, what: str, call) -> bool:
+        """Runs one loop step; a lost lease triggers re-registration, other failures are retried.
+        Whether the step went through."""
+        lease, tried = self.lease_id, self._current
         try:
             await call()
+            return True
         except LeaseLost as e:
             await self._reregister(str(e), lease)
         except grpc.aio.AioRpcError as e:
@@ -263,11 +273,14 @@ class ControlPlaneLink:
                 await self._reregister(e.details(), lease)
             else:
                 log.debug("%s failed: %s", what, e.details())
-                self._fail_over(e)
+                self._fail_over(e, tried)
+        return False
 
     async def _keepalive_loop(self) -> None:
+        delay = max(self.ttl_s / 3, 0.5)
         while True:
-            await asyncio.sleep(max(self.ttl_s / 3, 0.5))
+            await asyncio.sleep(delay)
+            tried = self._current
 
             async def step():
                 reply = await self._stub.KeepAlive(
@@ -277,7 +290,10 @@ class ControlPlaneLink:
                 if reply.ttl_seconds == 0:
                     raise LeaseLost("the store no longer has our lease")
 
-            await self._guarded("keep-alive", step)
+            ok = await self._guarded("keep-alive", step)
+            # A keep-alive that timed out on a hung replica has used a third of the TTL: the next
+            # goes at once to the replica the link moved to, or the lease could run out first.
+            delay = 0.0 if not ok and self._current != tried else max(self.ttl_s / 3, 0.5)
 
     async def _report_loop(self) -> None:
         while True:

@@ -109,3 +109,29 @@ def test_replicas_on_a_three_member_etcd_ride_out_member_loss_quorum_loss_and_a_
         assert traffic.wrong == [], f"outputs differed from the clean run for prompts {traffic.wrong}"
         assert not traffic.failures, traffic.failures[:3]
         assert_nothing_pinned(cluster, client)
+
+
+def test_an_agent_keeps_its_lease_while_the_replica_it_talks_to_hangs(etcd_factory, tmp_path):
+    """A hung (SIGSTOPped) replica: the agent's loops time out on it and move to the other one.
+    A call still waiting on the hung replica when another loop had moved used to move the link
+    back there, so the keep-alives kept going to the hung replica until the lease ran out and the
+    worker left the registry for a moment (requests then failed with 'no workers are registered')."""
+    etcd = etcd_factory()
+    prompt = prompt_ids(seed=70, length=3 * BLOCK_SIZE)
+    with LocalCluster(
+        num_prefill=0, num_decode=0, num_both=1, store=etcd.url, num_controlplanes=2, log_dir=tmp_path,
+        controlplane_args=("--lease-ttl", "3"),
+    ) as cluster:  # fmt: skip
+        hung, healthy = cluster.controlplane_endpoints  # the agent talks to the first one first
+        cluster.kill(hung, signal.SIGSTOP)
+        try:
+            with Client(cluster.controlplane_endpoints[healthy], timeout=20) as client:
+                deadline = time.monotonic() + 8.0  # over two lease TTLs
+                while time.monotonic() < deadline:
+                    assert len(client.generate(prompt, max_tokens=2).token_ids) == 2
+                    time.sleep(0.2)
+        finally:
+            cluster.kill(hung, signal.SIGCONT)
+        agent_log = (cluster.log_dir / "both-0.log").read_text()
+        assert "switching to" in agent_log  # it did leave the hung replica
+        assert "lease lost" not in agent_log, [line for line in agent_log.splitlines() if "lease lost" in line or "switching" in line]
