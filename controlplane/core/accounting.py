@@ -42,6 +42,7 @@ report is released twice until the next report.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import enum
 from collections.abc import Sequence
@@ -80,12 +81,58 @@ class _Entry:
     shown: Phase | None = None  # the phase the latest report saw (None: no report yet)
 
 
+# What one entry adds to its worker's corrections (`_contribution`), in this order.
+_FLOOR_TOKENS, _FLOOR_REQUESTS, _NEW_WAITING, _NEW_TOKENS, _NEW_RUNNING, _NEW_PENDING = range(6)
+_ENDED_TOKENS, _GONE_WAITING, _GONE_RUNNING, _GONE_BLOCKS = range(6, 10)
+
+
+def _contribution(e: _Entry) -> tuple[tuple[int, ...], int | None]:
+    """(what the entry adds to each of its worker's sums, the cached prefix it released or None):
+    the rule of the module docstring for one request."""
+    c = e.charge
+    in_prefill = e.phase is Phase.PREFILL
+    here = in_prefill or (e.phase is Phase.DECODE and c.decodes)
+    floor_tokens = c.prefill_tokens if in_prefill else 0
+    if e.shown is None:  # no report shows it yet: it adds itself
+        new_pending = c.num_new_blocks if here and c.decodes else 0
+        return (floor_tokens, int(here), int(in_prefill), floor_tokens, int(here and not in_prefill), new_pending, 0, 0, 0, 0), None
+    # Shown by a report: what ended since leaves.
+    ended_tokens = c.prefill_tokens if e.shown is Phase.PREFILL and not in_prefill else 0
+    gone = (e.shown is Phase.PREFILL or c.decodes) and not here
+    gone_waiting = int(gone and e.shown is Phase.PREFILL)
+    released = gone and c.decodes
+    return (
+        (floor_tokens, int(here), 0, 0, 0, 0, ended_tokens, gone_waiting, int(gone) - gone_waiting, c.num_new_blocks if released else 0),
+        c.num_blocks - c.num_new_blocks if released else None,
+    )
+
+
+class _Totals:
+    """The sums `adjust` needs over one worker's entries, kept as the entries change: a
+    correction costs the same whatever the number of requests routed there since its last
+    report (a hot prefix's holder has hundreds at 1,000 requests/s)."""
+
+    __slots__ = ("sums", "reused")
+
+    def __init__(self) -> None:
+        self.sums = [0] * 10
+        self.reused: collections.Counter[int] = collections.Counter()  # cached prefixes of gone requests
+
+    def add(self, e: _Entry, sign: int) -> None:
+        contribution, reused = _contribution(e)
+        self.sums = [total + sign * part for total, part in zip(self.sums, contribution)]
+        if reused is not None:
+            self.reused[reused] += sign
+            if not self.reused[reused]:
+                del self.reused[reused]
+
+
 class LoadLedger:
     """Per-request load corrections on top of workers' load reports. `now`: seconds on any
     monotonic clock, the same one for every call. Dispatch ids are the caller's (unique)."""
 
     __slots__ = (
-        "report_lag_s", "stale_report_s", "stale_half_life_s", "_worker_to_entries", "_dispatch_to_workers", "_changes", "_worker_to_change",
+        "report_lag_s", "stale_report_s", "stale_half_life_s", "_worker_to_entries", "_worker_to_totals", "_dispatch_to_workers",
         "_changed_workers", "_corrected",
     )  # fmt: skip
 
@@ -98,6 +145,7 @@ class LoadLedger:
         self.stale_report_s = stale_report_s
         self.stale_half_life_s = stale_half_life_s
         self._worker_to_entries: dict[WorkerId, dict[int, _Entry]] = {}
+        self._worker_to_totals: dict[WorkerId, _Totals] = {}  # the sums over each worker's entries
         self._dispatch_to_workers: dict[int, list[WorkerId]] = {}
         # Workers whose entries changed since the last corrected(), and what it last returned:
         # (the table it corrected, the corrected table, the rows that were stale then).
@@ -111,7 +159,8 @@ class LoadLedger:
             raise ValueError(f"dispatch {dispatch_id} is already in the ledger")
         self._dispatch_to_workers[dispatch_id] = [c.worker_id for c in charges]
         for charge in charges:
-            self._worker_to_entries.setdefault(charge.worker_id, {})[dispatch_id] = _Entry(charge, since=now)
+            e = self._worker_to_entries.setdefault(charge.worker_id, {})[dispatch_id] = _Entry(charge, since=now)
+            self._totals(charge.worker_id).add(e, +1)
             self._changed(charge.worker_id)
 
     def prefill_ended(self, dispatch_id: int, now: float) -> None:
@@ -137,7 +186,10 @@ class LoadLedger:
                 recent = e.phase is not Phase.PREFILL and now - e.since < self.report_lag_s
             shown = e.previous if recent else e.phase
             if e.shown is None or shown > e.shown:
+                totals = self._worker_to_totals[worker_id]
+                totals.add(e, -1)
                 e.shown = shown
+                totals.add(e, +1)
             if e.shown is Phase.DONE:
                 self._drop(worker_id, dispatch_id)
 
@@ -163,41 +215,18 @@ class LoadLedger:
             factor = self.decay(view, now)
             if factor < 1.0:
                 view = dataclasses.replace(view, load=_scaled(view.load, factor))
-        entries = self._worker_to_entries.get(view.worker_id)
-        if not entries:
+        totals = self._worker_to_totals.get(view.worker_id)
+        if totals is None:
             return view
-        load = view.load
-        running, waiting, tokens, used, pending = (
-            load.num_running, load.num_waiting, load.num_queued_prefill_tokens, load.num_used_blocks, 0,
-        )  # fmt: skip
-        gone_from_waiting = gone_from_running = 0  # requests that left since the report showed them
-        floor_tokens = floor_requests = 0
-        gone_reused_blocks = 0  # the largest cached prefix a gone request shared (see below)
-        for e in entries.values():
-            c = e.charge
-            here = e.phase is Phase.PREFILL or (e.phase is Phase.DECODE and c.decodes)
-            if e.phase is Phase.PREFILL:
-                floor_tokens += c.prefill_tokens
-            floor_requests += here
-            if e.shown is None:  # no report shows it yet
-                if e.phase is Phase.PREFILL:
-                    waiting += 1
-                    tokens += c.prefill_tokens
-                elif here:
-                    running += 1
-                pending += c.num_new_blocks if here and c.decodes else 0
-                continue
-            if e.shown is Phase.PREFILL and e.phase is not Phase.PREFILL:
-                tokens -= c.prefill_tokens
-            shown_here = e.shown is Phase.PREFILL or c.decodes
-            if shown_here and not here:
-                if e.shown is Phase.PREFILL:
-                    gone_from_waiting += 1
-                else:
-                    gone_from_running += 1
-                if c.decodes:
-                    used -= c.num_new_blocks
-                    gone_reused_blocks = max(gone_reused_blocks, c.num_blocks - c.num_new_blocks)
+        load, sums = view.load, totals.sums
+        running = load.num_running + sums[_NEW_RUNNING]
+        waiting = load.num_waiting + sums[_NEW_WAITING]
+        tokens = load.num_queued_prefill_tokens + sums[_NEW_TOKENS] - sums[_ENDED_TOKENS]
+        used = load.num_used_blocks - sums[_GONE_BLOCKS]
+        pending = sums[_NEW_PENDING]
+        floor_tokens, floor_requests = sums[_FLOOR_TOKENS], sums[_FLOOR_REQUESTS]
+        gone_from_waiting, gone_from_running = sums[_GONE_WAITING], sums[_GONE_RUNNING]
+        gone_reused_blocks = max(totals.reused, default=0)  # the largest cached prefix a gone request shared (see below)
         # A gone request's cached prefix stays in use while requests of ours that may share it
         # run here (a hot prefix); only the last one out releases it (an agent loop's holder).
         if floor_requests == 0:
@@ -268,10 +297,19 @@ class LoadLedger:
             e = self._entry(worker_id, dispatch_id)
             if e is None or e.phase >= phase:
                 continue
+            totals = self._worker_to_totals[worker_id]
+            totals.add(e, -1)
             e.previous, e.phase, e.since = e.phase, phase, now
+            totals.add(e, +1)
             self._changed(worker_id)
             if phase is Phase.DONE and e.shown is None:
                 self._drop(worker_id, dispatch_id)  # no report ever showed it: nothing to undo
+
+    def _totals(self, worker_id: WorkerId) -> _Totals:
+        totals = self._worker_to_totals.get(worker_id)
+        if totals is None:
+            totals = self._worker_to_totals[worker_id] = _Totals()
+        return totals
 
     def _changed(self, worker_id: WorkerId) -> None:
         self._changed_workers.add(worker_id)
@@ -280,9 +318,11 @@ class LoadLedger:
         entries = self._worker_to_entries.get(worker_id)
         if entries is not None:
             self._changed(worker_id)
-            entries.pop(dispatch_id, None)
+            e = entries.pop(dispatch_id, None)
+            if e is not None:
+                self._worker_to_totals[worker_id].add(e, -1)
             if not entries:
-                del self._worker_to_entries[worker_id]
+                del self._worker_to_entries[worker_id], self._worker_to_totals[worker_id]
         workers = self._dispatch_to_workers.get(dispatch_id)
         if workers is not None and all(self._entry(w, dispatch_id) is None for w in workers):
             del self._dispatch_to_workers[dispatch_id]

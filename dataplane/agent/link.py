@@ -277,7 +277,7 @@ class ControlPlaneLink:
         return False
 
     async def _keepalive_loop(self) -> None:
-        delay = max(self.ttl_s / 3, 0.5)
+        delay, last_ok = max(self.ttl_s / 3, 0.5), True
         while True:
             await asyncio.sleep(delay)
             tried = self._current
@@ -293,7 +293,9 @@ class ControlPlaneLink:
             ok = await self._guarded("keep-alive", step)
             # A keep-alive that timed out on a hung replica has used a third of the TTL: the next
             # goes at once to the replica the link moved to, or the lease could run out first.
-            delay = 0.0 if not ok and self._current != tried else max(self.ttl_s / 3, 0.5)
+            # Once per failure streak: with every replica down, keep-alives keep their pace.
+            retry_now = not ok and last_ok and self._current != tried
+            delay, last_ok = (0.0 if retry_now else max(self.ttl_s / 3, 0.5)), ok
 
     async def _report_loop(self) -> None:
         while True:

@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from controlplane.core.accounting import Charge, LoadLedger
+from controlplane.core.accounting import Charge, LoadLedger, Phase
 from controlplane.core.index import CacheIndex
 from controlplane.core.pool import WorkerTable, cluster_with, table_of
 from controlplane.core.views import ClusterView
@@ -223,8 +223,72 @@ def test_corrected_tables_kept_across_calls_equal_corrections_made_from_scratch(
                 ledger.reported(w, now, sampled_at=now - rng.choice([0.0, 0.2]))
             cluster = cluster_with(cluster, changed, None)
         table = table_of(cluster)
+        for v in table.views:  # the sums kept as entries change = a loop over the entries now
+            assert ledger.adjust(v) == _adjusted_by_a_loop(ledger, v), f"step {step}: {v.worker_id}"
         got = ledger.corrected(table, now)
         want = WorkerTable([ledger.adjust(v, now) for v in table.views])
         assert got.views == want.views, f"step {step}"
         for column in ("queued", "used", "total", "requests", "pending", "active", "reported_at"):
             assert list(getattr(got, column)) == list(getattr(want, column)), f"step {step}: {column}"
+
+
+def _adjusted_by_a_loop(ledger: LoadLedger, view):
+    """The correction rule (accounting's module docstring) applied by looping over the worker's
+    entries: what the ledger's running sums must equal."""
+    entries = ledger._worker_to_entries.get(view.worker_id)
+    if not entries:
+        return view
+    load = view.load
+    running, waiting, tokens, used, pending = load.num_running, load.num_waiting, load.num_queued_prefill_tokens, load.num_used_blocks, 0
+    gone_from_waiting = gone_from_running = floor_tokens = floor_requests = gone_reused_blocks = 0
+    for e in entries.values():
+        c = e.charge
+        here = e.phase is Phase.PREFILL or (e.phase is Phase.DECODE and c.decodes)
+        if e.phase is Phase.PREFILL:
+            floor_tokens += c.prefill_tokens
+        floor_requests += here
+        if e.shown is None:
+            if e.phase is Phase.PREFILL:
+                waiting += 1
+                tokens += c.prefill_tokens
+            elif here:
+                running += 1
+            pending += c.num_new_blocks if here and c.decodes else 0
+            continue
+        if e.shown is Phase.PREFILL and e.phase is not Phase.PREFILL:
+            tokens -= c.prefill_tokens
+        if (e.shown is Phase.PREFILL or c.decodes) and not here:
+            if e.shown is Phase.PREFILL:
+                gone_from_waiting += 1
+            else:
+                gone_from_running += 1
+            if c.decodes:
+                used -= c.num_new_blocks
+                gone_reused_blocks = max(gone_reused_blocks, c.num_blocks - c.num_new_blocks)
+    if floor_requests == 0:
+        used -= gone_reused_blocks
+    gone = min(gone_from_running, running)
+    running, waiting = running - gone, max(waiting - (gone_from_running - gone), 0)
+    gone = min(gone_from_waiting, waiting)
+    waiting, running = waiting - gone, max(running - (gone_from_waiting - gone), 0)
+    waiting = max(waiting, floor_requests - running)
+    used = min(max(used, 0), max(load.num_total_blocks, load.num_used_blocks))
+    adjusted = dataclasses.replace(
+        load, num_running=running, num_waiting=waiting, num_queued_prefill_tokens=max(tokens, floor_tokens, 0), num_used_blocks=used,
+        num_free_blocks=max(load.num_free_blocks + load.num_used_blocks - used, 0),
+    )  # fmt: skip
+    return dataclasses.replace(view, load=adjusted, pending_blocks=view.pending_blocks + pending)
+
+
+def test_a_released_prefix_is_forgotten_once_a_report_shows_its_request_done(worker_view):
+    ledger = LoadLedger(report_lag_s=0.1)
+    view = worker_view("w", num_waiting=2, num_used_blocks=50)
+    ledger.dispatched(1, [Charge(WorkerId("w"), 0, num_blocks=10, num_new_blocks=2, decodes=True)], 1.0)  # reused 8 blocks
+    ledger.dispatched(2, [Charge(WorkerId("w"), 0, num_blocks=10, num_new_blocks=9, decodes=True)], 1.0)  # reused 1
+    ledger.reported(WorkerId("w"), 2.0, sampled_at=2.0)  # both shown waiting
+    ledger.finished(1, 3.0)
+    assert ledger.adjust(view).load.num_used_blocks == 50 - 2  # its prefix may be shared with request 2, still here
+    ledger.reported(WorkerId("w"), 4.0, sampled_at=4.0)  # request 1 shown done: out of the ledger
+    ledger.finished(2, 5.0)
+    # Request 2 is gone: its new blocks, and its reused prefix (the last one of ours out) leave.
+    assert ledger.adjust(view).load.num_used_blocks == 50 - 9 - 1
