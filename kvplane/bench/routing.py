@@ -7,7 +7,10 @@ load every `--report-interval` seconds of it, in turn (the store's watch; not ti
 updated with those reports (core/pool.cluster_with, as ClusterState.view() does) and
 `Planner.plan` (hash, index lookup, pricing, placement, admission). Each request is then
 dispatched, so predicted prefixes and ledger entries build up as in a running control plane;
-requests finish after `--in-flight` later ones. The garbage collector is set as the control
+requests finish after `--in-flight` later ones. Timing starts after `--warm-up` seconds of the
+planner's clock (6 s: predicted prefixes, 5 s TTL, have begun to expire, one per request, and
+the ledger holds what reports have not shown yet): the steady state of a busy control plane,
+which costs ~15-20 % more per request than the first few hundred requests do. The garbage collector is set as the control
 plane sets it (controlplane/gc_tuning.py).
 
 Two fleets: `spread` (three workers in ten hold a random part of one of 16 hot prompts beside
@@ -64,6 +67,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--report-interval", type=float, default=1.0, metavar="S",
         help="seconds between two load reports of a worker, at 1,000 requests/s; the planner takes reports as fresh for 3x this (default %(default)s)",
     )  # fmt: skip
+    parser.add_argument(
+        "--warm-up", type=float, default=6.0, metavar="S",
+        help="seconds of the planner's clock (1,000 requests each) routed before timing starts; at least --in-flight requests (default %(default)s)",
+    )  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
 
@@ -100,7 +107,7 @@ def build_fleet(num_workers: int, blocks_per_worker: int, fleet: str, prompts: l
 
 
 def measure(workers, index, prompts, admission: str, max_uncached: int, args, rng: random.Random) -> list[float]:
-    """Seconds per request of `args.requests` requests (after a warm-up of `in_flight`): the
+    """Seconds per request of `args.requests` requests (after the warm-up): the
     control plane's view updated with the load reports that arrived since the last request, as
     ClusterState.view() does, then Planner.plan."""
     config = PlannerConfig(
@@ -114,7 +121,8 @@ def measure(workers, index, prompts, admission: str, max_uncached: int, args, rn
     in_flight: list[int] = []
     seconds = []
     reporting = 0  # workers report in turn, each every report_interval
-    for n in range(args.in_flight + args.requests):
+    warm_up = num_warm_up(args)
+    for n in range(warm_up + args.requests):
         prompt = prompts[rng.randrange(len(prompts))]
         tail = [rng.randrange(32000) for _ in range(BLOCK_SIZE)]  # a user's own turn after the shared part
         request = RouteRequest(MODEL, prompt[: args.prompt_tokens - len(tail)] + tail, 256, DisaggMode.AUTO)
@@ -130,13 +138,18 @@ def measure(workers, index, prompts, admission: str, max_uncached: int, args, rn
             cluster = cluster_with(cluster, reports, None)
         plan = planner.plan(request, cluster, settings, now)
         elapsed = time.perf_counter() - started
-        if n >= args.in_flight:
+        if n >= warm_up:
             seconds.append(elapsed)
         if isinstance(plan, Plan):  # not a Reject
             in_flight.append(planner.dispatched(plan, now))
         if len(in_flight) > args.in_flight:
             planner.finished(in_flight.pop(0), now)
     return seconds
+
+
+def num_warm_up(args: argparse.Namespace) -> int:
+    """Requests routed before timing starts."""
+    return max(args.in_flight, round(args.warm_up / REQUEST_INTERVAL_S))
 
 
 def reference_loop_ms() -> float:
@@ -170,7 +183,9 @@ def run(args: argparse.Namespace) -> int:
             for admission in admissions:
                 result = {}
                 for label, max_uncached in (("all priced", 0), ("default", RouterConfig().max_uncached_candidates)):
-                    print(f"  {admission}, {label}: {args.requests} requests ...", file=sys.stderr, flush=True)
+                    print(
+                        f"  {admission}, {label}: {num_warm_up(args)} warm-up + {args.requests} requests ...", file=sys.stderr, flush=True
+                    )
                     seconds = measure(workers, index, prompts, admission, max_uncached, args, random.Random(args.seed))
                     result[label] = (percentile(seconds, 50) * 1e3, percentile(seconds, 99) * 1e3)
                 rows.append({
