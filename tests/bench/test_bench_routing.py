@@ -50,3 +50,14 @@ def test_hot_prefix_fleet_shares_its_first_blocks_on_every_worker():
     overlaps = [index.overlaps(hash_blocks(p, BLOCK_SIZE, model_salt=MODEL, tenant_salt="")) for p in prompts]
     assert set().union(*overlaps) == {w.worker_id for w in workers}
     assert all(o.num_blocks == HOT_PREFIX_BLOCKS for by_worker in overlaps for o in by_worker.values())
+
+
+@pytest.mark.cluster  # runs the CLI in a subprocess
+def test_bench_routing_without_the_baseline_measures_the_default_only():
+    argv = ["--workers", "20", "--blocks-per-worker", "50", "--prompt-tokens", "256", "--requests", "5", "--in-flight", "2"]
+    argv += ["--warm-up", "0.002", "--fleets", "spread", "--admissions", "threshold", "--no-baseline", "--json"]
+    done = subprocess.run([sys.executable, "-m", "kvplane", "bench", "routing", *argv], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "all priced" not in done.stderr and "threshold, default: 2 warm-up + 5 requests" in done.stderr
+    [row] = json.loads(done.stdout)["rows"]
+    assert row["all_priced_p50_ms"] is None and row["p99_speedup"] is None and 0 < row["p50_ms"] <= row["p99_ms"]
