@@ -159,8 +159,12 @@ class LoadLedger:
             raise ValueError(f"dispatch {dispatch_id} is already in the ledger")
         self._dispatch_to_workers[dispatch_id] = [c.worker_id for c in charges]
         for charge in charges:
-            e = self._worker_to_entries.setdefault(charge.worker_id, {})[dispatch_id] = _Entry(charge, since=now)
-            self._totals(charge.worker_id).add(e, +1)
+            entries, totals = self._worker_to_entries.setdefault(charge.worker_id, {}), self._totals(charge.worker_id)
+            replaced = entries.get(dispatch_id)  # one worker named twice: the last charge stands
+            if replaced is not None:
+                totals.add(replaced, -1)
+            e = entries[dispatch_id] = _Entry(charge, since=now)
+            totals.add(e, +1)
             self._changed(charge.worker_id)
 
     def prefill_ended(self, dispatch_id: int, now: float) -> None:

@@ -292,3 +292,13 @@ def test_a_released_prefix_is_forgotten_once_a_report_shows_its_request_done(wor
     ledger.finished(2, 5.0)
     # Request 2 is gone: its new blocks, and its reused prefix (the last one of ours out) leave.
     assert ledger.adjust(view).load.num_used_blocks == 50 - 9 - 1
+
+
+def test_a_worker_charged_twice_by_one_dispatch_keeps_the_last_charge_only(worker_view):
+    ledger = LoadLedger()
+    view = worker_view("w", num_used_blocks=10)
+    ledger.dispatched(1, [Charge(WorkerId("w"), 100, 4, 4, decodes=True), Charge(WorkerId("w"), 30, 0, 0, decodes=False)], 1.0)
+    assert ledger.adjust(view) == _adjusted_by_a_loop(ledger, view)
+    assert ledger.adjust(view).load.num_queued_prefill_tokens == 30
+    ledger.finished(1, 2.0)
+    assert ledger.adjust(view) == view and ledger.num_entries(WorkerId("w")) == 0
