@@ -149,19 +149,7 @@ class WorkerTable:
             return self
         t = self.with_loads(rows)
         if any(_fixed(self.views[i]) != _fixed(w) for i, w in rows.items()):
-            t = t._copy(
-                (
-                    "model_code",
-                    "transport_code",
-                    "block_size",
-                    "block_nbytes",
-                    "max_context",
-                    "active",
-                    "can_decode",
-                    "can_prefill",
-                    "reported_at",
-                )
-            )
+            t = t._copy(_FIXED_COLUMNS + ("reported_at",))
             t.models, t.transports, t._memo = list(self.models), list(self.transports), {}
             for i, w in rows.items():
                 t._set_worker(i, w)

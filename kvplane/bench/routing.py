@@ -10,8 +10,8 @@ dispatched, so predicted prefixes and ledger entries build up as in a running co
 requests finish after `--in-flight` later ones. Timing starts after `--warm-up` seconds of the
 planner's clock (6 s: predicted prefixes, 5 s TTL, have begun to expire, one per request, and
 the ledger holds what reports have not shown yet): the steady state of a busy control plane,
-which costs ~15-20 % more per request than the first few hundred requests do. The garbage collector is set as the control
-plane sets it (controlplane/gc_tuning.py).
+which costs ~15-20 % more per request than the first few hundred requests do. The garbage
+collector is set as the control plane sets it (controlplane/gc_tuning.py).
 
 Two fleets: `spread` (three workers in ten hold a random part of one of 16 hot prompts beside
 their own blocks: about twenty holders per prompt at 1,000 workers) and `hot-prefix` (every
@@ -206,14 +206,14 @@ def run(args: argparse.Namespace) -> int:
     print(f"view update + Planner.plan (route + admit) of a {args.prompt_tokens}-token prompt, ms per request")
     print(f"{'workers':>7} {'blocks':>9} {'fleet':<10} {'admission':<10} {'all p50':>8} {'all p99':>8} {'p50':>7} {'p99':>7} {'p99 x':>6}")
     for r in rows:
-        all_p50, all_p99, ratio = (_cell(r[k], width, 2 if k != "p99_speedup" else 1) for k, width in (
-            ("all_priced_p50_ms", 8), ("all_priced_p99_ms", 8), ("p99_speedup", 6)))  # fmt: skip
-        print(f"{r['workers']:>7} {r['indexed_blocks']:>9} {r['fleet']:<10} {r['admission']:<10} {all_p50} "
-              f"{all_p99} {r['p50_ms']:>7.2f} {r['p99_ms']:>7.2f} {ratio}")  # fmt: skip
+        print(f"{r['workers']:>7} {r['indexed_blocks']:>9} {r['fleet']:<10} {r['admission']:<10} "
+              f"{_cell(r['all_priced_p50_ms'], 8, 2)} {_cell(r['all_priced_p99_ms'], 8, 2)} {r['p50_ms']:>7.2f} {r['p99_ms']:>7.2f} "
+              f"{_cell(r['p99_speedup'], 6, 1)}")  # fmt: skip
     print("all = every worker priced (the baseline); p50/p99 = the default (holders + 16 least loaded others)")
     print(f"machine speed: a 1,000,000-step Python loop took {reference[0]:.0f} ms before the rows and {reference[1]:.0f} ms after")
     return 0
 
 
 def _cell(value: float | None, width: int, digits: int) -> str:
+    """A number right-aligned in `width`, or "-" where it was not measured (--no-baseline)."""
     return f"{'-':>{width}}" if value is None else f"{value:>{width}.{digits}f}"

@@ -15,21 +15,8 @@ from kvplane.block_hash import hash_blocks
 
 @pytest.mark.cluster  # runs the CLI in a subprocess
 def test_bench_routing_prints_a_row_per_fleet_and_admission_policy():
-    argv = [
-        "--workers",
-        "40",
-        "--blocks-per-worker",
-        "100",
-        "--prompt-tokens",
-        "512",
-        "--requests",
-        "8",
-        "--in-flight",
-        "4",
-        "--warm-up",
-        "0.01",
-        "--json",
-    ]
+    argv = ["--workers", "40", "--blocks-per-worker", "100", "--prompt-tokens", "512", "--requests", "8", "--in-flight", "4"]
+    argv += ["--warm-up", "0.01", "--json"]
     done = subprocess.run([sys.executable, "-m", "kvplane", "bench", "routing", *argv], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "building spread fleet: 40 workers" in done.stderr  # progress while it runs
