@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test test-fast chaos test-engines engines-env lint format env test-env etcd rdma protos clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py kvplane/_native.c
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[reference,nixl,engines,test]'
@@ -82,4 +82,4 @@ protos: env
 	$(PY) -m kvplane.protogen
 
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache
+	rm -rf $(VENV) *.egg-info .pytest_cache build kvplane/_native.*.so

@@ -20,7 +20,7 @@ from controlplane.config import ControlPlaneConfig
 from controlplane.registry_service import RegistryService
 from controlplane.store import open_store
 from controlplane.store.base import Store
-from kvplane import telemetry, tickets
+from kvplane import native, telemetry, tickets
 from kvplane.grpc_util import add_port, enable_health_and_reflection, make_server, set_serving
 from kvplane.security.auth import Authenticator, AuthInterceptor, TokenTable
 from kvplane.security.credentials import Credentials
@@ -93,6 +93,7 @@ class ControlPlane:
             "control plane serving on %s:%d (store %s, %s, %d bearer tokens)",
             config.host, self.port, config.store, self.security.credentials.describe(), len(self.security.tokens),
         )  # fmt: skip
+        log.info("routing kernels: %s", native.status())
         if self.config.http_port >= 0:
             from controlplane.http.server import HttpFace, loopback_address
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import random
 import shutil
 import signal
 import socket
@@ -60,11 +61,57 @@ def controlplane_name(index: int) -> str:
     return CONTROLPLANE if index == 0 else f"{CONTROLPLANE}-{index}"
 
 
+def _kill_group(process: subprocess.Popen) -> None:
+    """Kills what an exited child left in its process group (each child leads its own session): an
+    engine server's workers outlive a server that was killed or stopped before it stopped them
+    (vLLM's EngineCore and Worker did, one pair per engine-suite run, 1.8 GB each)."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass  # nothing is left in it
+
+
+def _poll(process: subprocess.Popen) -> int | None:
+    """process.poll(), having first killed what an exited child left in its process group. Before
+    the child is reaped its pid, the group's id, cannot be given to another process, so the signal
+    reaches that group only (after, a group left empty frees the pid for reuse)."""
+    if process.returncode is None and hasattr(os, "waitid"):
+        try:
+            exited = os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+        except ChildProcessError:  # reaped already
+            exited = False
+        if exited:
+            _kill_group(process)
+    return process.poll()
+
+
 def free_port(host: str = LOCALHOST) -> int:
-    """A port that was free a moment ago (bind port 0, read it, release it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
+    """A port that was free a moment ago, for a child process to listen on. Drawn below the
+    kernel's ephemeral range: a port from bind(0) comes from that range, where any process's next
+    outgoing connection or port-0 listener may take it before the child binds it (seen as
+    "Address already in use" in the suite); below it, only another draw can, one in thousands."""
+    low = _ephemeral_low()
+    rng = random.SystemRandom()
+    for _ in range(100):
+        port = rng.randrange(_PORTS_FROM, low) if low - _PORTS_FROM > 1000 else 0
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue  # taken: draw again
+            return sock.getsockname()[1]
+    raise OSError(f"no free port on {host} below {low} after 100 draws")
+
+
+_PORTS_FROM = 20000  # above the well-known and most registered service ports
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (Linux; 32768 elsewhere)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 class LocalCluster:
@@ -278,7 +325,7 @@ class LocalCluster:
         """Starts child `name` again with the command it last ran with (it must have exited)."""
         if name not in self._argv:
             raise ValueError(f"no process named {name!r}; known: {', '.join(self._argv)}")
-        if self.processes[name].poll() is None:
+        if _poll(self.processes[name]) is None:  # an exit not yet seen: what it left goes first
             raise ValueError(f"{name} is still running (pid {self.processes[name].pid})")
         argv, env = self._argv[name]
         self._spawn(name, argv, env=env)
@@ -323,7 +370,7 @@ class LocalCluster:
 
     def exited(self, *, nonzero_only: bool = False) -> dict[str, int]:
         """Children that have exited, name -> exit code (negative: killed by that signal)."""
-        codes = {name: p.poll() for name, p in self.processes.items()}
+        codes = {name: _poll(p) for name, p in self.processes.items()}  # what an exited child left is killed
         return {name: code for name, code in codes.items() if code is not None and (code != 0 or not nonzero_only)}
 
     def log_tail(self, name: str, num_lines: int = 30) -> str:
@@ -411,6 +458,7 @@ class LocalCluster:
         if process.poll() is None:
             process.send_signal(sig)
             process.wait(timeout=timeout)
+        _kill_group(process)
 
     def _engine_server(self, worker_id: str) -> list[str]:
         """Starts the engine server beside agent `worker_id` (if the cluster has an external
@@ -458,3 +506,5 @@ class LocalCluster:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+        for name in names:
+            _kill_group(self.processes[name])

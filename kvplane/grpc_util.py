@@ -23,6 +23,9 @@ from kvplane.security.limits import SERVER_MAX_RECEIVE_BYTES
 from kvplane.telemetry.grpc_tracing import client_interceptors, server_interceptors
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+# How long one connection attempt may take: long enough for a loaded machine, short enough that a
+# hung peer (SIGSTOPped, its kernel still accepting) is given up on well before a call's deadline.
+CONNECT_TIMEOUT_MS = 5_000
 
 CHANNEL_OPTIONS = (
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -32,8 +35,11 @@ CHANNEL_OPTIONS = (
     # A peer that restarts (a supervised agent, a replica) is back within seconds: without a cap,
     # gRPC's reconnect back-off grows to minutes and every call meanwhile fails at once.
     ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 2_000),
+    # Despite its name, gRPC reads this as the time one connection attempt (TCP, TLS handshake,
+    # HTTP/2 settings) may take. At 100 ms a TLS handshake with a peer on a loaded machine was cut
+    # off ("handshaker shutdown") and the call failed UNAVAILABLE although the peer was up.
+    ("grpc.min_reconnect_backoff_ms", CONNECT_TIMEOUT_MS),
 )
 
 

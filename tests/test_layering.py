@@ -1,11 +1,13 @@
 """Layering: every import between the project's modules points one way.
 
 Floors, bottom up (a module may import its own floor and those below, never above):
-- shared (`kvplane.types`, `block_hash`, `latency`, `stats`, `sampling`, `chat`, `tickets`, `convert`, `errors`, `security`,
-  `grpc_util`, `telemetry`, the `v1` stubs, `hardware`): imports only other shared modules;
+- shared (`kvplane.types`, `block_hash`, `native` and its compiled `_native`, `latency`, `stats`, `sampling`,
+  `chat`, `tickets`, `convert`, `errors`, `security`, `grpc_util`, `telemetry`, the `v1` stubs, `hardware`):
+  imports only other shared modules;
 - `controlplane.core` (the plain-Python planner and its algorithms): the standard library, numpy
   (the fleet's columns, core/pool.py: arithmetic, no I/O) and `kvplane.types`, `kvplane.block_hash`,
-  `kvplane.latency`, `kvplane.stats` only (no grpc, store client or torch);
+  `kvplane.native` (the compiled routing kernels), `kvplane.latency`, `kvplane.stats` only (no grpc,
+  store client or torch);
 - the planes: `controlplane` (its core and the shared floor) and `dataplane` (the shared floor);
   neither imports the other: they meet over gRPC;
 - the top floor (`kvplane.client`, `cli`, `bench`, `cluster`, `demo`, the package itself):
@@ -28,6 +30,8 @@ SHARED = tuple(
     for m in (
         "types",
         "block_hash",
+        "native",
+        "_native",
         "latency",
         "stats",
         "sampling",
@@ -42,7 +46,7 @@ SHARED = tuple(
         "hardware",
     )  # fmt: skip
 )
-CORE_MAY_IMPORT = ("kvplane.types", "kvplane.block_hash", "kvplane.latency", "kvplane.stats")
+CORE_MAY_IMPORT = ("kvplane.types", "kvplane.block_hash", "kvplane.native", "kvplane.latency", "kvplane.stats")
 # The benchmarks' doors into the data plane: package entry points, not their modules.
 BENCH_DATAPLANE_DOORS = ("dataplane.engines", "dataplane.engines.reference", "dataplane.engines.sim", "dataplane.transport")
 
@@ -55,7 +59,7 @@ def _under(module: str, prefixes: tuple[str, ...] | str) -> bool:
 def project_modules(root: Path = ROOT) -> dict[str, Path]:
     modules = {}
     for package in PACKAGES:
-        for path in (root / package).rglob("*.py"):
+        for path in [*(root / package).rglob("*.py"), *(root / package).rglob("*.c")]:  # .c: compiled modules (kvplane._native)
             parts = path.relative_to(root).with_suffix("").parts
             modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     return modules
@@ -67,7 +71,9 @@ def import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
         targets: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        for node in ast.walk(
+            ast.parse(path.read_text(), filename=str(path)) if path.suffix == ".py" else ast.Module(body=[], type_ignores=[])
+        ):
             if isinstance(node, ast.Import):
                 targets.update(alias.name for alias in node.names)
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -85,7 +91,7 @@ def floor_violation(importer: str, imported: str) -> str | None:
     if _under(importer, "controlplane.core"):
         if _under(imported, "controlplane.core") or _under(imported, CORE_MAY_IMPORT):
             return None
-        return "controlplane.core is plain Python: stdlib and kvplane.types/block_hash/latency/stats only"
+        return "controlplane.core is plain Python: stdlib and kvplane.types/block_hash/native/latency/stats only"
     if _under(importer, "controlplane"):
         return None if _under(imported, ("controlplane", *SHARED)) else "the control plane imports itself and the shared floor"
     if _under(importer, "dataplane"):

@@ -21,6 +21,7 @@ from controlplane.core.params import check_numbers, param
 from controlplane.core.pool import WorkerPool, WorkerTable
 from controlplane.core.routing import CandidateCost
 from controlplane.core.views import WorkerView
+from kvplane import native
 from kvplane.types import Tier, WorkerId
 
 
@@ -105,27 +106,6 @@ class Priced(Sequence[CandidateCost]):
             lambda i: costs[i].detail,
         )
 
-    @staticmethod
-    def concat(parts: Sequence[Priced]) -> Priced:
-        nonempty = [p for p in parts if len(p)]
-        if len(nonempty) <= 1:
-            return nonempty[0] if nonempty else parts[0]
-        parts = nonempty
-        offsets = np.cumsum([0] + [len(p) for p in parts])
-
-        def detail(i: int) -> object:
-            k = int(np.searchsorted(offsets, i, side="right")) - 1
-            return parts[k]._detail(i - int(offsets[k]))
-
-        return Priced(
-            [w for p in parts for w in p.worker_ids],
-            np.concatenate([p.rows for p in parts]),
-            np.concatenate([p.cost for p in parts]),
-            np.concatenate([p.cached_tokens for p in parts]),
-            np.concatenate([p.prefill_tokens for p in parts]),
-            detail,
-        )
-
     def take(self, order: np.ndarray) -> Priced:
         """These candidates in `order` (indices into this one)."""
         ids = self.worker_ids
@@ -171,35 +151,96 @@ def price(
     prompt's cached prefix per worker (None: no worker holds any of it); credit_scale < 1 shrinks
     a worker's cache credit (the load guard); discount_predicted leaves out the queued prefill
     work that computes blocks this request reuses (its overlap's predicted blocks)."""
-    n = len(workers)
-    block_size, queued, used = workers.column("block_size"), workers.column("queued"), workers.column("used")
-    matched, credit, discount = np.zeros(n, np.int64), np.zeros(n), np.zeros(n, np.int64)
+    n, table, rows = len(workers), workers.table, workers.rows
+    matched = credit = discount = None  # per row; None: 0 for every row
     if overlaps is not None and n:
-        codes, per = workers.distinct_values(overlaps)
-        matched = np.array([s.num_blocks if s else 0 for s in per], np.int64)[codes]
-        credit = np.array([_raw_credit(config, s) for s in per], np.float64)[codes]
-        if discount_predicted:
-            discount = np.array([s.num_predicted if s else 0 for s in per], np.int64)[codes]
-    scale = credit_scale if credit_scale is not None else np.ones(n)
-    credit = credit * scale  # x 1.0 is exact: unguarded credit unchanged
-    num_prompt_blocks = -(-num_prompt_tokens // block_size)
-    num_queued_blocks = np.maximum(-(-queued // block_size) - discount, 0)
-    cost = config.prefill_load_scale * np.maximum(num_queued_blocks + num_prompt_blocks - credit, 0.0) + used
-    cached_tokens = np.minimum(matched, (num_prompt_tokens - 1) // block_size) * block_size
+        matched, credit, discount = _score_columns(config, workers, overlaps, discount_predicted)
+    if credit_scale is not None:
+        credit = (credit if credit is not None else np.zeros(n)) * credit_scale  # x 1.0 is exact: unguarded credit unchanged
+    cost, cached_tokens = _cost_columns(config, table, rows, num_prompt_tokens, matched, credit, discount)
 
     def detail(i: int) -> CostBreakdown:
+        row = int(rows[i])
+        block_size = int(table.block_size[row])
+        num_queued_blocks = -(-int(table.queued[row]) // block_size) - (int(discount[i]) if discount is not None else 0)
         return CostBreakdown(
-            int(matched[i]), float(credit[i]), int(num_queued_blocks[i]), int(num_prompt_blocks[i]), int(used[i]), float(scale[i])
+            int(matched[i]) if matched is not None else 0,
+            float(credit[i]) if credit is not None else 0.0,
+            max(num_queued_blocks, 0),
+            -(-num_prompt_tokens // block_size),
+            int(table.used[row]),
+            float(credit_scale[i]) if credit_scale is not None else 1.0,
         )
 
-    return Priced(workers.worker_ids, workers.rows, cost, cached_tokens, num_prompt_tokens - cached_tokens, detail)
+    return Priced(workers.worker_ids, rows, cost, cached_tokens, num_prompt_tokens - cached_tokens, detail)
+
+
+def _cost_columns(
+    config: CostConfig,
+    table: WorkerTable,
+    rows: np.ndarray,
+    num_prompt_tokens: int,
+    matched: np.ndarray | None,
+    credit: np.ndarray | None,
+    discount: np.ndarray | None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(cost, cached tokens) of each of `rows`: compiled (kvplane/_native.c) where it is built,
+    else these array operations, the reference it is tested against."""
+    if native.price_rows is not None:
+        cost, cached_tokens = np.empty(len(rows)), np.empty(len(rows), np.int64)
+        native.price_rows(
+            table.queued,
+            table.used,
+            table.block_size,
+            np.ascontiguousarray(rows, np.int64),  # itself for a pool's rows; the kernel reads int64 only
+            matched,
+            credit,
+            discount,
+            num_prompt_tokens,
+            config.prefill_load_scale,
+            cost,
+            cached_tokens,
+        )
+        return cost, cached_tokens
+    block_size, queued, used = table.block_size[rows], table.queued[rows], table.used[rows]
+    num_prompt_blocks = -(-num_prompt_tokens // block_size)
+    num_queued_blocks = np.maximum(-(-queued // block_size) - (discount if discount is not None else 0), 0)
+    uncovered = num_queued_blocks + num_prompt_blocks - (credit if credit is not None else 0.0)
+    cost = config.prefill_load_scale * np.maximum(uncovered, 0.0) + used
+    cached_tokens = np.minimum(matched if matched is not None else 0, (num_prompt_tokens - 1) // block_size) * block_size
+    return cost, cached_tokens
+
+
+def _score_columns(
+    config: CostConfig, workers: WorkerPool, overlaps: Mapping[WorkerId, OverlapScore], discount_predicted: bool
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Per worker of the pool: matched blocks, credit before the load guard, and (when
+    `discount_predicted`) predicted blocks; 0 for a worker without a score. Compiled
+    (kvplane/_native.c) where it is built, else per distinct score (a hot prefix's holders share
+    one), the reference it is tested against."""
+    n = len(workers)
+    if native.score_columns is not None:
+        matched, credit = np.empty(n, np.int64), np.empty(n)
+        discount = np.empty(n, np.int64) if discount_predicted else None
+        weights = {Tier.DEVICE: config.overlap_weight_device, Tier.HOST: config.overlap_weight_host, Tier.DISK: config.overlap_weight_disk}
+        native.score_columns(list(map(overlaps.get, workers.worker_ids)), weights, matched, credit, discount)
+        return matched, credit, discount
+    codes, per = workers.distinct_values(overlaps)
+    matched = np.array([s.num_blocks if s else 0 for s in per], np.int64)[codes]
+    credit = np.array([_raw_credit(config, s) for s in per], np.float64)[codes]
+    discount = np.array([s.num_predicted if s else 0 for s in per], np.int64)[codes] if discount_predicted else None
+    return matched, credit, discount
 
 
 def _raw_credit(config: CostConfig, overlap: OverlapScore | None) -> float:
-    """Credit before the load guard: the tier weight of each matched block, summed."""
-    if overlap is None:
-        return 0.0
-    return sum(config.tier_weight(tier) * n for tier, n in overlap.blocks_by_tier.items() if n)
+    """Credit before the load guard: the tier weight of each matched block, summed in order (a
+    loop, not sum(): sum() compensates float rounding since Python 3.12, the kernel does not)."""
+    credit = 0.0
+    if overlap is not None:
+        for tier, n in overlap.blocks_by_tier.items():
+            if n:
+                credit += config.tier_weight(tier) * n
+    return credit
 
 
 def cheapest_uncached(config: CostConfig, workers: Sequence[WorkerView], limit: int) -> WorkerPool:
@@ -209,6 +250,11 @@ def cheapest_uncached(config: CostConfig, workers: Sequence[WorkerView], limit: 
     pool = WorkerPool.of(workers)
     if limit <= 0 or len(pool) <= limit:
         return pool
+    if native.cheapest_rows is not None:  # compiled (kvplane/_native.c): what follows, in one pass
+        t, rows = pool.table, np.ascontiguousarray(pool.rows, np.int64)
+        out = np.empty(len(rows), np.int64)
+        count = native.cheapest_rows(t.queued, t.used, t.block_size, rows, config.prefill_load_scale, limit, out)
+        return WorkerPool(t, out[:count])
     costs = config.prefill_load_scale * -(-pool.column("queued") // pool.column("block_size")) + pool.column("used")
     cutoff = np.partition(costs, limit - 1)[limit - 1]
     return pool.where_own(costs <= cutoff)

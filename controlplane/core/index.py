@@ -27,6 +27,7 @@ from types import MappingProxyType
 
 import numpy as np
 
+from kvplane import native
 from kvplane.types import BlockHash, Tier, WorkerId
 
 # Fastest first: a block held at several tiers is credited at the first one listed here.
@@ -161,14 +162,15 @@ class CacheIndex:
 
     def overlaps(self, block_hashes: Sequence[BlockHash]) -> dict[WorkerId, OverlapScore]:
         """Longest cached prefix of `block_hashes` per worker; workers matching no block are absent."""
-        matching = running_and(self._block_to_holders, block_hashes)
-        if not matching:
+        groups = prefix_groups(self._block_to_holders, block_hashes)
+        if not groups:
             return {}
-        end = len(matching)
-        groups = drop_outs(matching)
+        end = groups[-1][0]
         slower: dict[int, list[int]] = {}  # bit -> [host, disk] blocks of its matched prefix
-        if self._slow_blocks:  # rare: most blocks sit on the device only
-            for i in compress(range(end), map(self._slow_blocks.__contains__, block_hashes[:end])):
+        slow = list(compress(range(end), map(self._slow_blocks.__contains__, block_hashes[:end]))) if self._slow_blocks else ()
+        if slow:  # rare: most blocks sit on the device only
+            matching = running_and(self._block_to_holders, block_hashes[:end])
+            for i in slow:
                 masks = self._block_to_tier_masks[block_hashes[i]]
                 for bit in set_bits(matching[i] & ~masks[0]):
                     slower.setdefault(bit, [0, 0])[0 if masks[1] >> bit & 1 else 1] += 1
@@ -292,9 +294,18 @@ def running_and(masks: Mapping[BlockHash, int], block_hashes: Sequence[BlockHash
     return matching
 
 
-def prefix_lengths(matching: Sequence[int]) -> dict[int, int]:
-    """bit -> how many leading blocks it matched (running_and's answer)."""
-    return {bit: length for length, bits in drop_outs(matching) for bit in bits}
+def prefix_groups(masks: Mapping[BlockHash, int], block_hashes: Sequence[BlockHash]) -> list[tuple[int, list[int]]]:
+    """drop_outs(running_and(masks, block_hashes)): (length, the bits holding exactly `length`
+    leading blocks), shortest first; compiled (kvplane/_native.c) where it is built, one pass
+    with no int allocated per block."""
+    if native.prefix_groups is not None and type(masks) is dict and type(block_hashes) in (list, tuple):
+        return native.prefix_groups(masks, block_hashes)
+    return drop_outs(running_and(masks, block_hashes))
+
+
+def prefix_lengths(groups: Sequence[tuple[int, Sequence[int]]]) -> dict[int, int]:
+    """bit -> how many leading blocks it matched, from prefix_groups' answer."""
+    return {bit: length for length, bits in groups for bit in bits}
 
 
 def drop_outs(matching: Sequence[int]) -> list[tuple[int, list[int]]]:

@@ -16,6 +16,7 @@ needs every worker's object may simply iterate it; the hot paths use its columns
 
 from __future__ import annotations
 
+import operator
 import weakref
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 
@@ -115,9 +116,10 @@ class WorkerTable:
     def _copy(self, columns: Collection[str]) -> WorkerTable:
         """A shallow copy whose `columns` are copies (the others shared: they are not written)."""
         t = object.__new__(WorkerTable)
-        for name in _DATA_SLOTS:
-            value = getattr(self, name)
-            setattr(t, name, value.copy() if name in columns else value)
+        for name, value in zip(_DATA_SLOTS, _data_of(self)):
+            setattr(t, name, value)
+        for name in columns:
+            setattr(t, name, getattr(self, name).copy())
         t._parent, t.changed_rows = None, frozenset()
         return t
 
@@ -137,6 +139,12 @@ class WorkerTable:
         for i, w in rows.items():
             views[i] = w
         t.views = tuple(views)
+        if len(rows) <= _FEW_ROWS:  # item by item: cheaper than building index arrays for a few
+            columns = _load_columns_of(t)
+            for i, w in rows.items():
+                for column, value in zip(columns, _load_row(w)):
+                    column[i] = value
+            return t
         index = np.fromiter(rows, np.int64, len(rows))
         loads = np.array([_load_row(w) for w in rows.values()], np.int64).reshape(len(rows), len(_LOAD_COLUMNS))
         for j, name in enumerate(_LOAD_COLUMNS):
@@ -204,6 +212,9 @@ class WorkerTable:
 
 _FIXED_COLUMNS = ("model_code", "transport_code", "block_size", "block_nbytes", "max_context", "active", "can_decode", "can_prefill")
 _DATA_SLOTS = tuple(n for n in WorkerTable.__slots__ if n not in ("_parent", "changed_rows", "__weakref__"))
+_data_of = operator.attrgetter(*_DATA_SLOTS)  # every data slot in one call
+_load_columns_of = operator.attrgetter(*_LOAD_COLUMNS)
+_FEW_ROWS = 16
 
 
 class WorkerPool(Sequence[WorkerView]):

@@ -24,7 +24,8 @@ import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from controlplane.core.index import CacheIndex, OverlapScore, overlap_score, prefix_lengths, running_and
+from controlplane.core.index import CacheIndex, OverlapScore, overlap_score, prefix_groups, prefix_lengths
+from kvplane import native
 from kvplane.types import BlockHash, Tier, WorkerId
 
 
@@ -61,7 +62,9 @@ class PrefixPredictions:
         # worker -> last block of a recorded prompt -> its live records (confirm finds them by it)
         self._worker_to_records: dict[WorkerId, dict[BlockHash, list[_Record]]] = {}
         self._block_to_mask: dict[BlockHash, int] = {}  # block -> bits of the workers with a live record of it
-        self._refs: dict[tuple[BlockHash, int], int] = {}  # (block, bit) -> live records of it there
+        # bit -> block -> live records of it there (one small dictionary per worker: no key to
+        # build per block, and a record's blocks are looked up where that worker's are)
+        self._refs: dict[int, dict[BlockHash, int]] = {}
         self._worker_to_bit: dict[WorkerId, int] = {}
         self._bit_to_worker: dict[int, WorkerId] = {}
         self._free_bits: list[int] = []
@@ -81,12 +84,10 @@ class PrefixPredictions:
         record = _Record(worker_id, bit, tuple(block_hashes), now + self.ttl_s)
         heapq.heappush(self._expiries, (record.expiry, next(self._seq), record))
         self._worker_to_records.setdefault(worker_id, {}).setdefault(record.block_hashes[-1], []).append(record)
-        mask, refs, flag = self._block_to_mask, self._refs, 1 << bit
-        for h in record.block_hashes:
-            n = refs.get((h, bit), 0)
-            refs[h, bit] = n + 1
-            if n == 0:
-                mask[h] = mask.get(h, 0) | flag
+        refs = self._refs.get(bit)
+        if refs is None:
+            refs = self._refs[bit] = {}
+        (native.refs_add or _count_in)(self._block_to_mask, refs, record.block_hashes, 1 << bit)
 
     def confirm(self, worker_id: WorkerId, block_hashes: Iterable[BlockHash]) -> None:
         """Real stored events arrived: a recorded prompt whose last block is among them is in the
@@ -144,7 +145,7 @@ class PrefixPredictions:
 
     def _predicted_prefixes(self, block_hashes: Sequence[BlockHash]) -> dict[int, int]:
         """bit -> how many leading blocks of `block_hashes` a live record there shares."""
-        return prefix_lengths(running_and(self._block_to_mask, block_hashes))
+        return prefix_lengths(prefix_groups(self._block_to_mask, block_hashes))
 
     def _expire(self, now: float) -> None:
         expiries = self._expiries
@@ -155,18 +156,11 @@ class PrefixPredictions:
         if not record.live:
             return
         record.live = False
-        bit, mask, refs = record.bit, self._block_to_mask, self._refs
-        for h in record.block_hashes:
-            n = refs[h, bit] - 1
-            if n:
-                refs[h, bit] = n
-                continue
-            del refs[h, bit]
-            remaining = mask[h] & ~(1 << bit)
-            if remaining:
-                mask[h] = remaining
-            else:
-                del mask[h]
+        bit = record.bit
+        refs = self._refs[bit]
+        (native.refs_remove or _count_out)(self._block_to_mask, refs, record.block_hashes, 1 << bit)
+        if not refs:
+            del self._refs[bit]
         by_last = self._worker_to_records[record.worker_id]
         same_last = by_last[record.block_hashes[-1]]
         same_last.remove(record)
@@ -176,3 +170,32 @@ class PrefixPredictions:
             del self._worker_to_records[record.worker_id]
             del self._worker_to_bit[record.worker_id], self._bit_to_worker[bit]
             self._free_bits.append(bit)
+
+
+def _count_in(mask: dict[BlockHash, int], refs: dict[BlockHash, int], block_hashes: Sequence[BlockHash], flag: int) -> None:
+    """A live record of `block_hashes` more on the worker whose bit is `flag`: each block's count
+    there (`refs`) up by one, and a block new there gets the bit in its mask. Compiled as
+    native.refs_add where it is built."""
+    for h in block_hashes:
+        n = refs.get(h)
+        if n is None:
+            refs[h] = 1
+            mask[h] = mask.get(h, 0) | flag
+        else:
+            refs[h] = n + 1
+
+
+def _count_out(mask: dict[BlockHash, int], refs: dict[BlockHash, int], block_hashes: Sequence[BlockHash], flag: int) -> None:
+    """_count_in undone: at zero a block leaves `refs` and the bit leaves its mask (an empty mask
+    leaves `mask`). Compiled as native.refs_remove where it is built."""
+    for h in block_hashes:
+        n = refs[h] - 1
+        if n:
+            refs[h] = n
+            continue
+        del refs[h]
+        remaining = mask[h] ^ flag  # the bit is set: this record held the block there
+        if remaining:
+            mask[h] = remaining
+        else:
+            del mask[h]

@@ -144,9 +144,11 @@ class Router:
         prefill_worker, reason = self._place_prefill(request, decode, prefill_workers, worker_to_overlap, limit)
         fetch = None
         if prefill_worker is None and request.disagg is not DisaggMode.NEVER:
-            sources = model_workers.where(table.serving(request.model, "active") & table.kv_mask(decode_view, cached_blocks=True)).without(
-                decode.worker_id
-            )
+
+            def sources() -> WorkerPool:
+                kv_from = table.serving(request.model, "active") & table.kv_mask(decode_view, cached_blocks=True)
+                return model_workers.where(kv_from).without(decode.worker_id)
+
             fetch = self.policy.fetch(ctx, decode_view, decode, sources)
         return RouteDecision(
             decode_worker=decode.worker_id,
@@ -216,7 +218,10 @@ class Router:
             lowest = min(c.cost for c in listed)
             weights = [math.exp(-(c.cost - lowest) / self._config.temperature) for c in listed]
             return self._rng.choices(listed, weights=weights)[0]
-        tied = np.flatnonzero(costs.cost - costs.cost[0] <= _COST_TIE_EPSILON)
+        cost = costs.cost
+        if len(cost) == 1 or cost[1] - cost[0] > _COST_TIE_EPSILON:  # the usual case: one cheapest
+            return costs[int(self._rng.choice((0,)))]  # the same draw as among ties, so a seeded run stays the same
+        tied = np.flatnonzero(cost - cost[0] <= _COST_TIE_EPSILON)
         if prefer is not None:
             ranks = prefer[tied]
             tied = tied[ranks == ranks.min()]

@@ -5,7 +5,7 @@ import points one way: router -> policies -> routing.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar, Protocol
 
@@ -116,8 +116,11 @@ class RoutingPolicy(Protocol):
         ...
 
     def fetch(
-        self, ctx: RouteContext, decode: WorkerView, decode_cost: CandidateCost, sources: Sequence[WorkerView]
-    ) -> FetchPlan | None: ...
+        self, ctx: RouteContext, decode: WorkerView, decode_cost: CandidateCost, sources: Callable[[], Sequence[WorkerView]]
+    ) -> FetchPlan | None:
+        """Whether the decode worker should pull a cached prefix from one of `sources()` (the other
+        active workers KV can move from; made only when called) instead of computing it."""
+        ...
 
     def on_routed(self, decision: RouteDecision, now: float) -> None: ...
 
@@ -134,7 +137,9 @@ class PolicyHooks:
     ) -> Mapping[WorkerId, OverlapScore]:
         return cached
 
-    def fetch(self, ctx: RouteContext, decode: WorkerView, decode_cost: CandidateCost, sources: Sequence[WorkerView]) -> FetchPlan | None:
+    def fetch(
+        self, ctx: RouteContext, decode: WorkerView, decode_cost: CandidateCost, sources: Callable[[], Sequence[WorkerView]]
+    ) -> FetchPlan | None:
         return None
 
     def on_routed(self, decision: RouteDecision, now: float) -> None:

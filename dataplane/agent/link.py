@@ -68,6 +68,13 @@ def snapshot_to_pb(hashes: Mapping[Tier, list[BlockHash]] | list[BlockHash]) -> 
 
 
 REPORT_TIMEOUT_S = 1.0
+# A Register that takes longer is given up on (and, at start, tried on the next replica): the
+# replica may have stored the registration and hung before replying.
+REGISTER_TIMEOUT_S = 10.0
+# What a first registration tries again (on the next replica, but ALREADY_EXISTS): ALREADY_EXISTS
+# means our previous incarnation's lease is still alive, or the one a hung replica stored without
+# replying (DEADLINE_EXCEEDED); it ends within its TTL.
+_START_RETRIED = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.ALREADY_EXISTS, grpc.StatusCode.DEADLINE_EXCEEDED)
 
 
 def _num_hashes(event: common_pb2.KVEvent) -> int:
@@ -180,9 +187,7 @@ class ControlPlaneLink:
                 await self._register()
                 break
             except grpc.aio.AioRpcError as e:
-                # ALREADY_EXISTS: our previous incarnation's lease is still alive; it ends within its TTL.
-                retry = e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.ALREADY_EXISTS)
-                if not retry or time.monotonic() > deadline:
+                if e.code() not in _START_RETRIED or time.monotonic() > deadline:
                     raise RuntimeError(
                         f"cannot register with the control plane at {self._config.controlplane}: {e.code().name}: {e.details()}"
                     ) from None
@@ -219,7 +224,7 @@ class ControlPlaneLink:
             if unless_not is not None and self.lease_id != unless_not:
                 return
             reply = await self._stub.Register(
-                registry_pb2.RegisterRequest(info=self._info(), ttl_seconds=self._config.lease_ttl_s), timeout=10
+                registry_pb2.RegisterRequest(info=self._info(), ttl_seconds=self._config.lease_ttl_s), timeout=REGISTER_TIMEOUT_S
             )
             self.lease_id, self.ttl_s, self.session_token = reply.lease_id, reply.ttl_seconds, reply.session_token
             self.verifier = tickets.TicketVerifier(reply.ticket_public_key)

@@ -25,6 +25,7 @@ the 16 least loaded others, the only ones that can win.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import random
@@ -39,6 +40,7 @@ from controlplane.core.router import RouterConfig
 from controlplane.core.routing import RouteRequest
 from controlplane.core.settings import ClusterSettings
 from controlplane.core.views import ClusterView, WorkerLoadView, WorkerView
+from kvplane import native
 from kvplane.block_hash import hash_blocks
 from kvplane.latency import StepTimeModel
 from kvplane.stats import percentile
@@ -74,6 +76,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-baseline", action="store_true",
         help="skip the baseline (every worker priced): half the time, and the only routing in the process (to count its instructions)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--python-kernels", action="store_true",
+        help="also time the default routing with the pure Python twins of the compiled kernels (kvplane/native.py), in the same run",
     )  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
@@ -119,7 +125,7 @@ def measure(workers, index, prompts, admission: str, max_uncached: int, args, rn
     )
     planner = Planner(config, random.Random(args.seed))
     now = 1000.0
-    workers = [dataclasses.replace(w, reported_at=now - args.report_interval * i / len(workers)) for i, w in enumerate(workers)]
+    workers = staggered(workers, now, args.report_interval)
     cluster = ClusterView(tuple(workers), index)
     settings = ClusterSettings()
     in_flight: list[int] = []
@@ -149,6 +155,14 @@ def measure(workers, index, prompts, admission: str, max_uncached: int, args, rn
         if len(in_flight) > args.in_flight:
             planner.finished(in_flight.pop(0), now)
     return seconds
+
+
+def staggered(workers: list[WorkerView], now: float, interval: float) -> list[WorkerView]:
+    """The workers with report times staggered in the order they report in (the bench's loop goes
+    0, 1, 2, ...): worker i's next report falls due i / len(workers) of an interval after `now`,
+    so one lands every interval / len(workers), never the whole fleet at once."""
+    n = len(workers)
+    return [dataclasses.replace(w, reported_at=now - interval * (n - i) / n) for i, w in enumerate(workers)]
 
 
 def num_warm_up(args: argparse.Namespace) -> int:
@@ -185,31 +199,44 @@ def run(args: argparse.Namespace) -> int:
             print(f"building {fleet} fleet: {size} workers x {args.blocks_per_worker} blocks ...", file=sys.stderr, flush=True)
             workers, index = build_fleet(size, args.blocks_per_worker, fleet, prompts, random.Random(args.seed + size))
             for admission in admissions:
-                result = {"all priced": (None, None)}
-                runs = (("all priced", 0), ("default", RouterConfig().max_uncached_candidates))
-                for label, max_uncached in runs[1:] if args.no_baseline else runs:
+                result = dict.fromkeys(("all priced", "python kernels"), (None, None))
+                default = RouterConfig().max_uncached_candidates
+                runs = [("all priced", 0, False)] * (not args.no_baseline) + [("default", default, False)]
+                runs += [("python kernels", default, True)] * args.python_kernels
+                for label, max_uncached, python in runs:
                     print(
                         f"  {admission}, {label}: {num_warm_up(args)} warm-up + {args.requests} requests ...", file=sys.stderr, flush=True
                     )
-                    seconds = measure(workers, index, prompts, admission, max_uncached, args, random.Random(args.seed))
+                    with native.turned_off() if python else contextlib.nullcontext():
+                        seconds = measure(workers, index, prompts, admission, max_uncached, args, random.Random(args.seed))
                     result[label] = (percentile(seconds, 50) * 1e3, percentile(seconds, 99) * 1e3)
+                (all_p50, all_p99), (p50, p99), (py_p50, py_p99) = result["all priced"], result["default"], result["python kernels"]
                 rows.append({
                     "workers": size, "indexed_blocks": size * args.blocks_per_worker, "fleet": fleet, "admission": admission,
-                    "all_priced_p50_ms": result["all priced"][0], "all_priced_p99_ms": result["all priced"][1],
-                    "p50_ms": result["default"][0], "p99_ms": result["default"][1],
-                    "p99_speedup": None if args.no_baseline else result["all priced"][1] / result["default"][1],
+                    "all_priced_p50_ms": all_p50, "all_priced_p99_ms": all_p99, "p50_ms": p50, "p99_ms": p99,
+                    "p99_speedup": None if all_p99 is None else all_p99 / p99,
+                    "python_kernels_p50_ms": py_p50, "python_kernels_p99_ms": py_p99,
+                    "kernels_p50_speedup": None if py_p50 is None else py_p50 / p50,
                 })  # fmt: skip
     reference = (reference_before, reference_loop_ms())
     if args.json:
         print(json.dumps({"prompt_tokens": args.prompt_tokens, "reference_loop_ms": reference, "rows": rows}))
         return 0
     print(f"view update + Planner.plan (route + admit) of a {args.prompt_tokens}-token prompt, ms per request")
-    print(f"{'workers':>7} {'blocks':>9} {'fleet':<10} {'admission':<10} {'all p50':>8} {'all p99':>8} {'p50':>7} {'p99':>7} {'p99 x':>6}")
+    python = " py p50  py p99 py/c p50" if args.python_kernels else ""
+    print(
+        f"{'workers':>7} {'blocks':>9} {'fleet':<10} {'admission':<10} {'all p50':>8} {'all p99':>8} {'p50':>7} {'p99':>7} {'p99 x':>6}{python}"
+    )
     for r in rows:
         print(f"{r['workers']:>7} {r['indexed_blocks']:>9} {r['fleet']:<10} {r['admission']:<10} "
               f"{_cell(r['all_priced_p50_ms'], 8, 2)} {_cell(r['all_priced_p99_ms'], 8, 2)} {r['p50_ms']:>7.2f} {r['p99_ms']:>7.2f} "
-              f"{_cell(r['p99_speedup'], 6, 1)}")  # fmt: skip
+              f"{_cell(r['p99_speedup'], 6, 1)}" + (
+              f" {_cell(r['python_kernels_p50_ms'], 7, 2)} {_cell(r['python_kernels_p99_ms'], 7, 2)} {_cell(r['kernels_p50_speedup'], 8, 2)}"
+              if args.python_kernels else ""))  # fmt: skip
     print("all = every worker priced (the baseline); p50/p99 = the default (holders + 16 least loaded others)")
+    if args.python_kernels:
+        print("py = the default with the pure Python twins of the compiled kernels; py/c = its p50 over the compiled one's")
+    print(f"routing kernels: {native.status()}")
     print(f"machine speed: a 1,000,000-step Python loop took {reference[0]:.0f} ms before the rows and {reference[1]:.0f} ms after")
     return 0
 

@@ -6,6 +6,7 @@ The channel is opened on first use, inside the running event loop that will driv
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Sequence
 from types import TracebackType
 from typing import TypeVar, Unpack
@@ -140,8 +141,11 @@ class AsyncClient(ClientCore):
 
     async def _stream(self, call: calls.GenerateCall) -> AsyncIterator[GenerateChunk]:
         if call.lookaside:
-            async for chunk in self._lookaside(call):
-                yield chunk
+            # Closed here, not left to the garbage collector: a caller that stops early gets its
+            # cancel reported before aclose() returns, while the client's channel is still open.
+            async with contextlib.aclosing(self._lookaside(call)) as chunks:
+                async for chunk in chunks:
+                    yield chunk
             return
         progress = self._progress(call)
         try:

@@ -32,8 +32,8 @@ from .helpers import generate_ticket, op_ticket, serve_agent
 WORKER = "both-t"
 CHUNK = 512  # max_num_batched_tokens: prompts above it prefill in chunks
 P50_BOUND = 0.25
-REPEATS = 3
-ATTEMPTS = 3
+REPEATS = 4
+ATTEMPTS = 5
 
 
 @contextlib.asynccontextmanager

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 
+import grpc
+
 from dataplane.agent.config import AgentConfig
 from dataplane.agent.link import ControlPlaneLink
 from kvplane.grpc_util import make_server
@@ -45,12 +47,18 @@ class FakeRegistry(registry_pb2_grpc.RegistryServicer):
         return registry_pb2.DeregisterResponse()
 
 
-async def run_link(profile: common_pb2.LatencyProfile | None) -> tuple[FakeRegistry, OnlineStepModel]:
-    registry = FakeRegistry(profile)
+async def serve_registry(registry: FakeRegistry) -> tuple[grpc.aio.Server, str]:
+    """`registry` served over loopback gRPC: (the server, its address)."""
     server = make_server()
     port = server.add_insecure_port("127.0.0.1:0")
     registry_pb2_grpc.add_RegistryServicer_to_server(registry, server)
     await server.start()
+    return server, f"127.0.0.1:{port}"
+
+
+async def run_link(profile: common_pb2.LatencyProfile | None) -> tuple[FakeRegistry, OnlineStepModel]:
+    registry = FakeRegistry(profile)
+    server, address = await serve_registry(registry)
     online = OnlineStepModel()
     load = common_pb2.WorkerLoad(num_running=2, running_remaining_tokens=[5, 9], running_context_tokens=321)
 
@@ -59,7 +67,7 @@ async def run_link(profile: common_pb2.LatencyProfile | None) -> tuple[FakeRegis
         return model.to_pb() if model is not None else None
 
     link = ControlPlaneLink(
-        AgentConfig(worker_id="w1", controlplane=f"127.0.0.1:{port}", load_report_interval_s=0.05).validate(),
+        AgentConfig(worker_id="w1", controlplane=address, load_report_interval_s=0.05).validate(),
         info=lambda: common_pb2.WorkerInfo(worker_id="w1"),
         load=lambda: (load, common_pb2.WORKER_STATE_ACTIVE),
         take_events=lambda: [],

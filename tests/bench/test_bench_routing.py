@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from kvplane.bench.routing import BLOCK_SIZE, HOT_PREFIX_BLOCKS, MODEL, build_fleet
+from kvplane.bench.routing import BLOCK_SIZE, HOT_PREFIX_BLOCKS, MODEL, build_fleet, staggered
 from kvplane.block_hash import hash_blocks
 
 
@@ -42,9 +42,41 @@ def test_hot_prefix_fleet_shares_its_first_blocks_on_every_worker():
 @pytest.mark.cluster  # runs the CLI in a subprocess
 def test_bench_routing_without_the_baseline_measures_the_default_only():
     argv = ["--workers", "20", "--blocks-per-worker", "50", "--prompt-tokens", "256", "--requests", "5", "--in-flight", "2"]
-    argv += ["--warm-up", "0.002", "--fleets", "spread", "--admissions", "threshold", "--no-baseline", "--json"]
-    done = subprocess.run([sys.executable, "-m", "kvplane", "bench", "routing", *argv], capture_output=True, text=True, timeout=300)
+    argv += ["--warm-up", "0.002", "--fleets", "spread", "--admissions", "threshold", "--no-baseline"]
+    done = subprocess.run(
+        [sys.executable, "-m", "kvplane", "bench", "routing", *argv, "--json"], capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr
     assert "all priced" not in done.stderr and "threshold, default: 2 warm-up + 5 requests" in done.stderr
     [row] = json.loads(done.stdout)["rows"]
     assert row["all_priced_p50_ms"] is None and row["p99_speedup"] is None and 0 < row["p50_ms"] <= row["p99_ms"]
+    assert row["python_kernels_p50_ms"] is None
+
+    # The same with the Python twins of the compiled kernels timed beside them.
+    done = subprocess.run(
+        [sys.executable, "-m", "kvplane", "bench", "routing", *argv, "--python-kernels", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "threshold, python kernels: 2 warm-up + 5 requests" in done.stderr
+    [row] = json.loads(done.stdout)["rows"]
+    assert 0 < row["python_kernels_p50_ms"] <= row["python_kernels_p99_ms"]
+    assert row["kernels_p50_speedup"] == pytest.approx(row["python_kernels_p50_ms"] / row["p50_ms"])
+    done = subprocess.run(
+        [sys.executable, "-m", "kvplane", "bench", "routing", *argv, "--python-kernels"], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    header, row = done.stdout.splitlines()[1:3]
+    assert header.endswith("py p50  py p99 py/c p50") and len(row.split()) == 12
+    assert "routing kernels: compiled: built and loaded" in done.stdout
+
+
+def test_workers_report_one_at_a_time_in_the_order_the_bench_takes_them():
+    # An earlier stagger ran opposite to the reporting order: every worker fell due at once, and
+    # the whole fleet reported in one burst per interval instead of one report per request.
+    workers, _ = build_fleet(50, 10, "spread", [[1] * 64], random.Random(1))
+    due = [w.reported_at + 1.0 for w in staggered(workers, 1000.0, 1.0)]
+    assert due == sorted(due) and due[0] == 1000.0
+    assert [b - a for a, b in zip(due, due[1:])] == pytest.approx([1.0 / 50] * 49)

@@ -257,4 +257,4 @@ def test_set_bits_and_drop_outs_on_sparse_and_dense_masks():
     hot, few, one = (1 << 1000) - 1, 0b111 << 1000, 1 << 1003
     matching = [hot | few | one] * 3 + [few | one, one]
     assert drop_outs(matching) == [(3, list(range(1000))), (4, [1000, 1001, 1002]), (5, [1003])]
-    assert prefix_lengths(matching) == {**dict.fromkeys(range(1000), 3), 1000: 4, 1001: 4, 1002: 4, 1003: 5}
+    assert prefix_lengths(drop_outs(matching)) == {**dict.fromkeys(range(1000), 3), 1000: 4, 1001: 4, 1002: 4, 1003: 5}

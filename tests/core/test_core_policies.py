@@ -117,6 +117,17 @@ def test_fetch_from_a_busy_holder_when_pull_beats_prefill(index, cache_prefix, w
     assert make_router(prefill_tokens_per_s=1000.0).route(never, workers, index, NOW).fetch_from is None
 
 
+def test_fetch_needs_fetch_min_blocks_more_than_the_chosen_worker_holds(index, cache_prefix, worker_view, route_request):
+    """The boundary (the policy gives up before building any pool when no holder brings enough)."""
+    fast_pull = {"fetch_overhead_ms": 1.0, "fetch_bytes_per_s": 1e9, "prefill_tokens_per_s": 1000.0, "fetch_min_blocks": 4}
+    request = route_request(PROMPT_40, disagg=DisaggMode.AUTO)
+    for held, fetched in ((3, None), (4, "holder")):
+        cache_prefix("holder", PROMPT_40, held)
+        workers = [worker_view("holder", num_used_blocks=40, block_nbytes=8192), worker_view("idle", block_nbytes=8192)]
+        d = make_router(**fast_pull).route(request, workers, index, NOW)
+        assert d.decode_worker == "idle" and d.fetch_from == fetched, (held, d.reason)
+
+
 def test_fetch_source_is_the_longest_holder_with_the_same_block_layout(index, cache_prefix, worker_view, route_request):
     cache_prefix("other-layout", PROMPT_40, 10)  # holds more, but its blocks have another size in bytes
     cache_prefix("holder", PROMPT_40, 6)

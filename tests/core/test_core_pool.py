@@ -73,6 +73,25 @@ def test_row_updates_leave_the_original_table_untouched():
     assert t.reported_at[7] != 99.0 and after_report.parent is t and after_report.changed_rows == {7}
 
 
+def test_load_updates_equal_a_table_built_from_the_new_views_for_few_rows_and_many():
+    views = _fleet(40)
+    t = WorkerTable(views)
+    for rows in ((3,), (0, 17, 39), tuple(range(0, 40, 2))):  # item by item, and as index arrays (over _FEW_ROWS)
+        new = {
+            i: dataclasses.replace(
+                views[i], pending_blocks=i + 1,
+                load=dataclasses.replace(views[i].load, num_queued_prefill_tokens=1000 + i, num_used_blocks=i, num_total_blocks=50 + i, num_running=i % 3),
+            )
+            for i in rows
+        }  # fmt: skip
+        updated = t.with_loads(new)
+        rebuilt = WorkerTable([new.get(i, w) for i, w in enumerate(views)])
+        for name in ("queued", "used", "total", "requests", "pending"):
+            assert list(getattr(updated, name)) == list(getattr(rebuilt, name)), name
+            assert list(getattr(t, name)) == list(getattr(WorkerTable(views), name)), name  # the original untouched
+        assert updated.views == rebuilt.views
+
+
 def test_a_pool_lists_its_workers_in_table_order_and_splits_by_id():
     views = _fleet(30)
     pool = WorkerTable(views).pool(excluded=[views[2].worker_id])

@@ -123,6 +123,10 @@ def test_an_agent_keeps_its_lease_while_the_replica_it_talks_to_hangs(etcd_facto
         controlplane_args=("--lease-ttl", "3"),
     ) as cluster:  # fmt: skip
         hung, healthy = cluster.controlplane_endpoints  # the agent talks to the first one first
+        # The replicas list the worker as soon as the store has it, which can be before the
+        # agent has the reply to its Register: stopped in between, the agent never learns its
+        # lease and cannot keep it (a race of this test, not the behaviour it checks).
+        wait_for(lambda: "registered as both-0" in cluster.log_tail("both-0", 200), 30, what="the agent's own registration")
         cluster.kill(hung, signal.SIGSTOP)
         try:
             with Client(cluster.controlplane_endpoints[healthy], timeout=20) as client:

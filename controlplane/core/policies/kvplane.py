@@ -20,7 +20,7 @@ Parameters: KvplaneParams below (the cost's own: cost.CostConfig).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -33,6 +33,7 @@ from controlplane.core.pool import WorkerPool
 from controlplane.core.predictions import PrefixPredictions
 from controlplane.core.routing import CandidateCost, FetchPlan, PolicyHooks, RouteContext, RouteDecision
 from controlplane.core.views import WorkerView
+from kvplane import native
 from kvplane.types import BlockHash, Tier, WorkerId
 
 
@@ -101,11 +102,14 @@ class KvplanePolicy(PolicyHooks):
         Queued work that is computing this prompt's predicted blocks is shared, not added."""
         pool = WorkerPool.of(workers)
         holders, others = pool.split(ctx.overlaps)
-        uncached = price(self._cost, cheapest_uncached(self._cost, others, ctx.max_uncached_candidates), ctx.num_prompt_tokens)
+        uncached = cheapest_uncached(self._cost, others, ctx.max_uncached_candidates)
         if not holders:
-            return uncached
-        guard = self._guard(pool, holders)
-        return Priced.concat([uncached, price(self._cost, holders, ctx.num_prompt_tokens, ctx.overlaps, guard, discount_predicted=True)])
+            return price(self._cost, uncached, ctx.num_prompt_tokens)
+        # One pricing pass over both (the workers of `uncached` hold nothing: no credit to guard).
+        candidates = holders.union(uncached)
+        guard = np.ones(len(candidates))
+        guard[np.searchsorted(candidates.rows, holders.rows)] = self._guard(pool, holders)
+        return price(self._cost, candidates, ctx.num_prompt_tokens, ctx.overlaps, guard, discount_predicted=True)
 
     def _guard(self, pool: WorkerPool, holders: WorkerPool) -> np.ndarray:
         """The load guard's credit factor of each holder, against the means over `pool`."""
@@ -113,6 +117,15 @@ class KvplanePolicy(PolicyHooks):
         n = len(pool)
         if c.guard_ratio == 0 or n < 2:
             return np.ones(len(holders))
+        if native.load_guard is not None:  # compiled (kvplane/_native.c): what follows, in one pass
+            t, out = pool.table, np.empty(len(holders))
+            # Rows as int64 (the pools routing makes have them so already: then no copy).
+            pool_rows, holder_rows = np.ascontiguousarray(pool.rows, np.int64), np.ascontiguousarray(holders.rows, np.int64)
+            native.load_guard(
+                t.queued, t.used, t.pending, t.total, t.requests, pool_rows, holder_rows, out,
+                c.guard_ratio, c.guard_power, c.guard_slack_tokens, c.guard_slack_kv_usage, c.guard_slack_requests,
+            )  # fmt: skip
+            return out
         mean_tokens = int(pool.column("queued").sum()) / n
         mean_kv = float(np.cumsum(_kv_use(pool))[-1]) / n  # summed in order, as a loop over the workers would
         mean_requests = int(pool.column("requests").sum()) / n
@@ -127,7 +140,9 @@ class KvplanePolicy(PolicyHooks):
         )
 
     # -- fetch instead of recompute -----------------------------------------------------------
-    def fetch(self, ctx: RouteContext, decode: WorkerView, decode_cost: CandidateCost, sources: Sequence[WorkerView]) -> FetchPlan | None:
+    def fetch(
+        self, ctx: RouteContext, decode: WorkerView, decode_cost: CandidateCost, sources: Callable[[], Sequence[WorkerView]]
+    ) -> FetchPlan | None:
         c = self._params
         if c.fetch_min_blocks == 0 or not decode.block_nbytes:
             return None
@@ -135,7 +150,11 @@ class KvplanePolicy(PolicyHooks):
         max_blocks = (ctx.num_prompt_tokens - 1) // bs
         own = decode_cost.cached_tokens // bs
         real = ctx.cached  # predicted blocks do not exist yet
-        holders, _ = WorkerPool.of(sources).split(real)
+        # The most any worker could bring (most requests stop here, before any pool is made).
+        most = max((s.blocks_by_tier.get(Tier.DEVICE, 0) for s in real.values()), default=0)
+        if min(most, max_blocks) - own < c.fetch_min_blocks:
+            return None
+        holders, _ = WorkerPool.of(sources()).split(real)
         if not holders:
             return None
         # Only device blocks can be pinned for a pull without computing; only a worker with the

@@ -1,0 +1,57 @@
+"""An agent starting against a replica that hangs inside Register (it may have stored the
+registration, then stopped before replying) gives that call up after REGISTER_TIMEOUT_S and
+registers through the next replica, instead of exiting. Two fake registries over loopback gRPC
+play the replicas."""
+
+from __future__ import annotations
+
+import asyncio
+
+from dataplane.agent import link as link_module
+from dataplane.agent.config import AgentConfig
+from dataplane.agent.link import ControlPlaneLink
+from kvplane.security.credentials import Credentials
+from kvplane.v1 import common_pb2
+
+from .test_link_latency import FakeRegistry, serve_registry
+
+
+class HungRegistry(FakeRegistry):
+    """Takes the Register call and never answers it (a replica stopped mid-call)."""
+
+    def __init__(self) -> None:
+        super().__init__(None)
+        self.registers = 0
+
+    async def Register(self, request, context):
+        self.registers += 1
+        await asyncio.sleep(3600)
+
+
+def test_a_register_that_hangs_on_one_replica_is_retried_on_the_next(monkeypatch):
+    monkeypatch.setattr(link_module, "REGISTER_TIMEOUT_S", 1.0)
+
+    async def scenario() -> tuple[HungRegistry, int, bool]:
+        hung, healthy = HungRegistry(), FakeRegistry(None)
+        (hung_server, hung_at), (healthy_server, healthy_at) = await serve_registry(hung), await serve_registry(healthy)
+        load = common_pb2.WorkerLoad()
+        link = ControlPlaneLink(
+            AgentConfig(worker_id="w1", controlplane=f"{hung_at},{healthy_at}").validate(),
+            info=lambda: common_pb2.WorkerInfo(worker_id="w1"),
+            load=lambda: (load, common_pb2.WORKER_STATE_ACTIVE),
+            take_events=lambda: [],
+            snapshot=lambda: [],
+            latency=lambda: None,
+            on_profile=lambda stored: None,
+            credentials=Credentials.plaintext(source="test"),
+        )
+        try:
+            await link.start(timeout_s=20)
+            return hung, link.lease_id, link.endpoint == healthy_at
+        finally:
+            await link.stop()
+            await hung_server.stop(0)
+            await healthy_server.stop(0)
+
+    hung, lease_id, on_healthy = asyncio.run(scenario())
+    assert hung.registers == 1 and on_healthy and lease_id == 7  # the healthy replica's lease
