@@ -106,6 +106,9 @@ def test_format_rows_is_a_markdown_table() -> None:
     json.dumps(_result())  # the --json shape serialises as is
 
 
+# matplotlib runs `fc-list` the first time a process lists the system's fonts (no font cache yet,
+# as on a fresh machine): a process, so the marker.
+@pytest.mark.cluster
 def test_write_plot_makes_a_png(tmp_path) -> None:
     path = tmp_path / "sub" / "load.png"
     write_plot(_result(), str(path))
