@@ -82,7 +82,25 @@ def _poll(process: subprocess.Popen) -> int | None:
             exited = False
         if exited:
             _kill_group(process)
+            process.kvplane_group_killed = True  # type: ignore[attr-defined]
     return process.poll()
+
+
+def _wait(process: subprocess.Popen, timeout: float | None = None) -> int:
+    """process.wait(timeout), with what the child left killed when its exit is seen, before it is
+    reaped (_poll); subprocess.TimeoutExpired as wait's."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while (code := _poll(process)) is None:
+        if deadline is not None and time.monotonic() >= deadline:
+            raise subprocess.TimeoutExpired(process.args, timeout)
+        time.sleep(0.01)
+    return code
+
+
+def _kill_group_left(process: subprocess.Popen) -> None:
+    """For a child reaped elsewhere (its exit not seen by _poll): what it left, killed late."""
+    if not getattr(process, "kvplane_group_killed", False):
+        _kill_group(process)
 
 
 def free_port(host: str = LOCALHOST) -> int:
@@ -343,7 +361,7 @@ class LocalCluster:
         with grpc_util.channel(self.worker_endpoints[worker_id], self.credentials.admin) as channel:
             stub = health_pb2_grpc.HealthStub(channel)
             while True:
-                if self.processes[worker_id].poll() is not None:
+                if _poll(self.processes[worker_id]) is not None:
                     raise ClusterError(f"{worker_id} exited while starting; last lines of its log:\n{self.log_tail(worker_id)}")
                 try:
                     if stub.Check(health_pb2.HealthCheckRequest(), timeout=1.0).status == health_pb2.HealthCheckResponse.SERVING:
@@ -365,7 +383,7 @@ class LocalCluster:
             process = self.processes[name]
         except KeyError:
             raise ValueError(f"no process named {name!r}; known: {', '.join(self.processes)}") from None
-        if process.poll() is None:
+        if _poll(process) is None:
             process.send_signal(sig)
 
     def exited(self, *, nonzero_only: bool = False) -> dict[str, int]:
@@ -455,10 +473,10 @@ class LocalCluster:
         if sig == signal.SIGSTOP:
             raise ValueError("a stopped process never exits; stop it with SIGTERM or SIGKILL")
         process = self.processes[name]
-        if process.poll() is None:
+        if _poll(process) is None:
             process.send_signal(sig)
-            process.wait(timeout=timeout)
-        _kill_group(process)
+            _wait(process, timeout)
+        _kill_group_left(process)
 
     def _engine_server(self, worker_id: str) -> list[str]:
         """Starts the engine server beside agent `worker_id` (if the cluster has an external
@@ -496,15 +514,15 @@ class LocalCluster:
         )
 
     def _terminate(self, names: list[str]) -> None:
-        running = [self.processes[n] for n in names if self.processes[n].poll() is None]
+        running = [self.processes[n] for n in names if _poll(self.processes[n]) is None]
         for process in running:
             process.terminate()
         deadline = time.monotonic() + self._stop_timeout
         for process in running:
             try:
-                process.wait(timeout=max(0.0, deadline - time.monotonic()))
+                _wait(process, max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 process.kill()
-                process.wait()
+                _wait(process)
         for name in names:
-            _kill_group(self.processes[name])
+            _kill_group_left(self.processes[name])

@@ -61,6 +61,32 @@ def test_stop_leaves_no_grandchild_running(tmp_path, killed_first):
     assert _gone_within(worker, 10)
 
 
+def test_stop_kills_the_group_before_the_child_is_reaped(tmp_path, monkeypatch):
+    """Once a child is reaped its pid may name another process's group: the kill must come while
+    the child is a zombie (its /proc entry still there, state Z)."""
+    cluster = LocalCluster(num_prefill=0, num_decode=0, num_both=1, log_dir=tmp_path)
+    cluster.log_dir = tmp_path
+    pid_file = tmp_path / "worker.pid"
+    cluster._spawn("engine-x", [sys.executable, "-c", _SERVER, str(pid_file)], env=dict(os.environ))
+    states: list[str] = []
+    real_killpg = os.killpg
+
+    def killpg(pgid: int, sig: int) -> None:
+        try:
+            states.append(Path(f"/proc/{pgid}/stat").read_text().split(") ")[1][0])
+        except FileNotFoundError:
+            states.append("reaped")
+        real_killpg(pgid, sig)
+
+    try:
+        worker = int(wait_for(lambda: pid_file.exists() and pid_file.read_text(), timeout=30, what="the server's worker"))
+        monkeypatch.setattr("kvplane.cluster.os.killpg", killpg)
+    finally:
+        cluster.stop()
+    assert states == ["Z"]  # one kill, while the child was a zombie
+    assert _gone_within(worker, 10)
+
+
 def test_a_crashed_childs_leftovers_are_killed_when_its_exit_is_seen(tmp_path):
     cluster = LocalCluster(num_prefill=0, num_decode=0, num_both=1, log_dir=tmp_path)
     cluster.log_dir = tmp_path
