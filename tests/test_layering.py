@@ -71,9 +71,8 @@ def import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
         targets: set[str] = set()
-        for node in ast.walk(
-            ast.parse(path.read_text(), filename=str(path)) if path.suffix == ".py" else ast.Module(body=[], type_ignores=[])
-        ):
+        source = path.read_text() if path.suffix == ".py" else ""  # a compiled module's C imports none of ours
+        for node in ast.walk(ast.parse(source, filename=str(path))):
             if isinstance(node, ast.Import):
                 targets.update(alias.name for alias in node.names)
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:

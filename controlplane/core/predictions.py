@@ -84,9 +84,7 @@ class PrefixPredictions:
         record = _Record(worker_id, bit, tuple(block_hashes), now + self.ttl_s)
         heapq.heappush(self._expiries, (record.expiry, next(self._seq), record))
         self._worker_to_records.setdefault(worker_id, {}).setdefault(record.block_hashes[-1], []).append(record)
-        refs = self._refs.get(bit)
-        if refs is None:
-            refs = self._refs[bit] = {}
+        refs = self._refs.setdefault(bit, {})
         (native.refs_add or _count_in)(self._block_to_mask, refs, record.block_hashes, 1 << bit)
 
     def confirm(self, worker_id: WorkerId, block_hashes: Iterable[BlockHash]) -> None:
