@@ -50,7 +50,7 @@ rdma:
 	  else echo "install the RDMA userspace libraries (libibverbs, librdmacm) to test beside them" >&2; fi; }
 
 demo: env
-	$(PY) -m kvplane.demo
+	$(PY) -m kvplane.apps.demo
 
 test: env etcd rdma lint
 	$(PY) -m pytest -q -m "not engines"
@@ -79,7 +79,7 @@ format: env
 	$(VENV)/bin/ruff format .
 
 protos: env
-	$(PY) -m kvplane.protogen
+	$(PY) -m kvplane.apps.protogen
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache build kvplane/_native.*.so

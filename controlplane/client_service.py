@@ -35,18 +35,19 @@ from dataclasses import dataclass
 
 import grpc
 
-from controlplane import keys
-from controlplane.batch_queue import BatchQueue
-from controlplane.cluster_state import ClusterState, WorkerEntry
-from controlplane.config import ControlPlaneConfig
-from controlplane.core import failover
-from controlplane.core.admission_base import Reject, RejectKind
-from controlplane.core.failover import Failure
-from controlplane.core.planner import Outcome, Plan, Planner, Routed
-from controlplane.core.routing import NoCandidateError, NoPrefillWorkerError, RouteDecision, RouteRequest
-from controlplane.core.settings import SettingError, validate_setting
-from controlplane.lookaside import LookasideBook, Placed, new_placement_id, unknown_placement
-from controlplane.observe import (
+from kvplane import tickets
+from kvplane.controlplane import keys
+from kvplane.controlplane.batch_queue import BatchQueue
+from kvplane.controlplane.cluster_state import ClusterState, WorkerEntry
+from kvplane.controlplane.config import ControlPlaneConfig
+from kvplane.controlplane.core import failover
+from kvplane.controlplane.core.admission_base import Reject, RejectKind
+from kvplane.controlplane.core.failover import Failure
+from kvplane.controlplane.core.planner import Outcome, Plan, Planner, Routed
+from kvplane.controlplane.core.routing import NoCandidateError, NoPrefillWorkerError, RouteDecision, RouteRequest
+from kvplane.controlplane.core.settings import SettingError, validate_setting
+from kvplane.controlplane.lookaside import LookasideBook, Placed, new_placement_id, unknown_placement
+from kvplane.controlplane.observe import (
     PHASE_ADMIT,
     PHASE_RELAY,
     PHASE_REPORT,
@@ -58,9 +59,8 @@ from controlplane.observe import (
     record_planning,
     register_cpu_counter,
 )
-from controlplane.relay import WorkerFailed, agent_stream, coalesced
-from controlplane.store.base import Store, StoreError
-from kvplane import tickets
+from kvplane.controlplane.relay import WorkerFailed, agent_stream, coalesced
+from kvplane.controlplane.store.base import Store, StoreError
 from kvplane.convert import disagg_from_pb
 from kvplane.errors import ERROR_KIND_KEY, UNKNOWN_MODEL, component_trailers, rejection_trailers
 from kvplane.grpc_util import aio_channel

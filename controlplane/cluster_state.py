@@ -22,13 +22,13 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from controlplane import keys
-from controlplane.core.index import NO_SEQ, CacheIndex, ClearedEvent, RemovedEvent, StoredEvent
-from controlplane.core.pool import WorkerTable, cluster_with
-from controlplane.core.settings import ClusterSettings
-from controlplane.core.views import DEFAULT_CHUNK_TOKENS, ClusterView, WorkerLoadView, WorkerView
-from controlplane.pause import PauseDetector
-from controlplane.store.base import EventType, Store, StoreCompacted, StoreError, WatchEvent
+from kvplane.controlplane import keys
+from kvplane.controlplane.core.index import NO_SEQ, CacheIndex, ClearedEvent, RemovedEvent, StoredEvent
+from kvplane.controlplane.core.pool import WorkerTable, cluster_with
+from kvplane.controlplane.core.settings import ClusterSettings
+from kvplane.controlplane.core.views import DEFAULT_CHUNK_TOKENS, ClusterView, WorkerLoadView, WorkerView
+from kvplane.controlplane.pause import PauseDetector
+from kvplane.controlplane.store.base import EventType, Store, StoreCompacted, StoreError, WatchEvent
 from kvplane.convert import layout_from_pb, role_from_pb, tier_from_pb
 from kvplane.latency import StepTimeModel
 from kvplane.types import BlockHash, Tier, WorkerId

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from controlplane.core.failover import FailoverLimits
-from controlplane.core.planner import PlannerConfig
 from kvplane import tickets
+from kvplane.controlplane.core.failover import FailoverLimits
+from kvplane.controlplane.core.planner import PlannerConfig
 from kvplane.security import limits
 
 DEFAULT_PORT = 50051

@@ -13,7 +13,7 @@ import argparse
 from dataclasses import Field, fields, is_dataclass
 from typing import Any
 
-from controlplane.core.params import flag_of, help_of
+from kvplane.controlplane.core.params import flag_of, help_of
 
 
 def _dest(f: Field) -> str:

@@ -19,8 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from controlplane.core.planner import Plan
-from controlplane.observe import RequestObservation
+from kvplane.controlplane.core.planner import Plan
+from kvplane.controlplane.observe import RequestObservation
 from kvplane.security.limits import clip
 from kvplane.v1 import client_pb2
 

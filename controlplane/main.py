@@ -9,10 +9,10 @@ import argparse
 import asyncio
 import sys
 
-from controlplane.config import ControlPlaneConfig
-from controlplane.core.planner import PlannerConfig
-from controlplane.flags import add_config_arguments
-from controlplane.flags import config_from_args as planner_from_args
+from kvplane.controlplane.config import ControlPlaneConfig
+from kvplane.controlplane.core.planner import PlannerConfig
+from kvplane.controlplane.flags import add_config_arguments
+from kvplane.controlplane.flags import config_from_args as planner_from_args
 from kvplane.security import flags as security_flags
 from kvplane.telemetry import flags as telemetry_flags
 
@@ -81,15 +81,15 @@ def config_from_args(args: argparse.Namespace) -> ControlPlaneConfig:
 
 
 def security_from_args(args: argparse.Namespace):
-    from controlplane.server import ControlPlaneSecurity
+    from kvplane.controlplane.server import ControlPlaneSecurity
 
     credentials = security_flags.server_credentials_from_args(args, "the control plane")
     return ControlPlaneSecurity(credentials, security_flags.tokens_from_args(args))
 
 
 def run(args: argparse.Namespace) -> int:
-    from controlplane.server import serve
     from kvplane import telemetry
+    from kvplane.controlplane.server import serve
 
     try:
         config = config_from_args(args)

@@ -13,8 +13,8 @@ import time
 
 from opentelemetry import trace
 
-from controlplane.core.admission_base import Admit, Reject
-from controlplane.core.planner import Plan
+from kvplane.controlplane.core.admission_base import Admit, Reject
+from kvplane.controlplane.core.planner import Plan
 from kvplane.telemetry import instruments, tracing
 from kvplane.telemetry.window import StatsWindow
 from kvplane.v1 import common_pb2

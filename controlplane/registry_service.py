@@ -22,11 +22,11 @@ from collections.abc import Callable
 
 import grpc
 
-from controlplane import keys, registration
-from controlplane.config import ControlPlaneConfig
-from controlplane.secrets import ClusterSecrets
-from controlplane.store.base import Compare, Delete, Put, Store, StoreError
 from kvplane import tickets
+from kvplane.controlplane import keys, registration
+from kvplane.controlplane.config import ControlPlaneConfig
+from kvplane.controlplane.secrets import ClusterSecrets
+from kvplane.controlplane.store.base import Compare, Delete, Put, Store, StoreError
 from kvplane.errors import component_trailers
 from kvplane.security.auth import caller
 from kvplane.security.identity import ANY_WORKER, IdentityError, Role, check_name

@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator, Callable
 
 import grpc
 
-from controlplane.core.failover import Failure, classify
+from kvplane.controlplane.core.failover import Failure, classify
 from kvplane.v1 import agent_pb2, agent_pb2_grpc
 
 

@@ -17,9 +17,9 @@ import os
 import struct
 from dataclasses import dataclass
 
-from controlplane import keys
-from controlplane.store.base import Compare, Put, Store
 from kvplane import tickets
+from kvplane.controlplane import keys
+from kvplane.controlplane.store.base import Compare, Put, Store
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,14 +13,14 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from controlplane import access, gc_tuning, secrets
-from controlplane.client_service import AgentStubs, ClientService
-from controlplane.cluster_state import ClusterState
-from controlplane.config import ControlPlaneConfig
-from controlplane.registry_service import RegistryService
-from controlplane.store import open_store
-from controlplane.store.base import Store
 from kvplane import native, telemetry, tickets
+from kvplane.controlplane import access, gc_tuning, secrets
+from kvplane.controlplane.client_service import AgentStubs, ClientService
+from kvplane.controlplane.cluster_state import ClusterState
+from kvplane.controlplane.config import ControlPlaneConfig
+from kvplane.controlplane.registry_service import RegistryService
+from kvplane.controlplane.store import open_store
+from kvplane.controlplane.store.base import Store
 from kvplane.grpc_util import add_port, enable_health_and_reflection, make_server, set_serving
 from kvplane.security.auth import Authenticator, AuthInterceptor, TokenTable
 from kvplane.security.credentials import Credentials
@@ -95,7 +95,7 @@ class ControlPlane:
         )  # fmt: skip
         log.info("routing kernels: %s", native.status())
         if self.config.http_port >= 0:
-            from controlplane.http.server import HttpFace, loopback_address
+            from kvplane.controlplane.http.server import HttpFace, loopback_address
 
             self._http = HttpFace(
                 loopback_address(self.config.host, self.port), self.config.host, self.config.http_port, self.security.credentials

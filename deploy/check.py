@@ -16,8 +16,8 @@ from pathlib import Path
 
 import yaml
 
-from controlplane import main as controlplane_main
-from dataplane.agent import main as agent_main
+from kvplane.controlplane import main as controlplane_main
+from kvplane.dataplane.agent import main as agent_main
 
 DEPLOY = Path(__file__).resolve().parent
 PARSERS = {"controlplane": controlplane_main, "agent": agent_main}

@@ -16,7 +16,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kvplane import Client  # noqa: E402
-from kvplane.cluster import free_port  # noqa: E402
+from kvplane.apps.cluster import free_port  # noqa: E402
 
 BLOCK_SIZE = 32
 MODEL_NAME = "tiny"

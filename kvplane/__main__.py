@@ -2,7 +2,7 @@
 
 import sys
 
-from kvplane.cli.main import main
+from kvplane.apps.cli.main import main
 
 if __name__ == "__main__":
     sys.exit(main())

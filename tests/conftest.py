@@ -2,7 +2,7 @@
 
 `etcd_endpoint` (session-scoped) is one etcd for the whole run; tests sharing it must use their
 own key prefix. `etcd_factory` starts fresh servers for tests that stop, kill or restart etcd.
-`start_etcd(tmp_dir)` (kvplane/local_etcd.py, where the launcher and its settings live) is the
+`start_etcd(tmp_dir)` (kvplane/apps/local_etcd.py, where the launcher and its settings live) is the
 plain function behind both. `etcd_cluster_factory` starts a three-member etcd cluster on loopback
 (`start_etcd_cluster`), whose members tests kill and restart one by one.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from kvplane.local_etcd import EtcdCluster, EtcdNotFound, EtcdServer, start_etcd, start_etcd_cluster
+from kvplane.apps.local_etcd import EtcdCluster, EtcdNotFound, EtcdServer, start_etcd, start_etcd_cluster
 
 __all__ = ["EtcdCluster", "EtcdServer", "start_etcd", "start_etcd_cluster"]
 

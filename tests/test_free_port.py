@@ -1,10 +1,10 @@
-"""kvplane.cluster.free_port: ports for child processes, drawn outside the kernel's ephemeral range."""
+"""kvplane.apps.cluster.free_port: ports for child processes, drawn outside the kernel's ephemeral range."""
 
 from __future__ import annotations
 
 import socket
 
-from kvplane.cluster import LOCALHOST, _ephemeral_low, free_port
+from kvplane.apps.cluster import LOCALHOST, _ephemeral_low, free_port
 
 
 def test_free_ports_are_below_the_ephemeral_range_and_bindable():

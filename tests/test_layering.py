@@ -1,17 +1,19 @@
 """Layering: every import between the project's modules points one way.
 
-Floors, bottom up (a module may import its own floor and those below, never above):
-- shared (`kvplane.types`, `block_hash`, `native` and its compiled `_native`, `latency`, `stats`, `sampling`,
-  `chat`, `tickets`, `convert`, `errors`, `security`, `grpc_util`, `telemetry`, the `v1` stubs, `hardware`):
-  imports only other shared modules;
-- `controlplane.core` (the plain-Python planner and its algorithms): the standard library, numpy
-  (the fleet's columns, core/pool.py: arithmetic, no I/O) and `kvplane.types`, `kvplane.block_hash`,
-  `kvplane.native` (the compiled routing kernels), `kvplane.latency`, `kvplane.stats` only (no grpc,
-  store client or torch);
-- the planes: `controlplane` (its core and the shared floor) and `dataplane` (the shared floor);
-  neither imports the other: they meet over gRPC;
-- the top floor (`kvplane.client`, `cli`, `bench`, `cluster`, `demo`, the package itself):
-  anything, except that the benchmarks reach the data plane only through its public packages.
+Everything is under the one import name `kvplane`. Floors, bottom up, by module prefix (a module
+may import its own floor and those below, never above):
+- the shared floor: every `kvplane.*` module that is not a plane or an application (types, block
+  hashes, tickets, errors, security, grpc_util, telemetry, the `v1` stubs, hardware, the client SDK);
+  imports only the shared floor;
+- `kvplane.controlplane.core` (the plain-Python planner and its algorithms): the standard library,
+  numpy (the fleet's columns, core/pool.py: arithmetic, no I/O) and `kvplane.types`,
+  `kvplane.block_hash`, `kvplane.native` (the compiled routing kernels), `kvplane.latency`,
+  `kvplane.stats` only (no grpc, store client or torch);
+- the planes: `kvplane.controlplane` (its core and the shared floor) and `kvplane.dataplane` (the
+  shared floor); neither imports the other: they meet over gRPC;
+- the applications, `kvplane.apps` (CLI, benchmarks, sim, local cluster launcher, demo), and
+  `python -m kvplane`: anything, except that the benchmarks reach the data plane only through its
+  public packages.
 Every import counts, function-local and TYPE_CHECKING ones included, and the whole graph has
 no cycle.
 """
@@ -23,32 +25,15 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("kvplane", "controlplane", "dataplane")
+# import prefix -> folder under the repository root (the planes' folders sit at the top level, setup.py maps them)
+SOURCES = {"kvplane": "kvplane", "kvplane.controlplane": "controlplane", "kvplane.dataplane": "dataplane"}
 CORE_LIBRARIES = ("numpy",)  # third-party packages the core may use: computation only
-SHARED = tuple(
-    f"kvplane.{m}"
-    for m in (
-        "types",
-        "block_hash",
-        "native",
-        "_native",
-        "latency",
-        "stats",
-        "sampling",
-        "tickets",
-        "convert",
-        "errors",
-        "grpc_util",
-        "security",
-        "telemetry",
-        "v1",
-        "chat",
-        "hardware",
-    )  # fmt: skip
-)
+CORE = "kvplane.controlplane.core"
+PLANES = ("kvplane.controlplane", "kvplane.dataplane")
+TOP = ("kvplane.apps", "kvplane.__main__")
 CORE_MAY_IMPORT = ("kvplane.types", "kvplane.block_hash", "kvplane.native", "kvplane.latency", "kvplane.stats")
 # The benchmarks' doors into the data plane: package entry points, not their modules.
-BENCH_DATAPLANE_DOORS = ("dataplane.engines", "dataplane.engines.reference", "dataplane.engines.sim", "dataplane.transport")
+BENCH_DATAPLANE_DOORS = tuple(f"kvplane.dataplane.{door}" for door in ("engines", "engines.reference", "engines.sim", "transport"))
 
 
 def _under(module: str, prefixes: tuple[str, ...] | str) -> bool:
@@ -56,12 +41,17 @@ def _under(module: str, prefixes: tuple[str, ...] | str) -> bool:
     return any(module == p or module.startswith(p + ".") for p in prefixes)
 
 
+def _shared(module: str) -> bool:
+    return _under(module, "kvplane") and not _under(module, (*PLANES, *TOP))
+
+
 def project_modules(root: Path = ROOT) -> dict[str, Path]:
     modules = {}
-    for package in PACKAGES:
-        for path in [*(root / package).rglob("*.py"), *(root / package).rglob("*.c")]:  # .c: compiled modules (kvplane._native)
-            parts = path.relative_to(root).with_suffix("").parts
-            modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    for prefix, folder in SOURCES.items():
+        for path in [*(root / folder).rglob("*.py"), *(root / folder).rglob("*.c")]:  # .c: compiled modules (kvplane._native)
+            parts = path.relative_to(root / folder).with_suffix("").parts
+            name = ".".join((prefix, *(parts[:-1] if parts[-1] == "__init__" else parts)))
+            modules[name] = path
     return modules
 
 
@@ -79,23 +69,22 @@ def import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
                 for alias in node.names:
                     full = f"{node.module}.{alias.name}"
                     targets.add(full if full in modules else node.module)
-        graph[name] = {t for t in targets if t.split(".")[0] in PACKAGES and t != name}
+        graph[name] = {t for t in targets if _under(t, "kvplane") and t != name}
     return graph
 
 
 def floor_violation(importer: str, imported: str) -> str | None:
     """Why `importer` may not import `imported`, or None when it may."""
-    if _under(importer, SHARED):
-        return None if _under(imported, SHARED) else "the shared floor imports only shared modules"
-    if _under(importer, "controlplane.core"):
-        if _under(imported, "controlplane.core") or _under(imported, CORE_MAY_IMPORT):
+    if _shared(importer):
+        return None if _shared(imported) else "the shared floor imports only shared modules"
+    if _under(importer, CORE):
+        if _under(imported, (CORE, *CORE_MAY_IMPORT)):
             return None
-        return "controlplane.core is plain Python: stdlib and kvplane.types/block_hash/native/latency/stats only"
-    if _under(importer, "controlplane"):
-        return None if _under(imported, ("controlplane", *SHARED)) else "the control plane imports itself and the shared floor"
-    if _under(importer, "dataplane"):
-        return None if _under(imported, ("dataplane", *SHARED)) else "the data plane imports itself and the shared floor"
-    if _under(importer, "kvplane.bench") and _under(imported, "dataplane") and imported not in BENCH_DATAPLANE_DOORS:
+        return "kvplane.controlplane.core is plain Python: stdlib and kvplane.types/block_hash/native/latency/stats only"
+    for plane in PLANES:
+        if _under(importer, plane):
+            return None if _under(imported, plane) or _shared(imported) else f"{plane} imports itself and the shared floor"
+    if _under(importer, "kvplane.apps.bench") and _under(imported, "kvplane.dataplane") and imported not in BENCH_DATAPLANE_DOORS:
         return f"benchmarks use the data plane's public packages {BENCH_DATAPLANE_DOORS}, not its modules"
     return None
 
@@ -127,7 +116,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 def _third_party_in_core(modules: dict[str, Path]) -> set[str]:
     out = set()
     for name, path in modules.items():
-        if not _under(name, "controlplane.core"):
+        if not _under(name, CORE):
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             names = (
@@ -135,7 +124,7 @@ def _third_party_in_core(modules: dict[str, Path]) -> set[str]:
                 if isinstance(node, ast.Import)
                 else ([node.module] if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 else [])
             )
-            out.update(f"{name}: {n}" for n in names if n.split(".")[0] not in (*sys.stdlib_module_names, *PACKAGES, *CORE_LIBRARIES))
+            out.update(f"{name}: {n}" for n in names if n.split(".")[0] not in (*sys.stdlib_module_names, "kvplane", *CORE_LIBRARIES))
     return out
 
 
@@ -155,21 +144,26 @@ def test_the_import_graph_has_no_cycle():
 
 def test_the_checks_see_wrong_way_imports_and_cycles(tmp_path):
     # A miniature project with each mistake once: the checks must name them.
-    for package, files in {
-        "kvplane": {"__init__.py": "", "types.py": "import kvplane.cli\n", "cli.py": "import kvplane.types\n"},
-        "controlplane": {"__init__.py": "", "core/__init__.py": "", "core/router.py": "import grpc\nfrom dataplane import agent\n"},
-        "dataplane": {"__init__.py": "", "agent.py": "def f():\n    from controlplane.core import router\n"},
+    for folder, files in {
+        "kvplane": {
+            "__init__.py": "",
+            "types.py": "import kvplane.apps.cli\n",
+            "apps/__init__.py": "",
+            "apps/cli.py": "import kvplane.types\n",
+        },
+        "controlplane": {"__init__.py": "", "core/__init__.py": "", "core/router.py": "import grpc\nfrom kvplane.dataplane import agent\n"},
+        "dataplane": {"__init__.py": "", "agent.py": "def f():\n    from kvplane.controlplane.core import router\n"},
     }.items():
         for rel, text in files.items():
-            (tmp_path / package / rel).parent.mkdir(parents=True, exist_ok=True)
-            (tmp_path / package / rel).write_text(text)
+            (tmp_path / folder / rel).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / folder / rel).write_text(text)
     modules = project_modules(tmp_path)
     graph = import_graph(modules)
     wrong = {(a, b) for a, targets in graph.items() for b in targets if floor_violation(a, b)}
     assert wrong == {
-        ("kvplane.types", "kvplane.cli"),
-        ("controlplane.core.router", "dataplane.agent"),
-        ("dataplane.agent", "controlplane.core.router"),
+        ("kvplane.types", "kvplane.apps.cli"),
+        ("kvplane.controlplane.core.router", "kvplane.dataplane.agent"),
+        ("kvplane.dataplane.agent", "kvplane.controlplane.core.router"),
     }
     assert find_cycle(graph) is not None
-    assert _third_party_in_core(modules) == {"controlplane.core.router: grpc"}
+    assert _third_party_in_core(modules) == {"kvplane.controlplane.core.router: grpc"}

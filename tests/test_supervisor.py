@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvplane.supervisor import GaveUp, RestartPolicy, Supervisor
+from kvplane.apps.supervisor import GaveUp, RestartPolicy, Supervisor
 
 POLICY = RestartPolicy(initial_backoff_s=1.0, max_backoff_s=4.0, healthy_after_s=30.0, max_failures=3)
 

@@ -50,8 +50,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from controlplane.core.pool import WorkerTable
-from controlplane.core.views import WorkerLoadView, WorkerView
+from kvplane.controlplane.core.pool import WorkerTable
+from kvplane.controlplane.core.views import WorkerLoadView, WorkerView
 from kvplane.types import WorkerId
 
 

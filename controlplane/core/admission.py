@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from controlplane.core.admission_base import AdmissionConfig, AdmissionPolicy
-from controlplane.core.admission_none import AdmitAll
-from controlplane.core.admission_predictive import PredictiveAdmission
-from controlplane.core.admission_threshold import ThresholdAdmission
+from kvplane.controlplane.core.admission_base import AdmissionConfig, AdmissionPolicy
+from kvplane.controlplane.core.admission_none import AdmitAll
+from kvplane.controlplane.core.admission_predictive import PredictiveAdmission
+from kvplane.controlplane.core.admission_threshold import ThresholdAdmission
 
 _POLICIES: dict[str, Callable[[AdmissionConfig], AdmissionPolicy]] = {
     "none": AdmitAll,

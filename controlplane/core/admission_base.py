@@ -14,10 +14,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from controlplane.core.params import check_numbers, param
-from controlplane.core.predictor import Prediction
-from controlplane.core.routing import RouteRequest
-from controlplane.core.views import WorkerView
+from kvplane.controlplane.core.params import check_numbers, param
+from kvplane.controlplane.core.predictor import Prediction
+from kvplane.controlplane.core.routing import RouteRequest
+from kvplane.controlplane.core.views import WorkerView
 from kvplane.types import Objective, WorkerId
 
 

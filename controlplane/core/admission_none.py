@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from controlplane.core.admission_base import AdmissionConfig, Admit, Reject
+from kvplane.controlplane.core.admission_base import AdmissionConfig, Admit, Reject
 
 
 class AdmitAll:

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from controlplane.core.admission_base import AdmissionConfig, Admit, PlacementOption, Reject, RejectKind
-from controlplane.core.routing import RouteRequest
-from controlplane.core.views import WorkerView
+from kvplane.controlplane.core.admission_base import AdmissionConfig, Admit, PlacementOption, Reject, RejectKind
+from kvplane.controlplane.core.routing import RouteRequest
+from kvplane.controlplane.core.views import WorkerView
 from kvplane.types import Objective
 
 MIN_RETRY_AFTER_S = 0.1

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from controlplane.core.admission_base import AdmissionConfig, Admit, Reject, RejectKind
-from controlplane.core.views import WorkerView
+from kvplane.controlplane.core.admission_base import AdmissionConfig, Admit, Reject, RejectKind
+from kvplane.controlplane.core.views import WorkerView
 from kvplane.types import WorkerId
 
 # How many saturated workers a rejection reason names before summarising the rest.

@@ -16,12 +16,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from controlplane.core.index import OverlapScore
-from controlplane.core.params import check_numbers, param
-from controlplane.core.pool import WorkerPool, WorkerTable
-from controlplane.core.routing import CandidateCost
-from controlplane.core.views import WorkerView
 from kvplane import native
+from kvplane.controlplane.core.index import OverlapScore
+from kvplane.controlplane.core.params import check_numbers, param
+from kvplane.controlplane.core.pool import WorkerPool, WorkerTable
+from kvplane.controlplane.core.routing import CandidateCost
+from kvplane.controlplane.core.views import WorkerView
 from kvplane.types import Tier, WorkerId
 
 

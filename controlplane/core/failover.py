@@ -21,7 +21,7 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from controlplane.core.routing import RouteRequest
+from kvplane.controlplane.core.routing import RouteRequest
 
 
 class Failure(enum.Enum):

@@ -25,9 +25,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from controlplane.core.params import check_numbers, param
-from controlplane.core.pool import table_of
-from controlplane.core.views import ClusterView
+from kvplane.controlplane.core.params import check_numbers, param
+from kvplane.controlplane.core.pool import table_of
+from kvplane.controlplane.core.views import ClusterView
 from kvplane.types import WorkerId
 
 

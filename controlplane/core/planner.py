@@ -37,18 +37,18 @@ import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from controlplane.core.accounting import Charge, LoadLedger
-from controlplane.core.admission import admission_policy_names, check_admission_policy, make_admission_policy
-from controlplane.core.admission_base import AdmissionConfig, AdmissionPolicy, Admit, PlacementOption, Reject
-from controlplane.core.health import HealthConfig, WorkerHealth
-from controlplane.core.index import OverlapScore
-from controlplane.core.params import check_numbers, param
-from controlplane.core.pool import WorkerPool, table_of
-from controlplane.core.predictor import Calibration, LinkRate, Prediction, WorkerPerf, blocks_to_transfer, predict, tpot_recovery_s
-from controlplane.core.router import Router, RouterConfig
-from controlplane.core.routing import CandidateCost, NoCandidateError, RouteDecision, RouteRequest
-from controlplane.core.settings import ClusterSettings
-from controlplane.core.views import ClusterView, WorkerView
+from kvplane.controlplane.core.accounting import Charge, LoadLedger
+from kvplane.controlplane.core.admission import admission_policy_names, check_admission_policy, make_admission_policy
+from kvplane.controlplane.core.admission_base import AdmissionConfig, AdmissionPolicy, Admit, PlacementOption, Reject
+from kvplane.controlplane.core.health import HealthConfig, WorkerHealth
+from kvplane.controlplane.core.index import OverlapScore
+from kvplane.controlplane.core.params import check_numbers, param
+from kvplane.controlplane.core.pool import WorkerPool, table_of
+from kvplane.controlplane.core.predictor import Calibration, LinkRate, Prediction, WorkerPerf, blocks_to_transfer, predict, tpot_recovery_s
+from kvplane.controlplane.core.router import Router, RouterConfig
+from kvplane.controlplane.core.routing import CandidateCost, NoCandidateError, RouteDecision, RouteRequest
+from kvplane.controlplane.core.settings import ClusterSettings
+from kvplane.controlplane.core.views import ClusterView, WorkerView
 from kvplane.types import BlockHash, Objective, WorkerId
 
 TPOT = "tpot"  # the calibration kind of time per output token

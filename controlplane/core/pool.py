@@ -22,7 +22,7 @@ from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from controlplane.core.views import ClusterView, WorkerView, kv_can_move
+from kvplane.controlplane.core.views import ClusterView, WorkerView, kv_can_move
 from kvplane.types import WorkerId
 
 # Columns a load report or a load correction changes; the rest change only with the worker.

@@ -24,8 +24,8 @@ import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from controlplane.core.index import CacheIndex, OverlapScore, overlap_score, prefix_groups, prefix_lengths
 from kvplane import native
+from kvplane.controlplane.core.index import CacheIndex, OverlapScore, overlap_score, prefix_groups, prefix_lengths
 from kvplane.types import BlockHash, Tier, WorkerId
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from controlplane.core.views import WorkerView
+from kvplane.controlplane.core.views import WorkerView
 from kvplane.latency import StepTimeModel, prefill_attention
 from kvplane.types import WorkerId
 

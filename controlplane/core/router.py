@@ -36,12 +36,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from controlplane.core.cost import CostConfig, Priced, cheapest_uncached, price
-from controlplane.core.index import CacheIndex, OverlapScore
-from controlplane.core.params import check_numbers, param, selector
-from controlplane.core.policies import check_params, default_params, make_routing_policy, params_types
-from controlplane.core.pool import WorkerPool
-from controlplane.core.routing import (
+from kvplane.block_hash import CachedBlockHasher
+from kvplane.controlplane.core.cost import CostConfig, Priced, cheapest_uncached, price
+from kvplane.controlplane.core.index import CacheIndex, OverlapScore
+from kvplane.controlplane.core.params import check_numbers, param, selector
+from kvplane.controlplane.core.policies import check_params, default_params, make_routing_policy, params_types
+from kvplane.controlplane.core.pool import WorkerPool
+from kvplane.controlplane.core.routing import (
     CandidateCost,
     NoCandidateError,
     NoPrefillWorkerError,
@@ -50,8 +51,7 @@ from controlplane.core.routing import (
     RouteRequest,
     RoutingPolicyParams,
 )
-from controlplane.core.views import WorkerView
-from kvplane.block_hash import CachedBlockHasher
+from kvplane.controlplane.core.views import WorkerView
 from kvplane.types import BlockHash, DisaggMode, WorkerId
 
 # Costs closer than this are a tie: tier weights are fractions, and float sums of the same

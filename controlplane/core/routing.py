@@ -9,8 +9,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar, Protocol
 
-from controlplane.core.index import CacheIndex, OverlapScore
-from controlplane.core.views import WorkerView
+from kvplane.controlplane.core.index import CacheIndex, OverlapScore
+from kvplane.controlplane.core.views import WorkerView
 from kvplane.types import PRIORITIES, BlockHash, DisaggMode, Priority, WorkerId
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 
-from controlplane.core.admission import admission_policy_names
+from kvplane.controlplane.core.admission import admission_policy_names
 from kvplane.types import PRIORITIES, Objective, Priority
 
 ANY_MODEL = "*"

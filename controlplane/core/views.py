@@ -12,7 +12,7 @@ import dataclasses
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
-from controlplane.core.index import CacheIndex
+from kvplane.controlplane.core.index import CacheIndex
 from kvplane.latency import StepTimeModel
 from kvplane.types import Role, WorkerId, is_native_transport
 

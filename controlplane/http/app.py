@@ -18,8 +18,8 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
-from controlplane.http import translate as t
-from controlplane.http.schemas import ChatCompletionRequest, CompletionRequest
+from kvplane.controlplane.http import translate as t
+from kvplane.controlplane.http.schemas import ChatCompletionRequest, CompletionRequest
 from kvplane.telemetry.metrics import instruments
 from kvplane.v1 import client_pb2, client_pb2_grpc
 

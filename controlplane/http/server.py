@@ -22,7 +22,7 @@ from pathlib import Path
 
 import uvicorn
 
-from controlplane.http.app import make_app
+from kvplane.controlplane.http.app import make_app
 from kvplane.grpc_util import aio_channel
 from kvplane.security.credentials import Credentials
 from kvplane.v1 import client_pb2_grpc

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from controlplane.http.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
+from kvplane.controlplane.http.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
 from kvplane.errors import ERROR_KIND_KEY, RETRY_AFTER_MS_KEY, UNKNOWN_MODEL
 from kvplane.v1 import client_pb2, common_pb2
 

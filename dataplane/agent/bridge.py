@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
 
-from dataplane.engines.request import SamplingParams
+from kvplane.dataplane.engines.request import SamplingParams
 from kvplane.sampling import effective_temperature
 from kvplane.v1 import common_pb2
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from dataplane import engines
-from dataplane.engines.reference.config import EngineConfig
-from dataplane.engines.registry import EngineSettings
+from kvplane.dataplane import engines
+from kvplane.dataplane.engines.reference.config import EngineConfig
+from kvplane.dataplane.engines.registry import EngineSettings
 from kvplane.security.limits import MAX_PROMPT_BYTES
 from kvplane.types import Role
 

@@ -22,9 +22,9 @@ import signal
 import socket
 from collections.abc import Callable
 
-from dataplane.agent.config import AgentConfig
-from dataplane.agent.server import serve
 from kvplane import telemetry
+from kvplane.dataplane.agent.config import AgentConfig
+from kvplane.dataplane.agent.server import serve
 from kvplane.security.credentials import ENV_CERT, ENV_KEY, Credentials
 
 WORKER_ID_FIELD = "{worker_id}"

@@ -31,10 +31,10 @@ from collections.abc import Callable, Mapping
 
 import grpc
 
-from dataplane.agent.config import AgentConfig
-from dataplane.engines.events import AllCleared, BlockRemoved, BlockStored, KVCacheEvent
 from kvplane import tickets
 from kvplane.convert import tier_to_pb
+from kvplane.dataplane.agent.config import AgentConfig
+from kvplane.dataplane.engines.events import AllCleared, BlockRemoved, BlockStored, KVCacheEvent
 from kvplane.errors import is_connection_failure
 from kvplane.grpc_util import aio_channel
 from kvplane.security.credentials import Credentials

@@ -8,8 +8,8 @@ import secrets
 import socket
 import sys
 
-from dataplane import engines
-from dataplane.agent.config import AgentConfig
+from kvplane.dataplane import engines
+from kvplane.dataplane.agent.config import AgentConfig
 from kvplane.security import flags as security_flags
 from kvplane.security.credentials import Credentials
 from kvplane.telemetry import flags as telemetry_flags
@@ -101,9 +101,9 @@ def agent_from_args(args: argparse.Namespace) -> tuple[AgentConfig, Credentials]
 
 
 def run(args: argparse.Namespace) -> int:
-    from dataplane.agent import host
-    from dataplane.agent.server import serve
     from kvplane import telemetry
+    from kvplane.dataplane.agent import host
+    from kvplane.dataplane.agent.server import serve
 
     try:
         if args.count < 1:

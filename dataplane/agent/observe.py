@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 
-from dataplane.engines.request import EngineOutput
+from kvplane.dataplane.engines.request import EngineOutput
 from kvplane.telemetry import instruments, tracing
 from kvplane.v1 import common_pb2
 

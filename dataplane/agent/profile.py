@@ -21,8 +21,8 @@ import random
 import uuid
 from dataclasses import dataclass
 
-from dataplane.engines.base import EngineAdapter
-from dataplane.engines.request import EngineCapacityError, EngineInputError, EngineRequest, SamplingParams
+from kvplane.dataplane.engines.base import EngineAdapter
+from kvplane.dataplane.engines.request import EngineCapacityError, EngineInputError, EngineRequest, SamplingParams
 
 DEFAULT_MAX_PROMPT_TOKENS = 1024
 DECODE_TOKENS = 32

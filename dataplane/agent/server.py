@@ -20,15 +20,15 @@ import time
 
 import grpc
 
-from dataplane import engines
-from dataplane.agent import access
-from dataplane.agent.config import AgentConfig
-from dataplane.agent.link import ControlPlaneLink
-from dataplane.agent.observe import register_load_gauges
-from dataplane.agent.service import AgentService
-from dataplane.engines.base import EngineAdapter
-from dataplane.transport import KVTransport, ModeledLinkTransport, available_transports, make_transport
 from kvplane import telemetry
+from kvplane.dataplane import engines
+from kvplane.dataplane.agent import access
+from kvplane.dataplane.agent.config import AgentConfig
+from kvplane.dataplane.agent.link import ControlPlaneLink
+from kvplane.dataplane.agent.observe import register_load_gauges
+from kvplane.dataplane.agent.service import AgentService
+from kvplane.dataplane.engines.base import EngineAdapter
+from kvplane.dataplane.transport import KVTransport, ModeledLinkTransport, available_transports, make_transport
 from kvplane.grpc_util import add_port, enable_health_and_reflection, make_server, set_serving
 from kvplane.security.auth import Authenticator, AuthInterceptor
 from kvplane.security.credentials import Credentials

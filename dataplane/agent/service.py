@@ -42,17 +42,17 @@ from dataclasses import dataclass
 
 import grpc
 
-from dataplane.agent import profile
-from dataplane.agent.bridge import TextStream, sampling_from_pb
-from dataplane.agent.config import AgentConfig
-from dataplane.agent.observe import PHASE_GENERATE, PHASE_PREFILL, EngineTimer, record_transfer
-from dataplane.engines.base import EngineAdapter, KVImportExport, NativeKVTransfer
-from dataplane.engines.request import EngineCapacityError, EngineInputError, EngineRequest, SamplingParams
-from dataplane.transport import LayoutMismatchError, PullSource, TransferError
-from dataplane.transport.grpc_stream import iter_chunks
 from kvplane import tickets
 from kvplane.chat import ChatTemplateError
 from kvplane.convert import layout_from_pb, layout_to_pb, role_to_pb
+from kvplane.dataplane.agent import profile
+from kvplane.dataplane.agent.bridge import TextStream, sampling_from_pb
+from kvplane.dataplane.agent.config import AgentConfig
+from kvplane.dataplane.agent.observe import PHASE_GENERATE, PHASE_PREFILL, EngineTimer, record_transfer
+from kvplane.dataplane.engines.base import EngineAdapter, KVImportExport, NativeKVTransfer
+from kvplane.dataplane.engines.request import EngineCapacityError, EngineInputError, EngineRequest, SamplingParams
+from kvplane.dataplane.transport import LayoutMismatchError, PullSource, TransferError
+from kvplane.dataplane.transport.grpc_stream import iter_chunks
 from kvplane.grpc_util import aio_channel
 from kvplane.latency import OnlineStepModel, StepSample, StepTimeModel, fit, samples_from_pb, samples_to_pb
 from kvplane.security.auth import caller

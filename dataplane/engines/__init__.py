@@ -7,9 +7,9 @@ agent reaches an engine only through `EngineAdapter` and its optional capabiliti
 Importing this package imports no torch.
 """
 
-from dataplane.engines.base import EngineAdapter, EngineInfo, KVImportExport, NativeHandoff, NativeKVTransfer, StepProfiling
-from dataplane.engines.events import AllCleared, BlockRemoved, BlockStored, KVCacheEvent
-from dataplane.engines.registry import (
+from kvplane.dataplane.engines.base import EngineAdapter, EngineInfo, KVImportExport, NativeHandoff, NativeKVTransfer, StepProfiling
+from kvplane.dataplane.engines.events import AllCleared, BlockRemoved, BlockStored, KVCacheEvent
+from kvplane.dataplane.engines.registry import (
     DEFAULT_ENGINE,
     ENGINE_NAMES,
     EnginePlugin,
@@ -19,7 +19,7 @@ from dataplane.engines.registry import (
     plugin,
     plugins,
 )
-from dataplane.engines.request import (
+from kvplane.dataplane.engines.request import (
     EngineCapacityError,
     EngineInputError,
     EngineLoad,

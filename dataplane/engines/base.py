@@ -31,13 +31,13 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from dataplane.engines.events import KVCacheEvent
-from dataplane.engines.request import EngineLoad, EngineOutput, EngineRequest
+from kvplane.dataplane.engines.events import KVCacheEvent
+from kvplane.dataplane.engines.request import EngineLoad, EngineOutput, EngineRequest
 from kvplane.types import BlockHash, KVLayout, Tier
 
 if TYPE_CHECKING:
-    from dataplane.transport.base import KVPoolLike
-    from dataplane.transport.modeled import ModeledLink
+    from kvplane.dataplane.transport.base import KVPoolLike
+    from kvplane.dataplane.transport.modeled import ModeledLink
     from kvplane.latency import StepSample
 
 

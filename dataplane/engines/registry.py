@@ -15,15 +15,15 @@ import argparse
 import importlib
 from typing import Any, Protocol
 
-from dataplane.engines.base import EngineAdapter
+from kvplane.dataplane.engines.base import EngineAdapter
 
 DEFAULT_ENGINE = "reference"
 # name -> plugin module, in the order their flags are listed. The one list of engine names.
 _PLUGIN_MODULES = {
-    "reference": "dataplane.engines.reference.plugin",
-    "sim": "dataplane.engines.sim.plugin",
-    "vllm": "dataplane.engines.vllm.plugin",
-    "sglang": "dataplane.engines.sglang.plugin",
+    "reference": "kvplane.dataplane.engines.reference.plugin",
+    "sim": "kvplane.dataplane.engines.sim.plugin",
+    "vllm": "kvplane.dataplane.engines.vllm.plugin",
+    "sglang": "kvplane.dataplane.engines.sglang.plugin",
 }
 ENGINE_NAMES = tuple(_PLUGIN_MODULES)
 

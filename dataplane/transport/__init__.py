@@ -1,6 +1,6 @@
 """KV transports: move pinned KV blocks from a prefill agent's pool into a decode agent's pool."""
 
-from dataplane.transport.base import (
+from kvplane.dataplane.transport.base import (
     KVPoolLike,
     KVTransport,
     LayoutMismatchError,
@@ -9,8 +9,8 @@ from dataplane.transport.base import (
     TransportError,
     TransportUnavailableError,
 )
-from dataplane.transport.modeled import ModeledLink, ModeledLinkTransport
-from dataplane.transport.registry import TRANSPORT_NAMES, available_transports, make_transport, unavailable_reason
+from kvplane.dataplane.transport.modeled import ModeledLink, ModeledLinkTransport
+from kvplane.dataplane.transport.registry import TRANSPORT_NAMES, available_transports, make_transport, unavailable_reason
 
 __all__ = [
     "KVPoolLike",

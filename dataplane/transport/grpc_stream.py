@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from dataplane.transport.base import (
+from kvplane.convert import layout_to_pb
+from kvplane.dataplane.transport.base import (
     KVPoolLike,
     PullSource,
     TransferError,
@@ -36,7 +37,6 @@ from dataplane.transport.base import (
     layout_from_dict,
     layout_to_dict,
 )
-from kvplane.convert import layout_to_pb
 from kvplane.grpc_util import MAX_MESSAGE_BYTES, aio_channel
 from kvplane.security.credentials import Credentials
 from kvplane.types import KVLayout

@@ -17,7 +17,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from dataplane.transport.base import KVTransport, PullSource
+from kvplane.dataplane.transport.base import KVTransport, PullSource
 from kvplane.hardware import LinkSpec
 
 

@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from dataplane.transport.base import (
+from kvplane.dataplane.transport.base import (
     KVPoolLike,
     PullSource,
     TransferError,
@@ -36,7 +36,7 @@ from dataplane.transport.base import (
     check_pool,
     check_pull_args,
 )
-from dataplane.transport.nixl_descriptor import NixlDescriptor
+from kvplane.dataplane.transport.nixl_descriptor import NixlDescriptor
 
 NAME = "nixl"
 BACKEND = "UCX"

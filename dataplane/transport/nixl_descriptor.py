@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dataplane.transport.base import TransportError, layout_from_dict, layout_to_dict
+from kvplane.dataplane.transport.base import TransportError, layout_from_dict, layout_to_dict
 from kvplane.types import KVLayout
 
 _MAGIC = b"kvplane-nixl-1\n"

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from dataplane.transport.base import KVPoolLike, KVTransport, TransportUnavailableError
-from dataplane.transport.grpc_stream import GrpcStreamTransport
-from dataplane.transport.nixl import NixlTransport, nixl_unavailable_reason
+from kvplane.dataplane.transport.base import KVPoolLike, KVTransport, TransportUnavailableError
+from kvplane.dataplane.transport.grpc_stream import GrpcStreamTransport
+from kvplane.dataplane.transport.nixl import NixlTransport, nixl_unavailable_reason
 
 TRANSPORT_NAMES = ("nixl", "grpc")  # every transport kvplane knows, in preference order
 _BYTE_STREAM_TRANSPORTS = ("grpc",)  # those that need no tensor, only the pool's bytes

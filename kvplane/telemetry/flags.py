@@ -20,7 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--log-levels",
         default="",
         metavar="COMPONENT=LEVEL,...",
-        help="per-component levels, e.g. controlplane.store=DEBUG,dataplane.transport=WARNING",
+        help="per-component levels, e.g. kvplane.controlplane.store=DEBUG,kvplane.dataplane.transport=WARNING",
     )
     parser.add_argument("--log-format", choices=LOG_FORMATS, default="json",
                         help="one JSON object per line, logfmt, or plain text (default %(default)s)")  # fmt: skip

@@ -1,7 +1,7 @@
 """Structured logs: one JSON object (or one logfmt line) per event, with the trace id when traced.
 
 Levels are per component: a component is a logger-name prefix (`controlplane`,
-`controlplane.store`, `dataplane.transport`, `kvplane.telemetry`, ...), the most specific prefix
+`kvplane.controlplane.store`, `kvplane.dataplane.transport`, `kvplane.telemetry`, ...), the most specific prefix
 wins, and `--log-level` sets the rest. Fields passed as `extra={...}` become keys of the line.
 Logs carry ids, counts and timings, never prompt text.
 """
@@ -21,13 +21,13 @@ _STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime", "taskN
 
 
 def parse_log_levels(text: str) -> dict[str, str]:
-    """'controlplane=DEBUG,dataplane.transport=warning' -> {'controlplane': 'DEBUG', ...}; ValueError if bad."""
+    """'kvplane.controlplane=DEBUG,kvplane.dataplane.transport=warning' -> {'kvplane.controlplane': 'DEBUG', ...}; ValueError if bad."""
     levels: dict[str, str] = {}
     for item in filter(None, (p.strip() for p in text.split(","))):
         component, sep, level = item.partition("=")
         level = level.strip().upper()
         if not sep or not component.strip() or not isinstance(logging.getLevelName(level), int):
-            raise ValueError(f"bad --log-levels entry {item!r}: expected COMPONENT=LEVEL, e.g. controlplane=DEBUG")
+            raise ValueError(f"bad --log-levels entry {item!r}: expected COMPONENT=LEVEL, e.g. kvplane.controlplane=DEBUG")
         levels[component.strip()] = level
     return levels
 

@@ -9,13 +9,13 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
-from dataplane import engines
-from dataplane.agent.config import AgentConfig
-from dataplane.agent.service import AgentService
-from dataplane.engines import EngineAdapter
-from dataplane.engines.reference import EngineConfig
-from dataplane.transport import make_transport
 from kvplane import tickets
+from kvplane.dataplane import engines
+from kvplane.dataplane.agent.config import AgentConfig
+from kvplane.dataplane.agent.service import AgentService
+from kvplane.dataplane.engines import EngineAdapter
+from kvplane.dataplane.engines.reference import EngineConfig
+from kvplane.dataplane.transport import make_transport
 from kvplane.grpc_util import aio_channel, make_server
 from kvplane.security.credentials import Credentials
 from kvplane.types import Role

@@ -12,9 +12,9 @@ import asyncio
 import grpc
 import pytest
 
-from dataplane.engines.reference import Engine, EngineConfig, ReferenceAdapter
 from kvplane import tickets
 from kvplane.convert import layout_to_pb
+from kvplane.dataplane.engines.reference import Engine, EngineConfig, ReferenceAdapter
 from kvplane.types import Role
 from kvplane.v1 import agent_pb2, common_pb2
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-from dataplane.engines import EngineAdapter, EngineRequest, SamplingParams
+from kvplane.dataplane.engines import EngineAdapter, EngineRequest, SamplingParams
 from kvplane.types import Role
 from kvplane.v1 import agent_pb2, common_pb2
 

@@ -6,9 +6,9 @@ import argparse
 
 import pytest
 
-from dataplane.agent import host
-from dataplane.agent.main import add_arguments, agent_from_args
-from kvplane.cluster import LocalCluster
+from kvplane.apps.cluster import LocalCluster
+from kvplane.dataplane.agent import host
+from kvplane.dataplane.agent.main import add_arguments, agent_from_args
 
 SIM = ("--engine", "sim", "--sim-model", "llama-3-8b", "--sim-tp", "1", "--sim-num-blocks", "512", "--speedup", "8")
 

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
+from kvplane.apps.cluster import free_port
 from kvplane.client import Client
-from kvplane.cluster import free_port
 from kvplane.security.credentials import Credentials
 
 pytestmark = pytest.mark.cluster  # starts processes
@@ -34,17 +34,17 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 _START_UP = r"""
 import json, sys
-from dataplane.engines import registry
+from kvplane.dataplane.engines import registry
 
 reference = registry.plugin("reference")
 
 def create(config):
-    loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("dataplane", "kvplane", "controlplane"))
+    loaded = sorted(m for m in sys.modules if m.split(".")[0] == "kvplane")
     print(json.dumps({"torch": "torch" in sys.modules, "modules": loaded}), flush=True)
     raise RuntimeError("stopped where the engine would be built")
 
 reference.create = create  # the registry looks the factory up when it builds the engine
-from kvplane.cli.main import main
+from kvplane.apps.cli.main import main
 sys.exit(main(["agent", "--engine", "reference", "--worker-id", "w", "--controlplane", "127.0.0.1:9", "--metrics-port", "-1", "--insecure"]))
 """
 
@@ -62,17 +62,17 @@ class NoTorch(importlib.abc.MetaPathFinder):
 
 sys.meta_path.insert(0, NoTorch())
 atexit.register(lambda: print(json.dumps({"torch": "torch" in sys.modules, "attempts": attempts,
-    "engine_loaded": "dataplane.engines.sim.adapter" in sys.modules}), flush=True))
-from kvplane.cli.main import main
+    "engine_loaded": "kvplane.dataplane.engines.sim.adapter" in sys.modules}), flush=True))
+from kvplane.apps.cli.main import main
 sys.exit(main(sys.argv[1:]))
 """
 
 _IMPORT_ALL = r"""
 import importlib, json, pkgutil, sys
-import dataplane
+import kvplane.dataplane
 
-names = [m.name for m in pkgutil.walk_packages(dataplane.__path__, "dataplane.")
-         if not m.name.startswith("dataplane.engines.reference.")]
+names = [m.name for m in pkgutil.walk_packages(kvplane.dataplane.__path__, "kvplane.dataplane.")
+         if not m.name.startswith("kvplane.dataplane.engines.reference.")]
 for name in names:
     importlib.import_module(name)
 print(json.dumps({"torch": "torch" in sys.modules, "modules": names}), flush=True)
@@ -81,8 +81,8 @@ print(json.dumps({"torch": "torch" in sys.modules, "modules": names}), flush=Tru
 
 _START_UP_TO_THE_END = r"""
 import argparse, asyncio, json, sys
-from dataplane.agent import main as agent_main
-from dataplane.agent.server import AgentServer
+from kvplane.dataplane.agent import main as agent_main
+from kvplane.dataplane.agent.server import AgentServer
 from kvplane.security import flags as security_flags
 
 parser = argparse.ArgumentParser()
@@ -123,11 +123,11 @@ def test_agent_start_up_reaches_engine_construction_without_torch():
     done, report = _run(_START_UP)
     assert done.returncode == 1 and "kvplane agent: stopped where the engine would be built" in done.stdout + done.stderr
     # The path really ran: the server, the service, the transports and the registry were loaded ...
-    for module in ("dataplane.agent.server", "dataplane.agent.service", "dataplane.transport.grpc_stream",
-                   "dataplane.engines.registry", "dataplane.engines.reference.plugin"):  # fmt: skip
+    for module in ("kvplane.dataplane.agent.server", "kvplane.dataplane.agent.service", "kvplane.dataplane.transport.grpc_stream",
+                   "kvplane.dataplane.engines.registry", "kvplane.dataplane.engines.reference.plugin"):  # fmt: skip
         assert module in report["modules"], module
     # ... but not the reference engine itself, and not torch.
-    assert "dataplane.engines.reference.engine" not in report["modules"]
+    assert "kvplane.dataplane.engines.reference.engine" not in report["modules"]
     assert report["torch"] is False
 
 
@@ -179,7 +179,7 @@ def _workers(client: Client) -> list:
 def test_every_data_plane_module_outside_the_reference_engine_imports_without_torch():
     done, report = _run(_IMPORT_ALL)
     assert done.returncode == 0, done.stderr
-    assert {"dataplane.agent.main", "dataplane.engines.base", "dataplane.transport.nixl"} <= set(report["modules"])
+    assert {"kvplane.dataplane.agent.main", "kvplane.dataplane.engines.base", "kvplane.dataplane.transport.nixl"} <= set(report["modules"])
     assert report["torch"] is False
 
 

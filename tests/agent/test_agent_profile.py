@@ -21,8 +21,8 @@ import uuid
 import grpc
 import pytest
 
-from dataplane.engines.reference import EngineConfig
 from kvplane import tickets
+from kvplane.dataplane.engines.reference import EngineConfig
 from kvplane.latency import StepTimeModel, samples_from_pb, samples_to_pb
 from kvplane.types import Role
 from kvplane.v1 import agent_pb2, common_pb2

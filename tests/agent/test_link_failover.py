@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import asyncio
 
-from dataplane.agent import link as link_module
-from dataplane.agent.config import AgentConfig
-from dataplane.agent.link import ControlPlaneLink
+from kvplane.dataplane.agent import link as link_module
+from kvplane.dataplane.agent.config import AgentConfig
+from kvplane.dataplane.agent.link import ControlPlaneLink
 from kvplane.security.credentials import Credentials
 from kvplane.v1 import common_pb2
 

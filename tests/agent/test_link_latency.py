@@ -8,8 +8,8 @@ import asyncio
 
 import grpc
 
-from dataplane.agent.config import AgentConfig
-from dataplane.agent.link import ControlPlaneLink
+from kvplane.dataplane.agent.config import AgentConfig
+from kvplane.dataplane.agent.link import ControlPlaneLink
 from kvplane.grpc_util import make_server
 from kvplane.latency import OnlineStepModel, StepSample, samples_from_pb, samples_to_pb
 from kvplane.security.credentials import Credentials

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvplane.bench.baseline import measure_memcpy, measure_tcp
+from kvplane.apps.bench.baseline import measure_memcpy, measure_tcp
 
 NBYTES = 4 << 20
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from kvplane.bench.controlplane import PHASES
+from kvplane.apps.bench.controlplane import PHASES
 from tests.cli.conftest import run_kvplane
 
 

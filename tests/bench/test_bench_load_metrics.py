@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from kvplane.bench.load import (
+from kvplane.apps.bench.load import (
     ROW_KEYS,
     Objective,
     Outcome,
@@ -116,7 +116,7 @@ def test_write_plot_makes_a_png(tmp_path) -> None:
 
 
 def test_rows_against_sim_agents_at_a_speedup_are_reported_in_simulated_time() -> None:
-    from kvplane.bench.load import in_simulated_time
+    from kvplane.apps.bench.load import in_simulated_time
     from kvplane.types import Objective
 
     row = {"policy": "none", "load_factor": 1.0, "offered_rps": 2.0, "admitted": 10, "rejected": 0, "goodput_rps": 1.5,
@@ -130,7 +130,7 @@ def test_rows_against_sim_agents_at_a_speedup_are_reported_in_simulated_time() -
 
 
 def test_a_scaled_mix_multiplies_every_token_count() -> None:
-    from kvplane.bench.workload import MixConfig
+    from kvplane.apps.bench.workload import MixConfig
 
     mix = MixConfig().scaled(8)
     assert mix.system_tokens == (1536, 3072) and mix.output_tokens == (64, 768) and mix.long_user_tokens == (5120, 9216)

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from kvplane.bench.routing import BLOCK_SIZE, HOT_PREFIX_BLOCKS, MODEL, build_fleet, staggered
+from kvplane.apps.bench.routing import BLOCK_SIZE, HOT_PREFIX_BLOCKS, MODEL, build_fleet, staggered
 from kvplane.block_hash import hash_blocks
 
 

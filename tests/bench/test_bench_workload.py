@@ -8,7 +8,7 @@ import statistics
 
 import pytest
 
-from kvplane.bench.workload import (
+from kvplane.apps.bench.workload import (
     MixConfig,
     TraceRecord,
     TraceScale,

@@ -1,4 +1,4 @@
-"""The arithmetic of `kvplane bench controlplane` (kvplane/bench/ratesearch.py)."""
+"""The arithmetic of `kvplane bench controlplane` (kvplane/apps/bench/ratesearch.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from kvplane.bench.ratesearch import (
+from kvplane.apps.bench.ratesearch import (
     Limits,
     RateSearch,
     delta,

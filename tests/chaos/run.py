@@ -5,7 +5,7 @@ etcd-backed cluster under greedy traffic, with the invariants checked after ever
 
 Cluster: a three-member etcd on loopback, two control-plane replicas, one prefill and two decode
 agents (KV over the gRPC stream, `--fault-injection`), supervised as `kvplane up` supervises
-(kvplane/supervisor.py). Secure by default, as `kvplane up` runs: mutual TLS on every hop with
+(kvplane/apps/supervisor.py). Secure by default, as `kvplane up` runs: mutual TLS on every hop with
 the LocalCluster's throw-away certificates (both replicas present the control plane's, restarted
 children get theirs again), tickets on every agent call; the traffic and the checks call as the
 cluster's local admin. Traffic: client threads sending greedy requests (random prompt of a
@@ -40,10 +40,10 @@ from pathlib import Path
 import grpc
 
 from kvplane import Client, grpc_util
-from kvplane.cluster import LocalCluster
+from kvplane.apps.cluster import LocalCluster
+from kvplane.apps.supervisor import RestartPolicy, Supervisor
 from kvplane.errors import KvplaneError
 from kvplane.security.credentials import Credentials
-from kvplane.supervisor import RestartPolicy, Supervisor
 from kvplane.v1 import agent_pb2, agent_pb2_grpc
 from tests.chaos.schedule import Fault, make_schedule
 from tests.conftest import start_etcd_cluster

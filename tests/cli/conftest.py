@@ -18,7 +18,7 @@ import pytest
 from tests.sdk.scripted_server import ScriptedServer
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-SERVER_MODULES = ("controlplane.main", "dataplane.agent.main", "dataplane.transport", "dataplane.engines")
+SERVER_MODULES = ("kvplane.controlplane.main", "kvplane.dataplane.agent.main", "kvplane.dataplane.transport", "kvplane.dataplane.engines")
 
 
 def missing_server_modules() -> list[str]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from kvplane.bench import prefix, workloads
+from kvplane.apps.bench import prefix, workloads
 
 
 def test_workloads_are_seeded_and_sized_as_documented():

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from kvplane.apps.cluster import ClusterError, LocalCluster, free_port
 from kvplane.client import Client
-from kvplane.cluster import ClusterError, LocalCluster, free_port
 from tests.cli.conftest import REPO_ROOT, missing_server_modules, run_kvplane
 
 pytestmark = pytest.mark.cluster
@@ -91,7 +91,7 @@ def test_local_cluster_generates_and_stops(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(
-    bool({"controlplane.main", "dataplane.agent.main"} & set(missing_server_modules())),
+    bool({"kvplane.controlplane.main", "kvplane.dataplane.agent.main"} & set(missing_server_modules())),
     reason="needs controlplane.main and dataplane.agent.main",
 )
 def test_local_cluster_start_failure_shows_the_log_tail(tmp_path: Path) -> None:
@@ -105,7 +105,7 @@ def test_local_cluster_start_failure_shows_the_log_tail(tmp_path: Path) -> None:
 @needs_servers
 def test_demo_runs() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "kvplane.demo"], capture_output=True, text=True, timeout=240, cwd=REPO_ROOT,
+        [sys.executable, "-m", "kvplane.apps.demo"], capture_output=True, text=True, timeout=240, cwd=REPO_ROOT,
         env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)),
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr

@@ -107,9 +107,9 @@ def test_drain(server: ScriptedServer) -> None:
 def test_client_commands_do_not_import_torch(server: ScriptedServer) -> None:
     # Client commands must start fast; the server modules (and torch) load only for server commands.
     code = (
-        "import sys; from kvplane.cli.main import main; "
+        "import sys; from kvplane.apps.cli.main import main; "
         f"rc = main(['workers', '--json', '--endpoint', '{server.endpoint}']); "
-        "assert 'torch' not in sys.modules and 'controlplane' not in sys.modules, 'heavy import'; sys.exit(rc)"
+        "assert 'torch' not in sys.modules and 'kvplane.controlplane' not in sys.modules, 'heavy import'; sys.exit(rc)"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr

@@ -10,7 +10,7 @@ from typing import NamedTuple
 
 import pytest
 
-from kvplane.cli.main import build_parser
+from kvplane.apps.cli.main import build_parser
 from tests.cli.conftest import run_kvplane
 from tests.sdk.scripted_server import ScriptedServer
 

@@ -48,14 +48,14 @@ def test_top_level_help_lists_every_command() -> None:
 @pytest.mark.parametrize(
     ("command", "module"),
     [
-        (["controlplane"], "controlplane.main"),
-        (["agent"], "dataplane.agent.main"),
-        (["bench", "transfer"], "kvplane.bench.transfer"),
-        (["bench", "load"], "kvplane.bench.load"),
-        (["sim"], "kvplane.sim.main"),
-        (["plan"], "kvplane.sim.plan"),
-        (["bench", "disagg"], "kvplane.bench.disagg"),
-        (["bench", "calibrate"], "kvplane.bench.calibrate"),
+        (["controlplane"], "kvplane.controlplane.main"),
+        (["agent"], "kvplane.dataplane.agent.main"),
+        (["bench", "transfer"], "kvplane.apps.bench.transfer"),
+        (["bench", "load"], "kvplane.apps.bench.load"),
+        (["sim"], "kvplane.apps.sim.main"),
+        (["plan"], "kvplane.apps.sim.plan"),
+        (["bench", "disagg"], "kvplane.apps.bench.disagg"),
+        (["bench", "calibrate"], "kvplane.apps.bench.calibrate"),
     ],  # fmt: skip
     ids=["controlplane", "agent", "bench transfer", "bench load", "sim", "plan", "bench disagg", "bench calibrate"],
 )
@@ -116,8 +116,8 @@ def test_unreachable_control_plane_is_one_line() -> None:
 
 
 def test_up_forwards_only_the_engine_flags_given() -> None:
-    from kvplane.cli import engine_flags
-    from kvplane.cli.main import build_parser
+    from kvplane.apps.cli import engine_flags
+    from kvplane.apps.cli.main import build_parser
 
     args = build_parser().parse_args(["up", "--engine", "sim", "--sim-tp", "2", "--speedup", "3", "--model", "x"])
     assert engine_flags.forward_args(args, args.engine_flags) == ["--engine", "sim", "--sim-tp", "2", "--speedup", "3.0"]

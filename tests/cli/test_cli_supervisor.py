@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from kvplane.apps.cluster import free_port
 from kvplane.client import Client
-from kvplane.cluster import free_port
 from kvplane.errors import UnavailableError
 from tests.cli.conftest import REPO_ROOT
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from controlplane.batch_queue import SHED_REASON, BatchQueue
+from kvplane.controlplane.batch_queue import SHED_REASON, BatchQueue
 
 
 class FakeClock:

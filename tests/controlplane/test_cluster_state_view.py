@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import asyncio
 
-from controlplane import keys
-from controlplane.cluster_state import ClusterState
-from controlplane.store import MemoryStore
+from kvplane.controlplane import keys
+from kvplane.controlplane.cluster_state import ClusterState
+from kvplane.controlplane.store import MemoryStore
 from kvplane.v1 import common_pb2, registry_pb2
 
 

@@ -9,12 +9,12 @@ from dataclasses import fields, is_dataclass
 
 import pytest
 
-from controlplane.core.admission import admission_policy_names
-from controlplane.core.planner import PlannerConfig
-from controlplane.core.policies import params_types, routing_policy_names
-from controlplane.core.policies.kvplane import KvplaneParams
-from controlplane.core.policies.round_robin import RoundRobinParams
-from controlplane.main import add_arguments, config_from_args
+from kvplane.controlplane.core.admission import admission_policy_names
+from kvplane.controlplane.core.planner import PlannerConfig
+from kvplane.controlplane.core.policies import params_types, routing_policy_names
+from kvplane.controlplane.core.policies.kvplane import KvplaneParams
+from kvplane.controlplane.core.policies.round_robin import RoundRobinParams
+from kvplane.controlplane.main import add_arguments, config_from_args
 
 
 def parse(*argv: str) -> argparse.Namespace:

@@ -7,8 +7,8 @@ import grpc
 import pytest
 from pydantic import ValidationError
 
-from controlplane.http import translate as t
-from controlplane.http.schemas import ChatCompletionRequest, CompletionRequest
+from kvplane.controlplane.http import translate as t
+from kvplane.controlplane.http.schemas import ChatCompletionRequest, CompletionRequest
 from kvplane.errors import ERROR_KIND_KEY, RETRY_AFTER_MS_KEY, UNKNOWN_MODEL
 from kvplane.v1 import common_pb2
 

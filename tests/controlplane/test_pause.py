@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from controlplane.pause import PAUSE_S, TICK_S, PauseDetector
+from kvplane.controlplane.pause import PAUSE_S, TICK_S, PauseDetector
 
 
 class Clock:

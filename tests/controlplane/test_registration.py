@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from controlplane.registration import mismatch
+from kvplane.controlplane.registration import mismatch
 from kvplane.v1 import common_pb2
 
 

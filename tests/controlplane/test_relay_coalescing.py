@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from controlplane.relay import coalesced
+from kvplane.controlplane.relay import coalesced
 from kvplane.v1 import agent_pb2
 
 

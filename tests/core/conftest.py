@@ -12,13 +12,13 @@ from collections.abc import Callable, Sequence
 
 import pytest
 
-from controlplane.core.cost import CostConfig
-from controlplane.core.index import CacheIndex, StoredEvent
-from controlplane.core.policies import params_type
-from controlplane.core.router import Router, RouterConfig
-from controlplane.core.routing import RouteRequest
-from controlplane.core.views import WorkerLoadView, WorkerView
 from kvplane.block_hash import hash_blocks
+from kvplane.controlplane.core.cost import CostConfig
+from kvplane.controlplane.core.index import CacheIndex, StoredEvent
+from kvplane.controlplane.core.policies import params_type
+from kvplane.controlplane.core.router import Router, RouterConfig
+from kvplane.controlplane.core.routing import RouteRequest
+from kvplane.controlplane.core.views import WorkerLoadView, WorkerView
 from kvplane.latency import StepTimeModel
 from kvplane.types import BlockHash, DisaggMode, Priority, Role, Tier, WorkerId
 

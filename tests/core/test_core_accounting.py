@@ -9,10 +9,10 @@ import random
 
 import pytest
 
-from controlplane.core.accounting import Charge, LoadLedger, Phase
-from controlplane.core.index import CacheIndex
-from controlplane.core.pool import WorkerTable, cluster_with, table_of
-from controlplane.core.views import ClusterView
+from kvplane.controlplane.core.accounting import Charge, LoadLedger, Phase
+from kvplane.controlplane.core.index import CacheIndex
+from kvplane.controlplane.core.pool import WorkerTable, cluster_with, table_of
+from kvplane.controlplane.core.views import ClusterView
 from kvplane.types import WorkerId
 
 W = WorkerId("w")

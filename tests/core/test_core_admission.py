@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from controlplane.core.admission import admission_policy_names, make_admission_policy
-from controlplane.core.admission_base import AdmissionConfig, Admit, Reject, RejectKind
-from controlplane.core.admission_none import AdmitAll
-from controlplane.core.admission_predictive import PredictiveAdmission
-from controlplane.core.admission_threshold import ThresholdAdmission
+from kvplane.controlplane.core.admission import admission_policy_names, make_admission_policy
+from kvplane.controlplane.core.admission_base import AdmissionConfig, Admit, Reject, RejectKind
+from kvplane.controlplane.core.admission_none import AdmitAll
+from kvplane.controlplane.core.admission_predictive import PredictiveAdmission
+from kvplane.controlplane.core.admission_threshold import ThresholdAdmission
 
 PROMPT = list(range(16))
 

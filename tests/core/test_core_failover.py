@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from controlplane.core.failover import FailoverLimits, Failure, Step, classify, next_step, resumed
+from kvplane.controlplane.core.failover import FailoverLimits, Failure, Step, classify, next_step, resumed
 from kvplane.types import DisaggMode
 from tests.core.conftest import make_request
 

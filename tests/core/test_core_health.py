@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from controlplane.core.health import HealthConfig, WorkerHealth
-from controlplane.core.views import ClusterView
+from kvplane.controlplane.core.health import HealthConfig, WorkerHealth
+from kvplane.controlplane.core.views import ClusterView
 from kvplane.types import WorkerId
 
 CONFIG = HealthConfig(silent_after_s=3.0, stalled_for_s=30.0)

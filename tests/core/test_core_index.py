@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from controlplane.core.index import (
+from kvplane.controlplane.core.index import (
     NO_SEQ,
     CacheIndex,
     ClearedEvent,

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import random
 
-from controlplane.core.index import CacheIndex, StoredEvent
-from controlplane.core.planner import Planner, PlannerConfig
-from controlplane.core.predictions import PrefixPredictions
-from controlplane.core.settings import ClusterSettings
-from controlplane.core.views import ClusterView
 from kvplane.block_hash import hash_blocks
+from kvplane.controlplane.core.index import CacheIndex, StoredEvent
+from kvplane.controlplane.core.planner import Planner, PlannerConfig
+from kvplane.controlplane.core.predictions import PrefixPredictions
+from kvplane.controlplane.core.settings import ClusterSettings
+from kvplane.controlplane.core.views import ClusterView
 from kvplane.latency import StepTimeModel
 from kvplane.types import DisaggMode, Role, Tier, WorkerId
 from tests.core.conftest import BLOCK_SIZE, MODEL, make_request, make_router, make_router_config, make_worker_view

@@ -10,13 +10,13 @@ from array import array
 import numpy as np
 import pytest
 
-from controlplane.core import predictions
-from controlplane.core.cost import CostConfig, _score_columns, cheapest_uncached, price
-from controlplane.core.index import CacheIndex, drop_outs, overlap_score, running_and
-from controlplane.core.policies.kvplane import KvplaneParams, KvplanePolicy
-from controlplane.core.pool import WorkerPool, WorkerTable
 from kvplane import native
 from kvplane.block_hash import CachedBlockHasher, hash_blocks
+from kvplane.controlplane.core import predictions
+from kvplane.controlplane.core.cost import CostConfig, _score_columns, cheapest_uncached, price
+from kvplane.controlplane.core.index import CacheIndex, drop_outs, overlap_score, running_and
+from kvplane.controlplane.core.policies.kvplane import KvplaneParams, KvplanePolicy
+from kvplane.controlplane.core.pool import WorkerPool, WorkerTable
 from kvplane.types import Tier, WorkerId
 from tests.core.conftest import make_worker_view
 

@@ -8,12 +8,12 @@ import random
 
 import pytest
 
-from controlplane.core.admission_base import AdmissionConfig, Reject, RejectKind
-from controlplane.core.index import CacheIndex, StoredEvent
-from controlplane.core.planner import Outcome, Plan, Planner, PlannerConfig
-from controlplane.core.settings import ClusterSettings
-from controlplane.core.views import ClusterView
 from kvplane.block_hash import hash_blocks
+from kvplane.controlplane.core.admission_base import AdmissionConfig, Reject, RejectKind
+from kvplane.controlplane.core.index import CacheIndex, StoredEvent
+from kvplane.controlplane.core.planner import Outcome, Plan, Planner, PlannerConfig
+from kvplane.controlplane.core.settings import ClusterSettings
+from kvplane.controlplane.core.views import ClusterView
 from kvplane.latency import StepTimeModel
 from kvplane.types import DisaggMode, Role, Tier, WorkerId
 from tests.core.conftest import make_router_config
@@ -188,7 +188,7 @@ def _request(prompt: list[int]):
 
 
 def test_out_of_routing_workers_are_skipped_and_their_absence_is_transient(index, worker_view, route_request):
-    from controlplane.core.routing import NoCandidateError
+    from kvplane.controlplane.core.routing import NoCandidateError
 
     p = planner()
     cluster = ClusterView((worker_view("a", reported_at=0.0), worker_view("b", reported_at=0.0)), index, store_ok_at=0.0)

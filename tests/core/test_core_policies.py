@@ -7,12 +7,12 @@ import dataclasses
 
 import pytest
 
-from controlplane.core.cost import CostConfig
-from controlplane.core.index import StoredEvent
-from controlplane.core.policies import make_routing_policy, params_type, routing_policy_names
-from controlplane.core.policies.kvplane import guard_factor
-from controlplane.core.router import RouterConfig
 from kvplane.block_hash import hash_blocks
+from kvplane.controlplane.core.cost import CostConfig
+from kvplane.controlplane.core.index import StoredEvent
+from kvplane.controlplane.core.policies import make_routing_policy, params_type, routing_policy_names
+from kvplane.controlplane.core.policies.kvplane import guard_factor
+from kvplane.controlplane.core.router import RouterConfig
 from kvplane.types import DisaggMode, Tier, WorkerId
 from tests.core.conftest import make_router
 

@@ -9,10 +9,10 @@ import random
 
 import numpy as np
 
-from controlplane.core.cost import CostConfig, Priced, cheapest_uncached
-from controlplane.core.index import CacheIndex
-from controlplane.core.pool import WorkerPool, WorkerTable, table_of
-from controlplane.core.views import ClusterView, WorkerLoadView, WorkerView
+from kvplane.controlplane.core.cost import CostConfig, Priced, cheapest_uncached
+from kvplane.controlplane.core.index import CacheIndex
+from kvplane.controlplane.core.pool import WorkerPool, WorkerTable, table_of
+from kvplane.controlplane.core.views import ClusterView, WorkerLoadView, WorkerView
 from kvplane.types import Role, WorkerId
 
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from controlplane.core.admission import make_admission_policy
-from controlplane.core.admission_base import AdmissionConfig, Admit, PlacementOption, Reject, RejectKind
-from controlplane.core.predictor import Calibration, LinkRate, Prediction, WorkerPerf, blocks_to_transfer, predict, tpot_recovery_s
-from controlplane.core.routing import RouteRequest
-from controlplane.core.settings import DEFAULT_OBJECTIVES, ClusterSettings, SettingError, validate_setting
+from kvplane.controlplane.core.admission import make_admission_policy
+from kvplane.controlplane.core.admission_base import AdmissionConfig, Admit, PlacementOption, Reject, RejectKind
+from kvplane.controlplane.core.predictor import Calibration, LinkRate, Prediction, WorkerPerf, blocks_to_transfer, predict, tpot_recovery_s
+from kvplane.controlplane.core.routing import RouteRequest
+from kvplane.controlplane.core.settings import DEFAULT_OBJECTIVES, ClusterSettings, SettingError, validate_setting
 from kvplane.latency import StepTimeModel
 from kvplane.types import DisaggMode, Objective, WorkerId
 

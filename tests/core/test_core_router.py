@@ -10,9 +10,9 @@ import random
 
 import pytest
 
-from controlplane.core.cost import CostConfig
-from controlplane.core.router import Router
-from controlplane.core.routing import NoCandidateError, RouteDecision
+from kvplane.controlplane.core.cost import CostConfig
+from kvplane.controlplane.core.router import Router
+from kvplane.controlplane.core.routing import NoCandidateError, RouteDecision
 from kvplane.types import DisaggMode, Role, Tier, WorkerId
 from tests.core.conftest import make_router
 

@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from controlplane.core.routing import NoCandidateError
+from kvplane.controlplane.core.routing import NoCandidateError
 from kvplane.types import DisaggMode, Role
 from tests.core.conftest import make_router
 from tests.core.test_core_policies import NOW, PROMPT_40

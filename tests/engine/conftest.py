@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from dataplane.engines.reference import Engine, EngineConfig
+from kvplane.dataplane.engines.reference import Engine, EngineConfig
 
 from .helpers import load_hf, write_hf_llama
 

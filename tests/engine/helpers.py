@@ -9,8 +9,8 @@ from pathlib import Path
 
 import torch
 
-from dataplane.engines import EngineOutput, EngineRequest, SamplingParams
-from dataplane.engines.reference import Engine
+from kvplane.dataplane.engines import EngineOutput, EngineRequest, SamplingParams
+from kvplane.dataplane.engines.reference import Engine
 
 CORPUS = [
     "the quick brown fox jumps over the lazy dog",

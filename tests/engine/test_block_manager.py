@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from dataplane.engines.events import AllCleared, BlockRemoved, BlockStored
-from dataplane.engines.paged.block_manager import BlockManager
+from kvplane.dataplane.engines.events import AllCleared, BlockRemoved, BlockStored
+from kvplane.dataplane.engines.paged.block_manager import BlockManager
 from kvplane.types import BlockHash, Tier
 
 

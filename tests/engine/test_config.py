@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dataplane.engines.reference.config import EngineConfig
+from kvplane.dataplane.engines.reference.config import EngineConfig
 
 
 def test_defaults_are_valid() -> None:

@@ -8,7 +8,8 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from dataplane.engines import (
+from kvplane.block_hash import hash_blocks
+from kvplane.dataplane.engines import (
     AllCleared,
     BlockStored,
     EngineCapacityError,
@@ -18,8 +19,7 @@ from dataplane.engines import (
     EngineRequest,
     SamplingParams,
 )
-from dataplane.engines.reference import Engine
-from kvplane.block_hash import hash_blocks
+from kvplane.dataplane.engines.reference import Engine
 
 from .helpers import Collected, generate, submit
 

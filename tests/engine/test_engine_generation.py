@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from dataplane.engines import BlockStored, EngineRequest, SamplingParams
-from dataplane.engines.reference import Engine
 from kvplane.block_hash import hash_blocks
+from kvplane.dataplane.engines import BlockStored, EngineRequest, SamplingParams
+from kvplane.dataplane.engines.reference import Engine
 
 from .helpers import generate, submit
 

@@ -6,10 +6,10 @@ import argparse
 
 import pytest
 
-from dataplane import engines
-from dataplane.agent import main as agent_main
-from dataplane.agent.config import AgentConfig
-from dataplane.engines.reference import EngineConfig
+from kvplane.dataplane import engines
+from kvplane.dataplane.agent import main as agent_main
+from kvplane.dataplane.agent.config import AgentConfig
+from kvplane.dataplane.engines.reference import EngineConfig
 
 
 def parse(*argv: str) -> AgentConfig:
@@ -69,8 +69,8 @@ def test_agent_refuses_an_unknown_engine_flag():
 
 
 def test_sim_agent_args_rebuild_the_same_config():
-    from dataplane.engines.sim import SimConfig
-    from dataplane.engines.sim.plugin import agent_args
+    from kvplane.dataplane.engines.sim import SimConfig
+    from kvplane.dataplane.engines.sim.plugin import agent_args
     from kvplane.hardware import RooflineConfig
 
     config = SimConfig(gpu="b200", model="qwen2.5-7b", tp=2, link="nvlink", roofline=RooflineConfig(mfu=0.4, step_overhead_s=0.0025),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dataplane.engines.reference.kv_pool import KVPool
+from kvplane.dataplane.engines.reference.kv_pool import KVPool
 from kvplane.types import KVLayout
 
 LAYOUT = KVLayout("m", num_layers=2, num_kv_heads=2, head_dim=4, dtype="float32", block_size=3)

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from dataplane.engines.reference.kv_pool import KVPool
-from dataplane.engines.reference.model import LlamaConfig, PagedBatch, PagedLlama
-from dataplane.engines.reference.weights import load_hf_directory
+from kvplane.dataplane.engines.reference.kv_pool import KVPool
+from kvplane.dataplane.engines.reference.model import LlamaConfig, PagedBatch, PagedLlama
+from kvplane.dataplane.engines.reference.weights import load_hf_directory
 from kvplane.types import KVLayout
 
 from .helpers import load_hf, write_hf_llama

@@ -7,9 +7,9 @@ import asyncio
 
 import pytest
 
-from dataplane import engines
-from dataplane.engines import EngineAdapter, EngineInputError, EngineRequest, SamplingParams
-from dataplane.engines.reference import EngineConfig, ReferenceAdapter
+from kvplane.dataplane import engines
+from kvplane.dataplane.engines import EngineAdapter, EngineInputError, EngineRequest, SamplingParams
+from kvplane.dataplane.engines.reference import EngineConfig, ReferenceAdapter
 
 from .helpers import generate
 

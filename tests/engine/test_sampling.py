@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from dataplane.engines.reference.sampling import filtered_probs, make_generator, sample
-from dataplane.engines.request import SamplingParams
+from kvplane.dataplane.engines.reference.sampling import filtered_probs, make_generator, sample
+from kvplane.dataplane.engines.request import SamplingParams
 
 LOGITS = torch.log(torch.tensor([0.1, 0.4, 0.2, 0.3]))
 

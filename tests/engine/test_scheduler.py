@@ -5,9 +5,9 @@ The model is not involved: chunks are accounted as if computed, with chosen samp
 
 from __future__ import annotations
 
-from dataplane.engines.paged.block_manager import BlockManager
-from dataplane.engines.paged.scheduler import RequestState, Scheduler
-from dataplane.engines.request import EngineOutput, EngineRequest, SamplingParams
+from kvplane.dataplane.engines.paged.block_manager import BlockManager
+from kvplane.dataplane.engines.paged.scheduler import RequestState, Scheduler
+from kvplane.dataplane.engines.request import EngineOutput, EngineRequest, SamplingParams
 
 EOS = 99
 

@@ -8,9 +8,9 @@ from collections.abc import Callable
 
 import pytest
 
-import dataplane.engines.reference.engine as engine_module
-from dataplane.engines import EngineOutput, EngineRequest, SamplingParams
-from dataplane.engines.reference import Engine
+import kvplane.dataplane.engines.reference.engine as engine_module
+from kvplane.dataplane.engines import EngineOutput, EngineRequest, SamplingParams
+from kvplane.dataplane.engines.reference import Engine
 from kvplane.latency import StepSample, prefill_attention
 
 from .helpers import generate, submit

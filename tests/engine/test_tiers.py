@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from dataplane.engines.events import BlockRemoved, BlockStored
+from kvplane.dataplane.engines.events import BlockRemoved, BlockStored
 from kvplane.types import Tier
 
 from .helpers import generate

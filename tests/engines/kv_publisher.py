@@ -14,7 +14,7 @@ from collections import deque
 import msgpack
 import zmq
 
-from kvplane.cluster import free_port
+from kvplane.apps.cluster import free_port
 
 
 class Publisher:

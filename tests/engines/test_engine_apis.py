@@ -10,11 +10,11 @@ import random
 import pytest
 from smg_grpc_proto import sglang_scheduler_pb2 as pb
 
-from dataplane.engines.request import EngineInputError, EngineRequest, SamplingParams
-from dataplane.engines.sglang import api as sglang_api
-from dataplane.engines.sglang import bootstrap
-from dataplane.engines.vllm import api as vllm_api
-from dataplane.engines.vllm import nixl
+from kvplane.dataplane.engines.request import EngineInputError, EngineRequest, SamplingParams
+from kvplane.dataplane.engines.sglang import api as sglang_api
+from kvplane.dataplane.engines.sglang import bootstrap
+from kvplane.dataplane.engines.vllm import api as vllm_api
+from kvplane.dataplane.engines.vllm import nixl
 from tests.engines.recorded import PROMPT, VLLM_METRICS, VLLM_SSE
 
 

@@ -25,8 +25,8 @@ from pathlib import Path
 import pytest
 
 from kvplane import AsyncClient, Client
-from kvplane.cluster import ENGINE_PREFIX, LocalCluster, free_port
-from kvplane.engine_launch import EngineLaunchConfig
+from kvplane.apps.cluster import ENGINE_PREFIX, LocalCluster, free_port
+from kvplane.apps.engine_launch import EngineLaunchConfig
 from tests.agent.test_agent_no_torch import run_agent_start_up
 from tests.engines.conftest import BLOCK_SIZE, SERVED_MODEL, SHIMS, engine_python
 
@@ -103,7 +103,7 @@ def engine_running(ec: EngineCluster, worker_id: str) -> int:
     if ec.engine == "vllm":
         import httpx
 
-        from dataplane.engines.vllm.api import parse_metrics
+        from kvplane.dataplane.engines.vllm.api import parse_metrics
 
         return parse_metrics(httpx.get(f"{endpoint}/metrics", timeout=5).text).num_running
     import grpc

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataplane.engines.external.salts import EngineSalts
+from kvplane.dataplane.engines.external.salts import EngineSalts
 from kvplane.security.identity import Identity, Role, tenant_cache_salt
 
 

@@ -3,7 +3,7 @@ lagging load samples."""
 
 from __future__ import annotations
 
-from dataplane.engines.external.inflight import InFlight
+from kvplane.dataplane.engines.external.inflight import InFlight
 
 
 class Clock:

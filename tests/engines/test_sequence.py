@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataplane.engines.external.sequence import Check, Sequencer, Verdict
+from kvplane.dataplane.engines.external.sequence import Check, Sequencer, Verdict
 
 
 def test_in_order_gap_duplicate_and_restart():

@@ -7,10 +7,10 @@ from __future__ import annotations
 import asyncio
 import time
 
-from dataplane.engines.events import AllCleared, BlockRemoved, BlockStored
-from dataplane.engines.external.hash_map import BlockHashMapper
-from dataplane.engines.external.subscriber import KVEventSubscriber
 from kvplane.block_hash import hash_blocks
+from kvplane.dataplane.engines.events import AllCleared, BlockRemoved, BlockStored
+from kvplane.dataplane.engines.external.hash_map import BlockHashMapper
+from kvplane.dataplane.engines.external.subscriber import KVEventSubscriber
 from kvplane.types import Tier
 from tests.engines.kv_publisher import Publisher, removed, stored
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import msgpack
 import pytest
 
-from dataplane.engines.events import AllCleared, BlockRemoved, BlockStored
-from dataplane.engines.external.hash_map import BlockHashMapper
-from dataplane.engines.external.wire import EngineCleared, EngineStored, WireFormatError, decode_message
 from kvplane.block_hash import hash_blocks
+from kvplane.dataplane.engines.events import AllCleared, BlockRemoved, BlockStored
+from kvplane.dataplane.engines.external.hash_map import BlockHashMapper
+from kvplane.dataplane.engines.external.wire import EngineCleared, EngineStored, WireFormatError, decode_message
 from kvplane.types import Tier
 from tests.engines.kv_publisher import removed, stored
 from tests.engines.recorded import BLOCK_SIZE, PROMPT, SGLANG_BATCHES, VLLM_BATCH

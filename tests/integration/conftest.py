@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvplane.cluster import LocalCluster
+from kvplane.apps.cluster import LocalCluster
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from kvplane import Client, RejectedError
-from kvplane.cluster import LocalCluster
+from kvplane.apps.cluster import LocalCluster
 
 from .helpers import metric_sum, prompt_ids, scrape, wait_for
 

@@ -62,7 +62,7 @@ def test_agents_refuse_requests_without_a_control_plane_ticket(disagg_cluster):
 def test_layout_mismatch_on_transfer_is_a_failed_precondition(tmp_path):
     """A prefill agent whose KV dtype differs from the decode agent's refuses the transfer,
     naming the field; the decode agent does not silently recompute."""
-    from kvplane.cluster import LocalCluster
+    from kvplane.apps.cluster import LocalCluster
 
     with LocalCluster(num_prefill=0, num_decode=1, log_dir=tmp_path) as cluster:
         cluster.add_agent("prefill", "prefill-bf16", ("--dtype", "bfloat16"))

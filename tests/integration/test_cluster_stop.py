@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from kvplane.cluster import LocalCluster
+from kvplane.apps.cluster import LocalCluster
 
 from .helpers import wait_for
 
@@ -80,7 +80,7 @@ def test_stop_kills_the_group_before_the_child_is_reaped(tmp_path, monkeypatch):
 
     try:
         worker = int(wait_for(lambda: pid_file.exists() and pid_file.read_text(), timeout=30, what="the server's worker"))
-        monkeypatch.setattr("kvplane.cluster.os.killpg", killpg)
+        monkeypatch.setattr("kvplane.apps.cluster.os.killpg", killpg)
     finally:
         cluster.stop()
     assert states == ["Z"]  # one kill, while the child was a zombie

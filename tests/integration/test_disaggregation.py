@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kvplane import Client
-from kvplane.cluster import LocalCluster
+from kvplane.apps.cluster import LocalCluster
 
 from .helpers import BLOCK_SIZE, prompt_ids
 
@@ -15,7 +15,7 @@ TRANSPORTS = ["grpc", "nixl"]
 
 
 def _available(transport: str) -> bool:
-    from dataplane.transport import available_transports
+    from kvplane.dataplane.transport import available_transports
 
     return transport in available_transports()
 
@@ -43,8 +43,8 @@ def test_disaggregated_greedy_equals_local(transport):
 
 def _block_nbytes(client_layout: LocalCluster) -> int:
     # Known from the built-in model: 2 layers x 2 KV heads x head_dim 16, float32.
-    from dataplane.engines.reference.config import EngineConfig
-    from dataplane.engines.reference.weights import builtin_model
+    from kvplane.dataplane.engines.reference.config import EngineConfig
+    from kvplane.dataplane.engines.reference.weights import builtin_model
 
     model = builtin_model(EngineConfig().seed)
     cfg = model.config

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from kvplane import Client
-from kvplane.cluster import LocalCluster
+from kvplane.apps.cluster import LocalCluster
 
 from .helpers import BLOCK_SIZE, cached_blocks, prompt_ids, wait_for
 

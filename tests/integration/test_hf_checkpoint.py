@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from kvplane import Client
-from kvplane.cluster import LocalCluster
+from kvplane.apps.cluster import LocalCluster
 from tests.engine.helpers import load_hf, write_hf_llama
 
 pytestmark = pytest.mark.cluster  # starts processes

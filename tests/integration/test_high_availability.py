@@ -17,7 +17,7 @@ import time
 import pytest
 
 from kvplane import Client
-from kvplane.cluster import LocalCluster
+from kvplane.apps.cluster import LocalCluster
 from kvplane.errors import KvplaneError
 
 from .helpers import BLOCK_SIZE, assert_nothing_pinned, cached_blocks, prompt_ids, wait_for

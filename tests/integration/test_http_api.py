@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from kvplane import Client, RejectedError
-from kvplane.cluster import LocalCluster
+from kvplane.apps.cluster import LocalCluster
 from tests.engine.helpers import write_hf_llama
 
 from .helpers import BLOCK_SIZE, https_context, prompt_ids, scrape, wait_for

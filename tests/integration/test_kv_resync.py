@@ -10,7 +10,7 @@ import time
 import pytest
 
 from kvplane import Client
-from kvplane.cluster import LocalCluster
+from kvplane.apps.cluster import LocalCluster
 
 from .helpers import BLOCK_SIZE, agent_load, prompt_ids, wait_for
 

@@ -14,7 +14,7 @@ import grpc
 import pytest
 
 from kvplane import AsyncClient, Client
-from kvplane.cluster import LocalCluster
+from kvplane.apps.cluster import LocalCluster
 from kvplane.grpc_util import channel
 from kvplane.v1 import client_pb2, client_pb2_grpc, common_pb2
 

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from kvplane import Client
-from kvplane.cluster import LocalCluster
+from kvplane.apps.cluster import LocalCluster
 from kvplane.errors import UnavailableError
 
 from .helpers import assert_nothing_pinned, interrupted_stream, metric_sum, prompt_ids, scrape

@@ -19,7 +19,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from kvplane import Client
-from kvplane.cluster import LocalCluster
+from kvplane.apps.cluster import LocalCluster
 from kvplane.telemetry.metrics import SPECS
 
 from .helpers import BLOCK_SIZE, metric_sum, prompt_ids, scrape, wait_for
@@ -33,9 +33,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def traced(tmp_path_factory):
     spans_file = tmp_path_factory.mktemp("traces") / "spans.jsonl"
     env = {"KVPLANE_TRACES_FILE": str(spans_file), "OTEL_BSP_SCHEDULE_DELAY": "50"}
-    agent_args = ("--transports", "grpc", "--log-levels", "dataplane.agent=DEBUG")
+    agent_args = ("--transports", "grpc", "--log-levels", "kvplane.dataplane.agent=DEBUG")
     with LocalCluster(num_prefill=1, num_decode=1, env=env, agent_args=agent_args, http_port=0,
-                      controlplane_args=("--log-levels", "controlplane=DEBUG")) as cluster:  # fmt: skip
+                      controlplane_args=("--log-levels", "kvplane.controlplane=DEBUG")) as cluster:  # fmt: skip
         exporter = InMemorySpanExporter()
         provider = TracerProvider()
         provider.add_span_processor(SimpleSpanProcessor(exporter))

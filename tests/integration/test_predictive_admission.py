@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from kvplane import Client, RejectedError
-from kvplane.cluster import LocalCluster
+from kvplane.apps.cluster import LocalCluster
 from kvplane.grpc_util import channel
 from kvplane.latency import StepTimeModel
 from kvplane.v1 import client_pb2, client_pb2_grpc, common_pb2

@@ -11,7 +11,7 @@ import grpc
 import pytest
 
 from kvplane import Client
-from kvplane.cluster import LocalCluster
+from kvplane.apps.cluster import LocalCluster
 from kvplane.v1 import client_pb2
 
 from .helpers import prompt_ids

@@ -13,7 +13,7 @@ import grpc
 import pytest
 
 from kvplane import Client, grpc_util
-from kvplane.cluster import LocalCluster
+from kvplane.apps.cluster import LocalCluster
 from kvplane.errors import InvalidArgumentError, KvplaneError, RejectedError, UnavailableError
 from kvplane.security.local import CONTROLPLANE as CONTROLPLANE_IDENTITY
 from kvplane.v1 import agent_pb2, agent_pb2_grpc

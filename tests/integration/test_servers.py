@@ -44,7 +44,7 @@ def test_health_and_reflection(disagg_cluster, name, service):
 
 
 def test_drained_worker_finishes_nothing_new_and_leaves_routing():
-    from kvplane.cluster import LocalCluster
+    from kvplane.apps.cluster import LocalCluster
 
     with LocalCluster(num_prefill=0, num_decode=0, num_both=2) as cluster, Client(cluster.endpoint, timeout=60) as client:
         before = client.generate(prompt_ids(seed=30, length=40), max_tokens=3, disagg="never")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from kvplane.protogen import ROOT, generate, proto_files
+from kvplane.apps.protogen import ROOT, generate, proto_files
 
 
 @pytest.mark.cluster

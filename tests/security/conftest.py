@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
-from kvplane.cluster import LocalCluster
+from kvplane.apps.cluster import LocalCluster
 from kvplane.grpc_util import channel
 from kvplane.security.identity import Identity, Role
 from kvplane.v1 import agent_pb2_grpc, client_pb2, client_pb2_grpc, registry_pb2_grpc

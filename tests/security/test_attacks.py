@@ -262,7 +262,7 @@ def test_the_request_rate_is_limited_per_identity(cluster, as_identity):
 
 def test_join_token_workers_cannot_take_over_a_live_id(tmp_path):
     """A plaintext cluster: workers join with the join token; it lets them register a free id, never a live one."""
-    from kvplane.cluster import LocalCluster
+    from kvplane.apps.cluster import LocalCluster
     from kvplane.grpc_util import channel
     from kvplane.security.credentials import Credentials
     from kvplane.v1 import registry_pb2_grpc

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from aetcd import rpc
 
-from controlplane.store import StoreError, open_store
-from kvplane.cluster import LocalCluster
+from kvplane.apps.cluster import LocalCluster
+from kvplane.controlplane.store import StoreError, open_store
 from kvplane.security import certs
 from kvplane.security.credentials import Credentials
 

@@ -17,7 +17,7 @@ import pytest
 from google.protobuf import descriptor as pb_descriptor
 from google.protobuf.message import Message
 
-from kvplane.cluster import LocalCluster
+from kvplane.apps.cluster import LocalCluster
 from kvplane.grpc_util import channel
 from kvplane.security.identity import Identity, Role
 from kvplane.security.local import CONTROLPLANE

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from dataplane.agent.link import split_batches
 from kvplane import tickets
+from kvplane.dataplane.agent.link import split_batches
 from kvplane.security import certs
 from kvplane.security.auth import TokenTable
 from kvplane.security.credentials import Credentials, CredentialsError, cluster_dir, resolve_client

@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from kvplane.sim import plan as plan_mod
+from kvplane.apps.sim import plan as plan_mod
 
 
 def args(*argv: str) -> argparse.Namespace:

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from dataplane.engines.sim.config import SimConfig
 from kvplane import Client, hardware
-from kvplane.cluster import LocalCluster, free_port
+from kvplane.apps.cluster import LocalCluster, free_port
+from kvplane.dataplane.engines.sim.config import SimConfig
 from kvplane.latency import prefill_attention
 
 pytestmark = pytest.mark.cluster

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from dataplane.engines.events import BlockStored
-from dataplane.engines.request import EngineCapacityError, EngineInputError, EngineOutput, EngineRequest, SamplingParams
-from dataplane.engines.sim.config import SimConfig
-from dataplane.engines.sim.engine import SimEngine
+from kvplane.dataplane.engines.events import BlockStored
+from kvplane.dataplane.engines.request import EngineCapacityError, EngineInputError, EngineOutput, EngineRequest, SamplingParams
+from kvplane.dataplane.engines.sim.config import SimConfig
+from kvplane.dataplane.engines.sim.engine import SimEngine
 from kvplane.latency import prefill_attention
 
 

@@ -7,16 +7,16 @@ import json
 
 import pytest
 
-from controlplane.core.planner import PlannerConfig
-from controlplane.core.router import RouterConfig
-from controlplane.core.settings import ClusterSettings
-from dataplane.engines.sim import SimConfig
 from kvplane import hardware
+from kvplane.apps.sim import main as sim_main
+from kvplane.apps.sim.clock import EventLoop
+from kvplane.apps.sim.fleet import AgentTiming
+from kvplane.apps.sim.simulator import FleetSpec, SimRequest, Simulator
+from kvplane.controlplane.core.planner import PlannerConfig
+from kvplane.controlplane.core.router import RouterConfig
+from kvplane.controlplane.core.settings import ClusterSettings
+from kvplane.dataplane.engines.sim import SimConfig
 from kvplane.latency import prefill_attention
-from kvplane.sim import main as sim_main
-from kvplane.sim.clock import EventLoop
-from kvplane.sim.fleet import AgentTiming
-from kvplane.sim.simulator import FleetSpec, SimRequest, Simulator
 
 ENGINE = SimConfig(model="llama-3-8b", gpu="h100", tp=1, link="100gbe")
 HOP = 0.0005
@@ -139,7 +139,7 @@ def test_virtual_time_agrees_with_real_processes_on_a_small_workload():
 
 
 def test_a_synthetic_workload_that_does_not_fit_the_model_s_context_is_refused_up_front():
-    from kvplane.sim.workloads import SyntheticSpec
+    from kvplane.apps.sim.workloads import SyntheticSpec
 
     spec = SyntheticSpec((4096, 8192), (64, 256), 0.0).validate()
     with pytest.raises(ValueError, match="8192 prompt \\+ 256 output tokens exceed llama-3-70b's context of 8192 tokens"):

@@ -14,7 +14,7 @@ from typing import TypeVar
 
 import pytest
 
-from controlplane.store import Store, open_store
+from kvplane.controlplane.store import Store, open_store
 
 T = TypeVar("T")
 

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from controlplane.store import (
+from kvplane.controlplane.store import (
     Compare,
     Delete,
     EventType,

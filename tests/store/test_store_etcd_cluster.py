@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from controlplane.store import StoreUnavailable, open_store
+from kvplane.controlplane.store import StoreUnavailable, open_store
 
 pytestmark = pytest.mark.cluster  # starts etcd processes
 

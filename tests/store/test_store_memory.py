@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from controlplane.store import EventType, MemoryStore, StoreCompacted
+from kvplane.controlplane.store import EventType, MemoryStore, StoreCompacted
 
 
 def test_bounded_history_raises_the_compaction_floor():

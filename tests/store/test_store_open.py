@@ -7,8 +7,8 @@ import socket
 
 import pytest
 
-from controlplane.store import MemoryStore, StoreUnavailable, open_store
-from controlplane.store.etcd import EtcdStore
+from kvplane.controlplane.store import MemoryStore, StoreUnavailable, open_store
+from kvplane.controlplane.store.etcd import EtcdStore
 
 
 def test_open_store_memory_urls_give_fresh_stores():

@@ -55,8 +55,8 @@ def test_tracing_off_costs_no_interceptor_and_no_span():
 
 
 def test_log_levels_parse_and_reject_garbage():
-    assert logs.parse_log_levels("controlplane=debug, dataplane.transport=WARNING") == {
-        "controlplane": "DEBUG", "dataplane.transport": "WARNING",
+    assert logs.parse_log_levels("kvplane.controlplane=debug, kvplane.dataplane.transport=WARNING") == {
+        "kvplane.controlplane": "DEBUG", "kvplane.dataplane.transport": "WARNING",
     }  # fmt: skip
     assert logs.parse_log_levels("") == {}
     for bad in ("controlplane", "controlplane=LOUD", "=DEBUG"):

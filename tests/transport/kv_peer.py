@@ -121,8 +121,8 @@ def filled_pool(layout: KVLayout, num_blocks: int, seed: int) -> TensorPool:
 async def _serve_grpc(pool: TensorPool, pinned: list[int], ready: dict) -> None:
     import grpc  # noqa: PLC0415
 
-    from dataplane.transport.grpc_stream import DEFAULT_CHUNK_BYTES, GrpcStreamTransport, iter_chunks  # noqa: PLC0415
     from kvplane.convert import layout_from_pb  # noqa: PLC0415
+    from kvplane.dataplane.transport.grpc_stream import DEFAULT_CHUNK_BYTES, GrpcStreamTransport, iter_chunks  # noqa: PLC0415
     from kvplane.grpc_util import make_server  # noqa: PLC0415
     from kvplane.v1 import agent_pb2, agent_pb2_grpc  # noqa: PLC0415
 
@@ -160,7 +160,7 @@ async def _serve_grpc(pool: TensorPool, pinned: list[int], ready: dict) -> None:
 
 
 def _serve_nixl(pool: TensorPool, pinned: list[int], ready: dict) -> None:
-    from dataplane.transport.nixl import NixlTransport  # noqa: PLC0415
+    from kvplane.dataplane.transport.nixl import NixlTransport  # noqa: PLC0415
 
     transport = NixlTransport(pool, agent_name="kv-peer")
     ready.update(

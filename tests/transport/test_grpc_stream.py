@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from dataplane.transport import LayoutMismatchError, PullSource, TransferError, TransportError
-from dataplane.transport.grpc_stream import GrpcDescriptor, GrpcStreamTransport, iter_chunks
-from dataplane.transport.nixl_descriptor import NixlDescriptor
+from kvplane.dataplane.transport import LayoutMismatchError, PullSource, TransferError, TransportError
+from kvplane.dataplane.transport.grpc_stream import GrpcDescriptor, GrpcStreamTransport, iter_chunks
+from kvplane.dataplane.transport.nixl_descriptor import NixlDescriptor
 from kvplane.grpc_util import make_server
 from kvplane.v1 import agent_pb2, agent_pb2_grpc
 

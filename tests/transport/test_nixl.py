@@ -10,9 +10,9 @@ import pytest
 
 pytest.importorskip("nixl", reason="the nixl package is not installed (pip install 'kvplane[nixl]')")
 
-from dataplane.transport import LayoutMismatchError, PullSource, TransferError, TransportError  # noqa: E402
-from dataplane.transport.nixl import NixlTransport, merge_runs  # noqa: E402
-from dataplane.transport.nixl_descriptor import NixlDescriptor  # noqa: E402
+from kvplane.dataplane.transport import LayoutMismatchError, PullSource, TransferError, TransportError  # noqa: E402
+from kvplane.dataplane.transport.nixl import NixlTransport, merge_runs  # noqa: E402
+from kvplane.dataplane.transport.nixl_descriptor import NixlDescriptor  # noqa: E402
 
 from .kv_peer import LAYOUT, assert_pulled, empty_pool, start_peer  # noqa: E402
 
@@ -137,7 +137,7 @@ def test_closed_transport_refuses_to_pull(nixl_peer):
 _EXIT_CHILD = """
 import sys
 from tests.transport.kv_peer import LAYOUT, empty_pool
-from dataplane.transport.nixl import NixlTransport
+from kvplane.dataplane.transport.nixl import NixlTransport
 transport = NixlTransport(empty_pool(LAYOUT, num_blocks=4), agent_name="exit-test")
 libs = sorted({line.split()[-1] for line in open("/proc/self/maps") if "verbs" in line or "libnl" in line})
 print("\\n".join(libs), flush=True)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dataplane.transport import TransportError
-from dataplane.transport.nixl_descriptor import NixlDescriptor
+from kvplane.dataplane.transport import TransportError
+from kvplane.dataplane.transport.nixl_descriptor import NixlDescriptor
 
 from .kv_peer import LAYOUT
 

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from dataplane.transport import (
+from kvplane.dataplane.transport import (
     available_transports,
     make_transport,
     unavailable_reason,
 )
-from dataplane.transport.grpc_stream import GrpcStreamTransport
+from kvplane.dataplane.transport.grpc_stream import GrpcStreamTransport
 
 from .kv_peer import LAYOUT, empty_pool
 

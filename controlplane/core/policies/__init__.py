@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from controlplane.core.cost import CostConfig
-from controlplane.core.policies.kvplane import KvplaneParams, KvplanePolicy
-from controlplane.core.policies.least_load import LeastLoadParams, LeastLoadPolicy
-from controlplane.core.policies.prefix_only import PrefixOnlyParams, PrefixOnlyPolicy
-from controlplane.core.policies.round_robin import RoundRobinParams, RoundRobinPolicy
-from controlplane.core.routing import RoutingPolicy, RoutingPolicyParams
+from kvplane.controlplane.core.cost import CostConfig
+from kvplane.controlplane.core.policies.kvplane import KvplaneParams, KvplanePolicy
+from kvplane.controlplane.core.policies.least_load import LeastLoadParams, LeastLoadPolicy
+from kvplane.controlplane.core.policies.prefix_only import PrefixOnlyParams, PrefixOnlyPolicy
+from kvplane.controlplane.core.policies.round_robin import RoundRobinParams, RoundRobinPolicy
+from kvplane.controlplane.core.routing import RoutingPolicy, RoutingPolicyParams
 
 # The one list of routing policies: params type -> the policy it builds. The first is the default.
 _POLICIES: dict[type, Callable[..., RoutingPolicy]] = {

@@ -26,14 +26,14 @@ from typing import ClassVar
 
 import numpy as np
 
-from controlplane.core.cost import CostConfig, Priced, cheapest_uncached, price
-from controlplane.core.index import CacheIndex, OverlapScore
-from controlplane.core.params import check_numbers, param
-from controlplane.core.pool import WorkerPool
-from controlplane.core.predictions import PrefixPredictions
-from controlplane.core.routing import CandidateCost, FetchPlan, PolicyHooks, RouteContext, RouteDecision
-from controlplane.core.views import WorkerView
 from kvplane import native
+from kvplane.controlplane.core.cost import CostConfig, Priced, cheapest_uncached, price
+from kvplane.controlplane.core.index import CacheIndex, OverlapScore
+from kvplane.controlplane.core.params import check_numbers, param
+from kvplane.controlplane.core.pool import WorkerPool
+from kvplane.controlplane.core.predictions import PrefixPredictions
+from kvplane.controlplane.core.routing import CandidateCost, FetchPlan, PolicyHooks, RouteContext, RouteDecision
+from kvplane.controlplane.core.views import WorkerView
 from kvplane.types import BlockHash, Tier, WorkerId
 
 

@@ -8,9 +8,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from controlplane.core.cost import CostConfig, cached_prefix_tokens, cheapest_uncached, price
-from controlplane.core.routing import CandidateCost, PolicyHooks, RouteContext
-from controlplane.core.views import WorkerView
+from kvplane.controlplane.core.cost import CostConfig, cached_prefix_tokens, cheapest_uncached, price
+from kvplane.controlplane.core.routing import CandidateCost, PolicyHooks, RouteContext
+from kvplane.controlplane.core.views import WorkerView
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,16 +16,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from dataplane.engines.base import EngineInfo, KVImportExport, StepProfiling
-from dataplane.engines.events import KVCacheEvent
-from dataplane.engines.external.config import ExternalEngineConfig
-from dataplane.engines.external.hash_map import BlockHashMapper
-from dataplane.engines.external.inflight import InFlight
-from dataplane.engines.external.model_config import kv_dtype, read_model_shape
-from dataplane.engines.external.salts import EngineSalts
-from dataplane.engines.external.subscriber import KVEventSubscriber
-from dataplane.engines.request import EngineLoad
 from kvplane.chat import ChatTemplate, ChatTemplateError, load_chat_template
+from kvplane.dataplane.engines.base import EngineInfo, KVImportExport, StepProfiling
+from kvplane.dataplane.engines.events import KVCacheEvent
+from kvplane.dataplane.engines.external.config import ExternalEngineConfig
+from kvplane.dataplane.engines.external.hash_map import BlockHashMapper
+from kvplane.dataplane.engines.external.inflight import InFlight
+from kvplane.dataplane.engines.external.model_config import kv_dtype, read_model_shape
+from kvplane.dataplane.engines.external.salts import EngineSalts
+from kvplane.dataplane.engines.external.subscriber import KVEventSubscriber
+from kvplane.dataplane.engines.request import EngineLoad
 from kvplane.types import BlockHash, KVLayout, Tier
 
 log = logging.getLogger(__name__)

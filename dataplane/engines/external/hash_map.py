@@ -23,9 +23,9 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 
-from dataplane.engines.events import AllCleared, BlockRemoved, BlockStored, KVCacheEvent
-from dataplane.engines.external.wire import EngineCleared, EngineEvent, EngineHash, EngineRemoved, EngineStored
 from kvplane.block_hash import chain_hash, root_hash
+from kvplane.dataplane.engines.events import AllCleared, BlockRemoved, BlockStored, KVCacheEvent
+from kvplane.dataplane.engines.external.wire import EngineCleared, EngineEvent, EngineHash, EngineRemoved, EngineStored
 from kvplane.types import BlockHash, Tier
 
 DEFAULT_MAX_REMEMBERED = 1 << 18  # translations of blocks the engine no longer holds

@@ -25,10 +25,10 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 
-from dataplane.engines.events import KVCacheEvent
-from dataplane.engines.external.hash_map import BlockHashMapper
-from dataplane.engines.external.sequence import Sequencer, Verdict
-from dataplane.engines.external.wire import END_OF_REPLAY, EventBatch, WireFormatError, decode_message, decode_seq
+from kvplane.dataplane.engines.events import KVCacheEvent
+from kvplane.dataplane.engines.external.hash_map import BlockHashMapper
+from kvplane.dataplane.engines.external.sequence import Sequencer, Verdict
+from kvplane.dataplane.engines.external.wire import END_OF_REPLAY, EventBatch, WireFormatError, decode_message, decode_seq
 from kvplane.types import BlockHash, Tier
 
 log = logging.getLogger(__name__)

@@ -8,9 +8,9 @@ import asyncio
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
-from dataplane.engines.base import KVImportExport
-from dataplane.engines.events import KVCacheEvent
-from dataplane.engines.request import EngineLoad, EngineOutput
+from kvplane.dataplane.engines.base import KVImportExport
+from kvplane.dataplane.engines.events import KVCacheEvent
+from kvplane.dataplane.engines.request import EngineLoad, EngineOutput
 from kvplane.types import BlockHash, Tier
 
 

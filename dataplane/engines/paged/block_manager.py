@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
-from dataplane.engines.events import AllCleared, BlockRemoved, BlockStored, KVCacheEvent
+from kvplane.dataplane.engines.events import AllCleared, BlockRemoved, BlockStored, KVCacheEvent
 from kvplane.types import BlockHash, Tier
 
 

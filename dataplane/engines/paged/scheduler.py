@@ -21,9 +21,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from dataplane.engines.paged.block_manager import BlockManager
-from dataplane.engines.request import EngineCapacityError, EngineInputError, EngineLoad, EngineOutput, EngineRequest
 from kvplane.block_hash import chain_hash, root_hash
+from kvplane.dataplane.engines.paged.block_manager import BlockManager
+from kvplane.dataplane.engines.request import EngineCapacityError, EngineInputError, EngineLoad, EngineOutput, EngineRequest
 from kvplane.latency import prefill_attention
 from kvplane.sampling import sampling_problem
 from kvplane.types import BlockHash

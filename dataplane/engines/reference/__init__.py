@@ -11,23 +11,23 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 _EXPORTS = {
-    "ByteTokenizer": "dataplane.engines.reference.tokenizer",
-    "Engine": "dataplane.engines.reference.engine",
-    "EngineConfig": "dataplane.engines.reference.config",
-    "HFTokenizer": "dataplane.engines.reference.tokenizer",
-    "KVPool": "dataplane.engines.reference.kv_pool",
-    "ReferenceAdapter": "dataplane.engines.reference.adapter",
-    "TierStore": "dataplane.engines.reference.tiers",
+    "ByteTokenizer": "kvplane.dataplane.engines.reference.tokenizer",
+    "Engine": "kvplane.dataplane.engines.reference.engine",
+    "EngineConfig": "kvplane.dataplane.engines.reference.config",
+    "HFTokenizer": "kvplane.dataplane.engines.reference.tokenizer",
+    "KVPool": "kvplane.dataplane.engines.reference.kv_pool",
+    "ReferenceAdapter": "kvplane.dataplane.engines.reference.adapter",
+    "TierStore": "kvplane.dataplane.engines.reference.tiers",
 }
 __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:
-    from dataplane.engines.reference.adapter import ReferenceAdapter
-    from dataplane.engines.reference.config import EngineConfig
-    from dataplane.engines.reference.engine import Engine
-    from dataplane.engines.reference.kv_pool import KVPool
-    from dataplane.engines.reference.tiers import TierStore
-    from dataplane.engines.reference.tokenizer import ByteTokenizer, HFTokenizer
+    from kvplane.dataplane.engines.reference.adapter import ReferenceAdapter
+    from kvplane.dataplane.engines.reference.config import EngineConfig
+    from kvplane.dataplane.engines.reference.engine import Engine
+    from kvplane.dataplane.engines.reference.kv_pool import KVPool
+    from kvplane.dataplane.engines.reference.tiers import TierStore
+    from kvplane.dataplane.engines.reference.tokenizer import ByteTokenizer, HFTokenizer
 
 
 def __getattr__(name: str) -> Any:

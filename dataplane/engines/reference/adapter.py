@@ -12,12 +12,12 @@ import asyncio
 from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 
-from dataplane.engines.base import EngineInfo, StepProfiling
-from dataplane.engines.paged.adapter import PagedEngineAdapter, outputs_until_finished
-from dataplane.engines.reference.config import EngineConfig
-from dataplane.engines.reference.engine import Engine
-from dataplane.engines.request import EngineInputError, EngineOutput, EngineRequest
 from kvplane.chat import ChatTemplateError, load_chat_template
+from kvplane.dataplane.engines.base import EngineInfo, StepProfiling
+from kvplane.dataplane.engines.paged.adapter import PagedEngineAdapter, outputs_until_finished
+from kvplane.dataplane.engines.reference.config import EngineConfig
+from kvplane.dataplane.engines.reference.engine import Engine
+from kvplane.dataplane.engines.request import EngineInputError, EngineOutput, EngineRequest
 
 
 class ReferenceAdapter(PagedEngineAdapter):

@@ -19,22 +19,22 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from dataplane.engines.events import KVCacheEvent
-from dataplane.engines.paged.block_manager import BlockManager
-from dataplane.engines.paged.scheduler import RequestState, ScheduledChunk, Scheduler, step_features
-from dataplane.engines.reference.config import EngineConfig
-from dataplane.engines.reference.kv_pool import KVPool
-from dataplane.engines.reference.runner import ChunkResult, ModelRunner
-from dataplane.engines.reference.sampling import make_generator
-from dataplane.engines.reference.tiers import TierStats, TierStore
-from dataplane.engines.reference.weights import load_model
-from dataplane.engines.request import (
+from kvplane.block_hash import hash_blocks
+from kvplane.dataplane.engines.events import KVCacheEvent
+from kvplane.dataplane.engines.paged.block_manager import BlockManager
+from kvplane.dataplane.engines.paged.scheduler import RequestState, ScheduledChunk, Scheduler, step_features
+from kvplane.dataplane.engines.reference.config import EngineConfig
+from kvplane.dataplane.engines.reference.kv_pool import KVPool
+from kvplane.dataplane.engines.reference.runner import ChunkResult, ModelRunner
+from kvplane.dataplane.engines.reference.sampling import make_generator
+from kvplane.dataplane.engines.reference.tiers import TierStats, TierStore
+from kvplane.dataplane.engines.reference.weights import load_model
+from kvplane.dataplane.engines.request import (
     EngineInputError,
     EngineLoad,
     EngineOutput,
     EngineRequest,
 )
-from kvplane.block_hash import hash_blocks
 from kvplane.latency import StepSample
 from kvplane.sampling import is_greedy
 from kvplane.types import BlockHash, KVLayout, Tier

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import argparse
 
-from dataplane.engines.base import EngineAdapter
-from dataplane.engines.reference.config import EngineConfig
+from kvplane.dataplane.engines.base import EngineAdapter
+from kvplane.dataplane.engines.reference.config import EngineConfig
 
 NAME = "reference"
 SUMMARY = "kvplane's own torch engine, in the agent's process (paged KV, prefix cache, KV tiers)"
@@ -54,7 +54,7 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
 
 def create(config: EngineConfig) -> EngineAdapter:
     try:
-        from dataplane.engines.reference.adapter import ReferenceAdapter  # noqa: PLC0415 (torch: only when chosen)
+        from kvplane.dataplane.engines.reference.adapter import ReferenceAdapter  # noqa: PLC0415 (torch: only when chosen)
     except ModuleNotFoundError as e:
         if e.name not in OPTIONAL_DEPENDENCIES:
             raise

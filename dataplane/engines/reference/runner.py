@@ -11,10 +11,10 @@ from collections.abc import Sequence
 
 import torch
 
-from dataplane.engines.paged.scheduler import ScheduledChunk
-from dataplane.engines.reference.kv_pool import KVPool
-from dataplane.engines.reference.model import PagedBatch, PagedLlama
-from dataplane.engines.reference.sampling import sample
+from kvplane.dataplane.engines.paged.scheduler import ScheduledChunk
+from kvplane.dataplane.engines.reference.kv_pool import KVPool
+from kvplane.dataplane.engines.reference.model import PagedBatch, PagedLlama
+from kvplane.dataplane.engines.reference.sampling import sample
 
 # One chunk's outcome: a sampled token, None (nothing due: mid-prompt or prefill_only), or the
 # exception its sampling raised.

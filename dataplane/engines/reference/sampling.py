@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from dataplane.engines.request import SamplingParams
+from kvplane.dataplane.engines.request import SamplingParams
 from kvplane.sampling import is_greedy
 
 

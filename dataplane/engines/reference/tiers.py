@@ -32,8 +32,8 @@ from pathlib import Path
 
 import torch
 
-from dataplane.engines.events import BlockRemoved, BlockStored, KVCacheEvent
-from dataplane.engines.reference.kv_pool import TORCH_DTYPES, KVPool
+from kvplane.dataplane.engines.events import BlockRemoved, BlockStored, KVCacheEvent
+from kvplane.dataplane.engines.reference.kv_pool import TORCH_DTYPES, KVPool
 from kvplane.types import BlockHash, KVLayout, Tier
 
 log = logging.getLogger(__name__)

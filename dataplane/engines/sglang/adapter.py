@@ -20,11 +20,11 @@ from smg_grpc_proto import sglang_scheduler_pb2_grpc as pb_grpc
 from smg_grpc_proto.generated import common_pb2 as smg_common
 from tokenizers import Tokenizer
 
-from dataplane.engines.base import NativeHandoff, NativeKVTransfer
-from dataplane.engines.external.engine import EngineUnreachable, ExternalEngine, LoadSample, ServerDescription
-from dataplane.engines.request import EngineInputError, EngineOutput, EngineRequest
-from dataplane.engines.sglang import api, bootstrap
-from dataplane.engines.sglang.config import SglangConfig
+from kvplane.dataplane.engines.base import NativeHandoff, NativeKVTransfer
+from kvplane.dataplane.engines.external.engine import EngineUnreachable, ExternalEngine, LoadSample, ServerDescription
+from kvplane.dataplane.engines.request import EngineInputError, EngineOutput, EngineRequest
+from kvplane.dataplane.engines.sglang import api, bootstrap
+from kvplane.dataplane.engines.sglang.config import SglangConfig
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from google.protobuf.json_format import MessageToDict
 
-from dataplane.engines.request import EngineRequest
+from kvplane.dataplane.engines.request import EngineRequest
 
 
 @dataclass(frozen=True, slots=True)

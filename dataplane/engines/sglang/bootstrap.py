@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import random
 
-from dataplane.engines.request import EngineInputError
+from kvplane.dataplane.engines.request import EngineInputError
 
 TRANSPORT_PREFIX = "engine:sglang-"
 _ROOM_LIMIT = 1 << 31  # bootstrap_room is an int32 in the scheduler API

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dataplane.engines.external.config import ExternalEngineConfig
+from kvplane.dataplane.engines.external.config import ExternalEngineConfig
 
 DEFAULT_ENDPOINT = "127.0.0.1:30000"
 

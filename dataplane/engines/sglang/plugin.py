@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import argparse
 
-from dataplane.engines.base import EngineAdapter
-from dataplane.engines.external.config import add_shared_arguments, shared_from_args
-from dataplane.engines.sglang.config import SglangConfig
+from kvplane.dataplane.engines.base import EngineAdapter
+from kvplane.dataplane.engines.external.config import add_shared_arguments, shared_from_args
+from kvplane.dataplane.engines.sglang.config import SglangConfig
 
 NAME = "sglang"
 SUMMARY = "sidecar of an SGLang server (its gRPC scheduler API, --smg-grpc-mode; ZMQ KV events; load from GetLoads)"
@@ -30,7 +30,7 @@ def config_from_args(args: argparse.Namespace) -> SglangConfig:
 
 def create(config: SglangConfig) -> EngineAdapter:
     try:
-        from dataplane.engines.sglang.adapter import SglangAdapter  # noqa: PLC0415 (only when chosen)
+        from kvplane.dataplane.engines.sglang.adapter import SglangAdapter  # noqa: PLC0415 (only when chosen)
     except ModuleNotFoundError as e:
         if e.name not in OPTIONAL_DEPENDENCIES:
             raise

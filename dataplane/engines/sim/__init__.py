@@ -8,7 +8,7 @@ step machine; adapter.SimAdapter drives it in an agent (asyncio, wall-clock slee
 transport code with a scaled-down payload and take the named link's modeled time. No torch.
 """
 
-from dataplane.engines.sim.config import SimConfig
-from dataplane.engines.sim.engine import SimEngine
+from kvplane.dataplane.engines.sim.config import SimConfig
+from kvplane.dataplane.engines.sim.engine import SimEngine
 
 __all__ = ["SimConfig", "SimEngine"]

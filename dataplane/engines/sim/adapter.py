@@ -15,13 +15,13 @@ import logging
 import time
 from collections.abc import AsyncIterator, Sequence
 
-from dataplane.engines.base import EngineInfo, StepProfiling
-from dataplane.engines.paged.adapter import PagedEngineAdapter, outputs_until_finished
-from dataplane.engines.request import EngineOutput, EngineRequest
-from dataplane.engines.sim.config import SimConfig
-from dataplane.engines.sim.engine import SimEngine
-from dataplane.transport.modeled import ModeledLink
 from kvplane import hardware
+from kvplane.dataplane.engines.base import EngineInfo, StepProfiling
+from kvplane.dataplane.engines.paged.adapter import PagedEngineAdapter, outputs_until_finished
+from kvplane.dataplane.engines.request import EngineOutput, EngineRequest
+from kvplane.dataplane.engines.sim.config import SimConfig
+from kvplane.dataplane.engines.sim.engine import SimEngine
+from kvplane.dataplane.transport.modeled import ModeledLink
 from kvplane.latency import StepSample
 
 log = logging.getLogger(__name__)

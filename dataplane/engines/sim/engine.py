@@ -27,21 +27,21 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from dataplane.engines.base import EngineInfo
-from dataplane.engines.events import KVCacheEvent
-from dataplane.engines.paged.block_manager import BlockManager
-from dataplane.engines.paged.scheduler import RequestState, ScheduledChunk, Scheduler, step_features
-from dataplane.engines.request import EngineInputError, EngineLoad, EngineOutput, EngineRequest
-from dataplane.engines.sim.config import SimConfig
-from dataplane.engines.sim.pool import SimPool
 from kvplane import hardware
 from kvplane.block_hash import hash_blocks
+from kvplane.dataplane.engines.base import EngineInfo
+from kvplane.dataplane.engines.events import KVCacheEvent
+from kvplane.dataplane.engines.paged.block_manager import BlockManager
+from kvplane.dataplane.engines.paged.scheduler import RequestState, ScheduledChunk, Scheduler, step_features
+from kvplane.dataplane.engines.request import EngineInputError, EngineLoad, EngineOutput, EngineRequest
+from kvplane.dataplane.engines.sim.config import SimConfig
+from kvplane.dataplane.engines.sim.pool import SimPool
 from kvplane.hardware import StepTiming
 from kvplane.latency import StepSample
 from kvplane.types import BlockHash, Tier
 
 if TYPE_CHECKING:
-    from dataplane.transport.modeled import ModeledLink
+    from kvplane.dataplane.transport.modeled import ModeledLink
 
 log = logging.getLogger(__name__)
 

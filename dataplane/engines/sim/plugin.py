@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import argparse
 
-from dataplane.engines.base import EngineAdapter
-from dataplane.engines.sim.config import SimConfig
 from kvplane import hardware
+from kvplane.dataplane.engines.base import EngineAdapter
+from kvplane.dataplane.engines.sim.config import SimConfig
 from kvplane.hardware import RooflineConfig
 
 NAME = "sim"
@@ -73,7 +73,7 @@ def hardware_config_from_args(args: argparse.Namespace, **overrides: object) -> 
 
 
 def create(config: SimConfig) -> EngineAdapter:
-    from dataplane.engines.sim.adapter import SimAdapter  # noqa: PLC0415 (the engine only when chosen)
+    from kvplane.dataplane.engines.sim.adapter import SimAdapter  # noqa: PLC0415 (the engine only when chosen)
 
     return SimAdapter(config)
 

@@ -17,11 +17,11 @@ import httpx
 import msgpack  # noqa: F401 (the [engines] extra: checked when the adapter is built)
 import zmq  # noqa: F401
 
-from dataplane.engines.base import NativeHandoff, NativeKVTransfer
-from dataplane.engines.external.engine import EngineUnreachable, ExternalEngine, LoadSample, ServerDescription
-from dataplane.engines.request import EngineCapacityError, EngineInputError, EngineOutput, EngineRequest
-from dataplane.engines.vllm import api, nixl
-from dataplane.engines.vllm.config import VllmConfig
+from kvplane.dataplane.engines.base import NativeHandoff, NativeKVTransfer
+from kvplane.dataplane.engines.external.engine import EngineUnreachable, ExternalEngine, LoadSample, ServerDescription
+from kvplane.dataplane.engines.request import EngineCapacityError, EngineInputError, EngineOutput, EngineRequest
+from kvplane.dataplane.engines.vllm import api, nixl
+from kvplane.dataplane.engines.vllm.config import VllmConfig
 
 log = logging.getLogger(__name__)
 

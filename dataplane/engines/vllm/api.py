@@ -14,8 +14,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from dataplane.engines.external import prometheus
-from dataplane.engines.request import EngineRequest
+from kvplane.dataplane.engines.external import prometheus
+from kvplane.dataplane.engines.request import EngineRequest
 
 
 class ApiError(ValueError):

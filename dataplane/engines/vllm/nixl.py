@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import json
 
-from dataplane.engines.base import NativeHandoff
-from dataplane.engines.request import EngineInputError, EngineRequest
-from dataplane.engines.vllm.api import ApiError, completion_body
+from kvplane.dataplane.engines.base import NativeHandoff
+from kvplane.dataplane.engines.request import EngineInputError, EngineRequest
+from kvplane.dataplane.engines.vllm.api import ApiError, completion_body
 
 TRANSPORT = "engine:vllm-nixl"
 # What the decode side's connector needs from the prefill side's response.

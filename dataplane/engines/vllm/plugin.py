@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import argparse
 
-from dataplane.engines.base import EngineAdapter
-from dataplane.engines.external.config import add_shared_arguments, shared_from_args
-from dataplane.engines.vllm.config import KV_CONNECTORS, VllmConfig
+from kvplane.dataplane.engines.base import EngineAdapter
+from kvplane.dataplane.engines.external.config import add_shared_arguments, shared_from_args
+from kvplane.dataplane.engines.vllm.config import KV_CONNECTORS, VllmConfig
 
 NAME = "vllm"
 SUMMARY = "sidecar of a vLLM OpenAI-compatible server (HTTP, token ids in and out; ZMQ KV events; load from /metrics)"
@@ -30,7 +30,7 @@ def config_from_args(args: argparse.Namespace) -> VllmConfig:
 
 def create(config: VllmConfig) -> EngineAdapter:
     try:
-        from dataplane.engines.vllm.adapter import VllmAdapter  # noqa: PLC0415 (only when chosen)
+        from kvplane.dataplane.engines.vllm.adapter import VllmAdapter  # noqa: PLC0415 (only when chosen)
     except ModuleNotFoundError as e:
         if e.name not in OPTIONAL_DEPENDENCIES:
             raise

@@ -1,0 +1,421 @@
+"""`kvplane bench controlplane`: the highest request rate 1, 2 and 4 control-plane replicas
+sustain in front of a simulated fleet, and where their CPU goes.
+
+Setup, per replica count: a fresh etcd, a LocalCluster of that many replicas on it
+(`--admission none` and `--rate-limit 0`, so that nothing is rejected: every refusal would count
+as an error) and `--workers` sim agents, `--workers / --hosts` of them per process (`kvplane
+agent --count`; sim engines sleep through their steps, `--speedup` simulated seconds per wall
+second, and report load every `--load-report-interval` seconds, which the replicas take as fresh
+for three times that, `--stale-report-s`), plus `--generators` load
+generator processes (kvplane/apps/bench/openloop.py), generator g sending to replica g mod R. Security
+is what `kvplane up` runs: mutual TLS with throw-away certificates (`--insecure`: plaintext with
+tokens). After a warm-up (every agent dialled once) the replicas' idle CPU is measured: load
+reports, keep-alives, the store's watch (`background_cores`).
+
+Then per request shape (short: 128 tokens in / 32 out; long: 4,096 / 256) and mode (`relay`:
+Kvplane.Generate streamed through the control plane; `lookaside`: Route places the request, the
+generator streams from the decode agent and reports first token and end), a rate search (kvplane/apps/bench/ratesearch.py):
+steps of `--duration-s` at an offered Poisson rate, doubled while sustained, then bisected.
+Sustained = no error, completions keep up with arrivals (>= 95 %) and the replicas' routing p99
+(route + admit, the kvplane_routing_duration_seconds histogram) under 5 ms.
+
+Reported for the highest sustained step: its rate, routing p50/p99, the replicas' CPU per
+completed request (/proc/PID/stat over the step; `net` leaves out the idle background), the
+shares of that CPU spent routing, admitting, relaying and taking lookaside reports
+(kvplane_controlplane_cpu_seconds_total)
+and the rest (gRPC, asyncio, validation, tickets, registry and store work), plus the CPU the
+agents and generators used. Everything shares this machine's cores: the rates are partly a
+measure of contention, the CPU per request is the portable number.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import IO, Any
+
+from kvplane.apps.bench.openloop import MODES, SHAPES
+from kvplane.apps.bench.ratesearch import (
+    Limits,
+    RateSearch,
+    delta,
+    histogram_quantile,
+    label_values,
+    phase_shares,
+    sample_key,
+    step_verdict,
+    summed,
+    window_ratio,
+)
+from kvplane.stats import percentile
+
+AGENTS_PER_HOST = 64
+DEFAULT_START_RPS = {"short": 16.0, "long": 8.0}
+PHASES = ("route", "admit", "relay", "report")
+CPU_METRIC = "kvplane_controlplane_cpu_seconds_total"
+ROUTING_BUCKETS = "kvplane_routing_duration_seconds_bucket"
+SETTLE_S = 1.0
+_PACKAGE_ROOT = Path(__file__).resolve().parents[3]
+
+
+def _csv(kind: type, choices: tuple[str, ...] = ()):
+    def parse(text: str) -> list:
+        values = [kind(v.strip()) for v in text.split(",") if v.strip()]
+        if not values:
+            raise argparse.ArgumentTypeError("expected one or more comma-separated values")
+        unknown = [v for v in values if choices and v not in choices]
+        if unknown:
+            raise argparse.ArgumentTypeError(f"unknown {unknown}; choose from {list(choices)}")
+        if kind is int and any(v < 1 for v in values):
+            raise argparse.ArgumentTypeError("counts must be at least 1")
+        return values
+
+    return parse
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--replicas", type=_csv(int), default=[1, 2, 4], metavar="N,N,...",
+                        help="control-plane replica counts, each on one etcd (default 1,2,4)")  # fmt: skip
+    parser.add_argument("--modes", type=_csv(str, tuple(MODES)), default=list(MODES), metavar="M,...",
+                        help=f"request modes (default {','.join(MODES)})")  # fmt: skip
+    parser.add_argument("--shapes", type=_csv(str, tuple(SHAPES)), default=list(SHAPES), metavar="S,...",
+                        help="request shapes: short (128 in / 32 out), long (4,096 in / 256 out) (default both)")  # fmt: skip
+    parser.add_argument("--workers", type=int, default=128, help="simulated workers (default %(default)s)")
+    parser.add_argument("--hosts", type=int, default=0, metavar="N",
+                        help=f"processes the workers run in (default: one per {AGENTS_PER_HOST})")  # fmt: skip
+    parser.add_argument("--generators", type=int, default=0, metavar="N",
+                        help="load generator processes (default: the replica count, at least 2)")  # fmt: skip
+    parser.add_argument("--duration-s", type=float, default=6.0, metavar="S", help="arrivals per step, seconds (default %(default)s)")
+    parser.add_argument("--grace-s", type=float, default=10.0, metavar="S",
+                        help="after a step's arrivals, how long its last requests may take before they count as errors (default %(default)s)")  # fmt: skip
+    parser.add_argument("--start-rps", type=float, default=0.0, metavar="R",
+                        help="first offered rate of each search (default: 16 short, 8 long)")  # fmt: skip
+    parser.add_argument("--resolution", type=float, default=0.15, metavar="F",
+                        help="stop bisecting when failed / sustained rate <= 1 + F (default %(default)s)")  # fmt: skip
+    parser.add_argument("--max-steps", type=int, default=9, metavar="N", help="steps per search at most (default %(default)s)")
+    parser.add_argument("--min-ratio", type=float, default=Limits().min_ratio, metavar="F",
+                        help="sustained: completions / arrivals in the steady window at least F (default %(default)s)")  # fmt: skip
+    parser.add_argument("--max-routing-p99-ms", type=float, default=Limits().max_routing_p99_ms, metavar="MS",
+                        help="sustained: the replicas' route + admit p99 below this (default %(default)s)")  # fmt: skip
+    parser.add_argument("--speedup", type=float, default=4.0,
+                        help="sim agents' simulated seconds per wall second (default %(default)s)")  # fmt: skip
+    parser.add_argument("--load-report-interval", type=float, default=1.0, metavar="S",
+                        help="agents' load report interval (the agent default 0.2 s costs 128 workers ~0.4 core on each side); "
+                        "the replicas take reports as fresh for 3x this (--stale-report-s) (default %(default)s)")  # fmt: skip
+    parser.add_argument("--sim-num-blocks", type=int, default=8192, metavar="N", help="KV blocks per sim worker (default %(default)s)")
+    parser.add_argument("--insecure", action="store_true", help="plaintext gRPC with tokens instead of mutual TLS")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--log-dir", default="", metavar="DIR", help="keep the servers' logs here (default: a temporary directory)")
+    parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
+
+
+# ---------------------------------------------------------------------------------------------
+# Processes: CPU, metrics, generators.
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process (and its threads) so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def machine_busy_s() -> float:
+    """CPU seconds the whole machine has been busy (all cores, all processes: /proc/stat)."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def scrape(url: str) -> dict[str, float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(url, timeout=5) as response:
+        text = response.read().decode()
+    return {
+        sample_key(s.name, s.labels): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name.startswith(("kvplane_controlplane_cpu", "kvplane_routing_duration"))
+    }
+
+
+class Generators:
+    """The load generator processes, one JSON step at a time (kvplane/apps/bench/openloop.py)."""
+
+    def __init__(self, endpoints: list[str], log_dir: Path, timeout_s: float) -> None:
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_PACKAGE_ROOT), env.get("PYTHONPATH")]))
+        self._logs: list[IO[bytes]] = []
+        self.processes: list[subprocess.Popen[str]] = []
+        for i, endpoint in enumerate(endpoints):
+            log = (log_dir / f"generator-{i}.log").open("ab")
+            self._logs.append(log)
+            argv = [sys.executable, "-m", "kvplane.apps.bench.openloop", "--endpoint", endpoint, "--timeout", str(timeout_s)]
+            self.processes.append(subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True, env=env))
+        for i in range(len(self.processes)):
+            self._read(i)  # {"ready": true}
+
+    def _read(self, i: int) -> dict[str, Any]:
+        line = self.processes[i].stdout.readline()
+        if not line:
+            raise RuntimeError(f"load generator {i} exited (code {self.processes[i].poll()}); see generator-{i}.log")
+        return json.loads(line)
+
+    def step(self, commands: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        for process, command in zip(self.processes, commands, strict=True):
+            process.stdin.write(json.dumps(command) + "\n")
+            process.stdin.flush()
+        return [self._read(i) for i in range(len(self.processes))]
+
+    def close(self) -> None:
+        for process in self.processes:
+            if process.poll() is None:
+                process.stdin.close()
+        for process in self.processes:
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        for log in self._logs:
+            log.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# One replica count: cluster, warm-up, background, searches.
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace, cluster, generators: Generators, log) -> None:
+        self.args = args
+        self.cluster = cluster
+        self.generators = generators
+        self.log = log
+        self.replicas = list(cluster.controlplane_endpoints)
+        self.hosts = [name for name in cluster.processes if name in cluster.hosted_workers]
+        self.metrics_urls = []
+        for endpoint in cluster.controlplane_endpoints.values():
+            with cluster.client(endpoint) as client:
+                url = client.stats().metrics_url
+            if not url:
+                raise RuntimeError(f"the replica at {endpoint} serves no metrics endpoint")
+            self.metrics_urls.append(url)
+        self.limits = Limits(args.min_ratio, args.max_routing_p99_ms).validate()
+        self.background_cores = 0.0
+        self._seed = args.seed
+
+    def _cpu(self, names: list[str]) -> float:
+        return sum(process_cpu_s(self.cluster.processes[name].pid) for name in names)
+
+    def measure_background(self, seconds: float = 3.0) -> float:
+        before, started = self._cpu(self.replicas), time.monotonic()
+        time.sleep(seconds)
+        self.background_cores = (self._cpu(self.replicas) - before) / (time.monotonic() - started)
+        return self.background_cores
+
+    def step(self, shape: str, mode: str, rate_rps: float, duration_s: float | None = None) -> dict[str, Any]:
+        """One step at `rate_rps` offered in all; its measurements (the module docstring)."""
+        duration_s = duration_s or self.args.duration_s
+        num = len(self.generators.processes)
+        self._seed += 1
+        commands = [
+            {"shape": shape, "mode": mode, "rate_rps": rate_rps / num, "duration_s": duration_s,
+             "grace_s": self.args.grace_s, "seed": self._seed * 1000 + i}
+            for i in range(num)
+        ]  # fmt: skip
+        metrics_before = [scrape(url) for url in self.metrics_urls]
+        cp_before, hosts_before, machine_before = self._cpu(self.replicas), self._cpu(self.hosts), machine_busy_s()
+        started = time.monotonic()
+        results = self.generators.step(commands)
+        wall = time.monotonic() - started
+        cp_cpu, hosts_cpu = self._cpu(self.replicas) - cp_before, self._cpu(self.hosts) - hosts_before
+        machine_cpu = machine_busy_s() - machine_before
+        counters = summed(delta(b, scrape(url)) for b, url in zip(metrics_before, self.metrics_urls, strict=True))
+        time.sleep(SETTLE_S)  # load reports of the drained workers catch up
+
+        sent = sum(r["sent"] for r in results)
+        ok = sum(r["ok"] for r in results)
+        errors: dict[str, int] = {}
+        for r in results:
+            for code, n in r["errors"].items():
+                errors[code] = errors.get(code, 0) + n
+        # The generators' steps start within milliseconds of each other: pooled, as one arrival process.
+        ratio = window_ratio(*([t for r in results for t in r[key]] for key in ("arrivals_s", "completions_s", "latencies_s")), duration_s)
+        buckets = {float(le): n for le, n in label_values(counters, ROUTING_BUCKETS, "le").items()}
+        p50, p99 = histogram_quantile(0.50, buckets), histogram_quantile(0.99, buckets)
+        phase_cpu = {p: label_values(counters, CPU_METRIC, "kvplane_phase").get(p, 0.0) for p in PHASES}
+        sustained, why = step_verdict(sum(errors.values()), ratio, None if p99 is None else p99 * 1000, self.limits)
+        kept_up, _ = step_verdict(sum(errors.values()), ratio, None, self.limits)
+        generator_cores = max((r["cpu_s"] / r["wall_s"] for r in results if r["sent"] and r["wall_s"] > 0), default=0.0)
+        ttfts = [t for r in results for t in r["ttfts_s"]]
+        return {
+            "offered_rps": round(rate_rps, 2),
+            "sent": sent,
+            "ok": ok,
+            "errors": errors,
+            "window_ratio": round(ratio, 3),
+            "sustained": sustained,  # every criterion, routing p99 included
+            "kept_up": kept_up,  # no error and completions kept up (routing p99 aside)
+            "why_not": why,
+            "routing_p50_ms": None if p50 is None else round(p50 * 1000, 3),
+            "routing_p99_ms": None if p99 is None else round(p99 * 1000, 3),
+            "cp_cpu_ms_per_request": round(cp_cpu / ok * 1000, 3) if ok else None,
+            "cp_cpu_ms_per_request_net": round(max(0.0, cp_cpu - self.background_cores * wall) / ok * 1000, 3) if ok else None,
+            "cp_cores": round(cp_cpu / wall, 3),
+            "phase_shares": {k: round(v, 4) for k, v in phase_shares(phase_cpu, cp_cpu).items()},
+            "agents_cores": round(hosts_cpu / wall, 3),
+            "generator_cores_max": round(generator_cores, 3),
+            "machine_busy_cores": round(machine_cpu / wall, 3),
+            "ttft_p50_ms": None if not ttfts else round(percentile(ttfts, 50) * 1000, 2),
+            "ttft_p99_ms": None if not ttfts else round(percentile(ttfts, 99) * 1000, 2),
+            "wall_s": round(wall, 2),
+        }
+
+    def search(self, shape: str, mode: str) -> dict[str, Any]:
+        args = self.args
+        search = RateSearch(args.start_rps or DEFAULT_START_RPS[shape], args.resolution, args.max_steps)
+        steps = []
+        while (rate := search.next_rate()) is not None:
+            step = self.step(shape, mode, rate)
+            steps.append(step)
+            search.record(rate, step["kept_up"])
+            verdict = "sustained" if step["sustained"] else f"kept up, but {step['why_not']}" if step["kept_up"] else step["why_not"]
+            self.log(
+                f"  [{len(self.replicas)} x {mode} {shape}] {rate:7.1f} req/s: {step['ok']}/{step['sent']} ok, "
+                f"window {step['window_ratio']:.2f}, routing p99 {step['routing_p99_ms']} ms, CP {step['cp_cores']:.2f} cores, "
+                f"agents {step['agents_cores']:.2f}, generator {step['generator_cores_max']:.2f}, machine {step['machine_busy_cores']:.2f} -> {verdict}"
+            )
+        sustained = max((s for s in steps if s["sustained"]), key=lambda s: s["offered_rps"], default=None)
+        kept_up = max((s for s in steps if s["kept_up"]), key=lambda s: s["offered_rps"], default=None)
+        return {
+            "replicas": len(self.replicas), "mode": mode, "shape": shape,
+            "sustained_rps": sustained["offered_rps"] if sustained else 0.0,  # every criterion, among the rates tried
+            "kept_up_rps": kept_up["offered_rps"] if kept_up else 0.0,  # the search's answer: throughput, no errors
+            "at_kept_up": kept_up, "first_failed": min((s for s in steps if not s["kept_up"]), key=lambda s: s["offered_rps"], default=None),
+            "background_cores": round(self.background_cores, 3), "steps": steps,
+        }  # fmt: skip
+
+
+def run_replicas(args: argparse.Namespace, num_replicas: int, log_dir: Path, log) -> list[dict[str, Any]]:
+    from kvplane.apps.cluster import LocalCluster
+    from kvplane.apps.local_etcd import start_etcd
+
+    hosts = args.hosts or max(1, math.ceil(args.workers / AGENTS_PER_HOST))
+    per_host = math.ceil(args.workers / hosts)
+    etcd = start_etcd(log_dir / f"etcd-{num_replicas}")
+    try:
+        log(f"[{num_replicas} replica(s)] starting: etcd at {etcd.endpoint}, {hosts} x {per_host} sim agents, "
+            f"{'plaintext + tokens' if args.insecure else 'mutual TLS'} ...")  # fmt: skip
+        started = time.monotonic()
+        cluster = LocalCluster(
+            num_prefill=0, num_decode=0, num_both=hosts, agents_per_process=per_host, store=etcd.url,
+            num_controlplanes=num_replicas, insecure=args.insecure, log_dir=log_dir / f"cluster-{num_replicas}",
+            startup_timeout=180.0,
+            agent_args=("--engine", "sim", "--speedup", repr(args.speedup), "--sim-num-blocks", str(args.sim_num_blocks),
+                        "--load-report-interval", repr(args.load_report_interval), "--metrics-port", "-1", "--log-level", "WARNING"),
+            controlplane_args=("--admission", "none", "--rate-limit", "0", "--log-level", "WARNING",
+                               "--stale-report-s", repr(max(1.0, 3 * args.load_report_interval))),
+        )  # fmt: skip
+        with cluster:
+            log(f"[{num_replicas} replica(s)] {hosts * per_host} workers registered in {time.monotonic() - started:.0f} s")
+            replicas = list(cluster.controlplane_endpoints.values())
+            num_generators = args.generators or max(2, num_replicas)
+            generators = Generators([replicas[g % num_replicas] for g in range(num_generators)], log_dir, args.grace_s + 60)
+            try:
+                bench = Bench(args, cluster, generators, log)
+                if "lookaside" in args.modes:  # lookaside callers dial the agents: each generator opens its pool first
+                    with cluster.client(timeout=30) as admin:
+                        agents = [w.endpoint for w in admin.workers()]
+                    pools = generators.step([{"connect": agents}] * num_generators)
+                    log(f"[{num_replicas} replica(s)] generators connected to {min(p['connected'] for p in pools)}/{len(agents)} agents")
+                # Warm-up: about two requests per worker, so every replica has dialled the agents.
+                warm = bench.step("short", args.modes[0], max(8.0, 2 * hosts * per_host / 4), 4.0)
+                log(f"[{num_replicas} replica(s)] warm-up: {warm['ok']}/{warm['sent']} ok")
+                log(f"[{num_replicas} replica(s)] idle CPU of the replicas: {bench.measure_background():.3f} cores")
+                return [bench.search(shape, mode) for shape in args.shapes for mode in args.modes]
+            finally:
+                generators.close()
+    finally:
+        etcd.stop()
+
+
+# ---------------------------------------------------------------------------------------------
+# Output and command.
+
+
+def format_table(result: dict[str, Any]) -> str:
+    headers = ("replicas", "mode", "shape", "req/s", "req/s, p99 < limit", "route p50 ms", "route p99 ms", "CP CPU ms/req", "net",
+               *PHASES, "other", "CP cores", "agents", "gen")  # fmt: skip
+    lines = [" | ".join(headers), " | ".join("---" for _ in headers)]
+
+    def num(value: Any, digits: int = 2) -> str:
+        return "-" if value is None else f"{value:.{digits}f}"
+
+    for row in result["rows"]:
+        s = row["at_kept_up"] or {}
+        shares = s.get("phase_shares", {})
+        lines.append(" | ".join((
+            str(row["replicas"]), row["mode"], row["shape"], num(row["kept_up_rps"], 1), num(row["sustained_rps"], 1), num(s.get("routing_p50_ms")),
+            num(s.get("routing_p99_ms")), num(s.get("cp_cpu_ms_per_request")), num(s.get("cp_cpu_ms_per_request_net")),
+            *(f"{shares[p] * 100:.0f}%" if p in shares else "-" for p in (*PHASES, "other")),
+            num(s.get("cp_cores")), num(s.get("agents_cores")), num(s.get("generator_cores_max")),
+        )))  # fmt: skip
+    return "\n".join(f"| {line} |" for line in lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    def log(message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
+    for name in ("workers", "max_steps"):
+        if getattr(args, name) < 1:
+            log(f"kvplane bench controlplane: --{name.replace('_', '-')} must be at least 1")
+            return 2
+    if min(args.duration_s, args.grace_s, args.speedup, args.load_report_interval) <= 0 or args.hosts < 0 or args.generators < 0:
+        log("kvplane bench controlplane: --duration-s, --grace-s, --speedup and --load-report-interval must be positive")
+        return 2
+    # A SIGTERM unwinds like Ctrl-C, so the etcd, replicas, agents and generators are stopped too.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="kvplane-bench-cp-") as tmp:
+        log_dir = Path(args.log_dir) if args.log_dir else Path(tmp)
+        log_dir.mkdir(parents=True, exist_ok=True)
+        rows = []
+        for num_replicas in args.replicas:
+            rows += run_replicas(args, num_replicas, log_dir, log)
+    hosts = args.hosts or max(1, math.ceil(args.workers / AGENTS_PER_HOST))
+    result = {
+        "config": {
+            "workers": hosts * math.ceil(args.workers / hosts), "hosts": hosts, "generators": args.generators or "max(2, replicas)",
+            "security": "plaintext + tokens" if args.insecure else "mutual TLS", "admission": "none", "rate_limit": "off",
+            "speedup": args.speedup, "load_report_interval_s": args.load_report_interval, "duration_s": args.duration_s,
+            "min_ratio": args.min_ratio, "max_routing_p99_ms": args.max_routing_p99_ms, "cpu_count": os.cpu_count(),
+        },
+        "rows": rows,
+        "elapsed_s": round(time.monotonic() - started, 1),
+    }  # fmt: skip
+    log(f"done in {result['elapsed_s']:.0f} s")
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    c = result["config"]
+    print(f"{c['workers']} sim workers in {c['hosts']} processes, {c['security']}, admission none, "
+          f"{c['cpu_count']} cores shared by everything; highest sustained rate per row:")  # fmt: skip
+    print(format_table(result))
+    print(
+        "req/s = the highest rate served with no error and completions keeping up (the search's answer; the other columns "
+        "are measured there); req/s, p99 < limit = the highest rate tried that also kept routing p99 under "
+        f"{args.max_routing_p99_ms:g} ms"
+    )
+    print("CP CPU = the replicas' CPU per completed request (net: without their idle background); route/admit/relay/report/other = "
+          "shares of it; CP cores, agents, gen = cores used by the replicas, the agent processes and the busiest generator")  # fmt: skip
+    return 0

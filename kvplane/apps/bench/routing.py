@@ -1,0 +1,246 @@
+"""`kvplane bench routing`: what routing one request costs the control plane as the fleet grows.
+
+In one process, no sockets: the real planner (router, kvplane policy, admission, predictions, load
+ledger) over a fleet of plain worker views and a cache index filled to `--blocks-per-worker` per
+worker. Requests arrive every millisecond of the planner's clock, and every worker reports a new
+load every `--report-interval` seconds of it, in turn (the store's watch; not timed); the timed part is what the control plane does for the request: its view
+updated with those reports (core/pool.cluster_with, as ClusterState.view() does) and
+`Planner.plan` (hash, index lookup, pricing, placement, admission). Each request is then
+dispatched, so predicted prefixes and ledger entries build up as in a running control plane;
+requests finish after `--in-flight` later ones. Timing starts after `--warm-up` seconds of the
+planner's clock (6 s: predicted prefixes, 5 s TTL, have begun to expire, one per request, and
+the ledger holds what reports have not shown yet): the steady state of a busy control plane,
+which costs ~15-20 % more per request than the first few hundred requests do. The garbage
+collector is set as the control plane sets it (controlplane/gc_tuning.py).
+
+Two fleets: `spread` (three workers in ten hold a random part of one of 16 hot prompts beside
+their own blocks: about twenty holders per prompt at 1,000 workers) and `hot-prefix` (every
+worker holds the prompts' first 64 blocks: a shared system prompt, so every worker must be
+priced in full). Two admission policies: threshold (reads loads) and predictive (predicts
+latencies). The baseline, measured in the same run, prices every worker
+(`--max-uncached-candidates 0`); the default prices the workers holding part of the prompt and
+the 16 least loaded others, the only ones that can win.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import random
+import sys
+import time
+
+from kvplane import native
+from kvplane.block_hash import hash_blocks
+from kvplane.controlplane import gc_tuning
+from kvplane.controlplane.core.index import CacheIndex
+from kvplane.controlplane.core.planner import Plan, Planner, PlannerConfig
+from kvplane.controlplane.core.pool import cluster_with
+from kvplane.controlplane.core.router import RouterConfig
+from kvplane.controlplane.core.routing import RouteRequest
+from kvplane.controlplane.core.settings import ClusterSettings
+from kvplane.controlplane.core.views import ClusterView, WorkerLoadView, WorkerView
+from kvplane.latency import StepTimeModel
+from kvplane.stats import percentile
+from kvplane.types import DisaggMode, Role, Tier, WorkerId
+
+MODEL = "bench-model"
+BLOCK_SIZE = 16
+NUM_HOT_PROMPTS = 16
+HOT_PREFIX_BLOCKS = 64
+REQUEST_INTERVAL_S = 0.001  # the planner's clock between two requests: 1,000 requests/s
+# A step-time model of a large GPU worker (seconds): predictions cost what real ones cost.
+LATENCY = StepTimeModel((0.008, 2e-5, 1e-9, 3e-4, 2e-7), num_samples=100, mean_abs_pct_error=0.05)
+FLEETS = ("spread", "hot-prefix")
+ADMISSIONS = ("threshold", "predictive")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--workers", default="100,1000", help="comma-separated fleet sizes (default %(default)s)")
+    parser.add_argument("--blocks-per-worker", type=int, default=1000, help="indexed blocks per worker (default %(default)s)")
+    parser.add_argument("--prompt-tokens", type=int, default=4096, help="prompt length (default %(default)s)")
+    parser.add_argument("--requests", type=int, default=200, help="measured requests per row (default %(default)s)")
+    parser.add_argument("--in-flight", type=int, default=64, help="requests dispatched and not yet finished (default %(default)s)")
+    parser.add_argument("--fleets", default=",".join(FLEETS), help="comma-separated: spread, hot-prefix (default %(default)s)")
+    parser.add_argument("--admissions", default=",".join(ADMISSIONS), help="comma-separated admission policies (default %(default)s)")
+    parser.add_argument(
+        "--report-interval", type=float, default=1.0, metavar="S",
+        help="seconds between two load reports of a worker, at 1,000 requests/s; the planner takes reports as fresh for 3x this (default %(default)s)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--warm-up", type=float, default=6.0, metavar="S",
+        help="seconds of the planner's clock (1,000 requests each) routed before timing starts; at least --in-flight requests (default %(default)s)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--no-baseline", action="store_true",
+        help="skip the baseline (every worker priced): half the time, and the only routing in the process (to count its instructions)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--python-kernels", action="store_true",
+        help="also time the default routing with the pure Python twins of the compiled kernels (kvplane/native.py), in the same run",
+    )  # fmt: skip
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", action="store_true", help="print the rows as JSON")
+
+
+def random_load(rng: random.Random) -> WorkerLoadView:
+    """A busy worker's load report."""
+    return WorkerLoadView(
+        num_running=rng.randrange(0, 32), num_waiting=rng.randrange(0, 4), num_queued_prefill_tokens=rng.randrange(0, 16384),
+        num_free_blocks=4000, num_used_blocks=rng.randrange(0, 4000), num_total_blocks=8000,
+        running_remaining_tokens=tuple(rng.randrange(1, 512) for _ in range(16)), running_context_tokens=40000,
+    )  # fmt: skip
+
+
+def build_fleet(num_workers: int, blocks_per_worker: int, fleet: str, prompts: list[list[int]], rng: random.Random):
+    """(worker views, cache index) for one fleet shape."""
+    index = CacheIndex()
+    hot = [hash_blocks(p, BLOCK_SIZE, model_salt=MODEL, tenant_salt="") for p in prompts]
+    workers = []
+    for i in range(num_workers):
+        worker_id = WorkerId(f"w{i:04d}")
+        prompt = hot[rng.randrange(len(hot))]
+        if fleet == "hot-prefix":
+            held = list(prompt[:HOT_PREFIX_BLOCKS])
+        else:
+            held = list(prompt[: rng.randrange(0, len(prompt))]) if rng.random() < 0.3 else []
+        held += [rng.getrandbits(63).to_bytes(8, "big") for _ in range(blocks_per_worker - len(held))]
+        index.apply_snapshot(worker_id, 0, {Tier.DEVICE: held})
+        load = random_load(rng)
+        role = Role.PREFILL if i % 4 == 0 else Role.BOTH
+        workers.append(
+            WorkerView(worker_id, role, MODEL, BLOCK_SIZE, True, load, 131072, block_nbytes=BLOCK_SIZE * 327680, latency=LATENCY)
+        )
+    return tuple(workers), index
+
+
+def measure(workers, index, prompts, admission: str, max_uncached: int, args, rng: random.Random) -> list[float]:
+    """Seconds per request of `args.requests` requests (after the warm-up): the
+    control plane's view updated with the load reports that arrived since the last request, as
+    ClusterState.view() does, then Planner.plan."""
+    config = PlannerConfig(
+        router=RouterConfig(max_uncached_candidates=max_uncached), admission_policy=admission, stale_report_s=3 * args.report_interval
+    )
+    planner = Planner(config, random.Random(args.seed))
+    now = 1000.0
+    workers = staggered(workers, now, args.report_interval)
+    cluster = ClusterView(tuple(workers), index)
+    settings = ClusterSettings()
+    in_flight: list[int] = []
+    seconds = []
+    reporting = 0  # workers report in turn, each every report_interval
+    warm_up = num_warm_up(args)
+    for n in range(warm_up + args.requests):
+        prompt = prompts[rng.randrange(len(prompts))]
+        tail = [rng.randrange(32000) for _ in range(BLOCK_SIZE)]  # a user's own turn after the shared part
+        request = RouteRequest(MODEL, prompt[: args.prompt_tokens - len(tail)] + tail, 256, DisaggMode.AUTO)
+        now += REQUEST_INTERVAL_S
+        reports = {}  # what the store's watch delivered since the last request (not timed: not routing's work)
+        while workers[reporting].reported_at + args.report_interval <= now:
+            w = workers[reporting] = dataclasses.replace(workers[reporting], load=random_load(rng), reported_at=now)
+            reports[w.worker_id] = w
+            planner.load_reported(w.worker_id, now)
+            reporting = (reporting + 1) % len(workers)
+        started = time.perf_counter()
+        if reports:
+            cluster = cluster_with(cluster, reports, None)
+        plan = planner.plan(request, cluster, settings, now)
+        elapsed = time.perf_counter() - started
+        if n >= warm_up:
+            seconds.append(elapsed)
+        if isinstance(plan, Plan):  # not a Reject
+            in_flight.append(planner.dispatched(plan, now))
+        if len(in_flight) > args.in_flight:
+            planner.finished(in_flight.pop(0), now)
+    return seconds
+
+
+def staggered(workers: list[WorkerView], now: float, interval: float) -> list[WorkerView]:
+    """The workers with report times staggered in the order they report in (the bench's loop goes
+    0, 1, 2, ...): worker i's next report falls due i / len(workers) of an interval after `now`,
+    so one lands every interval / len(workers), never the whole fleet at once."""
+    n = len(workers)
+    return [dataclasses.replace(w, reported_at=now - interval * (n - i) / n) for i, w in enumerate(workers)]
+
+
+def num_warm_up(args: argparse.Namespace) -> int:
+    """Requests routed before timing starts."""
+    return max(args.in_flight, round(args.warm_up / REQUEST_INTERVAL_S))
+
+
+def reference_loop_ms() -> float:
+    """How fast this machine runs Python right now: the best of three 1,000,000-step loops, ms.
+    A shared machine's speed drifts (up to 1.8x here within minutes); compare runs through it."""
+    best = float("inf")
+    for _ in range(3):
+        started, total = time.perf_counter(), 0
+        for i in range(1_000_000):
+            total += i
+        best = min(best, time.perf_counter() - started)
+    return best * 1e3
+
+
+def run(args: argparse.Namespace) -> int:
+    gc_tuning.tune_for_serving()  # as the control plane runs
+    reference_before = reference_loop_ms()
+    rng = random.Random(args.seed)
+    prompts = [[rng.randrange(32000) for _ in range(args.prompt_tokens)] for _ in range(NUM_HOT_PROMPTS)]
+    rows = []
+    sizes = [int(s) for s in args.workers.split(",") if s]
+    fleets = [f for f in args.fleets.split(",") if f]
+    if unknown := set(fleets) - set(FLEETS):
+        print(f"kvplane bench routing: unknown fleets {sorted(unknown)}; choose from {list(FLEETS)}", file=sys.stderr)
+        return 2
+    admissions = [a for a in args.admissions.split(",") if a]
+    for size in sizes:
+        for fleet in fleets:
+            print(f"building {fleet} fleet: {size} workers x {args.blocks_per_worker} blocks ...", file=sys.stderr, flush=True)
+            workers, index = build_fleet(size, args.blocks_per_worker, fleet, prompts, random.Random(args.seed + size))
+            for admission in admissions:
+                result = dict.fromkeys(("all priced", "python kernels"), (None, None))
+                default = RouterConfig().max_uncached_candidates
+                runs = [("all priced", 0, False)] * (not args.no_baseline) + [("default", default, False)]
+                runs += [("python kernels", default, True)] * args.python_kernels
+                for label, max_uncached, python in runs:
+                    print(
+                        f"  {admission}, {label}: {num_warm_up(args)} warm-up + {args.requests} requests ...", file=sys.stderr, flush=True
+                    )
+                    with native.turned_off() if python else contextlib.nullcontext():
+                        seconds = measure(workers, index, prompts, admission, max_uncached, args, random.Random(args.seed))
+                    result[label] = (percentile(seconds, 50) * 1e3, percentile(seconds, 99) * 1e3)
+                (all_p50, all_p99), (p50, p99), (py_p50, py_p99) = result["all priced"], result["default"], result["python kernels"]
+                rows.append({
+                    "workers": size, "indexed_blocks": size * args.blocks_per_worker, "fleet": fleet, "admission": admission,
+                    "all_priced_p50_ms": all_p50, "all_priced_p99_ms": all_p99, "p50_ms": p50, "p99_ms": p99,
+                    "p99_speedup": None if all_p99 is None else all_p99 / p99,
+                    "python_kernels_p50_ms": py_p50, "python_kernels_p99_ms": py_p99,
+                    "kernels_p50_speedup": None if py_p50 is None else py_p50 / p50,
+                })  # fmt: skip
+    reference = (reference_before, reference_loop_ms())
+    if args.json:
+        print(json.dumps({"prompt_tokens": args.prompt_tokens, "reference_loop_ms": reference, "rows": rows}))
+        return 0
+    print(f"view update + Planner.plan (route + admit) of a {args.prompt_tokens}-token prompt, ms per request")
+    python = " py p50  py p99 py/c p50" if args.python_kernels else ""
+    print(
+        f"{'workers':>7} {'blocks':>9} {'fleet':<10} {'admission':<10} {'all p50':>8} {'all p99':>8} {'p50':>7} {'p99':>7} {'p99 x':>6}{python}"
+    )
+    for r in rows:
+        print(f"{r['workers']:>7} {r['indexed_blocks']:>9} {r['fleet']:<10} {r['admission']:<10} "
+              f"{_cell(r['all_priced_p50_ms'], 8, 2)} {_cell(r['all_priced_p99_ms'], 8, 2)} {r['p50_ms']:>7.2f} {r['p99_ms']:>7.2f} "
+              f"{_cell(r['p99_speedup'], 6, 1)}" + (
+              f" {_cell(r['python_kernels_p50_ms'], 7, 2)} {_cell(r['python_kernels_p99_ms'], 7, 2)} {_cell(r['kernels_p50_speedup'], 8, 2)}"
+              if args.python_kernels else ""))  # fmt: skip
+    print("all = every worker priced (the baseline); p50/p99 = the default (holders + 16 least loaded others)")
+    if args.python_kernels:
+        print("py = the default with the pure Python twins of the compiled kernels; py/c = its p50 over the compiled one's")
+    print(f"routing kernels: {native.status()}")
+    print(f"machine speed: a 1,000,000-step Python loop took {reference[0]:.0f} ms before the rows and {reference[1]:.0f} ms after")
+    return 0
+
+
+def _cell(value: float | None, width: int, digits: int) -> str:
+    """A number right-aligned in `width`, or "-" where it was not measured (--no-baseline)."""
+    return f"{'-':>{width}}" if value is None else f"{value:>{width}.{digits}f}"
