@@ -49,7 +49,7 @@ def test_config_set_empty_value_restores_the_default(server: ScriptedServer) -> 
 
 def test_config_set_unknown_key_is_one_line(server: ScriptedServer) -> None:
     result = run_kvplane("config", "set", "bogus", "1", "--endpoint", server.endpoint)
-    assert result.returncode == 1
+    assert result.returncode == 3  # refused as invalid
     assert result.stderr.strip() == "kvplane: error: unknown config key 'bogus'"
 
 
@@ -84,7 +84,7 @@ def test_generate_priority_and_reject_retries(server: ScriptedServer) -> None:
     run_kvplane("generate", "hey", "--endpoint", server.endpoint)
     assert server.servicer.requests[-1].priority == "interactive"
     rejected = run_kvplane("generate", "reject-then-ok:1:x", "--endpoint", server.endpoint)
-    assert rejected.returncode == 1 and "retry after 0.05 s" in rejected.stderr
+    assert rejected.returncode == 6 and "retry after 0.05 s" in rejected.stderr
     retried = run_kvplane("generate", "reject-then-ok:2:y", "--max-tokens", "2", "--reject-retries", "2", "--endpoint", server.endpoint)
     assert (retried.returncode, retried.stdout) == (0, "re\n")
     assert server.servicer.seen["reject-then-ok:2:y"] == 3

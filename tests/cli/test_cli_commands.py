@@ -54,7 +54,7 @@ def test_generate_plain_streams_text_then_a_summary(server: ScriptedServer) -> N
 
 def test_generate_rejection_is_one_line_with_retry_hint(server: ScriptedServer) -> None:
     result = run_kvplane("generate", "reject", "--endpoint", server.endpoint)
-    assert result.returncode == 1
+    assert result.returncode == 6  # rejected by admission
     assert result.stderr.strip() == (
         "kvplane: error: request rejected: no decode worker can meet the TTFT objective [ttft_slo]; retry after 1.5 s"
     )
@@ -113,3 +113,12 @@ def test_client_commands_do_not_import_torch(server: ScriptedServer) -> None:
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
+
+
+def test_wait_returns_once_enough_workers_are_active(server: ScriptedServer) -> None:
+    result = run_kvplane("wait", "--workers", "1", "--within", "10", "--endpoint", server.endpoint)
+    assert (result.returncode, result.stderr) == (0, "")
+    # The scripted server lists one active and one draining worker: asking for two waits, then exits "unavailable".
+    result = run_kvplane("wait", "--workers", "2", "--within", "0.5", "--endpoint", server.endpoint)
+    assert result.returncode == 5
+    assert result.stderr.strip() == "kvplane: error: not ready after 0.5 s: 1 of 2 workers active"

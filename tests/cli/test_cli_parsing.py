@@ -109,7 +109,7 @@ def test_no_command_prints_usage_and_fails() -> None:
 
 def test_unreachable_control_plane_is_one_line() -> None:
     result = run_kvplane("workers", "--endpoint", "127.0.0.1:1")
-    assert result.returncode == 1
+    assert result.returncode == 5  # unavailable
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1
     assert lines[0].startswith("kvplane: error: cannot reach the kvplane control plane at 127.0.0.1:1")
@@ -124,3 +124,10 @@ def test_up_forwards_only_the_engine_flags_given() -> None:
     assert args.model == "x"  # up's own --model keeps its meaning (forwarded separately)
     plain = build_parser().parse_args(["up"])
     assert engine_flags.forward_args(plain, plain.engine_flags) == []
+
+
+def test_version_prints_the_installed_version() -> None:
+    from importlib import metadata  # noqa: PLC0415
+
+    result = run_kvplane("--version")
+    assert (result.returncode, result.stdout) == (0, f"kvplane {metadata.version('kvplane')}\n")

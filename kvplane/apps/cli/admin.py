@@ -1,13 +1,26 @@
-"""Admin commands: `kvplane workers`, `kvplane cache`, `kvplane drain WORKER_ID` (`--undo` to undrain)."""
+"""Admin commands: `kvplane workers`, `kvplane cache`, `kvplane drain WORKER_ID` (`--undo` to undrain),
+`kvplane wait` (until a starting cluster serves: what a script runs after `kvplane up ... &`)."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import time
 from typing import Any
 
-from kvplane.apps.cli.common import client_parent, connect, format_table, json_flag, print_json
-from kvplane.client import WorkerCache, WorkerStatus
+from kvplane.apps.cli.common import (
+    EXIT_UNAVAILABLE,
+    CliError,
+    client_parent,
+    connect,
+    format_table,
+    json_flag,
+    non_negative_int,
+    positive_float,
+    print_json,
+)
+from kvplane.client import WorkerCache, WorkerState, WorkerStatus
+from kvplane.errors import UnavailableError
 
 _TIERS = ("device", "host", "disk")
 
@@ -39,6 +52,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     json_flag(drain)
     drain.set_defaults(func=run_drain)
 
+    wait = subparsers.add_parser(
+        "wait", parents=[parent], help="wait until the control plane answers with enough active workers",
+        description="Waits until the control plane answers and lists at least --workers active workers, then exits 0; "
+        "exits 5 (unavailable) if that has not happened within --within seconds. For scripts: `kvplane up ... &` "
+        "then `kvplane wait`. Credentials that `kvplane up` has not published yet count as not ready.",
+    )  # fmt: skip
+    wait.add_argument("--workers", type=non_negative_int, default=1, metavar="N", help="active workers to wait for (default 1)")
+    wait.add_argument("--within", type=positive_float, default=120.0, metavar="SECONDS", help="give up after this long (default 120)")
+    wait.set_defaults(func=run_wait)
+
 
 def run_workers(args: argparse.Namespace) -> int:
     with connect(args) as client:
@@ -59,6 +82,26 @@ def run_workers(args: argparse.Namespace) -> int:
     ]  # fmt: skip
     print(format_table(("ID", "ROLE", "STATE", "ENDPOINT", "MODEL", "RUNNING", "WAITING", "BLOCKS", "LOAD AGE"), rows))
     return 0
+
+
+_WAIT_POLL_S = 0.25
+
+
+def run_wait(args: argparse.Namespace) -> int:
+    deadline = time.monotonic() + args.within
+    seen = "the control plane did not answer"
+    while True:
+        try:
+            with connect(args, timeout=max(0.5, min(5.0, deadline - time.monotonic()))) as client:
+                active = sum(w.state is WorkerState.ACTIVE for w in client.workers())
+            if active >= args.workers:
+                return 0
+            seen = f"{active} of {args.workers} workers active"
+        except (CliError, UnavailableError) as e:  # not started yet, or its credentials not published yet
+            seen = str(e)
+        if time.monotonic() >= deadline:
+            raise CliError(f"not ready after {args.within:g} s: {seen}", EXIT_UNAVAILABLE)
+        time.sleep(_WAIT_POLL_S)
 
 
 def worker_to_json(w: WorkerStatus) -> dict[str, Any]:

@@ -8,9 +8,31 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from kvplane import errors
 from kvplane.client import DEFAULT_ENDPOINT, ENDPOINT_ENV, Client
 from kvplane.security import flags as security_flags
 from kvplane.security.credentials import CredentialsError
+
+# Exit codes, one per thing a script may want to tell apart (docs/operations.md lists them).
+EXIT_FAILED = 1  # any other failure (the server refused for another reason, not found, ...)
+EXIT_USAGE = 2  # the command line is wrong (argparse's own code), or local credentials are
+EXIT_INVALID = 3  # the server refused the request as malformed (INVALID_ARGUMENT): fix it, do not retry
+EXIT_AUTH = 4  # not authenticated or not allowed (UNAUTHENTICATED, PERMISSION_DENIED)
+EXIT_UNAVAILABLE = 5  # the control plane could not be reached or did not answer in time
+EXIT_REJECTED = 6  # admission control refused the request (RESOURCE_EXHAUSTED): retry after the hint
+
+_EXIT_BY_ERROR: tuple[tuple[type[errors.KvplaneError], int], ...] = (
+    (errors.RejectedError, EXIT_REJECTED),
+    (errors.InvalidArgumentError, EXIT_INVALID),
+    (errors.UnauthenticatedError, EXIT_AUTH),
+    (errors.PermissionDeniedError, EXIT_AUTH),
+    (errors.UnavailableError, EXIT_UNAVAILABLE),
+)
+
+
+def exit_code_of(error: errors.KvplaneError) -> int:
+    """The exit code for a failed call: which kind of failure, so a script can react to it."""
+    return next((code for kind, code in _EXIT_BY_ERROR if isinstance(error, kind)), EXIT_FAILED)
 
 
 class CliError(Exception):
@@ -46,7 +68,7 @@ def connect(args: argparse.Namespace, timeout: float | None = None) -> Client:
         credentials = security_flags.client_credentials_from_args(args)
         return Client(args.endpoint, timeout=timeout or args.timeout, credentials=credentials, token=args.token)
     except CredentialsError as e:
-        raise CliError(str(e), 2) from None
+        raise CliError(str(e), EXIT_USAGE) from None
 
 
 def json_flag(parser: argparse.ArgumentParser) -> None:

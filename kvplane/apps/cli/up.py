@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import shlex
 import signal
 import sys
 import time
@@ -198,9 +199,9 @@ def _announce(cluster: LocalCluster) -> None:
         print(f"  {worker_id:<12} {endpoint}" + (f"   (engine server {engine})" if engine else ""))
     if cluster.http_url:
         print(f"  {'HTTP API':<12} {cluster.http_url}  (OpenAI-compatible: curl {cluster.http_url}/models)")
-        print(f"  {'':<12} bearer token (tenant 'local'): TOKEN={cluster.http_token}")
-        if cluster.http_url.startswith("https"):
-            print(f"  {'':<12} its CA: CA={cluster.http_ca}")
+        # One line a shell can run as it is: the bearer token (tenant 'local') and, over HTTPS, its CA.
+        ca = f" CA={shlex.quote(str(cluster.http_ca))}" if cluster.http_url.startswith("https") else ""
+        print(f"  {'':<12} export TOKEN={shlex.quote(cluster.http_token)}{ca}")
     print(f"logs: {cluster.log_dir}")
     if cluster.credentials is not None:
         kind = "plaintext, admin token" if cluster.credentials.insecure else "mutual TLS, throw-away CA and certificates"
