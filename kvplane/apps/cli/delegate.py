@@ -3,16 +3,20 @@
 `kvplane controlplane`, `kvplane agent` and `kvplane bench ...` import their module
 only when run, so that client commands start fast and never import torch. Each module
 provides `add_arguments(parser) -> None` and `run(args) -> int`; all arguments after the
-command name go to the module's own parser (its --help included).
+command name go to the module's own parser (its --help included). The servers also read their
+flags from `--config FILE.yaml` and KVPLANE_* environment variables (flag_sources.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import sys
 from dataclasses import dataclass
 
-from kvplane.apps.cli.common import usage_error
+from kvplane.apps.cli import flag_sources
+from kvplane.apps.cli.common import EXIT_USAGE, usage_error
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,6 +25,7 @@ class Delegate:
     module: str
     help: str
     description: str
+    server: bool = False  # a long-running server: flags from a config file and the environment too
 
     @property
     def prog(self) -> str:
@@ -30,11 +35,11 @@ class Delegate:
 DELEGATES = (
     Delegate(
         ("controlplane",), "kvplane.controlplane.main", "run a control plane server",
-        "Runs one control-plane replica: the client API, registry, router and admission control.",
+        "Runs one control-plane replica: the client API, registry, router and admission control.", server=True,
     ),
     Delegate(
         ("agent",), "kvplane.dataplane.agent.main", "run a data-plane agent beside an engine",
-        "Runs a data-plane agent: registers with a control plane, serves Generate/Prefill/KV pulls.",
+        "Runs a data-plane agent: registers with a control plane, serves Generate/Prefill/KV pulls.", server=True,
     ),
     Delegate(
         ("sim",), "kvplane.apps.sim.main", "simulate the whole cluster in virtual time",
@@ -119,5 +124,12 @@ def run(delegate: Delegate, argv: list[str]) -> int:
     module = importlib.import_module(delegate.module)
     parser = argparse.ArgumentParser(prog=delegate.prog, description=delegate.description)
     module.add_arguments(parser)
+    if delegate.server:
+        flag_sources.add_config_argument(parser)
+        try:
+            flag_sources.apply(parser, argv, os.environ)
+        except flag_sources.FlagSourceError as e:
+            print(f"{delegate.prog}: {e}", file=sys.stderr)
+            return EXIT_USAGE
     args = parser.parse_args(argv)
     return int(module.run(args) or 0)
