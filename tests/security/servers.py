@@ -20,6 +20,7 @@ from kvplane.security.credentials import Credentials
 from kvplane.security.identity import Identity, Role
 
 TOKEN = "tenant-token-0123456789abcdef"
+ADMIN_TOKEN = "admin-token-0123456789abcdef"
 PROBE_INTERVAL_S = 0.01
 
 
@@ -44,10 +45,11 @@ class RunningPlane:
 
 @contextlib.contextmanager
 def control_plane(*, allow_anonymous: bool = False, **config) -> Iterator[RunningPlane]:
-    """A plaintext replica that knows TOKEN (a client of tenant "t1"); callers without a token are
+    """A plaintext replica that knows TOKEN (a client of tenant "t1") and ADMIN_TOKEN; callers without a token are
     refused unless `allow_anonymous`."""
     tokens = TokenTable()
     tokens.add(TOKEN, Identity(Role.CLIENT, "app", "t1"))
+    tokens.add(ADMIN_TOKEN, Identity(Role.ADMIN, "ops"))
     security = ControlPlaneSecurity(Credentials.plaintext(source="test"), tokens, allow_anonymous=allow_anonymous)
     plane = ControlPlane(ControlPlaneConfig(port=0, http_port=0, **config), security)
     loop = asyncio.new_event_loop()

@@ -12,12 +12,13 @@ import time
 
 import grpc
 import httpx
+import pytest
 
 from kvplane.grpc_util import channel
 from kvplane.security.credentials import Credentials
 from kvplane.v1 import client_pb2, client_pb2_grpc
 
-from .servers import TOKEN, control_plane, read_status, rss_bytes
+from .servers import ADMIN_TOKEN, TOKEN, control_plane, read_status, rss_bytes
 
 BODY_BYTES = 300 * 1024 * 1024  # the attack's size
 CHUNK = b"x" * (1 << 20)  # one buffer, sent again and again: the sender holds 1 MiB, never the body
@@ -160,3 +161,15 @@ def test_anonymous_health_probes_do_not_spend_the_clients_rate_limit():
             stub = client_pb2_grpc.KvplaneStub(ch)
             for _ in range(4):
                 stub.ListWorkers(client_pb2.ListWorkersRequest(), timeout=10)
+
+
+def test_set_config_refuses_objectives_that_are_not_finite_or_out_of_range():
+    with control_plane() as running, channel(running.grpc_endpoint, Credentials.plaintext(ADMIN_TOKEN)) as ch:
+        stub = client_pb2_grpc.KvplaneStub(ch)
+        for value in ("inf", "Infinity", "nan", "1e300", "-5", "0"):
+            with pytest.raises(grpc.RpcError) as info:
+                stub.SetConfig(client_pb2.SetConfigRequest(key="objectives.*.interactive.ttft_ms", value=value), timeout=10)
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, value
+            assert "finite number of milliseconds" in info.value.details()
+        reply = stub.SetConfig(client_pb2.SetConfigRequest(key="objectives.*.interactive.ttft_ms", value="500"), timeout=10)
+        assert reply.values["objectives.*.interactive.ttft_ms"] == "500"
