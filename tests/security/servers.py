@@ -51,7 +51,7 @@ def control_plane(*, allow_anonymous: bool = False, **config) -> Iterator[Runnin
     tokens.add(TOKEN, Identity(Role.CLIENT, "app", "t1"))
     tokens.add(ADMIN_TOKEN, Identity(Role.ADMIN, "ops"))
     security = ControlPlaneSecurity(Credentials.plaintext(source="test"), tokens, allow_anonymous=allow_anonymous)
-    plane = ControlPlane(ControlPlaneConfig(port=0, http_port=0, **config), security)
+    plane = ControlPlane(ControlPlaneConfig(**{"port": 0, "http_port": 0, **config}), security)
     loop = asyncio.new_event_loop()
     running = RunningPlane(plane, loop)
     started = threading.Event()
