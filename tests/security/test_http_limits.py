@@ -23,6 +23,7 @@ from .servers import ADMIN_TOKEN, TOKEN, control_plane, read_status, rss_bytes
 BODY_BYTES = 300 * 1024 * 1024  # the attack's size
 CHUNK = b"x" * (1 << 20)  # one buffer, sent again and again: the sender holds 1 MiB, never the body
 MAX_BODY = 1 << 20
+JSON = {"content-type": "application/json"}  # as clients send it (without it FastAPI never parsed the body)
 
 
 def _post_head(length: int | None, token: str | None = None) -> bytes:
@@ -128,6 +129,8 @@ def test_malformed_bodies_are_400s_with_a_reason_and_never_500s():
             "lone surrogate": b'{"model": "m", "prompt": "pay \\ud800 now"}',
             "lone surrogate in a chat": b'{"model": "m", "messages": [{"role": "user", "content": "\\udfff"}]}',
             "max_tokens 1e30": b'{"model": "m", "prompt": "hi", "max_tokens": 1e30}',
+            "max_tokens 10^30": b'{"model": "m", "prompt": "hi", "max_tokens": 1000000000000000000000000000000}',
+            "max_completion_tokens 2^40": b'{"model": "m", "prompt": "hi", "max_completion_tokens": 1099511627776}',
             "top_k 2^40": b'{"model": "m", "prompt": "hi", "top_k": 1099511627776}',
             "NaN temperature": b'{"model": "m", "prompt": "hi", "temperature": NaN}',
             "Infinity max_tokens": b'{"model": "m", "prompt": "hi", "max_tokens": Infinity}',
@@ -140,13 +143,13 @@ def test_malformed_bodies_are_400s_with_a_reason_and_never_500s():
         }
         for name, body in bodies.items():
             path = "/v1/chat/completions" if b"messages" in body else "/v1/completions"
-            response = httpx.post(url.replace("/v1/completions", path), content=body, timeout=30)
+            response = httpx.post(url.replace("/v1/completions", path), content=body, timeout=30, headers=JSON)
             assert response.status_code == 400, (name, response.status_code, response.text[:300])
             error = response.json()["error"]
             assert error["type"] == "invalid_request_error" and error["message"], (name, error)
         # A body of many small values is refused by its count before it is parsed (413).
         many = b'{"model": "m", "prompt": [' + b",".join([b"[]"] * 400_000) + b"]}"
-        response = httpx.post(url, content=many, timeout=30)
+        response = httpx.post(url, content=many, timeout=30, headers=JSON)
         assert response.status_code == 413 and "JSON values" in response.json()["error"]["message"]
 
 
