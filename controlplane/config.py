@@ -10,6 +10,7 @@ from kvplane.controlplane.core.planner import PlannerConfig
 from kvplane.security import limits
 
 DEFAULT_PORT = 50051
+_CONNECTIONS = limits.ConnectionLimits()  # gRPC connection defaults, written once there
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +28,10 @@ class ControlPlaneConfig:
     batch_queue_timeout_s: float = 30.0  # how long one may wait before it is rejected after all
     batch_poll_s: float = 0.05  # how often a waiting batch request asks admission again
     http_port: int = -1  # the OpenAI-compatible HTTP API (controlplane/http/): -1 = off, 0 = any free port
+    # A request body larger than this is refused (413) without being read; one that does not
+    # arrive whole within the timeout gets 408 (controlplane/http/guard.py).
+    http_max_body_bytes: int = limits.HTTP_MAX_BODY_BYTES
+    http_body_timeout_s: float = 30.0
     planner: PlannerConfig = field(default_factory=PlannerConfig)  # routing, admission, prediction
     # What a registering worker must match (controlplane/registration.py): the models this cluster
     # serves (empty = any) and the KV block size of every worker (0 = one per model, set by its first worker).
@@ -40,6 +45,11 @@ class ControlPlaneConfig:
     max_prompt_bytes: int = limits.MAX_PROMPT_BYTES  # prompt text, before tokenization
     rate_limit_rps: float = 200.0  # client-API calls per second per identity (0 = no limit)
     rate_limit_burst: int = 400
+    # gRPC connections (kvplane.security.limits.ConnectionLimits): handshake and idle timeouts, and
+    # a cap on all connections at once (gRPC has no per-peer cap).
+    grpc_handshake_timeout_s: float = _CONNECTIONS.handshake_timeout_s
+    grpc_idle_timeout_s: float = _CONNECTIONS.idle_timeout_s
+    grpc_max_connections: int = _CONNECTIONS.max_connections
     ticket_ttl_s: float = tickets.DEFAULT_TICKET_TTL_S  # at most tickets.MAX_TTL_S
     # etcd's own TLS (its CA; a client certificate whose CN is an etcd user) and password auth.
     etcd_ca: str = ""
@@ -64,6 +74,14 @@ class ControlPlaneConfig:
         return options
 
     @property
+    def connection_limits(self) -> limits.ConnectionLimits:
+        return limits.ConnectionLimits(
+            handshake_timeout_s=self.grpc_handshake_timeout_s,
+            idle_timeout_s=self.grpc_idle_timeout_s,
+            max_connections=self.grpc_max_connections,
+        )
+
+    @property
     def failover(self) -> FailoverLimits:
         return FailoverLimits(self.max_route_attempts, self.max_migrations)
 
@@ -72,6 +90,11 @@ class ControlPlaneConfig:
             raise ValueError(f"port must be in 0..65535, got {self.port}")
         if not -1 <= self.http_port <= 65535:
             raise ValueError(f"http_port must be -1 (off) or in 0..65535, got {self.http_port}")
+        if not 1024 <= self.http_max_body_bytes <= limits.HTTP_MAX_BODY_BYTES_CAP:
+            raise ValueError(f"http_max_body_bytes must be in 1024..{limits.HTTP_MAX_BODY_BYTES_CAP}, got {self.http_max_body_bytes}")
+        if not 0 < self.http_body_timeout_s <= 3600:
+            raise ValueError(f"http_body_timeout_s must be in (0, 3600] seconds, got {self.http_body_timeout_s}")
+        self.connection_limits.validate()
         if self.lease_ttl_s < 2:
             raise ValueError(f"lease_ttl_s must be at least 2 seconds, got {self.lease_ttl_s}")
         if self.batch_queue_size < 0 or self.batch_queue_timeout_s < 0 or self.batch_poll_s <= 0:

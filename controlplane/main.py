@@ -60,6 +60,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     limits.add_argument("--rate-limit", type=float, default=d.rate_limit_rps,
                         help="client-API calls per second per identity, 0 = none (default %(default)s)")  # fmt: skip
     limits.add_argument("--rate-burst", type=int, default=d.rate_limit_burst, help="burst above the rate (default %(default)s)")
+    limits.add_argument("--http-max-body-bytes", type=int, default=d.http_max_body_bytes,
+                        help="largest HTTP request body; a larger one is refused (413) unread (default %(default)s)")  # fmt: skip
+    limits.add_argument("--http-body-timeout", type=float, default=d.http_body_timeout_s,
+                        help="seconds an HTTP request body may take to arrive (default %(default)s)")  # fmt: skip
+    limits.add_argument("--grpc-handshake-timeout", type=float, default=d.grpc_handshake_timeout_s,
+                        help="seconds a gRPC connection may take to finish its TLS and HTTP/2 handshake (default %(default)s)")  # fmt: skip
+    limits.add_argument("--grpc-idle-timeout", type=float, default=d.grpc_idle_timeout_s,
+                        help="seconds a gRPC connection may carry no call before it is closed (default %(default)s)")  # fmt: skip
+    limits.add_argument("--grpc-max-connections", type=int, default=d.grpc_max_connections,
+                        help="gRPC connections held at once, all peers together (default %(default)s)")  # fmt: skip
     limits.add_argument(
         "--ticket-ttl", type=float, default=d.ticket_ttl_s, help="ticket lifetime in seconds, at most 60 (default %(default)s)"
     )
@@ -75,6 +85,9 @@ def config_from_args(args: argparse.Namespace) -> ControlPlaneConfig:
         max_workers=args.max_workers, max_lease_ttl_s=max(args.max_lease_ttl, args.lease_ttl),
         max_blocks_per_worker=args.max_blocks_per_worker, max_prompt_bytes=args.max_prompt_bytes,
         rate_limit_rps=args.rate_limit, rate_limit_burst=args.rate_burst, ticket_ttl_s=args.ticket_ttl,
+        http_max_body_bytes=args.http_max_body_bytes, http_body_timeout_s=args.http_body_timeout,
+        grpc_handshake_timeout_s=args.grpc_handshake_timeout, grpc_idle_timeout_s=args.grpc_idle_timeout,
+        grpc_max_connections=args.grpc_max_connections,
         etcd_ca=args.etcd_ca, etcd_cert=args.etcd_cert, etcd_key=args.etcd_key, etcd_user=args.etcd_user,
         etcd_password_file=args.etcd_password_file,
     ).validate()  # fmt: skip

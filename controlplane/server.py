@@ -70,7 +70,7 @@ class ControlPlane:
             tls=self.security.credentials.tls, tokens=self.security.tokens, allow_anonymous=self.security.allow_anonymous
         )
         limiter = RateLimiter(config.rate_limit_rps, config.rate_limit_burst)
-        server = make_server([AuthInterceptor(authenticator, access.policy(), limiter)])
+        server = make_server([AuthInterceptor(authenticator, access.policy(), limiter)], connections=config.connection_limits)
         signer = tickets.TicketSigner(cluster_secrets.signing_key, config.ticket_ttl_s)
         service = ClientService(self._state, self._store, config, signer, self._stubs)
         service.metrics_url = telemetry.metrics_url(config.host)
@@ -95,11 +95,13 @@ class ControlPlane:
         )  # fmt: skip
         log.info("routing kernels: %s", native.status())
         if self.config.http_port >= 0:
+            from kvplane.controlplane.http.guard import BodyLimits
             from kvplane.controlplane.http.server import HttpFace, loopback_address
 
             self._http = HttpFace(
-                loopback_address(self.config.host, self.port), self.config.host, self.config.http_port, self.security.credentials
-            )
+                loopback_address(self.config.host, self.port), self.config.host, self.config.http_port, self.security.credentials,
+                authenticator=authenticator, body_limits=BodyLimits(config.http_max_body_bytes, config.http_body_timeout_s),
+            )  # fmt: skip
             self.http_port = await self._http.start()
             self.http_scheme = self._http.scheme
             log.info("OpenAI-compatible HTTP API on %s://%s:%d/v1", self._http.scheme, self.config.host, self.http_port)

@@ -6,11 +6,13 @@ place that knows the keys, validates values and turns them into typed settings:
 - `admission.policy`: an admission policy name (admission.admission_policy_names()).
 - `objectives.<model>.<priority>.ttft_ms` / `.tpot_ms`: a latency objective in milliseconds for
   one model (or `*` for every model) and priority (kvplane.types.PRIORITIES). The most specific key wins:
-  model before `*`, `*` before the defaults below.
+  model before `*`, `*` before the defaults below. A value is a finite number of milliseconds in
+  (0, MAX_OBJECTIVE_MS]: `inf` or `1e300` would switch admission off without saying so.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 
@@ -18,6 +20,7 @@ from kvplane.controlplane.core.admission import admission_policy_names
 from kvplane.types import PRIORITIES, Objective, Priority
 
 ANY_MODEL = "*"
+MAX_OBJECTIVE_MS = 3_600_000.0  # an hour: beyond it no request is ever refused, say "no objective" by deleting the key
 _OBJECTIVE_FIELDS = tuple(f.name for f in fields(Objective))
 
 # Defaults sized for the reference engine on a small CPU; set real ones per model in production.
@@ -49,8 +52,8 @@ def validate_setting(key: str, value: str) -> None:
             number = float(value)
         except ValueError:
             raise SettingError(f"{key!r} must be a number of milliseconds, got {value!r}") from None
-        if not number > 0:
-            raise SettingError(f"{key!r} must be positive, got {value!r}")
+        if not (math.isfinite(number) and 0 < number <= MAX_OBJECTIVE_MS):
+            raise SettingError(f"{key!r} must be a finite number of milliseconds in (0, {MAX_OBJECTIVE_MS:.0f}], got {value!r}")
         return
     raise SettingError(
         f"unknown setting {key!r}; settable: admission.policy, "

@@ -3,6 +3,11 @@
 Each completion is one or more `Kvplane.Generate` calls on the replica's own gRPC service
 (`stub`), carrying the caller's `Authorization` header as gRPC metadata. A client that goes away
 cancels its calls: the control plane then aborts the request on its engine and releases its pins.
+
+The app runs behind `guard.BodyGuard`, so a route sees only authenticated callers and bodies of
+bounded size; it parses them with `guard.parse_body` (bounded cost, 400 on anything malformed).
+/health answers from one ListWorkers call per HEALTH_CACHE_S, made as the replica itself: probes
+and anonymous callers, however many, never spend the clients' rate limit.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 
@@ -19,13 +25,16 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from kvplane.controlplane.http import translate as t
+from kvplane.controlplane.http.guard import BodyGuard, BodyLimits, parse_body, validation_problems
 from kvplane.controlplane.http.schemas import ChatCompletionRequest, CompletionRequest
+from kvplane.security.auth import Authenticator
 from kvplane.telemetry.metrics import instruments
 from kvplane.v1 import client_pb2, client_pb2_grpc
 
 log = logging.getLogger(__name__)
 
 _DONE = "data: [DONE]\n\n"
+HEALTH_CACHE_S = 1.0
 
 
 def _sse(obj: dict) -> str:
@@ -65,7 +74,13 @@ class _Stream:
         self.call.cancel()
 
 
-def make_app(stub_factory: Callable[[], client_pb2_grpc.KvplaneStub], metrics_text: Callable[[], bytes]) -> FastAPI:
+def make_app(
+    stub_factory: Callable[[], client_pb2_grpc.KvplaneStub],
+    metrics_text: Callable[[], bytes],
+    authenticator: Authenticator | None = None,
+    body_limits: BodyLimits | None = None,
+) -> BodyGuard:
+    """The routes behind the guard (`authenticator` None: every caller passes to gRPC's own check)."""
     app = FastAPI(title="kvplane", description="OpenAI-compatible API of a kvplane control plane", docs_url=None, redoc_url=None)
 
     def count(route: str, status: int) -> None:
@@ -81,8 +96,7 @@ def make_app(stub_factory: Callable[[], client_pb2_grpc.KvplaneStub], metrics_te
 
     @app.exception_handler(RequestValidationError)
     async def _invalid_body(request: Request, exc: RequestValidationError) -> JSONResponse:
-        problems = "; ".join(f"{'.'.join(str(p) for p in err['loc'][1:]) or 'body'}: {err['msg']}" for err in exc.errors()[:5])
-        return error_response(request.url.path, t.HttpError(400, f"invalid request body: {problems}"))
+        return error_response(request.url.path, t.HttpError(400, f"invalid request body: {validation_problems(list(exc.errors()))}"))
 
     async def run(
         route: str, request: Request, generate_requests: list[client_pb2.GenerateRequest], body, chat: bool, request_id: str
@@ -161,21 +175,27 @@ def make_app(stub_factory: Callable[[], client_pb2_grpc.KvplaneStub], metrics_te
         return JSONResponse(out, headers=t.routing_headers(request_id, choices))
 
     @app.post("/v1/completions")
-    async def completions(body: CompletionRequest, request: Request) -> Response:
-        request_id = body.request_id or uuid.uuid4().hex
+    async def completions(request: Request) -> Response:
         try:
+            body = parse_body(await request.body(), CompletionRequest)
+            request_id = body.request_id or uuid.uuid4().hex
             generate_requests = t.completion_requests(body, request_id)
         except t.HttpError as e:
             return error_response("/v1/completions", e)
+        except (ValueError, TypeError) as e:  # a value its protobuf field cannot hold: the caller's, not ours
+            return error_response("/v1/completions", t.HttpError(400, f"invalid request body: {str(e)[:200]}"))
         return await run("/v1/completions", request, generate_requests, body, False, request_id)
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-        request_id = body.request_id or uuid.uuid4().hex
+    async def chat_completions(request: Request) -> Response:
         try:
+            body = parse_body(await request.body(), ChatCompletionRequest)
+            request_id = body.request_id or uuid.uuid4().hex
             generate_request = t.chat_request(body, request_id)
         except t.HttpError as e:
             return error_response("/v1/chat/completions", e)
+        except (ValueError, TypeError) as e:  # a value its protobuf field cannot hold: the caller's, not ours
+            return error_response("/v1/chat/completions", t.HttpError(400, f"invalid request body: {str(e)[:200]}"))
         return await run("/v1/chat/completions", request, [generate_request], body, True, request_id)
 
     @app.get("/v1/models")
@@ -188,21 +208,46 @@ def make_app(stub_factory: Callable[[], client_pb2_grpc.KvplaneStub], metrics_te
         count("/v1/models", 200)
         return JSONResponse({"object": "list", "data": [{"id": n, "object": "model", "created": 0, "owned_by": "kvplane"} for n in names]})
 
+    health_state = _HealthCache(stub_factory)
+
     @app.get("/health")
-    async def health(request: Request) -> Response:
-        try:
-            reply = await stub_factory().ListWorkers(client_pb2.ListWorkersRequest(), metadata=metadata_of(request), timeout=5)
-        except grpc.aio.AioRpcError as e:
-            return JSONResponse({"status": "unavailable", "detail": e.details()}, status_code=503)
-        if not reply.workers:
-            return JSONResponse({"status": "unavailable", "detail": "no workers are registered"}, status_code=503)
-        return JSONResponse({"status": "ok", "workers": len(reply.workers)})
+    async def health() -> Response:
+        status, body = await health_state.get()
+        return JSONResponse(body, status_code=status)
 
     @app.get("/metrics")
     async def metrics() -> Response:
         return PlainTextResponse(metrics_text(), media_type="text/plain; version=0.0.4")
 
-    return app
+    return BodyGuard(app, authenticator, body_limits or BodyLimits())
+
+
+class _HealthCache:
+    """The /health answer, asked of the replica's own gRPC service at most once per HEALTH_CACHE_S
+    (one call in flight; concurrent probes share it)."""
+
+    def __init__(self, stub_factory: Callable[[], client_pb2_grpc.KvplaneStub], clock: Callable[[], float] = time.monotonic) -> None:
+        self._stub_factory = stub_factory
+        self._clock = clock
+        self._answer: tuple[int, dict] | None = None
+        self._at = 0.0
+        self._lock = asyncio.Lock()
+
+    async def get(self) -> tuple[int, dict]:
+        async with self._lock:
+            if self._answer is None or self._clock() - self._at >= HEALTH_CACHE_S:
+                self._answer = await self._ask()
+                self._at = self._clock()
+            return self._answer
+
+    async def _ask(self) -> tuple[int, dict]:
+        try:
+            reply = await self._stub_factory().ListWorkers(client_pb2.ListWorkersRequest(), timeout=5)
+        except grpc.aio.AioRpcError as e:
+            return 503, {"status": "unavailable", "detail": e.details()}
+        if not reply.workers:
+            return 503, {"status": "unavailable", "detail": "no workers are registered"}
+        return 200, {"status": "ok", "workers": len(reply.workers)}
 
 
 async def _sse_events(

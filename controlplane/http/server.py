@@ -23,7 +23,9 @@ from pathlib import Path
 import uvicorn
 
 from kvplane.controlplane.http.app import make_app
+from kvplane.controlplane.http.guard import BodyLimits
 from kvplane.grpc_util import aio_channel
+from kvplane.security.auth import Authenticator
 from kvplane.security.credentials import Credentials
 from kvplane.v1 import client_pb2_grpc
 
@@ -38,10 +40,16 @@ def loopback_address(host: str, port: int) -> str:
 
 
 class HttpFace:
-    def __init__(self, grpc_address: str, host: str, port: int, credentials: Credentials) -> None:
+    """`authenticator`: the gRPC server's, so that a request is refused (401) on its headers,
+    before its body is read; `body_limits`: how large a body may be and how long it may take."""
+
+    def __init__(
+        self, grpc_address: str, host: str, port: int, credentials: Credentials, *,
+        authenticator: Authenticator | None = None, body_limits: BodyLimits | None = None,
+    ) -> None:  # fmt: skip
         self._channel = aio_channel(grpc_address, credentials)
         stub = client_pb2_grpc.KvplaneStub(self._channel)
-        app = make_app(lambda: stub, _prometheus_text)
+        app = make_app(lambda: stub, _prometheus_text, authenticator, body_limits)
         self._tls_dir: Path | None = None
         tls: dict = {}
         if credentials.tls:

@@ -64,6 +64,7 @@ from kvplane.types import BlockHash
 from kvplane.v1 import agent_pb2, agent_pb2_grpc, common_pb2
 
 log = logging.getLogger(__name__)
+MAX_EARLY_RELEASES = 4096  # releases remembered for prefills not pinned yet (ReleaseKV)
 
 LATENCY_REFIT_INTERVAL_S = 1.0  # the online model refits at most this often (on the event loop)
 
@@ -680,12 +681,19 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                 self._release(request.transfer_id)
 
     async def ReleaseKV(self, request: agent_pb2.ReleaseKVRequest, context):
+        # Bounded before anything is kept: 150 calls with 4 MiB ids once grew an agent by 640 MB.
+        if len(request.transfer_id) > MAX_ID_CHARS:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"transfer_id is longer than {MAX_ID_CHARS} characters")
         if request.transfer_id not in self._pins:
             # Not pinned (yet): its prefill may still run, so the release is remembered for the
-            # ticket it was prefilled under; a genuine ticket naming this worker as source is needed.
-            await self._check_ticket(request.ticket, context, tickets.GENERATE, check_expiry=False, as_source=True)
+            # ticket it was prefilled under. That takes a genuine ticket naming this worker as
+            # source and still valid: an expired one cannot belong to a prefill about to pin.
+            await self._check_ticket(request.ticket, context, tickets.GENERATE, as_source=True)
             await self._check_peer(request.ticket, context)
+            while len(self._released_early) >= MAX_EARLY_RELEASES:  # oldest first: its pin, if any, still expires
+                del self._released_early[next(iter(self._released_early))]
             return agent_pb2.ReleaseKVResponse(released=self._release(request.transfer_id, early_nonce=request.ticket.nonce))
+        # Pinned: the ticket must be the pin's own, and the pin's expiry (not the ticket's) bounds it.
         await self._pin_for(request.transfer_id, request.ticket, context)
         return agent_pb2.ReleaseKVResponse(released=self._release(request.transfer_id))
 

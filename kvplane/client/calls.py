@@ -10,13 +10,21 @@ retry-after hint, while that hint fits in the time left, and a stream only befor
 
 Failover: a client may know several control-plane replicas ("a:50051,b:50051"). A call that
 cannot reach its replica (a connection failure, not an answer the replica sent) moves to the next
-one at once, each replica tried once per call. A stream that loses its replica after messages
-arrived is resumed on the next one (at most `max_resumes` times): the request goes again with the
-tokens already received (`GenerateRequest.resume_token_ids`) and the stream continues after them.
+one at once, each replica tried once. A stream that loses its replica after messages arrived is
+resumed (at most `max_resumes` times): the request goes again with the tokens already received
+(`GenerateRequest.resume_token_ids`) and the stream continues after them.
+
+Reconnecting (`Backoff`): once every replica has failed to answer, and before every resume, the
+call waits and tries the next replica again, the waits growing exponentially with jitter (half
+fixed, half random, capped at `max_s`), until the outage has lasted `window_s` or the call's
+timeout would pass. So a replica that restarts within a few seconds is ridden through, and many
+clients cut at once do not come back in one wave. (Before: a resume went out at once, and a
+replica that was down for 0.3 s failed every call; issue 28.)
 """
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -134,6 +142,24 @@ def profile(worker_id: str, max_prompt_tokens: int, max_batch: int) -> UnaryCall
 # -- the deadline and retry rule ------------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """Waits between reconnect attempts in one outage (see the module docstring)."""
+
+    initial_s: float = 0.1
+    max_s: float = 2.0
+    multiplier: float = 2.0
+    window_s: float = 10.0  # an outage longer than this fails the call
+
+    def delay(self, attempt: int, rand: Callable[[], float]) -> float:
+        """The wait before reconnect attempt `attempt` (0-based): in [d/2, d], d = min(max_s, initial_s * multiplier^attempt)."""
+        ceiling = min(self.max_s, self.initial_s * self.multiplier ** min(attempt, 64))
+        return ceiling / 2 * (1 + rand())
+
+
+RECONNECT = Backoff()
+
+
 def retry_wait(error: RejectedError, attempt: int, reject_retries: int, remaining_s: float | None) -> float | None:
     """Seconds to wait before retry number `attempt + 1` of a rejected call; None = raise the rejection.
 
@@ -161,7 +187,10 @@ class Attempts:
     """The attempts of one call: the time left of its timeout, which replica to try, and what to
     do after each failure."""
 
-    __slots__ = ("endpoints", "credentials", "reject_retries", "num_retries", "num_failovers", "_index", "_end", "_clock")
+    __slots__ = (
+        "endpoints", "credentials", "reject_retries", "num_retries", "num_failovers", "num_reconnects", "backoff",
+        "_index", "_end", "_clock", "_rand", "_outage_since",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -172,15 +201,21 @@ class Attempts:
         *,
         first: int = 0,
         credentials: str = "",
+        backoff: Backoff = RECONNECT,
+        rand: Callable[[], float] = random.random,
     ) -> None:
         self.endpoints = split_endpoints(endpoint)  # named in connection errors, so that they say where the call went
         self.credentials = credentials  # what the client presented, in words, for the same messages
         self.reject_retries = reject_retries
         self.num_retries = 0  # waits granted so far
         self.num_failovers = 0  # moves to another replica so far
+        self.num_reconnects = 0  # backed-off attempts in the current outage
+        self.backoff = backoff
         self._index = first % len(self.endpoints)
         self._clock = clock
+        self._rand = rand
         self._end = None if timeout is None else clock() + timeout
+        self._outage_since: float | None = None
 
     @property
     def endpoint(self) -> str:
@@ -196,6 +231,25 @@ class Attempts:
         self._index = (self._index + 1) % len(self.endpoints)
         self.num_failovers += 1
 
+    def reconnect_wait(self) -> float | None:
+        """After a connection failure: the seconds to wait before trying the next replica again,
+        or None when the outage has outlasted the back-off window or the call's timeout."""
+        now = self._clock()
+        if self._outage_since is None:
+            self._outage_since = now
+        wait = self.backoff.delay(self.num_reconnects, self._rand)
+        remaining = self.timeout()
+        if now - self._outage_since + wait > self.backoff.window_s or (remaining is not None and wait >= remaining):
+            return None
+        self.num_reconnects += 1
+        self.fail_over()
+        return wait
+
+    def connected(self) -> None:
+        """A message arrived: the outage, if any, is over."""
+        self._outage_since = None
+        self.num_reconnects = 0
+
     def timeout(self) -> float | None:
         """The timeout for the next attempt: what is left of the call's (None = no deadline)."""
         return None if self._end is None else max(0.0, self._end - self._clock())
@@ -205,9 +259,13 @@ class Attempts:
 
         `received`: the failed attempt had already delivered a stream message, so it is never retried.
         """
-        if not received and is_connection_failure(failure) and self.num_failovers < len(self.endpoints) - 1:
-            self.fail_over()
-            return 0.0
+        if not received and is_connection_failure(failure):
+            if self.num_failovers < len(self.endpoints) - 1:
+                self.fail_over()
+                return 0.0
+            wait = self.reconnect_wait()
+            if wait is not None:
+                return wait
         where = self.endpoint if len(self.endpoints) == 1 else f"any of {', '.join(self.endpoints)}"
         error = from_rpc_error(failure, endpoint=where, credentials=self.credentials)
         wait = None
@@ -225,7 +283,7 @@ class GenerateProgress:
     One span covers the whole call, retries included; `metadata` carries its context to the server.
     """
 
-    __slots__ = ("attempts", "metadata", "max_resumes", "num_resumes", "_call", "_span", "_last", "_token_ids", "_failure")
+    __slots__ = ("attempts", "metadata", "max_resumes", "num_resumes", "_call", "_span", "_last", "_token_ids", "_failure", "_fresh")
 
     def __init__(self, call: GenerateCall, attempts: Attempts, tracer: trace.Tracer, max_resumes: int = 2) -> None:
         self.attempts = attempts
@@ -236,6 +294,7 @@ class GenerateProgress:
         self._last: GenerateChunk | None = None
         self._token_ids: list[int] = []
         self._failure: grpc.RpcError | None = None
+        self._fresh = False  # a message arrived since the last resume
 
     def request(self) -> client_pb2.GenerateRequest:
         """What the next attempt sends: the request, resumed after the tokens received so far."""
@@ -250,16 +309,22 @@ class GenerateProgress:
         """The chunk for one received message, counted."""
         chunk = chunk_from_proto(response)
         self._last = chunk
+        self._fresh = True
+        self.attempts.connected()
         self._token_ids += chunk.token_ids
         return chunk
 
     def wait_after(self, failure: grpc.RpcError) -> float:
         """As Attempts.wait_after; a stream that has delivered a message is never retried, but
-        one whose replica went away is resumed on the next replica after what it delivered."""
-        if self._last is not None and is_connection_failure(failure) and self.num_resumes < self.max_resumes:
-            self.num_resumes += 1
-            self.attempts.fail_over()
-            return 0.0
+        one whose replica went away is resumed after what it delivered, on the next replica after
+        a back-off. A resume that cannot connect either is the same outage, not another resume."""
+        if self._last is not None and is_connection_failure(failure) and (not self._fresh or self.num_resumes < self.max_resumes):
+            if self._fresh:
+                self.num_resumes += 1
+                self._fresh = False
+            wait = self.attempts.reconnect_wait()
+            if wait is not None:
+                return wait
         try:
             return self.attempts.wait_after(failure, received=self._last is not None)
         except KvplaneError:

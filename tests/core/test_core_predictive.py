@@ -120,7 +120,9 @@ def test_settings_validate_and_resolve_most_specific_first():
         ("admission.policy", "fifo", "must be one of"),
         ("objectives.m.urgent.ttft_ms", "5", "priority must be one of"),
         ("objectives.m.interactive.e2e_ms", "5", "objective must be one of"),
-        ("objectives.m.interactive.ttft_ms", "-1", "must be positive"),
+        ("objectives.m.interactive.ttft_ms", "-1", "finite number of milliseconds in"),
+        ("objectives.m.interactive.ttft_ms", "inf", "finite number of milliseconds in"),
+        ("objectives.m.interactive.ttft_ms", "3600001", "finite number of milliseconds in"),
         ("objectives.m.interactive.ttft_ms", "soon", "number of milliseconds"),
         ("router.temperature", "1", "unknown setting"),
     ]:

@@ -111,7 +111,7 @@ def test_a_hint_that_does_not_fit_in_the_time_left_ends_the_call() -> None:
     [
         (rejection(None), False, kvplane.RejectedError),  # no hint: nothing to wait for
         (rejection(10), True, kvplane.RejectedError),  # tokens already reached the caller
-        (FailedCall(grpc.StatusCode.UNAVAILABLE, "connection refused"), False, kvplane.UnavailableError),
+        (FailedCall(grpc.StatusCode.UNAVAILABLE, "no healthy upstream"), False, kvplane.UnavailableError),  # not a connection failure
         (FailedCall(grpc.StatusCode.INVALID_ARGUMENT, "max_tokens must be > 0"), False, kvplane.InvalidArgumentError),
     ],
     ids=["rejection-without-hint", "after-first-message", "unavailable", "invalid-argument"],
@@ -125,8 +125,40 @@ def test_what_is_never_retried(failure: grpc.RpcError, received: bool, cls: type
 
 
 def test_connection_errors_name_the_endpoint() -> None:
+    no_window = calls.Backoff(window_s=0.0)
     with pytest.raises(kvplane.UnavailableError, match=r"^cannot reach the kvplane control plane at cp:7 \(connection refused\)"):
-        calls.Attempts("cp:7", None, 0).wait_after(FailedCall(grpc.StatusCode.UNAVAILABLE, "connection refused"))
+        calls.Attempts("cp:7", None, 0, backoff=no_window).wait_after(FailedCall(grpc.StatusCode.UNAVAILABLE, "connection refused"))
+
+
+class ManualClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_an_unreachable_control_plane_is_retried_with_growing_jittered_waits_until_the_window_ends() -> None:
+    clock = ManualClock()
+    refused = FailedCall(grpc.StatusCode.UNAVAILABLE, "connection refused")
+    backoff = calls.Backoff(initial_s=0.1, max_s=1.0, multiplier=2.0, window_s=5.0)
+    waits = []
+    for rand in (0.0, 1.0):  # the jitter's two ends
+        attempts = calls.Attempts("cp:7", None, 0, clock=clock, backoff=backoff, rand=lambda rand=rand: rand)
+        clock.now = 0.0
+        tried = []
+        with pytest.raises(kvplane.UnavailableError, match="cannot reach"):
+            while True:
+                tried.append(attempts.wait_after(refused))
+                clock.now += tried[-1]
+        waits.append(tried)
+    assert waits[0][:5] == [0.05, 0.1, 0.2, 0.4, 0.5] and waits[1][:5] == [0.1, 0.2, 0.4, 0.8, 1.0]
+    assert all(sum(w) <= backoff.window_s for w in waits) and max(waits[1]) == backoff.max_s
+    # The call's own timeout bounds it too: no wait that would outlast it.
+    attempts = calls.Attempts("cp:7", 0.12, 0, clock=ManualClock(), backoff=backoff, rand=lambda: 1.0)
+    assert attempts.wait_after(refused) == 0.1
+    with pytest.raises(kvplane.UnavailableError):
+        attempts.wait_after(refused)
 
 
 # -- one Generate call, its retries and its span --------------------------------------------------
@@ -185,12 +217,13 @@ def test_endpoint_lists_are_split_and_checked() -> None:
         calls.split_endpoints("a:1,,b:2")
 
 
-def test_an_unreachable_replica_fails_over_to_the_next_once_each() -> None:
+def test_an_unreachable_replica_fails_over_to_the_next_once_each_then_backs_off() -> None:
     lost = FailedCall(grpc.StatusCode.UNAVAILABLE, "failed to connect to all addresses")
-    attempts = calls.Attempts("a:1,b:2,c:3", None, 0, first=1)
+    attempts = calls.Attempts("a:1,b:2,c:3", None, 0, first=1, backoff=calls.Backoff(initial_s=0.1, window_s=0.15), rand=lambda: 1.0)
     assert attempts.endpoint == "b:2"
     assert attempts.wait_after(lost) == 0.0 and attempts.endpoint == "c:3"
     assert attempts.wait_after(lost) == 0.0 and attempts.endpoint == "a:1"
+    assert attempts.wait_after(lost) == 0.1 and attempts.endpoint == "b:2"  # all down: wait, then round again
     with pytest.raises(kvplane.UnavailableError, match=r"cannot reach the kvplane control plane at any of a:1, b:2, c:3"):
         attempts.wait_after(lost)
 
@@ -209,18 +242,21 @@ def test_an_answer_from_a_replica_is_not_failed_over() -> None:
 def test_a_stream_whose_replica_died_resumes_on_the_next_after_the_tokens_received() -> None:
     exporter, tracer = _tracer()
     call = calls.generate(REQUEST, 0)
-    progress = calls.GenerateProgress(call, calls.Attempts("a:1,b:2", None, 0), tracer, max_resumes=2)
+    progress = calls.GenerateProgress(call, calls.Attempts("a:1,b:2", None, 0, rand=lambda: 1.0), tracer, max_resumes=2)
     assert progress.request() is call.request
     progress.chunk(client_pb2.GenerateResponse(token_ids=[5, 6], text="ab"))
     lost = FailedCall(grpc.StatusCode.UNAVAILABLE, "Socket closed")
-    assert progress.wait_after(lost) == 0.0 and progress.attempts.endpoint == "b:2"
+    assert progress.wait_after(lost) == 0.1 and progress.attempts.endpoint == "b:2"  # backed off, not at once
     resumed = progress.request()
     assert list(resumed.resume_token_ids) == [5, 6] and resumed.sampling == call.request.sampling
+    # The resume cannot connect either (the replicas restart): the same outage, a longer wait.
+    assert progress.wait_after(FailedCall(grpc.StatusCode.UNAVAILABLE, "connection refused")) == 0.2
     progress.chunk(client_pb2.GenerateResponse(token_ids=[7], text="c"))
     assert list(progress.request().resume_token_ids) == [5, 6, 7]
-    assert progress.wait_after(lost) == 0.0 and progress.attempts.endpoint == "a:1"
+    assert progress.wait_after(lost) == 0.1  # a new outage starts from the first wait
+    progress.chunk(client_pb2.GenerateResponse(token_ids=[8], text="d"))
     with pytest.raises(kvplane.UnavailableError):
         progress.wait_after(lost)  # resumed twice: the limit
     progress.end()
     (span,) = exporter.get_finished_spans()
-    assert span.attributes["gen_ai.usage.output_tokens"] == 3
+    assert span.attributes["gen_ai.usage.output_tokens"] == 4
