@@ -53,6 +53,7 @@ from kvplane.dataplane.engines.base import EngineAdapter, KVImportExport, Native
 from kvplane.dataplane.engines.request import EngineCapacityError, EngineInputError, EngineRequest, SamplingParams
 from kvplane.dataplane.transport import LayoutMismatchError, PullSource, TransferError
 from kvplane.dataplane.transport.grpc_stream import iter_chunks
+from kvplane.dataplane.transport.integrity import KVIntegrityError, block_digests, check_imported
 from kvplane.grpc_util import aio_channel
 from kvplane.latency import OnlineStepModel, StepSample, StepTimeModel, fit, samples_from_pb, samples_to_pb
 from kvplane.security.auth import caller
@@ -453,15 +454,15 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             metrics.disaggregated = True
             metrics.cached_tokens = reply.cached_tokens
             metrics.prefill_computed_tokens = reply.prefill_computed_tokens
-        hashes = [BlockHash(h) for h in reply.block_hashes]
-        missing = kv.missing_blocks(hashes)
-        if source.cached_only:
-            metrics.kv_fetched_tokens = len(missing) * layout.block_size
         transport = self._transports[reply.transport]
         released = False
         held: list[int] = []
         started = time.monotonic()
         try:
+            hashes = _own_block_hashes(kv, request, reply, source.worker_id)
+            missing = kv.missing_blocks(hashes)
+            if source.cached_only:
+                metrics.kv_fetched_tokens = len(missing) * layout.block_size
             if missing:
                 dst = kv.allocate_for_import(len(missing))
                 if dst is None:
@@ -480,6 +481,8 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                         nbytes = await asyncio.wait_for(pull, _bounded(self._config.transfer_timeout_s, deadline))
                         span.set_attributes({"kvplane.kv_transfer.bytes": nbytes, "kvplane.kv_transfer.blocks": len(missing)})
                     released = reply.transport == "grpc"  # the gRPC pull asked the peer to unpin when done
+                    # Before anything is cached: the bytes are the ones the producer vouched for.
+                    await asyncio.to_thread(check_imported, kv.pool, dst, [reply.block_digests[i] for i in missing])
                     held = kv.commit_import([hashes[i] for i in missing], dst)
                 except BaseException:
                     kv.abort_import(dst)
@@ -489,6 +492,9 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                 metrics.kv_transfer_blocks = len(missing)
         except LayoutMismatchError as e:
             raise RemotePrefillRefused(str(e)) from None
+        except KVIntegrityError as e:
+            log.error("KV from prefill worker %s failed its check and was not imported: %s", source.worker_id, e)
+            raise
         except TimeoutError:
             raise TransferError(f"pulling KV from {source.worker_id} made no progress in time") from None
         finally:
@@ -536,9 +542,11 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             )
         if request.cached_only:
             try:
-                return self._pin_cached(kv, request, transport_name)
+                response, block_ids = self._pin_cached(kv, request, transport_name)
             except TransferReleased as e:
                 await context.abort(grpc.StatusCode.CANCELLED, f"transfer {e} was released by its puller already")
+            response.block_digests.extend(await asyncio.to_thread(block_digests, kv.pool, block_ids))
+            return response
         engine_request = EngineRequest(
             request_id=f"{request.request_id or uuid.uuid4().hex}:prefill",
             prompt_token_ids=list(request.prompt_token_ids),
@@ -574,6 +582,8 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             await context.abort(
                 grpc.StatusCode.CANCELLED, f"transfer {clip(transfer_id)} was released by its puller before its prefill ended"
             )
+        # After the pin is registered: if this call is cancelled now, the pin still expires.
+        digests = await asyncio.to_thread(block_digests, kv.pool, out.pinned_block_ids)
         return agent_pb2.PrefillResponse(
             transfer_id=transfer_id,
             block_hashes=list(out.block_hashes),
@@ -583,6 +593,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             transport_descriptor=self._transports[transport_name].describe(out.pinned_block_ids),
             expires_at=expires_at,
             layout=layout_to_pb(layout),
+            block_digests=digests,
         )
 
     def _unpin_abandoned(self, drained: asyncio.Future) -> None:
@@ -627,15 +638,18 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             layout=layout_to_pb(self._engine.info.layout),
         )
 
-    def _pin_cached(self, kv: KVImportExport, request: agent_pb2.PrefillRequest, transport_name: str) -> agent_pb2.PrefillResponse:
-        """Fetch instead of recompute, source side: pin what is cached, compute nothing."""
+    def _pin_cached(
+        self, kv: KVImportExport, request: agent_pb2.PrefillRequest, transport_name: str
+    ) -> tuple[agent_pb2.PrefillResponse, list[int]]:
+        """Fetch instead of recompute, source side: pin what is cached, compute nothing; returns
+        the answer (without digests) and the pinned block ids."""
         hashes, block_ids = kv.pin_cached_prefix(list(request.prompt_token_ids), request.cache_salt)
         layout = self._engine.info.layout
         transfer_id = request.transfer_id or uuid.uuid4().hex
         expires_at = self._register_pin(transfer_id, block_ids, request.ticket)
         if expires_at is None:
             raise TransferReleased(transfer_id)
-        return agent_pb2.PrefillResponse(
+        response = agent_pb2.PrefillResponse(
             transfer_id=transfer_id,
             block_hashes=list(hashes),
             cached_tokens=len(hashes) * layout.block_size,
@@ -644,6 +658,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             expires_at=expires_at,
             layout=layout_to_pb(layout),
         )
+        return response, block_ids
 
     async def _pin_for(self, transfer_id: str, ticket: common_pb2.Ticket, context) -> Pin:
         """The transfer's pin, when `ticket` is the one it was prefilled under (its expiry is the
@@ -841,3 +856,22 @@ async def _final_output(stream, timer: EngineTimer):
 def _bounded(limit_s: float, deadline: float | None) -> float:
     """`limit_s`, or less when the request's deadline (time.monotonic()) comes first (never below 0)."""
     return limit_s if deadline is None else max(0.0, min(limit_s, deadline - time.monotonic()))
+
+
+def _own_block_hashes(
+    kv: KVImportExport, request: agent_pb2.AgentGenerateRequest, reply: agent_pb2.PrefillResponse, peer: str
+) -> list[BlockHash]:
+    """The hashes to commit the peer's blocks under: this engine's own for the request's prompt and
+    cache salt (which the ticket binds), as many as the peer pinned. The peer's hashes must be a
+    prefix of them and come with one digest each, or nothing is imported: a peer that names other
+    hashes answered for another prompt (or plants KV under another tenant's prefix, issue 28)."""
+    own = kv.prompt_block_hashes(list(request.prompt_token_ids), request.cache_salt)
+    theirs = list(reply.block_hashes)
+    if len(theirs) > len(own):
+        raise KVIntegrityError(f"prefill worker {peer} answered with {len(theirs)} blocks; the prompt has {len(own)} full blocks")
+    first_wrong = next((i for i, (h, mine) in enumerate(zip(theirs, own)) if h != mine), None)
+    if first_wrong is not None:
+        raise KVIntegrityError(f"prefill worker {peer} answered with block hashes that are not this prompt's (from block {first_wrong} on)")
+    if len(reply.block_digests) != len(theirs):
+        raise KVIntegrityError(f"prefill worker {peer} sent {len(reply.block_digests)} block digests for {len(theirs)} blocks")
+    return own[: len(theirs)]

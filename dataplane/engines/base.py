@@ -5,7 +5,8 @@
   stored / removed / cleared with a tier, dataplane/engines/events.py) and a full cache snapshot.
 - KV import/export (`KVImportExport`, optional): the engine's paged KV blocks, addressed by block
   id, moved by a kvplane transport (dataplane/transport/): the prefill side pins blocks, the
-  decode side allocates, pulls, then commits them to its prefix cache. An engine that moves KV its
+  decode side allocates, pulls, checks, then commits them to its prefix cache under the hashes it
+  computes itself from the prompt (never a peer's: issue 28). An engine that moves KV its
   own way returns None here and may offer the next capability instead.
 - engine-native KV transfer (`NativeKVTransfer`, optional): the engines' own connectors move the
   KV (SGLang's bootstrap host/port/room with mooncake or nixl, vLLM's kv_transfer_params with
@@ -76,6 +77,12 @@ class KVImportExport(Protocol):
         (dataplane/transport/modeled.py)."""
         ...
 
+    def prompt_block_hashes(self, prompt_token_ids: Sequence[int], cache_salt: str = "") -> list[BlockHash]:
+        """The hashes this engine caches the prompt's full blocks under (kvplane.block_hash, with
+        the engine's model salt and the request's cache salt). An importer commits pulled blocks
+        only under these, computed from the prompt it was given: never under hashes a peer sent."""
+        ...
+
     def pin_cached_prefix(self, prompt_token_ids: Sequence[int], cache_salt: str = "") -> tuple[list[BlockHash], list[int]]:
         """Pins the longest cached prefix of the prompt's full blocks without computing anything;
         returns (their hashes, the pinned block ids), both in prefix order."""
@@ -92,7 +99,8 @@ class KVImportExport(Protocol):
     def commit_import(self, block_hashes: Sequence[BlockHash], block_ids: Sequence[int]) -> list[int]:
         """Registers pulled blocks in the prefix cache; returns the block id holding each hash
         (another copy when the hash arrived meanwhile; the reference moves to it). The caller
-        holds one reference on each returned id."""
+        holds one reference on each returned id. `block_hashes` are the importer's own
+        (prompt_block_hashes), and the blocks' bytes passed dataplane/transport/integrity.py."""
         ...
 
     def abort_import(self, block_ids: Sequence[int]) -> None:

@@ -133,6 +133,17 @@ def check_pull_args(pool: KVPoolLike, num_src_blocks: int, src_block_indices: Se
         raise ValueError(f"destination block ids {list(dst_block_ids)[:10]} contain duplicates")
 
 
+def byte_view(pool: KVPoolLike) -> memoryview | torch.Tensor:
+    """The pool's storage as flat bytes (a view, not a copy): a memoryview of host memory, else a
+    uint8 tensor on the pool's device."""
+    host = pool.host_bytes()
+    if host is not None:
+        return host
+    import torch  # noqa: PLC0415 (only with a device pool, whose engine has loaded torch already)
+
+    return pool.buffer.reshape(-1).view(torch.uint8)
+
+
 def layout_to_dict(layout: KVLayout) -> dict:
     return dataclasses.asdict(layout)
 

@@ -21,7 +21,6 @@ import asyncio
 import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import grpc
 
@@ -31,6 +30,7 @@ from kvplane.dataplane.transport.base import (
     PullSource,
     TransferError,
     TransportError,
+    byte_view,
     check_layout,
     check_pool,
     check_pull_args,
@@ -41,9 +41,6 @@ from kvplane.grpc_util import MAX_MESSAGE_BYTES, aio_channel
 from kvplane.security.credentials import Credentials
 from kvplane.types import KVLayout
 from kvplane.v1 import agent_pb2, agent_pb2_grpc
-
-if TYPE_CHECKING:
-    import torch
 
 NAME = "grpc"
 DEFAULT_CHUNK_BYTES = 1 << 20
@@ -75,17 +72,6 @@ class GrpcDescriptor:
             raise TransportError(f"not a grpc transport descriptor ({e}); did the peer choose another transport?") from None
 
 
-def _byte_view(pool: KVPoolLike) -> memoryview | torch.Tensor:
-    """The pool's storage as flat bytes (a view, not a copy): a memoryview of host memory, else a
-    uint8 tensor on the pool's device."""
-    host = pool.host_bytes()
-    if host is not None:
-        return host
-    import torch  # noqa: PLC0415 (only with a device pool, whose engine has loaded torch already)
-
-    return pool.buffer.reshape(-1).view(torch.uint8)
-
-
 def iter_chunks(
     pool: KVPoolLike, block_ids: Sequence[int], block_indices: Sequence[int], chunk_bytes: int = DEFAULT_CHUNK_BYTES
 ) -> Iterator[agent_pb2.KVChunk]:
@@ -100,7 +86,7 @@ def iter_chunks(
     if bad:
         raise IndexError(f"block indices {bad[:5]} are outside the transfer's {len(block_ids)} blocks")
     block_nbytes = pool.block_nbytes
-    flat = _byte_view(pool)
+    flat = byte_view(pool)
     for index in block_indices:
         block_id = block_ids[index]
         block = flat[block_id * block_nbytes : (block_id + 1) * block_nbytes]
@@ -200,7 +186,7 @@ class GrpcStreamTransport:
 
     def _writer(self):
         """A function writing bytes at a byte offset of the pool, with one copy on CPU pools."""
-        flat = _byte_view(self._pool)
+        flat = byte_view(self._pool)
         if isinstance(flat, memoryview):
             view = flat
 
@@ -208,7 +194,7 @@ class GrpcStreamTransport:
                 view[start : start + len(data)] = data
 
         else:
-            import torch  # noqa: PLC0415 (see _byte_view)
+            import torch  # noqa: PLC0415 (see byte_view)
 
             def write(start: int, data: bytes) -> None:
                 flat[start : start + len(data)].copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))

@@ -76,7 +76,7 @@ class PrefillRequest(_message.Message):
     def __init__(self, ticket: _Optional[_Union[_common_pb2.Ticket, _Mapping]] = ..., request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., cache_salt: _Optional[str] = ..., layout: _Optional[_Union[_common_pb2.KVLayout, _Mapping]] = ..., transports: _Optional[_Iterable[str]] = ..., decode_agent_name: _Optional[str] = ..., decode_transport_metadata: _Optional[bytes] = ..., cached_only: _Optional[bool] = ..., transfer_id: _Optional[str] = ...) -> None: ...
 
 class PrefillResponse(_message.Message):
-    __slots__ = ("transfer_id", "block_hashes", "prefill_computed_tokens", "cached_tokens", "transport", "transport_descriptor", "expires_at", "layout")
+    __slots__ = ("transfer_id", "block_hashes", "prefill_computed_tokens", "cached_tokens", "transport", "transport_descriptor", "expires_at", "layout", "block_digests")
     TRANSFER_ID_FIELD_NUMBER: _ClassVar[int]
     BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
     PREFILL_COMPUTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -85,6 +85,7 @@ class PrefillResponse(_message.Message):
     TRANSPORT_DESCRIPTOR_FIELD_NUMBER: _ClassVar[int]
     EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_DIGESTS_FIELD_NUMBER: _ClassVar[int]
     transfer_id: str
     block_hashes: _containers.RepeatedScalarFieldContainer[bytes]
     prefill_computed_tokens: int
@@ -93,7 +94,8 @@ class PrefillResponse(_message.Message):
     transport_descriptor: bytes
     expires_at: float
     layout: _common_pb2.KVLayout
-    def __init__(self, transfer_id: _Optional[str] = ..., block_hashes: _Optional[_Iterable[bytes]] = ..., prefill_computed_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., transport: _Optional[str] = ..., transport_descriptor: _Optional[bytes] = ..., expires_at: _Optional[float] = ..., layout: _Optional[_Union[_common_pb2.KVLayout, _Mapping]] = ...) -> None: ...
+    block_digests: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, transfer_id: _Optional[str] = ..., block_hashes: _Optional[_Iterable[bytes]] = ..., prefill_computed_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., transport: _Optional[str] = ..., transport_descriptor: _Optional[bytes] = ..., expires_at: _Optional[float] = ..., layout: _Optional[_Union[_common_pb2.KVLayout, _Mapping]] = ..., block_digests: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class PullKVRequest(_message.Message):
     __slots__ = ("transfer_id", "block_indices", "layout", "chunk_bytes", "release_after", "ticket")

@@ -56,9 +56,11 @@ async def serve_agent(
     engine_config: EngineConfig | None = None,
     transports: tuple[str, ...] = ("grpc",),
     clock: Callable[[], float] = time.time,
+    service_class: type[AgentService] = AgentService,
     **config_overrides: object,
 ) -> AsyncIterator[RunningAgent]:
-    """Starts `engine` (default: a reference engine with 64 blocks) and an agent service over it."""
+    """Starts `engine` (default: a reference engine with 64 blocks) and an agent service over it
+    (`service_class`: a subclass plays a compromised worker that runs the real code, then cheats)."""
     if engine is None:
         engine = engines.create("reference", engine_config or EngineConfig(num_blocks=64))
     await engine.start()
@@ -68,7 +70,7 @@ async def serve_agent(
     kv = engine.kv_transfer
     made = {name: make_transport(name, kv.pool, agent_name=worker_id) for name in transports} if kv is not None else {}
     verifier = tickets.TicketVerifier(SIGNER.public_key)
-    service = AgentService(config, engine, made, lambda: verifier, endpoint, clock=clock, credentials=PLAINTEXT)
+    service = service_class(config, engine, made, lambda: verifier, endpoint, clock=clock, credentials=PLAINTEXT)
     agent_pb2_grpc.add_AgentServicer_to_server(service, server)
     await server.start()
     service.start()

@@ -227,10 +227,13 @@ class Engine:
         with self._cond:
             self._blocks.release(block_ids[::-1])
 
+    def prompt_block_hashes(self, prompt_token_ids: Sequence[int], cache_salt: str = "") -> list[BlockHash]:
+        return hash_blocks(prompt_token_ids, self.config.block_size, self.model_name, cache_salt)
+
     def pin_cached_prefix(self, prompt_token_ids: Sequence[int], cache_salt: str = "") -> tuple[list[BlockHash], list[int]]:
         """Pins the longest device-cached prefix of the prompt's full blocks without computing
         anything (a peer fetches them); returns (hashes, pinned block ids). unpin() releases."""
-        hashes = hash_blocks(prompt_token_ids, self.config.block_size, self.model_name, cache_salt)
+        hashes = self.prompt_block_hashes(prompt_token_ids, cache_salt)
         with self._cond:
             block_ids = self._blocks.pin_prefix(hashes)
             return hashes[: len(block_ids)], block_ids

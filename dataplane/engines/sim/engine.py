@@ -205,8 +205,11 @@ class SimEngine:
         return {Tier.DEVICE: self._blocks.cached_block_hashes()}
 
     # --- KV import / export (KVImportExport) -------------------------------------------------
+    def prompt_block_hashes(self, prompt_token_ids: Sequence[int], cache_salt: str = "") -> list[BlockHash]:
+        return hash_blocks(prompt_token_ids, self.config.block_size, self.model_name, cache_salt)
+
     def pin_cached_prefix(self, prompt_token_ids: Sequence[int], cache_salt: str = "") -> tuple[list[BlockHash], list[int]]:
-        hashes = hash_blocks(prompt_token_ids, self.config.block_size, self.model_name, cache_salt)
+        hashes = self.prompt_block_hashes(prompt_token_ids, cache_salt)
         block_ids = self._blocks.pin_prefix(hashes)
         return hashes[: len(block_ids)], block_ids
 
