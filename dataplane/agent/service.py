@@ -515,12 +515,13 @@ class AgentService(agent_pb2_grpc.AgentServicer):
     # -- Prefill and KV serving (prefill side) --------------------------------------------------
 
     async def Prefill(self, request: agent_pb2.PrefillRequest, context):
+        # The caller first, so that another worker holding a copy of the ticket cannot burn its use.
+        await self._check_peer(request.ticket, context)
         await self._check_ticket(
             request.ticket, context, tickets.GENERATE, use="prefill", as_source=True,
             request_id=request.request_id, prompt_token_ids=request.prompt_token_ids, cache_salt=request.cache_salt,
             cached_only=request.cached_only,
         )  # fmt: skip
-        await self._check_peer(request.ticket, context)
         if len(request.transfer_id) > MAX_ID_CHARS:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"transfer_id is longer than {MAX_ID_CHARS} characters")
         await self._check_accepting(context)
