@@ -219,7 +219,7 @@ class GrpcStreamTransport:
 
     def _stub(self, endpoint: str, worker_id: str) -> agent_pb2_grpc.AgentStub:
         loop = asyncio.get_running_loop()
-        key = f"{worker_id}@{endpoint}"  # a channel verifies one peer identity
+        key = f"{worker_id}@{endpoint}" if worker_id else endpoint  # a TLS channel verifies one peer identity
         peer = self._peers.get(key)
         if peer is not None and peer[0] is loop:
             return peer[2]

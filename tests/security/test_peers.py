@@ -68,24 +68,24 @@ async def fake_peer(pair: Credentials):
 
 
 @contextlib.asynccontextmanager
-async def decode_agent(local: LocalCredentials, signer: tickets.TicketSigner):
-    """A decode agent as `kvplane agent` runs it with mTLS (its certificate, the agent access
-    policy), in this process; yields a stub on a control-plane channel to it."""
+async def tls_agent(local: LocalCredentials, signer: tickets.TicketSigner, worker_id: str = "decode-x", role=WorkerRole.DECODE):
+    """An agent as `kvplane agent` runs it with mTLS (its certificate, the agent access policy, the
+    grpc KV transport), in this process; yields a stub on a control-plane channel to it, and its endpoint."""
     engine = engines.create("reference", EngineConfig(num_blocks=64))
     await engine.start()
-    mine = local.for_identity(Identity(Role.WORKER, "decode-x"))
+    mine = local.for_identity(Identity(Role.WORKER, worker_id))
     server = make_server([AuthInterceptor(Authenticator(tls=True), access.policy())])
     endpoint = f"127.0.0.1:{add_port(server, '127.0.0.1:0', mine)}"
-    transports = {"grpc": make_transport("grpc", engine.kv_transfer.pool, agent_name="decode-x", credentials=mine)}
+    transports = {"grpc": make_transport("grpc", engine.kv_transfer.pool, agent_name=worker_id, credentials=mine)}
     verifier = tickets.TicketVerifier(signer.public_key)
-    config = AgentConfig(worker_id="decode-x", role=WorkerRole.DECODE).validate()
+    config = AgentConfig(worker_id=worker_id, role=role).validate()
     service = AgentService(config, engine, transports, lambda: verifier, endpoint, credentials=mine)
     agent_pb2_grpc.add_AgentServicer_to_server(service, server)
     await server.start()
     service.start()
     channel = aio_channel(endpoint, local.for_identity(CONTROLPLANE))
     try:
-        yield agent_pb2_grpc.AgentStub(channel)
+        yield agent_pb2_grpc.AgentStub(channel), endpoint
     finally:
         await channel.close()
         await server.stop(0)
@@ -107,7 +107,7 @@ def test_only_the_worker_the_ticket_names_can_serve_as_prefill_peer(tmp_path):
 
     async def main() -> dict[str, tuple[int, common_pb2.RequestMetrics]]:
         seen = {}
-        async with decode_agent(local, signer) as stub:
+        async with tls_agent(local, signer) as (stub, _):
             for number, (what, (pair, _)) in enumerate(presented.items()):
                 async with fake_peer(pair) as (peer, endpoint):
                     request = agent_pb2.AgentGenerateRequest(
@@ -124,6 +124,26 @@ def test_only_the_worker_the_ticket_names_can_serve_as_prefill_peer(tmp_path):
         assert num_prefills == presented[what][1], what
         # Whoever answered, the request was served here, by local prefill.
         assert not metrics.disaggregated and metrics.prefill_worker == "decode-x", what
+
+
+def test_the_named_peer_prefills_and_serves_its_kv_over_verified_channels(tmp_path):
+    """The positive side: with the real prefill-0 at the endpoint, the decode agent's Prefill and
+    the grpc transport's PullKV (each on a channel that verifies prefill-0's certificate) work."""
+    local = LocalCredentials.create(tmp_path)
+    signer = tickets.TicketSigner(tickets.new_signing_key())
+
+    async def main() -> common_pb2.RequestMetrics:
+        async with tls_agent(local, signer) as (stub, _), tls_agent(local, signer, "prefill-0", WorkerRole.PREFILL) as (_, peer):
+            request = agent_pb2.AgentGenerateRequest(
+                request_id="r", prompt_token_ids=PROMPT, cache_salt="t/x/", sampling=common_pb2.SamplingParams(max_tokens=2),
+                prefill_from=agent_pb2.PrefillSource(worker_id="prefill-0", endpoint=peer),
+            )  # fmt: skip
+            request.ticket.CopyFrom(signer.issue_generate(request, "decode-x"))
+            return [reply async for reply in stub.Generate(request, timeout=60)][-1].metrics
+
+    metrics = asyncio.run(main())
+    assert metrics.disaggregated and metrics.prefill_worker == "prefill-0" and metrics.transport == "grpc"
+    assert metrics.kv_transfer_blocks == 5 and metrics.kv_transfer_bytes > 0
 
 
 def _place(stub, prompt, max_tokens: int, **fields) -> client_pb2.Placement:
@@ -205,3 +225,14 @@ def test_a_tenants_cache_salt_is_not_computable_from_its_name(cluster, as_identi
         assert salt != f"t/{name}/" and name not in salt and re.fullmatch(r"t/[0-9a-f]{32}/", salt), salt
     assert salts["alice"] != salts["bob"]
     serving(cluster)
+
+
+@pytest.mark.cluster
+def test_honest_peers_still_prefill_for_each_other_under_mutual_tls(cluster):
+    """The positive side of the checks above: the channels to the real prefill-0 verify, so a
+    disaggregated request is prefilled there and its KV pulled, not silently prefilled locally."""
+    with cluster.client(timeout=60) as client:
+        result = client.generate([(11 * i) % 250 + 3 for i in range(80)], max_tokens=2, disagg="always")
+    metrics = result.metrics
+    assert metrics.disaggregated and metrics.prefill_worker == "prefill-0" and metrics.decode_worker == "decode-0"
+    assert metrics.kv_transfer_blocks == 5 and metrics.kv_transfer_bytes > 0, metrics
