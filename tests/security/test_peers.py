@@ -162,7 +162,8 @@ def test_a_lookaside_placement_cannot_point_its_prefill_at_another_server(cluste
     mallory = as_identity(tenant("mallory"))
     placement = _place(mallory.kvplane(), PROMPT, 2, disagg=common_pb2.DISAGG_MODE_ALWAYS)
     request = agent_pb2.AgentGenerateRequest.FromString(placement.agent_request)
-    assert request.prefill_from.worker_id == "prefill-0" and request.ticket.prefill_endpoint == request.prefill_from.endpoint
+    assert request.prefill_from.worker_id == "prefill-0"
+    genuine = request.prefill_from.endpoint
 
     async def attack() -> tuple[int, grpc.RpcError | None]:
         # Mallory's own server, with her own certificate: issue 28 saw the decode agent pull its
@@ -173,8 +174,9 @@ def test_a_lookaside_placement_cannot_point_its_prefill_at_another_server(cluste
             return peer.num_prefills, error
 
     num_prefills, error = asyncio.run(attack())
-    assert error.code() == grpc.StatusCode.PERMISSION_DENIED and "not the peer the ticket names" in error.details(), error.details()
     assert num_prefills == 0
+    assert error.code() == grpc.StatusCode.PERMISSION_DENIED and "not the peer the ticket names" in error.details(), error.details()
+    assert request.ticket.prefill_endpoint == genuine  # the endpoint the control plane named, signed
     # A genuine worker's certificate with someone else's ticket fares no better on the peer itself.
     prefill = agent_pb2.PrefillRequest(
         ticket=request.ticket, request_id=request.request_id, prompt_token_ids=request.prompt_token_ids,
