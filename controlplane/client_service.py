@@ -18,8 +18,8 @@ failover rules.
 
 Security (docs/security.md): the AuthInterceptor has admitted the caller before any handler runs
 (kvplane.security.auth.caller()). The cache salt of a request is derived from the caller's tenant
-(a client salt only narrows it), so Route, metrics and cache hits only ever see the caller's own
-tenant's blocks. Every agent call carries a ticket signed for exactly that call (a migrated
+with the cluster's secret salt key (a client salt only narrows it), so Route, metrics and cache
+hits only ever see the caller's own tenant's blocks, and nobody can compute another tenant's. Every agent call carries a ticket signed for exactly that call (a migrated
 request's too, for its resumed prompt). Prompt text is bounded before anything else happens, and
 no message echoes unbounded input.
 """
@@ -133,11 +133,14 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
         signer: tickets.TicketSigner,
         stubs: AgentStubs,
         clock: Callable[[], float] = time.monotonic,
+        *,
+        cache_salt_key: bytes,
     ) -> None:
         self._state = state
         self._store = store
         self._config = config
         self._signer = signer
+        self._cache_salt_key = cache_salt_key  # the cluster's (secrets.py): tenants' salts are secret
         self._stubs = stubs
         self._clock = clock
         self.planner = Planner(config.planner)
@@ -216,7 +219,7 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
         identity = caller() or ANONYMOUS
         route = RouteRequest(
             model=model, prompt_token_ids=token_ids, max_tokens=s.max_tokens, disagg=disagg,
-            cache_salt=tenant_cache_salt(identity, request.cache_salt), priority=priority,
+            cache_salt=tenant_cache_salt(identity, request.cache_salt, key=self._cache_salt_key), priority=priority,
         )  # fmt: skip
         return Validated(request.request_id or uuid.uuid4().hex, route, identity.cache_tenant)
 
@@ -481,15 +484,7 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
     def _agent_request(
         self, v: Validated, request: client_pb2.GenerateRequest, plan: Plan, route: RouteRequest, prefill, fetch, num_resumed: int
     ) -> agent_pb2.AgentGenerateRequest:
-        source_id = plan.prefill_worker or plan.fetch_from or ""
-        # A fresh ticket per attempt, bound to this attempt's prompt (a migrated request's carries
-        # the tokens already sent) and the tenant-derived salt.
-        ticket = self._signer.issue(
-            tickets.GENERATE, plan.decode_worker, request_id=v.request_id, prefill_worker_id=source_id,
-            prompt_token_ids=route.prompt_token_ids, cache_salt=route.cache_salt, tenant=v.tenant,
-        )  # fmt: skip
         agent_request = agent_pb2.AgentGenerateRequest(
-            ticket=ticket,
             request_id=v.request_id,
             prompt_token_ids=route.prompt_token_ids,
             sampling=request.sampling,
@@ -503,6 +498,10 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
             agent_request.prefill_from.CopyFrom(
                 agent_pb2.PrefillSource(worker_id=plan.fetch_from, endpoint=fetch.info.endpoint, cached_only=True)
             )
+        # A fresh ticket per attempt, bound to this attempt's prompt (a migrated request's carries
+        # the tokens already sent), the tenant's salt, the peer and the sampling as admitted: a
+        # lookaside caller holds this request before it runs it, and can change none of them.
+        agent_request.ticket.CopyFrom(self._signer.issue_generate(agent_request, plan.decode_worker, tenant=v.tenant))
         return agent_request
 
     # -- lookaside mode: the caller runs the request on its agent and reports back ----------------

@@ -5,7 +5,8 @@
 /kvplane/kv/<id>/<seq:020>  PublishKVEventsRequest under the worker's lease; a snapshot batch
                             replaces everything before it, so older batches are compacted away
 /kvplane/config/ticket_signing_key  Ed25519 private key that signs tickets, and
-/kvplane/config/session_key  HMAC key of workers' session tokens: both created once by whichever
+/kvplane/config/session_key  HMAC key of workers' session tokens, and
+/kvplane/config/cache_salt_key  HMAC key of tenants' cache salts: all three created once by whichever
                             replica starts first, read by the others, never sent in any reply
                             (etcd's own TLS and auth keep them from anyone but the replicas)
 /kvplane/config/settings/<key>  run-time settings (`kvplane config set`), watched by every replica
@@ -23,6 +24,7 @@ LOAD = ROOT + "load/"
 KV = ROOT + "kv/"
 TICKET_SIGNING_KEY = ROOT + "config/ticket_signing_key"
 SESSION_KEY = ROOT + "config/session_key"
+CACHE_SALT_KEY = ROOT + "config/cache_salt_key"
 SETTINGS = ROOT + "config/settings/"
 PROFILES = ROOT + "profiles/"
 RESYNC = ROOT + "resync/"

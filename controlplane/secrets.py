@@ -1,8 +1,12 @@
-"""The cluster's secrets: the ticket-signing key and the session-token key, shared through the store.
+"""The cluster's secrets: the ticket-signing key, the session-token key and the cache-salt key,
+shared through the store.
 
 The first replica to start creates them (a transaction that only writes absent keys, so two
-replicas starting at once agree on one pair); every replica reads them from the store. They never
+replicas starting at once agree on one set); every replica reads them from the store. They never
 appear in an RPC reply: agents get only the signing key's public half.
+
+A tenant's cache salt is HMAC(cache-salt key, tenant) (kvplane.security.identity.tenant_cache_salt):
+every replica derives the same salt, and nobody outside the replicas can compute it from the name.
 
 A worker's session token is HMAC-SHA256(session key, worker id, lease id): any replica can check
 it without a store read, and it names exactly one registration, so a worker can renew, report for
@@ -26,6 +30,7 @@ from kvplane.controlplane.store.base import Compare, Put, Store
 class ClusterSecrets:
     signing_key: bytes
     session_key: bytes
+    cache_salt_key: bytes
 
     def session_token(self, worker_id: str, lease_id: int) -> bytes:
         message = b"kvplane-session\x00" + worker_id.encode() + b"\x00" + struct.pack("<q", lease_id)
@@ -37,9 +42,14 @@ class ClusterSecrets:
 
 async def load_or_create(store: Store) -> ClusterSecrets:
     values = {}
-    for key, make in ((keys.TICKET_SIGNING_KEY, tickets.new_signing_key), (keys.SESSION_KEY, lambda: os.urandom(32))):
+    made = ((keys.TICKET_SIGNING_KEY, tickets.new_signing_key), (keys.SESSION_KEY, _random_key), (keys.CACHE_SALT_KEY, _random_key))
+    for key, make in made:
         await store.transaction([Compare.absent(key)], [Put(key, make())])
         kv = await store.get(key)
         assert kv is not None, f"{key} vanished right after it was written"
         values[key] = kv.value
-    return ClusterSecrets(values[keys.TICKET_SIGNING_KEY], values[keys.SESSION_KEY])
+    return ClusterSecrets(values[keys.TICKET_SIGNING_KEY], values[keys.SESSION_KEY], values[keys.CACHE_SALT_KEY])
+
+
+def _random_key() -> bytes:
+    return os.urandom(32)

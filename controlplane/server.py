@@ -72,7 +72,7 @@ class ControlPlane:
         limiter = RateLimiter(config.rate_limit_rps, config.rate_limit_burst)
         server = make_server([AuthInterceptor(authenticator, access.policy(), limiter)], connections=config.connection_limits)
         signer = tickets.TicketSigner(cluster_secrets.signing_key, config.ticket_ttl_s)
-        service = ClientService(self._state, self._store, config, signer, self._stubs)
+        service = ClientService(self._state, self._store, config, signer, self._stubs, cache_salt_key=cluster_secrets.cache_salt_key)
         service.metrics_url = telemetry.metrics_url(config.host)
         client_pb2_grpc.add_KvplaneServicer_to_server(service, server)
         state = self._state

@@ -1,5 +1,7 @@
-"""Offline checks of deploy/: every YAML file parses, and every kvplane command line in
-compose.yaml and k8s/*.yaml is accepted by the real argument parsers and config validation.
+"""Offline checks of deploy/: every YAML file parses, every kvplane command line in
+compose.yaml and k8s/*.yaml is accepted by the real argument parsers and config validation, and
+no agent container is given the admin token (workers get worker credentials only: a compromised
+worker must not drain, profile or reconfigure the cluster).
 
 Run from the repository root with the project's venv: `python deploy/check.py`.
 It needs no Docker, Kubernetes or etcd, and proves nothing about running them.
@@ -55,6 +57,42 @@ def command_lines() -> list[tuple[str, list[str]]]:
     return found
 
 
+def environments() -> list[tuple[str, str, dict[str, str]]]:
+    """(where, kvplane command, {variable: where its value comes from}) of every kvplane container:
+    a Compose value as written (`${KVPLANE_ADMIN_TOKEN}`), a Kubernetes secret as `secret:NAME/KEY`."""
+    found = []
+    compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
+    for name, service in compose["services"].items():
+        if service.get("image", "").startswith("kvplane"):
+            found.append(
+                (f"compose.yaml:{name}", str(service["command"][0]), {k: str(v) for k, v in service.get("environment", {}).items()})
+            )
+    for path in sorted((DEPLOY / "k8s").glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if not doc or doc.get("kind") != "Deployment":
+                continue
+            for c in doc["spec"]["template"]["spec"]["containers"]:
+                if c["image"].startswith("kvplane"):
+                    env = {e["name"]: _source(e) for e in c.get("env", [])}
+                    found.append((f"k8s/{path.name}:{doc['metadata']['name']}/{c['name']}", c["args"][0], env))
+    return found
+
+
+def _source(variable: dict) -> str:
+    secret = variable.get("valueFrom", {}).get("secretKeyRef")
+    return f"secret:{secret['name']}/{secret['key']}" if secret else str(variable.get("value", ""))
+
+
+def check_worker_credentials(found: list[tuple[str, str, dict[str, str]]]) -> None:
+    """ValueError naming the container when an agent's environment holds the admin token."""
+    for where, command, env in found:
+        if command != "agent":
+            continue
+        admin = [k for k, v in env.items() if k == "KVPLANE_ADMIN_TOKEN" or "KVPLANE_ADMIN_TOKEN" in v or v.endswith("/admin")]
+        if admin:
+            raise ValueError(f"{where}: an agent is given the admin token ({', '.join(admin)}); workers get worker credentials only")
+
+
 def main() -> int:
     for path in [DEPLOY / "compose.yaml", *sorted((DEPLOY / "k8s").glob("*.yaml"))]:
         list(yaml.safe_load_all(path.read_text()))
@@ -62,6 +100,8 @@ def main() -> int:
     for where, argv in lines:
         parse(argv)
         print(f"ok  {where}: kvplane {' '.join(argv)}")
+    check_worker_credentials(environments())
+    print("ok  no agent holds the admin token")
     return 0 if lines else 1
 
 

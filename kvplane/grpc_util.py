@@ -158,7 +158,8 @@ def aio_channel(endpoint: str, credentials: Credentials, *, traced: bool = True)
     interceptors = [*tracing, *([_AioBearer(credentials.token)] if credentials.token else [])]
     if credentials.insecure:
         return grpc.aio.insecure_channel(endpoint, options=CHANNEL_OPTIONS, interceptors=interceptors or None)
-    return grpc.aio.secure_channel(endpoint, credentials.channel_credentials(), options=CHANNEL_OPTIONS, interceptors=interceptors or None)
+    options = (*CHANNEL_OPTIONS, *credentials.channel_options())
+    return grpc.aio.secure_channel(endpoint, credentials.channel_credentials(), options=options, interceptors=interceptors or None)
 
 
 def channel(endpoint: str, credentials: Credentials) -> grpc.Channel:
@@ -166,5 +167,5 @@ def channel(endpoint: str, credentials: Credentials) -> grpc.Channel:
     if credentials.insecure:
         made = grpc.insecure_channel(endpoint, options=CHANNEL_OPTIONS)
     else:
-        made = grpc.secure_channel(endpoint, credentials.channel_credentials(), options=CHANNEL_OPTIONS)
+        made = grpc.secure_channel(endpoint, credentials.channel_credentials(), options=(*CHANNEL_OPTIONS, *credentials.channel_options()))
     return grpc.intercept_channel(made, _SyncBearer(credentials.token)) if credentials.token else made

@@ -10,6 +10,11 @@ A ticket binds (see Ticket in protos/kvplane/v1/common.proto):
   `decode_worker_id` runs it; for generate, `prefill_worker_id` may prefill or serve KV for it;
 - the request: request id, SHA-256 of the prompt token ids (of the text for tokenize), the cache
   salt the control plane derived from the tenant, and the tenant;
+- for generate, every field that directs work: the peer to prefill or fetch from (worker, endpoint,
+  fetch-only, transport: exactly AgentGenerateRequest.prefill_from, or none), the most tokens to
+  generate (what admission charged) and a digest of the other sampling parameters. A lookaside
+  client holds its agent request before it runs it: without these it could point the decode
+  worker at a server of its own, or run 1,000 tokens on a placement admitted for 1;
 - time: issued_at and expires_at, at most MAX_TTL_S apart; agents refuse a ticket issued in the
   future or living longer (beyond CLOCK_SKEW_S), whoever signed it;
 - a random nonce: `ReplayGuard` lets each agent accept a nonce once per operation kind.
@@ -76,10 +81,22 @@ def _field(value: str | bytes) -> bytes:
     return struct.pack("<I", len(data)) + data
 
 
+def sampling_digest(s: common_pb2.SamplingParams) -> bytes:
+    """SHA-256 of every SamplingParams field but max_tokens (which a ticket bounds instead), in a
+    fixed encoding. A field added to SamplingParams must be added here, or a caller could change it."""
+    fixed = struct.pack("<ffI??Q", s.temperature, s.top_p, s.top_k, s.ignore_eos, s.HasField("seed"), s.seed)
+    stops = array("I", s.stop_token_ids).tobytes()
+    return hashlib.sha256(b"kvplane-sampling-v1\x00" + fixed + _field(stops)).digest()
+
+
 def signed_bytes(t: common_pb2.Ticket) -> bytes:
     """The canonical bytes the signature covers: every field but the signature, length-prefixed."""
-    parts = (t.operation, t.request_id, t.decode_worker_id, t.prefill_worker_id, t.tenant, t.cache_salt, t.prompt_digest, t.nonce)
-    return b"kvplane-ticket-v2\x00" + b"".join(_field(p) for p in parts) + struct.pack("<dd", t.issued_at, t.expires_at)
+    parts = (
+        t.operation, t.request_id, t.decode_worker_id, t.prefill_worker_id, t.tenant, t.cache_salt, t.prompt_digest, t.nonce,
+        t.prefill_endpoint, t.prefill_transport, t.sampling_digest,
+    )  # fmt: skip
+    numbers = struct.pack("<dd?I", t.issued_at, t.expires_at, t.prefill_cached_only, t.max_tokens)
+    return b"kvplane-ticket-v3\x00" + b"".join(_field(p) for p in parts) + numbers
 
 
 class TicketSigner:
@@ -104,8 +121,14 @@ class TicketSigner:
         digest: bytes | None = None,
         cache_salt: str = "",
         tenant: str = "",
+        prefill_endpoint: str = "",
+        prefill_cached_only: bool = False,
+        prefill_transport: str = "",
+        sampling: common_pb2.SamplingParams | None = None,
         now: float | None = None,
     ) -> common_pb2.Ticket:
+        """`prefill_*` name the peer exactly as the agent request's prefill_from does; `sampling`
+        the request's as admitted (its max_tokens is the most the request may generate)."""
         if operation not in OPERATIONS:
             raise ValueError(f"unknown ticket operation {operation!r}")
         issued = time.time() if now is None else now
@@ -118,10 +141,25 @@ class TicketSigner:
         ticket = common_pb2.Ticket(
             operation=operation, request_id=request_id, decode_worker_id=worker_id, prefill_worker_id=prefill_worker_id,
             tenant=tenant, cache_salt=cache_salt, prompt_digest=digest, nonce=os.urandom(16),
-            issued_at=issued, expires_at=issued + self.ttl_s,
+            issued_at=issued, expires_at=issued + self.ttl_s, prefill_endpoint=prefill_endpoint,
+            prefill_cached_only=prefill_cached_only, prefill_transport=prefill_transport,
         )  # fmt: skip
+        if sampling is not None:
+            ticket.max_tokens = sampling.max_tokens
+            ticket.sampling_digest = sampling_digest(sampling)
         ticket.signature = self._key.sign(signed_bytes(ticket))
         return ticket
+
+    def issue_generate(self, request, worker_id: str, *, tenant: str = "", now: float | None = None) -> common_pb2.Ticket:
+        """The generate ticket for an AgentGenerateRequest as built (everything but its ticket) to
+        run on `worker_id`: bound to its request id, prompt, salt, prefill source and sampling."""
+        source = request.prefill_from
+        return self.issue(
+            GENERATE, worker_id, request_id=request.request_id, prefill_worker_id=source.worker_id,
+            prompt_token_ids=request.prompt_token_ids, cache_salt=request.cache_salt, tenant=tenant,
+            prefill_endpoint=source.endpoint, prefill_cached_only=source.cached_only, prefill_transport=source.transport,
+            sampling=request.sampling, now=now,
+        )  # fmt: skip
 
 
 class TicketVerifier:
@@ -152,10 +190,12 @@ class TicketVerifier:
 def check_request(
     ticket: common_pb2.Ticket, *, worker_id: str, as_source: bool = False, request_id: str | None = None,
     prompt_token_ids: Sequence[int] | None = None, text: str | None = None, digest: bytes | None = None,
-    cache_salt: str | None = None,
+    cache_salt: str | None = None, cached_only: bool | None = None, generate=None,
 ) -> None:  # fmt: skip
     """Raises TicketError unless the ticket names `worker_id` (as the runner, or as the KV source
-    with `as_source`) and matches the request's id, prompt (or text) and cache salt."""
+    with `as_source`) and matches the request's id, prompt (or text), cache salt and, for a
+    prefill, whether it only fetches (`cached_only`). `generate`: an AgentGenerateRequest, whose
+    prefill source and sampling must be what the ticket names (check_generate)."""
     named = ticket.prefill_worker_id if as_source else ticket.decode_worker_id
     if not named or named != worker_id:
         side = "prefill/KV source" if as_source else "worker"
@@ -170,6 +210,29 @@ def check_request(
         raise TicketError("the ticket is for another input")
     if cache_salt is not None and cache_salt != ticket.cache_salt:
         raise TicketError("the ticket is for another cache salt")
+    if cached_only is not None and cached_only != ticket.prefill_cached_only:
+        raise TicketError(f"the ticket is for a {'fetch of cached blocks' if ticket.prefill_cached_only else 'prefill'}, not this")
+    if generate is not None:
+        check_generate(ticket, generate)
+
+
+def check_generate(ticket: common_pb2.Ticket, request) -> None:
+    """Raises TicketError unless the AgentGenerateRequest's prefill_from is exactly the peer the
+    ticket names (or absent when it names none) and its sampling is what the ticket admitted."""
+    source = request.prefill_from if request.HasField("prefill_from") else None
+    if source is None:
+        if ticket.prefill_worker_id:
+            raise TicketError(f"the ticket names {ticket.prefill_worker_id[:64]!r} as prefill peer, the request none")
+    elif _source_of(source) != (ticket.prefill_worker_id, ticket.prefill_endpoint, ticket.prefill_cached_only, ticket.prefill_transport):
+        raise TicketError("prefill_from is not the peer the ticket names (worker, endpoint, fetch-only and transport must match)")
+    if request.sampling.max_tokens > ticket.max_tokens:
+        raise TicketError(f"the request asks for {request.sampling.max_tokens} tokens; it was admitted for at most {ticket.max_tokens}")
+    if sampling_digest(request.sampling) != ticket.sampling_digest:
+        raise TicketError("the request's sampling parameters are not the ones it was admitted with")
+
+
+def _source_of(source) -> tuple[str, str, bool, str]:
+    return source.worker_id, source.endpoint, source.cached_only, source.transport
 
 
 class ReplayGuard:

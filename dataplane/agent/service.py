@@ -12,11 +12,17 @@ normal engine path (see dataplane/agent/profile.py).
 
 Tickets (kvplane.tickets, docs/security.md): every call that runs work or touches KV carries a
 ticket the control plane signed for it. Generate checks it is for this worker, this request id,
-prompt and cache salt, and uses it once (a client calling it in lookaside mode must be of the
-ticket's tenant); Prefill checks the same with this worker as the named
-source (and, with mTLS, that the caller is the decode worker it names); PullKV and ReleaseKV must
-carry the ticket their transfer was prefilled under. Drain, Undrain, Profile and Tokenize need a
-ticket for that operation on this worker.
+prompt and cache salt, this prefill source (worker, endpoint, fetch-only, transport) and this
+sampling (at most the admitted max_tokens), and uses it once (a client calling it in lookaside
+mode must be of the ticket's tenant); Prefill checks the same with this worker as the named
+source (and, with mTLS, that the caller is a worker and the decode worker it names); PullKV and
+ReleaseKV must carry the ticket their transfer was prefilled under, from that same worker.
+Drain, Undrain, Profile and Tokenize need a ticket for that operation on this worker.
+
+Peers are who the control plane says they are: with mTLS the decode side dials the prefill peer
+(and pulls KV from it) on a channel that accepts only a certificate naming the worker the ticket
+names (Credentials.for_peer), so neither a client's certificate nor another worker's can stand in
+for it, wherever the endpoint leads.
 
 The engine is reached only through the engine interface (dataplane/engines/base.py). Prefill,
 KV pulls and remote prefill need its KV import/export capability, Profile its step timings; on
@@ -58,7 +64,7 @@ from kvplane.grpc_util import aio_channel
 from kvplane.latency import OnlineStepModel, StepSample, StepTimeModel, fit, samples_from_pb, samples_to_pb
 from kvplane.security.auth import caller
 from kvplane.security.credentials import Credentials
-from kvplane.security.identity import Role
+from kvplane.security.identity import Identity, Role
 from kvplane.security.limits import MAX_ID_CHARS, clip
 from kvplane.telemetry import tracing
 from kvplane.types import BlockHash
@@ -158,9 +164,10 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(e))
 
     async def _check_peer(self, ticket: common_pb2.Ticket, context) -> None:
-        """With mTLS: the calling worker must be the decode worker the ticket names."""
+        """With mTLS: the caller must be a worker, the decode worker the ticket names. (A plaintext
+        agent has no caller identity and relies on the ticket alone.)"""
         identity = caller()
-        if identity is not None and identity.name != ticket.decode_worker_id:
+        if identity is not None and (identity.role is not Role.WORKER or identity.name != ticket.decode_worker_id):
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"{identity} is not the worker this transfer's ticket was issued to")
 
     async def _check_accepting(self, context) -> None:
@@ -168,12 +175,15 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             # UNAVAILABLE, not FAILED_PRECONDITION: the control plane retries elsewhere.
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"worker {self.worker_id} is draining and takes no new requests")
 
-    def _peer(self, endpoint: str) -> agent_pb2_grpc.AgentStub:
-        stub = self._peer_stubs.get(endpoint)
+    def _peer(self, source: agent_pb2.PrefillSource) -> agent_pb2_grpc.AgentStub:
+        """A stub for the prefill peer: with mTLS its channel accepts only a certificate that names
+        source.worker_id, a worker (the ticket names it; Generate checked the source against it)."""
+        key = f"{source.worker_id}@{source.endpoint}"
+        stub = self._peer_stubs.get(key)
         if stub is None:
-            channel = aio_channel(endpoint, self._credentials)
+            channel = aio_channel(source.endpoint, self._credentials.for_peer(Identity(Role.WORKER, source.worker_id)))
             self._peer_channels.append(channel)
-            stub = self._peer_stubs[endpoint] = agent_pb2_grpc.AgentStub(channel)
+            stub = self._peer_stubs[key] = agent_pb2_grpc.AgentStub(channel)
         return stub
 
     async def _check_healthy(self, context) -> None:
@@ -259,10 +269,8 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"{identity} may not run a request placed for another tenant")
         await self._check_ticket(
             request.ticket, context, tickets.GENERATE, use="generate",
-            request_id=request.request_id, prompt_token_ids=prompt, cache_salt=request.cache_salt,
+            request_id=request.request_id, prompt_token_ids=prompt, cache_salt=request.cache_salt, generate=request,
         )  # fmt: skip
-        if request.HasField("prefill_from") and request.prefill_from.worker_id != request.ticket.prefill_worker_id:
-            await context.abort(grpc.StatusCode.PERMISSION_DENIED, "prefill_from names a worker the ticket does not")
         await self._check_accepting(context)
         await self._check_healthy(context)
         if request.num_resumed_tokens >= len(prompt):
@@ -374,7 +382,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         native = self._native
         layout = self._engine.info.layout
         try:
-            reply = await self._peer(source.endpoint).Prefill(
+            reply = await self._peer(source).Prefill(
                 agent_pb2.PrefillRequest(
                     ticket=request.ticket,
                     request_id=request.request_id,
@@ -418,7 +426,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         source = request.prefill_from
         kv = self._kv
         layout = self._engine.info.layout
-        peer = self._peer(source.endpoint)
+        peer = self._peer(source)
         offered = [source.transport] if source.transport else list(self._transports)
         transfer_id = uuid.uuid4().hex  # ours, so that we can release it even without an answer
         try:
@@ -475,6 +483,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                         descriptor=reply.transport_descriptor,
                         layout=layout_from_pb(reply.layout),
                         ticket=request.ticket,
+                        worker_id=source.worker_id,
                     )
                     with tracing.span(tracing.SPAN_KV_TRANSFER, {"kvplane.kv_transfer.transport": reply.transport}) as span:
                         pull = transport.pull(source_desc, missing, dst)
@@ -513,11 +522,13 @@ class AgentService(agent_pb2_grpc.AgentServicer):
     # -- Prefill and KV serving (prefill side) --------------------------------------------------
 
     async def Prefill(self, request: agent_pb2.PrefillRequest, context):
+        # The caller first, so that another worker holding a copy of the ticket cannot burn its use.
+        await self._check_peer(request.ticket, context)
         await self._check_ticket(
             request.ticket, context, tickets.GENERATE, use="prefill", as_source=True,
             request_id=request.request_id, prompt_token_ids=request.prompt_token_ids, cache_salt=request.cache_salt,
+            cached_only=request.cached_only,
         )  # fmt: skip
-        await self._check_peer(request.ticket, context)
         if len(request.transfer_id) > MAX_ID_CHARS:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"transfer_id is longer than {MAX_ID_CHARS} characters")
         await self._check_accepting(context)

@@ -80,6 +80,9 @@ class PullSource:
     # The control plane's ticket the transfer was prefilled under (a kvplane.v1 Ticket): the grpc
     # transport presents it with each pull. NIXL reads go through UCX, which carries no ticket.
     ticket: object | None = None
+    # The peer's worker id (the ticket's prefill_worker_id): with mutual TLS the grpc transport
+    # accepts the peer only when its certificate names that worker (Credentials.for_peer).
+    worker_id: str = ""
 
 
 @runtime_checkable

@@ -9,7 +9,8 @@ straight into the destination block's bytes of the local pool; a peer that sends
 order and cover it exactly; anything else is a TransferError, never a silently partial block.
 
 Each PullKV presents the ticket of the transfer (PullSource.ticket) over the transport's channel,
-made with the worker's credentials (mutual TLS unless the cluster runs --insecure).
+made with the worker's credentials (mutual TLS unless the cluster runs --insecure); with TLS the
+channel accepts only a peer whose certificate names the worker PullSource.worker_id says.
 
 The descriptor is small JSON (layout, number of pinned blocks, block size in bytes): the block
 ids stay on the server, which resolves indices through its pin table.
@@ -39,6 +40,7 @@ from kvplane.dataplane.transport.base import (
 )
 from kvplane.grpc_util import MAX_MESSAGE_BYTES, aio_channel
 from kvplane.security.credentials import Credentials
+from kvplane.security.identity import Identity, Role
 from kvplane.types import KVLayout
 from kvplane.v1 import agent_pb2, agent_pb2_grpc
 
@@ -151,7 +153,7 @@ class GrpcStreamTransport:
         )
         if source.ticket is not None:
             request.ticket.CopyFrom(source.ticket)
-        call = self._stub(source.endpoint).PullKV(request, timeout=self._timeout_s)
+        call = self._stub(source.endpoint, source.worker_id).PullKV(request, timeout=self._timeout_s)
         where = f"PullKV of transfer {source.transfer_id} from {source.endpoint}"
         try:
             while True:
@@ -201,15 +203,21 @@ class GrpcStreamTransport:
 
         return write
 
-    def _stub(self, endpoint: str) -> agent_pb2_grpc.AgentStub:
+    def _stub(self, endpoint: str, worker_id: str) -> agent_pb2_grpc.AgentStub:
         loop = asyncio.get_running_loop()
-        peer = self._peers.get(endpoint)
+        key = f"{worker_id}@{endpoint}" if worker_id else endpoint  # a TLS channel verifies one peer identity
+        peer = self._peers.get(key)
         if peer is not None and peer[0] is loop:
             return peer[2]
+        credentials = self._credentials
+        if credentials.tls:
+            if not worker_id:
+                raise TransportError(f"pulling from {endpoint} over TLS needs the peer's worker id, to verify its certificate")
+            credentials = credentials.for_peer(Identity(Role.WORKER, worker_id))
         # A channel made on another (finished) loop cannot be used or awaited here: drop it.
-        channel = aio_channel(endpoint, self._credentials)  # traced when tracing is on
+        channel = aio_channel(endpoint, credentials)  # traced when tracing is on
         stub = agent_pb2_grpc.AgentStub(channel)
-        self._peers[endpoint] = (loop, channel, stub)
+        self._peers[key] = (loop, channel, stub)
         return stub
 
     @property

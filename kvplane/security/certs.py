@@ -1,9 +1,12 @@
 """A development certificate authority and per-component certificates (the `cryptography` package).
 
 `create_ca` makes a self-signed CA (ECDSA P-256); `issue` signs a certificate for one identity,
-with its SPIFFE ID in the URI SAN (kvplane.security.identity) and the DNS names and IP addresses
-that peers dial in the other SANs. Every certificate serves both ways (serverAuth and clientAuth),
-because every kvplane process is a gRPC server and a client of its peers.
+with its SPIFFE ID in the URI SAN (kvplane.security.identity). Usages follow the role:
+- control planes and workers are gRPC servers and clients of their peers: serverAuth and
+  clientAuth, their server name (NAME.ROLE.kvplane, which peers verify) and the DNS names and IP
+  addresses they are dialed at in the other SANs;
+- clients and admins only call: clientAuth alone and no DNS or IP SAN, so their certificate
+  cannot serve (a TLS client refuses it: "unsupported certificate purpose"), whatever it dials.
 
 Files: `write_pair(dir, stem, ...)` writes STEM.pem (certificate) and STEM.key (private key, mode
 0600). A production deployment may use any CA (cert-manager, Vault, SPIRE): kvplane only reads
@@ -71,6 +74,8 @@ def create_ca(common_name: str = "kvplane development CA", days: int = DEFAULT_D
 
 def _san(hosts: tuple[str, ...] | list[str], identity: Identity) -> x509.SubjectAlternativeName:
     names: list[x509.GeneralName] = [x509.UniformResourceIdentifier(identity.spiffe_id())]
+    if identity.serves:
+        names.append(x509.DNSName(identity.server_name()))
     for host in dict.fromkeys(hosts):
         try:
             names.append(x509.IPAddress(ipaddress.ip_address(host)))
@@ -79,8 +84,15 @@ def _san(hosts: tuple[str, ...] | list[str], identity: Identity) -> x509.Subject
     return x509.SubjectAlternativeName(names)
 
 
-def issue(ca: KeyPair, identity: Identity, hosts: tuple[str, ...] | list[str] = LOCAL_HOSTS, days: int = DEFAULT_DAYS) -> KeyPair:
-    """A certificate for `identity`, signed by `ca`, valid for the given DNS names / IP addresses."""
+def issue(ca: KeyPair, identity: Identity, hosts: tuple[str, ...] | list[str] | None = None, days: int = DEFAULT_DAYS) -> KeyPair:
+    """A certificate for `identity`, signed by `ca`. A serving identity's is valid for the given DNS
+    names / IP addresses (default LOCAL_HOSTS) and its server name; a client's or admin's names no
+    host and cannot serve (hosts given for one are an error)."""
+    if not identity.serves and hosts:
+        raise IdentityError(f"{identity} only calls servers: its certificate names no host (it was given {list(hosts)[:4]})")
+    if identity.serves and hosts is None:
+        hosts = LOCAL_HOSTS
+    usages = [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH] if identity.serves else [ExtendedKeyUsageOID.CLIENT_AUTH]
     ca_cert = x509.load_pem_x509_certificate(ca.cert_pem)
     ca_key = serialization.load_pem_private_key(ca.key_pem, password=None)
     key = _new_key()
@@ -91,10 +103,8 @@ def issue(ca: KeyPair, identity: Identity, hosts: tuple[str, ...] | list[str] = 
     builder = x509.CertificateBuilder().subject_name(subject).issuer_name(ca_cert.subject).public_key(key.public_key())
     builder = _validity(builder.serial_number(x509.random_serial_number()), days)
     builder = builder.add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-    builder = builder.add_extension(_san(hosts, identity), critical=False)
-    builder = builder.add_extension(
-        x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False
-    )
+    builder = builder.add_extension(_san(hosts or (), identity), critical=False)
+    builder = builder.add_extension(x509.ExtendedKeyUsage(usages), critical=False)
     builder = builder.add_extension(
         x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_cert.public_key()),  # type: ignore[arg-type]
         critical=False,
@@ -144,6 +154,30 @@ def identity_of(cert_pem: bytes) -> Identity:
     if len(spiffe) != 1:
         raise IdentityError(f"the certificate must carry exactly one spiffe:// URI SAN, it has {len(spiffe)}")
     return identity_from_spiffe_id(spiffe[0])
+
+
+def check_serves(cert_pem: bytes, identity: Identity) -> None:
+    """IdentityError unless the certificate can serve as `identity` to kvplane peers: serverAuth
+    (or no usage restriction) and the server name they verify (identity.server_name()) in a DNS
+    SAN. Servers call it at start, so a certificate from another CA setup fails there, by name,
+    instead of in every peer's handshake."""
+    cert = x509.load_pem_x509_certificate(cert_pem)
+    try:
+        usages = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+        if ExtendedKeyUsageOID.SERVER_AUTH not in usages:
+            raise IdentityError(f"the certificate of {identity} lacks the serverAuth extended key usage, so peers refuse it as a server")
+    except x509.ExtensionNotFound:
+        pass  # no restriction: any usage
+    try:
+        dns = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName)
+    except x509.ExtensionNotFound:
+        dns = []
+    wanted = identity.server_name()
+    if wanted.lower() not in (d.lower() for d in dns):
+        raise IdentityError(
+            f"the certificate of {identity} has no DNS SAN {wanted!r}: peers dial it by that name and refuse it without; "
+            "issue it again (`kvplane certs issue`, or add that name to your CA's certificate request)"
+        )
 
 
 def write_pair(directory: Path, stem: str, pair: KeyPair) -> tuple[Path, Path]:

@@ -5,6 +5,8 @@
   verifies the server (server-auth TLS); without `ca_pem` it trusts the system's roots.
 - `token`: a bearer token sent on every call (`authorization: Bearer ...`): a join token for
   agents, a client or admin token for callers; over plaintext only with `insecure`.
+- `server_name` (set by `for_peer`): the name the server's certificate must carry, instead of the
+  dialed host: how an agent makes sure the peer at an endpoint is the worker a ticket names.
 - `insecure`: plaintext. Never a default: a server runs plaintext only with an explicit --insecure
   (and says so in its log), a client only when told or when the local cluster it talks to is.
 
@@ -43,6 +45,7 @@ class Credentials:
     token: str = ""
     insecure: bool = False
     source: str = "explicit"  # where they came from, for error messages
+    server_name: str = ""  # the name the server's certificate must carry ("" = the host dialed)
 
     def __post_init__(self) -> None:
         if (self.cert_pem is None) != (self.key_pem is None):
@@ -67,6 +70,14 @@ class Credentials:
 
     def with_token(self, token: str) -> Credentials:
         return replace(self, token=token)
+
+    def for_peer(self, peer: Identity) -> Credentials:
+        """These credentials for calling the server `peer` only: the TLS handshake fails unless its
+        certificate names peer.server_name() in a DNS SAN and allows serverAuth, which a client's
+        or another worker's does not. (gRPC in Python checks DNS SANs against the name dialed, never
+        the URI SAN, so that name stands for the SPIFFE ID; kvplane.security.identity.) Plaintext
+        credentials are returned as they are: there is no certificate to check."""
+        return self if self.insecure else replace(self, server_name=peer.server_name())
 
     # -- what they are ----------------------------------------------------------------------------
 
@@ -102,6 +113,10 @@ class Credentials:
         if self.insecure:
             raise CredentialsError("plaintext credentials have no channel credentials")
         return grpc.ssl_channel_credentials(self.ca_pem, self.key_pem, self.cert_pem)
+
+    def channel_options(self) -> tuple[tuple[str, str], ...]:
+        """Channel options these credentials need: the server name to verify, when one is set."""
+        return (("grpc.ssl_target_name_override", self.server_name),) if self.server_name else ()
 
     def describe(self) -> str:
         if self.insecure:

@@ -76,7 +76,11 @@ def server_credentials_from_args(args: argparse.Namespace, what: str) -> Credent
             "`kvplane certs` makes them. For plaintext in development, pass --insecure"
         )
     credentials = Credentials.from_files(cert, key, ca, token=token, source="--tls-*")
-    credentials.identity()  # fails early, with the reason, on a certificate without a kvplane identity
+    identity = credentials.identity()  # fails early, with the reason, on a certificate without a kvplane identity
+    if identity is not None and identity.role is Role.WORKER:
+        from kvplane.security.certs import check_serves  # noqa: PLC0415 (cryptography loads only when needed)
+
+        check_serves(credentials.cert_pem, identity)  # peers verify its server name: fail here, not in their handshakes
     return credentials
 
 

@@ -9,13 +9,23 @@ Roles follow the Kubernetes RBAC shape, cut down to what kvplane needs:
 
 A certificate carries its identity as a SPIFFE ID in its URI SAN (what gRPC reports as
 `peer_spiffe_id`): spiffe://kvplane/ROLE/NAME, and for clients spiffe://kvplane/client/TENANT/NAME.
-Names and tenants are 1..64 characters of [A-Za-z0-9._-], so no two identities print the same and
-none can inject a separator into the cache salt.
+Names and tenants are 1..64 characters of [A-Za-z0-9._-], so no two identities print the same.
+
+The serving roles (control plane, worker) also carry their identity as a DNS name, NAME.ROLE.kvplane
+(`server_name`): a gRPC client in Python checks a server's DNS SANs against the name it dials
+(`grpc.ssl_target_name_override`) and never its URI SAN, so that name is how an agent makes sure
+the peer it dials is the worker a ticket names (kvplane.security.credentials.Credentials.for_peer).
+Client and admin certificates carry neither that name nor serverAuth, so they cannot serve.
+
+Cache salts are the tenant's secret: HMAC(the cluster's salt key, tenant), never the tenant name,
+so nobody can compute the block hashes of another tenant's prompts (tenant_cache_salt).
 """
 
 from __future__ import annotations
 
 import enum
+import hashlib
+import hmac
 import re
 from dataclasses import dataclass
 
@@ -24,6 +34,7 @@ SPIFFE_PREFIX = f"spiffe://{TRUST_DOMAIN}/"
 ANY_WORKER = "*"  # the name a join token gives: it may register any worker id that is free
 ANONYMOUS_TENANT = "anonymous"
 _NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+SALT_TAG_BYTES = 16  # of the HMAC that stands for a tenant in its cache salt: 128 bits, unguessable
 
 
 class IdentityError(ValueError):
@@ -69,6 +80,18 @@ class Identity:
         """A stable string naming this identity (rate-limit buckets, logs)."""
         return f"{self.role.value}/{self.tenant + '/' if self.tenant else ''}{self.name}"
 
+    @property
+    def serves(self) -> bool:
+        """Whether this identity runs a gRPC server others dial (its certificate has serverAuth)."""
+        return self.role in (Role.CONTROLPLANE, Role.WORKER)
+
+    def server_name(self) -> str:
+        """The DNS name a server certificate carries for this identity, and that its callers dial
+        by (NAME.ROLE.kvplane). Only serving roles have one; gRPC compares it case-insensitively."""
+        if not self.serves or self.name == ANY_WORKER:
+            raise IdentityError(f"{self} does not serve, so it has no server name")
+        return f"{self.name}.{self.role.value}.{TRUST_DOMAIN}"
+
     def spiffe_id(self) -> str:
         if self.role is Role.CLIENT:
             return f"{SPIFFE_PREFIX}client/{self.tenant}/{self.name}"
@@ -99,11 +122,17 @@ def identity_from_spiffe_id(spiffe_id: str) -> Identity:
     return Identity(role, check_name(parts[1]))
 
 
-def tenant_cache_salt(identity: Identity, client_salt: str = "") -> str:
-    """The cache salt of a request: the caller's tenant, then what the client chose.
+def tenant_cache_salt(identity: Identity, client_salt: str = "", *, key: bytes) -> str:
+    """The cache salt of a request: a secret tag of the caller's tenant, then what the client chose.
 
     Block hashes chain from the salt, so two tenants never share a cached block, and a client salt
     can only split its own tenant's cache further (as vLLM's cache_salt and Dynamo's do), never
-    reach into another's. No tenant contains '/', so the encoding is unambiguous.
+    reach into another's. The tag is HMAC-SHA256(key, tenant), cut to SALT_TAG_BYTES and written
+    in hex: `key` is the cluster's salt key, which only control-plane replicas hold (all the same
+    one, from the store), so nobody else can compute a tenant's salt, nor the block hashes of
+    its prompts. Hex has no '/', so the encoding is unambiguous.
     """
-    return f"t/{identity.cache_tenant}/{client_salt}"
+    if len(key) < 16:
+        raise ValueError("the cache salt key must be at least 16 random bytes")
+    tag = hmac.new(key, b"kvplane-cache-salt\x00" + identity.cache_tenant.encode(), hashlib.sha256).digest()
+    return f"t/{tag[:SALT_TAG_BYTES].hex()}/{client_salt}"

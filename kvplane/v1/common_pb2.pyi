@@ -202,7 +202,7 @@ class KVEvent(_message.Message):
     def __init__(self, stored: _Optional[_Union[BlockStored, _Mapping]] = ..., removed: _Optional[_Union[BlockRemoved, _Mapping]] = ..., cleared: _Optional[_Union[AllCleared, _Mapping]] = ...) -> None: ...
 
 class Ticket(_message.Message):
-    __slots__ = ("request_id", "decode_worker_id", "prefill_worker_id", "expires_at", "signature", "issued_at", "nonce", "prompt_digest", "cache_salt", "tenant", "operation")
+    __slots__ = ("request_id", "decode_worker_id", "prefill_worker_id", "expires_at", "signature", "issued_at", "nonce", "prompt_digest", "cache_salt", "tenant", "operation", "prefill_endpoint", "prefill_cached_only", "prefill_transport", "max_tokens", "sampling_digest")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     DECODE_WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     PREFILL_WORKER_ID_FIELD_NUMBER: _ClassVar[int]
@@ -214,6 +214,11 @@ class Ticket(_message.Message):
     CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     OPERATION_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_CACHED_ONLY_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_TRANSPORT_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_DIGEST_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     decode_worker_id: str
     prefill_worker_id: str
@@ -225,7 +230,12 @@ class Ticket(_message.Message):
     cache_salt: str
     tenant: str
     operation: str
-    def __init__(self, request_id: _Optional[str] = ..., decode_worker_id: _Optional[str] = ..., prefill_worker_id: _Optional[str] = ..., expires_at: _Optional[float] = ..., signature: _Optional[bytes] = ..., issued_at: _Optional[float] = ..., nonce: _Optional[bytes] = ..., prompt_digest: _Optional[bytes] = ..., cache_salt: _Optional[str] = ..., tenant: _Optional[str] = ..., operation: _Optional[str] = ...) -> None: ...
+    prefill_endpoint: str
+    prefill_cached_only: bool
+    prefill_transport: str
+    max_tokens: int
+    sampling_digest: bytes
+    def __init__(self, request_id: _Optional[str] = ..., decode_worker_id: _Optional[str] = ..., prefill_worker_id: _Optional[str] = ..., expires_at: _Optional[float] = ..., signature: _Optional[bytes] = ..., issued_at: _Optional[float] = ..., nonce: _Optional[bytes] = ..., prompt_digest: _Optional[bytes] = ..., cache_salt: _Optional[str] = ..., tenant: _Optional[str] = ..., operation: _Optional[str] = ..., prefill_endpoint: _Optional[str] = ..., prefill_cached_only: _Optional[bool] = ..., prefill_transport: _Optional[str] = ..., max_tokens: _Optional[int] = ..., sampling_digest: _Optional[bytes] = ...) -> None: ...
 
 class ChatMessage(_message.Message):
     __slots__ = ("role", "content")

@@ -19,7 +19,7 @@ from kvplane.dataplane.transport import make_transport
 from kvplane.grpc_util import aio_channel, make_server
 from kvplane.security.credentials import Credentials
 from kvplane.types import Role
-from kvplane.v1 import agent_pb2_grpc, common_pb2
+from kvplane.v1 import agent_pb2, agent_pb2_grpc, common_pb2
 
 SIGNER = tickets.TicketSigner(tickets.new_signing_key())
 PLAINTEXT = Credentials.plaintext(source="agent tests")
@@ -33,6 +33,12 @@ def generate_ticket(
         tickets.GENERATE, worker_id, request_id=request_id, prefill_worker_id=source, prompt_token_ids=list(prompt),
         cache_salt=cache_salt, now=now,
     )  # fmt: skip
+
+
+def ticketed(request: agent_pb2.AgentGenerateRequest, worker_id: str, now: float | None = None) -> agent_pb2.AgentGenerateRequest:
+    """`request` with the ticket the control plane would give it for `worker_id` (its prefill source and sampling included)."""
+    request.ticket.CopyFrom(SIGNER.issue_generate(request, worker_id, now=now))
+    return request
 
 
 def op_ticket(operation: str, worker_id: str, now: float | None = None) -> common_pb2.Ticket:

@@ -18,7 +18,7 @@ from kvplane.dataplane.engines.reference import Engine, EngineConfig, ReferenceA
 from kvplane.types import Role
 from kvplane.v1 import agent_pb2, common_pb2
 
-from .helpers import generate_ticket, op_ticket, serve_agent
+from .helpers import generate_ticket, op_ticket, serve_agent, ticketed
 
 PROMPT = list(range(1, 16 * 2 + 3))
 
@@ -34,10 +34,10 @@ class WithoutCapabilities(ReferenceAdapter):
 
 
 def generate_request(request_id: str, **fields) -> agent_pb2.AgentGenerateRequest:
-    return agent_pb2.AgentGenerateRequest(
-        ticket=generate_ticket(request_id, "w", fields.get("prefill_from").worker_id if "prefill_from" in fields else "", PROMPT), request_id=request_id, prompt_token_ids=PROMPT,
-        sampling=common_pb2.SamplingParams(max_tokens=4), **fields,
-    )  # fmt: skip
+    request = agent_pb2.AgentGenerateRequest(
+        request_id=request_id, prompt_token_ids=PROMPT, sampling=common_pb2.SamplingParams(max_tokens=4), **fields
+    )
+    return ticketed(request, "w")
 
 
 async def refused(call) -> grpc.aio.AioRpcError:

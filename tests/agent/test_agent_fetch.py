@@ -10,7 +10,7 @@ from kvplane.dataplane.engines import EngineAdapter, EngineRequest, SamplingPara
 from kvplane.types import Role
 from kvplane.v1 import agent_pb2, common_pb2
 
-from .helpers import generate_ticket, serve_agent
+from .helpers import serve_agent, ticketed
 
 PREFIX = [(7 * i + 3) % 250 for i in range(16 * 6)]  # six full blocks, cached on the holder
 PROMPT = PREFIX + list(range(40, 61))  # plus a 21-token suffix nobody holds
@@ -45,19 +45,19 @@ def test_pulled_prefix_gives_the_same_tokens_as_a_local_computation():
             sampling = common_pb2.SamplingParams(max_tokens=12)
             fetched_tokens, m = await _generate(
                 puller,
-                agent_pb2.AgentGenerateRequest(
-                    ticket=generate_ticket("r1", "puller", "holder", PROMPT),
-                    request_id="r1",
-                    prompt_token_ids=PROMPT,
-                    sampling=sampling,
-                    prefill_from=agent_pb2.PrefillSource(worker_id="holder", endpoint=holder_endpoint, cached_only=True),
+                ticketed(
+                    agent_pb2.AgentGenerateRequest(
+                        request_id="r1",
+                        prompt_token_ids=PROMPT,
+                        sampling=sampling,
+                        prefill_from=agent_pb2.PrefillSource(worker_id="holder", endpoint=holder_endpoint, cached_only=True),
+                    ),
+                    "puller",
                 ),
             )
             local_tokens, local_m = await _generate(
                 local,
-                agent_pb2.AgentGenerateRequest(
-                    ticket=generate_ticket("r2", "local", "", PROMPT), request_id="r2", prompt_token_ids=PROMPT, sampling=sampling
-                ),
+                ticketed(agent_pb2.AgentGenerateRequest(request_id="r2", prompt_token_ids=PROMPT, sampling=sampling), "local"),
             )
             assert holder_engine.take_kv_events() == []  # the holder computed (and stored) nothing
             assert holder_engine.load().num_used_blocks == 0  # and its pins were released

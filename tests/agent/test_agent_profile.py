@@ -27,7 +27,7 @@ from kvplane.latency import StepTimeModel, samples_from_pb, samples_to_pb
 from kvplane.types import Role
 from kvplane.v1 import agent_pb2, common_pb2
 
-from .helpers import generate_ticket, op_ticket, serve_agent
+from .helpers import op_ticket, serve_agent, ticketed
 
 WORKER = "both-t"
 CHUNK = 512  # max_num_batched_tokens: prompts above it prefill in chunks
@@ -45,12 +45,12 @@ async def agent(**engine_overrides):
 
 async def generate(stub, request_id: str, prompt: list[int], max_tokens: int = 1, cache_salt: str = "") -> common_pb2.RequestMetrics:
     request = agent_pb2.AgentGenerateRequest(
-        ticket=generate_ticket(request_id, WORKER, "", prompt, cache_salt),
         request_id=request_id,
         prompt_token_ids=prompt,
         cache_salt=cache_salt,
         sampling=common_pb2.SamplingParams(max_tokens=max_tokens, ignore_eos=True),
     )
+    ticketed(request, WORKER)
     last = None
     async for reply in stub.Generate(request):
         last = reply

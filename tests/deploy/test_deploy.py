@@ -40,6 +40,18 @@ def test_every_kubernetes_object_is_valid(path):
         kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
 
 
+def test_worker_containers_hold_worker_credentials_only():
+    found = check.environments()
+    agents = [(where, env) for where, command, env in found if command == "agent"]
+    assert len(agents) == 6 and all(env.get("KVPLANE_JOIN_TOKEN") for _, env in agents)
+    check.check_worker_credentials(found)
+    # The control planes do hold it: they check it.
+    assert any("KVPLANE_ADMIN_TOKEN" in env for _, command, env in found if command == "controlplane")
+    for leak in ({"KVPLANE_TOKEN": "secret:kvplane-tokens/admin"}, {"KVPLANE_TOKEN": "${KVPLANE_ADMIN_TOKEN}"}):
+        with pytest.raises(ValueError, match="an agent is given the admin token"):
+            check.check_worker_credentials([("k8s/x.yaml:w/agent", "agent", {**agents[0][1], **leak})])
+
+
 def test_the_check_can_fail():
     bad = yaml.safe_load((DEPLOY / "k8s" / "sidecar-vllm.yaml").read_text())
     bad["spec"]["template"]["spec"]["containers"][1]["portz"] = []

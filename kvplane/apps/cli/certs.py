@@ -7,7 +7,9 @@
 
 `ca` writes DIR/ca.pem and DIR/ca.key (keep ca.key offline in production); `issue` writes
 DIR/NAME.pem and DIR/NAME.key signed by that CA, naming the identity in the certificate's URI SAN.
-A worker's name is its worker id. Give every DNS name or IP address peers dial with --host.
+A worker's name is its worker id. Control planes and workers serve: give every DNS name or IP
+address peers dial with --host; their certificate also names NAME.ROLE.kvplane, which peers
+verify. Clients and admins only call: their certificate has clientAuth alone and names no host.
 """
 
 from __future__ import annotations
@@ -39,7 +41,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     issue.add_argument("--role", required=True, choices=[r.value for r in Role], help="what the holder is")
     issue.add_argument("--name", required=True, help="the identity's name (a worker's is its worker id)")
     issue.add_argument("--tenant", default="", help="clients only: the tenant the requests count for")
-    issue.add_argument("--host", action="append", default=[], help="DNS name or IP the holder is dialed at (repeat; default localhost)")
+    issue.add_argument(
+        "--host", action="append", default=[], help="servers only: a DNS name or IP it is dialed at (repeat; default localhost)"
+    )
     issue.add_argument("--days", type=positive_int, default=certs.DEFAULT_DAYS, help="validity (default %(default)s)")
     issue.add_argument("--out", default="", help="file stem to write (default: NAME, or TENANT.NAME for clients)")
     issue.set_defaults(func=run_issue)
@@ -60,13 +64,15 @@ def run_ca(args: argparse.Namespace) -> int:
 def run_issue(args: argparse.Namespace) -> int:
     try:
         identity = Identity(Role(args.role), args.name, args.tenant)
+        if args.host and not identity.serves:
+            raise IdentityError(f"--host is for certificates that serve (controlplane, worker); a {args.role} only calls")
         ca = certs.read_pair(args.dir, "ca")
     except IdentityError as e:
         raise CliError(str(e), 2) from None
     except OSError as e:
         raise CliError(f"cannot read the CA in {args.dir} ({e.strerror or e}); run `kvplane certs ca --dir {args.dir}` first") from None
     stem = args.out or (f"{args.tenant}.{args.name}" if args.tenant else args.name)
-    cert, key = certs.write_pair(args.dir, stem, certs.issue(ca, identity, args.host or list(certs.LOCAL_HOSTS), args.days))
+    cert, key = certs.write_pair(args.dir, stem, certs.issue(ca, identity, args.host or None, args.days))
     print(f"{identity.spiffe_id()}\ncertificate: {cert}\nprivate key: {key}\nCA: {args.dir / 'ca.pem'}")
     return 0
 
