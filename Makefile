@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast chaos test-engines engines-env lint format env test-env etcd rdma protos clean
+.PHONY: demo test test-fast chaos test-engines engines-env lint format env test-env etcd rdma kubectl prometheus protos clean
 
 $(STAMP): pyproject.toml setup.py kvplane/_native.c
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -49,10 +49,28 @@ rdma:
 	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libibverbs1 librdmacm1) >/dev/null; \
 	  else echo "install the RDMA userspace libraries (libibverbs, librdmacm) to test beside them" >&2; fi; }
 
+# kubectl renders deploy/k8s's overlays with its built-in kustomize (tests/deploy); Debian's
+# kubernetes-client is kubectl 1.20 (kustomize v2), which the overlays are written for as well.
+kubectl:
+	@command -v kubectl >/dev/null || { \
+	  if command -v apt-get >/dev/null; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq kubernetes-client) >/dev/null; \
+	  else echo "kubectl not found: install kubectl (any version from 1.20) and put it on PATH" >&2; exit 1; fi; }
+	@kubectl version --client 2>/dev/null | head -1
+
+# A real Prometheus server and promtool: tests/deploy/test_prometheus.py scrapes a local cluster with
+# deploy/monitoring's config, rules and dashboard queries.
+prometheus:
+	@{ command -v prometheus && command -v promtool; } >/dev/null || { \
+	  if command -v apt-get >/dev/null; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus) >/dev/null; \
+	  else echo "prometheus not found: install Prometheus 2.x (server and promtool) and put them on PATH" >&2; exit 1; fi; }
+	@prometheus --version 2>&1 | head -1
+
 demo: env
 	$(PY) -m kvplane.apps.demo
 
-test: env etcd rdma lint
+test: env etcd rdma kubectl prometheus lint
 	$(PY) -m pytest -q -m "not engines"
 
 # kvplane beside real vLLM and SGLang servers (tests/engines/test_engine_clusters.py): creates the

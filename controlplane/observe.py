@@ -40,6 +40,28 @@ def register_cpu_counter() -> None:
         inst.observe_counters({"kvplane.controlplane.cpu": lambda: [(s, {"kvplane.phase": p}) for p, s in cpu_seconds.items()]})
 
 
+def register_cluster_gauges(state) -> None:
+    """The cluster as this replica's ClusterState sees it, read at each scrape: workers by role and
+    state, whether the store answers, KV-event gaps found (deploy/monitoring/ alerts on these)."""
+    from kvplane.v1 import common_pb2  # noqa: PLC0415
+
+    def workers():
+        counts = {(r, s): 0 for r in ("prefill", "decode", "both") for s in ("active", "draining")}
+        for entry in state.workers.values():
+            role = common_pb2.Role.Name(entry.info.role).removeprefix("ROLE_").lower()
+            draining = entry.state == common_pb2.WORKER_STATE_DRAINING
+            key = (role, "draining" if draining else "active")
+            counts[key] = counts.get(key, 0) + 1
+        return [(n, {"kvplane.worker.role": r, "kvplane.worker.state": s}) for (r, s), n in counts.items()]
+
+    inst = instruments()
+    inst.observe_gauges({
+        "kvplane.controlplane.workers": workers,
+        "kvplane.store.up": lambda: [(0 if state.store_ok_at is None else 1, {})],
+    })  # fmt: skip
+    inst.observe_counters({"kvplane.kv_events.gaps": lambda: [(state.num_gaps_detected, {})]})
+
+
 def record_planning(seconds: float) -> None:
     """One request's route + admit wall time."""
     instruments().kvplane_routing_duration.record(seconds)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from kvplane import native, telemetry, tickets
-from kvplane.controlplane import access, gc_tuning, secrets
+from kvplane.controlplane import access, gc_tuning, observe, secrets
 from kvplane.controlplane.client_service import AgentStubs, ClientService
 from kvplane.controlplane.cluster_state import ClusterState
 from kvplane.controlplane.config import ControlPlaneConfig
@@ -66,6 +66,7 @@ class ControlPlane:
         cluster_secrets = await secrets.load_or_create(self._store)
         self._state = ClusterState(self._store)
         await self._state.start()
+        observe.register_cluster_gauges(self._state)
         authenticator = Authenticator(
             tls=self.security.credentials.tls, tokens=self.security.tokens, allow_anonymous=self.security.allow_anonymous
         )

@@ -1,107 +1,113 @@
-"""Offline checks of deploy/: every YAML file parses, every kvplane command line in
-compose.yaml and k8s/*.yaml is accepted by the real argument parsers and config validation, and
-no agent container is given the admin token (workers get worker credentials only: a compromised
-worker must not drain, profile or reconfigure the cluster).
+"""Offline checks of deploy/: every kustomize overlay renders, and every kvplane command line in
+compose.yaml and in the rendered Kubernetes objects is accepted by the real argument parsers and
+config validation, with the container's environment applied as the servers apply it
+(KVPLANE_FLAG_NAME = --flag-name, kvplane/apps/cli/flag_sources.py).
 
-Run from the repository root with the project's venv: `python deploy/check.py`.
-It needs no Docker, Kubernetes or etcd, and proves nothing about running them.
-tests/deploy/test_deploy.py runs these checks and validates every Kubernetes object against the
-API schema (kubernetes-validate, offline).
+Run from the repository root with the project's venv: `python deploy/check.py`. It needs
+`kubectl` (its built-in kustomize; $KUBECTL names another binary), no cluster, Docker or etcd, and
+proves nothing about running them. tests/deploy/test_deploy.py runs these checks and validates
+every rendered object against the Kubernetes API schema (kubernetes-validate, offline).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 
 import yaml
 
+from kvplane.apps.cli import flag_sources
 from kvplane.controlplane import main as controlplane_main
 from kvplane.dataplane.agent import main as agent_main
 
 DEPLOY = Path(__file__).resolve().parent
+OVERLAYS = DEPLOY / "k8s" / "overlays"
 PARSERS = {"controlplane": controlplane_main, "agent": agent_main}
-# Values Kubernetes substitutes at run time, replaced by plausible ones here.
-K8S_VARS = {"POD_NAME": "kvplane-worker-7d9f-abcde", "POD_IP": "10.0.0.7"}
+# Values Kubernetes fills in at run time (downward API, Secrets), replaced by plausible ones here.
+K8S_VARS = {"POD_NAME": "kvplane-decode-0", "POD_NAMESPACE": "kvplane", "POD_IP": "10.0.0.7"}
+SECRET_PLACEHOLDER = "0123456789abcdef0123456789abcdef"
+WORKLOADS = ("Deployment", "StatefulSet", "DaemonSet", "Job")
 
 
-def parse(argv: list[str]) -> None:
+def parse(argv: list[str], environ: dict[str, str] | None = None) -> None:
     module = PARSERS[argv[0]]
     parser = argparse.ArgumentParser(prog=f"kvplane {argv[0]}", exit_on_error=False)
     module.add_arguments(parser)
+    flag_sources.apply(parser, argv[1:], environ or {})  # as `kvplane controlplane|agent` does
     args = parser.parse_args(argv[1:])
     module.config_from_args(args)  # raises ValueError on a value the config rejects
 
 
-def command_lines() -> list[tuple[str, list[str]]]:
+def overlays() -> list[Path]:
+    return sorted(p for p in OVERLAYS.iterdir() if (p / "kustomization.yaml").exists())
+
+
+def render(overlay: Path, kubectl: str | None = None) -> list[dict]:
+    """The objects `kubectl kustomize OVERLAY` renders (kubectl 1.20's kustomize v2 and today's)."""
+    kubectl = kubectl or os.environ.get("KUBECTL", "kubectl")
+    done = subprocess.run([kubectl, "kustomize", str(overlay)], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"{kubectl} kustomize {overlay} failed: {done.stderr.strip()}")
+    return [d for d in yaml.safe_load_all(done.stdout) if d]
+
+
+def _environment(container: dict) -> dict[str, str]:
+    env = {}
+    for item in container.get("env", []):
+        if "value" in item:
+            env[item["name"]] = str(item["value"])
+        elif "secretKeyRef" in item.get("valueFrom", {}):
+            env[item["name"]] = SECRET_PLACEHOLDER
+        else:
+            env[item["name"]] = K8S_VARS.get(item["name"], "x")
+    return env
+
+
+def _expand(text: str, env: dict[str, str]) -> str:
+    return re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), K8S_VARS.get(m.group(1), m.group(0))), text)
+
+
+def kubernetes_command_lines(where: str, docs: list[dict]) -> list[tuple[str, list[str], dict[str, str]]]:
+    """(where, argv, environment) of every kvplane container in `docs`; checks its probe ports."""
     found = []
-    compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
-    for name, service in compose["services"].items():
-        if service.get("image", "").startswith("kvplane"):
-            found.append((f"compose.yaml:{name}", [str(a) for a in service["command"]]))
-    for path in sorted((DEPLOY / "k8s").glob("*.yaml")):
-        for doc in yaml.safe_load_all(path.read_text()):
-            if not doc or doc.get("kind") != "Deployment":
-                continue
-            for c in doc["spec"]["template"]["spec"]["containers"]:
-                if not c["image"].startswith("kvplane"):
-                    continue  # an engine container beside the agent: not a kvplane command line
-                argv = [re.sub(r"\$\((\w+)\)", lambda m: K8S_VARS[m.group(1)], a) for a in c["args"]]
-                found.append((f"k8s/{path.name}:{doc['metadata']['name']}/{c['name']}", argv))
-                ports = {p["containerPort"] for p in c.get("ports", [])}
-                for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-                    if probe in c and c[probe]["grpc"]["port"] not in ports:
-                        raise SystemExit(f"{path.name}: {c['name']} {probe} port is not a container port")
-    return found
-
-
-def environments() -> list[tuple[str, str, dict[str, str]]]:
-    """(where, kvplane command, {variable: where its value comes from}) of every kvplane container:
-    a Compose value as written (`${KVPLANE_ADMIN_TOKEN}`), a Kubernetes secret as `secret:NAME/KEY`."""
-    found = []
-    compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
-    for name, service in compose["services"].items():
-        if service.get("image", "").startswith("kvplane"):
-            found.append(
-                (f"compose.yaml:{name}", str(service["command"][0]), {k: str(v) for k, v in service.get("environment", {}).items()})
-            )
-    for path in sorted((DEPLOY / "k8s").glob("*.yaml")):
-        for doc in yaml.safe_load_all(path.read_text()):
-            if not doc or doc.get("kind") != "Deployment":
-                continue
-            for c in doc["spec"]["template"]["spec"]["containers"]:
-                if c["image"].startswith("kvplane"):
-                    env = {e["name"]: _source(e) for e in c.get("env", [])}
-                    found.append((f"k8s/{path.name}:{doc['metadata']['name']}/{c['name']}", c["args"][0], env))
-    return found
-
-
-def _source(variable: dict) -> str:
-    secret = variable.get("valueFrom", {}).get("secretKeyRef")
-    return f"secret:{secret['name']}/{secret['key']}" if secret else str(variable.get("value", ""))
-
-
-def check_worker_credentials(found: list[tuple[str, str, dict[str, str]]]) -> None:
-    """ValueError naming the container when an agent's environment holds the admin token."""
-    for where, command, env in found:
-        if command != "agent":
+    for doc in docs:
+        if doc.get("kind") not in WORKLOADS:
             continue
-        admin = [k for k, v in env.items() if k == "KVPLANE_ADMIN_TOKEN" or "KVPLANE_ADMIN_TOKEN" in v or v.endswith("/admin")]
-        if admin:
-            raise ValueError(f"{where}: an agent is given the admin token ({', '.join(admin)}); workers get worker credentials only")
+        for c in doc["spec"]["template"]["spec"]["containers"]:
+            ports = {p["containerPort"] for p in c.get("ports", [])} | {p.get("name") for p in c.get("ports", [])}
+            for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+                for kind in ("grpc", "httpGet", "tcpSocket"):
+                    if kind in c.get(probe, {}) and c[probe][kind]["port"] not in ports:
+                        raise SystemExit(f"{where}: {doc['metadata']['name']}/{c['name']} {probe} port is not a container port")
+            if not c["image"].startswith("kvplane"):
+                continue  # an engine or etcd beside kvplane: not a kvplane command line
+            env = _environment(c)
+            argv = [_expand(a, env) for a in c["args"]]
+            found.append((f"{where}:{doc['metadata']['name']}/{c['name']}", argv, env))
+    return found
+
+
+def command_lines() -> list[tuple[str, list[str], dict[str, str]]]:
+    found = []
+    compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
+    for name, service in compose["services"].items():
+        if service.get("image", "").startswith("kvplane"):
+            found.append((f"compose.yaml:{name}", [str(a) for a in service["command"]], {}))
+    for overlay in overlays():
+        found += kubernetes_command_lines(f"k8s/overlays/{overlay.name}", render(overlay))
+    return found
 
 
 def main() -> int:
-    for path in [DEPLOY / "compose.yaml", *sorted((DEPLOY / "k8s").glob("*.yaml"))]:
-        list(yaml.safe_load_all(path.read_text()))
     lines = command_lines()
-    for where, argv in lines:
-        parse(argv)
-        print(f"ok  {where}: kvplane {' '.join(argv)}")
-    check_worker_credentials(environments())
-    print("ok  no agent holds the admin token")
+    for where, argv, environ in lines:
+        parse(argv, environ)
+        settings = " ".join(f"{k}={v}" for k, v in environ.items() if k.startswith("KVPLANE_") and v != SECRET_PLACEHOLDER)
+        print(f"ok  {where}: {settings + ' ' if settings else ''}kvplane {' '.join(argv)}")
     return 0 if lines else 1
 
 

@@ -25,7 +25,9 @@ from kvplane.security.auth import AUTHORIZATION
 from kvplane.security.credentials import Credentials
 from kvplane.security.handlers import RequestGuard
 from kvplane.security.limits import SERVER_MAX_RECEIVE_BYTES, ConnectionLimits
+from kvplane.security.reload import RenewingChannel
 from kvplane.telemetry.grpc_tracing import client_interceptors, server_interceptors
+from kvplane.telemetry.probes import probes
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 # How long one connection attempt may take: long enough for a loaded machine, short enough that a
@@ -103,6 +105,7 @@ def enable_health_and_reflection(server: grpc.aio.Server, service_names: Iterabl
 
 async def set_serving(servicer: health.aio.HealthServicer, service_names: Iterable[str], serving: bool) -> None:
     status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+    probes.set_serving(servicer, serving)  # the metrics port's /readyz says the same (kubelet probes under mTLS)
     await servicer.set("", status)
     for name in service_names:
         await servicer.set(name, status)
@@ -159,6 +162,12 @@ def aio_channel(endpoint: str, credentials: Credentials, *, traced: bool = True)
     if credentials.insecure:
         return grpc.aio.insecure_channel(endpoint, options=CHANNEL_OPTIONS, interceptors=interceptors or None)
     options = (*CHANNEL_OPTIONS, *credentials.channel_options())
+    if credentials.files is not None:  # certificates rotate on disk: a new channel after each change
+        return RenewingChannel(
+            credentials.files,
+            lambda m: grpc.aio.secure_channel(endpoint, grpc.ssl_channel_credentials(m.ca_pem, m.key_pem, m.cert_pem),
+                                              options=options, interceptors=interceptors or None),
+        )  # fmt: skip
     return grpc.aio.secure_channel(endpoint, credentials.channel_credentials(), options=options, interceptors=interceptors or None)
 
 

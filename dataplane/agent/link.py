@@ -34,6 +34,7 @@ import grpc
 from kvplane import tickets
 from kvplane.convert import tier_to_pb
 from kvplane.dataplane.agent.config import AgentConfig
+from kvplane.dataplane.agent.observe import record_lease_loss
 from kvplane.dataplane.engines.events import AllCleared, BlockRemoved, BlockStored, KVCacheEvent
 from kvplane.errors import is_connection_failure
 from kvplane.grpc_util import aio_channel
@@ -240,6 +241,7 @@ class ControlPlaneLink:
     async def _reregister(self, why: str, lost_lease: int) -> None:
         """Registers again after `lost_lease` was lost, unless another loop already did."""
         log.warning("lease lost (%s); registering again", why)
+        record_lease_loss()
         while True:
             tried = self._current
             try:

@@ -65,6 +65,11 @@ def record_transfer(metrics: common_pb2.RequestMetrics) -> None:
     inst.kvplane_kv_transfer_blocks.add(metrics.kv_transfer_blocks, attrs)
 
 
+def record_lease_loss() -> None:
+    """The agent's lease was gone when it renewed or reported (it registers again)."""
+    instruments().kvplane_worker_lease_losses.add(1)
+
+
 def register_load_gauges(engine) -> None:
     """Worker load as observable gauges, read from the engine at each scrape or export."""
 
@@ -84,6 +89,7 @@ def register_load_gauges(engine) -> None:
             (load.num_free_blocks - load.num_cached_blocks, {**device, "kvplane.kv.state": "free"}),
         ]
 
+    instruments().kvplane_worker_lease_losses.add(0)  # the series exists from the start, at 0
     instruments().observe_gauges({
         "kvplane.worker.requests": requests,
         "kvplane.worker.queued_prefill_tokens": queued,

@@ -19,12 +19,14 @@ against the system roots with no client certificate.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import grpc
 
+from kvplane.security import reload
 from kvplane.security.identity import Identity
+from kvplane.security.reload import CertificateFiles
 
 ENV_CA, ENV_CERT, ENV_KEY = "KVPLANE_TLS_CA", "KVPLANE_TLS_CERT", "KVPLANE_TLS_KEY"
 ENV_TOKEN, ENV_INSECURE = "KVPLANE_TOKEN", "KVPLANE_INSECURE"
@@ -46,6 +48,8 @@ class Credentials:
     insecure: bool = False
     source: str = "explicit"  # where they came from, for error messages
     server_name: str = ""  # the name the server's certificate must carry ("" = the host dialed)
+    # The files they were read from, re-read when they change (kvplane.security.reload); None = fixed.
+    files: CertificateFiles | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if (self.cert_pem is None) != (self.key_pem is None):
@@ -62,7 +66,8 @@ class Credentials:
         cls, cert: str | os.PathLike | None = None, key: str | os.PathLike | None = None, ca: str | os.PathLike | None = None,
         *, token: str = "", source: str = "explicit",
     ) -> Credentials:  # fmt: skip
-        return cls(_read(ca, "CA"), _read(cert, "certificate"), _read(key, "key"), token=token, source=source)
+        made = cls(_read(ca, "CA"), _read(cert, "certificate"), _read(key, "key"), token=token, source=source)
+        return replace(made, files=_watch(cert, key, ca))
 
     @classmethod
     def plaintext(cls, token: str = "", source: str = "explicit") -> Credentials:
@@ -107,11 +112,16 @@ class Credentials:
             raise CredentialsError(
                 "a TLS server needs --tls-cert, --tls-key and --tls-ca (make them with `kvplane certs`), or --insecure for plaintext"
             )
+        if self.files is not None:
+            return reload.server_credentials(self.files)
         return grpc.ssl_server_credentials([(self.key_pem, self.cert_pem)], root_certificates=self.ca_pem, require_client_auth=True)
 
     def channel_credentials(self) -> grpc.ChannelCredentials:
         if self.insecure:
             raise CredentialsError("plaintext credentials have no channel credentials")
+        if self.files is not None:
+            m = self.files.current()
+            return grpc.ssl_channel_credentials(m.ca_pem, m.key_pem, m.cert_pem)
         return grpc.ssl_channel_credentials(self.ca_pem, self.key_pem, self.cert_pem)
 
     def channel_options(self) -> tuple[tuple[str, str], ...]:
@@ -124,6 +134,17 @@ class Credentials:
         who = "mutual TLS" if self.mutual else "TLS without a client certificate"
         trust = "" if self.ca_pem else ", trusting the system's CAs"
         return f"{who}{trust}{' with a bearer token' if self.token else ''} ({self.source})"
+
+
+def _watch(cert, key, ca) -> CertificateFiles | None:
+    """Files to reload from when all three are given and make a whole set now (else gRPC's own
+    error at first use says what is wrong, as without reloading)."""
+    if not (cert and key and ca):
+        return None
+    try:
+        return reload.CertificateFiles(cert, key, ca)
+    except (OSError, ValueError):
+        return None
 
 
 def _read(path: str | os.PathLike | None, what: str) -> bytes | None:

@@ -1,7 +1,7 @@
 """One call per server process: logs, metrics (Prometheus endpoint, OTLP push), tracing.
 
 Metrics: an OpenTelemetry meter provider with a Prometheus reader served over HTTP at
-`http://HOST:METRICS_PORT/metrics` (port 0 = any free port, the default, so several servers
+`http://HOST:METRICS_PORT/metrics`, beside the kubelet's /healthz and /readyz (probes.py) (port 0 = any free port, the default, so several servers
 share a host; -1 = no endpoint), plus an OTLP exporter when OTEL_METRICS_EXPORTER says otlp or,
 unset, when OTEL_EXPORTER_OTLP_ENDPOINT / OTEL_EXPORTER_OTLP_METRICS_ENDPOINT is set.
 Tracing: see kvplane.telemetry.tracing (off unless an exporter is configured).
@@ -14,7 +14,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from kvplane.telemetry import logs, metrics, tracing
+from kvplane.telemetry import logs, metrics, probes, tracing
 
 log = logging.getLogger(__name__)
 
@@ -78,11 +78,10 @@ def _resource(config: TelemetryConfig, env: Mapping[str, str]):
 def _metric_readers(config: TelemetryConfig, env: Mapping[str, str]) -> list:
     readers = []
     if config.metrics_port >= 0:
-        import prometheus_client
         from opentelemetry.exporter.prometheus import PrometheusMetricReader
 
         readers.append(PrometheusMetricReader())
-        server, _thread = prometheus_client.start_http_server(config.metrics_port, addr=config.metrics_host)
+        server = probes.start_http_server(config.metrics_port, config.metrics_host)  # also /healthz, /readyz
         _state.http_server = server
         _state.metrics_port = server.server_port
     for name in _metrics_exporters_from_env(env):

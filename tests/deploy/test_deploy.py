@@ -1,9 +1,13 @@
-"""deploy/ offline: every kvplane command line parses and validates (deploy/check.py), and every
-Kubernetes object is valid against the Kubernetes API schema (kubernetes-validate, strict: an
-unknown field is an error)."""
+"""deploy/ offline: every kustomize overlay renders (kubectl's built-in kustomize; `make kubectl`
+installs it), every kvplane command line in it parses and validates with the container's
+environment applied (deploy/check.py), and every Kubernetes object is valid against the API schema
+(kubernetes-validate, strict: an unknown field is an error). Custom resources (cert-manager,
+Prometheus Operator) are checked for their kind here and by promtool in test_prometheus.py."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -12,50 +16,127 @@ import pytest
 import yaml
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
-KUBERNETES_VERSION = "1.30.0"  # grpc probes need 1.27+
+KUBERNETES_VERSION = "1.30.0"
 sys.path.insert(0, str(DEPLOY))
 import check  # noqa: E402  (deploy/check.py is a script, not a package)
 
-MANIFESTS = sorted((DEPLOY / "k8s").glob("*.yaml"))
+pytestmark = pytest.mark.cluster  # runs kubectl
+OVERLAYS = check.overlays()
+CUSTOM = {("cert-manager.io/v1", "Issuer"), ("cert-manager.io/v1", "Certificate"),
+          ("monitoring.coreos.com/v1", "PodMonitor"), ("monitoring.coreos.com/v1", "PrometheusRule")}  # fmt: skip
+KVPLANE_WORKLOADS = ("kvplane-controlplane", "kvplane-prefill", "kvplane-decode")
+
+
+@pytest.fixture(scope="module")
+def rendered() -> dict[str, list[dict]]:
+    return {o.name: check.render(o) for o in OVERLAYS}
+
+
+def _containers(docs: list[dict], name: str) -> list[dict]:
+    (doc,) = [d for d in docs if d["kind"] in check.WORKLOADS and d["metadata"]["name"] == name]
+    return doc["spec"]["template"]["spec"]["containers"]
+
+
+def test_the_overlays_are_there():
+    assert {o.name for o in OVERLAYS} == {"dev", "production", "vllm", "sglang", "monitoring", "autoscaling"}
 
 
 def test_every_kvplane_command_line_in_deploy_is_accepted():
     lines = check.command_lines()
-    for _where, argv in lines:
-        check.parse(argv)
-    where = {w.split(":")[0] for w, _ in lines}
-    assert {"k8s/sidecar-vllm.yaml", "k8s/sidecar-sglang.yaml", "k8s/workers.yaml"} <= where
-    engines = {a for _, argv in lines for a in argv if a.startswith("--engine=")}
+    for _where, argv, environ in lines:
+        check.parse(argv, environ)
+    where = {w.split(":")[0] for w, _, _ in lines}
+    assert {f"k8s/overlays/{o}" for o in ("dev", "production", "vllm", "sglang", "autoscaling")} <= where
+    engines = {a for _, argv, _ in lines for a in argv if a.startswith("--engine=")}
     assert engines == {"--engine=vllm", "--engine=sglang"}
 
 
-@pytest.mark.parametrize("path", MANIFESTS, ids=[p.name for p in MANIFESTS])
-def test_every_kubernetes_object_is_valid(path):
-    docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
+@pytest.mark.parametrize("overlay", [o.name for o in OVERLAYS])
+def test_every_rendered_object_is_valid(rendered, overlay):
+    docs = rendered[overlay]
     assert docs
     for doc in docs:
-        if doc.get("apiVersion", "").startswith("kustomize.config.k8s.io"):
-            assert {Path(r).name for r in doc["resources"]} <= {p.name for p in MANIFESTS}
+        if (doc["apiVersion"], doc["kind"]) in CUSTOM:
+            assert doc["metadata"]["name"] and doc["spec"]
             continue
         kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
 
 
-def test_worker_containers_hold_worker_credentials_only():
-    found = check.environments()
-    agents = [(where, env) for where, command, env in found if command == "agent"]
-    assert len(agents) == 6 and all(env.get("KVPLANE_JOIN_TOKEN") for _, env in agents)
-    check.check_worker_credentials(found)
-    # The control planes do hold it: they check it.
-    assert any("KVPLANE_ADMIN_TOKEN" in env for _, command, env in found if command == "controlplane")
-    for leak in ({"KVPLANE_TOKEN": "secret:kvplane-tokens/admin"}, {"KVPLANE_TOKEN": "${KVPLANE_ADMIN_TOKEN}"}):
-        with pytest.raises(ValueError, match="an agent is given the admin token"):
-            check.check_worker_credentials([("k8s/x.yaml:w/agent", "agent", {**agents[0][1], **leak})])
+def test_workers_hold_worker_credentials_only(rendered):
+    for overlay, docs in rendered.items():
+        for name in ("kvplane-prefill", "kvplane-decode"):
+            if overlay == "monitoring":
+                continue
+            env = [e for c in _containers(docs, name) for e in c.get("env", [])]
+            secrets = {e["valueFrom"]["secretKeyRef"]["key"] for e in env if "secretKeyRef" in e.get("valueFrom", {})}
+            assert secrets <= {"join"}, (overlay, name, secrets)
+            assert not any(e["name"] in ("KVPLANE_ADMIN_TOKEN", "KVPLANE_TOKEN") for e in env)
+            for c in _containers(docs, name):
+                assert "preStop" not in c.get("lifecycle", {}) or c["name"] == "engine"  # no `kvplane drain` (an admin call)
 
 
-def test_the_check_can_fail():
-    bad = yaml.safe_load((DEPLOY / "k8s" / "sidecar-vllm.yaml").read_text())
-    bad["spec"]["template"]["spec"]["containers"][1]["portz"] = []
+def test_production_runs_mutual_tls_ha_and_restricted(rendered):
+    for overlay in ("production", "vllm", "sglang", "autoscaling"):
+        docs = rendered[overlay]
+        by_kind = {}
+        for d in docs:
+            by_kind.setdefault(d["kind"], {})[d["metadata"]["name"]] = d
+        cp = by_kind["Deployment"]["kvplane-controlplane"]
+        assert cp["spec"]["replicas"] >= 2
+        assert cp["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
+        pdb = by_kind["PodDisruptionBudget"]["kvplane-controlplane"]
+        assert pdb["spec"]["selector"]["matchLabels"].items() <= cp["spec"]["template"]["metadata"]["labels"].items()
+        assert {"kvplane-workers", "kvplane-etcd"} <= set(by_kind["NetworkPolicy"])
+        assert "--client-cert-auth" in _containers(docs, "kvplane-etcd")[0]["args"]
+        for name in KVPLANE_WORKLOADS:
+            for c in _containers(docs, name):
+                if not c["image"].startswith("kvplane"):
+                    continue
+                env = {e["name"]: e.get("value") for e in c.get("env", [])}
+                assert {"KVPLANE_TLS_CERT", "KVPLANE_TLS_KEY", "KVPLANE_TLS_CA"} <= env.keys() and "KVPLANE_INSECURE" not in env
+                assert "--insecure" not in c["args"]
+                sc = c["securityContext"]
+                assert sc["runAsNonRoot"] and sc["readOnlyRootFilesystem"] and not sc["allowPrivilegeEscalation"]
+                assert sc["capabilities"]["drop"] == ["ALL"]
+                assert c["readinessProbe"]["httpGet"]["path"] == "/readyz" and c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+        (tls,) = [v for v in by_kind["StatefulSet"]["kvplane-decode"]["spec"]["template"]["spec"]["volumes"] if v["name"] == "tls"]
+        attributes = tls["csi"]["volumeAttributes"]
+        assert attributes["csi.cert-manager.io/uri-sans"] == "spiffe://kvplane/worker/${POD_NAME}"
+        assert attributes["csi.cert-manager.io/dns-names"] == "${POD_NAME}.kvplane-workers.${POD_NAMESPACE}.svc"
+        service = by_kind["Service"]["kvplane-controlplane"]
+        assert {p["name"] for p in service["spec"]["ports"]} == {"grpc", "http"}
+        assert any(a == "--http-port=8080" for a in _containers(docs, "kvplane-controlplane")[0]["args"])
+
+
+def test_agents_advertise_the_name_their_headless_service_gives_them(rendered):
+    docs = rendered["production"]
+    (workers,) = [d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == "kvplane-workers"]
+    assert workers["spec"]["clusterIP"] == "None" and workers["spec"]["publishNotReadyAddresses"]
+    for name in ("kvplane-prefill", "kvplane-decode"):
+        (sts,) = [d for d in docs if d["kind"] == "StatefulSet" and d["metadata"]["name"] == name]
+        assert sts["spec"]["serviceName"] == "kvplane-workers"
+        assert sts["spec"]["template"]["metadata"]["labels"].items() >= workers["spec"]["selector"].items()
+        agent = next(c for c in sts["spec"]["template"]["spec"]["containers"] if c["name"] == "agent")
+        assert "--advertise-host=$(POD_NAME).kvplane-workers.$(POD_NAMESPACE).svc" in agent["args"]
+
+
+def test_kustomize_v2_and_todays_render_the_same():
+    """$KVPLANE_TEST_KUBECTLS: more kubectl binaries (e.g. Debian's 1.20, kustomize v2) to compare."""
+    binaries = [b for b in [shutil.which("kubectl"), *filter(None, os.environ.get("KVPLANE_TEST_KUBECTLS", "").split(":"))] if b]
+    if len(binaries) < 2:
+        pytest.skip("one kubectl only; set KVPLANE_TEST_KUBECTLS=/path/to/kubectl-1.20 to compare")
+    for overlay in OVERLAYS:
+        outputs = [sorted(yaml.safe_dump(d, sort_keys=True) for d in check.render(overlay, b)) for b in binaries]
+        assert all(o == outputs[0] for o in outputs), overlay.name
+
+
+def test_the_check_can_fail(rendered):
+    bad = _containers(rendered["dev"], "kvplane-decode")[0]
+    doc = next(d for d in rendered["dev"] if d["metadata"]["name"] == "kvplane-decode")
+    bad["portz"] = []
     with pytest.raises(kubernetes_validate.ValidationError):
-        kubernetes_validate.validate(bad, KUBERNETES_VERSION, strict=True)
+        kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
     with pytest.raises(ValueError, match="kv_events_endpoint must be a ZMQ address"):
         check.parse(["agent", "--engine", "vllm", "--kv-events-endpoint", "localhost:5557"])
+    with pytest.raises(ValueError, match="KVPLANE_BLOCK_SIZE"):
+        check.parse(["controlplane"], {"KVPLANE_BLOCK_SIZE": "many"})
