@@ -102,7 +102,8 @@ def test_production_runs_mutual_tls_ha_and_restricted(rendered):
         (tls,) = [v for v in by_kind["StatefulSet"]["kvplane-decode"]["spec"]["template"]["spec"]["volumes"] if v["name"] == "tls"]
         attributes = tls["csi"]["volumeAttributes"]
         assert attributes["csi.cert-manager.io/uri-sans"] == "spiffe://kvplane/worker/${POD_NAME}"
-        assert attributes["csi.cert-manager.io/dns-names"] == "${POD_NAME}.kvplane-workers.${POD_NAMESPACE}.svc"
+        # The name peers verify (identity.server_name(): NAME.worker.kvplane), and the one they dial.
+        assert attributes["csi.cert-manager.io/dns-names"] == "${POD_NAME}.worker.kvplane,${POD_NAME}.kvplane-workers.${POD_NAMESPACE}.svc"
         service = by_kind["Service"]["kvplane-controlplane"]
         assert {p["name"] for p in service["spec"]["ports"]} == {"grpc", "http"}
         assert any(a == "--http-port=8080" for a in _containers(docs, "kvplane-controlplane")[0]["args"])
