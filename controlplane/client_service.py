@@ -466,6 +466,7 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
             plan = plan.without_fetch()  # the holder left since planning
         observation.routed(v.request_id, v.route.model, plan)
         dispatch_id = self.planner.dispatched(plan, self._clock())
+        self._state.routed(plan)  # the index credits these workers with the prompt's blocks
         agent_request = self._agent_request(v, request, plan, route, prefill, fetch, num_resumed=len(sent))
         return Attempt(plan, decode.info.endpoint, fetch, dispatch_id, agent_request, queued_s)
 
