@@ -408,6 +408,7 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
                             )
                         # Released before the caller sees the end, so its next request finds the worker free.
                         self.planner.finished(dispatch, self._clock(), outcome)
+                        self._state.answered(plan, [*v.route.prompt_token_ids, *sent])
                         observation.finished(out.metrics)
                     cpu_seconds[PHASE_RELAY] += time.thread_time() - relay_cpu
                     yield out

@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from kvplane.block_hash import chain_hash, root_hash
 from kvplane.controlplane import keys
 from kvplane.controlplane.core.index import NO_SEQ, CacheIndex, ClearedEvent, RemovedEvent, StoredEvent
 from kvplane.controlplane.core.planner import Plan
@@ -306,6 +307,19 @@ class ClusterState:
         self.index.vouch(plan.decode_worker, block_hashes)
         if plan.prefill_worker is not None:
             self.index.vouch(plan.prefill_worker, block_hashes)
+
+    def answered(self, plan: Plan, token_ids: Sequence[int]) -> None:
+        """`plan`'s decode worker finished its request: `token_ids` is its prompt and answer. The
+        answer's blocks are held there too (an agent loop's next prompt starts with them)."""
+        request, block_size, prompt_hashes = plan.request, plan.block_size, plan.decision.block_hashes
+        if block_size < 1:
+            return
+        parent = prompt_hashes[-1] if prompt_hashes else root_hash(request.model, request.cache_salt)
+        answer_hashes = []
+        for start in range(len(prompt_hashes) * block_size, len(token_ids) - block_size + 1, block_size):
+            parent = chain_hash(parent, token_ids[start : start + block_size])
+            answer_hashes.append(parent)
+        self.index.vouch(plan.decode_worker, answer_hashes)
 
     def set_worker_state(self, worker_id: WorkerId, state: int) -> None:
         """A drain or undrain this replica made (the worker's next report says so too)."""
