@@ -131,7 +131,9 @@ def test_a_worker_reporting_idle_while_its_requests_run_late_loses_the_next_requ
     settings = ClusterSettings()
     now, chosen, slow = 0.0, [], None
     for i in range(4):
-        cluster = ClusterView((make_worker_view("a", latency=STEP, reported_at=now), make_worker_view("b", latency=STEP, reported_at=now)), index)
+        cluster = ClusterView(
+            (make_worker_view("a", latency=STEP, reported_at=now), make_worker_view("b", latency=STEP, reported_at=now)), index
+        )
         plan = planner.plan(make_request([100 + i] * 40), cluster, settings, now)
         assert isinstance(plan, Plan)
         chosen.append(plan.decode_worker)
