@@ -176,15 +176,16 @@ class CacheIndex:
         now for those it reported already, else when it reports them (module docstring)."""
         if not self.credit_routed_only:
             return
-        uncredited = self._uncredited.get(worker_id, {})
+        uncredited = self._uncredited.get(worker_id)
         vouched = self._vouched.setdefault(worker_id, {})
-        tier_blocks = self._worker_to_tier_blocks.setdefault(worker_id, {})
+        bit = self._worker_to_bit.get(worker_id)
+        holders = self._block_to_holders
         for block_hash in block_hashes:
-            tiers = uncredited.pop(block_hash, None)
-            if tiers is not None:
-                for tier in tiers:
+            if uncredited and block_hash in uncredited:
+                for tier in uncredited.pop(block_hash):
                     self._add(worker_id, block_hash, tier)
-            elif not any(block_hash in blocks for blocks in tier_blocks.values()):
+                bit = self._worker_to_bit[worker_id]  # _add gives a worker its bit
+            elif bit is None or not holders.get(block_hash, 0) >> bit & 1:  # not credited there yet
                 vouched.pop(block_hash, None)
                 vouched[block_hash] = None  # the newest
         while len(vouched) > self.max_vouched_per_worker:
