@@ -21,7 +21,9 @@ no traffic until routing sent it a request with them. A vouch waits for the bloc
 (the request is still prefilling) among the worker's last `max_vouched_per_worker` vouches; a
 credited block removed from its last tier is vouched again, so a move between tiers (removed from
 one before it is stored in the next) keeps its credit. A snapshot keeps the credit of the blocks
-it still lists. Vouches are this replica's own: another replica credits what it routed.
+it still lists, and so does a worker id that leaves and comes back (a restarted agent: its
+credited blocks become vouches, kept for the last `MAX_DEPARTED` departed workers, and its first
+snapshot finds them). Vouches are this replica's own: another replica credits what it routed.
 
 Parameters: max_vouched_per_worker. Idea from Dynamo's radix-tree KV indexer (lib/kv-router) and vLLM's KV
 events; because block hashes are chained, a flat hash -> holders map is enough to answer
@@ -48,6 +50,8 @@ TIERS_FASTEST_FIRST: tuple[Tier, ...] = (Tier.DEVICE, Tier.HOST, Tier.DISK)
 # Sequence number of a worker the index has never heard from (or has forgotten): any batch
 # with seq >= 0 applies.
 NO_SEQ = -1
+
+MAX_DEPARTED = 256  # departed workers whose credit is kept for their return (credit_routed_only)
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +98,7 @@ class CacheIndex:
 
     __slots__ = (
         "_block_to_holders", "_block_to_tier_masks", "_slow_blocks", "_worker_to_tier_blocks", "_worker_to_seq", "_worker_to_bit",
-        "_bit_to_worker", "_free_bits", "credit_routed_only", "max_vouched_per_worker", "_uncredited", "_vouched",
+        "_bit_to_worker", "_free_bits", "credit_routed_only", "max_vouched_per_worker", "_uncredited", "_vouched", "_departed",
     )  # fmt: skip
 
     def __init__(self, credit_routed_only: bool = False, max_vouched_per_worker: int = 1 << 16) -> None:
@@ -106,6 +110,7 @@ class CacheIndex:
         self._uncredited: dict[WorkerId, dict[BlockHash, set[Tier]]] = {}
         # worker -> blocks routed there whose stored event has not come yet, oldest first (a dict as an ordered set)
         self._vouched: dict[WorkerId, dict[BlockHash, None]] = {}
+        self._departed: dict[WorkerId, None] = {}  # workers removed with vouches kept, oldest first
         # The lookup side: block -> mask of its holders at any tier, and [device, host, disk] masks,
         # and the blocks some worker holds off the device (rare: a lookup looks at those alone).
         self._block_to_holders: dict[BlockHash, int] = {}
@@ -131,6 +136,7 @@ class CacheIndex:
         if seq <= self._worker_to_seq.get(worker_id, NO_SEQ):
             return False
         self._worker_to_tier_blocks.setdefault(worker_id, {})
+        self._departed.pop(worker_id, None)  # back (its kept vouches are its own again)
         for event in events:
             if isinstance(event, StoredEvent):
                 for block_hash in event.block_hashes:
@@ -161,6 +167,7 @@ class CacheIndex:
         if seq < 0:
             raise ValueError(f"snapshot seq must be >= 0, got {seq} from worker {worker_id!r}")
         credited = set().union(*self._worker_to_tier_blocks.get(worker_id, {}).values())
+        self._departed.pop(worker_id, None)
         self._clear(worker_id)
         self._worker_to_tier_blocks.setdefault(worker_id, {})
         for tier, block_hashes in stored_hashes_by_tier.items():
@@ -193,12 +200,14 @@ class CacheIndex:
 
     def remove_worker(self, worker_id: WorkerId) -> None:
         """Forget the worker entirely (its lease expired), including its seq, so a worker that
-        registers again under the same id starts fresh. Unknown ids are a no-op."""
+        registers again under the same id starts fresh (but for its credit, credit_routed_only:
+        module docstring). Unknown ids are a no-op."""
+        if self.credit_routed_only:
+            self._keep_credit(worker_id)
         self._clear(worker_id)
         self._worker_to_tier_blocks.pop(worker_id, None)
         self._worker_to_seq.pop(worker_id, None)
         self._uncredited.pop(worker_id, None)
-        self._vouched.pop(worker_id, None)
         bit = self._worker_to_bit.pop(worker_id, None)
         if bit is not None:
             del self._bit_to_worker[bit]
@@ -304,6 +313,20 @@ class CacheIndex:
         self._block_to_holders[block_hash] = self._block_to_holders.get(block_hash, 0) | bit
         if tier is not Tier.DEVICE:
             self._slow_blocks.add(block_hash)
+
+    def _keep_credit(self, worker_id: WorkerId) -> None:
+        """The departing worker's credited blocks become vouches, for its return under this id."""
+        vouched = self._vouched.setdefault(worker_id, {})
+        for blocks in self._worker_to_tier_blocks.get(worker_id, {}).values():
+            vouched.update(dict.fromkeys(blocks))
+        while len(vouched) > self.max_vouched_per_worker:
+            del vouched[next(iter(vouched))]
+        self._departed.pop(worker_id, None)
+        self._departed[worker_id] = None
+        while len(self._departed) > MAX_DEPARTED:
+            gone = next(iter(self._departed))
+            del self._departed[gone]
+            self._vouched.pop(gone, None)
 
     def _stored(self, worker_id: WorkerId, block_hash: BlockHash, tier: Tier) -> None:
         """A stored event: credited when the block is credited there already or was vouched for."""

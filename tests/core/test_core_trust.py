@@ -73,6 +73,16 @@ def test_credit_survives_a_move_between_tiers_and_a_snapshot_that_still_lists_th
     assert _matched(index) == {} and index.num_blocks(A) == 0
 
 
+def test_a_worker_id_that_leaves_and_comes_back_keeps_the_credit_of_what_was_routed_to_it():
+    index = CacheIndex(credit_routed_only=True)
+    index.vouch(A, HASHES[:3])
+    index.apply_batch(A, 0, [StoredEvent(HASHES[:3], Tier.DISK)])
+    index.remove_worker(A)  # a restarted agent: deregistered, then registered again
+    assert _matched(index) == {} and index.last_seq(A) == -1
+    index.apply_snapshot(A, 0, {Tier.DISK: HASHES[:5]})  # its disk blocks survived; 3 and 4 were never routed there
+    assert _matched(index) == {A: 3} and index.num_uncredited(A) == 2
+
+
 def test_vouches_waiting_for_their_blocks_are_bounded_per_worker():
     index = CacheIndex(credit_routed_only=True, max_vouched_per_worker=3)
     index.vouch(A, HASHES[:5])  # only the newest 3 wait
