@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import grpc
 
 from kvplane import tickets
+from kvplane.chat import ChatTemplateError
 from kvplane.controlplane import keys
 from kvplane.controlplane.batch_queue import BatchQueue
 from kvplane.controlplane.cluster_state import ClusterState, WorkerEntry
@@ -61,6 +62,7 @@ from kvplane.controlplane.observe import (
 )
 from kvplane.controlplane.relay import WorkerFailed, agent_stream, coalesced
 from kvplane.controlplane.store.base import Store, StoreError
+from kvplane.controlplane.tokenizer import PromptTokenizer, TokenizerError
 from kvplane.convert import disagg_from_pb
 from kvplane.errors import ERROR_KIND_KEY, UNKNOWN_MODEL, component_trailers, rejection_trailers
 from kvplane.grpc_util import aio_channel
@@ -76,7 +78,6 @@ from kvplane.v1 import agent_pb2, agent_pb2_grpc, client_pb2, client_pb2_grpc, c
 
 log = logging.getLogger(__name__)
 
-TOKENIZE_TIMEOUT_S = 10.0  # per worker asked (or less: the request's own deadline)
 LOOKASIDE_OUTCOME = "kvplane.lookaside.outcome"
 LOOKASIDE_OUTCOMES = ("finished", "cancelled", "failed", "moved", "expired")
 DEADLINE_SLACK_S = 0.05  # an agent call failing this close to the caller's deadline failed because of it
@@ -132,6 +133,7 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
         config: ControlPlaneConfig,
         signer: tickets.TicketSigner,
         stubs: AgentStubs,
+        prompt_tokenizer: PromptTokenizer | None = None,
         clock: Callable[[], float] = time.monotonic,
         *,
         cache_salt_key: bytes,
@@ -142,6 +144,7 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
         self._signer = signer
         self._cache_salt_key = cache_salt_key  # the cluster's (secrets.py): tenants' salts are secret
         self._stubs = stubs
+        self._tokenizer = prompt_tokenizer or PromptTokenizer()
         self._clock = clock
         self.planner = Planner(config.planner)
         state.kv_stored_listeners.append(self.planner.kv_stored)
@@ -230,38 +233,26 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"the prompt text is larger than this cluster's limit of {limit} bytes")
 
     async def _prompt_tokens(self, request, model: str, workers, context) -> list[int]:
+        """The prompt's token ids, tokenized here (controlplane/tokenizer.py): no worker is sent
+        client text, so none sees a prompt that is not routed to it, nor can rewrite one."""
         kind = request.WhichOneof("prompt")
-        workers_of_model = [(w, e.info.endpoint) for w, e in workers.items() if e.info.model == model]
+        ids: list[int] = []
         if kind == "token_ids":
             ids = list(request.token_ids.ids)
-        elif kind == "text" and request.text:
-            ids = await self._tokenize(agent_pb2.TokenizeRequest(text=request.text), workers_of_model, context)
-        elif kind == "chat" and request.chat.messages:
-            ids = await self._tokenize(agent_pb2.TokenizeRequest(messages=request.chat.messages), workers_of_model, context)
-        else:
-            ids = []
+        elif (kind == "text" and request.text) or (kind == "chat" and request.chat.messages):
+            try:
+                tokenizer = self._tokenizer.for_model(model, (e.info for e in workers.values()))
+                if kind == "text":
+                    ids = await self._tokenizer.encode_text(tokenizer, request.text)
+                else:
+                    messages = [{"role": m.role, "content": m.content} for m in request.chat.messages]
+                    ids = await self._tokenizer.encode_chat(tokenizer, model, messages)
+            except (TokenizerError, ChatTemplateError) as e:
+                # The same for every retry: the deployment or the request must change.
+                await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
         if not ids:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "prompt is empty: send text, token_ids or chat messages")
         return ids
-
-    async def _tokenize(self, request: agent_pb2.TokenizeRequest, workers: list[tuple[str, str]], context) -> list[int]:
-        """Tokenizes on a worker of the model (replicas load no tokenizer), trying each in turn;
-        a refusal of the input itself (e.g. no chat template) is final. Each try carries a ticket
-        bound to this input and that worker."""
-        failures = []
-        for worker_id, endpoint in workers:
-            try:
-                request.ticket.CopyFrom(self._signer.issue(tickets.TOKENIZE, worker_id, digest=tickets.tokenize_digest(request)))
-                time_left = context.time_remaining()
-                timeout = TOKENIZE_TIMEOUT_S if time_left is None else min(TOKENIZE_TIMEOUT_S, time_left)
-                reply = await self._stubs.get(endpoint).Tokenize(request, timeout=timeout)
-                return list(reply.token_ids)
-            except grpc.aio.AioRpcError as e:
-                if e.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION):
-                    await context.abort(e.code(), e.details())
-                failures.append(f"{endpoint}: {e.details()}")
-        context.set_trailing_metadata(component_trailers("workers"))
-        await context.abort(grpc.StatusCode.UNAVAILABLE, f"no worker could tokenize the prompt ({'; '.join(failures)})")
 
     # -- planning: the planner's answers as status codes -------------------------------------------
 
@@ -420,6 +411,7 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
                             )
                         # Released before the caller sees the end, so its next request finds the worker free.
                         self.planner.finished(dispatch, self._clock(), outcome)
+                        self._state.answered(plan, [*v.route.prompt_token_ids, *sent])
                         observation.finished(out.metrics)
                     cpu_seconds[PHASE_RELAY] += time.thread_time() - relay_cpu
                     yield out
@@ -478,6 +470,7 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
             plan = plan.without_fetch()  # the holder left since planning
         observation.routed(v.request_id, v.route.model, plan)
         dispatch_id = self.planner.dispatched(plan, self._clock())
+        self._state.routed(plan)  # the index credits these workers with the prompt's blocks
         agent_request = self._agent_request(v, request, plan, route, prefill, fetch, num_resumed=len(sent))
         return Attempt(plan, decode.info.endpoint, fetch, dispatch_id, agent_request, queued_s)
 

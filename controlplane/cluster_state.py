@@ -11,6 +11,10 @@ order, so it would have come first), is a gap: the replica writes /kvplane/resyn
 replica serving that worker's next load report asks it for a snapshot, and the snapshot replaces
 what the index held for it (and clears the request). A watch that fell behind the store's
 compacted history lists everything again instead.
+
+The index credits a worker only with the blocks of requests this replica routed there
+(core/index.py, `credit_routed_only`): the servicer reports each dispatch (`routed`), and the
+blocks a worker reports beyond those stay uncredited until a routed request covers them.
 """
 
 from __future__ import annotations
@@ -22,8 +26,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from kvplane.block_hash import chain_hash, root_hash
 from kvplane.controlplane import keys
 from kvplane.controlplane.core.index import NO_SEQ, CacheIndex, ClearedEvent, RemovedEvent, StoredEvent
+from kvplane.controlplane.core.planner import Plan
 from kvplane.controlplane.core.pool import WorkerTable, cluster_with
 from kvplane.controlplane.core.settings import ClusterSettings
 from kvplane.controlplane.core.views import DEFAULT_CHUNK_TOKENS, ClusterView, WorkerLoadView, WorkerView
@@ -80,7 +86,7 @@ class ClusterState:
         self._last_view: ClusterView | None = None
         self._changed: set[WorkerId] = set()
         self._membership_changed = True
-        self.index = CacheIndex()
+        self.index = CacheIndex(credit_routed_only=True)  # a worker's KV events are claims: credit what was routed
         self.settings = ClusterSettings()
         self._watch_task: asyncio.Task | None = None
         self._synced = asyncio.Event()
@@ -293,6 +299,27 @@ class ClusterState:
         log.info("setting %s = %r", name, values.get(name))
 
     # -- the view the planner plans on ----------------------------------------------------------
+
+    def routed(self, plan: Plan) -> None:
+        """`plan` was dispatched: its workers compute (or import) the prompt's blocks, which the
+        index may now credit them with when they report them."""
+        block_hashes = plan.decision.block_hashes
+        self.index.vouch(plan.decode_worker, block_hashes)
+        if plan.prefill_worker is not None:
+            self.index.vouch(plan.prefill_worker, block_hashes)
+
+    def answered(self, plan: Plan, token_ids: Sequence[int]) -> None:
+        """`plan`'s decode worker finished its request: `token_ids` is its prompt and answer. The
+        answer's blocks are held there too (an agent loop's next prompt starts with them)."""
+        request, block_size, prompt_hashes = plan.request, plan.block_size, plan.decision.block_hashes
+        if block_size < 1:
+            return
+        parent = prompt_hashes[-1] if prompt_hashes else root_hash(request.model, request.cache_salt)
+        answer_hashes = []
+        for start in range(len(prompt_hashes) * block_size, len(token_ids) - block_size + 1, block_size):
+            parent = chain_hash(parent, token_ids[start : start + block_size])
+            answer_hashes.append(parent)
+        self.index.vouch(plan.decode_worker, answer_hashes)
 
     def set_worker_state(self, worker_id: WorkerId, state: int) -> None:
         """A drain or undrain this replica made (the worker's next report says so too)."""

@@ -37,6 +37,9 @@ class ControlPlaneConfig:
     # serves (empty = any) and the KV block size of every worker (0 = one per model, set by its first worker).
     models: tuple[str, ...] = ()
     block_size: int = 0
+    # The tokenizers this replica tokenizes prompts with, `[MODEL=]DIR` each (controlplane/tokenizer.py):
+    # none needed for models whose workers all use the builtin byte tokenizer.
+    tokenizers: tuple[str, ...] = ()
     # Limits (docs/security.md): what one caller or worker can make this replica hold or do.
     max_lease_ttl_s: int = 60  # a worker asking for a longer lease gets this one
     max_workers: int = 1024  # registered workers in the cluster

@@ -41,6 +41,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--block-size", type=int, default=d.block_size, metavar="N",
                         help="the KV block size every worker must use; an engine with another is refused at registration "
                         "(default 0: workers of one model must agree with its first)")  # fmt: skip
+    parser.add_argument("--tokenizer", action="append", default=[], metavar="[MODEL=]DIR",
+                        help="tokenize MODEL's prompts here with DIR's tokenizer.json and chat template (repeatable; without "
+                        "MODEL=, every model without its own); needs `pip install 'kvplane[tokenizers]'`. Models whose "
+                        "workers use the builtin byte tokenizer need none. Workers never see prompt text")  # fmt: skip
     add_config_arguments(parser.add_argument_group("routing, admission and prediction"), d.planner)
     security_flags.add_server_arguments(parser, controlplane=True)
     etcd = parser.add_argument_group("etcd's own TLS and auth")
@@ -81,7 +85,7 @@ def config_from_args(args: argparse.Namespace) -> ControlPlaneConfig:
     return ControlPlaneConfig(
         host=args.host, port=args.port, store=args.store, lease_ttl_s=args.lease_ttl, http_port=args.http_port, planner=planner,
         max_migrations=args.max_migrations, first_token_timeout_s=args.first_token_timeout, token_timeout_s=args.token_timeout,
-        models=tuple(args.serve_model), block_size=args.block_size,
+        models=tuple(args.serve_model), block_size=args.block_size, tokenizers=tuple(args.tokenizer),
         max_workers=args.max_workers, max_lease_ttl_s=max(args.max_lease_ttl, args.lease_ttl),
         max_blocks_per_worker=args.max_blocks_per_worker, max_prompt_bytes=args.max_prompt_bytes,
         rate_limit_rps=args.rate_limit, rate_limit_burst=args.rate_burst, ticket_ttl_s=args.ticket_ttl,
@@ -103,6 +107,7 @@ def security_from_args(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     from kvplane import telemetry
     from kvplane.controlplane.server import serve
+    from kvplane.controlplane.tokenizer import TokenizerError
 
     try:
         config = config_from_args(args)
@@ -112,5 +117,9 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as e:  # CredentialsError is a ValueError
         print(f"kvplane controlplane: {e}", file=sys.stderr)
         return 2
-    asyncio.run(serve(config, security))
+    try:
+        asyncio.run(serve(config, security))
+    except TokenizerError as e:  # a --tokenizer that cannot be read: refused at start
+        print(f"kvplane controlplane: {e}", file=sys.stderr)
+        return 2
     return 0

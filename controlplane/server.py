@@ -21,6 +21,7 @@ from kvplane.controlplane.config import ControlPlaneConfig
 from kvplane.controlplane.registry_service import RegistryService
 from kvplane.controlplane.store import open_store
 from kvplane.controlplane.store.base import Store
+from kvplane.controlplane.tokenizer import PromptTokenizer
 from kvplane.grpc_util import add_port, enable_health_and_reflection, make_server, set_serving
 from kvplane.security.auth import Authenticator, AuthInterceptor, TokenTable
 from kvplane.security.credentials import Credentials
@@ -62,6 +63,7 @@ class ControlPlane:
 
     async def start(self) -> int:
         config = self.config
+        prompt_tokenizer = PromptTokenizer.from_specs(config.tokenizers)  # before anything starts: a bad one fails here
         self._store = open_store(config.store, **config.store_options)
         cluster_secrets = await secrets.load_or_create(self._store)
         self._state = ClusterState(self._store)
@@ -73,7 +75,9 @@ class ControlPlane:
         limiter = RateLimiter(config.rate_limit_rps, config.rate_limit_burst)
         server = make_server([AuthInterceptor(authenticator, access.policy(), limiter)], connections=config.connection_limits)
         signer = tickets.TicketSigner(cluster_secrets.signing_key, config.ticket_ttl_s)
-        service = ClientService(self._state, self._store, config, signer, self._stubs, cache_salt_key=cluster_secrets.cache_salt_key)
+        service = ClientService(
+            self._state, self._store, config, signer, self._stubs, prompt_tokenizer, cache_salt_key=cluster_secrets.cache_salt_key
+        )
         service.metrics_url = telemetry.metrics_url(config.host)
         client_pb2_grpc.add_KvplaneServicer_to_server(service, server)
         state = self._state

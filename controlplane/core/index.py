@@ -11,7 +11,21 @@ integer operations whatever the number of holders: a lookup costs O(matched bloc
 plus O(matching workers) to report them, not O(workers x blocks) (a 64-block prefix held by
 1,000 workers: 136 ms with per-holder sets, under 1 ms with masks, on this 2-core machine).
 
-Parameters: none. Idea from Dynamo's radix-tree KV indexer (lib/kv-router) and vLLM's KV
+Credit (issue 28: a worker's events are its own claims). With `credit_routed_only`, a block a
+worker reports stored is credited (found by lookups) only when the control plane sent that worker
+a request with that block (`vouch`: it was asked to compute or import it); every other reported
+block is held *uncredited*: counted against the worker's limits and listed, never matched, until
+a routed request covers it (then it is credited at once). So a worker's announced blocks (its
+first snapshot, blocks of another tenant's prompt it advertises, a generated answer's blocks) pull
+no traffic until routing sent it a request with them. A vouch waits for the block's stored event
+(the request is still prefilling) among the worker's last `max_vouched_per_worker` vouches; a
+credited block removed from its last tier is vouched again, so a move between tiers (removed from
+one before it is stored in the next) keeps its credit. A snapshot keeps the credit of the blocks
+it still lists, and so does a worker id that leaves and comes back (a restarted agent: its
+credited blocks become vouches, kept for the last `MAX_DEPARTED` departed workers, and its first
+snapshot finds them). Vouches are this replica's own: another replica credits what it routed.
+
+Parameters: max_vouched_per_worker. Idea from Dynamo's radix-tree KV indexer (lib/kv-router) and vLLM's KV
 events; because block hashes are chained, a flat hash -> holders map is enough to answer
 "longest cached prefix" (equal hash at position i implies equal tokens at 0..i).
 """
@@ -36,6 +50,8 @@ TIERS_FASTEST_FIRST: tuple[Tier, ...] = (Tier.DEVICE, Tier.HOST, Tier.DISK)
 # Sequence number of a worker the index has never heard from (or has forgotten): any batch
 # with seq >= 0 applies.
 NO_SEQ = -1
+
+MAX_DEPARTED = 256  # departed workers whose credit is kept for their return (credit_routed_only)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,10 +98,19 @@ class CacheIndex:
 
     __slots__ = (
         "_block_to_holders", "_block_to_tier_masks", "_slow_blocks", "_worker_to_tier_blocks", "_worker_to_seq", "_worker_to_bit",
-        "_bit_to_worker", "_free_bits",
+        "_bit_to_worker", "_free_bits", "credit_routed_only", "max_vouched_per_worker", "_uncredited", "_vouched", "_departed",
     )  # fmt: skip
 
-    def __init__(self) -> None:
+    def __init__(self, credit_routed_only: bool = False, max_vouched_per_worker: int = 1 << 16) -> None:
+        if max_vouched_per_worker < 1:
+            raise ValueError(f"max_vouched_per_worker must be >= 1, got {max_vouched_per_worker}")
+        self.credit_routed_only = credit_routed_only
+        self.max_vouched_per_worker = max_vouched_per_worker
+        # worker -> block -> tiers it reported the block at, uncredited (credit_routed_only)
+        self._uncredited: dict[WorkerId, dict[BlockHash, set[Tier]]] = {}
+        # worker -> blocks routed there whose stored event has not come yet, oldest first (a dict as an ordered set)
+        self._vouched: dict[WorkerId, dict[BlockHash, None]] = {}
+        self._departed: dict[WorkerId, None] = {}  # workers removed with vouches kept, oldest first
         # The lookup side: block -> mask of its holders at any tier, and [device, host, disk] masks,
         # and the blocks some worker holds off the device (rare: a lookup looks at those alone).
         self._block_to_holders: dict[BlockHash, int] = {}
@@ -111,13 +136,14 @@ class CacheIndex:
         if seq <= self._worker_to_seq.get(worker_id, NO_SEQ):
             return False
         self._worker_to_tier_blocks.setdefault(worker_id, {})
+        self._departed.pop(worker_id, None)  # back (its kept vouches are its own again)
         for event in events:
             if isinstance(event, StoredEvent):
                 for block_hash in event.block_hashes:
-                    self._add(worker_id, block_hash, event.tier)
+                    self._stored(worker_id, block_hash, event.tier)
             elif isinstance(event, RemovedEvent):
                 for block_hash in event.block_hashes:
-                    self._discard(worker_id, block_hash, event.tier)
+                    self._removed(worker_id, block_hash, event.tier)
             elif isinstance(event, ClearedEvent):
                 self._clear(worker_id)
             else:
@@ -140,19 +166,48 @@ class CacheIndex:
         """
         if seq < 0:
             raise ValueError(f"snapshot seq must be >= 0, got {seq} from worker {worker_id!r}")
+        credited = set().union(*self._worker_to_tier_blocks.get(worker_id, {}).values())
+        self._departed.pop(worker_id, None)
         self._clear(worker_id)
         self._worker_to_tier_blocks.setdefault(worker_id, {})
         for tier, block_hashes in stored_hashes_by_tier.items():
             for block_hash in block_hashes:
-                self._add(worker_id, block_hash, tier)
+                if block_hash in credited:
+                    self._add(worker_id, block_hash, tier)
+                else:
+                    self._stored(worker_id, block_hash, tier)
         self._worker_to_seq[worker_id] = seq
+
+    def vouch(self, worker_id: WorkerId, block_hashes: Sequence[BlockHash]) -> None:
+        """The control plane sent `worker_id` a request with these blocks: credit them there,
+        now for those it reported already, else when it reports them (module docstring)."""
+        if not self.credit_routed_only:
+            return
+        uncredited = self._uncredited.get(worker_id)
+        vouched = self._vouched.setdefault(worker_id, {})
+        bit = self._worker_to_bit.get(worker_id)
+        holders = self._block_to_holders
+        for block_hash in block_hashes:
+            if uncredited and block_hash in uncredited:
+                for tier in uncredited.pop(block_hash):
+                    self._add(worker_id, block_hash, tier)
+                bit = self._worker_to_bit[worker_id]  # _add gives a worker its bit
+            elif bit is None or not holders.get(block_hash, 0) >> bit & 1:  # not credited there yet
+                vouched.pop(block_hash, None)
+                vouched[block_hash] = None  # the newest
+        while len(vouched) > self.max_vouched_per_worker:
+            del vouched[next(iter(vouched))]
 
     def remove_worker(self, worker_id: WorkerId) -> None:
         """Forget the worker entirely (its lease expired), including its seq, so a worker that
-        registers again under the same id starts fresh. Unknown ids are a no-op."""
+        registers again under the same id starts fresh (but for its credit, credit_routed_only:
+        module docstring). Unknown ids are a no-op."""
+        if self.credit_routed_only:
+            self._keep_credit(worker_id)
         self._clear(worker_id)
         self._worker_to_tier_blocks.pop(worker_id, None)
         self._worker_to_seq.pop(worker_id, None)
+        self._uncredited.pop(worker_id, None)
         bit = self._worker_to_bit.pop(worker_id, None)
         if bit is not None:
             del self._bit_to_worker[bit]
@@ -207,20 +262,29 @@ class CacheIndex:
         return None
 
     def blocks_by_tier(self) -> dict[WorkerId, dict[Tier, int]]:
-        """Block counts per known worker and tier (every Tier is a key); a block held at two
-        tiers counts at both."""
-        return {
-            worker_id: {tier: len(tier_blocks.get(tier, ())) for tier in Tier}
-            for worker_id, tier_blocks in self._worker_to_tier_blocks.items()
-        }
+        """Block counts per known worker and tier (every Tier is a key), credited or not; a block
+        held at two tiers counts at both."""
+        out = {}
+        for worker_id, tier_blocks in self._worker_to_tier_blocks.items():
+            counts = {tier: len(tier_blocks.get(tier, ())) for tier in Tier}
+            for tiers in self._uncredited.get(worker_id, {}).values():
+                for tier in tiers:
+                    counts[tier] += 1
+            out[worker_id] = counts
+        return out
 
     def num_block_hashes(self) -> int:
         """Distinct block hashes held by any worker at any tier."""
         return len(self._block_to_tier_masks)
 
     def num_blocks(self, worker_id: WorkerId) -> int:
-        """Blocks the worker holds, over all tiers (a block at two tiers counts twice)."""
-        return sum(len(blocks) for blocks in self._worker_to_tier_blocks.get(worker_id, {}).values())
+        """Blocks the worker holds, credited or not, over all tiers (a block at two tiers counts twice)."""
+        credited = sum(len(blocks) for blocks in self._worker_to_tier_blocks.get(worker_id, {}).values())
+        return credited + sum(len(tiers) for tiers in self._uncredited.get(worker_id, {}).values())
+
+    def num_uncredited(self, worker_id: WorkerId) -> int:
+        """Blocks the worker reported that no request routed there covered yet (distinct hashes)."""
+        return len(self._uncredited.get(worker_id, {}))
 
     def worker_ids(self) -> set[WorkerId]:
         return set(self._worker_to_seq)
@@ -250,6 +314,48 @@ class CacheIndex:
         if tier is not Tier.DEVICE:
             self._slow_blocks.add(block_hash)
 
+    def _keep_credit(self, worker_id: WorkerId) -> None:
+        """The departing worker's credited blocks become vouches, for its return under this id."""
+        vouched = self._vouched.setdefault(worker_id, {})
+        for blocks in self._worker_to_tier_blocks.get(worker_id, {}).values():
+            vouched.update(dict.fromkeys(blocks))
+        while len(vouched) > self.max_vouched_per_worker:
+            del vouched[next(iter(vouched))]
+        self._departed.pop(worker_id, None)
+        self._departed[worker_id] = None
+        while len(self._departed) > MAX_DEPARTED:
+            gone = next(iter(self._departed))
+            del self._departed[gone]
+            self._vouched.pop(gone, None)
+
+    def _stored(self, worker_id: WorkerId, block_hash: BlockHash, tier: Tier) -> None:
+        """A stored event: credited when the block is credited there already or was vouched for."""
+        if self.credit_routed_only and not self.holds(block_hash, worker_id):
+            vouched = self._vouched.get(worker_id)
+            if vouched is None or vouched.pop(block_hash, 0) is not None:  # not vouched for
+                self._uncredited.setdefault(worker_id, {}).setdefault(block_hash, set()).add(tier)
+                return
+        self._add(worker_id, block_hash, tier)
+
+    def _removed(self, worker_id: WorkerId, block_hash: BlockHash, tier: Tier) -> None:
+        if not self.credit_routed_only:
+            self._discard(worker_id, block_hash, tier)
+            return
+        uncredited = self._uncredited.get(worker_id)
+        if uncredited is not None and block_hash in uncredited:
+            tiers = uncredited[block_hash]
+            tiers.discard(tier)
+            if not tiers:
+                del uncredited[block_hash]
+            return
+        was_held = self.holds(block_hash, worker_id)
+        self._discard(worker_id, block_hash, tier)
+        if was_held and not self.holds(block_hash, worker_id):  # it may be on its way to another tier
+            vouched = self._vouched.setdefault(worker_id, {})
+            vouched[block_hash] = None
+            if len(vouched) > self.max_vouched_per_worker:
+                del vouched[next(iter(vouched))]
+
     def _discard(self, worker_id: WorkerId, block_hash: BlockHash, tier: Tier) -> None:
         # Removing a block the index never saw is normal after a compacted gap; ignore it.
         self._worker_to_tier_blocks[worker_id].get(tier, set()).discard(block_hash)
@@ -267,6 +373,7 @@ class CacheIndex:
             del self._block_to_tier_masks[block_hash], self._block_to_holders[block_hash]
 
     def _clear(self, worker_id: WorkerId) -> None:
+        self._uncredited.pop(worker_id, None)
         tier_blocks = self._worker_to_tier_blocks.get(worker_id)
         if not tier_blocks:
             return

@@ -3,7 +3,8 @@
     Planner.plan(request, cluster, settings, now) -> Plan | Reject
 
 1. Route (`Planner.route`): the workers' reported loads are corrected for what this replica has
-   routed (accounting.LoadLedger); the router picks the decode worker, where prefill runs and
+   routed (accounting.LoadLedger) and discounted where the TTFT measured there contradicts them
+   (trust.ReportTrust); the router picks the decode worker, where prefill runs and
    whether to fetch a cached prefix (router.py). Placement options follow: the router's first,
    then every other decode candidate by cost (prefilling where the router's placement does), each
    with a latency prediction (predictor.py) corrected by what past requests measured.
@@ -48,6 +49,7 @@ from kvplane.controlplane.core.predictor import Calibration, LinkRate, Predictio
 from kvplane.controlplane.core.router import Router, RouterConfig
 from kvplane.controlplane.core.routing import CandidateCost, NoCandidateError, RouteDecision, RouteRequest
 from kvplane.controlplane.core.settings import ClusterSettings
+from kvplane.controlplane.core.trust import ReportTrust, TrustConfig
 from kvplane.controlplane.core.views import ClusterView, WorkerView
 from kvplane.types import BlockHash, Objective, WorkerId
 
@@ -81,6 +83,7 @@ class PlannerConfig:
         1.0, "seconds for a stale load report's counts to halve (reports stopped: a dead agent, a store outage)"
     )
     health: HealthConfig = field(default_factory=HealthConfig)
+    trust: TrustConfig = field(default_factory=TrustConfig)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -90,6 +93,7 @@ class PlannerConfig:
         self.admission.validate()
         check_admission_policy(self.admission_policy)
         self.health.validate()
+        self.trust.validate()
         check_numbers(self, positive=("initial_link_gb_per_s", "calibration_half_life_s", "stale_half_life_s"))
         for name in ("link_rate_weight", "calibration_weight"):
             if not 0 < getattr(self, name) <= 1:
@@ -219,6 +223,8 @@ class Planner:
         self.health = WorkerHealth(config.health)
         self.calibration = Calibration(config.calibration_weight, config.calibration_half_life_s)
         self.link = LinkRate(config.initial_link_gb_per_s * 1e9, config.link_rate_weight)
+        self.trust = ReportTrust(config.trust)
+        self._discount_at_dispatch: dict[int, float] = {}  # local-prefill dispatch -> trust's discount then
         self._admission: dict[str, AdmissionPolicy] = {}
         self._dispatched: dict[int, Plan] = {}
         self._next_dispatch_id = 1
@@ -231,7 +237,8 @@ class Planner:
     def route(self, request: RouteRequest, cluster: ClusterView, settings: ClusterSettings, now: float) -> Routed:
         out = self.health.excluded(cluster, now)
         table = table_of(cluster)
-        pool = self.ledger.corrected(table, now).pool(out)
+        # Reports corrected for what this replica routed, then discounted where latency contradicts them (trust.py).
+        pool = self.trust.discounted(self.ledger.corrected(table, now), now).pool(out)
         try:
             decision = self.router.route(request, pool, cluster.index, now)
         except NoCandidateError as e:
@@ -360,6 +367,8 @@ class Planner:
             self.router.record(plan.decision, now)
         self.ledger.dispatched(dispatch_id, plan.charges, now)
         self._dispatched[dispatch_id] = plan
+        if not plan.disaggregated:
+            self._discount_at_dispatch[dispatch_id] = self.trust.excess_s(plan.decode_worker, now)
         return dispatch_id
 
     def prefill_ended(self, dispatch_id: int, now: float) -> None:
@@ -369,6 +378,7 @@ class Planner:
         """The request ended (outcome None: failed or cancelled, nothing learnt). Idempotent."""
         self.ledger.finished(dispatch_id, now)
         plan = self._dispatched.pop(dispatch_id, None)
+        discount_s = self._discount_at_dispatch.pop(dispatch_id, None)
         if plan is None or outcome is None:
             return
         self.link.observe(outcome.kv_transfer_bytes, outcome.kv_transfer_s)
@@ -378,6 +388,8 @@ class Planner:
         # Learnt against the raw model: what was predicted before calibration.
         if outcome.ttft_s is not None:
             self.calibration.observe(ttft_kind(plan.disaggregated), p.ttft_s - p.ttft_offset_s, outcome.ttft_s, now)
+            if discount_s is not None:  # prefilled where it decoded: the decode worker's reports alone predicted it
+                self.trust.observe(plan.decode_worker, p.ttft_s, outcome.ttft_s, now, discount_s)
         if outcome.tpot_s is not None:
             self.calibration.observe(TPOT, p.tpot_s - p.tpot_offset_s, outcome.tpot_s, now)
 
@@ -400,3 +412,4 @@ class Planner:
         self.router.on_worker_removed(worker_id)
         self.ledger.forget_worker(worker_id)
         self.health.forget(worker_id)
+        self.trust.forget(worker_id)

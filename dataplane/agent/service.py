@@ -813,6 +813,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             max_num_batched_tokens=info.max_num_batched_tokens,
             max_num_seqs=info.max_num_seqs,
             metrics_url=self.metrics_url,
+            tokenizer=info.tokenizer,
         )
 
     def collect_step_timings(self) -> list[StepSample]:

@@ -56,6 +56,7 @@ class EngineInfo:
     max_tokens_limit: int  # the largest max_tokens a request may ask for
     max_num_seqs: int  # requests running at once (the decode batch)
     max_num_batched_tokens: int  # tokens computed per step
+    tokenizer: str = ""  # "byte": kvplane.tokenizer.ByteTokenizer; "": the model's own (WorkerInfo.tokenizer)
 
 
 class KVImportExport(Protocol):

@@ -103,6 +103,17 @@ def _kill_group_left(process: subprocess.Popen) -> None:
         _kill_group(process)
 
 
+def _tokenizer_args(agent_args: tuple[str, ...], engine: EngineLaunchConfig | None, controlplane_args) -> tuple[str, ...]:
+    """`--tokenizer DIR` for the control plane when the agents serve a model directory (its own
+    tokenizer): the control plane tokenizes every prompt itself (controlplane/tokenizer.py)."""
+    if "--tokenizer" in controlplane_args:
+        return ()
+    model = engine.model if engine is not None else None
+    if model is None and "--model" in agent_args[:-1]:
+        model = agent_args[agent_args.index("--model") + 1]
+    return ("--tokenizer", str(model)) if model and Path(model).is_dir() else ()
+
+
 def free_port(host: str = LOCALHOST) -> int:
     """A port that was free a moment ago, for a child process to listen on. Drawn below the
     kernel's ephemeral range: a port from bind(0) comes from that range, where any process's next
@@ -181,7 +192,7 @@ class LocalCluster:
         self._store = store
         self._port = port
         self._agent_args = tuple(agent_args)
-        self._controlplane_args = tuple(controlplane_args)
+        self._controlplane_args = tuple(controlplane_args) + _tokenizer_args(self._agent_args, engine, controlplane_args)
         self._http_port = http_port  # the OpenAI-compatible HTTP API: None = off, 0 = a free port
         self._log_dir_arg = Path(log_dir) if log_dir is not None else None
         self._owns_log_dir = log_dir is None

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from kvplane.dataplane.engines.reference.tokenizer import ByteTokenizer, HFTokenizer
+from kvplane.tokenizer import ByteTokenizer, HFTokenizer
 
 
 def test_byte_tokenizer_round_trip_and_specials() -> None:

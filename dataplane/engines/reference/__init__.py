@@ -11,10 +11,10 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 _EXPORTS = {
-    "ByteTokenizer": "kvplane.dataplane.engines.reference.tokenizer",
+    "ByteTokenizer": "kvplane.tokenizer",
     "Engine": "kvplane.dataplane.engines.reference.engine",
     "EngineConfig": "kvplane.dataplane.engines.reference.config",
-    "HFTokenizer": "kvplane.dataplane.engines.reference.tokenizer",
+    "HFTokenizer": "kvplane.tokenizer",
     "KVPool": "kvplane.dataplane.engines.reference.kv_pool",
     "ReferenceAdapter": "kvplane.dataplane.engines.reference.adapter",
     "TierStore": "kvplane.dataplane.engines.reference.tiers",
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from kvplane.dataplane.engines.reference.engine import Engine
     from kvplane.dataplane.engines.reference.kv_pool import KVPool
     from kvplane.dataplane.engines.reference.tiers import TierStore
-    from kvplane.dataplane.engines.reference.tokenizer import ByteTokenizer, HFTokenizer
+    from kvplane.tokenizer import ByteTokenizer, HFTokenizer
 
 
 def __getattr__(name: str) -> Any:

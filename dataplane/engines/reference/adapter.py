@@ -18,6 +18,7 @@ from kvplane.dataplane.engines.paged.adapter import PagedEngineAdapter, outputs_
 from kvplane.dataplane.engines.reference.config import EngineConfig
 from kvplane.dataplane.engines.reference.engine import Engine
 from kvplane.dataplane.engines.request import EngineInputError, EngineOutput, EngineRequest
+from kvplane.tokenizer import BYTE_TOKENIZER, ByteTokenizer
 
 
 class ReferenceAdapter(PagedEngineAdapter):
@@ -32,6 +33,7 @@ class ReferenceAdapter(PagedEngineAdapter):
             max_tokens_limit=config.max_tokens_limit,
             max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens,
+            tokenizer=BYTE_TOKENIZER if isinstance(engine.tokenizer, ByteTokenizer) else "",
         )
         # A local checkpoint directory may ship a chat template; the builtin models do not.
         self._chat_template = load_chat_template(config.model) if Path(config.model).is_dir() else None

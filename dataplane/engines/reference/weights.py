@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 from kvplane.dataplane.engines.reference.config import BUILTIN_MODEL, BUILTIN_WIDE_MODEL, EngineConfig
 from kvplane.dataplane.engines.reference.kv_pool import TORCH_DTYPES
 from kvplane.dataplane.engines.reference.model import LlamaConfig, PagedLlama
-from kvplane.dataplane.engines.reference.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
+from kvplane.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
 
 BUILTIN_CONFIG = LlamaConfig(
     vocab_size=ByteTokenizer.vocab_size,

@@ -38,6 +38,7 @@ from kvplane.dataplane.engines.sim.config import SimConfig
 from kvplane.dataplane.engines.sim.pool import SimPool
 from kvplane.hardware import StepTiming
 from kvplane.latency import StepSample
+from kvplane.tokenizer import BYTE_TOKENIZER
 from kvplane.types import BlockHash, Tier
 
 if TYPE_CHECKING:
@@ -92,6 +93,7 @@ class SimEngine:
             max_tokens_limit=config.max_tokens_limit,
             max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens,
+            tokenizer=BYTE_TOKENIZER,  # the adapter tokenizes text as UTF-8 bytes
         )
         self.modeled_link: ModeledLink | None = None  # set by the agent's adapter (KVImportExport)
         self._seed_stream = random.Random(config.seed)

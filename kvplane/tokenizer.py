@@ -1,6 +1,9 @@
-"""Tokenizers for the reference engine: a byte tokenizer for the builtin model and an HF wrapper.
+"""Tokenizers: the byte tokenizer of the builtin models and an HF `tokenizer.json` wrapper.
 
+Shared by the reference engine (which loads a model's) and the control plane (which tokenizes
+every prompt itself, controlplane/tokenizer.py, so that no worker sees text not routed to it).
 Both decode with invalid UTF-8 replaced (U+FFFD), so decoding a prefix of a stream never raises.
+The HF one needs the `tokenizers` package (an optional dependency), imported when one is built.
 """
 
 from __future__ import annotations
@@ -10,7 +13,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
-import tokenizers
+# What a worker reports in WorkerInfo.tokenizer when its engine tokenizes with ByteTokenizer.
+BYTE_TOKENIZER = "byte"
+INSTALL_HINT = "pip install 'kvplane[tokenizers]' (or: pip install tokenizers)"
 
 
 class Tokenizer(Protocol):
@@ -50,6 +55,10 @@ class HFTokenizer:
         file = path / "tokenizer.json" if path.is_dir() else path
         if not file.is_file():
             raise FileNotFoundError(f"no tokenizer.json at {file}; the model directory needs an HF fast tokenizer file")
+        try:
+            import tokenizers
+        except ImportError:
+            raise ImportError(f"reading {file} needs the `tokenizers` package: {INSTALL_HINT}") from None
         self._tok = tokenizers.Tokenizer.from_file(str(file))
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
         special = _special_tokens(file.parent)

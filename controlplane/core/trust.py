@@ -1,0 +1,120 @@
+"""How far the planner believes a worker's load reports: not beyond the latency it measures there.
+
+A worker's load report is its own claim (issue 28: a compromised worker reported itself idle to
+pull traffic). The planner predicts a request's time to first token from that report and then
+measures it; when the measured times run far above the predicted, the report understated the
+worker's load, and it is discounted.
+
+Rule: per worker, over the requests this replica prefilled there (a disaggregated request's
+first token also waits on another worker, so those do not count), exponentially weighted means
+(`weight` for the newest) of the predicted and the measured TTFT. The worker's reports are
+*contradicted* when the measured mean exceeds `ratio` x the predicted mean and exceeds it by at
+least `min_excess_s` (small predictions jitter by more than their ratio). While contradicted, and
+for `hold_s` after the last request that showed it, the worker's view gets the excess (measured -
+predicted mean) as queued prefill work, priced in tokens with the worker's own step-time model:
+the queue its latency shows, which the cost, the load guard and the predictions then all see.
+After `hold_s` without a new request there the report stands again, so a worker that recovered
+gets traffic back (and is measured again).
+
+The prediction a request is measured against is the one made from the report alone: the
+discount in force at dispatch is taken out of it (`observe(..., discount_s)`), or the discount
+would explain away the excess that caused it and flip on and off.
+Honest workers are unaffected: their measured times track the predictions (the planner's global
+calibration takes up what all workers share), far inside a 3x ratio and a 0.25 s margin.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from kvplane.controlplane.core.params import check_numbers, param
+from kvplane.controlplane.core.pool import WorkerTable
+from kvplane.controlplane.core.views import WorkerView
+from kvplane.latency import prefill_attention
+from kvplane.types import WorkerId
+
+
+@dataclass(frozen=True, slots=True)
+class TrustConfig:
+    report_contradiction_ratio: float = param(
+        3.0, "a worker's load reports are discounted when its measured TTFT averages above this multiple of the predicted"
+    )
+    report_contradiction_min_s: float = param(0.25, "... and above the predicted by at least this many seconds")
+    report_contradiction_weight: float = param(0.3, "weight of the newest request in those TTFT averages")
+    report_contradiction_hold_s: float = param(30.0, "a discount lasts this long after the last request that showed it")
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        check_numbers(self, positive=("report_contradiction_hold_s",))
+        if self.report_contradiction_ratio < 1:
+            raise ValueError(f"report_contradiction_ratio must be >= 1, got {self.report_contradiction_ratio}")
+        if not 0 < self.report_contradiction_weight <= 1:
+            raise ValueError(f"report_contradiction_weight must be in (0, 1], got {self.report_contradiction_weight}")
+
+
+@dataclass(slots=True)
+class _Means:
+    predicted_s: float
+    measured_s: float
+    at: float  # when the last request was measured
+
+
+class ReportTrust:
+    __slots__ = ("config", "_means")
+
+    def __init__(self, config: TrustConfig) -> None:
+        self.config = config
+        self._means: dict[WorkerId, _Means] = {}
+
+    def observe(self, worker_id: WorkerId, predicted_s: float, measured_s: float, now: float, discount_s: float = 0.0) -> None:
+        """A request prefilled on `worker_id` was predicted `predicted_s` (with `discount_s` of
+        this module's discount in it) and took `measured_s` to its first token."""
+        predicted_s = max(predicted_s - discount_s, 0.0)
+        means = self._means.get(worker_id)
+        if means is None:
+            self._means[worker_id] = _Means(predicted_s, measured_s, now)
+            return
+        w = self.config.report_contradiction_weight
+        means.predicted_s += w * (predicted_s - means.predicted_s)
+        means.measured_s += w * (measured_s - means.measured_s)
+        means.at = now
+
+    def excess_s(self, worker_id: WorkerId, now: float) -> float:
+        """Seconds of queue the worker's reports leave out (0 while they are believed)."""
+        means = self._means.get(worker_id)
+        c = self.config
+        if means is None or now - means.at > c.report_contradiction_hold_s:
+            return 0.0
+        excess = means.measured_s - means.predicted_s
+        if means.measured_s > c.report_contradiction_ratio * means.predicted_s and excess >= c.report_contradiction_min_s:
+            return excess
+        return 0.0
+
+    def forget(self, worker_id: WorkerId) -> None:
+        self._means.pop(worker_id, None)
+
+    def discounted(self, table: WorkerTable, now: float) -> WorkerTable:
+        """`table` with every contradicted worker's view carrying its excess as queued prefill work."""
+        rows = {}
+        for worker_id in self._means:
+            row = table.row_of.get(worker_id)
+            excess = self.excess_s(worker_id, now) if row is not None else 0.0
+            if excess > 0:
+                rows[row] = with_excess(table.views[row], excess)
+        return table.with_loads(rows) if rows else table
+
+
+def with_excess(view: WorkerView, excess_s: float) -> WorkerView:
+    """`view` with `excess_s` seconds of prefill added to its queue (in tokens at the worker's own
+    prefill rate; unchanged when it has no step-time model, then nothing was predicted either)."""
+    model = view.latency
+    chunk = max(view.chunk_tokens, 1)
+    step_s = model.step_seconds(prefill_tokens=chunk, prefill_attention=prefill_attention(chunk, 0)) if model is not None else 0.0
+    if step_s <= 0:
+        return view
+    tokens = int(excess_s / step_s * chunk)
+    load = dataclasses.replace(view.load, num_queued_prefill_tokens=view.load.num_queued_prefill_tokens + tokens)
+    return dataclasses.replace(view, load=load)

@@ -1,0 +1,159 @@
+"""Issue 28: the index credits only routed blocks (core/index.py, credit_routed_only) and the
+planner discounts load reports that the measured latency contradicts (core/trust.py)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from kvplane.block_hash import hash_blocks
+from kvplane.controlplane.core.index import CacheIndex, ClearedEvent, RemovedEvent, StoredEvent
+from kvplane.controlplane.core.planner import Outcome, Plan, Planner, PlannerConfig
+from kvplane.controlplane.core.pool import WorkerTable
+from kvplane.controlplane.core.settings import ClusterSettings
+from kvplane.controlplane.core.trust import ReportTrust, TrustConfig, with_excess
+from kvplane.controlplane.core.views import ClusterView
+from kvplane.latency import StepTimeModel
+from kvplane.types import Tier, WorkerId
+
+from .conftest import make_request, make_worker_view
+
+A, B = WorkerId("a"), WorkerId("b")
+PROMPT = list(range(40))  # 10 blocks of 4
+HASHES = tuple(hash_blocks(PROMPT, 4, model_salt="m"))
+STEP = StepTimeModel((0.001, 0.0001, 0.0, 0.0, 0.0), 100, 0.0)  # 1 ms + 0.1 ms per prefill token
+
+
+def _matched(index: CacheIndex) -> dict[WorkerId, int]:
+    return {w: s.num_blocks for w, s in index.overlaps(HASHES).items()}
+
+
+# -- block credit --------------------------------------------------------------------------------
+
+
+def test_announced_blocks_are_held_but_uncredited_until_a_routed_request_covers_them():
+    index = CacheIndex(credit_routed_only=True)
+    index.apply_snapshot(A, 0, {Tier.DEVICE: HASHES[:6], Tier.HOST: HASHES[4:6]})
+    assert _matched(index) == {}
+    assert (index.num_blocks(A), index.num_uncredited(A)) == (8, 6)
+    assert index.blocks_by_tier()[A] == {Tier.DEVICE: 6, Tier.HOST: 2, Tier.DISK: 0}
+    index.vouch(A, HASHES[:4])  # a request covering 4 of them: those 4 are credited at once
+    assert _matched(index) == {A: 4} and index.num_uncredited(A) == 2
+    index.vouch(A, HASHES)  # the whole prompt: the rest of the held ones now, the others when stored
+    assert _matched(index) == {A: 6} and index.holder_tiers(HASHES[5], A) == frozenset({Tier.DEVICE, Tier.HOST})
+    index.apply_batch(A, 1, [StoredEvent(HASHES[6:], Tier.DEVICE)])
+    assert _matched(index) == {A: 10} and index.num_uncredited(A) == 0
+
+
+def test_a_worker_advertising_blocks_routed_elsewhere_is_not_credited():
+    index = CacheIndex(credit_routed_only=True)
+    index.vouch(A, HASHES)
+    index.apply_batch(A, 0, [StoredEvent(HASHES, Tier.DEVICE)])
+    index.apply_batch(B, 0, [StoredEvent(HASHES, Tier.DEVICE)])  # b was never sent this prompt
+    assert _matched(index) == {A: 10}
+    # Blocks beyond the routed prompt (a generated answer) are not credited either.
+    answer = tuple(hash_blocks([*PROMPT, 7, 7, 7, 7], 4, model_salt="m"))[10:]
+    index.apply_batch(A, 1, [StoredEvent(answer, Tier.DEVICE)])
+    assert index.num_uncredited(A) == 1 and not index.holds(answer[0], A)
+    index.vouch(A, answer)  # ClusterState.answered: the control plane relayed that answer
+    assert index.holds(answer[0], A)
+
+
+def test_credit_survives_a_move_between_tiers_and_a_snapshot_that_still_lists_the_block():
+    index = CacheIndex(credit_routed_only=True)
+    index.vouch(A, HASHES[:2])
+    index.apply_batch(A, 0, [StoredEvent(HASHES[:2], Tier.DEVICE)])
+    # Offloaded: removed from the device before it is stored in host memory.
+    index.apply_batch(A, 1, [RemovedEvent(HASHES[:1], Tier.DEVICE), StoredEvent(HASHES[:1], Tier.HOST)])
+    assert index.fastest_tier(HASHES[0], A) is Tier.HOST
+    index.apply_snapshot(A, 5, {Tier.HOST: HASHES[:1], Tier.DEVICE: HASHES[1:3]})  # 2 never routed there
+    assert _matched(index) == {A: 2} and index.num_uncredited(A) == 1
+    index.apply_batch(A, 6, [ClearedEvent()])
+    assert _matched(index) == {} and index.num_blocks(A) == 0
+
+
+def test_a_worker_id_that_leaves_and_comes_back_keeps_the_credit_of_what_was_routed_to_it():
+    index = CacheIndex(credit_routed_only=True)
+    index.vouch(A, HASHES[:3])
+    index.apply_batch(A, 0, [StoredEvent(HASHES[:3], Tier.DISK)])
+    index.remove_worker(A)  # a restarted agent: deregistered, then registered again
+    assert _matched(index) == {} and index.last_seq(A) == -1
+    index.apply_snapshot(A, 0, {Tier.DISK: HASHES[:5]})  # its disk blocks survived; 3 and 4 were never routed there
+    assert _matched(index) == {A: 3} and index.num_uncredited(A) == 2
+
+
+def test_vouches_waiting_for_their_blocks_are_bounded_per_worker():
+    index = CacheIndex(credit_routed_only=True, max_vouched_per_worker=3)
+    index.vouch(A, HASHES[:5])  # only the newest 3 wait
+    index.apply_batch(A, 0, [StoredEvent(HASHES[:5], Tier.DEVICE)])
+    assert [index.holds(h, A) for h in HASHES[:5]] == [False, False, True, True, True]
+    with pytest.raises(ValueError, match="max_vouched_per_worker"):
+        CacheIndex(credit_routed_only=True, max_vouched_per_worker=0)
+
+
+def test_without_credit_routed_only_every_reported_block_counts_as_before():
+    index = CacheIndex()
+    index.vouch(A, HASHES[:1])  # a no-op
+    index.apply_batch(B, 0, [StoredEvent(HASHES, Tier.DEVICE)])
+    assert _matched(index) == {B: 10} and index.num_uncredited(B) == 0
+
+
+# -- load reports against measured latency -------------------------------------------------------------
+
+
+def test_reports_are_discounted_only_past_both_the_ratio_and_the_margin_and_only_for_a_while():
+    trust = ReportTrust(TrustConfig())  # ratio 3, margin 0.25 s, weight 0.3, hold 30 s
+    for _ in range(5):  # honest: 2x a tiny prediction is under the margin; 0.6 s against 0.5 s under the ratio
+        trust.observe(A, predicted_s=0.01, measured_s=0.02, now=0.0)
+        trust.observe(B, predicted_s=0.5, measured_s=0.6, now=0.0)
+    assert trust.excess_s(A, 0.0) == 0.0 and trust.excess_s(B, 0.0) == 0.0
+    trust.observe(A, predicted_s=0.01, measured_s=2.02, now=1.0)
+    # measured mean 0.02 + 0.3 x 2.0 = 0.62 against predicted 0.01: the excess is 0.61 s.
+    assert trust.excess_s(A, 1.0) == pytest.approx(0.61)
+    assert trust.excess_s(A, 31.0) == pytest.approx(0.61) and trust.excess_s(A, 31.01) == 0.0
+    # The prediction it is measured against excludes the discount that was in force then.
+    trust.observe(A, predicted_s=0.62, measured_s=0.62, now=2.0, discount_s=0.61)
+    assert trust.excess_s(A, 2.0) == pytest.approx(0.62 - 0.01)
+    trust.forget(A)
+    assert trust.excess_s(A, 2.0) == 0.0
+
+
+def test_the_excess_becomes_queued_prefill_tokens_at_the_workers_own_rate():
+    view = make_worker_view("a", latency=STEP, num_queued_prefill_tokens=100)
+    # One 2048-token chunk (the default) takes 1 + 204.8 ms: 0.5 s is 2048 x 0.5 / 0.2058 tokens.
+    assert with_excess(view, 0.5).load.num_queued_prefill_tokens == 100 + int(0.5 / 0.2058 * 2048)
+    assert with_excess(make_worker_view("a"), 0.5).load.num_queued_prefill_tokens == 0  # no model: unchanged
+    trust = ReportTrust(TrustConfig(report_contradiction_weight=1.0))
+    trust.observe(A, 0.1, 1.1, now=0.0)
+    table = WorkerTable((view, make_worker_view("b", latency=STEP)))
+    discounted = trust.discounted(table, now=0.0)
+    assert [v.load.num_queued_prefill_tokens for v in discounted.views] == [100 + int(1.0 / 0.2058 * 2048), 0]
+    assert trust.discounted(table, now=31.0) is table
+
+
+def test_a_worker_reporting_idle_while_its_requests_run_late_loses_the_next_requests():
+    """Two idle workers; whichever is chosen first keeps reporting idle while its requests take
+    2 s against ~10 ms predicted. After one such request the planner sends the next ones to the
+    other (the idle reports alone tie them)."""
+    index = CacheIndex()
+    planner = Planner(PlannerConfig(), rng=random.Random(0))
+    settings = ClusterSettings()
+    now, chosen, slow = 0.0, [], None
+    for i in range(4):
+        cluster = ClusterView(
+            (make_worker_view("a", latency=STEP, reported_at=now), make_worker_view("b", latency=STEP, reported_at=now)), index
+        )
+        plan = planner.plan(make_request([100 + i] * 40), cluster, settings, now)
+        assert isinstance(plan, Plan)
+        chosen.append(plan.decode_worker)
+        slow = slow or plan.decode_worker
+        dispatch = planner.dispatched(plan, now)
+        ttft = 2.0 if plan.decode_worker == slow else plan.prediction.ttft_s
+        planner.finished(dispatch, now + ttft, Outcome(ttft_s=ttft))
+        planner.load_reported(A, now + ttft)
+        planner.load_reported(B, now + ttft)
+        now += ttft + 0.01
+    other = "b" if slow == "a" else "a"
+    assert chosen[1:] == [other] * 3
+    assert planner.trust.excess_s(WorkerId(slow), now) == pytest.approx(2.0 - 0.005)  # 1 ms + 40 x 0.1 ms predicted

@@ -1,0 +1,159 @@
+"""Issue 28, items 3 and 4: a compromised worker, played by a real gRPC agent server in this
+process with a real worker certificate, registered with a real (mutual-TLS) cluster.
+
+- It logs and rewrites every Tokenize request it gets: it must get none (the control plane
+  tokenizes), and the prompt the honest worker runs is the client's.
+- It advertises the blocks of another tenant's prompt and reports itself idle: that tenant's
+  requests must not go to it (its blocks are uncredited: nothing was routed there).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent import futures
+
+import grpc
+import pytest
+
+from kvplane import Client
+from kvplane.apps.cluster import LocalCluster
+from kvplane.block_hash import hash_blocks
+from kvplane.security.identity import Identity, Role, tenant_cache_salt
+from kvplane.v1 import agent_pb2, agent_pb2_grpc, common_pb2, registry_pb2
+
+from .conftest import As, worker, worker_info
+
+pytestmark = pytest.mark.cluster
+
+BOB = Identity(Role.CLIENT, "app", "bob")  # what cluster.credentials.client("bob") presents
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory) -> LocalCluster:
+    with LocalCluster(num_prefill=0, num_decode=1, log_dir=tmp_path_factory.mktemp("logs")) as running:
+        yield running
+
+
+class EvilAgent(agent_pb2_grpc.AgentServicer):
+    """Registers as `worker_id`, reports itself idle every 0.2 s, records (and rewrites) what it is sent."""
+
+    def __init__(self, cluster: LocalCluster, worker_id: str, role: int) -> None:
+        self.worker_id = worker_id
+        self.texts: list[str] = []  # every Tokenize input it saw
+        self.generated: list[list[int]] = []  # the prompts of the Generate calls it got
+        credentials = cluster.credentials.for_identity(worker(worker_id))
+        self._server = grpc.server(futures.ThreadPoolExecutor(4))
+        agent_pb2_grpc.add_AgentServicer_to_server(self, self._server)
+        port = self._server.add_secure_port("127.0.0.1:0", credentials.server_credentials())
+        self._server.start()
+        self._as = As(cluster, worker(worker_id))
+        self.registry = self._as.registry()
+        info = worker_info(cluster, worker_id)
+        info.endpoint, info.role = f"127.0.0.1:{port}", role
+        self.reply = self.registry.Register(registry_pb2.RegisterRequest(info=info), timeout=10)
+        self.block_size = info.layout.block_size
+        self.model = info.model
+        self._stop = threading.Event()
+        self._seq = 0
+        self._reporter = threading.Thread(target=self._report, daemon=True)
+        self._reporter.start()
+
+    # -- the agent's side: what the control plane sends it ----------------------------------------
+
+    def Tokenize(self, request, context):
+        self.texts.append(request.text or " ".join(m.content for m in request.messages))
+        return agent_pb2.TokenizeResponse(token_ids=list(b"pay 99999 EUR to account EVIL-666"))
+
+    def Generate(self, request, context):
+        self.generated.append(list(request.prompt_token_ids))
+        context.abort(grpc.StatusCode.UNAVAILABLE, "evil worker: not serving it (the control plane moves the request)")
+
+    # -- the worker's side: what it claims ---------------------------------------------------------
+
+    def _report(self) -> None:
+        idle = common_pb2.WorkerLoad(num_total_blocks=4096, num_free_blocks=4096)
+        r = self.reply
+        while not self._stop.wait(0.2):
+            self.registry.ReportLoad(
+                registry_pb2.ReportLoadRequest(worker_id=self.worker_id, lease_id=r.lease_id, session_token=r.session_token,
+                                               load=idle, state=common_pb2.WORKER_STATE_ACTIVE, kv_seq=self._seq),
+                timeout=10,
+            )  # fmt: skip
+            self.registry.KeepAlive(
+                registry_pb2.KeepAliveRequest(worker_id=self.worker_id, lease_id=r.lease_id, session_token=r.session_token), timeout=10
+            )
+
+    def advertise(self, block_hashes: list[bytes]) -> None:
+        self._seq += 1
+        stored = common_pb2.KVEvent(stored=common_pb2.BlockStored(block_hashes=block_hashes, tier=common_pb2.TIER_DEVICE))
+        self.registry.PublishKVEvents(
+            registry_pb2.PublishKVEventsRequest(worker_id=self.worker_id, lease_id=self.reply.lease_id, seq=self._seq,
+                                                events=[stored], snapshot=True, session_token=self.reply.session_token),
+            timeout=10,
+        )  # fmt: skip
+
+    def close(self) -> None:
+        self._stop.set()
+        self._reporter.join(timeout=10)
+        r = self.reply
+        self.registry.Deregister(
+            registry_pb2.DeregisterRequest(worker_id=self.worker_id, lease_id=r.lease_id, session_token=r.session_token), timeout=10
+        )
+        self._server.stop(grace=None)
+        self._as.close()
+
+
+def _wait_for(predicate, what: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def test_a_worker_that_logs_and_rewrites_tokenize_requests_sees_no_text_and_changes_nothing(cluster):
+    evil = EvilAgent(cluster, "evil-tokenizer", common_pb2.ROLE_PREFILL)
+    try:
+        # The honest worker registers again after it, so a control plane asking "the first worker
+        # of the model" to tokenize (the old way) would ask the evil one.
+        cluster.restart_agent("decode-0")
+        with Client(cluster.endpoint, credentials=cluster.credentials.client("bob"), timeout=60) as bob:
+            _wait_for(lambda: {w.worker_id for w in bob.workers()} >= {"evil-tokenizer", "decode-0"}, "both workers")
+            for text in ("pay 100 EUR", "my password is hunter2"):
+                result = bob.generate(text, max_tokens=4, ignore_eos=True)
+                by_ids = bob.generate(list(text.encode()), max_tokens=4, ignore_eos=True)
+                assert result.metrics.prompt_tokens == len(text.encode())  # the client's prompt, not the evil one
+                assert result.metrics.decode_worker == "decode-0" and result.token_ids == by_ids.token_ids
+        assert evil.texts == [] and evil.generated == []
+    finally:
+        evil.close()
+
+
+def test_a_worker_advertising_another_tenants_blocks_and_reporting_idle_does_not_pull_its_requests(cluster):
+    prompt = [(11 * i) % 250 + 3 for i in range(640)]  # 40 blocks of 16
+    alice_credentials, bob_credentials = cluster.credentials.client("alice"), cluster.credentials.client("bob")
+    with Client(cluster.endpoint, credentials=bob_credentials, timeout=60) as bob:
+        bob.generate(prompt, max_tokens=2)  # bob's prompt, computed on decode-0 (the only worker)
+        evil = EvilAgent(cluster, "evil-claims", common_pb2.ROLE_DECODE)
+        try:
+            salt = tenant_cache_salt(BOB, "")
+            evil.advertise(hash_blocks(prompt, evil.block_size, model_salt=evil.model, tenant_salt=salt))
+            with cluster.client(timeout=30) as admin:
+                _wait_for(lambda: any(c.worker_id == "evil-claims" and sum(c.blocks_by_tier.values()) == 40 for c in admin.cache()),
+                          "the advertised blocks in the index")  # fmt: skip
+            # Keep decode-0 busy meanwhile (another tenant's long answer): an idle holder of the
+            # same blocks would beat decode-0 on load alone if its claims were believed.
+            with Client(cluster.endpoint, credentials=alice_credentials, timeout=120) as alice:
+                background = threading.Thread(target=lambda: alice.generate([1, 2, 3, 4] * 4, max_tokens=400, ignore_eos=True))
+                background.start()
+                try:
+                    time.sleep(0.5)
+                    route = bob.route(prompt, max_tokens=2)
+                    cached = {c.worker_id: c.cached_tokens for c in route.candidates}
+                    assert cached.get("evil-claims", 0) == 0, cached  # its claim earns no cache credit
+                    placed = [bob.generate(prompt, max_tokens=2).metrics.decode_worker for _ in range(5)]
+                finally:
+                    background.join(timeout=120)
+            assert placed == ["decode-0"] * 5 and evil.generated == []
+        finally:
+            evil.close()
