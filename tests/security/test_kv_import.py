@@ -21,7 +21,7 @@ from kvplane.dataplane.transport.integrity import block_digests
 from kvplane.types import Role
 from kvplane.v1 import agent_pb2, common_pb2
 
-from ..agent.helpers import generate_ticket, serve_agent, wait_until
+from ..agent.helpers import serve_agent, ticketed, wait_until
 
 BLOCK = 16
 PROMPT_A = [(5 * i + 1) % 250 for i in range(BLOCK * 6 + 5)]  # the attacker's (tenant A's) prompt: six full blocks
@@ -81,15 +81,10 @@ def serves_other_bytes(kind: str) -> type[AgentService]:
 
 
 async def _generate(stub, request_id: str, worker: str, prompt: list[int], salt: str, source=None) -> tuple[list[int], object]:
-    request = agent_pb2.AgentGenerateRequest(
-        ticket=generate_ticket(request_id, worker, source.worker_id if source else "", prompt, cache_salt=salt),
-        request_id=request_id,
-        prompt_token_ids=prompt,
-        cache_salt=salt,
-        sampling=SAMPLING,
-    )
+    request = agent_pb2.AgentGenerateRequest(request_id=request_id, prompt_token_ids=prompt, cache_salt=salt, sampling=SAMPLING)
     if source is not None:
         request.prefill_from.CopyFrom(source)
+    ticketed(request, worker)  # the control plane's ticket: it signs the prefill source and sampling too
     tokens, metrics = [], None
     async for reply in stub.Generate(request):
         tokens.extend(reply.token_ids)
