@@ -69,7 +69,7 @@ from kvplane.grpc_util import aio_channel
 from kvplane.sampling import sampling_problem
 from kvplane.security.auth import caller
 from kvplane.security.credentials import Credentials
-from kvplane.security.identity import ANONYMOUS, tenant_cache_salt
+from kvplane.security.identity import ANONYMOUS, Identity, Role, tenant_cache_salt
 from kvplane.security.limits import MAX_ID_CHARS, clip
 from kvplane.telemetry import instruments, tracing
 from kvplane.telemetry.window import StatsWindow
@@ -105,19 +105,22 @@ class Attempt:
 
 
 class AgentStubs:
-    """One channel per agent endpoint (with this replica's credentials), reused across requests."""
+    """One channel per agent (worker id and endpoint), reused across requests. Each channel
+    verifies that the server's certificate names that worker (Credentials.for_peer), so a request
+    and its ticket go only to the worker the plan chose, not to whoever answers at its address."""
 
     def __init__(self, credentials: Credentials) -> None:
         self._credentials = credentials
-        self._stubs: dict[str, agent_pb2_grpc.AgentStub] = {}
-        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._stubs: dict[tuple[str, str], agent_pb2_grpc.AgentStub] = {}
+        self._channels: dict[tuple[str, str], grpc.aio.Channel] = {}
 
-    def get(self, endpoint: str) -> agent_pb2_grpc.AgentStub:
-        stub = self._stubs.get(endpoint)
+    def get(self, worker_id: str, endpoint: str) -> agent_pb2_grpc.AgentStub:
+        key = (worker_id, endpoint)
+        stub = self._stubs.get(key)
         if stub is None:
-            channel = aio_channel(endpoint, self._credentials)
-            self._channels[endpoint] = channel
-            stub = self._stubs[endpoint] = agent_pb2_grpc.AgentStub(channel)
+            channel = aio_channel(endpoint, self._credentials.for_peer(Identity(Role.WORKER, worker_id)))
+            self._channels[key] = channel
+            stub = self._stubs[key] = agent_pb2_grpc.AgentStub(channel)
         return stub
 
     async def close(self) -> None:
@@ -373,7 +376,7 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
                 queued_s = attempt.queued_s
             try:
                 async for reply in coalesced(agent_stream(
-                    self._stubs.get(attempt.endpoint), attempt.agent_request, plan.decode_worker,
+                    self._stubs.get(plan.decode_worker, attempt.endpoint), attempt.agent_request, plan.decode_worker,
                     time_left_s=context.time_remaining(),
                     first_token_timeout_s=self._config.first_token_timeout_s, token_timeout_s=self._config.token_timeout_s,
                     paused_since=self._state.pauses.paused_since,
@@ -706,7 +709,7 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
     async def ProfileWorker(self, request: client_pb2.ProfileWorkerRequest, context):
         entry = await self._worker_or_abort(request.worker_id, context)
         try:
-            reply = await self._stubs.get(entry.info.endpoint).Profile(
+            reply = await self._stubs.get(request.worker_id, entry.info.endpoint).Profile(
                 agent_pb2.ProfileRequest(
                     max_prompt_tokens=request.max_prompt_tokens, max_batch=request.max_batch,
                     ticket=self._signer.issue(tickets.PROFILE, request.worker_id),
@@ -766,7 +769,7 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
 
     async def _set_draining(self, worker_id: str, draining: bool, context) -> client_pb2.DrainWorkerResponse:
         entry = await self._worker_or_abort(worker_id, context)
-        stub = self._stubs.get(entry.info.endpoint)
+        stub = self._stubs.get(worker_id, entry.info.endpoint)
         verb = "draining" if draining else "undraining"
         try:
             if draining:

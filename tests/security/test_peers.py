@@ -238,3 +238,44 @@ def test_honest_peers_still_prefill_for_each_other_under_mutual_tls(cluster):
     metrics = result.metrics
     assert metrics.disaggregated and metrics.prefill_worker == "prefill-0" and metrics.decode_worker == "decode-0"
     assert metrics.kv_transfer_blocks == 5 and metrics.kv_transfer_bytes > 0, metrics
+
+
+class StatusOnly(agent_pb2_grpc.AgentServicer):
+    async def GetStatus(self, request, context):
+        return agent_pb2.GetStatusResponse()
+
+
+def test_the_control_plane_sends_a_worker_s_calls_only_to_that_worker(tmp_path):
+    """The control plane's channel to an agent verifies the certificate names the worker the plan
+    chose: a server at that worker's address with another worker's (or a tenant's) certificate
+    gets no call, so neither the request nor its ticket reaches it."""
+    from kvplane.controlplane.client_service import AgentStubs  # noqa: PLC0415
+
+    local = LocalCredentials.create(tmp_path)
+
+    async def body():
+        stubs = AgentStubs(local.for_identity(CONTROLPLANE))
+        try:
+            for presented, its_worker_id in ((local.for_identity(worker("decode-9")), "decode-9"), (local.client("alice"), None)):
+                server = grpc.aio.server()
+                agent_pb2_grpc.add_AgentServicer_to_server(StatusOnly(), server)
+                port = server.add_secure_port(
+                    "127.0.0.1:0",
+                    grpc.ssl_server_credentials(
+                        [(presented.key_pem, presented.cert_pem)], root_certificates=presented.ca_pem, require_client_auth=True
+                    ),
+                )
+                await server.start()
+                try:
+                    endpoint = f"127.0.0.1:{port}"
+                    with pytest.raises(grpc.aio.AioRpcError) as refused:
+                        await stubs.get("decode-0", endpoint).GetStatus(agent_pb2.GetStatusRequest(), timeout=5)
+                    assert refused.value.code() is grpc.StatusCode.UNAVAILABLE
+                    if its_worker_id is not None:  # called as the worker it is: verified and served
+                        await stubs.get(its_worker_id, endpoint).GetStatus(agent_pb2.GetStatusRequest(), timeout=5)
+                finally:
+                    await server.stop(0)
+        finally:
+            await stubs.close()
+
+    asyncio.run(body())
