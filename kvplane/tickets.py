@@ -6,9 +6,9 @@ but not make them, so a registered worker cannot mint tickets for its peers (as 
 shared HMAC key of kvplane <= 0.1).
 
 A ticket binds (see Ticket in protos/kvplane/v1/common.proto):
-- the operation ("generate", "tokenize", "drain", "undrain", "profile") and the worker(s):
+- the operation ("generate", "drain", "undrain", "profile") and the worker(s):
   `decode_worker_id` runs it; for generate, `prefill_worker_id` may prefill or serve KV for it;
-- the request: request id, SHA-256 of the prompt token ids (of the text for tokenize), the cache
+- the request: request id, SHA-256 of the prompt token ids, the cache
   salt the control plane derived from the tenant, and the tenant;
 - for generate, every field that directs work: the peer to prefill or fetch from (worker, endpoint,
   fetch-only, transport: exactly AgentGenerateRequest.prefill_from, or none), the most tokens to
@@ -40,8 +40,8 @@ MAX_TTL_S = 60.0  # the server-side cap on any ticket's lifetime
 DEFAULT_TICKET_TTL_S = 30.0
 CLOCK_SKEW_S = 5.0  # control plane and agents run on different clocks
 
-GENERATE, TOKENIZE, DRAIN, UNDRAIN, PROFILE = "generate", "tokenize", "drain", "undrain", "profile"
-OPERATIONS = (GENERATE, TOKENIZE, DRAIN, UNDRAIN, PROFILE)
+GENERATE, DRAIN, UNDRAIN, PROFILE = "generate", "drain", "undrain", "profile"
+OPERATIONS = (GENERATE, DRAIN, UNDRAIN, PROFILE)
 
 
 class TicketError(Exception):
@@ -62,18 +62,6 @@ def public_key_of(signing_key: bytes) -> bytes:
 
 def prompt_digest(token_ids: Sequence[int]) -> bytes:
     return hashlib.sha256(array("I", token_ids).tobytes()).digest()
-
-
-def text_digest(text: str) -> bytes:
-    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()
-
-
-def tokenize_digest(request) -> bytes:
-    """What a tokenize ticket binds: the text, or the chat messages (role and content, in order)."""
-    if request.text or not request.messages:
-        return text_digest(request.text)
-    encoded = b"".join(_field(m.role) + _field(m.content) for m in request.messages)
-    return hashlib.sha256(b"chat\x00" + encoded).digest()
 
 
 def _field(value: str | bytes) -> bytes:
@@ -117,7 +105,6 @@ class TicketSigner:
         request_id: str = "",
         prefill_worker_id: str = "",
         prompt_token_ids: Sequence[int] | None = None,
-        text: str | None = None,
         digest: bytes | None = None,
         cache_salt: str = "",
         tenant: str = "",
@@ -136,8 +123,6 @@ class TicketSigner:
             digest = b""
             if prompt_token_ids is not None:
                 digest = prompt_digest(prompt_token_ids)
-            elif text is not None:
-                digest = text_digest(text)
         ticket = common_pb2.Ticket(
             operation=operation, request_id=request_id, decode_worker_id=worker_id, prefill_worker_id=prefill_worker_id,
             tenant=tenant, cache_salt=cache_salt, prompt_digest=digest, nonce=os.urandom(16),
@@ -189,11 +174,11 @@ class TicketVerifier:
 
 def check_request(
     ticket: common_pb2.Ticket, *, worker_id: str, as_source: bool = False, request_id: str | None = None,
-    prompt_token_ids: Sequence[int] | None = None, text: str | None = None, digest: bytes | None = None,
+    prompt_token_ids: Sequence[int] | None = None, digest: bytes | None = None,
     cache_salt: str | None = None, cached_only: bool | None = None, generate=None,
 ) -> None:  # fmt: skip
     """Raises TicketError unless the ticket names `worker_id` (as the runner, or as the KV source
-    with `as_source`) and matches the request's id, prompt (or text), cache salt and, for a
+    with `as_source`) and matches the request's id, prompt, cache salt and, for a
     prefill, whether it only fetches (`cached_only`). `generate`: an AgentGenerateRequest, whose
     prefill source and sampling must be what the ticket names (check_generate)."""
     named = ticket.prefill_worker_id if as_source else ticket.decode_worker_id
@@ -204,8 +189,6 @@ def check_request(
         raise TicketError("the ticket is for another request id")
     if prompt_token_ids is not None and prompt_digest(prompt_token_ids) != ticket.prompt_digest:
         raise TicketError("the ticket is for another prompt")
-    if text is not None and text_digest(text) != ticket.prompt_digest:
-        raise TicketError("the ticket is for another text")
     if digest is not None and digest != ticket.prompt_digest:
         raise TicketError("the ticket is for another input")
     if cache_salt is not None and cache_salt != ticket.cache_salt:

@@ -1,7 +1,7 @@
 """Who may call what on an agent (with mutual TLS; a plaintext agent relies on tickets alone).
 
-The control plane sends the work and the admin calls (Generate, Tokenize, Drain, Undrain,
-Profile); clients call Generate themselves in lookaside mode, with the ticket a control plane
+The control plane sends the work and the admin calls (Generate, Drain, Undrain, Profile; it
+tokenizes prompts itself, so no worker sees a prompt not routed to it); clients call Generate themselves in lookaside mode, with the ticket a control plane
 placed their request under (the servicer checks it names the caller's tenant); peer workers prefill and move KV for each other (Prefill, PullKV, ReleaseKV); status
 is open to the cluster's components and admins. The servicer then checks each call's ticket, and
 for peer calls that the caller is the worker the ticket names.
@@ -15,7 +15,7 @@ from kvplane.v1 import agent_pb2
 
 _AGENT = agent_pb2.DESCRIPTOR.services_by_name["Agent"].full_name
 
-CONTROLPLANE_METHODS = ("Tokenize", "Drain", "Undrain", "Profile")
+CONTROLPLANE_METHODS = ("Drain", "Undrain", "Profile")
 PEER_METHODS = ("Prefill", "PullKV", "ReleaseKV")
 
 

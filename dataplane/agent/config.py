@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 from kvplane.dataplane import engines
 from kvplane.dataplane.engines.reference.config import EngineConfig
 from kvplane.dataplane.engines.registry import EngineSettings
-from kvplane.security.limits import MAX_PROMPT_BYTES
 from kvplane.types import Role
 
 
@@ -30,7 +29,6 @@ class AgentConfig:
     pin_check_interval_s: float = 1.0  # how often expired pins are looked for
     prefill_timeout_s: float = 120.0  # decode side gives up on a remote prefill after this (or the request's deadline)
     transfer_timeout_s: float = 60.0  # and on pulling its KV after this (or the request's deadline)
-    max_prompt_bytes: int = MAX_PROMPT_BYTES  # Tokenize refuses longer text (tokenizing runs off the event loop, but costs CPU)
     # Testing only: SIGUSR1 drops the next KV event batch, SIGUSR2 cuts the next KV pull served
     # over the gRPC stream after its first chunk (the chaos suite's faults).
     fault_injection: bool = False
@@ -51,7 +49,6 @@ class AgentConfig:
             "pin_check_interval_s",
             "prefill_timeout_s",
             "transfer_timeout_s",
-            "max_prompt_bytes",
             "engine_down_grace_s",
         ):
             if getattr(self, name) <= 0:

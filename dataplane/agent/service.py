@@ -17,7 +17,7 @@ sampling (at most the admitted max_tokens), and uses it once (a client calling i
 mode must be of the ticket's tenant); Prefill checks the same with this worker as the named
 source (and, with mTLS, that the caller is a worker and the decode worker it names); PullKV and
 ReleaseKV must carry the ticket their transfer was prefilled under, from that same worker.
-Drain, Undrain, Profile and Tokenize need a ticket for that operation on this worker.
+Drain, Undrain and Profile need a ticket for that operation on this worker.
 
 Peers are who the control plane says they are: with mTLS the decode side dials the prefill peer
 (and pulls KV from it) on a channel that accepts only a certificate naming the worker the ticket
@@ -49,7 +49,6 @@ from dataclasses import dataclass
 import grpc
 
 from kvplane import tickets
-from kvplane.chat import ChatTemplateError
 from kvplane.convert import layout_from_pb, layout_to_pb, role_to_pb
 from kvplane.dataplane.agent import profile
 from kvplane.dataplane.agent.bridge import TextStream, sampling_from_pb
@@ -776,24 +775,6 @@ class AgentService(agent_pb2_grpc.AgentServicer):
 
     async def GetStatus(self, request, context):
         return agent_pb2.GetStatusResponse(info=self.worker_info(), load=self.worker_load())
-
-    async def Tokenize(self, request, context):
-        size = len(request.text) + sum(len(m.role) + len(m.content) for m in request.messages)
-        if size > self._config.max_prompt_bytes:  # characters <= bytes: checked before hashing or tokenizing
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"the input is larger than this worker's limit of {self._config.max_prompt_bytes} bytes; shorten the prompt",
-            )
-        await self._check_ticket(request.ticket, context, tickets.TOKENIZE, use="tokenize", digest=tickets.tokenize_digest(request))
-        if not request.messages:
-            return agent_pb2.TokenizeResponse(token_ids=await self._engine.tokenize(request.text))
-        messages = [{"role": m.role, "content": m.content} for m in request.messages]
-        try:
-            ids = await self._engine.tokenize_chat(messages)
-        except ChatTemplateError as e:
-            # The same on every worker of this model: the caller must change the request.
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
-        return agent_pb2.TokenizeResponse(token_ids=ids)
 
     # -- what the link reports ---------------------------------------------------------------------
 

@@ -169,22 +169,6 @@ class GetStatusResponse(_message.Message):
     load: _common_pb2.WorkerLoad
     def __init__(self, info: _Optional[_Union[_common_pb2.WorkerInfo, _Mapping]] = ..., load: _Optional[_Union[_common_pb2.WorkerLoad, _Mapping]] = ...) -> None: ...
 
-class TokenizeRequest(_message.Message):
-    __slots__ = ("text", "messages", "ticket")
-    TEXT_FIELD_NUMBER: _ClassVar[int]
-    MESSAGES_FIELD_NUMBER: _ClassVar[int]
-    TICKET_FIELD_NUMBER: _ClassVar[int]
-    text: str
-    messages: _containers.RepeatedCompositeFieldContainer[_common_pb2.ChatMessage]
-    ticket: _common_pb2.Ticket
-    def __init__(self, text: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[_common_pb2.ChatMessage, _Mapping]]] = ..., ticket: _Optional[_Union[_common_pb2.Ticket, _Mapping]] = ...) -> None: ...
-
-class TokenizeResponse(_message.Message):
-    __slots__ = ("token_ids",)
-    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
-    token_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
-
 class ProfileRequest(_message.Message):
     __slots__ = ("max_prompt_tokens", "max_batch", "ticket")
     MAX_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]

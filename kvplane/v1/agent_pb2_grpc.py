@@ -69,11 +69,6 @@ class AgentStub:
                 request_serializer=kvplane_dot_v1_dot_agent__pb2.GetStatusRequest.SerializeToString,
                 response_deserializer=kvplane_dot_v1_dot_agent__pb2.GetStatusResponse.FromString,
                 _registered_method=True)
-        self.Tokenize = channel.unary_unary(
-                '/kvplane.v1.Agent/Tokenize',
-                request_serializer=kvplane_dot_v1_dot_agent__pb2.TokenizeRequest.SerializeToString,
-                response_deserializer=kvplane_dot_v1_dot_agent__pb2.TokenizeResponse.FromString,
-                _registered_method=True)
         self.Profile = channel.unary_unary(
                 '/kvplane.v1.Agent/Profile',
                 request_serializer=kvplane_dot_v1_dot_agent__pb2.ProfileRequest.SerializeToString,
@@ -132,12 +127,6 @@ class AgentServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def Tokenize(self, request, context):
-        """Missing associated documentation comment in .proto file."""
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
     def Profile(self, request, context):
         """Runs synthetic prefill and decode steps on the engine and returns their timings.
         """
@@ -182,11 +171,6 @@ def add_AgentServicer_to_server(servicer, server):
                     servicer.GetStatus,
                     request_deserializer=kvplane_dot_v1_dot_agent__pb2.GetStatusRequest.FromString,
                     response_serializer=kvplane_dot_v1_dot_agent__pb2.GetStatusResponse.SerializeToString,
-            ),
-            'Tokenize': grpc.unary_unary_rpc_method_handler(
-                    servicer.Tokenize,
-                    request_deserializer=kvplane_dot_v1_dot_agent__pb2.TokenizeRequest.FromString,
-                    response_serializer=kvplane_dot_v1_dot_agent__pb2.TokenizeResponse.SerializeToString,
             ),
             'Profile': grpc.unary_unary_rpc_method_handler(
                     servicer.Profile,
@@ -383,33 +367,6 @@ class Agent:
             '/kvplane.v1.Agent/GetStatus',
             kvplane_dot_v1_dot_agent__pb2.GetStatusRequest.SerializeToString,
             kvplane_dot_v1_dot_agent__pb2.GetStatusResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def Tokenize(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/kvplane.v1.Agent/Tokenize',
-            kvplane_dot_v1_dot_agent__pb2.TokenizeRequest.SerializeToString,
-            kvplane_dot_v1_dot_agent__pb2.TokenizeResponse.FromString,
             options,
             channel_credentials,
             insecure,

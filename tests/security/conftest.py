@@ -14,7 +14,7 @@ import pytest
 from kvplane.apps.cluster import LocalCluster
 from kvplane.grpc_util import channel
 from kvplane.security.identity import Identity, Role
-from kvplane.v1 import agent_pb2_grpc, client_pb2, client_pb2_grpc, registry_pb2_grpc
+from kvplane.v1 import agent_pb2, agent_pb2_grpc, client_pb2, client_pb2_grpc, common_pb2, registry_pb2_grpc
 
 MAX_WORKERS = 6
 
@@ -76,6 +76,26 @@ def tenant(name: str) -> Identity:
 
 def worker(name: str) -> Identity:
     return Identity(Role.WORKER, name)
+
+
+def place(stub, prompt, max_tokens: int, **fields) -> client_pb2.Placement:
+    """A lookaside placement of `prompt` through the caller's Kvplane stub."""
+    request = client_pb2.GenerateRequest(
+        token_ids=client_pb2.TokenIds(ids=prompt), sampling=common_pb2.SamplingParams(max_tokens=max_tokens), lookaside=True, **fields
+    )
+    return stub.Route(request, timeout=30).placement
+
+
+def cancel(stub, placement: client_pb2.Placement) -> None:
+    stub.Report(client_pb2.ReportRequest(placement_id=placement.placement_id, event=client_pb2.ReportRequest.CANCELLED), timeout=10)
+
+
+def learned_salt(stub) -> str:
+    """The caller's tenant's cache salt as a worker learns it from any request of that tenant it
+    runs (the agent request carries it): read here from a lookaside placement, then cancelled."""
+    placement = place(stub, [1, 2, 3, 4], 1, disagg=common_pb2.DISAGG_MODE_NEVER)
+    cancel(stub, placement)
+    return agent_pb2.AgentGenerateRequest.FromString(placement.agent_request).cache_salt
 
 
 def rpc_error(call, *args, **kwargs) -> grpc.RpcError:

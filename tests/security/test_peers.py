@@ -35,7 +35,7 @@ from kvplane.security.local import CONTROLPLANE, LocalCredentials
 from kvplane.types import Role as WorkerRole
 from kvplane.v1 import agent_pb2, agent_pb2_grpc, client_pb2, common_pb2
 
-from .conftest import rpc_error, serving, tenant, worker
+from .conftest import cancel, place, rpc_error, serving, tenant, worker
 
 PROMPT = list(range(100, 180))  # five blocks of 16, above the cluster's disaggregation threshold of 32
 
@@ -146,21 +146,10 @@ def test_the_named_peer_prefills_and_serves_its_kv_over_verified_channels(tmp_pa
     assert metrics.kv_transfer_blocks == 5 and metrics.kv_transfer_bytes > 0
 
 
-def _place(stub, prompt, max_tokens: int, **fields) -> client_pb2.Placement:
-    request = client_pb2.GenerateRequest(
-        token_ids=client_pb2.TokenIds(ids=prompt), sampling=common_pb2.SamplingParams(max_tokens=max_tokens), lookaside=True, **fields
-    )
-    return stub.Route(request, timeout=30).placement
-
-
-def _cancel(stub, placement: client_pb2.Placement) -> None:
-    stub.Report(client_pb2.ReportRequest(placement_id=placement.placement_id, event=client_pb2.ReportRequest.CANCELLED), timeout=10)
-
-
 @pytest.mark.cluster
 def test_a_lookaside_placement_cannot_point_its_prefill_at_another_server(cluster, as_identity):
     mallory = as_identity(tenant("mallory"))
-    placement = _place(mallory.kvplane(), PROMPT, 2, disagg=common_pb2.DISAGG_MODE_ALWAYS)
+    placement = place(mallory.kvplane(), PROMPT, 2, disagg=common_pb2.DISAGG_MODE_ALWAYS)
     request = agent_pb2.AgentGenerateRequest.FromString(placement.agent_request)
     assert request.prefill_from.worker_id == "prefill-0"
     genuine = request.prefill_from.endpoint
@@ -185,14 +174,14 @@ def test_a_lookaside_placement_cannot_point_its_prefill_at_another_server(cluste
     for identity, words in ((worker("evil"), "not the worker this transfer's ticket was issued to"), (tenant("mallory"), "worker role")):
         error = rpc_error(as_identity(identity).agent("prefill-0").Prefill, prefill, timeout=30)
         assert error.code() == grpc.StatusCode.PERMISSION_DENIED and words in error.details(), (identity, error.details())
-    _cancel(mallory.kvplane(), placement)
+    cancel(mallory.kvplane(), placement)
     serving(cluster)
 
 
 @pytest.mark.cluster
 def test_a_lookaside_placement_runs_no_more_tokens_than_admitted(cluster, as_identity):
     mallory = as_identity(tenant("mallory"))
-    placement = _place(mallory.kvplane(), PROMPT[:8], 1, disagg=common_pb2.DISAGG_MODE_NEVER)
+    placement = place(mallory.kvplane(), PROMPT[:8], 1, disagg=common_pb2.DISAGG_MODE_NEVER)
     request = agent_pb2.AgentGenerateRequest.FromString(placement.agent_request)
     agent = mallory.agent(placement.worker_id)
     for field, value, words in (
@@ -219,9 +208,9 @@ def test_a_tenants_cache_salt_is_not_computable_from_its_name(cluster, as_identi
     salts = {}
     for name in ("alice", "bob"):
         stub = as_identity(tenant(name)).kvplane()
-        placement = _place(stub, PROMPT[:8], 1, disagg=common_pb2.DISAGG_MODE_NEVER)
+        placement = place(stub, PROMPT[:8], 1, disagg=common_pb2.DISAGG_MODE_NEVER)
         salts[name] = agent_pb2.AgentGenerateRequest.FromString(placement.agent_request).cache_salt
-        _cancel(stub, placement)
+        cancel(stub, placement)
     for name, salt in salts.items():
         # Issue 28 computed block hashes for another tenant's prompt from "t/<tenant>/".
         assert salt != f"t/{name}/" and name not in salt and re.fullmatch(r"t/[0-9a-f]{32}/", salt), salt

@@ -190,13 +190,6 @@ def test_generate_tickets_bind_the_prefill_peer_and_the_sampling():
             tickets.TicketVerifier(signer.public_key).verify(tampered_ticket, tickets.GENERATE)
 
 
-def test_tokenize_tickets_bind_text_or_chat_messages():
-    text = agent_pb2.TokenizeRequest(text="hello")
-    chat = agent_pb2.TokenizeRequest(messages=[common_pb2.ChatMessage(role="user", content="hello")])
-    chat2 = agent_pb2.TokenizeRequest(messages=[common_pb2.ChatMessage(role="system", content="hello")])
-    assert len({tickets.tokenize_digest(r) for r in (text, chat, chat2)}) == 3
-
-
 def test_token_tables_keep_digests_and_parse_the_static_file(tmp_path):
     path = tmp_path / "tokens.csv"
     path.write_text("# comment\nabcdefghijklmnopqrstuvwx,client,web,acme\nzyxwvutsrqponmlkjihgfedc,admin,alice  # ops\n")

@@ -1,8 +1,8 @@
 """Issue 28, items 3 and 4: a compromised worker, played by a real gRPC agent server in this
 process with a real worker certificate, registered with a real (mutual-TLS) cluster.
 
-- It logs and rewrites every Tokenize request it gets: it must get none (the control plane
-  tokenizes), and the prompt the honest worker runs is the client's.
+- It logs every call it gets: text prompts must reach it in none (the control plane tokenizes;
+  the agents' Tokenize RPC is gone), and the prompt the honest worker runs is the client's.
 - It advertises the blocks of another tenant's prompt and reports itself idle: that tenant's
   requests must not go to it (its blocks are uncredited: nothing was routed there).
 """
@@ -19,10 +19,10 @@ import pytest
 from kvplane import Client
 from kvplane.apps.cluster import LocalCluster
 from kvplane.block_hash import hash_blocks
-from kvplane.security.identity import Identity, Role, tenant_cache_salt
-from kvplane.v1 import agent_pb2, agent_pb2_grpc, common_pb2, registry_pb2
+from kvplane.security.identity import Identity, Role
+from kvplane.v1 import agent_pb2_grpc, common_pb2, registry_pb2
 
-from .conftest import As, worker, worker_info
+from .conftest import As, learned_salt, worker, worker_info
 
 pytestmark = pytest.mark.cluster
 
@@ -40,10 +40,10 @@ class EvilAgent(agent_pb2_grpc.AgentServicer):
 
     def __init__(self, cluster: LocalCluster, worker_id: str, role: int) -> None:
         self.worker_id = worker_id
-        self.texts: list[str] = []  # every Tokenize input it saw
+        self.methods: list[str] = []  # every RPC the control plane called on it, whatever the method
         self.generated: list[list[int]] = []  # the prompts of the Generate calls it got
         credentials = cluster.credentials.for_identity(worker(worker_id))
-        self._server = grpc.server(futures.ThreadPoolExecutor(4))
+        self._server = grpc.server(futures.ThreadPoolExecutor(4), interceptors=[_Recorder(self.methods)])
         agent_pb2_grpc.add_AgentServicer_to_server(self, self._server)
         port = self._server.add_secure_port("127.0.0.1:0", credentials.server_credentials())
         self._server.start()
@@ -60,10 +60,6 @@ class EvilAgent(agent_pb2_grpc.AgentServicer):
         self._reporter.start()
 
     # -- the agent's side: what the control plane sends it ----------------------------------------
-
-    def Tokenize(self, request, context):
-        self.texts.append(request.text or " ".join(m.content for m in request.messages))
-        return agent_pb2.TokenizeResponse(token_ids=list(b"pay 99999 EUR to account EVIL-666"))
 
     def Generate(self, request, context):
         self.generated.append(list(request.prompt_token_ids))
@@ -111,6 +107,15 @@ def _wait_for(predicate, what: str, timeout: float = 20.0) -> None:
         time.sleep(0.1)
 
 
+class _Recorder(grpc.ServerInterceptor):
+    def __init__(self, methods: list[str]) -> None:
+        self._methods = methods
+
+    def intercept_service(self, continuation, handler_call_details):
+        self._methods.append(handler_call_details.method)
+        return continuation(handler_call_details)
+
+
 def test_a_worker_that_logs_and_rewrites_tokenize_requests_sees_no_text_and_changes_nothing(cluster):
     evil = EvilAgent(cluster, "evil-tokenizer", common_pb2.ROLE_PREFILL)
     try:
@@ -124,36 +129,34 @@ def test_a_worker_that_logs_and_rewrites_tokenize_requests_sees_no_text_and_chan
                 by_ids = bob.generate(list(text.encode()), max_tokens=4, ignore_eos=True)
                 assert result.metrics.prompt_tokens == len(text.encode())  # the client's prompt, not the evil one
                 assert result.metrics.decode_worker == "decode-0" and result.token_ids == by_ids.token_ids
-        assert evil.texts == [] and evil.generated == []
+        assert evil.generated == [] and not {m.rsplit("/", 1)[-1] for m in evil.methods} - {"GetStatus"}
     finally:
         evil.close()
 
 
 def test_a_worker_advertising_another_tenants_blocks_and_reporting_idle_does_not_pull_its_requests(cluster):
     prompt = [(11 * i) % 250 + 3 for i in range(640)]  # 40 blocks of 16
-    alice_credentials, bob_credentials = cluster.credentials.client("alice"), cluster.credentials.client("bob")
+    bob_credentials = cluster.credentials.client("bob")
     with Client(cluster.endpoint, credentials=bob_credentials, timeout=60) as bob:
         bob.generate(prompt, max_tokens=2)  # bob's prompt, computed on decode-0 (the only worker)
         evil = EvilAgent(cluster, "evil-claims", common_pb2.ROLE_DECODE)
         try:
-            salt = tenant_cache_salt(BOB, "")
+            # The attacker knows bob's salt, as any worker that once ran a request of bob's does.
+            as_bob = As(cluster, BOB)
+            try:
+                salt = learned_salt(as_bob.kvplane())
+            finally:
+                as_bob.close()
             evil.advertise(hash_blocks(prompt, evil.block_size, model_salt=evil.model, tenant_salt=salt))
             with cluster.client(timeout=30) as admin:
                 _wait_for(lambda: any(c.worker_id == "evil-claims" and sum(c.blocks_by_tier.values()) == 40 for c in admin.cache()),
                           "the advertised blocks in the index")  # fmt: skip
-            # Keep decode-0 busy meanwhile (another tenant's long answer): an idle holder of the
-            # same blocks would beat decode-0 on load alone if its claims were believed.
-            with Client(cluster.endpoint, credentials=alice_credentials, timeout=120) as alice:
-                background = threading.Thread(target=lambda: alice.generate([1, 2, 3, 4] * 4, max_tokens=400, ignore_eos=True))
-                background.start()
-                try:
-                    time.sleep(0.5)
-                    route = bob.route(prompt, max_tokens=2)
-                    cached = {c.worker_id: c.cached_tokens for c in route.candidates}
-                    assert cached.get("evil-claims", 0) == 0, cached  # its claim earns no cache credit
-                    placed = [bob.generate(prompt, max_tokens=2).metrics.decode_worker for _ in range(5)]
-                finally:
-                    background.join(timeout=120)
+            # Both workers idle: with the claim believed, the two would tie on cache and the one
+            # reporting the emptier pool (evil) would win; uncredited, decode-0's real hit wins.
+            route = bob.route(prompt, max_tokens=2)
+            cached = {c.worker_id: c.cached_tokens for c in route.candidates}
+            assert cached.get("evil-claims", 0) == 0, cached  # its claim earns no cache credit
+            placed = [bob.generate(prompt, max_tokens=2).metrics.decode_worker for _ in range(5)]
             assert placed == ["decode-0"] * 5 and evil.generated == []
         finally:
             evil.close()
