@@ -35,6 +35,10 @@ from kvplane.dataplane.engines.sim import plugin as sim_plugin
 from kvplane.latency import prefill_attention
 from kvplane.types import Objective
 
+# The decision grid's cell groups (kvplane.apps.sim.grid.GROUPS, named here so the flag can list them
+# without importing the grid).
+GRID_GROUP_NAMES = ("trace-both", "trace-pd", "chat", "agent", "rag", "synthetic")
+
 ROW_COLUMNS = (  # (key, header, format) of the text table
     ("level", "load", "{}"), ("routing", "routing", "{}"), ("admission", "admission", "{}"),
     ("offered_rps", "offered/s", "{:.2f}"), ("rejected", "rejected", "{}"), ("goodput_rps", "goodput/s", "{:.2f}"),
@@ -104,6 +108,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--speedup", type=float, default=1.0, help="--compare-processes: the agents' simulated seconds per wall second (default 1)"
     )
+    p.add_argument("--grid", action="store_true",
+                   help="the decision grid (kvplane.apps.sim.grid): every cell group, every routing policy, kvplane judged against the peers")  # fmt: skip
+    p.add_argument("--grid-groups", type=_names(GRID_GROUP_NAMES), default=None, metavar="G,G",
+                   help=f"--grid: only these cell groups (of {', '.join(GRID_GROUP_NAMES)}; default all)")  # fmt: skip
     p.add_argument("--json", action="store_true", help='print {"config": ..., "rows": [...]} only')
     p.add_argument("--plot", default="", metavar="FILE.png", help="write goodput and attainment against offered load (needs matplotlib)")
 
@@ -296,6 +304,16 @@ class Sweep:
         }  # fmt: skip
 
 
+def level_row(sweep: Sweep, level: Level, routing: str, admission: str) -> dict[str, Any]:
+    """One simulated run of `level` with these policies: its row (report.row, with the level)."""
+    result = sweep.simulate(level.requests, routing, admission, level.label)
+    row: dict[str, Any] = {"level": level.label, "load_factor": level.load_factor, "routing": routing, "admission": admission}
+    row.update(report.row(result, level.window_s, sweep.objectives))
+    if sweep.args.planner_cost:
+        row["planner_cost"] = report.planner_cost(result, sweep.fleet.num_workers)
+    return row
+
+
 def run_sweep(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]:
     sweep = Sweep(args, log)
     levels, capacity = sweep.levels()
@@ -305,14 +323,10 @@ def run_sweep(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str,
         for routing in sweep.routings:
             for admission in sweep.admissions:
                 log(f"[{level.label} {routing}/{admission}] {len(level.requests)} requests on {sweep.fleet.num_workers} workers ...")
-                result = sweep.simulate(level.requests, routing, admission, level.label)
-                row: dict[str, Any] = {"level": level.label, "load_factor": level.load_factor, "routing": routing, "admission": admission}
-                row.update(report.row(result, level.window_s, sweep.objectives))
+                row = level_row(sweep, level, routing, admission)
                 if baseline is None:
                     baseline = row["goodput_rps"]
                 row["goodput_vs_baseline"] = round(row["goodput_rps"] / baseline, 4) if baseline else None
-                if args.planner_cost:
-                    row["planner_cost"] = report.planner_cost(result, sweep.fleet.num_workers)
                 if args.compare_processes:
                     real = sweep.processes(level, routing, admission, row["oracle_hit_rate"])
                     row["processes"] = real
@@ -360,6 +374,11 @@ def format_table(result: dict[str, Any]) -> str:
 def run(args: argparse.Namespace) -> int:
     def log(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
+
+    if args.grid:
+        from kvplane.apps.sim import grid
+
+        return grid.run(args, log)
 
     started = time.monotonic()
     try:
