@@ -7,6 +7,10 @@ A policy prices the decode candidates (lowest cost wins; the Router breaks ties 
 rng) and may hook the rest of a request's life: which cached prefix it sees (`overlaps`), whether
 to fetch a cached prefix from another worker (`fetch`), what was routed (`on_routed`) and what the
 workers reported (`on_stored`, `on_worker_removed`). Hooks default to no-ops in routing.PolicyHooks.
+
+Besides kvplane's own policy and three baselines (round-robin, least-load, prefix-only), the
+peers' rules with their defaults: `dynamo`, `sglang`, `llm-d` (each module says which source
+file and version it follows, and which planner signal stands in where a peer's is missing).
 """
 
 from __future__ import annotations
@@ -14,10 +18,13 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from kvplane.controlplane.core.cost import CostConfig
+from kvplane.controlplane.core.policies.dynamo import DynamoParams, DynamoPolicy
 from kvplane.controlplane.core.policies.kvplane import KvplaneParams, KvplanePolicy
 from kvplane.controlplane.core.policies.least_load import LeastLoadParams, LeastLoadPolicy
+from kvplane.controlplane.core.policies.llm_d import LlmDParams, LlmDPolicy
 from kvplane.controlplane.core.policies.prefix_only import PrefixOnlyParams, PrefixOnlyPolicy
 from kvplane.controlplane.core.policies.round_robin import RoundRobinParams, RoundRobinPolicy
+from kvplane.controlplane.core.policies.sglang import SglangParams, SglangPolicy
 from kvplane.controlplane.core.routing import RoutingPolicy, RoutingPolicyParams
 
 # The one list of routing policies: params type -> the policy it builds. The first is the default.
@@ -26,7 +33,13 @@ _POLICIES: dict[type, Callable[..., RoutingPolicy]] = {
     RoundRobinParams: RoundRobinPolicy,
     LeastLoadParams: LeastLoadPolicy,
     PrefixOnlyParams: PrefixOnlyPolicy,
+    # The peers' rules, with their defaults, for `kvplane sim --compare-routing` and the grid.
+    DynamoParams: DynamoPolicy,
+    SglangParams: SglangPolicy,
+    LlmDParams: LlmDPolicy,
 }
+# The peers' policies: the ones kvplane's targets are measured against (kvplane sim --grid).
+PEER_POLICIES = (DynamoParams.name, SglangParams.name, LlmDParams.name)
 _PARAMS_BY_NAME: dict[str, type] = {params.name: params for params in _POLICIES}
 
 

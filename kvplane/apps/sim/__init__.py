@@ -2,5 +2,6 @@
 
 clock (the event loop), fleet (simulated workers around the sim engine), simulator (the real
 planner against them), workloads (the benchmarks' generators), report (the benchmarks' rows),
-main (`kvplane sim`), plan (`kvplane plan`).
+sweep (one command's runs: fleet, policies, levels), main (`kvplane sim`), grid (`kvplane sim --grid`:
+the decision grid against the peers' policies), plan (`kvplane plan`).
 """

@@ -38,8 +38,8 @@ from kvplane.apps.bench.load import BATCH_OBJECTIVE_FACTOR
 from kvplane.apps.bench.workload import PRIORITY_BATCH, PRIORITY_INTERACTIVE, read_trace
 from kvplane.apps.sim import report, workloads
 from kvplane.apps.sim.fleet import AgentTiming
-from kvplane.apps.sim.main import length_range
 from kvplane.apps.sim.simulator import FleetSpec, SimRequest, Simulator
+from kvplane.apps.sim.sweep import length_range
 from kvplane.controlplane.core.planner import PlannerConfig
 from kvplane.controlplane.core.router import RouterConfig
 from kvplane.controlplane.core.settings import ClusterSettings
