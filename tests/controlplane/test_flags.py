@@ -77,3 +77,14 @@ def test_choices_are_listed_and_bad_values_are_refused(capsys):
     assert "invalid choice: 'fifo'" in capsys.readouterr().err
     with pytest.raises(ValueError, match="KvplaneParams.guard_ratio must be >= 0"):
         config_from_args(parse("--guard-ratio", "-1"))
+
+
+def test_the_peers_policies_are_selectable_on_a_control_plane_with_their_own_flags():
+    from kvplane.controlplane.core.policies.dynamo import DynamoParams  # noqa: PLC0415
+    from kvplane.controlplane.core.policies.llm_d import LlmDParams  # noqa: PLC0415
+    from kvplane.controlplane.core.policies.sglang import SglangParams  # noqa: PLC0415
+
+    assert config_from_args(parse("--routing-policy", "dynamo")).planner.router.policy == DynamoParams()
+    assert config_from_args(parse("--routing-policy", "llm-d")).planner.router.policy == LlmDParams()
+    sglang = config_from_args(parse("--routing-policy", "sglang", "--sglang-cache-threshold", "0.5")).planner.router.policy
+    assert sglang == SglangParams(sglang_cache_threshold=0.5)
