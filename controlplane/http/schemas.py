@@ -18,6 +18,11 @@ from kvplane.security.limits import HTTP_MAX_PROMPTS
 MAX_STOP_STRINGS = 4  # OpenAI's own limit
 MAX_MESSAGES = 4096  # chat messages in one request
 _UINT32 = 2**32 - 1
+# OpenAI request fields kvplane does not implement: any value other than empty is a 400 naming them.
+_UNSUPPORTED = (
+    "logprobs", "top_logprobs", "logit_bias", "echo", "suffix", "tools", "functions", "function_call",
+    "parallel_tool_calls", "audio", "modalities", "prediction", "web_search_options",
+)  # fmt: skip
 
 
 class KvplaneFields(BaseModel):
@@ -62,8 +67,15 @@ class SamplingFields(KvplaneFields):
 
     def unsupported_fields(self) -> list[str]:
         """Fields set to a value kvplane cannot honour."""
-        bad = [name for name in ("logprobs", "top_logprobs", "logit_bias", "echo", "suffix", "tools", "functions") if self._set(name)]
+        bad = [name for name in _UNSUPPORTED if self._set(name)]
         bad += [name for name in ("frequency_penalty", "presence_penalty") if self._set(name) and self.model_extra.get(name) != 0]
+        extra = self.model_extra or {}
+        # Structured output and tool calls change what the model must produce: refused, not ignored,
+        # unless sent at the value that asks for plain text.
+        if extra.get("response_format") not in (None, {"type": "text"}):
+            bad.append("response_format")
+        if extra.get("tool_choice") not in (None, "none"):
+            bad.append("tool_choice")
         if self.n != 1:
             bad.append("n")
         best_of = self.model_extra.get("best_of")

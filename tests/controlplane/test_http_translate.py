@@ -43,7 +43,16 @@ def test_chat_messages_travel_as_a_chat_prompt():
 
 @pytest.mark.parametrize(
     ("extra", "field"),
-    [({"n": 2}, "n"), ({"logprobs": 3}, "logprobs"), ({"frequency_penalty": 0.5}, "frequency_penalty"), ({"best_of": 2}, "best_of")],
+    [
+        ({"n": 2}, "n"),
+        ({"logprobs": 3}, "logprobs"),
+        ({"frequency_penalty": 0.5}, "frequency_penalty"),
+        ({"best_of": 2}, "best_of"),
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"tool_choice": "auto"}, "tool_choice"),
+        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+        ({"modalities": ["audio"]}, "modalities"),
+    ],
 )
 def test_unsupported_fields_are_refused_by_name(extra, field):
     with pytest.raises(t.HttpError) as info:
@@ -55,6 +64,7 @@ def test_neutral_values_of_unsupported_fields_pass():
     t.completion_requests(
         CompletionRequest(model="m", prompt="x", n=1, logprobs=None, frequency_penalty=0, presence_penalty=0, user="u"), "r"
     )
+    t.completion_requests(CompletionRequest(model="m", prompt="x", response_format={"type": "text"}, tool_choice="none"), "r")
 
 
 def test_bodies_are_validated():
