@@ -6,11 +6,19 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test test-fast chaos test-engines engines-env lint format env test-env etcd rdma kubectl prometheus protos clean
 
+# The tests need every extra (`[test]` names them); the demo only a control plane and reference-engine agents.
 $(STAMP): pyproject.toml setup.py kvplane/_native.c
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[reference,nixl,engines,test]'
+	$(PY) -m pip install -q -e '.[test]'
 	touch $(STAMP)
+
+DEMO_STAMP := $(VENV)/.installed-demo
+$(DEMO_STAMP): pyproject.toml setup.py kvplane/_native.c
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[server,reference]'
+	touch $(DEMO_STAMP)
 
 env: $(STAMP)
 
@@ -67,7 +75,7 @@ prometheus:
 	  else echo "prometheus not found: install Prometheus 2.x (server and promtool) and put them on PATH" >&2; exit 1; fi; }
 	@prometheus --version 2>&1 | head -1
 
-demo: env
+demo: $(DEMO_STAMP)
 	$(PY) -m kvplane.apps.demo
 
 test: env etcd rdma kubectl prometheus lint

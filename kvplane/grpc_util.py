@@ -16,10 +16,9 @@ bind the port and the kernel splits new connections between them.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
 from kvplane.security.auth import AUTHORIZATION
 from kvplane.security.credentials import Credentials
@@ -28,6 +27,9 @@ from kvplane.security.limits import SERVER_MAX_RECEIVE_BYTES, ConnectionLimits
 from kvplane.security.reload import RenewingChannel
 from kvplane.telemetry.grpc_tracing import client_interceptors, server_interceptors
 from kvplane.telemetry.probes import probes
+
+if TYPE_CHECKING:
+    from grpc_health.v1 import health
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 # How long one connection attempt may take: long enough for a loaded machine, short enough that a
@@ -96,6 +98,10 @@ def add_port(server: grpc.aio.Server, address: str, credentials: Credentials) ->
 
 def enable_health_and_reflection(server: grpc.aio.Server, service_names: Iterable[str]) -> health.aio.HealthServicer:
     """Registers grpc.health.v1 (all services SERVING) and server reflection."""
+    # Servers only: the SDK's base install (grpcio, protobuf) has neither package.
+    from grpc_health.v1 import health, health_pb2_grpc  # noqa: PLC0415
+    from grpc_reflection.v1alpha import reflection  # noqa: PLC0415
+
     names = list(service_names)
     servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
@@ -104,6 +110,8 @@ def enable_health_and_reflection(server: grpc.aio.Server, service_names: Iterabl
 
 
 async def set_serving(servicer: health.aio.HealthServicer, service_names: Iterable[str], serving: bool) -> None:
+    from grpc_health.v1 import health_pb2  # noqa: PLC0415
+
     status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
     probes.set_serving(servicer, serving)  # the metrics port's /readyz says the same (kubelet probes under mTLS)
     await servicer.set("", status)

@@ -27,8 +27,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from kvplane.security.identity import Identity, IdentityError, identity_from_spiffe_id
+from kvplane.security.limits import CERT_DAYS
 
-DEFAULT_DAYS = 365
 LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")
 _CLOCK_SKEW = datetime.timedelta(minutes=5)  # valid a little before now: peers' clocks differ
 
@@ -54,7 +54,7 @@ def _validity(builder: x509.CertificateBuilder, days: int) -> x509.CertificateBu
     return builder.not_valid_before(now - _CLOCK_SKEW).not_valid_after(now + datetime.timedelta(days=days))
 
 
-def create_ca(common_name: str = "kvplane development CA", days: int = DEFAULT_DAYS) -> KeyPair:
+def create_ca(common_name: str = "kvplane development CA", days: int = CERT_DAYS) -> KeyPair:
     key = _new_key()
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
     builder = x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
@@ -84,7 +84,7 @@ def _san(hosts: tuple[str, ...] | list[str], identity: Identity) -> x509.Subject
     return x509.SubjectAlternativeName(names)
 
 
-def issue(ca: KeyPair, identity: Identity, hosts: tuple[str, ...] | list[str] | None = None, days: int = DEFAULT_DAYS) -> KeyPair:
+def issue(ca: KeyPair, identity: Identity, hosts: tuple[str, ...] | list[str] | None = None, days: int = CERT_DAYS) -> KeyPair:
     """A certificate for `identity`, signed by `ca`. A serving identity's is valid for the given DNS
     names / IP addresses (default LOCAL_HOSTS) and its server name; a client's or admin's names no
     host and cannot serve (hosts given for one are an error)."""
@@ -113,7 +113,7 @@ def issue(ca: KeyPair, identity: Identity, hosts: tuple[str, ...] | list[str] | 
     return KeyPair(cert.public_bytes(serialization.Encoding.PEM), _key_pem(key))
 
 
-def issue_server(ca: KeyPair, common_name: str, hosts: tuple[str, ...] | list[str] = LOCAL_HOSTS, days: int = DEFAULT_DAYS) -> KeyPair:
+def issue_server(ca: KeyPair, common_name: str, hosts: tuple[str, ...] | list[str] = LOCAL_HOSTS, days: int = CERT_DAYS) -> KeyPair:
     """A certificate for a server outside kvplane's identities (etcd): CN and host SANs only.
 
     For etcd clients the CN is what matters: with etcd's --client-cert-auth it is the etcd user.

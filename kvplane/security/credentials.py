@@ -18,6 +18,7 @@ against the system roots with no client certificate.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -138,8 +139,10 @@ class Credentials:
 
 def _watch(cert, key, ca) -> CertificateFiles | None:
     """Files to reload from when all three are given and make a whole set now (else gRPC's own
-    error at first use says what is wrong, as without reloading)."""
-    if not (cert and key and ca):
+    error at first use says what is wrong, as without reloading). Without the `cryptography`
+    package (the SDK's base install) the files are read once, as when they were given as bytes:
+    a rotation could not be checked whole before it is used."""
+    if not (cert and key and ca) or importlib.util.find_spec("cryptography") is None:
         return None
     try:
         return reload.CertificateFiles(cert, key, ca)

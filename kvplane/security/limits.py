@@ -20,6 +20,7 @@ SERVER_MAX_RECEIVE_BYTES = 8 * 1024 * 1024  # a request message; KV flows server
 KV_BATCH_MAX_HASHES = 8192  # block hashes in one PublishKVEvents batch (about 300 KB in the store, far under etcd's 1.5 MiB)
 BLOCK_HASH_MAX_BYTES = 64  # a block hash is a digest: 32 bytes for kvplane's SHA-256 chain
 MAX_PROMPT_BYTES = 1024 * 1024  # prompt text, checked before tokenization
+CERT_DAYS = 365  # validity of the certificates `kvplane certs` makes
 MAX_ID_CHARS = 128  # request ids, transfer ids, worker ids in requests
 CLIP_CHARS = 64
 # The HTTP API's request bodies (controlplane/http/guard.py): a 128k-token prompt as JSON ids is

@@ -17,9 +17,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from kvplane.apps.cli.common import CliError, positive_int, print_json, usage_error
-from kvplane.security import certs
+from kvplane.apps.cli.common import CliError, import_extra, positive_int, print_json, usage_error
 from kvplane.security.identity import Identity, IdentityError, Role
+from kvplane.security.limits import CERT_DAYS
+
+
+def _certs():
+    """kvplane.security.certs, which needs `cryptography` (the [server] extra, not the SDK's base install)."""
+    return import_extra("kvplane.security.certs", extra="server", what="kvplane certs")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -32,7 +37,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     ca = commands.add_parser("ca", help="create a CA (ca.pem, ca.key)")
     ca.add_argument("--dir", required=True, type=Path, help="where to write ca.pem and ca.key")
-    ca.add_argument("--days", type=positive_int, default=certs.DEFAULT_DAYS, help="validity (default %(default)s)")
+    ca.add_argument("--days", type=positive_int, default=CERT_DAYS, help="validity (default %(default)s)")
     ca.add_argument("--force", action="store_true", help="overwrite an existing CA")
     ca.set_defaults(func=run_ca)
 
@@ -44,7 +49,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     issue.add_argument(
         "--host", action="append", default=[], help="servers only: a DNS name or IP it is dialed at (repeat; default localhost)"
     )
-    issue.add_argument("--days", type=positive_int, default=certs.DEFAULT_DAYS, help="validity (default %(default)s)")
+    issue.add_argument("--days", type=positive_int, default=CERT_DAYS, help="validity (default %(default)s)")
     issue.add_argument("--out", default="", help="file stem to write (default: NAME, or TENANT.NAME for clients)")
     issue.set_defaults(func=run_issue)
 
@@ -54,6 +59,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_ca(args: argparse.Namespace) -> int:
+    certs = _certs()
     if (args.dir / "ca.key").exists() and not args.force:
         raise CliError(f"{args.dir / 'ca.key'} exists; pass --force to replace the CA (every certificate it signed stops working)")
     cert, key = certs.write_pair(args.dir, "ca", certs.create_ca(days=args.days))
@@ -62,6 +68,7 @@ def run_ca(args: argparse.Namespace) -> int:
 
 
 def run_issue(args: argparse.Namespace) -> int:
+    certs = _certs()
     try:
         identity = Identity(Role(args.role), args.name, args.tenant)
         if args.host and not identity.serves:
@@ -78,6 +85,7 @@ def run_issue(args: argparse.Namespace) -> int:
 
 
 def run_show(args: argparse.Namespace) -> int:
+    certs = _certs()
     try:
         identity = certs.identity_of(args.file.read_bytes())
     except (OSError, IdentityError) as e:

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from types import ModuleType
 from typing import Any
 
 from kvplane import errors
@@ -41,6 +44,27 @@ class CliError(Exception):
     def __init__(self, message: str, exit_code: int = 1) -> None:
         super().__init__(message)
         self.exit_code = exit_code
+
+
+@contextlib.contextmanager
+def extra_needed(*, extra: str, what: str) -> Iterator[None]:
+    """Turns a third-party package missing while `what` imports or runs into a CliError naming the
+    extra to install: the base install is the SDK and the client commands (grpcio, protobuf);
+    servers, `kvplane up` and `kvplane certs` need more (pyproject.toml's extras)."""
+    try:
+        yield
+    except ModuleNotFoundError as e:
+        if (e.name or "kvplane").split(".")[0] == "kvplane":
+            raise  # our own module missing is a bug, not an install choice
+        raise CliError(
+            f"{what} needs the package {e.name!r}, which kvplane's base install leaves out: pip install 'kvplane[{extra}]'", EXIT_USAGE
+        ) from None
+
+
+def import_extra(module: str, *, extra: str, what: str) -> ModuleType:
+    """`module`, imported under extra_needed()."""
+    with extra_needed(extra=extra, what=what):
+        return importlib.import_module(module)
 
 
 def usage_error(parser: argparse.ArgumentParser) -> int:

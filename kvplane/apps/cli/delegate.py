@@ -10,13 +10,12 @@ flags from `--config FILE.yaml` and KVPLANE_* environment variables (flag_source
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import sys
 from dataclasses import dataclass
 
 from kvplane.apps.cli import flag_sources
-from kvplane.apps.cli.common import EXIT_USAGE, usage_error
+from kvplane.apps.cli.common import EXIT_USAGE, extra_needed, import_extra, usage_error
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +25,7 @@ class Delegate:
     help: str
     description: str
     server: bool = False  # a long-running server: flags from a config file and the environment too
+    extra: str = "server,reference,bench"  # what to install for it beyond the SDK's base (pyproject's extras)
 
     @property
     def prog(self) -> str:
@@ -35,11 +35,12 @@ class Delegate:
 DELEGATES = (
     Delegate(
         ("controlplane",), "kvplane.controlplane.main", "run a control plane server",
-        "Runs one control-plane replica: the client API, registry, router and admission control.", server=True,
+        "Runs one control-plane replica: the client API, registry, router and admission control.", server=True, extra="server",
     ),
     Delegate(
         ("agent",), "kvplane.dataplane.agent.main", "run a data-plane agent beside an engine",
         "Runs a data-plane agent: registers with a control plane, serves Generate/Prefill/KV pulls.", server=True,
+        extra="agent,reference",
     ),
     Delegate(
         ("sim",), "kvplane.apps.sim.main", "simulate the whole cluster in virtual time",
@@ -121,7 +122,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(delegate: Delegate, argv: list[str]) -> int:
-    module = importlib.import_module(delegate.module)
+    module = import_extra(delegate.module, extra=delegate.extra, what=delegate.prog)
     parser = argparse.ArgumentParser(prog=delegate.prog, description=delegate.description)
     module.add_arguments(parser)
     if delegate.server:
@@ -132,4 +133,5 @@ def run(delegate: Delegate, argv: list[str]) -> int:
             print(f"{delegate.prog}: {e}", file=sys.stderr)
             return EXIT_USAGE
     args = parser.parse_args(argv)
-    return int(module.run(args) or 0)
+    with extra_needed(extra=delegate.extra, what=delegate.prog):
+        return int(module.run(args) or 0)

@@ -21,14 +21,17 @@ import sys
 import time
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from kvplane.apps.cli import engine_flags
-from kvplane.apps.cli.common import CliError, non_negative_int, positive_float, positive_int
-from kvplane.apps.cluster import ClusterError, LocalCluster
+from kvplane.apps.cli.common import CliError, import_extra, non_negative_int, positive_float, positive_int
 from kvplane.apps.engine_launch import ENGINES, EngineLaunchConfig
 from kvplane.apps.supervisor import DEFAULT_MAX_FAILURES, GaveUp, RestartPolicy, Supervisor
 from kvplane.dataplane.engines import DEFAULT_ENGINE
 from kvplane.security.credentials import cluster_dir
+
+if TYPE_CHECKING:
+    from kvplane.apps.cluster import LocalCluster
 
 DEFAULT_PORT = 50051  # the SDK's default endpoint, so other commands need no --endpoint
 DEFAULT_ENGINE_BLOCK_SIZE = 32  # engine servers' block size unless --block-size says otherwise
@@ -136,7 +139,9 @@ def run_up(args: argparse.Namespace) -> int:
     # The engine launch gives external agents their --engine with the server's endpoints.
     forwarded = [a for a in args.engine_flags if not (external and a.dest == "engine")]
     agent_args += engine_flags.forward_args(args, forwarded)
-    cluster = LocalCluster(
+    # The servers' packages (and the launcher's, which makes certificates): not in the SDK's base install.
+    launcher = import_extra("kvplane.apps.cluster", extra="server,reference", what="kvplane up")
+    cluster = launcher.LocalCluster(
         num_prefill=args.prefill, num_decode=args.decode, num_both=args.both, store=args.store,
         port=args.port, agent_args=agent_args, controlplane_args=controlplane_args, log_dir=args.log_dir,
         startup_timeout=args.startup_timeout, num_controlplanes=args.replicas, insecure=args.insecure, engine=engine,
@@ -158,7 +163,7 @@ def run_up(args: argparse.Namespace) -> int:
         return 0
     except GaveUp as e:
         raise CliError(f"{e}\nstopping the cluster") from None
-    except ClusterError as e:
+    except launcher.ClusterError as e:
         raise CliError(str(e)) from None
     finally:
         _ignore_stop_signals()  # a second Ctrl-C must not abandon children half-stopped
