@@ -70,7 +70,7 @@ TRUST_AFTER_PAUSE_S = 1.0  # after this replica was itself paused, the store's h
 
 
 class ClusterState:
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, *, credit_routed_only: bool = True) -> None:
         self._store = store
         self.store_ok_at: float | None = None  # monotonic time a store probe last succeeded
         self._probe_task: asyncio.Task | None = None
@@ -86,7 +86,8 @@ class ClusterState:
         self._last_view: ClusterView | None = None
         self._changed: set[WorkerId] = set()
         self._membership_changed = True
-        self.index = CacheIndex(credit_routed_only=True)  # a worker's KV events are claims: credit what was routed
+        # A worker's KV events are claims: credit what was routed (unless the operator trusts every worker).
+        self.index = CacheIndex(credit_routed_only=credit_routed_only)
         self.settings = ClusterSettings()
         self._watch_task: asyncio.Task | None = None
         self._synced = asyncio.Event()

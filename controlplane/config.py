@@ -40,6 +40,12 @@ class ControlPlaneConfig:
     # The tokenizers this replica tokenizes prompts with, `[MODEL=]DIR` each (controlplane/tokenizer.py):
     # none needed for models whose workers all use the builtin byte tokenizer.
     tokenizers: tuple[str, ...] = ()
+    # Whether a worker's KV events are believed as they come (True), or only for blocks this replica
+    # routed to it (False, the default: issue 28). With False a restarted or new replica rebuilds
+    # the index from the store but credits a block only once it routes a request holding it there,
+    # so the first request per prefix after a restart routes by load; True keeps cache routing across
+    # replica restarts where every worker is trusted (one tenant, one operator).
+    trust_worker_cache_claims: bool = False
     # Limits (docs/security.md): what one caller or worker can make this replica hold or do.
     max_lease_ttl_s: int = 60  # a worker asking for a longer lease gets this one
     max_workers: int = 1024  # registered workers in the cluster

@@ -45,6 +45,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="tokenize MODEL's prompts here with DIR's tokenizer.json and chat template (repeatable; without "
                         "MODEL=, every model without its own); needs `pip install 'kvplane[tokenizers]'`. Models whose "
                         "workers use the builtin byte tokenizer need none. Workers never see prompt text")  # fmt: skip
+    parser.add_argument("--trust-worker-cache-claims", action="store_true",
+                        help="credit every block a worker's KV events announce, not only those this replica routed to it: "
+                        "keeps cache routing across replica restarts, and lets a compromised worker draw traffic with false "
+                        "claims; only where every worker is trusted (docs/security.md)")  # fmt: skip
     add_config_arguments(parser.add_argument_group("routing, admission and prediction"), d.planner)
     security_flags.add_server_arguments(parser, controlplane=True)
     etcd = parser.add_argument_group("etcd's own TLS and auth")
@@ -86,6 +90,7 @@ def config_from_args(args: argparse.Namespace) -> ControlPlaneConfig:
         host=args.host, port=args.port, store=args.store, lease_ttl_s=args.lease_ttl, http_port=args.http_port, planner=planner,
         max_migrations=args.max_migrations, first_token_timeout_s=args.first_token_timeout, token_timeout_s=args.token_timeout,
         models=tuple(args.serve_model), block_size=args.block_size, tokenizers=tuple(args.tokenizer),
+        trust_worker_cache_claims=args.trust_worker_cache_claims,
         max_workers=args.max_workers, max_lease_ttl_s=max(args.max_lease_ttl, args.lease_ttl),
         max_blocks_per_worker=args.max_blocks_per_worker, max_prompt_bytes=args.max_prompt_bytes,
         rate_limit_rps=args.rate_limit, rate_limit_burst=args.rate_burst, ticket_ttl_s=args.ticket_ttl,

@@ -66,7 +66,7 @@ class ControlPlane:
         prompt_tokenizer = PromptTokenizer.from_specs(config.tokenizers)  # before anything starts: a bad one fails here
         self._store = open_store(config.store, **config.store_options)
         cluster_secrets = await secrets.load_or_create(self._store)
-        self._state = ClusterState(self._store)
+        self._state = ClusterState(self._store, credit_routed_only=not config.trust_worker_cache_claims)
         await self._state.start()
         observe.register_cluster_gauges(self._state)
         authenticator = Authenticator(

@@ -47,8 +47,10 @@ def test_sigkilled_worker_vanishes_within_ttl_and_requests_still_succeed(etcd_fa
 
 def test_restarted_control_plane_rebuilds_routing_from_etcd(etcd_factory, tmp_path):
     etcd = etcd_factory()
+    # The restarted replica credits what it rebuilt from etcd (by default it would credit only
+    # blocks it routed itself, and route the first request per prefix by load: docs/security.md).
     with LocalCluster(
-        num_prefill=0, num_decode=0, num_both=2, store=etcd.url, log_dir=tmp_path,
+        num_prefill=0, num_decode=0, num_both=2, store=etcd.url, log_dir=tmp_path, controlplane_args=("--trust-worker-cache-claims",),
     ) as cluster, Client(cluster.endpoint, timeout=60) as client:  # fmt: skip
         shared = prompt_ids(seed=21, length=10 * BLOCK_SIZE)
         first = client.generate(shared + [1, 2, 3], max_tokens=2, disagg="never")

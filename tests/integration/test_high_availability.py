@@ -74,7 +74,9 @@ def test_replicas_on_a_three_member_etcd_ride_out_member_loss_quorum_loss_and_a_
     prompts = [prompt_ids(seed=80 + i, length=3 * BLOCK_SIZE) for i in range(NUM_PROMPTS)]
     with LocalCluster(
         num_prefill=0, num_decode=0, num_both=2, store=etcd.url, num_controlplanes=2, log_dir=tmp_path,
-        controlplane_args=("--lease-ttl", "6"),
+        # Every replica credits every worker's KV events, so each one's index shows the events it
+        # applied (by default a replica credits only blocks it routed: tests/security/test_worker_claims.py).
+        controlplane_args=("--lease-ttl", "6", "--trust-worker-cache-claims"),
     ) as cluster, Client(cluster.endpoint, timeout=60) as client:  # fmt: skip
         reference = [client.generate(p, max_tokens=MAX_TOKENS, ignore_eos=True).token_ids for p in prompts]
         with Traffic(cluster.endpoint, prompts, reference) as traffic:

@@ -15,8 +15,6 @@ import pytest
 from kvplane import Client, grpc_util
 from kvplane.apps.cluster import LocalCluster
 from kvplane.errors import InvalidArgumentError, KvplaneError, RejectedError, UnavailableError
-from kvplane.security.local import CONTROLPLANE as CONTROLPLANE_IDENTITY
-from kvplane.v1 import agent_pb2, agent_pb2_grpc
 
 from .helpers import BLOCK_SIZE, agent_load, assert_nothing_pinned, prompt_ids
 
@@ -92,21 +90,15 @@ def test_malformed_protobuf_is_invalid_argument_and_serving_continues(cluster):
 
 
 def test_a_huge_text_prompt_is_refused_before_tokenizing_and_leases_survive(cluster):
-    """Above --max-prompt-bytes (1 MiB) the control plane refuses the text before any worker
-    tokenizes it; above the servers' 8 MiB message limit gRPC refuses it before any handler runs;
-    an agent called directly (as the control plane) applies its own cap. Leases survive all of it."""
+    """Above --max-prompt-bytes (1 MiB) the control plane refuses the text before tokenizing it
+    (it tokenizes every prompt itself; no worker sees text); above the servers' 8 MiB message limit
+    gRPC refuses it before any handler runs. Leases survive all of it."""
     large, huge = "x" * (4 << 20), "x" * (30 << 20)
     with Client(cluster.endpoint, timeout=60) as client:
         with pytest.raises(InvalidArgumentError, match=r"larger than this cluster's limit of 1048576 bytes"):
             client.generate(large, max_tokens=4)
         with pytest.raises(RejectedError):
             client.generate(huge, max_tokens=4)
-        # Straight to an agent: its own cap answers, and its event loop keeps serving.
-        as_controlplane = cluster.credentials.for_identity(CONTROLPLANE_IDENTITY)
-        with grpc_util.channel(cluster.worker_endpoints["decode-0"], as_controlplane) as ch:
-            with pytest.raises(grpc.RpcError) as info:
-                agent_pb2_grpc.AgentStub(ch).Tokenize(agent_pb2.TokenizeRequest(text=large), timeout=30)
-        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "larger than this worker's limit" in info.value.details()
         assert {w.worker_id for w in client.workers()} == {"prefill-0", "decode-0"}
         assert client.generate("a short text prompt", max_tokens=3).token_ids
 

@@ -94,7 +94,6 @@ def test_agents_take_work_and_admin_calls_only_from_the_control_plane_with_a_tic
             (agent.Drain, agent_pb2.DrainRequest()),
             (agent.Undrain, agent_pb2.UndrainRequest()),
             (agent.Profile, agent_pb2.ProfileRequest()),
-            (agent.Tokenize, agent_pb2.TokenizeRequest(text="hello")),
         ]
         for call, request in calls:
             error = rpc_error(call, request, timeout=10)
