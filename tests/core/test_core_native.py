@@ -15,7 +15,6 @@ from kvplane.block_hash import CachedBlockHasher, hash_blocks
 from kvplane.controlplane.core import predictions
 from kvplane.controlplane.core.cost import CostConfig, _score_columns, cheapest_uncached, price
 from kvplane.controlplane.core.index import CacheIndex, drop_outs, overlap_score, running_and
-from kvplane.controlplane.core.policies.kvplane import KvplaneParams, KvplanePolicy
 from kvplane.controlplane.core.pool import WorkerPool, WorkerTable
 from kvplane.types import Tier, WorkerId
 from tests.core.conftest import make_worker_view
@@ -145,22 +144,6 @@ def compiled_and_python(kernels: str | tuple[str, ...], compute):
     finally:
         for name, kernel in saved.items():
             setattr(native, name, kernel)
-
-
-@pytest.mark.parametrize("power", [2.0, 0.5, 3.0])
-def test_load_guard_equals_the_array_operations(power):
-    rng = random.Random(int(power * 10))
-    params = KvplaneParams(guard_ratio=1.5, guard_power=power, guard_slack_tokens=512, guard_slack_kv_usage=0.1, guard_slack_requests=2)
-    for n in (2, 3, 40, 1000):
-        pool = random_pool(rng, n)
-        holders = pool.where_own(np.array([rng.random() < 0.5 for _ in range(n)]))
-        policy = KvplanePolicy(params, CostConfig())
-        compiled, python = compiled_and_python("load_guard", lambda policy=policy, pool=pool, h=holders: policy._guard(pool, h))
-        assert ((compiled < 1).any() and (compiled == 1).any()) or n < 40
-        if power in (2.0, 0.5):  # numpy squares and roots exactly, as the kernel does
-            assert compiled.tolist() == python.tolist()
-        else:  # numpy's pow and the C library's may differ in the last bit
-            assert compiled == pytest.approx(python, rel=1e-15)
 
 
 def test_price_equals_the_array_operations():
