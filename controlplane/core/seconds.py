@@ -18,7 +18,8 @@ its corrected load (queued prefill tokens Q, running R, waiting W, running conte
                 queue drains, then steps(P - D x bs, D x bs), when that predicts less than local;
   remote TTFT = part(p) + KV transfer of the full blocks w lacks / link rate + w's step computing
                 the prompt's tail, where part(p) = queue + load + prefill on prefill worker p, the
-                p with the least part (a dedicated prefill worker first at equal seconds);
+                p with the least part among those KV can move from to w (a dedicated prefill
+                worker first at equal seconds);
   TTFT(w)     = the least of the placements the request's disagg mode allows (+ the planner's
                 calibration offset of that kind); TPOT(w) = one decode step of batch(w) + this
                 request: c0 + c3 x (R + W + 1) + c4 x (X + Q + P + max_tokens / 2) (+ offset).
@@ -33,22 +34,30 @@ reader goes where the prefix arrives soonest, usually by a fetch from the holder
 replicated onto a second holder (which then draws readers itself), not recomputed on a scatter
 of workers. Whether prefill runs remotely is the same comparison, pair by pair, not a token
 threshold. Every number is kept per candidate (`SecondsBreakdown`) for `kvplane route --explain`.
+
+Only candidates that can win are priced in full (`limit` > 0, the router's
+max_uncached_candidates): every worker holding part of the prompt, and of the others (which
+differ only in load) the `limit` with the least local TTFT, the `limit` with the least fetch
+TTFT and the `limit` with the shortest batch step (which orders their remote TTFT and their
+TPOT), each with every worker tied with the last. For workers of one step-time model that keeps
+the winner of pricing every worker; with objectives it can differ only when the fastest
+non-holders all miss an objective that a slower one meets. A remote prefill worker that holds
+none of the prompt costs exactly its local TTFT, so the `limit` least of those are kept too.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from kvplane.controlplane.core.index import OverlapScore
-from kvplane.controlplane.core.pool import WorkerPool
+from kvplane.controlplane.core.pool import WorkerPool, WorkerTable
 from kvplane.types import Tier, WorkerId
 
 LOCAL, FETCH, REMOTE = 0, 1, 2
 _INF = float("inf")
-_NO_SOURCE = (None, None, -1, 0, 0, 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +75,7 @@ class Rates:
 class SecondsBreakdown:
     """One candidate's predicted seconds, formatted only when someone reads them."""
 
-    placement: str  # "local", "fetch from W", "remote prefill on W"
+    placement: str  # "local prefill", "fetch N blocks from W", "remote prefill on W"
     queue_s: float
     move_s: float  # fetch + tier loads (overlapped with the queue)
     prefill_s: float
@@ -94,72 +103,114 @@ class Request:
 
 
 @dataclass(slots=True)
+class Held:
+    """Per table row: leading prompt blocks matched, of them on host and on disk (0 for a worker
+    without a score). Built from the scores' holders only: a request costs O(holders) here."""
+
+    matched: np.ndarray
+    host: np.ndarray
+    disk: np.ndarray
+
+    @staticmethod
+    def of(table: WorkerTable, overlaps: Mapping[WorkerId, OverlapScore]) -> Held:
+        n = len(table.views)
+        out = np.zeros((3, n), np.int64)
+        if not overlaps:
+            return Held(out[0], out[1], out[2])
+        row_of = table.row_of
+        if len(overlaps) <= 64:  # item by item: cheaper than the arrays below for a few holders
+            for worker_id, s in overlaps.items():
+                row = row_of.get(worker_id)
+                if row is not None:  # the index outlives a departed worker's row
+                    tiers = s.blocks_by_tier
+                    out[0, row], out[1, row], out[2, row] = s.num_blocks, tiers.get(Tier.HOST, 0), tiers.get(Tier.DISK, 0)
+            return Held(out[0], out[1], out[2])
+        rows = np.fromiter(map(row_of.get, overlaps, [-1] * len(overlaps)), np.int64, len(overlaps))
+        scores = list(overlaps.values())
+        # One entry per distinct score object: a hot prefix's thousand holders share one.
+        _, first, codes = np.unique(np.fromiter(map(id, scores), np.int64, len(scores)), return_index=True, return_inverse=True)
+        per = np.array(
+            [
+                (s.num_blocks, s.blocks_by_tier.get(Tier.HOST, 0), s.blocks_by_tier.get(Tier.DISK, 0))
+                for s in map(scores.__getitem__, first.tolist())
+            ],
+            np.int64,
+        ).reshape(-1, 3)[codes.reshape(-1)]
+        known = rows >= 0  # the index outlives a departed worker's row
+        out[:, rows[known]] = per[known].T
+        return Held(out[0], out[1], out[2])
+
+
+@dataclass(slots=True)
 class Columns:
-    """The per-worker numbers of a pool that predictions read."""
+    """The per-worker numbers of some rows of a table that predictions read."""
 
     c: np.ndarray  # (n, 5) step-time coefficients
     chunk: np.ndarray
     queued: np.ndarray
-    seqs: np.ndarray  # the batch the worker will have
-    context: np.ndarray
+    per_step: np.ndarray  # what every step carries: c0 + c3 x batch sequences + c4 x batch context
     nbytes: np.ndarray
+    matched: np.ndarray
+    host: np.ndarray
+    disk: np.ndarray
+    one_chunk: int  # the chunk size when every worker has the same (the usual fleet), else 0
 
     @staticmethod
-    def of(pool: WorkerPool, rates: Rates) -> Columns:
-        t, rows = pool.table, pool.rows
-        c = t.step[rows]
+    def of(table: WorkerTable, rows: np.ndarray, held: Held, rates: Rates) -> Columns:
+        c = table.step[rows]
         missing = np.isnan(c[:, 0])
         if missing.any():
             c = c.copy()
             c[missing] = (0.0, 1.0 / rates.fallback_prefill_tokens_per_s, 0.0, 0.0, 0.0)
-        decodes = t.can_decode[rows]
-        queued, running, waiting = t.queued[rows], t.running[rows], t.waiting[rows]
-        seqs = running + np.where(decodes, waiting, 0)
-        context = t.context[rows] + np.where(decodes, queued, 0)
-        return Columns(c, t.chunk[rows], queued, seqs, context, t.block_nbytes[rows])
+        decodes = table.can_decode[rows]
+        queued = table.queued[rows]
+        seqs = table.running[rows] + np.where(decodes, table.waiting[rows], 0)
+        context = table.context[rows] + np.where(decodes, queued, 0)
+        per_step = c[:, 0] + c[:, 3] * seqs + c[:, 4] * context
+        chunk = table.chunk[rows]
+        one_chunk = int(chunk[0]) if len(chunk) and chunk.min() == chunk.max() else 0
+        return Columns(
+            c, chunk, queued, per_step, table.block_nbytes[rows], held.matched[rows], held.host[rows], held.disk[rows], one_chunk
+        )
 
 
-def chunked_seconds(col: Columns, num_tokens: np.ndarray, num_cached: np.ndarray) -> np.ndarray:
-    """Per worker, StepTimeModel.chunked_prefill_seconds(num_tokens, num_cached, chunk, batch)."""
-    n = np.maximum(num_tokens, 0).astype(np.int64)
+def chunked_seconds(col: Columns, num_tokens, num_cached) -> np.ndarray:
+    """Per worker, StepTimeModel.chunked_prefill_seconds(num_tokens, num_cached, chunk, batch)
+    (numbers or arrays)."""
+    c = col.c
+    if col.one_chunk and np.ndim(num_tokens) == 0:  # one prompt, one chunk size: the steps are numbers
+        n, chunk = max(int(num_tokens), 0), col.one_chunk
+        steps = -(-n // chunk)
+        before_last = max(steps - 1, 0)
+        num_odd = before_last * (chunk % 2) + (n - before_last * chunk) % 2
+        attention = (2 * n * num_cached + (n * n - num_odd)) // 2
+        return steps * col.per_step + (c[:, 1] * n + c[:, 2] * attention)
+    n = np.maximum(num_tokens, 0)
     chunk = col.chunk
     steps = -(-n // chunk)
-    last = n - np.maximum(steps - 1, 0) * chunk
-    num_odd = np.maximum(steps - 1, 0) * (chunk % 2) + last % 2
-    attention = (2 * n * num_cached + n * n - np.where(n > 0, num_odd, 0)) // 2
-    c = col.c
-    per_step = c[:, 0] + c[:, 3] * col.seqs + c[:, 4] * col.context
-    return steps * per_step + c[:, 1] * n + c[:, 2] * attention
+    before_last = np.maximum(steps - 1, 0)
+    num_odd = before_last * (chunk % 2) + (n - before_last * chunk) % 2
+    attention = (2 * n * num_cached + n * n - num_odd) // 2
+    return steps * col.per_step + c[:, 1] * n + c[:, 2] * attention
 
 
-def _tier_columns(pool: WorkerPool, overlaps: Mapping[WorkerId, OverlapScore]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per worker: leading blocks matched, of those on host, on disk (0 without a score)."""
-    codes, per = pool.distinct_values(overlaps)
-    table = np.array(
-        [(s.num_blocks, s.blocks_by_tier.get(Tier.HOST, 0), s.blocks_by_tier.get(Tier.DISK, 0)) if s else (0, 0, 0) for s in per],
-        np.int64,
-    ).reshape(len(per), 3)[codes]
-    return table[:, 0], table[:, 1], table[:, 2]
-
-
-def _own_and_load(
-    pool: WorkerPool, col: Columns, overlaps: Mapping[WorkerId, OverlapScore], max_blocks: int, rates: Rates
-) -> tuple[np.ndarray, np.ndarray]:
+def _own_and_load(col: Columns, max_blocks: int, rates: Rates) -> tuple[np.ndarray, np.ndarray | float]:
     """(blocks counted as cached, seconds loading those held on a slower tier): the matched
     prefix's device blocks first, then host, then disk."""
-    matched, host, disk = _tier_columns(pool, overlaps)
-    own = np.minimum(matched, max_blocks)
-    slow = np.maximum(own - (matched - host - disk), 0)
-    from_host = np.minimum(host, slow)
-    from_disk = slow - from_host
-    load_s = col.nbytes * (from_host / rates.host_bytes_per_s + from_disk / rates.disk_bytes_per_s)
+    own = np.minimum(col.matched, max_blocks)
+    if not (col.host.any() or col.disk.any()):
+        return own, 0.0
+    slow = np.maximum(own - (col.matched - col.host - col.disk), 0)
+    from_host = np.minimum(col.host, slow)
+    load_s = col.nbytes * (from_host / rates.host_bytes_per_s + (slow - from_host) / rates.disk_bytes_per_s)
     return own, load_s
 
 
 @dataclass(slots=True)
 class Priced:
-    """The candidates' predictions, row for row with the decode pool."""
+    """The candidates' predictions, row for row with `pool` (the candidates priced)."""
 
+    pool: WorkerPool
     ttft: np.ndarray
     tpot: np.ndarray
     placement: np.ndarray  # LOCAL, FETCH or REMOTE
@@ -169,12 +220,8 @@ class Priced:
     prefill: np.ndarray
     transfer: np.ndarray
     fetch_blocks: np.ndarray  # FETCH: blocks pulled
-    fetch_source: WorkerId | None
-    fetch_source_second: WorkerId | None  # the source for the first source itself
-    fetch_first_row: int  # table row of fetch_source (-1: none)
-    prefill_worker: WorkerId | None
-    prefill_second: WorkerId | None
-    prefill_row: int
+    source_row: np.ndarray  # FETCH: the table row pulled from (-1: none)
+    prefill_row: np.ndarray  # REMOTE: the prefill worker's table row (-1: none)
 
 
 def price_candidates(
@@ -186,37 +233,148 @@ def price_candidates(
     prefill: WorkerPool,
     rates: Rates,
     offsets: tuple[float, float, float] = (0.0, 0.0, 0.0),
-    fetch_mask: np.ndarray | None = None,
+    limit: int = 0,
 ) -> Priced:
-    """The module docstring's predictions for every worker of `decode`. `overlaps`: the prompt's
-    prefix per worker as the policy sees it (predictions included); `cached`: what the index
-    really holds (what a fetch can pull); `sources`: workers a fetch may pull from; `prefill`:
-    remote prefill candidates; offsets: the calibration (TTFT local, TTFT remote, TPOT);
-    fetch_mask: the candidates that may pull from `sources` (None: all)."""
+    """The module docstring's predictions for the workers of `decode` that can win (all of them
+    when limit is 0). `overlaps`: the prompt's prefix per worker as the policy sees it
+    (predictions included); `cached`: what the index really holds (what a fetch can pull);
+    `sources`: workers a fetch may pull from; `prefill`: remote prefill candidates; offsets: the
+    calibration (TTFT local, TTFT remote, TPOT). Each group of candidates sharing a KV transport
+    and block layout gets the sources and prefill workers its KV can move with."""
+    table = decode.table
+    held = Held.of(table, overlaps)
+    # Fetch sources: the index's own device blocks (a prediction cannot be pulled yet).
+    device = np.zeros(len(table.views), np.int64)
+    if req.allow_remote and len(sources) and cached:
+        real = Held.of(table, cached)
+        device = np.minimum(real.matched - real.host - real.disk, (req.num_prompt_tokens - 1) // req.block_size)
+    alone = None
+    if limit > 0 and max(len(decode), len(prefill)) > limit:
+        alone = _Alone.of(table, held, rates, req)
+    parts = [_price_group(req, group, held, device, sources, prefill, rates, offsets, limit, alone) for group in _groups(decode)]
+    if len(parts) == 1:
+        return parts[0]
+    rows = np.concatenate([p.pool.rows for p in parts])
+    order = np.argsort(rows, kind="stable")
+
+    def cat(name: str) -> np.ndarray:
+        return np.concatenate([getattr(p, name) for p in parts])[order]
+
+    names = (
+        "ttft",
+        "tpot",
+        "placement",
+        "cached_tokens",
+        "queue",
+        "move",
+        "prefill",
+        "transfer",
+        "fetch_blocks",
+        "source_row",
+        "prefill_row",
+    )
+    return Priced(WorkerPool(table, rows[order]), *map(cat, names))
+
+
+def _groups(decode: WorkerPool) -> list[WorkerPool]:
+    """The candidates split by (KV transport, block bytes): usually one group, the whole pool."""
+    transport, nbytes = decode.column("transport_code"), decode.column("block_nbytes")
+    if not len(decode) or ((transport == transport[0]).all() and (nbytes == nbytes[0]).all()):
+        return [decode]
+    keys = transport.astype(np.int64) * (int(nbytes.max()) + 1) + nbytes
+    return [decode.where_own(keys == k) for k in np.unique(keys).tolist()]
+
+
+def _least(key: np.ndarray, limit: int) -> np.ndarray:
+    """Mask of the `limit` least values of `key` and every value tied with the last of them."""
+    if len(key) <= limit:
+        return np.ones(len(key), bool)
+    return key <= np.partition(key, limit - 1)[limit - 1]
+
+
+@dataclass(slots=True)
+class _Alone:
+    """Per table row, what pruning compares (module docstring), computed once per request over
+    the whole table (a few array operations, no indexing): the worker's queue and its TTFT
+    prefilling the whole prompt locally (what a worker holding none of the prompt costs)."""
+
+    col: Columns
+    queue: np.ndarray
+    local: np.ndarray
+
+    @staticmethod
+    def of(table: WorkerTable, held: Held, rates: Rates, req: Request) -> _Alone:
+        col = Columns.of(table, slice(None), held, rates)
+        queue = chunked_seconds(col, col.queued, 0)
+        return _Alone(col, queue, queue + chunked_seconds(col, req.num_prompt_tokens, 0))
+
+    def fetch(self, req: Request, num_blocks: int, rates: Rates) -> np.ndarray:
+        """TTFT of a worker holding none of the prompt that pulls num_blocks of it first."""
+        col, cached = self.col, num_blocks * req.block_size
+        move = rates.fetch_overhead_s + num_blocks * col.nbytes / rates.link_bytes_per_s
+        return np.maximum(self.queue, move) + chunked_seconds(col, req.num_prompt_tokens - cached, cached)
+
+
+def _can_win(pool: WorkerPool, held: Held, keys: Sequence[np.ndarray], limit: int) -> WorkerPool:
+    """The holders of `pool` and, of the others, the `limit` least by each of `keys` (one value
+    per table row) and those tied with them."""
+    rows = pool.rows
+    if limit <= 0 or len(rows) <= limit:
+        return pool
+    holds = held.matched[rows] > 0
+    others = rows[~holds]
+    if len(others) <= limit:
+        return pool
+    keep = np.zeros(len(others), bool)
+    for key in keys:
+        keep |= _least(key[others], limit)
+    return WorkerPool(pool.table, np.sort(np.concatenate((rows[holds], others[keep]))))
+
+
+def _price_group(
+    req: Request,
+    decode: WorkerPool,
+    held: Held,
+    device: np.ndarray,
+    sources: WorkerPool,
+    prefill: WorkerPool,
+    rates: Rates,
+    offsets: tuple[float, float, float],
+    limit: int,
+    alone: _Alone | None,
+) -> Priced:
+    """price_candidates for candidates sharing one KV transport and block layout."""
     P, bs = req.num_prompt_tokens, req.block_size
     max_blocks = (P - 1) // bs
+    table = decode.table
+    first = table.views[int(decode.rows[0])]
+    # The fetch sources of this group: same block layout, a kvplane transport both ends share.
+    source = (-1, -1, 0, 0)
+    if req.allow_remote and device.any():
+        nbytes = int(table.block_nbytes[int(decode.rows[0])])
+        from_rows = sources.where(table.kv_mask(first, cached_blocks=True) & (table.block_nbytes == nbytes)).rows
+        source = _best_two(from_rows, device[from_rows], table)
+
+    if alone is not None:
+        # The batch's step orders the others' remote TTFT and their TPOT.
+        keys = [alone.local, alone.col.per_step] + ([alone.fetch(req, source[2], rates)] if source[0] >= 0 else [])
+        decode = _can_win(decode, held, keys, limit)
+    rows = decode.rows
     n = len(decode)
-    col = Columns.of(decode, rates)
-    own, load_s = _own_and_load(decode, col, overlaps, max_blocks, rates)
-    zeros = np.zeros(n, np.int64)
-    queue_s = chunked_seconds(col, col.queued, zeros)
-    move_s = load_s
+    col = Columns.of(table, rows, held, rates)
+    own, load_s = _own_and_load(col, max_blocks, rates)
+    queue_s = alone.queue[rows] if alone is not None else chunked_seconds(col, col.queued, 0)
     cached_tok = own * bs
     prefill_s = chunked_seconds(col, P - cached_tok, cached_tok)
-    local = np.maximum(queue_s, move_s) + prefill_s
+    local = np.maximum(queue_s, load_s) + prefill_s
+    move_s = np.zeros(n) + load_s
     placement = np.full(n, LOCAL, np.int64)
     fetch_blocks = np.zeros(n, np.int64)
-    source = _NO_SOURCE
-    if req.allow_remote and len(sources) and cached:
-        source = _best_sources(sources, cached, max_blocks)
-    if source[0] is not None:
-        first_row, d1, d2, source_nbytes = source[2], source[3], source[4], source[5]
-        d = np.where(decode.rows == first_row, d2, d1)
-        # Only a worker with the same block layout can take the blocks.
-        can = col.nbytes == source_nbytes
-        if fetch_mask is not None:
-            can &= fetch_mask
-        gain = np.where(can, np.maximum(d - own, 0), 0)
+    source_row = np.full(n, -1, np.int64)
+    if source[0] >= 0:
+        is_first = rows == source[0]
+        d = np.where(is_first, source[3], source[2])
+        gain = np.maximum(d - own, 0)
         f_move = load_s + np.where(gain > 0, rates.fetch_overhead_s + gain * col.nbytes / rates.link_bytes_per_s, 0.0)
         f_cached = (own + gain) * bs
         f_prefill = chunked_seconds(col, P - f_cached, f_cached)
@@ -224,90 +382,77 @@ def price_candidates(
         better = (gain > 0) & (f_ttft < local)
         placement[better] = FETCH
         fetch_blocks = np.where(better, gain, 0)
+        source_row = np.where(better, np.where(is_first, source[1], source[0]), -1)
         move_s = np.where(better, f_move, move_s)
         prefill_s = np.where(better, f_prefill, prefill_s)
         local = np.where(better, f_ttft, local)
-    local = local + offsets[0] if req.allow_local else np.full(n, _INF)
-    if not req.allow_local:
+    if req.allow_local:
+        ttft = local + offsets[0]
+    else:
+        ttft = np.full(n, _INF)
         placement[:] = REMOTE
-    ttft, transfer_s = local, np.zeros(n)
-    remote_part = (None, None, -1)
+    transfer_s = np.zeros(n)
+    prefill_row = np.full(n, -1, np.int64)
     if req.allow_remote and len(prefill):
-        remote, transfer, remote_part = _remote(req, decode, col, overlaps, prefill, rates, max_blocks)
-        remote = remote + offsets[1]
-        use = remote < ttft
-        if use.any():
-            placement[use] = REMOTE
-            ttft = np.where(use, remote, ttft)
-            transfer_s = np.where(use, transfer, 0.0)
-            queue_s = np.where(use, remote_part[3], queue_s)
-            move_s = np.where(use, remote_part[4], move_s)
-            prefill_s = np.where(use, remote_part[5], prefill_s)
-            fetch_blocks = np.where(use, 0, fetch_blocks)
-        remote_part = remote_part[:3]
+        part = _best_prefill(req, prefill.where(table.kv_mask(first)), held, rates, limit, alone)
+        if part is not None:
+            (i, j), p_queue, p_move, p_prefill, p_total = part
+            is_first = rows == i
+            best = np.where(is_first, p_total[1], p_total[0])
+            # The full blocks the decode worker lacks, then its step computing the prompt's tail.
+            tail = P - max_blocks * bs
+            transfer = np.maximum(P // bs - col.matched, 0) * col.nbytes / rates.link_bytes_per_s + chunked_seconds(col, tail, P - tail)
+            remote = best + transfer + offsets[1]
+            use = remote < ttft
+            if use.any():
+                k = is_first.astype(np.int64)  # 1: the second best prefill worker
+                placement[use] = REMOTE
+                ttft = np.where(use, remote, ttft)
+                transfer_s = np.where(use, transfer, 0.0)
+                queue_s = np.where(use, p_queue[k], queue_s)
+                move_s = np.where(use, p_move[k], move_s)
+                prefill_s = np.where(use, p_prefill[k], prefill_s)
+                fetch_blocks = np.where(use, 0, fetch_blocks)
+                source_row = np.where(use, -1, source_row)
+                prefill_row = np.where(use, np.where(is_first, j, i), -1)
     c = col.c
-    tpot = c[:, 0] + c[:, 3] * (col.seqs + 1) + c[:, 4] * (col.context + P + req.max_tokens / 2) + offsets[2]
-    return Priced(
-        ttft, tpot, placement, cached_tok, queue_s, move_s, prefill_s, transfer_s, fetch_blocks,
-        source[0], source[1], source[2], remote_part[0], remote_part[1], remote_part[2],
-    )  # fmt: skip
+    tpot = col.per_step + c[:, 3] + c[:, 4] * (P + req.max_tokens / 2) + offsets[2]
+    return Priced(decode, ttft, tpot, placement, cached_tok, queue_s, move_s, prefill_s, transfer_s, fetch_blocks, source_row, prefill_row)
 
 
-def _best_sources(sources: WorkerPool, cached: Mapping[WorkerId, OverlapScore], max_blocks: int):
-    """(best holder, second best, best's table row, its device blocks, the second's, its block
-    bytes): the workers of `sources` really holding the most leading device blocks of the prompt."""
-    holders, _ = sources.split(cached)
-    if not len(holders):
-        return _NO_SOURCE
-    codes, per = holders.distinct_values(cached)
-    device = np.minimum(np.array([s.blocks_by_tier.get(Tier.DEVICE, 0) for s in per], np.int64)[codes], max_blocks)
-    nbytes = holders.column("block_nbytes")
-    order = np.lexsort((holders.table.id_rank[holders.rows], -device))
+def _best_two(rows: np.ndarray, device: np.ndarray, table: WorkerTable) -> tuple[int, int, int, int]:
+    """(best row, second best row, their device blocks): the rows holding the most leading
+    device blocks of the prompt, then the lower worker id (-1 and 0: none)."""
+    if not len(rows) or not device.any():
+        return (-1, -1, 0, 0)
+    order = np.lexsort((table.id_rank[rows], -device))
     i = int(order[0])
-    if device[i] <= 0:
-        return _NO_SOURCE
-    same = order[1:][nbytes[order[1:]] == nbytes[i]]
-    j = int(same[0]) if len(same) else -1
-    ids = holders.table.worker_ids
-    second = ids[int(holders.rows[j])] if j >= 0 and device[j] > 0 else None
-    return (ids[int(holders.rows[i])], second, int(holders.rows[i]), int(device[i]), int(device[j]) if second else 0, int(nbytes[i]))
+    j = int(order[1]) if len(order) > 1 and device[order[1]] > 0 else -1
+    return (int(rows[i]), int(rows[j]) if j >= 0 else -1, int(device[i]), int(device[j]) if j >= 0 else 0)
 
 
-def _remote(req: Request, decode: WorkerPool, col: Columns, overlaps, prefill: WorkerPool, rates: Rates, max_blocks: int):
-    """(remote TTFT per decode candidate, its transfer + tail seconds, the prefill worker's parts)."""
+def _best_prefill(req: Request, prefill: WorkerPool, held: Held, rates: Rates, limit: int, alone: _Alone | None):
+    """((best row, second best row), and per one of the two: queue, load, prefill, total
+    seconds) of the remote prefill workers (second: -1 and infinite seconds when there is one);
+    None when there is none."""
     P, bs = req.num_prompt_tokens, req.block_size
-    pcol = Columns.of(prefill, rates)
-    p_own, p_load = _own_and_load(prefill, pcol, overlaps, max_blocks, rates)
-    p_queue = chunked_seconds(pcol, pcol.queued, np.zeros(len(prefill), np.int64))
-    p_prefill = chunked_seconds(pcol, P - p_own * bs, p_own * bs)
-    part = np.maximum(p_queue, p_load) + p_prefill
-    t = prefill.table
+    # A worker holding none of the prompt costs its queue + the whole prefill: its local TTFT.
+    if alone is not None:
+        prefill = _can_win(prefill, held, (alone.local,), limit)
+    if not len(prefill):
+        return None
+    table = prefill.table
+    col = Columns.of(table, prefill.rows, held, rates)
+    own, load = _own_and_load(col, (P - 1) // bs, rates)
+    queue = chunked_seconds(col, col.queued, 0)
+    compute = chunked_seconds(col, P - own * bs, own * bs)
+    total = np.maximum(queue, load) + compute
+    load = np.zeros(len(prefill)) + load
     # Least seconds first; a dedicated prefill worker (cannot decode) before a mixed one; then id.
-    order = np.lexsort((t.id_rank[prefill.rows], t.can_decode[prefill.rows], part))
-    i = int(order[0])
-    j = int(order[1]) if len(order) > 1 else -1
-    first_row = int(prefill.rows[i])
-    is_first = decode.rows == first_row
-    best = np.where(is_first, part[j] if j >= 0 else _INF, part[i])
-    matched, _, _ = _tier_columns(decode, overlaps)
-    full = P // bs
-    num_blocks = np.maximum(full - matched, 0)
-    transfer = num_blocks * col.nbytes / rates.link_bytes_per_s
-    tail = P - max_blocks * bs
-    transfer = transfer + chunked_seconds(col, np.full(len(decode), tail, np.int64), np.full(len(decode), P - tail, np.int64))
-    # KV must be able to move between the pair.
-    movable = t.kv_mask(t.views[first_row])[decode.rows]
-    remote = np.where(movable, best + transfer, _INF)
-    pick = lambda k, a: np.where(is_first, a[j] if j >= 0 else 0.0, a[k])  # noqa: E731
-    parts = (
-        t.worker_ids[first_row],
-        t.worker_ids[int(prefill.rows[j])] if j >= 0 else None,
-        first_row,
-        pick(i, p_queue),
-        pick(i, p_load),
-        pick(i, p_prefill),
-    )
-    return remote, transfer, parts
+    order = np.lexsort((table.id_rank[prefill.rows], table.can_decode[prefill.rows], total))[:2]
+    pad = lambda a, none: np.append(a[order], none) if len(order) < 2 else a[order]  # noqa: E731
+    rows = pad(prefill.rows, -1)
+    return (int(rows[0]), int(rows[1])), pad(queue, 0.0), pad(load, 0.0), pad(compute, 0.0), pad(total, _INF)
 
 
 def choose(priced: Priced, ttft_target_s: float | None, tpot_target_s: float | None, tie_rank: np.ndarray) -> np.ndarray:

@@ -29,7 +29,7 @@ from kvplane.controlplane.core.pool import WorkerPool
 from kvplane.controlplane.core.predictions import PrefixPredictions
 from kvplane.controlplane.core.routing import FetchPlan, Placement, PolicyHooks, RouteContext, RouteDecision
 from kvplane.controlplane.core.views import WorkerView
-from kvplane.types import BlockHash, DisaggMode, WorkerId
+from kvplane.types import BlockHash, DisaggMode, Objective, WorkerId
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,8 +64,9 @@ class KvplanePolicy(PolicyHooks):
     def costs(self, ctx: RouteContext, workers: Sequence[WorkerView]) -> Priced:
         """Predicted TTFT seconds of each worker prefilling locally (what `place` compares first)."""
         pool = WorkerPool.of(workers)
-        placed = self._price(ctx, pool, WorkerPool(pool.table, pool.rows[:0]), WorkerPool(pool.table, pool.rows[:0]))
-        return _as_priced(pool, placed, ctx, np.arange(len(pool)), None)
+        none = WorkerPool(pool.table, pool.rows[:0])
+        placed = self._price(ctx, pool, none, none, limit=0)
+        return _as_priced(placed, ctx, np.arange(len(pool)), None)
 
     def _rates(self, ctx: RouteContext) -> seconds.Rates:
         p = self._params
@@ -77,7 +78,7 @@ class KvplanePolicy(PolicyHooks):
             fallback_prefill_tokens_per_s=p.prefill_tokens_per_s,
         )
 
-    def _price(self, ctx: RouteContext, decode: WorkerPool, sources: WorkerPool, prefill: WorkerPool) -> seconds.Priced:
+    def _price(self, ctx: RouteContext, decode: WorkerPool, sources: WorkerPool, prefill: WorkerPool, limit: int) -> seconds.Priced:
         disagg = ctx.request.disagg
         req = seconds.Request(
             ctx.num_prompt_tokens,
@@ -86,15 +87,7 @@ class KvplanePolicy(PolicyHooks):
             allow_local=disagg is not DisaggMode.ALWAYS,
             allow_remote=disagg is not DisaggMode.NEVER,
         )
-        fetch_mask = None
-        if len(sources) and len(decode):
-            # A fetch needs a kvplane transport both ends share; candidates of another kind than
-            # the first's do not fetch (fleets mix transports rarely).
-            code = decode.column("transport_code")
-            first = decode[0]
-            fetch_mask = code == code[0]
-            sources = sources.where(sources.table.kv_mask(first, cached_blocks=True))
-        return seconds.price_candidates(req, decode, ctx.overlaps, ctx.cached, sources, prefill, self._rates(ctx), ctx.offsets, fetch_mask)
+        return seconds.price_candidates(req, decode, ctx.overlaps, ctx.cached, sources, prefill, self._rates(ctx), ctx.offsets, limit)
 
     def place(
         self,
@@ -104,12 +97,13 @@ class KvplanePolicy(PolicyHooks):
         sources: Callable[[], WorkerPool],
         rng: random.Random,
     ) -> Placement:
-        placed = self._price(ctx, decode, sources(), prefill)
+        placed = self._price(ctx, decode, sources(), prefill, ctx.max_uncached_candidates)
         if not np.isfinite(placed.ttft).any():
             return None  # no placement the request allows (disagg always, no prefill worker): the router says why
-        ranks = decode.table.id_rank[decode.rows]
+        table = placed.pool.table
+        n = len(table.views)
         # The draw among equal seconds: one rotation of the worker-id order (seeded, O(1) draws).
-        tie_rank = (ranks + rng.randrange(max(len(decode), 1))) % max(len(decode), 1)
+        tie_rank = (table.id_rank[placed.pool.rows] + rng.randrange(n)) % n
         objective = ctx.objective
         order = seconds.choose(
             placed,
@@ -117,25 +111,20 @@ class KvplanePolicy(PolicyHooks):
             objective.tpot_ms / 1000 if objective else None,
             tie_rank,
         )
-        candidates = _as_priced(decode, placed, ctx, order, objective)
+        candidates = _as_priced(placed, ctx, order, objective)
         i = int(order[0])
         chosen = candidates[0]
+        ids = table.worker_ids
         kind = int(placed.placement[i])
         prefill_worker = fetch = None
         if kind == seconds.REMOTE:
-            prefill_worker = placed.prefill_second if decode.worker_ids[i] == placed.prefill_worker else placed.prefill_worker
+            prefill_worker = ids[int(placed.prefill_row[i])]
         elif kind == seconds.FETCH:
-            source = placed.fetch_source_second if int(decode.rows[i]) == placed.fetch_first_row else placed.fetch_source
-            assert source is not None
-            blocks = int(placed.fetch_blocks[i])
-            fetch = FetchPlan(
-                worker_id=source,
-                num_tokens=blocks * ctx.block_size,
-                reason=f"fetch: {blocks * ctx.block_size} cached prefix tokens from {source}; {chosen.note}",
-                seconds=float(placed.move[i]),
-            )
-        reason = f"{chosen.worker_id}: {chosen.note}"
-        return Placement(candidates, prefill_worker, fetch, reason)
+            source = ids[int(placed.source_row[i])]
+            num_tokens = int(placed.fetch_blocks[i]) * ctx.block_size
+            reason = f"fetch: {num_tokens} cached prefix tokens from {source}; {chosen.note}"
+            fetch = FetchPlan(worker_id=source, num_tokens=num_tokens, reason=reason, seconds=float(placed.move[i]))
+        return Placement(candidates, prefill_worker, fetch, f"{chosen.worker_id}: {chosen.note}")
 
     # -- hooks -----------------------------------------------------------------------------------
     def on_routed(self, decision: RouteDecision, now: float) -> None:
@@ -151,21 +140,20 @@ class KvplanePolicy(PolicyHooks):
         self.predictions.forget_worker(worker_id)
 
 
-def _as_priced(pool: WorkerPool, placed: seconds.Priced, ctx: RouteContext, order: np.ndarray, objective) -> Priced:
+def _as_priced(placed: seconds.Priced, ctx: RouteContext, order: np.ndarray, objective: Objective | None) -> Priced:
     """The candidates in `order` as cost.Priced (cost: predicted TTFT seconds), each with its
     breakdown formatted only when read."""
-    ids = pool.worker_ids
     p = placed
+    rows = p.pool.rows[order]
+    ids = p.pool.table.worker_ids
 
     def detail(k: int) -> seconds.SecondsBreakdown:
         i = int(order[k])
         kind = int(p.placement[i])
         if kind == seconds.REMOTE:
-            w = p.prefill_second if ids[i] == p.prefill_worker else p.prefill_worker
-            where = f"remote prefill on {w}"
+            where = f"remote prefill on {ids[int(p.prefill_row[i])]}"
         elif kind == seconds.FETCH:
-            w = p.fetch_source_second if int(pool.rows[i]) == p.fetch_first_row else p.fetch_source
-            where = f"fetch {int(p.fetch_blocks[i])} blocks from {w}"
+            where = f"fetch {int(p.fetch_blocks[i])} blocks from {ids[int(p.source_row[i])]}"
         else:
             where = "local prefill"
         meets = None
@@ -176,4 +164,4 @@ def _as_priced(pool: WorkerPool, placed: seconds.Priced, ctx: RouteContext, orde
         )
 
     cached = p.cached_tokens[order]
-    return Priced([ids[i] for i in order.tolist()], pool.rows[order], p.ttft[order], cached, ctx.num_prompt_tokens - cached, detail)
+    return Priced(list(map(ids.__getitem__, rows.tolist())), rows, p.ttft[order], cached, ctx.num_prompt_tokens - cached, detail)
