@@ -1,7 +1,7 @@
 """The fleet as columns: what routing filters and ranks workers by, one numpy row per worker.
 
 Routing a request looks at every worker (which serve the model, which are active, which hold
-the least load, the pool's mean load for the load guard), and a Python loop over a thousand
+the least load, what each would take to answer), and a Python loop over a thousand
 worker objects costs tens of microseconds per pass; a planner made a dozen such passes per
 request. A `WorkerTable` holds the same numbers as arrays, built once per ClusterView
 (`table_of`) and updated row by row where something changed (`with_loads` for the planner's load

@@ -18,10 +18,12 @@ uncached tokens on the decode worker reach disagg_threshold_tokens and some pref
 fewer than max_prefill_queue_tokens queued. The prefill worker is chosen by the same cost among
 the prefill candidates, role PREFILL before BOTH at equal cost.
 
-Which decode worker wins is the routing policy's call (controlplane/core/policies/: kvplane,
-the cost above plus tier weights, a load guard, predicted prefixes and fetch-instead-of-recompute;
-round-robin, least-load and prefix-only as baselines); the prefill worker of a disaggregated
-request is always chosen by the cost above (controlplane/core/cost.py).
+Which decode worker wins is the routing policy's call (controlplane/core/policies/). The
+default, kvplane, places the whole request itself (the `place` hook): decode worker, local or
+remote prefill and a fetch, all priced in predicted seconds (core/seconds.py); the cost, the
+threshold and the prefill choice above are for the policies that price by a cost (round-robin,
+least-load and prefix-only as baselines), whose prefill worker is chosen by the cost above
+(controlplane/core/cost.py).
 
 Parameters: RouterConfig below (the policy's own in its params dataclass, the cost's in
 cost.CostConfig), the single source of their defaults.
@@ -66,11 +68,21 @@ class RouterConfig:
         default_params, "which decode worker takes a request", flag="--routing-policy", params_types=params_types
     )
     cost: CostConfig = field(default_factory=CostConfig)
-    disagg_threshold_tokens: int = param(2048, "remote prefill only when a prompt's uncached tokens reach this", flag="--disagg-threshold")
-    max_prefill_queue_tokens: int = param(16384, "a prefill worker with this many queued prefill tokens or more is busy: prefill locally")
-    temperature: float = param(0.0, "0 = the cheapest worker wins; > 0 samples over softmax(-cost / temperature)")
+    disagg_threshold_tokens: int = param(
+        2048,
+        "policies that price by a cost: remote prefill only when a prompt's uncached tokens reach this (kvplane decides in seconds)",
+        flag="--disagg-threshold",
+    )
+    max_prefill_queue_tokens: int = param(
+        16384, "policies that price by a cost: a prefill worker with this many queued prefill tokens or more is busy: prefill locally"
+    )
+    temperature: float = param(
+        0.0, "policies that price by a cost: 0 = the cheapest worker wins; > 0 samples over softmax(-cost / temperature)"
+    )
     max_uncached_candidates: int = param(
-        16, "of the workers holding none of a prompt, price only this many with the least load (0 = all); they are the ones that can win"
+        16,
+        "of the workers holding none of a prompt, price in full only this many with the least load (kvplane: by each of its "
+        "measures, core/seconds.py) and those tied with them (0 = all); they are the ones that can win",
     )
 
     def __post_init__(self) -> None:
