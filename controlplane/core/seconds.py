@@ -37,16 +37,21 @@ threshold. Every number is kept per candidate (`SecondsBreakdown`) for `kvplane 
 
 Only candidates that can win are priced in full (`limit` > 0, the router's
 max_uncached_candidates): every worker holding part of the prompt, and of the others (which
-differ only in load) the `limit` with the least local TTFT, the `limit` with the least fetch
-TTFT and the `limit` with the shortest batch step (which orders their remote TTFT and their
-TPOT), each with every worker tied with the last. For workers of one step-time model that keeps
-the winner of pricing every worker; with objectives it can differ only when the fastest
-non-holders all miss an objective that a slower one meets. A remote prefill worker that holds
-none of the prompt costs exactly its local TTFT, so the `limit` least of those are kept too.
+differ only in load) the `limit` with the least TTFT prefilling locally or after a fetch and
+the `limit` with the shortest batch step (which orders their remote TTFT and their TPOT), each
+with every worker tied with the last. For workers of one step-time model that keeps the winner
+of pricing every worker; with objectives it can differ only when the fastest non-holders all
+miss an objective that a slower one meets. What does not depend on the request (each worker's
+columns, batch step and queue seconds) is kept from one request to the next (FleetColumns) and
+redone only for the rows a new table changed. A remote prefill worker that holds
+none of the prompt costs exactly its local TTFT, so the two least of those (and their ties)
+are kept, all the choice of the best and second best prefill worker needs.
 """
 
 from __future__ import annotations
 
+import itertools
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -113,85 +118,146 @@ class Held:
 
     @staticmethod
     def of(table: WorkerTable, overlaps: Mapping[WorkerId, OverlapScore]) -> Held:
-        n = len(table.views)
-        out = np.zeros((3, n), np.int64)
+        out = np.zeros((3, len(table.views)), np.int64)
         if not overlaps:
             return Held(out[0], out[1], out[2])
-        row_of = table.row_of
-        if len(overlaps) <= 64:  # item by item: cheaper than the arrays below for a few holders
-            for worker_id, s in overlaps.items():
+        row_of, n = table.row_of, len(overlaps)
+        if n <= 64:  # item by item: cheaper than the arrays below for a few holders
+            rows, numbers, memo = [], [], {}
+            for worker_id, score in overlaps.items():
                 row = row_of.get(worker_id)
-                if row is not None:  # the index outlives a departed worker's row
-                    tiers = s.blocks_by_tier
-                    out[0, row], out[1, row], out[2, row] = s.num_blocks, tiers.get(Tier.HOST, 0), tiers.get(Tier.DISK, 0)
+                if row is None:  # the index outlives a departed worker's row
+                    continue
+                v = memo.get(id(score))
+                if v is None:
+                    v = memo[id(score)] = _numbers(score)
+                rows.append(row)
+                numbers.append(v)
+            if rows:
+                out[:, rows] = np.array(numbers, np.int64).T
             return Held(out[0], out[1], out[2])
-        rows = np.fromiter(map(row_of.get, overlaps, [-1] * len(overlaps)), np.int64, len(overlaps))
+        rows = np.fromiter(map(row_of.get, overlaps, itertools.repeat(-1, n)), np.int64, n)
         scores = list(overlaps.values())
         # One entry per distinct score object: a hot prefix's thousand holders share one.
-        _, first, codes = np.unique(np.fromiter(map(id, scores), np.int64, len(scores)), return_index=True, return_inverse=True)
-        per = np.array(
-            [
-                (s.num_blocks, s.blocks_by_tier.get(Tier.HOST, 0), s.blocks_by_tier.get(Tier.DISK, 0))
-                for s in map(scores.__getitem__, first.tolist())
-            ],
-            np.int64,
-        ).reshape(-1, 3)[codes.reshape(-1)]
+        _, first, codes = np.unique(np.fromiter(map(id, scores), np.int64, n), return_index=True, return_inverse=True)
+        per = np.array([_numbers(scores[i]) for i in first.tolist()], np.int64).reshape(-1, 3)[codes.reshape(-1)]
         known = rows >= 0  # the index outlives a departed worker's row
         out[:, rows[known]] = per[known].T
         return Held(out[0], out[1], out[2])
+
+
+def _numbers(score: OverlapScore) -> tuple[int, int, int]:
+    tiers = score.blocks_by_tier
+    return score.num_blocks, tiers.get(Tier.HOST, 0), tiers.get(Tier.DISK, 0)
 
 
 @dataclass(slots=True)
 class Columns:
     """The per-worker numbers of some rows of a table that predictions read."""
 
-    c: np.ndarray  # (n, 5) step-time coefficients
+    c0: np.ndarray  # the step-time model's coefficients (kvplane.latency), one column each
+    c1: np.ndarray
+    c2: np.ndarray
+    c3: np.ndarray
+    c4: np.ndarray
     chunk: np.ndarray
     queued: np.ndarray
     per_step: np.ndarray  # what every step carries: c0 + c3 x batch sequences + c4 x batch context
     nbytes: np.ndarray
-    matched: np.ndarray
-    host: np.ndarray
-    disk: np.ndarray
     one_chunk: int  # the chunk size when every worker has the same (the usual fleet), else 0
+    # The prompt's blocks matched on each worker, of them on host and on disk (Held).
+    matched: np.ndarray | None = None
+    host: np.ndarray | None = None
+    disk: np.ndarray | None = None
 
     @staticmethod
-    def of(table: WorkerTable, rows: np.ndarray, held: Held, rates: Rates) -> Columns:
+    def of(table: WorkerTable, rows, rates: Rates) -> Columns:
+        """Of `rows` (an index array, or slice(None): the whole table); no held blocks."""
         c = table.step[rows]
         missing = np.isnan(c[:, 0])
         if missing.any():
             c = c.copy()
             c[missing] = (0.0, 1.0 / rates.fallback_prefill_tokens_per_s, 0.0, 0.0, 0.0)
+        c = np.ascontiguousarray(c.T)
         decodes = table.can_decode[rows]
         queued = table.queued[rows]
         seqs = table.running[rows] + np.where(decodes, table.waiting[rows], 0)
         context = table.context[rows] + np.where(decodes, queued, 0)
-        per_step = c[:, 0] + c[:, 3] * seqs + c[:, 4] * context
+        per_step = c[0] + c[3] * seqs + c[4] * context
         chunk = table.chunk[rows]
-        one_chunk = int(chunk[0]) if len(chunk) and chunk.min() == chunk.max() else 0
+        return Columns(c[0], c[1], c[2], c[3], c[4], chunk, queued, per_step, table.block_nbytes[rows], _one(chunk))
+
+    def take(self, i: np.ndarray, held: Held | None = None) -> Columns:
+        """These columns at positions `i` (with `held`'s blocks at rows `i`)."""
         return Columns(
-            c, chunk, queued, per_step, table.block_nbytes[rows], held.matched[rows], held.host[rows], held.disk[rows], one_chunk
-        )
+            self.c0[i], self.c1[i], self.c2[i], self.c3[i], self.c4[i], self.chunk[i], self.queued[i], self.per_step[i],
+            self.nbytes[i], self.one_chunk or _one(self.chunk[i]),
+            *((held.matched[i], held.host[i], held.disk[i]) if held is not None else ()),
+        )  # fmt: skip
+
+    def put(self, i: np.ndarray, other: Columns) -> Columns:
+        """A copy with `other`'s values at positions `i`."""
+        names = ("c0", "c1", "c2", "c3", "c4", "chunk", "queued", "per_step", "nbytes")
+        out = Columns(*(getattr(self, name).copy() for name in names), 0)
+        for name in names:
+            getattr(out, name)[i] = getattr(other, name)
+        out.one_chunk = _one(out.chunk)
+        return out
+
+
+def _one(chunk: np.ndarray) -> int:
+    return int(chunk[0]) if len(chunk) and chunk.min() == chunk.max() else 0
+
+
+class FleetColumns:
+    """The whole table's Columns and each worker's queue seconds: what does not depend on the
+    request, kept from one request to the next. A table made from the last one by
+    WorkerTable.replaced (the planner's view after new reports and load corrections) has only
+    its changed rows redone, so a request pays for what changed, not for the fleet."""
+
+    __slots__ = ("_last",)
+
+    def __init__(self) -> None:
+        self._last: tuple[weakref.ref, float, Columns, np.ndarray] | None = None
+
+    def of(self, table: WorkerTable, rates: Rates) -> tuple[Columns, np.ndarray]:
+        """(Columns of every row of `table`, the seconds of each worker's queued prefill)."""
+        last, fallback = self._last, rates.fallback_prefill_tokens_per_s
+        if last is not None and last[1] == fallback:
+            before = last[0]()
+            if before is table:
+                return last[2], last[3]
+            if before is not None and table.parent is before and len(table.changed_rows) < len(table.views) // 4:
+                rows = np.fromiter(table.changed_rows, np.int64, len(table.changed_rows))
+                changed = Columns.of(table, rows, rates)
+                col, queue = last[2].put(rows, changed), last[3].copy()
+                queue[rows] = chunked_seconds(changed, changed.queued, 0)
+                self._last = (weakref.ref(table), fallback, col, queue)
+                return col, queue
+        col = Columns.of(table, slice(None), rates)
+        queue = chunked_seconds(col, col.queued, 0)
+        self._last = (weakref.ref(table), fallback, col, queue)
+        return col, queue
 
 
 def chunked_seconds(col: Columns, num_tokens, num_cached) -> np.ndarray:
     """Per worker, StepTimeModel.chunked_prefill_seconds(num_tokens, num_cached, chunk, batch)
     (numbers or arrays)."""
-    c = col.c
-    if col.one_chunk and np.ndim(num_tokens) == 0:  # one prompt, one chunk size: the steps are numbers
-        n, chunk = max(int(num_tokens), 0), col.one_chunk
+    chunk = col.one_chunk
+    if chunk and isinstance(num_tokens, int):  # one prompt, one chunk size: the steps are numbers
+        n = max(num_tokens, 0)
         steps = -(-n // chunk)
         before_last = max(steps - 1, 0)
         num_odd = before_last * (chunk % 2) + (n - before_last * chunk) % 2
         attention = (2 * n * num_cached + (n * n - num_odd)) // 2
-        return steps * col.per_step + (c[:, 1] * n + c[:, 2] * attention)
+        return steps * col.per_step + (col.c1 * n + col.c2 * attention)
+    chunk = chunk or col.chunk
     n = np.maximum(num_tokens, 0)
-    chunk = col.chunk
     steps = -(-n // chunk)
     before_last = np.maximum(steps - 1, 0)
     num_odd = before_last * (chunk % 2) + (n - before_last * chunk) % 2
     attention = (2 * n * num_cached + n * n - num_odd) // 2
-    return steps * col.per_step + c[:, 1] * n + c[:, 2] * attention
+    return steps * col.per_step + col.c1 * n + col.c2 * attention
 
 
 def _own_and_load(col: Columns, max_blocks: int, rates: Rates) -> tuple[np.ndarray, np.ndarray | float]:
@@ -234,13 +300,15 @@ def price_candidates(
     rates: Rates,
     offsets: tuple[float, float, float] = (0.0, 0.0, 0.0),
     limit: int = 0,
+    fleet: FleetColumns | None = None,
 ) -> Priced:
     """The module docstring's predictions for the workers of `decode` that can win (all of them
     when limit is 0). `overlaps`: the prompt's prefix per worker as the policy sees it
     (predictions included); `cached`: what the index really holds (what a fetch can pull);
     `sources`: workers a fetch may pull from; `prefill`: remote prefill candidates; offsets: the
-    calibration (TTFT local, TTFT remote, TPOT). Each group of candidates sharing a KV transport
-    and block layout gets the sources and prefill workers its KV can move with."""
+    calibration (TTFT local, TTFT remote, TPOT); `fleet`: the caller's FleetColumns, kept from
+    one request to the next. Each group of candidates sharing a KV transport and block layout
+    gets the sources and prefill workers its KV can move with."""
     table = decode.table
     held = Held.of(table, overlaps)
     # Fetch sources: the index's own device blocks (a prediction cannot be pulled yet).
@@ -248,10 +316,8 @@ def price_candidates(
     if req.allow_remote and len(sources) and cached:
         real = Held.of(table, cached)
         device = np.minimum(real.matched - real.host - real.disk, (req.num_prompt_tokens - 1) // req.block_size)
-    alone = None
-    if limit > 0 and max(len(decode), len(prefill)) > limit:
-        alone = _Alone.of(table, held, rates, req)
-    parts = [_price_group(req, group, held, device, sources, prefill, rates, offsets, limit, alone) for group in _groups(decode)]
+    fleet = _Fleet(req, *(fleet or FleetColumns()).of(table, rates), limit > 0 and max(len(decode), len(prefill)) > limit)
+    parts = [_price_group(req, group, held, device, sources, prefill, rates, offsets, limit, fleet) for group in _groups(decode)]
     if len(parts) == 1:
         return parts[0]
     rows = np.concatenate([p.pool.rows for p in parts])
@@ -278,6 +344,9 @@ def price_candidates(
 
 def _groups(decode: WorkerPool) -> list[WorkerPool]:
     """The candidates split by (KV transport, block bytes): usually one group, the whole pool."""
+    table = decode.table
+    if table.fixed(("one kv group",), lambda: len(set(zip(table.transport_code.tolist(), table.block_nbytes.tolist()))) <= 1):
+        return [decode]  # the whole fleet is one group (known once per set of workers)
     transport, nbytes = decode.column("transport_code"), decode.column("block_nbytes")
     if not len(decode) or ((transport == transport[0]).all() and (nbytes == nbytes[0]).all()):
         return [decode]
@@ -293,26 +362,25 @@ def _least(key: np.ndarray, limit: int) -> np.ndarray:
 
 
 @dataclass(slots=True)
-class _Alone:
-    """Per table row, what pruning compares (module docstring), computed once per request over
-    the whole table (a few array operations, no indexing): the worker's queue and its TTFT
-    prefilling the whole prompt locally (what a worker holding none of the prompt costs)."""
+class _Fleet:
+    """Per table row (FleetColumns) and, when pruning, what it compares (module docstring): the
+    TTFT of each worker prefilling the whole prompt locally (a non-holder's)."""
 
+    req: Request
     col: Columns
     queue: np.ndarray
-    local: np.ndarray
+    prune: bool
+    local: np.ndarray | None = None
 
-    @staticmethod
-    def of(table: WorkerTable, held: Held, rates: Rates, req: Request) -> _Alone:
-        col = Columns.of(table, slice(None), held, rates)
-        queue = chunked_seconds(col, col.queued, 0)
-        return _Alone(col, queue, queue + chunked_seconds(col, req.num_prompt_tokens, 0))
+    def __post_init__(self) -> None:
+        if self.prune:
+            self.local = self.queue + chunked_seconds(self.col, self.req.num_prompt_tokens, 0)
 
-    def fetch(self, req: Request, num_blocks: int, rates: Rates) -> np.ndarray:
+    def fetch(self, num_blocks: int, rates: Rates) -> np.ndarray:
         """TTFT of a worker holding none of the prompt that pulls num_blocks of it first."""
-        col, cached = self.col, num_blocks * req.block_size
+        col, cached = self.col, num_blocks * self.req.block_size
         move = rates.fetch_overhead_s + num_blocks * col.nbytes / rates.link_bytes_per_s
-        return np.maximum(self.queue, move) + chunked_seconds(col, req.num_prompt_tokens - cached, cached)
+        return np.maximum(self.queue, move) + chunked_seconds(col, self.req.num_prompt_tokens - cached, cached)
 
 
 def _can_win(pool: WorkerPool, held: Held, keys: Sequence[np.ndarray], limit: int) -> WorkerPool:
@@ -341,7 +409,7 @@ def _price_group(
     rates: Rates,
     offsets: tuple[float, float, float],
     limit: int,
-    alone: _Alone | None,
+    fleet: _Fleet,
 ) -> Priced:
     """price_candidates for candidates sharing one KV transport and block layout."""
     P, bs = req.num_prompt_tokens, req.block_size
@@ -355,15 +423,16 @@ def _price_group(
         from_rows = sources.where(table.kv_mask(first, cached_blocks=True) & (table.block_nbytes == nbytes)).rows
         source = _best_two(from_rows, device[from_rows], table)
 
-    if alone is not None:
-        # The batch's step orders the others' remote TTFT and their TPOT.
-        keys = [alone.local, alone.col.per_step] + ([alone.fetch(req, source[2], rates)] if source[0] >= 0 else [])
-        decode = _can_win(decode, held, keys, limit)
+    if fleet.prune:
+        # A non-holder's TTFT prefilling locally or after a fetch; its batch's step orders its
+        # remote TTFT and its TPOT.
+        alone = fleet.local if source[0] < 0 else np.minimum(fleet.local, fleet.fetch(source[2], rates))
+        decode = _can_win(decode, held, (alone, fleet.col.per_step), limit)
     rows = decode.rows
     n = len(decode)
-    col = Columns.of(table, rows, held, rates)
+    col = fleet.col.take(rows, held)
     own, load_s = _own_and_load(col, max_blocks, rates)
-    queue_s = alone.queue[rows] if alone is not None else chunked_seconds(col, col.queued, 0)
+    queue_s = fleet.queue[rows]
     cached_tok = own * bs
     prefill_s = chunked_seconds(col, P - cached_tok, cached_tok)
     local = np.maximum(queue_s, load_s) + prefill_s
@@ -394,7 +463,7 @@ def _price_group(
     transfer_s = np.zeros(n)
     prefill_row = np.full(n, -1, np.int64)
     if req.allow_remote and len(prefill):
-        part = _best_prefill(req, prefill.where(table.kv_mask(first)), held, rates, limit, alone)
+        part = _best_prefill(req, prefill.where(table.kv_mask(first)), held, rates, limit, fleet)
         if part is not None:
             (i, j), p_queue, p_move, p_prefill, p_total = part
             is_first = rows == i
@@ -415,8 +484,7 @@ def _price_group(
                 fetch_blocks = np.where(use, 0, fetch_blocks)
                 source_row = np.where(use, -1, source_row)
                 prefill_row = np.where(use, np.where(is_first, j, i), -1)
-    c = col.c
-    tpot = col.per_step + c[:, 3] + c[:, 4] * (P + req.max_tokens / 2) + offsets[2]
+    tpot = col.per_step + col.c3 + col.c4 * (P + req.max_tokens / 2) + offsets[2]
     return Priced(decode, ttft, tpot, placement, cached_tok, queue_s, move_s, prefill_s, transfer_s, fetch_blocks, source_row, prefill_row)
 
 
@@ -431,20 +499,21 @@ def _best_two(rows: np.ndarray, device: np.ndarray, table: WorkerTable) -> tuple
     return (int(rows[i]), int(rows[j]) if j >= 0 else -1, int(device[i]), int(device[j]) if j >= 0 else 0)
 
 
-def _best_prefill(req: Request, prefill: WorkerPool, held: Held, rates: Rates, limit: int, alone: _Alone | None):
+def _best_prefill(req: Request, prefill: WorkerPool, held: Held, rates: Rates, limit: int, fleet: _Fleet):
     """((best row, second best row), and per one of the two: queue, load, prefill, total
     seconds) of the remote prefill workers (second: -1 and infinite seconds when there is one);
     None when there is none."""
     P, bs = req.num_prompt_tokens, req.block_size
-    # A worker holding none of the prompt costs its queue + the whole prefill: its local TTFT.
-    if alone is not None:
-        prefill = _can_win(prefill, held, (alone.local,), limit)
+    # A worker holding none of the prompt costs its queue + the whole prefill, its local TTFT,
+    # exactly: of those, only the two least (and their ties) can be the best two.
+    if fleet.prune:
+        prefill = _can_win(prefill, held, (fleet.local,), 2)
     if not len(prefill):
         return None
     table = prefill.table
-    col = Columns.of(table, prefill.rows, held, rates)
+    col = fleet.col.take(prefill.rows, held)
     own, load = _own_and_load(col, (P - 1) // bs, rates)
-    queue = chunked_seconds(col, col.queued, 0)
+    queue = fleet.queue[prefill.rows]
     compute = chunked_seconds(col, P - own * bs, own * bs)
     total = np.maximum(queue, load) + compute
     load = np.zeros(len(prefill)) + load

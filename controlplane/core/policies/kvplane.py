@@ -55,6 +55,7 @@ class KvplanePolicy(PolicyHooks):
         self._params = params
         self._cost = cost  # prices only the Protocol's `costs` (a caller without placement)
         self.predictions = PrefixPredictions(params.prediction_ttl_s)
+        self._fleet = seconds.FleetColumns()  # what does not depend on the request, from one to the next
 
     def overlaps(
         self, index: CacheIndex, block_hashes: Sequence[BlockHash], now: float, cached: Mapping[WorkerId, OverlapScore]
@@ -87,7 +88,9 @@ class KvplanePolicy(PolicyHooks):
             allow_local=disagg is not DisaggMode.ALWAYS,
             allow_remote=disagg is not DisaggMode.NEVER,
         )
-        return seconds.price_candidates(req, decode, ctx.overlaps, ctx.cached, sources, prefill, self._rates(ctx), ctx.offsets, limit)
+        return seconds.price_candidates(
+            req, decode, ctx.overlaps, ctx.cached, sources, prefill, self._rates(ctx), ctx.offsets, limit, self._fleet
+        )
 
     def place(
         self,
