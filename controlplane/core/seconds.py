@@ -117,8 +117,12 @@ class Held:
     disk: np.ndarray
 
     @staticmethod
-    def of(table: WorkerTable, overlaps: Mapping[WorkerId, OverlapScore]) -> Held:
-        out = np.zeros((3, len(table.views)), np.int64)
+    def of(table: WorkerTable, overlaps: Mapping[WorkerId, OverlapScore], base: Held | None = None) -> Held:
+        """`overlaps`' numbers, over `base`'s (None: zeros)."""
+        if base is None:
+            out = np.zeros((3, len(table.views)), np.int64)
+        else:
+            out = np.stack((base.matched, base.host, base.disk))
         if not overlaps:
             return Held(out[0], out[1], out[2])
         row_of, n = table.row_of, len(overlaps)
@@ -310,11 +314,13 @@ def price_candidates(
     one request to the next. Each group of candidates sharing a KV transport and block layout
     gets the sources and prefill workers its KV can move with."""
     table = decode.table
-    held = Held.of(table, overlaps)
+    real = Held.of(table, cached)
+    # The policy's overlaps are the index's with predicted prefixes added or extended (same
+    # objects elsewhere): only those are read again.
+    held = real if overlaps is cached else Held.of(table, {w: s for w, s in overlaps.items() if cached.get(w) is not s}, real)
     # Fetch sources: the index's own device blocks (a prediction cannot be pulled yet).
-    device = np.zeros(len(table.views), np.int64)
+    device = None
     if req.allow_remote and len(sources) and cached:
-        real = Held.of(table, cached)
         device = np.minimum(real.matched - real.host - real.disk, (req.num_prompt_tokens - 1) // req.block_size)
     fleet = _Fleet(req, *(fleet or FleetColumns()).of(table, rates), limit > 0 and max(len(decode), len(prefill)) > limit)
     parts = [_price_group(req, group, held, device, sources, prefill, rates, offsets, limit, fleet) for group in _groups(decode)]
@@ -403,7 +409,7 @@ def _price_group(
     req: Request,
     decode: WorkerPool,
     held: Held,
-    device: np.ndarray,
+    device: np.ndarray | None,
     sources: WorkerPool,
     prefill: WorkerPool,
     rates: Rates,
@@ -418,7 +424,7 @@ def _price_group(
     first = table.views[int(decode.rows[0])]
     # The fetch sources of this group: same block layout, a kvplane transport both ends share.
     source = (-1, -1, 0, 0)
-    if req.allow_remote and device.any():
+    if device is not None:
         nbytes = int(table.block_nbytes[int(decode.rows[0])])
         from_rows = sources.where(table.kv_mask(first, cached_blocks=True) & (table.block_nbytes == nbytes)).rows
         source = _best_two(from_rows, device[from_rows], table)
