@@ -4,7 +4,9 @@ token it will see, from each worker's fitted step-time model and its reported lo
 Rule (after Mooncake's early-rejection predictor):
   TTFT = max(queue, fetch) + prefill + transfer (+ the decode worker's step that computes the
   prompt's tail)
-    queue    = engine steps for the prefill tokens already queued on the prefill worker, in chunks;
+    queue    = the rest of the step in flight on a busy prefill worker (half a step of its running
+               batch, on average) + engine steps for the prefill tokens already queued there, in
+               chunks;
     prefill  = engine steps for this prompt's uncached tokens, in chunks, attention over the cached
                prefix included;
     every one of those steps carries the decode batch the worker will have: its running requests
@@ -99,6 +101,17 @@ class Prediction:
         return self.tpot_s * 1000
 
 
+def _in_flight_s(perf: WorkerPerf) -> float:
+    """The rest of the step in flight on a busy worker, which a request arriving now waits for
+    before its own prefill: half a step of the running batch, on average."""
+    model = perf.model
+    assert model is not None
+    if perf.num_running <= 0 and perf.num_queued_prefill_tokens <= 0:
+        return 0.0
+    c = model.coefficients
+    return (c[0] + c[3] * perf.num_running + c[4] * perf.running_context_tokens) / 2
+
+
 def _prefill_steps_seconds(perf: WorkerPerf, num_tokens: int, context_before: int) -> float:
     """Engine steps that prefill `num_tokens` after `context_before` cached ones, with the decode
     batch the worker will have riding along in every step."""
@@ -124,7 +137,7 @@ def predict(
     if prefill.model is None or decode.model is None:
         return None
     disaggregated = prefill.worker_id != decode.worker_id
-    queue_s = _prefill_steps_seconds(prefill, prefill.num_queued_prefill_tokens, 0) + _slot_wait_s(prefill)
+    queue_s = _in_flight_s(prefill) + _prefill_steps_seconds(prefill, prefill.num_queued_prefill_tokens, 0) + _slot_wait_s(prefill)
     prefill_s = _prefill_steps_seconds(prefill, prompt_tokens - prefill_cached_tokens, prefill_cached_tokens)
     transfer_s = transfer_bytes / link_bytes_per_s if disaggregated and link_bytes_per_s > 0 else 0.0
     slot_wait_s = _slot_wait_s(decode) if disaggregated else 0.0

@@ -9,7 +9,9 @@ its corrected load (queued prefill tokens Q, running R, waiting W, running conte
                 admitted there runs (every prefill step of w carries it);
   steps(N, K) = the engine steps prefilling N tokens after K cached, chunk by chunk, with that
                 batch riding along (StepTimeModel.chunked_prefill_seconds, in closed form);
-  queue       = steps(Q, 0): the prefill queued ahead (FIFO: the request waits for all of it);
+  queue       = the rest of the step in flight on a busy worker (half a step of its running
+                batch, c0 + c3 x R + c4 x X, on average) + steps(Q, 0): the prefill queued
+                ahead (FIFO: the request waits for all of it);
   own         = min(blocks w holds or is predicted to hold, B); those on a slower tier load at
                 `host_bytes_per_s` / `disk_bytes_per_s` (load);
   local TTFT  = max(queue, load) + steps(P - own x bs, own x bs);
@@ -235,13 +237,21 @@ class FleetColumns:
                 rows = np.fromiter(table.changed_rows, np.int64, len(table.changed_rows))
                 changed = Columns.of(table, rows, rates)
                 col, queue = last[2].put(rows, changed), last[3].copy()
-                queue[rows] = chunked_seconds(changed, changed.queued, 0)
+                queue[rows] = _queue_seconds(table, rows, changed)
                 self._last = (weakref.ref(table), fallback, col, queue)
                 return col, queue
         col = Columns.of(table, slice(None), rates)
-        queue = chunked_seconds(col, col.queued, 0)
+        queue = _queue_seconds(table, slice(None), col)
         self._last = (weakref.ref(table), fallback, col, queue)
         return col, queue
+
+
+def _queue_seconds(table: WorkerTable, rows, col: Columns) -> np.ndarray:
+    """What a request arriving now waits before its own prefill: the rest of the step in flight
+    on a busy worker (half a step of its running batch, on average) and the queued prefill."""
+    running = table.running[rows]
+    in_flight = col.c0 + col.c3 * running + col.c4 * table.context[rows]
+    return np.where((running > 0) | (col.queued > 0), in_flight / 2, 0.0) + chunked_seconds(col, col.queued, 0)
 
 
 def chunked_seconds(col: Columns, num_tokens, num_cached) -> np.ndarray:

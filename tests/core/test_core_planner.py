@@ -99,14 +99,15 @@ def test_admission_moving_the_request_drops_the_routers_fetch(index, cache_prefi
     p = planner(admission_policy="predictive", fetch_overhead_ms=1.0)
     settings = ClusterSettings({"objectives.*.interactive.tpot_ms": "40"})
     routed = p.route(route_request(PROMPT_40, disagg=DisaggMode.AUTO), cluster, settings, now=0.0)
-    # The router: idle fetches the holder's 9 blocks (1.07 ms, hidden by nothing: idle has no queue)
-    # and computes 4 tokens in a step carrying its 20 requests (1 + 20 + 10 ms + 4 ms): 36.07 ms; its
-    # TPOT, the batch + this request (21 ms) and their context (10,000 + 40 + 16 / 2 tokens: 10.05
-    # ms) + 1 ms, is 32.05 ms <= 40. The holder waits for its queue (21.1 + 100 ms), then 25.1 ms.
+    # The router: both first wait for the rest of the step in flight (half of 1 + 10 + 10 ms:
+    # 10.5 ms). idle fetches the holder's 9 blocks meanwhile (1.07 ms) and computes 4 tokens in a
+    # step carrying its 20 requests (1 + 20 + 10 ms + 4 ms): 45.5 ms; its TPOT, the batch + this
+    # request (21 ms) and their context (10,000 + 40 + 16 / 2 tokens: 10.05 ms) + 1 ms, is 32.05
+    # ms <= 40. The holder waits for its queue too (21.1 + 100 ms), then 25.1 ms.
     assert (routed.decision.decode_worker, routed.decision.fetch_from) == ("idle", "holder")
     idle, holder = routed.decision.candidates
-    assert (idle.cost, idle.detail.tpot_s) == (pytest.approx(0.001 + 9 * 8192 / 1e9 + 0.035, rel=1e-9), pytest.approx(0.032048, rel=1e-9))
-    assert holder.cost == pytest.approx(0.1211 + 0.0251, rel=1e-9)
+    assert (idle.cost, idle.detail.tpot_s) == (pytest.approx(0.0105 + 0.035, rel=1e-9), pytest.approx(0.032048, rel=1e-9))
+    assert holder.cost == pytest.approx(0.0105 + 0.1211 + 0.0251, rel=1e-9)
     # Admission predicts TPOT at the request's arrival, its waiting requests at the running ones' mean
     # context (1,000 tokens): idle 1 + 21 + 20.048 = 42.048 ms > 40; holder 1 + 11 + 10.048 ms.
     assert [round(o.prediction.tpot_ms, 6) for o in routed.options] == [42.048, 22.048]

@@ -45,14 +45,15 @@ def test_hot_prefix_holder_keeps_its_readers_until_its_queue_costs_more_than_the
 
 def test_a_holder_running_too_many_requests_loses_its_readers(index, cache_prefix, worker_view, route_request):
     cache_prefix("hot", PROMPT_40, 10)
-    # Every prefill step carries the batch: on hot, 10 + 2 x 20 = 50 ms, + 4 tokens = 54 ms; on a
-    # (one running request), 10 + 2 + 40 tokens = 52 ms. With 18 running, hot's 10 + 36 + 4 = 50 wins.
+    # Every step carries the batch, and a request first waits for the rest of the step in flight
+    # (half a step): on hot, 10 + 2 x 14 = 38 ms a step: 19 + 38 + 4 tokens = 61 ms; on a (one
+    # running request), 6 + 12 + 40 tokens = 58 ms. With 12 running, hot's 17 + 34 + 4 = 55 wins.
     others = [worker_view("a", num_running=1, latency=MODEL), worker_view("b", num_running=1, latency=MODEL)]
-    busy = make_router().route(route_request(PROMPT_40), [worker_view("hot", num_running=20, latency=MODEL), *others], index, NOW)
+    busy = make_router().route(route_request(PROMPT_40), [worker_view("hot", num_running=14, latency=MODEL), *others], index, NOW)
     assert busy.decode_worker != "hot"
-    assert (chosen_cost(busy, "hot").cost, busy.candidates[0].cost) == (pytest.approx(0.054), pytest.approx(0.052))
-    calm = make_router().route(route_request(PROMPT_40), [worker_view("hot", num_running=18, latency=MODEL), *others], index, NOW)
-    assert calm.decode_worker == "hot" and calm.candidates[0].cost == pytest.approx(0.050)
+    assert (chosen_cost(busy, "hot").cost, busy.candidates[0].cost) == (pytest.approx(0.061), pytest.approx(0.058))
+    calm = make_router().route(route_request(PROMPT_40), [worker_view("hot", num_running=12, latency=MODEL), *others], index, NOW)
+    assert calm.decode_worker == "hot" and calm.candidates[0].cost == pytest.approx(0.055)
 
 
 def test_miss_goes_to_the_least_loaded_not_the_emptiest_cache(index, cache_prefix, worker_view, route_request):

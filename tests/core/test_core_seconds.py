@@ -55,9 +55,10 @@ def test_the_holder_loses_when_its_queue_costs_more_than_the_prefix_saves(worker
     busy = view(worker_view, "holder", num_running=2, num_waiting=1, num_queued_prefill_tokens=100)
     d = make_router().route(RouteRequest("m", PROMPT_40, 16, DisaggMode.NEVER), [busy, view(worker_view, "idle")], index, NOW)
     # Every step of the holder carries the batch it will have: 2 running + 1 waiting = 16 ms a step.
-    # queue 16 + 100 ms; prefill 16 + 8 ms: 140 ms against the idle worker's 50 ms.
+    # queue: the rest of the step in flight (half of 10 + 2 x 2 running: 7 ms) + 16 + 100 ms;
+    # prefill 16 + 8 ms: 147 ms against the idle worker's 50 ms.
     holder = breakdown(d, "holder")
-    assert (holder.queue_s, holder.prefill_s, holder.ttft_s) == pytest.approx((0.116, 0.024, 0.140))
+    assert (holder.queue_s, holder.prefill_s, holder.ttft_s) == pytest.approx((0.123, 0.024, 0.147))
     assert d.decode_worker == "idle" and d.fetch_from is None  # never mode: no fetch either
 
 
@@ -102,20 +103,20 @@ def test_remote_prefill_is_chosen_by_seconds_not_a_threshold(worker_view, index)
 
 def test_the_objectives_pick_among_the_candidates(worker_view, index, cache_prefix):
     cache_prefix("holder", PROMPT_40, 8)
-    # The holder runs 12 requests: steps of 10 + 2 x 12 = 34 ms. It is the fastest to the first
-    # token (34 + 8 = 42 ms against the idle worker's 50) but its batch's TPOT with this request,
-    # 10 + 2 x 13 = 36 ms, misses a 30 ms objective.
-    workers = [view(worker_view, "holder", num_running=12), view(worker_view, "idle")]
+    # The holder runs 8 requests: steps of 10 + 2 x 8 = 26 ms. It is the fastest to the first
+    # token (half the step in flight, 13 ms, then 26 + 8: 47 ms against the idle worker's 50) but
+    # its batch's TPOT with this request, 10 + 2 x 9 = 28 ms, misses a 25 ms objective.
+    workers = [view(worker_view, "holder", num_running=8), view(worker_view, "idle")]
     request = RouteRequest("m", PROMPT_40, 16, DisaggMode.NEVER)
-    d = make_router().route(request, workers, index, NOW, objective=Objective(ttft_ms=2000.0, tpot_ms=30.0))
+    d = make_router().route(request, workers, index, NOW, objective=Objective(ttft_ms=2000.0, tpot_ms=25.0))
     assert d.decode_worker == "idle"
     holder = breakdown(d, "holder")
-    assert (holder.ttft_s, holder.tpot_s, holder.meets) == (pytest.approx(0.042), pytest.approx(0.036), False)
+    assert (holder.ttft_s, holder.tpot_s, holder.meets) == (pytest.approx(0.047), pytest.approx(0.028), False)
     assert "misses objectives" in d.candidates[1].note
     # With a TPOT objective both meet: the least TTFT wins.
     d = make_router().route(request, workers, index, NOW, objective=Objective(ttft_ms=2000.0, tpot_ms=100.0))
     assert d.decode_worker == "holder"
-    # Neither meets a 10 ms TTFT objective: the one that misses by the least (42 / 10 < 50 / 10).
+    # Neither meets a 10 ms TTFT objective: the one that misses by the least (47 / 10 < 50 / 10).
     d = make_router().route(request, workers, index, NOW, objective=Objective(ttft_ms=10.0, tpot_ms=100.0))
     assert d.decode_worker == "holder"
 
