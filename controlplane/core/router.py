@@ -66,7 +66,9 @@ class RouterConfig:
         default_params, "which decode worker takes a request", flag="--routing-policy", params_types=params_types
     )
     cost: CostConfig = field(default_factory=CostConfig)
-    disagg_threshold_tokens: int = param(2048, "remote prefill only when a prompt's uncached tokens reach this", flag="--disagg-threshold")
+    disagg_threshold_tokens: int = param(
+        2048, "remote prefill only when a prompt's uncached tokens on the chosen decode worker reach this", flag="--disagg-threshold"
+    )
     max_prefill_queue_tokens: int = param(16384, "a prefill worker with this many queued prefill tokens or more is busy: prefill locally")
     temperature: float = param(0.0, "0 = the cheapest worker wins; > 0 samples over softmax(-cost / temperature)")
     max_uncached_candidates: int = param(
