@@ -19,32 +19,43 @@ from kvplane.telemetry import flags as telemetry_flags
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     d = ControlPlaneConfig()
-    parser.add_argument("--host", default=d.host, help=f"address to listen on (default {d.host})")
-    parser.add_argument("--port", type=int, default=d.port, help=f"port to listen on (default {d.port}; 0 = any free port)")
-    parser.add_argument("--store", default=d.store, help="'memory' (embedded, one replica) or etcd://HOST:PORT (default %(default)s)")
+    parser.add_argument("--host", default=d.host, help="address to listen on; 0.0.0.0 for other machines (default %(default)s)")
+    parser.add_argument("--port", type=int, default=d.port, help="port to listen on; 0 = any free port (default %(default)s)")
+    parser.add_argument("--store", default=d.store,
+                        help="'memory' (embedded: one replica, dies with the process), etcd://HOST:PORT, or the members of "
+                        "one etcd cluster etcd://H1:P1,H2:P2,... (default %(default)s)")  # fmt: skip
     parser.add_argument(
         "--http-port",
         type=int,
         default=d.http_port,
-        help="serve the OpenAI-compatible HTTP API on this port (0 = any free port; default: off)",
+        help="serve the OpenAI-compatible HTTP API on --host at this port (0 = any free port; default: off); docs/protocol.md",
     )
-    parser.add_argument("--lease-ttl", type=int, default=d.lease_ttl_s, help="worker lease TTL in seconds (default %(default)s)")
+    parser.add_argument(
+        "--lease-ttl",
+        type=int,
+        default=d.lease_ttl_s,
+        help="worker lease TTL in seconds, at least 2; agents renew at a third of it (default %(default)s)",
+    )
     faults = parser.add_argument_group("failures")
     faults.add_argument("--max-migrations", type=int, default=d.max_migrations,
-                        help="times a request may move to another decode worker mid-stream when its worker fails (default %(default)s)")  # fmt: skip
+                        help="times a request may move to another decode worker mid-stream when its worker fails or stalls "
+                        "(0 = never: the caller gets UNAVAILABLE) (default %(default)s)")  # fmt: skip
     faults.add_argument("--first-token-timeout", type=float, default=d.first_token_timeout_s,
-                        help="seconds without a first token before a decode worker counts as stalled (default %(default)s)")  # fmt: skip
+                        help="seconds without a first token (queue, prefill and transfer included) before a decode worker counts as "
+                        "stalled (default %(default)s)")  # fmt: skip
     faults.add_argument("--token-timeout", type=float, default=d.token_timeout_s,
                         help="seconds without a next token before a decode worker counts as stalled (default %(default)s)")  # fmt: skip
     parser.add_argument("--serve-model", action="append", default=[], metavar="NAME",
-                        help="a model this cluster serves (repeatable); a worker serving another is refused at registration (default: any)")  # fmt: skip
+                        help="a model this cluster serves (repeatable); a worker serving another is refused at registration "
+                        "(FAILED_PRECONDITION) (default: any)")  # fmt: skip
     parser.add_argument("--block-size", type=int, default=d.block_size, metavar="N",
                         help="the KV block size every worker must use; an engine with another is refused at registration "
                         "(default 0: workers of one model must agree with its first)")  # fmt: skip
     parser.add_argument("--tokenizer", action="append", default=[], metavar="[MODEL=]DIR",
                         help="tokenize MODEL's prompts here with DIR's tokenizer.json and chat template (repeatable; without "
                         "MODEL=, every model without its own); needs `pip install 'kvplane[tokenizers]'`. Models whose "
-                        "workers use the builtin byte tokenizer need none. Workers never see prompt text")  # fmt: skip
+                        "workers use the builtin byte tokenizer need none. Workers never see prompt text (docs/architecture.md, "
+                        "Tokenization)")  # fmt: skip
     parser.add_argument("--trust-worker-cache-claims", action="store_true",
                         help="credit every block a worker's KV events announce, not only those this replica routed to it: "
                         "keeps cache routing across replica restarts, and lets a compromised worker draw traffic with false "
@@ -60,24 +71,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     limits = parser.add_argument_group("limits (docs/security.md)")
     limits.add_argument("--max-workers", type=int, default=d.max_workers, help="registered workers (default %(default)s)")
     limits.add_argument(
-        "--max-lease-ttl", type=int, default=d.max_lease_ttl_s, help="longest worker lease in seconds (default %(default)s)"
+        "--max-lease-ttl",
+        type=int,
+        default=d.max_lease_ttl_s,
+        help="longest lease a worker gets in seconds, whatever it asks (default %(default)s)",
     )
     limits.add_argument("--max-blocks-per-worker", type=int, default=d.max_blocks_per_worker,
                         help="blocks the cache index keeps per worker (default %(default)s)")  # fmt: skip
-    limits.add_argument("--max-prompt-bytes", type=int, default=d.max_prompt_bytes, help="prompt text size (default %(default)s)")
+    limits.add_argument(
+        "--max-prompt-bytes",
+        type=int,
+        default=d.max_prompt_bytes,
+        help="prompt text size in bytes, checked before tokenization (default %(default)s)",
+    )
     limits.add_argument("--rate-limit", type=float, default=d.rate_limit_rps,
                         help="client-API calls per second per identity, 0 = none (default %(default)s)")  # fmt: skip
     limits.add_argument("--rate-burst", type=int, default=d.rate_limit_burst, help="burst above the rate (default %(default)s)")
     limits.add_argument("--http-max-body-bytes", type=int, default=d.http_max_body_bytes,
-                        help="largest HTTP request body; a larger one is refused (413) unread (default %(default)s)")  # fmt: skip
+                        help="largest HTTP request body, 1 KiB..64 MiB; a larger one is refused (413) unread "
+                        "(default %(default)s)")  # fmt: skip
     limits.add_argument("--http-body-timeout", type=float, default=d.http_body_timeout_s,
-                        help="seconds an HTTP request body may take to arrive (default %(default)s)")  # fmt: skip
+                        help="seconds an HTTP request body may take to arrive (408 after) (default %(default)s)")  # fmt: skip
     limits.add_argument("--grpc-handshake-timeout", type=float, default=d.grpc_handshake_timeout_s,
-                        help="seconds a gRPC connection may take to finish its TLS and HTTP/2 handshake (default %(default)s)")  # fmt: skip
+                        help="seconds a gRPC connection may take from accept to the end of its TLS and HTTP/2 handshake "
+                        "(default %(default)s)")  # fmt: skip
     limits.add_argument("--grpc-idle-timeout", type=float, default=d.grpc_idle_timeout_s,
-                        help="seconds a gRPC connection may carry no call before it is closed (default %(default)s)")  # fmt: skip
+                        help="seconds a gRPC connection may carry no call before it is closed; clients reconnect on their next call "
+                        "(default %(default)s)")  # fmt: skip
     limits.add_argument("--grpc-max-connections", type=int, default=d.grpc_max_connections,
-                        help="gRPC connections held at once, all peers together (default %(default)s)")  # fmt: skip
+                        help="gRPC connections held at once, all peers together (more are closed on accept); keep it under the "
+                        "process's file-descriptor limit (default %(default)s)")  # fmt: skip
     limits.add_argument(
         "--ticket-ttl", type=float, default=d.ticket_ttl_s, help="ticket lifetime in seconds, at most 60 (default %(default)s)"
     )

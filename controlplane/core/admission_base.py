@@ -30,7 +30,10 @@ class AdmissionConfig:
     max_waiting: int = param(32, "threshold admission: waiting requests per worker")
     max_queued_prefill_tokens: int = param(32768, "threshold admission: queued prefill tokens per worker")
     max_kv_usage: float = param(0.95, "threshold admission: KV use (used / total blocks) per worker")
-    retry_after_s: float = param(1.0, "retry-after hint of a rejection, before scaling by how far over it is")
+    retry_after_s: float = param(
+        1.0,
+        "retry-after hint of a rejection; threshold admission multiplies it by 1 + how far the least-loaded candidate is over its limits",
+    )
     max_retry_after_s: float = param(30.0, "largest retry-after hint a rejection carries")
 
     def __post_init__(self) -> None:

@@ -18,39 +18,52 @@ from kvplane.types import Role
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     a = AgentConfig(worker_id="x")
-    parser.add_argument("--worker-id", default="", help="unique worker id (default: ROLE-HOSTNAME-PORT, or a random suffix with --port 0)")
+    parser.add_argument(
+        "--worker-id", default="", help="unique worker id, no '/' (default: ROLE-HOSTNAME-PORT, or a random suffix with --port 0)"
+    )
     parser.add_argument("--role", choices=[r.value for r in Role], default=a.role.value, help="what this worker does (default %(default)s)")
     parser.add_argument("--host", default=a.host, help="address to listen on (default %(default)s)")
-    parser.add_argument("--port", type=int, default=a.port, help="port to listen on (default: any free port)")
-    parser.add_argument("--advertise-host", default="", help="address peers and the control plane dial (default: --host)")
+    parser.add_argument("--port", type=int, default=a.port, help="port to listen on; 0 = any free port (default %(default)s)")
+    parser.add_argument("--advertise-host", default="", help="address the control plane and peer agents dial (default: --host)")
     parser.add_argument(
         "--controlplane",
         default=a.controlplane,
-        help="control plane host:port, or several replicas comma-separated; the agent fails over between them (default %(default)s)",
+        help="control plane host:port, or several replicas comma-separated; the agent fails over between them, with the same "
+        "credentials (default %(default)s)",
     )
     parser.add_argument(
         "--engine",
         choices=engines.ENGINE_NAMES,
         default=a.engine_name,
-        help="the engine this agent serves (default %(default)s); each engine's flags follow",
+        help="the engine this agent serves (dataplane/engines/); each engine's own flags follow in its group (default %(default)s)",
     )
-    parser.add_argument("--transports", default="", help="comma-separated KV transports, best first (default: all available)")
+    parser.add_argument("--transports", default="", help="comma-separated KV transports, best first: nixl, grpc (nixl only when it imports and UCX starts) "
+                        "(default: all available)")  # fmt: skip
     parser.add_argument(
         "--pin-timeout",
         type=float,
         default=a.pin_timeout_s,
         help="seconds a prefilled transfer stays pinned waiting for its pull (default %(default)s)",
     )
-    parser.add_argument("--lease-ttl", type=int, default=a.lease_ttl_s, help="lease TTL in seconds (default: the control plane's)")
+    parser.add_argument(
+        "--lease-ttl",
+        type=int,
+        default=a.lease_ttl_s,
+        help="lease TTL in seconds; 0 = the control plane's --lease-ttl (default %(default)s)",
+    )
     parser.add_argument("--load-report-interval", type=float, default=a.load_report_interval_s, metavar="S",
-                        help="seconds between load reports to the control plane (default %(default)s)")  # fmt: skip
+                        help="seconds between load reports to the control plane. Every replica processes every worker's reports (~0.3 "
+                        "core per 128 workers reporting every second, docs/benchmarks.md): at hundreds of workers raise it (e.g. 5 s "
+                        "for 1,000) and the replicas' --stale-report-s with it (about 3x) (default %(default)s)")  # fmt: skip
     parser.add_argument("--count", type=int, default=1, metavar="N",
-                        help="run N agents in this process, ids WORKER_ID-0..N-1 (for sleeping engines such as sim; "
-                        "with TLS, {worker_id} in --tls-cert/--tls-key names each one's files; default 1)")  # fmt: skip
+                        help="run N agents in this process, ids WORKER_ID-0..N-1, ports free or --port + i: a simulated fleet on a "
+                        "few cores (--engine sim, whose engines sleep). With TLS, {worker_id} in --tls-cert/--tls-key names each "
+                        "agent's files; not with --fault-injection (default %(default)s)")  # fmt: skip
     parser.add_argument(
         "--fault-injection",
         action="store_true",
-        help="testing only: SIGUSR1 drops the next KV event batch, SIGUSR2 cuts the next KV pull served over gRPC mid-way",
+        help="testing only (the chaos suite): SIGUSR1 drops the next KV event batch, SIGUSR2 cuts the next KV pull served "
+        "over gRPC after one chunk",
     )
     for plugin in engines.plugins():
         plugin.add_arguments(parser.add_argument_group(f"--engine {plugin.NAME}", plugin.SUMMARY))

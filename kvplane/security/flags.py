@@ -24,17 +24,22 @@ ENV_ADMIN_TOKEN = "KVPLANE_ADMIN_TOKEN"
 INSECURE_WARNING = "%s runs WITHOUT TLS (--insecure): every call, prompt and KV block crosses the network in plaintext"
 
 
-def _add_tls(group: argparse._ArgumentGroup, server: bool) -> None:
-    whose = "this server's" if server else "the client"
-    group.add_argument("--tls-cert", default=None, metavar="FILE", help=f"{whose} certificate, PEM (default ${ENV_CERT})")
+def _add_tls(group: argparse._ArgumentGroup, cert_help: str) -> None:
+    group.add_argument("--tls-cert", default=None, metavar="FILE", help=f"{cert_help} (default ${ENV_CERT})")
     group.add_argument("--tls-key", default=None, metavar="FILE", help=f"its private key, PEM (default ${ENV_KEY})")
     group.add_argument("--tls-ca", default=None, metavar="FILE", help=f"the CA that signs the cluster's certificates (default ${ENV_CA})")
 
 
 def add_server_arguments(parser: argparse.ArgumentParser, *, controlplane: bool) -> None:
     group = parser.add_argument_group("security (docs/security.md)")
-    _add_tls(group, server=True)
-    group.add_argument("--insecure", action="store_true", help="plaintext gRPC with no certificates (development only; logs a warning)")
+    cert_help = (
+        "this replica's certificate (PEM, role controlplane): mutual TLS on its port and to agents"
+        if controlplane
+        else "the worker's certificate (PEM); the worker id it names is the agent's id when --worker-id is not given"
+    )
+    _add_tls(group, cert_help)
+    group.add_argument("--insecure", action="store_true",
+                       help="plaintext gRPC with no certificates (development only; logs a warning); a server needs this or --tls-*")  # fmt: skip
     if controlplane:
         group.add_argument(
             "--join-token", default=None, metavar="TOKEN",
@@ -53,7 +58,7 @@ def add_server_arguments(parser: argparse.ArgumentParser, *, controlplane: bool)
 
 def add_client_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("credentials (default: $KVPLANE_TLS_*, $KVPLANE_TOKEN, else what `kvplane up` wrote)")
-    _add_tls(group, server=False)
+    _add_tls(group, "the client certificate (PEM)")
     group.add_argument("--token", default=None, help=f"a bearer token (default ${ENV_TOKEN})")
     group.add_argument("--insecure", action="store_true", help="plaintext gRPC (only for a server started with --insecure)")
 

@@ -13,9 +13,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--metrics-port",
         type=int,
         default=DEFAULT_METRICS_PORT,
-        help="port of the Prometheus endpoint /metrics on --host (default: any free port; -1 = none)",
+        help="port of the Prometheus endpoint /metrics and the plaintext probes /readyz, /healthz on --host: 0 = any free port "
+        "(published as metrics_url), -1 = none; pin it in deployments, e.g. 9464 (default %(default)s)",
     )
-    parser.add_argument("--log-level", default="INFO", help="logging level (default %(default)s)")
+    parser.add_argument("--log-level", default="INFO", help="Python logging level (default %(default)s)")
     parser.add_argument(
         "--log-levels",
         default="",

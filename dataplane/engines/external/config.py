@@ -42,14 +42,16 @@ def add_shared_arguments(group: argparse._ArgumentGroup) -> None:
                        help="external engines: the engine server's API (vllm: http://HOST:PORT, default http://127.0.0.1:8000; "
                        "sglang: HOST:PORT of its gRPC server, default 127.0.0.1:30000)")  # fmt: skip
     group.add_argument("--kv-events-endpoint", default=d.kv_events_endpoint, metavar="ZMQ",
-                       help="external engines: the engine's ZMQ KV-event publisher (default %(default)s)")  # fmt: skip
+                       help="external engines: the engine's ZMQ KV-event publisher; a tcp://*:P address makes the agent bind, for a "
+                       "publisher that connects (default %(default)s)")  # fmt: skip
     group.add_argument("--kv-events-replay-endpoint", default=d.kv_events_replay_endpoint, metavar="ZMQ",
-                       help="external engines: its replay endpoint, to recover lost event batches (default: none, a gap resyncs)")  # fmt: skip
+                       help="external engines: its replay endpoint, to recover lost event batches (default: none; a gap then "
+                       "resyncs: the index forgets the engine's blocks)")  # fmt: skip
     group.add_argument("--kv-events-topic", default=d.kv_events_topic, help="external engines: the KV-event topic (default: all)")
     group.add_argument("--engine-model-config", default=d.model_config, metavar="DIR",
                        help="external engines: the model directory (for its KV shape) if the path the engine reports is not readable here")  # fmt: skip
     group.add_argument("--engine-start-timeout", type=float, default=d.start_timeout_s, metavar="SECONDS",
-                       help="external engines: how long to wait for the engine to answer at start (default %(default)s)")  # fmt: skip
+                       help="external engines: seconds to wait for the engine to answer at start; it may be loading (default %(default)s)")  # fmt: skip
 
 
 def shared_from_args(args: argparse.Namespace) -> dict:

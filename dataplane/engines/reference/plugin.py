@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 
 from kvplane.dataplane.engines.base import EngineAdapter
-from kvplane.dataplane.engines.reference.config import EngineConfig
+from kvplane.dataplane.engines.reference.config import SUPPORTED_DTYPES, EngineConfig
 
 NAME = "reference"
 SUMMARY = "kvplane's own torch engine, in the agent's process (paged KV, prefix cache, KV tiers)"
@@ -18,22 +18,31 @@ OPTIONAL_DEPENDENCIES = ("torch", "safetensors", "tokenizers")  # the [reference
 
 def add_arguments(group: argparse._ArgumentGroup) -> None:
     e = EngineConfig()
-    group.add_argument("--model", default=e.model, help="'builtin-tiny' or a local Hugging Face Llama directory (default %(default)s)")
+    group.add_argument(
+        "--model", default=e.model, help="'builtin-tiny', 'builtin-wide', or a local Hugging Face Llama directory (default %(default)s)"
+    )
     group.add_argument("--block-size", type=int, default=e.block_size, help="tokens per KV block (default %(default)s)")
     group.add_argument("--num-blocks", type=int, default=e.num_blocks, help="KV blocks in the pool (default %(default)s)")
     group.add_argument(
         "--host-blocks",
         type=int,
         default=e.num_host_blocks,
-        help="KV blocks in the host-memory tier, a write-through copy of the device pool (default %(default)s = off)",
+        help="KV blocks in the host-memory tier, a write-through copy of the device pool; 0 = off (default %(default)s)",
     )
     group.add_argument("--disk-dir", default=e.disk_dir, help="directory of the disk KV tier; its blocks survive restarts (default: off)")
     group.add_argument("--disk-blocks", type=int, default=e.num_disk_blocks, help="KV blocks kept in the disk tier (default %(default)s)")
     group.add_argument("--max-num-seqs", type=int, default=e.max_num_seqs, help="largest decode batch (default %(default)s)")
-    group.add_argument("--max-tokens-limit", type=int, default=e.max_tokens_limit, help="largest max_tokens accepted (default %(default)s)")
-    group.add_argument("--dtype", default=e.dtype, help="KV and weight dtype (default %(default)s)")
-    group.add_argument("--device", default=e.device, help="torch device (default %(default)s)")
-    group.add_argument("--seed", type=int, default=e.seed, help="seed of the built-in model's weights and sampling (default %(default)s)")
+    group.add_argument(
+        "--max-tokens-limit", type=int, default=e.max_tokens_limit, help="largest max_tokens a request may ask for (default %(default)s)"
+    )
+    group.add_argument("--dtype", default=e.dtype, help=f"KV and weight dtype: {', '.join(SUPPORTED_DTYPES)} (default %(default)s)")
+    group.add_argument("--device", default=e.device, help="torch device: cpu, cuda, cuda:N (default %(default)s)")
+    group.add_argument(
+        "--seed",
+        type=int,
+        default=e.seed,
+        help="seed of the built-in model's weights and of requests without their own seed (default %(default)s)",
+    )
 
 
 def config_from_args(args: argparse.Namespace) -> EngineConfig:

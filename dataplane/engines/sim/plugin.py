@@ -15,14 +15,17 @@ from kvplane.dataplane.engines.sim.config import SimConfig
 from kvplane.hardware import RooflineConfig
 
 NAME = "sim"
-SUMMARY = "a simulated GPU: the real paged KV cache and scheduler, a roofline or profiled step time, no forward pass (no torch)"
+SUMMARY = (
+    "a simulated GPU: the real paged KV cache and scheduler, a roofline or profiled step time, no forward pass (no torch); "
+    "it also reads --block-size, --max-tokens-limit and --seed"
+)
 CONFIG_TYPE = SimConfig
 
 
 def add_arguments(group: argparse._ArgumentGroup) -> None:
     add_hardware_arguments(group)
     group.add_argument("--speedup", type=float, default=SimConfig().speedup,
-                       help="sim engine: simulated seconds per wall second (default %(default)s; 2 = twice as fast as real time)")  # fmt: skip
+                       help="sim engine: simulated seconds per wall second; 2 = twice as fast as real time, below 1 slower (default %(default)s)")  # fmt: skip
 
 
 def config_from_args(args: argparse.Namespace) -> SimConfig:
@@ -33,7 +36,11 @@ def add_hardware_arguments(group: argparse._ArgumentGroup) -> None:
     """The --sim-* flags: what is simulated (`kvplane sim` and `kvplane plan` use them too)."""
     c, r = SimConfig(), RooflineConfig()
     group.add_argument("--sim-gpu", default=c.gpu, help=f"simulated GPU: {', '.join(hardware.names('gpus'))} (default %(default)s)")
-    group.add_argument("--sim-model", default=c.model, help=f"simulated model: {', '.join(hardware.names('models'))} (default %(default)s)")
+    group.add_argument(
+        "--sim-model",
+        default=c.model,
+        help=f"simulated model and served model name: {', '.join(hardware.names('models'))} (default %(default)s)",
+    )
     group.add_argument("--sim-tp", type=int, default=c.tp, help="tensor parallelism: GPUs per simulated worker (default %(default)s)")
     group.add_argument("--sim-link", default=c.link, help=f"link KV crosses: {', '.join(hardware.names('links'))} (default %(default)s)")
     group.add_argument("--sim-profile", default=c.profile, metavar="FILE",
@@ -43,7 +50,8 @@ def add_hardware_arguments(group: argparse._ArgumentGroup) -> None:
                        help="roofline: share of HBM bandwidth decode reaches (default %(default)s)")  # fmt: skip
     group.add_argument("--sim-step-overhead-ms", type=float, default=r.step_overhead_s * 1000,
                        help="roofline: fixed milliseconds per step (default %(default)s)")  # fmt: skip
-    group.add_argument("--sim-num-blocks", type=int, default=c.num_blocks, help="KV blocks (default: what fits beside the weights)")
+    group.add_argument("--sim-num-blocks", type=int, default=c.num_blocks,
+                       help="KV blocks; 0 = what fits: GPU memory x 0.9 minus the weights, over the block's bytes (default %(default)s)")  # fmt: skip
     group.add_argument("--sim-max-num-seqs", type=int, default=c.max_num_seqs, help="largest decode batch (default %(default)s)")
     group.add_argument("--sim-max-batched-tokens", type=int, default=c.max_num_batched_tokens,
                        help="tokens per step; longer prompts prefill in chunks (default %(default)s)")  # fmt: skip

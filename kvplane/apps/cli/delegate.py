@@ -13,6 +13,7 @@ import argparse
 import os
 import sys
 from dataclasses import dataclass
+from types import ModuleType
 
 from kvplane.apps.cli import flag_sources
 from kvplane.apps.cli.common import EXIT_USAGE, extra_needed, import_extra, usage_error
@@ -121,12 +122,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     bench.set_defaults(func=lambda args: usage_error(bench))
 
 
-def run(delegate: Delegate, argv: list[str]) -> int:
-    module = import_extra(delegate.module, extra=delegate.extra, what=delegate.prog)
+def build_parser(delegate: Delegate, module: ModuleType) -> argparse.ArgumentParser:
+    """The command's parser, built by its module (docs/operations.md's flag tables are rendered
+    from it: flag_reference.py)."""
     parser = argparse.ArgumentParser(prog=delegate.prog, description=delegate.description)
     module.add_arguments(parser)
     if delegate.server:
         flag_sources.add_config_argument(parser)
+    return parser
+
+
+def run(delegate: Delegate, argv: list[str]) -> int:
+    module = import_extra(delegate.module, extra=delegate.extra, what=delegate.prog)
+    parser = build_parser(delegate, module)
+    if delegate.server:
         try:
             flag_sources.apply(parser, argv, os.environ)
         except flag_sources.FlagSourceError as e:
