@@ -239,13 +239,8 @@ class Planner:
         table = table_of(cluster)
         # Reports corrected for what this replica routed, then discounted where latency contradicts them (trust.py).
         pool = self.trust.discounted(self.ledger.corrected(table, now), now).pool(out)
-        objective = settings.objective(request.model, request.priority)
-        cal = self.calibration
-        offsets = (cal.offset(ttft_kind(False), now), cal.offset(ttft_kind(True), now), cal.offset(TPOT, now))
         try:
-            decision = self.router.route(
-                request, pool, cluster.index, now, objective=objective, link_bytes_per_s=self.link.bytes_per_s, offsets=offsets
-            )
+            decision = self.router.route(request, pool, cluster.index, now)
         except NoCandidateError as e:
             if not out or e.transient:
                 raise
@@ -254,16 +249,11 @@ class Planner:
             raise type(e)(f"{e} (out of routing for now: {why})", transient=True) from None
         t = pool.table
         candidates = pool.where(t.serving(request.model, "decode"))
-        # The router already walked the index for the prompt; that walk serves every option. The
-        # prefixes the policy predicted count: the request queues behind the work computing them.
-        held = decision.policy_overlaps if decision.policy_overlaps is not None else decision.index_overlaps
+        objective = settings.objective(request.model, request.priority)
+        # The router already walked the index for the prompt; that walk serves every option.
+        held = decision.index_overlaps
         first = PlacementOption(decision.decode_worker, decision.prefill_worker or decision.decode_worker)
-        fetch = (decision.fetch_tokens, decision.fetch_s) if decision.fetch_from is not None else (0, 0.0)
-
-        def predicted(o: PlacementOption) -> PlacementOption:
-            return self._predicted(request, o, pool, held, objective, now, fetch if o == first else (0, 0.0))
-
-        options = LazyOptions(first, _ids(decision.candidates), predicted)
+        options = LazyOptions(first, _ids(decision.candidates), lambda o: self._predicted(request, o, pool, held, objective, now))
         decode_view = pool.get(decision.decode_worker)
         assert decode_view is not None
         return Routed(request, decision, candidates, options, objective, decode_view.block_size)
@@ -335,10 +325,8 @@ class Planner:
         held: Mapping[WorkerId, OverlapScore],
         objective: Objective,
         now: float,
-        fetch: tuple[int, float] = (0, 0.0),
     ) -> PlacementOption:
-        """`option` with its latency prediction; `held`: the prompt's cached prefix per worker;
-        `fetch`: (tokens, seconds) of the router's fetch when the option is the router's own."""
+        """`option` with its latency prediction; `held`: the prompt's cached prefix per worker."""
         decode_view, prefill_view = pool.get(option.decode_worker), pool.get(option.prefill_worker)
         assert decode_view is not None and prefill_view is not None  # options come from the pool
         decode, prefill = WorkerPerf.of(decode_view), WorkerPerf.of(prefill_view)
@@ -348,7 +336,7 @@ class Planner:
             score = held.get(worker_id)
             return score.num_blocks if score is not None else 0
 
-        prefill_cached = min(num_held(option.prefill_worker), (prompt - 1) // decode.block_size) * decode.block_size + fetch[0]
+        prefill_cached = min(num_held(option.prefill_worker), (prompt - 1) // decode.block_size) * decode.block_size
         transfer_bytes = 0
         if option.disaggregated:
             num_blocks = blocks_to_transfer(prompt, decode.block_size, num_held(option.decode_worker))
@@ -361,7 +349,6 @@ class Planner:
             decode=decode,
             transfer_bytes=transfer_bytes,
             link_bytes_per_s=self.link.bytes_per_s,
-            fetch_s=fetch[1],
         )
         if prediction is not None:
             prediction = self.calibration.apply(prediction, ttft_kind(option.disaggregated), TPOT, now)
