@@ -19,8 +19,11 @@ ROOT = Path(__file__).resolve().parent.parent
 SOURCES = ("kvplane", "controlplane", "dataplane", "setup.py", "pyproject.toml", "README.md")
 
 
-def _build_wheel(tmp_path: Path) -> Path:
-    """The wheel pip builds from a copy of the sources (no build/ or egg-info left in the checkout)."""
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wheel pip builds from a copy of the sources (no build/ or egg-info left in the checkout),
+    built once for the tests that read it."""
+    tmp_path = tmp_path_factory.mktemp("wheel")
     src = tmp_path / "src"
     for name in SOURCES:
         if (ROOT / name).is_dir():
@@ -38,8 +41,7 @@ def _build_wheel(tmp_path: Path) -> Path:
 
 
 @pytest.mark.cluster  # runs pip in a subprocess
-def test_the_wheel_provides_only_the_kvplane_import_name(tmp_path: Path) -> None:
-    wheel = _build_wheel(tmp_path)
+def test_the_wheel_provides_only_the_kvplane_import_name(wheel: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     top_level = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert top_level == {"kvplane"}
@@ -59,10 +61,9 @@ BASE = {"grpcio", "protobuf", "opentelemetry-api"}
 
 
 @pytest.mark.cluster  # runs pip in a subprocess
-def test_the_base_install_is_grpc_protobuf_and_the_opentelemetry_api(tmp_path: Path) -> None:
+def test_the_base_install_is_grpc_protobuf_and_the_opentelemetry_api(wheel: Path) -> None:
     from email.parser import Parser  # noqa: PLC0415
 
-    wheel = _build_wheel(tmp_path)
     with zipfile.ZipFile(wheel) as z:
         metadata = Parser().parsestr(z.read(next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))).decode())
     requires = metadata.get_all("Requires-Dist")
