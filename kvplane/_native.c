@@ -267,96 +267,28 @@ static inline int64_t floor_div(int64_t a, int64_t b) { /* Python's // */
     return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
 }
 
-/* numpy's array ** scalar: exact squares, roots and reciprocals for these exponents, pow otherwise. */
-static inline double power_of(double x, double p) {
-    if (p == 2.0) return x * x;
-    if (p == 1.0) return x;
-    if (p == 0.5) return sqrt(x);
-    if (p == -1.0) return 1.0 / x;
-    if (p == 0.0) return 1.0;
-    return pow(x, p);
-}
-
-static inline double guard_one(double value, double allowed, double power) {
-    return (value > allowed && value > 0) ? power_of(allowed / value, power) : 1.0;
-}
-
-static inline double kv_use(int64_t used, int64_t pending, int64_t total) {
-    return total > 0 ? (double)(used + pending) / (double)total : 0.0;
-}
-
-/* load_guard(queued, used, pending, total, requests, pool_rows, holder_rows, out, ratio, power,
- *            slack_tokens, slack_kv, slack_requests): policies/kvplane.py's _guard. */
-static PyObject *load_guard(PyObject *self, PyObject *args) {
-    PyObject *o[8];
-    double ratio, power, slack_tokens, slack_kv, slack_requests;
-    if (!PyArg_ParseTuple(args, "OOOOOOOOddddd:load_guard", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &o[7], &ratio, &power,
-                          &slack_tokens, &slack_kv, &slack_requests))
-        return NULL;
-    static const char *names[8] = {"queued", "used", "pending", "total", "requests", "pool_rows", "holder_rows", "out"};
-    column c[8];
-    int ok = 0;
-    if (columns_get(o, 8, names, "iiiiiiid", "rrrrrrrw", c) < 0) goto end;
-    Py_ssize_t n = c[0].n;
-    if (lengths_are(c, 1, 4, n, names, "%s has %zd rows, queued %zd") < 0) goto end;
-    if (c[5].n < 1) {
-        PyErr_SetString(PyExc_ValueError, "pool_rows is empty: no mean load to guard against");
-        goto end;
-    }
-    if (lengths_are(c, 7, 7, c[6].n, names, "%s has %zd entries for %zd holders") < 0) goto end;
-    if (rows_valid(&c[5], n, "pool_rows") < 0 || rows_valid(&c[6], n, "holder_rows") < 0) goto end;
-    const int64_t *queued = I64(c[0]), *used = I64(c[1]), *pending = I64(c[2]), *total = I64(c[3]), *requests = I64(c[4]);
-    const int64_t *pool = I64(c[5]), *holders = I64(c[6]);
-    int64_t sum_tokens = 0, sum_requests = 0;
-    double sum_kv = 0.0; /* summed in pool order, as numpy's cumsum does */
-    for (Py_ssize_t i = 0; i < c[5].n; i++) {
-        int64_t r = pool[i];
-        sum_tokens += queued[r];
-        sum_requests += requests[r];
-        sum_kv += kv_use(used[r], pending[r], total[r]);
-    }
-    double m = (double)c[5].n;
-    double allowed_tokens = ratio * ((double)sum_tokens / m) + slack_tokens;
-    double allowed_kv = ratio * (sum_kv / m) + slack_kv;
-    double allowed_requests = ratio * ((double)sum_requests / m) + slack_requests;
-    double *out = (double *)c[7].view.buf;
-    for (Py_ssize_t i = 0; i < c[6].n; i++) {
-        int64_t r = holders[i];
-        double f = guard_one((double)queued[r], allowed_tokens, power);
-        double g = guard_one(kv_use(used[r], pending[r], total[r]), allowed_kv, power);
-        double h = guard_one((double)requests[r], allowed_requests, power);
-        f = g < f ? g : f;
-        out[i] = h < f ? h : f;
-    }
-    ok = 1;
-end:
-    columns_release(c, 8);
-    if (!ok) return NULL;
-    Py_RETURN_NONE;
-}
-
-/* price_rows(queued, used, block_size, rows, matched, credit, discount, num_prompt_tokens,
+/* price_rows(queued, used, block_size, rows, matched, credit, num_prompt_tokens,
  *            prefill_load_scale, cost_out, cached_out): cost.price's arithmetic, per row
- * (matched, credit (guarded already) and discount are per row; None: 0). */
+ * (matched and credit are per row; None: 0). */
 static PyObject *price_rows(PyObject *self, PyObject *args) {
-    PyObject *o[9];
+    PyObject *o[8];
     long long prompt;
     double scale;
-    if (!PyArg_ParseTuple(args, "OOOOOOOLdOO:price_rows", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &prompt, &scale, &o[7], &o[8]))
+    if (!PyArg_ParseTuple(args, "OOOOOOLdOO:price_rows", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &prompt, &scale, &o[6], &o[7]))
         return NULL;
-    static const char *names[9] = {"queued", "used", "block_size", "rows", "matched", "credit", "discount", "cost_out", "cached_out"};
-    column c[9];
+    static const char *names[8] = {"queued", "used", "block_size", "rows", "matched", "credit", "cost_out", "cached_out"};
+    column c[8];
     int ok = 0;
-    if (columns_get(o, 9, names, "iiiiididi", "rrrrnnnww", c) < 0) goto end;
+    if (columns_get(o, 8, names, "iiiiiddi", "rrrrnnww", c) < 0) goto end;
     Py_ssize_t n = c[0].n, m = c[3].n;
     if (lengths_are(c, 1, 2, n, names, "%s has %zd rows, queued %zd") < 0) goto end;
-    if (lengths_are(c, 4, 8, m, names, "%s has %zd entries for %zd rows") < 0) goto end;
+    if (lengths_are(c, 4, 7, m, names, "%s has %zd entries for %zd rows") < 0) goto end;
     if (rows_valid(&c[3], n, "rows") < 0) goto end;
     const int64_t *queued = I64(c[0]), *used = I64(c[1]), *bs = I64(c[2]), *rows = I64(c[3]);
-    const int64_t *matched = c[4].held ? I64(c[4]) : NULL, *discount = c[6].held ? I64(c[6]) : NULL;
+    const int64_t *matched = c[4].held ? I64(c[4]) : NULL;
     const double *credit = c[5].held ? F64(c[5]) : NULL;
-    double *cost = (double *)c[7].view.buf;
-    int64_t *cached = (int64_t *)c[8].view.buf;
+    double *cost = (double *)c[6].view.buf;
+    int64_t *cached = (int64_t *)c[7].view.buf;
     for (Py_ssize_t i = 0; i < m; i++) {
         int64_t r = rows[i], b = bs[r];
         if (b <= 0) {
@@ -364,8 +296,7 @@ static PyObject *price_rows(PyObject *self, PyObject *args) {
             goto end;
         }
         int64_t prompt_blocks = -floor_div(-(int64_t)prompt, b);
-        int64_t queued_blocks = -floor_div(-queued[r], b) - (discount ? discount[i] : 0);
-        if (queued_blocks < 0) queued_blocks = 0;
+        int64_t queued_blocks = -floor_div(-queued[r], b);
         double uncovered = (double)(queued_blocks + prompt_blocks) - (credit ? credit[i] : 0.0);
         cost[i] = scale * (uncovered > 0.0 ? uncovered : 0.0) + (double)used[r];
         int64_t most = floor_div((int64_t)prompt - 1, b), held = matched ? matched[i] : 0;
@@ -373,7 +304,7 @@ static PyObject *price_rows(PyObject *self, PyObject *args) {
     }
     ok = 1;
 end:
-    columns_release(c, 9);
+    columns_release(c, 8);
     if (!ok) return NULL;
     Py_RETURN_NONE;
 }
@@ -453,27 +384,22 @@ end:
 
 /* ---- overlap scores: the numbers pricing reads from each candidate's score ---- */
 
-static PyObject *s_num_blocks, *s_num_predicted, *s_blocks_by_tier;
+static PyObject *s_num_blocks, *s_blocks_by_tier;
 
 typedef struct {
     PyObject *score; /* borrowed: the caller's sequence holds it for the call */
-    int64_t matched, predicted;
+    int64_t matched;
     double credit;
 } score_numbers;
 
-/* One score's numbers: num_blocks, num_predicted and the credit, weights[tier] x blocks summed
- * over blocks_by_tier in its order, tiers with no blocks skipped (cost._raw_credit). */
+/* One score's numbers: num_blocks and the credit, weights[tier] x blocks summed over
+ * blocks_by_tier in its order, tiers with no blocks skipped (cost._raw_credit). */
 static int read_score(PyObject *score, PyObject *weights, score_numbers *out) {
     PyObject *v = PyObject_GetAttr(score, s_num_blocks);
     if (v == NULL) return -1;
     out->matched = PyLong_AsLongLong(v);
     Py_DECREF(v);
     if (out->matched == -1 && PyErr_Occurred()) return -1;
-    v = PyObject_GetAttr(score, s_num_predicted);
-    if (v == NULL) return -1;
-    out->predicted = PyLong_AsLongLong(v);
-    Py_DECREF(v);
-    if (out->predicted == -1 && PyErr_Occurred()) return -1;
     PyObject *tiers = PyObject_GetAttr(score, s_blocks_by_tier);
     if (tiers == NULL) return -1;
     PyObject *items = PyMapping_Items(tiers);
@@ -509,27 +435,26 @@ end:
 
 #define SCORE_MEMO 64 /* direct-mapped by address: a score met again is read once */
 
-/* score_columns(scores, weights, matched_out, credit_out, discount_out): for each of `scores`
- * (an OverlapScore or None: 0), its num_blocks, credit and num_predicted (discount_out None:
- * not wanted): cost.price's per-row numbers. weights: {tier: credit weight}. */
+/* score_columns(scores, weights, matched_out, credit_out): for each of `scores` (an
+ * OverlapScore or None: 0), its num_blocks and credit: cost.price's per-row numbers.
+ * weights: {tier: credit weight}. */
 static PyObject *score_columns(PyObject *self, PyObject *args) {
-    PyObject *scores, *weights, *o[3];
-    if (!PyArg_ParseTuple(args, "OO!OOO:score_columns", &scores, &PyDict_Type, &weights, &o[0], &o[1], &o[2])) return NULL;
+    PyObject *scores, *weights, *o[2];
+    if (!PyArg_ParseTuple(args, "OO!OO:score_columns", &scores, &PyDict_Type, &weights, &o[0], &o[1])) return NULL;
     if (s_num_blocks == NULL) {
         s_num_blocks = PyUnicode_InternFromString("num_blocks");
-        s_num_predicted = PyUnicode_InternFromString("num_predicted");
         s_blocks_by_tier = PyUnicode_InternFromString("blocks_by_tier");
-        if (!s_num_blocks || !s_num_predicted || !s_blocks_by_tier) return NULL;
+        if (!s_num_blocks || !s_blocks_by_tier) return NULL;
     }
-    static const char *names[3] = {"matched_out", "credit_out", "discount_out"};
-    column c[3];
+    static const char *names[2] = {"matched_out", "credit_out"};
+    column c[2];
     int ok = 0;
     PyObject *seq = PySequence_Fast(scores, "scores must be a list or tuple");
     if (seq == NULL) return NULL;
-    if (columns_get(o, 3, names, "idi", "wwo", c) < 0) goto end;
+    if (columns_get(o, 2, names, "id", "ww", c) < 0) goto end;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    if (lengths_are(c, 0, 2, n, names, "%s has %zd entries for %zd scores") < 0) goto end;
-    int64_t *matched = (int64_t *)c[0].view.buf, *discount = c[2].held ? (int64_t *)c[2].view.buf : NULL;
+    if (lengths_are(c, 0, 1, n, names, "%s has %zd entries for %zd scores") < 0) goto end;
+    int64_t *matched = (int64_t *)c[0].view.buf;
     double *credit = (double *)c[1].view.buf;
     score_numbers memo[SCORE_MEMO];
     memset(memo, 0, sizeof memo);
@@ -539,7 +464,6 @@ static PyObject *score_columns(PyObject *self, PyObject *args) {
         if (score == Py_None) {
             matched[i] = 0;
             credit[i] = 0.0;
-            if (discount) discount[i] = 0;
             continue;
         }
         score_numbers *m = &memo[((uintptr_t)score >> 4) % SCORE_MEMO];
@@ -549,11 +473,10 @@ static PyObject *score_columns(PyObject *self, PyObject *args) {
         }
         matched[i] = m->matched;
         credit[i] = m->credit;
-        if (discount) discount[i] = m->predicted;
     }
     ok = 1;
 end:
-    columns_release(c, 3);
+    columns_release(c, 2);
     Py_DECREF(seq);
     if (!ok) return NULL;
     Py_RETURN_NONE;
@@ -649,10 +572,9 @@ static PyMethodDef methods[] = {
     {"prefix_groups", prefix_groups, METH_VARARGS,
      "prefix_groups(masks, block_hashes) -> [(length, [bit, ...])]: index.drop_outs(index.running_and(masks, block_hashes))"},
     {"pack_uint32", pack_uint32, METH_VARARGS, "pack_uint32(token_ids, count) -> bytes: the first count ids as little-endian uint32"},
-    {"load_guard", load_guard, METH_VARARGS, "load_guard(queued, used, pending, total, requests, pool_rows, holder_rows, out, ratio, power, slack_tokens, slack_kv, slack_requests): the load guard's credit factor of each holder into out"},
-    {"price_rows", price_rows, METH_VARARGS, "price_rows(queued, used, block_size, rows, matched, credit, discount, num_prompt_tokens, prefill_load_scale, cost_out, cached_out): cost.price per row"},
+    {"price_rows", price_rows, METH_VARARGS, "price_rows(queued, used, block_size, rows, matched, credit, num_prompt_tokens, prefill_load_scale, cost_out, cached_out): cost.price per row"},
     {"cheapest_rows", cheapest_rows, METH_VARARGS, "cheapest_rows(queued, used, block_size, rows, prefill_load_scale, limit, out) -> count: cost.cheapest_uncached's rows into out"},
-    {"score_columns", score_columns, METH_VARARGS, "score_columns(scores, weights, matched_out, credit_out, discount_out): cost.price's numbers of each overlap score (None: 0)"},
+    {"score_columns", score_columns, METH_VARARGS, "score_columns(scores, weights, matched_out, credit_out): cost.price's numbers of each overlap score (None: 0)"},
     {"refs_add", refs_add, METH_VARARGS, "refs_add(mask, refs, block_hashes, flag): predictions._count_in"},
     {"refs_remove", refs_remove, METH_VARARGS, "refs_remove(mask, refs, block_hashes, flag): predictions._count_out"},
     {NULL, NULL, 0, NULL},

@@ -56,6 +56,20 @@ def prefill_attention(num_new_tokens: int, num_context_before: int) -> int:
     return num_new_tokens * (2 * num_context_before + num_new_tokens) // 2
 
 
+def chunked_attention(num_new_tokens: int, num_cached_tokens: int, chunk_tokens: int) -> int:
+    """prefill_attention summed over the chunks of a prefill (each chunk at most chunk_tokens,
+    its context the cached prefix plus the chunks before it), in closed form: the chunks' sizes
+    n_i sum to N, and sum n_i x (2 x context_i + n_i) = 2 x N x cached + N^2 whatever the split;
+    each chunk's halving rounds down, by 1/2 for an odd chunk."""
+    n = num_new_tokens
+    if n <= 0:
+        return 0
+    steps = -(-n // chunk_tokens)
+    last = n - (steps - 1) * chunk_tokens
+    num_odd = (steps - 1) * (chunk_tokens % 2) + last % 2
+    return (2 * n * num_cached_tokens + n * n - num_odd) // 2
+
+
 @dataclass(frozen=True, slots=True)
 class StepSample:
     prefill_tokens: int
@@ -85,14 +99,24 @@ class StepTimeModel:
     def prefill_seconds(self, num_new_tokens: int, num_cached_tokens: int, chunk_tokens: int) -> float:
         """A prompt's prefill run alone: num_new_tokens after num_cached_tokens of cached prefix, in
         steps of at most chunk_tokens (the engine's max_num_batched_tokens)."""
+        return self.chunked_prefill_seconds(num_new_tokens, num_cached_tokens, chunk_tokens)
+
+    def chunked_prefill_seconds(
+        self, num_new_tokens: int, num_cached_tokens: int, chunk_tokens: int, decode_seqs: int = 0, decode_context_tokens: int = 0
+    ) -> float:
+        """The engine steps that prefill num_new_tokens after num_cached_tokens, at most
+        chunk_tokens per step, each step also carrying decode_seqs running decodes of
+        decode_context_tokens in all: the sum of step_seconds over the chunks, in closed form
+        (the model is linear, so the sum is steps x the per-step terms + c1 x tokens + c2 x the
+        chunks' total attention, chunked_attention)."""
         if chunk_tokens <= 0:
             raise ValueError(f"chunk_tokens must be positive, got {chunk_tokens}")
-        total, done = 0.0, 0
-        while done < num_new_tokens:
-            n = min(chunk_tokens, num_new_tokens - done)
-            total += self.step_seconds(prefill_tokens=n, prefill_attention=prefill_attention(n, num_cached_tokens + done))
-            done += n
-        return total
+        if num_new_tokens <= 0:
+            return 0.0
+        c = self.coefficients
+        steps = -(-num_new_tokens // chunk_tokens)
+        per_step = c[0] + c[3] * decode_seqs + c[4] * decode_context_tokens
+        return steps * per_step + c[1] * num_new_tokens + c[2] * chunked_attention(num_new_tokens, num_cached_tokens, chunk_tokens)
 
     def decode_step_seconds(self, batch_size: int, context_tokens: int) -> float:
         """One decode step of batch_size sequences holding context_tokens tokens in all."""

@@ -1,7 +1,7 @@
 """The compiled kernels of the routing path (kvplane/_native.c), or None where they are not built.
 
 Each kernel has a pure Python twin next to its caller (index.drop_outs(running_and(...)),
-block_hash._packed, the load guard's, cost.price's and cost.cheapest_uncached's array
+block_hash._packed, cost.price's and cost.cheapest_uncached's array
 operations, cost._score_columns' loops, predictions._count_in and _count_out): the reference
 that tests hold the kernel equal to, and what runs where the extension is missing (setup.py
 builds it where a C compiler is present), where KVPLANE_NATIVE=0 turns it off, or inside
@@ -24,10 +24,9 @@ else:
     except ImportError as e:  # not compiled here: the Python twins run
         _why = f"not built ({e}); reinstall with a C compiler present (`make env`) for the compiled routing path"
 
-KERNELS = ("prefix_groups", "pack_uint32", "load_guard", "price_rows", "cheapest_rows", "score_columns", "refs_add", "refs_remove")
+KERNELS = ("prefix_groups", "pack_uint32", "price_rows", "cheapest_rows", "score_columns", "refs_add", "refs_remove")
 prefix_groups = _native.prefix_groups if _native is not None else None
 pack_uint32 = _native.pack_uint32 if _native is not None else None
-load_guard = _native.load_guard if _native is not None else None
 price_rows = _native.price_rows if _native is not None else None
 score_columns = _native.score_columns if _native is not None else None
 cheapest_rows = _native.cheapest_rows if _native is not None else None

@@ -7,8 +7,8 @@ is in (PREFILL until its first token, then DECODE, then DONE) and the phase the 
 report saw it in, and corrects the report:
 
 - not yet in any report: the request adds 1 waiting (in prefill) or 1 running (decoding), its
-  prefill tokens while in prefill, and its new KV blocks to `pending_blocks` (the kvplane
-  policy's load guard), not to used blocks (the cost);
+  prefill tokens while in prefill, and its new KV blocks to `pending_blocks`, not to used
+  blocks (the cost);
 - shown by a report: the report's numbers stand, less what has ended since: its prefill tokens
   once its prefill ended; the request itself (from waiting if the report saw it in prefill, else
   from running; the engine, not the ledger, decides which it counted) and its KV blocks once it

@@ -5,8 +5,10 @@ blocks the worker holds of the weight of the fastest tier holding each,
 
     cost = prefill_load_scale * max(queued_prefill_blocks + prompt_blocks - credit, 0) + used_blocks
 
-The router prices prefill workers with it, and the `kvplane` and `least-load` policies price
-decode workers with it. Parameters: CostConfig below, the single source of their defaults.
+The router prices the prefill workers of the policies that price by a cost with it, and the
+`least-load` policy prices decode workers with it (without credit). The default policy,
+`kvplane`, prices in predicted seconds instead (core/seconds.py). Parameters: CostConfig below,
+the single source of their defaults.
 """
 
 from __future__ import annotations
@@ -66,13 +68,11 @@ class CostBreakdown:
     num_queued_blocks: int
     num_prompt_blocks: int
     num_used_blocks: int
-    guard_factor: float = 1.0  # < 1: the load guard shrank the credit
 
     def __str__(self) -> str:
-        guard = f", load guard x{self.guard_factor:.2f}" if self.guard_factor < 1.0 else ""
         return (
             f"{self.num_matched_blocks} matched blocks (credit {self.credit:g}), {self.num_queued_blocks} queued "
-            f"prefill blocks, {self.num_prompt_blocks} prompt blocks, {self.num_used_blocks} used blocks{guard}"
+            f"prefill blocks, {self.num_prompt_blocks} prompt blocks, {self.num_used_blocks} used blocks"
         )
 
 
@@ -140,36 +140,25 @@ class Priced(Sequence[CandidateCost]):
 
 
 def price(
-    config: CostConfig,
-    workers: WorkerPool,
-    num_prompt_tokens: int,
-    overlaps: Mapping[WorkerId, OverlapScore] | None = None,
-    credit_scale: np.ndarray | None = None,
-    discount_predicted: bool = False,
+    config: CostConfig, workers: WorkerPool, num_prompt_tokens: int, overlaps: Mapping[WorkerId, OverlapScore] | None = None
 ) -> Priced:
     """The cost of each worker of the pool (module docstring), in pool order. `overlaps`: the
-    prompt's cached prefix per worker (None: no worker holds any of it); credit_scale < 1 shrinks
-    a worker's cache credit (the load guard); discount_predicted leaves out the queued prefill
-    work that computes blocks this request reuses (its overlap's predicted blocks)."""
+    prompt's cached prefix per worker (None: no worker holds any of it)."""
     n, table, rows = len(workers), workers.table, workers.rows
-    matched = credit = discount = None  # per row; None: 0 for every row
+    matched = credit = None  # per row; None: 0 for every row
     if overlaps is not None and n:
-        matched, credit, discount = _score_columns(config, workers, overlaps, discount_predicted)
-    if credit_scale is not None:
-        credit = (credit if credit is not None else np.zeros(n)) * credit_scale  # x 1.0 is exact: unguarded credit unchanged
-    cost, cached_tokens = _cost_columns(config, table, rows, num_prompt_tokens, matched, credit, discount)
+        matched, credit = _score_columns(config, workers, overlaps)
+    cost, cached_tokens = _cost_columns(config, table, rows, num_prompt_tokens, matched, credit)
 
     def detail(i: int) -> CostBreakdown:
         row = int(rows[i])
         block_size = int(table.block_size[row])
-        num_queued_blocks = -(-int(table.queued[row]) // block_size) - (int(discount[i]) if discount is not None else 0)
         return CostBreakdown(
             int(matched[i]) if matched is not None else 0,
             float(credit[i]) if credit is not None else 0.0,
-            max(num_queued_blocks, 0),
+            -(-int(table.queued[row]) // block_size),
             -(-num_prompt_tokens // block_size),
             int(table.used[row]),
-            float(credit_scale[i]) if credit_scale is not None else 1.0,
         )
 
     return Priced(workers.worker_ids, rows, cost, cached_tokens, num_prompt_tokens - cached_tokens, detail)
@@ -182,7 +171,6 @@ def _cost_columns(
     num_prompt_tokens: int,
     matched: np.ndarray | None,
     credit: np.ndarray | None,
-    discount: np.ndarray | None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(cost, cached tokens) of each of `rows`: compiled (kvplane/_native.c) where it is built,
     else these array operations, the reference it is tested against."""
@@ -195,7 +183,6 @@ def _cost_columns(
             np.ascontiguousarray(rows, np.int64),  # itself for a pool's rows; the kernel reads int64 only
             matched,
             credit,
-            discount,
             num_prompt_tokens,
             config.prefill_load_scale,
             cost,
@@ -204,36 +191,30 @@ def _cost_columns(
         return cost, cached_tokens
     block_size, queued, used = table.block_size[rows], table.queued[rows], table.used[rows]
     num_prompt_blocks = -(-num_prompt_tokens // block_size)
-    num_queued_blocks = np.maximum(-(-queued // block_size) - (discount if discount is not None else 0), 0)
-    uncovered = num_queued_blocks + num_prompt_blocks - (credit if credit is not None else 0.0)
+    uncovered = -(-queued // block_size) + num_prompt_blocks - (credit if credit is not None else 0.0)
     cost = config.prefill_load_scale * np.maximum(uncovered, 0.0) + used
     cached_tokens = np.minimum(matched if matched is not None else 0, (num_prompt_tokens - 1) // block_size) * block_size
     return cost, cached_tokens
 
 
-def _score_columns(
-    config: CostConfig, workers: WorkerPool, overlaps: Mapping[WorkerId, OverlapScore], discount_predicted: bool
-) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """Per worker of the pool: matched blocks, credit before the load guard, and (when
-    `discount_predicted`) predicted blocks; 0 for a worker without a score. Compiled
-    (kvplane/_native.c) where it is built, else per distinct score (a hot prefix's holders share
-    one), the reference it is tested against."""
+def _score_columns(config: CostConfig, workers: WorkerPool, overlaps: Mapping[WorkerId, OverlapScore]) -> tuple[np.ndarray, np.ndarray]:
+    """Per worker of the pool: matched blocks and credit; 0 for a worker without a score.
+    Compiled (kvplane/_native.c) where it is built, else per distinct score (a hot prefix's
+    holders share one), the reference it is tested against."""
     n = len(workers)
     if native.score_columns is not None:
         matched, credit = np.empty(n, np.int64), np.empty(n)
-        discount = np.empty(n, np.int64) if discount_predicted else None
         weights = {Tier.DEVICE: config.overlap_weight_device, Tier.HOST: config.overlap_weight_host, Tier.DISK: config.overlap_weight_disk}
-        native.score_columns(list(map(overlaps.get, workers.worker_ids)), weights, matched, credit, discount)
-        return matched, credit, discount
+        native.score_columns(list(map(overlaps.get, workers.worker_ids)), weights, matched, credit)
+        return matched, credit
     codes, per = workers.distinct_values(overlaps)
     matched = np.array([s.num_blocks if s else 0 for s in per], np.int64)[codes]
     credit = np.array([_raw_credit(config, s) for s in per], np.float64)[codes]
-    discount = np.array([s.num_predicted if s else 0 for s in per], np.int64)[codes] if discount_predicted else None
-    return matched, credit, discount
+    return matched, credit
 
 
 def _raw_credit(config: CostConfig, overlap: OverlapScore | None) -> float:
-    """Credit before the load guard: the tier weight of each matched block, summed in order (a
+    """The credit: the tier weight of each matched block, summed in order (a
     loop, not sum(): sum() compensates float rounding since Python 3.12, the kernel does not)."""
     credit = 0.0
     if overlap is not None:

@@ -239,8 +239,13 @@ class Planner:
         table = table_of(cluster)
         # Reports corrected for what this replica routed, then discounted where latency contradicts them (trust.py).
         pool = self.trust.discounted(self.ledger.corrected(table, now), now).pool(out)
+        objective = settings.objective(request.model, request.priority)
+        cal = self.calibration
+        offsets = (cal.offset(ttft_kind(False), now), cal.offset(ttft_kind(True), now), cal.offset(TPOT, now))
         try:
-            decision = self.router.route(request, pool, cluster.index, now)
+            decision = self.router.route(
+                request, pool, cluster.index, now, objective=objective, link_bytes_per_s=self.link.bytes_per_s, offsets=offsets
+            )
         except NoCandidateError as e:
             if not out or e.transient:
                 raise
@@ -249,11 +254,16 @@ class Planner:
             raise type(e)(f"{e} (out of routing for now: {why})", transient=True) from None
         t = pool.table
         candidates = pool.where(t.serving(request.model, "decode"))
-        objective = settings.objective(request.model, request.priority)
-        # The router already walked the index for the prompt; that walk serves every option.
-        held = decision.index_overlaps
+        # The router already walked the index for the prompt; that walk serves every option. The
+        # prefixes the policy predicted count: the request queues behind the work computing them.
+        held = decision.policy_overlaps if decision.policy_overlaps is not None else decision.index_overlaps
         first = PlacementOption(decision.decode_worker, decision.prefill_worker or decision.decode_worker)
-        options = LazyOptions(first, _ids(decision.candidates), lambda o: self._predicted(request, o, pool, held, objective, now))
+        fetch = (decision.fetch_tokens, decision.fetch_s) if decision.fetch_from is not None else (0, 0.0)
+
+        def predicted(o: PlacementOption) -> PlacementOption:
+            return self._predicted(request, o, pool, held, objective, now, fetch if o == first else (0, 0.0))
+
+        options = LazyOptions(first, _ids(decision.candidates), predicted)
         decode_view = pool.get(decision.decode_worker)
         assert decode_view is not None
         return Routed(request, decision, candidates, options, objective, decode_view.block_size)
@@ -325,8 +335,10 @@ class Planner:
         held: Mapping[WorkerId, OverlapScore],
         objective: Objective,
         now: float,
+        fetch: tuple[int, float] = (0, 0.0),
     ) -> PlacementOption:
-        """`option` with its latency prediction; `held`: the prompt's cached prefix per worker."""
+        """`option` with its latency prediction; `held`: the prompt's cached prefix per worker;
+        `fetch`: (tokens, seconds) of the router's fetch when the option is the router's own."""
         decode_view, prefill_view = pool.get(option.decode_worker), pool.get(option.prefill_worker)
         assert decode_view is not None and prefill_view is not None  # options come from the pool
         decode, prefill = WorkerPerf.of(decode_view), WorkerPerf.of(prefill_view)
@@ -336,7 +348,7 @@ class Planner:
             score = held.get(worker_id)
             return score.num_blocks if score is not None else 0
 
-        prefill_cached = min(num_held(option.prefill_worker), (prompt - 1) // decode.block_size) * decode.block_size
+        prefill_cached = min(num_held(option.prefill_worker), (prompt - 1) // decode.block_size) * decode.block_size + fetch[0]
         transfer_bytes = 0
         if option.disaggregated:
             num_blocks = blocks_to_transfer(prompt, decode.block_size, num_held(option.decode_worker))
@@ -349,6 +361,7 @@ class Planner:
             decode=decode,
             transfer_bytes=transfer_bytes,
             link_bytes_per_s=self.link.bytes_per_s,
+            fetch_s=fetch[1],
         )
         if prediction is not None:
             prediction = self.calibration.apply(prediction, ttft_kind(option.disaggregated), TPOT, now)

@@ -1,7 +1,7 @@
 """The fleet as columns: what routing filters and ranks workers by, one numpy row per worker.
 
 Routing a request looks at every worker (which serve the model, which are active, which hold
-the least load, the pool's mean load for the load guard), and a Python loop over a thousand
+the least load, what each would take to answer), and a Python loop over a thousand
 worker objects costs tens of microseconds per pass; a planner made a dozen such passes per
 request. A `WorkerTable` holds the same numbers as arrays, built once per ClusterView
 (`table_of`) and updated row by row where something changed (`with_loads` for the planner's load
@@ -26,7 +26,12 @@ from kvplane.controlplane.core.views import ClusterView, WorkerView, kv_can_move
 from kvplane.types import WorkerId
 
 # Columns a load report or a load correction changes; the rest change only with the worker.
-_LOAD_COLUMNS = ("queued", "used", "total", "requests", "pending")
+_LOAD_COLUMNS = ("queued", "used", "total", "requests", "pending", "running", "waiting", "context")
+# The step-time model a worker publishes (kvplane.latency: c0..c4 per row, NaN: no model) and its
+# prefill chunk: what routing predicts seconds with. They change with a report (an online refit),
+# so they are replaced with the load columns.
+_MODEL_COLUMNS = ("step", "chunk")
+_NO_MODEL = (float("nan"),) * 5
 
 
 def _fixed(w: WorkerView) -> tuple:
@@ -34,7 +39,7 @@ def _fixed(w: WorkerView) -> tuple:
     return w.model, w.transports, w.block_size, w.max_context, w.active, w.role, w.block_nbytes
 
 
-def _load_row(w: WorkerView) -> tuple[int, int, int, int, int]:
+def _load_row(w: WorkerView) -> tuple[int, ...]:
     load = w.load
     return (
         load.num_queued_prefill_tokens,
@@ -42,7 +47,14 @@ def _load_row(w: WorkerView) -> tuple[int, int, int, int, int]:
         load.num_total_blocks,
         load.num_running + load.num_waiting,
         w.pending_blocks,
+        load.num_running,
+        load.num_waiting,
+        load.running_context_tokens,
     )
+
+
+def _step_row(w: WorkerView) -> tuple[float, ...]:
+    return w.latency.coefficients if w.latency is not None else _NO_MODEL
 
 
 class WorkerTable:
@@ -51,7 +63,7 @@ class WorkerTable:
     __slots__ = (
         "views", "worker_ids", "id_array", "row_of", "id_rank", "models", "transports",
         "model_code", "transport_code", "block_size", "block_nbytes", "max_context", "active", "can_decode", "can_prefill", "reported_at",
-        "queued", "used", "total", "requests", "pending", "_memo", "_parent", "changed_rows", "__weakref__",
+        "queued", "used", "total", "requests", "pending", "running", "waiting", "context", "step", "chunk", "_memo", "_parent", "changed_rows", "__weakref__",
     )  # fmt: skip
 
     def __init__(self, views: Sequence[WorkerView]) -> None:
@@ -94,6 +106,8 @@ class WorkerTable:
         loads = np.array([_load_row(w) for w in self.views], np.int64).reshape(n, len(_LOAD_COLUMNS))
         for j, name in enumerate(_LOAD_COLUMNS):
             setattr(self, name, np.ascontiguousarray(loads[:, j]))
+        self.step = np.array([_step_row(w) for w in self.views], np.float64).reshape(n, 5)
+        self.chunk = np.array([max(w.chunk_tokens, 1) for w in self.views], np.int64)
 
     def _code(self, table: list, value) -> int:
         try:
@@ -134,10 +148,12 @@ class WorkerTable:
         (and pending blocks): the planner's corrections for what this replica routed."""
         if not rows:
             return self
-        t = self._copy(_LOAD_COLUMNS)
+        t = self._copy(_LOAD_COLUMNS + _MODEL_COLUMNS)
         views = list(self.views)
         for i, w in rows.items():
             views[i] = w
+            t.step[i] = _step_row(w)
+            t.chunk[i] = max(w.chunk_tokens, 1)
         t.views = tuple(views)
         if len(rows) <= _FEW_ROWS:  # item by item: cheaper than building index arrays for a few
             columns = _load_columns_of(t)

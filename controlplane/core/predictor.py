@@ -2,11 +2,18 @@
 token it will see, from each worker's fitted step-time model and its reported load.
 
 Rule (after Mooncake's early-rejection predictor):
-  TTFT = queue + prefill + transfer (+ the decode worker's step that computes the prompt's tail)
-    queue    = engine steps for the prefill tokens already queued on the prefill worker, in chunks,
-               each step also carrying that worker's running decodes;
+  TTFT = max(queue, fetch) + prefill + transfer (+ the decode worker's step that computes the
+  prompt's tail)
+    queue    = the rest of the step in flight on a busy prefill worker (half a step of its running
+               batch, on average) + engine steps for the prefill tokens already queued there, in
+               chunks;
     prefill  = engine steps for this prompt's uncached tokens, in chunks, attention over the cached
                prefix included;
+    every one of those steps carries the decode batch the worker will have: its running requests
+    and those admitted there and not yet running (waiting; on a worker that decodes), holding their
+    context plus the queued prompts (latency.StepTimeModel.chunked_prefill_seconds);
+    fetch    = a cached prefix pulled from another worker (or loaded from a slower tier) before the
+               prefill, while the queue drains (routing prices it: policies/kvplane.py);
     transfer = KV bytes to move / the measured link rate (disaggregated placements only).
   TPOT = the decode worker's step time at the moment this request's KV arrives (t = TTFT), not now:
     requests whose remaining tokens run out before t have left the batch, requests waiting there now
@@ -27,7 +34,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from kvplane.controlplane.core.views import WorkerView
-from kvplane.latency import StepTimeModel, prefill_attention
+from kvplane.latency import StepTimeModel
 from kvplane.types import WorkerId
 
 
@@ -43,6 +50,7 @@ class WorkerPerf:
     running_remaining_tokens: tuple[int, ...]
     running_context_tokens: int
     max_num_seqs: int = 0  # 0 = no slot limit known
+    decodes: bool = True  # False: a prefill-only worker (its waiting requests leave after prefill)
 
     @classmethod
     def of(cls, view: WorkerView) -> WorkerPerf:
@@ -59,7 +67,16 @@ class WorkerPerf:
             running_remaining_tokens=load.running_remaining_tokens,
             running_context_tokens=load.running_context_tokens,
             max_num_seqs=view.max_num_seqs,
+            decodes=view.role.can_decode,
         )
+
+    @property
+    def batch(self) -> tuple[int, int]:
+        """(sequences, context tokens) of the decode batch this worker will have once what is
+        admitted there runs: running + waiting requests, their context + the queued prompts."""
+        if not self.decodes:
+            return self.num_running, self.running_context_tokens
+        return self.num_running + self.num_waiting, self.running_context_tokens + self.num_queued_prefill_tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +87,8 @@ class Prediction:
     prefill_s: float
     transfer_s: float
     decode_batch: int  # the decode batch this request is predicted to join
-    slot_wait_s: float = 0.0  # waiting for a free decode slot on a full worker
+    slot_wait_s: float = 0.0
+    fetch_s: float = 0.0  # pulling a cached prefix from another worker or a slower tier  # waiting for a free decode slot on a full worker
     ttft_offset_s: float = 0.0  # calibration added to ttft_s / tpot_s (see Calibration)
     tpot_offset_s: float = 0.0
 
@@ -83,23 +101,24 @@ class Prediction:
         return self.tpot_s * 1000
 
 
-def _prefill_steps_seconds(perf: WorkerPerf, num_tokens: int, context_before: int) -> float:
-    """Engine steps that prefill `num_tokens` after `context_before` cached ones, with the
-    worker's running decodes riding along in every step."""
+def _in_flight_s(perf: WorkerPerf) -> float:
+    """The rest of the step in flight on a busy worker, which a request arriving now waits for
+    before its own prefill: half a step of the running batch, on average."""
     model = perf.model
     assert model is not None
-    seconds, done = 0.0, 0
-    chunk = max(perf.chunk_tokens, 1)
-    while done < num_tokens:
-        n = min(chunk, num_tokens - done)
-        seconds += model.step_seconds(
-            prefill_tokens=n,
-            prefill_attention=prefill_attention(n, context_before + done),
-            decode_seqs=perf.num_running,
-            decode_context_tokens=perf.running_context_tokens,
-        )
-        done += n
-    return seconds
+    if perf.num_running <= 0 and perf.num_queued_prefill_tokens <= 0:
+        return 0.0
+    c = model.coefficients
+    return (c[0] + c[3] * perf.num_running + c[4] * perf.running_context_tokens) / 2
+
+
+def _prefill_steps_seconds(perf: WorkerPerf, num_tokens: int, context_before: int) -> float:
+    """Engine steps that prefill `num_tokens` after `context_before` cached ones, with the decode
+    batch the worker will have riding along in every step."""
+    model = perf.model
+    assert model is not None
+    seqs, context = perf.batch
+    return model.chunked_prefill_seconds(num_tokens, context_before, max(perf.chunk_tokens, 1), seqs, context)
 
 
 def predict(
@@ -111,23 +130,25 @@ def predict(
     decode: WorkerPerf,
     transfer_bytes: int = 0,
     link_bytes_per_s: float = 1e9,
+    fetch_s: float = 0.0,
 ) -> Prediction | None:
-    """Prediction for prefilling on `prefill` and decoding on `decode` (the same worker when local)."""
+    """Prediction for prefilling on `prefill` and decoding on `decode` (the same worker when local);
+    `fetch_s`: moving a cached prefix there first (prefill_cached_tokens counts it)."""
     if prefill.model is None or decode.model is None:
         return None
     disaggregated = prefill.worker_id != decode.worker_id
-    queue_s = _prefill_steps_seconds(prefill, prefill.num_queued_prefill_tokens, 0) + _slot_wait_s(prefill)
+    queue_s = _in_flight_s(prefill) + _prefill_steps_seconds(prefill, prefill.num_queued_prefill_tokens, 0) + _slot_wait_s(prefill)
     prefill_s = _prefill_steps_seconds(prefill, prompt_tokens - prefill_cached_tokens, prefill_cached_tokens)
     transfer_s = transfer_bytes / link_bytes_per_s if disaggregated and link_bytes_per_s > 0 else 0.0
     slot_wait_s = _slot_wait_s(decode) if disaggregated else 0.0
     # The decode worker's slot frees meanwhile; only what is left of that wait adds up.
-    ttft_s = max(queue_s + prefill_s + transfer_s, slot_wait_s)
+    ttft_s = max(max(queue_s, fetch_s) + prefill_s + transfer_s, slot_wait_s)
     if disaggregated:
         # The decode worker computes the prompt's tail (the partial last block) before the first token.
         tail = prompt_tokens - ((prompt_tokens - 1) // decode.block_size) * decode.block_size
         ttft_s += _prefill_steps_seconds(decode, tail, prompt_tokens - tail)
     tpot_s, batch = _tpot_at(decode, ttft_s, prompt_tokens, max_tokens)
-    return Prediction(ttft_s, tpot_s, queue_s, prefill_s, transfer_s, batch, slot_wait_s)
+    return Prediction(ttft_s, tpot_s, queue_s, prefill_s, transfer_s, batch, slot_wait_s, fetch_s)
 
 
 def _slot_wait_s(perf: WorkerPerf) -> float:

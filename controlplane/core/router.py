@@ -18,10 +18,12 @@ uncached tokens on the decode worker reach disagg_threshold_tokens and some pref
 fewer than max_prefill_queue_tokens queued. The prefill worker is chosen by the same cost among
 the prefill candidates, role PREFILL before BOTH at equal cost.
 
-Which decode worker wins is the routing policy's call (controlplane/core/policies/: kvplane,
-the cost above plus tier weights, a load guard, predicted prefixes and fetch-instead-of-recompute;
-round-robin, least-load and prefix-only as baselines); the prefill worker of a disaggregated
-request is always chosen by the cost above (controlplane/core/cost.py).
+Which decode worker wins is the routing policy's call (controlplane/core/policies/). The
+default, kvplane, places the whole request itself (the `place` hook): decode worker, local or
+remote prefill and a fetch, all priced in predicted seconds (core/seconds.py); the cost, the
+threshold and the prefill choice above are for the policies that price by a cost (round-robin,
+least-load and prefix-only as baselines), whose prefill worker is chosen by the cost above
+(controlplane/core/cost.py).
 
 Parameters: RouterConfig below (the policy's own in its params dataclass, the cost's in
 cost.CostConfig), the single source of their defaults.
@@ -52,7 +54,7 @@ from kvplane.controlplane.core.routing import (
     RoutingPolicyParams,
 )
 from kvplane.controlplane.core.views import WorkerView
-from kvplane.types import BlockHash, DisaggMode, WorkerId
+from kvplane.types import BlockHash, DisaggMode, Objective, WorkerId
 
 # Costs closer than this are a tie: tier weights are fractions, and float sums of the same
 # credit in a different order must not decide the route.
@@ -66,11 +68,21 @@ class RouterConfig:
         default_params, "which decode worker takes a request", flag="--routing-policy", params_types=params_types
     )
     cost: CostConfig = field(default_factory=CostConfig)
-    disagg_threshold_tokens: int = param(2048, "remote prefill only when a prompt's uncached tokens reach this", flag="--disagg-threshold")
-    max_prefill_queue_tokens: int = param(16384, "a prefill worker with this many queued prefill tokens or more is busy: prefill locally")
-    temperature: float = param(0.0, "0 = the cheapest worker wins; > 0 samples over softmax(-cost / temperature)")
+    disagg_threshold_tokens: int = param(
+        2048,
+        "policies that price by a cost: remote prefill only when a prompt's uncached tokens reach this (kvplane decides in seconds)",
+        flag="--disagg-threshold",
+    )
+    max_prefill_queue_tokens: int = param(
+        16384, "policies that price by a cost: a prefill worker with this many queued prefill tokens or more is busy: prefill locally"
+    )
+    temperature: float = param(
+        0.0, "policies that price by a cost: 0 = the cheapest worker wins; > 0 samples over softmax(-cost / temperature)"
+    )
     max_uncached_candidates: int = param(
-        16, "of the workers holding none of a prompt, price only this many with the least load (0 = all); they are the ones that can win"
+        16,
+        "of the workers holding none of a prompt, price in full only this many with the least load (kvplane: by each of its "
+        "measures, core/seconds.py) and those tied with them (0 = all); they are the ones that can win",
     )
 
     def __post_init__(self) -> None:
@@ -113,7 +125,19 @@ class Router:
     def on_worker_removed(self, worker_id: WorkerId) -> None:
         self.policy.on_worker_removed(worker_id)
 
-    def route(self, request: RouteRequest, workers: Sequence[WorkerView], index: CacheIndex, now: float) -> RouteDecision:
+    def route(
+        self,
+        request: RouteRequest,
+        workers: Sequence[WorkerView],
+        index: CacheIndex,
+        now: float,
+        *,
+        objective: Objective | None = None,
+        link_bytes_per_s: float = 1e9,
+        offsets: tuple[float, float, float] = (0.0, 0.0, 0.0),
+    ) -> RouteDecision:
+        """`objective`, `link_bytes_per_s`, `offsets`: what a policy pricing in seconds compares
+        against (the planner's objective, measured link rate and calibration)."""
         num_prompt_tokens = len(request.prompt_token_ids)
         if num_prompt_tokens == 0:
             raise ValueError("cannot route an empty prompt: prompt_token_ids has no tokens")
@@ -130,9 +154,15 @@ class Router:
         cached = index.overlaps(block_hashes)  # the one walk of the index: policies and the planner share it
         worker_to_overlap = self.policy.overlaps(index, block_hashes, now, cached)
         limit = self._config.max_uncached_candidates if self._config.temperature == 0 else 0  # a softmax draw needs every worker
-        ctx = RouteContext(request, num_prompt_tokens, block_size, block_hashes, worker_to_overlap, index, now, limit, cached)
+        ctx = RouteContext(
+            request, num_prompt_tokens, block_size, block_hashes, worker_to_overlap, index, now, limit, cached,
+            objective, link_bytes_per_s, offsets,
+        )  # fmt: skip
 
         decode_workers = _decode_candidates(request, model_workers)
+        placed = self._place(ctx, request, model_workers, decode_workers)
+        if placed is not None:
+            return placed
         decode_costs = Priced.of(self.policy.costs(ctx, decode_workers), table).ranked(table)
         decode = self._pick(decode_costs)
         decode_view = decode_workers.get(decode.worker_id)
@@ -162,6 +192,38 @@ class Router:
             fetch_tokens=fetch.num_tokens if fetch else 0,
             block_hashes=tuple(block_hashes),
             index_overlaps=cached,
+        )
+
+    def _place(
+        self, ctx: RouteContext, request: RouteRequest, model_workers: WorkerPool, decode_workers: WorkerPool
+    ) -> RouteDecision | None:
+        """The policy's own whole placement (the `place` hook), when it makes one."""
+        table = model_workers.table
+        num_prompt_tokens = ctx.num_prompt_tokens
+        prefill_workers = model_workers.where(table.serving(request.model, "prefill") & (table.max_context >= num_prompt_tokens))
+
+        def sources() -> WorkerPool:
+            return model_workers.where(table.serving(request.model, "active"))
+
+        placement = self.policy.place(ctx, decode_workers, prefill_workers, sources, self._rng)
+        if placement is None:
+            return None
+        decode = placement.candidates[0]
+        fetch = placement.fetch
+        return RouteDecision(
+            decode_worker=decode.worker_id,
+            prefill_worker=placement.prefill_worker,
+            disaggregated=placement.prefill_worker is not None,
+            reason=placement.reason,
+            prompt_tokens=num_prompt_tokens,
+            cached_tokens=decode.cached_tokens,
+            candidates=placement.candidates,
+            fetch_from=fetch.worker_id if fetch else None,
+            fetch_tokens=fetch.num_tokens if fetch else 0,
+            fetch_s=fetch.seconds if fetch else 0.0,
+            block_hashes=tuple(ctx.block_hashes),
+            index_overlaps=ctx.cached,
+            policy_overlaps=ctx.overlaps,
         )
 
     def _place_prefill(

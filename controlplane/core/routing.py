@@ -11,7 +11,7 @@ from typing import ClassVar, Protocol
 
 from kvplane.controlplane.core.index import CacheIndex, OverlapScore
 from kvplane.controlplane.core.views import WorkerView
-from kvplane.types import PRIORITIES, BlockHash, DisaggMode, Priority, WorkerId
+from kvplane.types import PRIORITIES, BlockHash, DisaggMode, Objective, Priority, WorkerId
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,9 +51,12 @@ class RouteDecision:
     # Fetch instead of recompute: the decode worker pulls this worker's cached prefix blocks.
     fetch_from: WorkerId | None = None
     fetch_tokens: int = 0  # cached tokens the fetch is expected to bring beyond the decode worker's own
+    fetch_s: float = 0.0  # the fetch's predicted seconds (kvplane policy)
     block_hashes: tuple[BlockHash, ...] = field(default=(), compare=False, repr=False)
     # The cache index's own overlaps of the prompt (no predictions): what the blocks really are.
     index_overlaps: Mapping[WorkerId, OverlapScore] = field(default_factory=dict, compare=False, repr=False)
+    # The overlaps the policy priced with (predicted prefixes included); None: index_overlaps.
+    policy_overlaps: Mapping[WorkerId, OverlapScore] | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,12 +75,30 @@ class RouteContext:
     max_uncached_candidates: int = 0  # 0 = price every worker
     # The cache index's own overlaps (what `overlaps` extends): blocks that exist now.
     cached: Mapping[WorkerId, OverlapScore] = field(default_factory=dict)
+    # What pricing in seconds needs (the planner's): the request's objective (None: unknown), the
+    # KV link rate it has measured, and its calibration offsets (TTFT local, TTFT remote, TPOT).
+    objective: Objective | None = None
+    link_bytes_per_s: float = 1e9
+    offsets: tuple[float, float, float] = (0.0, 0.0, 0.0)
 
 
 @dataclass(frozen=True, slots=True)
 class FetchPlan:
     worker_id: WorkerId
     num_tokens: int
+    reason: str
+    seconds: float = 0.0  # predicted pull time (0: not predicted)
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """A policy's whole placement of a request (the `place` hook): the decode candidates in its
+    order of preference (the first is chosen), where prefill runs (None: on the decode worker),
+    the fetch, and why."""
+
+    candidates: Sequence[CandidateCost]
+    prefill_worker: WorkerId | None
+    fetch: FetchPlan | None
     reason: str
 
 
@@ -122,6 +143,19 @@ class RoutingPolicy(Protocol):
         active workers KV can move from; made only when called) instead of computing it."""
         ...
 
+    def place(
+        self,
+        ctx: RouteContext,
+        decode: Sequence[WorkerView],
+        prefill: Sequence[WorkerView],
+        sources: Callable[[], Sequence[WorkerView]],
+        rng,
+    ) -> Placement | None:
+        """The decode worker, prefill placement and fetch at once (`prefill`: every active worker
+        that can prefill the prompt; `sources()`: workers KV can be fetched from), or None to let
+        the router place by `costs`, its prefill threshold and `fetch`."""
+        ...
+
     def on_routed(self, decision: RouteDecision, now: float) -> None: ...
 
     def on_stored(self, worker_id: WorkerId, block_hashes: Sequence[BlockHash]) -> None: ...
@@ -140,6 +174,16 @@ class PolicyHooks:
     def fetch(
         self, ctx: RouteContext, decode: WorkerView, decode_cost: CandidateCost, sources: Callable[[], Sequence[WorkerView]]
     ) -> FetchPlan | None:
+        return None
+
+    def place(
+        self,
+        ctx: RouteContext,
+        decode: Sequence[WorkerView],
+        prefill: Sequence[WorkerView],
+        sources: Callable[[], Sequence[WorkerView]],
+        rng,
+    ) -> Placement | None:
         return None
 
     def on_routed(self, decision: RouteDecision, now: float) -> None:

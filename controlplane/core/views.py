@@ -44,9 +44,9 @@ class WorkerView:
     load: WorkerLoadView
     max_context: int
     block_nbytes: int = 0  # KV bytes per block (0 = unknown: never a fetch source or target)
-    # New KV blocks of requests routed here that no load report shows yet: the kvplane policy's
-    # load guard counts them in KV use. Not in the cost: a burst's first request would then
-    # outweigh the very prefix it is computing for the others. Set by the planner's accounting.
+    # New KV blocks of requests routed here that no load report shows yet (set by the planner's
+    # accounting). Not in used blocks: a burst's first request would then outweigh, in a cost,
+    # the very prefix it is computing for the others. No routing policy reads them at present.
     pending_blocks: int = 0
     latency: StepTimeModel | None = None  # the worker's step-time model (None: no prediction)
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS  # prefill tokens per engine step

@@ -67,7 +67,9 @@ def test_route(server: ScriptedServer) -> None:
     assert (out["decode_worker"], out["prefill_worker"], out["cached_tokens"]) == ("decode-0", "prefill-0", 16)
     assert out["candidates"] == [{"worker_id": "decode-0", "cost": 1.5, "cached_tokens": 16, "admissible": True, "note": "best"}]
     plain = run_kvplane("route", "p", "--endpoint", server.endpoint)
-    assert "decode worker:  decode-0" in plain.stdout and "decode-0: cost 1.500, 16 cached tokens, ok - best" in plain.stdout
+    assert "decode worker:  decode-0" in plain.stdout and "  decode-0: cost 1.5, 16 cached tokens, ok\n" in plain.stdout
+    explained = run_kvplane("route", "p", "--explain", "--endpoint", server.endpoint)
+    assert "  decode-0: cost 1.5, 16 cached tokens, ok\n      best\n" in explained.stdout
 
 
 def test_workers_json_and_table(server: ScriptedServer) -> None:

@@ -54,15 +54,17 @@ def test_every_planner_field_has_a_flag():
 
 def test_flags_reach_the_router_its_policy_and_admission():
     planner = config_from_args(parse(
-        "--routing-policy", "kvplane", "--guard-ratio", "2", "--prediction-ttl", "30", "--disagg-threshold", "64",
+        "--routing-policy", "kvplane", "--host-load-gb-per-s", "2", "--prediction-ttl", "30", "--disagg-threshold", "64",
         "--prefill-load-scale", "2.5", "--overlap-weight-disk", "0.25", "--admission", "predictive", "--max-running", "1",
     )).planner  # fmt: skip
-    assert planner.router.policy == KvplaneParams(guard_ratio=2.0, prediction_ttl_s=30.0)
+    assert planner.router.policy == KvplaneParams(host_load_gb_per_s=2.0, prediction_ttl_s=30.0)
     assert (planner.router.disagg_threshold_tokens, planner.router.cost.prefill_load_scale) == (64, 2.5)
     assert planner.router.cost.overlap_weight_disk == 0.25
     assert (planner.admission_policy, planner.admission.max_running) == ("predictive", 1)
     # Another policy takes its own params; the kvplane policy's flags do not apply to it.
-    assert config_from_args(parse("--routing-policy", "round-robin", "--guard-ratio", "2")).planner.router.policy == RoundRobinParams()
+    assert (
+        config_from_args(parse("--routing-policy", "round-robin", "--host-load-gb-per-s", "2")).planner.router.policy == RoundRobinParams()
+    )
 
 
 def test_choices_are_listed_and_bad_values_are_refused(capsys):
@@ -75,8 +77,8 @@ def test_choices_are_listed_and_bad_values_are_refused(capsys):
     with pytest.raises(SystemExit):
         parse("--admission", "fifo")
     assert "invalid choice: 'fifo'" in capsys.readouterr().err
-    with pytest.raises(ValueError, match="KvplaneParams.guard_ratio must be >= 0"):
-        config_from_args(parse("--guard-ratio", "-1"))
+    with pytest.raises(ValueError, match="KvplaneParams.host_load_gb_per_s must be > 0"):
+        config_from_args(parse("--host-load-gb-per-s", "0"))
 
 
 def test_the_peers_policies_are_selectable_on_a_control_plane_with_their_own_flags():

@@ -11,7 +11,7 @@ import pytest
 from kvplane.block_hash import hash_blocks
 from kvplane.controlplane.core.admission_base import AdmissionConfig, Reject, RejectKind
 from kvplane.controlplane.core.index import CacheIndex, StoredEvent
-from kvplane.controlplane.core.planner import Outcome, Plan, Planner, PlannerConfig
+from kvplane.controlplane.core.planner import Outcome, Plan, Planner, PlannerConfig, ttft_kind
 from kvplane.controlplane.core.settings import ClusterSettings
 from kvplane.controlplane.core.views import ClusterView
 from kvplane.latency import StepTimeModel
@@ -19,6 +19,8 @@ from kvplane.types import DisaggMode, Role, Tier, WorkerId
 from tests.core.conftest import make_router_config
 
 PROMPT_40 = list(range(200, 240))  # 10 full blocks
+OTHER_40 = list(range(600, 640))  # another prompt of 10 blocks, sharing none of PROMPT_40's
+TOKEN_S = 1 / 20000  # the routing policy's seconds per prefill token for a worker without a step-time model
 # 1 ms per step + 10 us per prefill token + 1 ms per decoded sequence.
 STEP_MODEL = StepTimeModel(coefficients=(1e-3, 1e-5, 0.0, 1e-3, 0.0), num_samples=100, mean_abs_pct_error=0.0)
 NO_SETTINGS = ClusterSettings()
@@ -34,8 +36,9 @@ def test_places_the_request_on_the_prefix_holder_and_charges_it(index, cache_pre
     cluster = ClusterView((worker_view("holder", num_used_blocks=2), worker_view("idle")), index)
     plan = planner().plan(route_request(PROMPT_40, max_tokens=16), cluster, NO_SETTINGS, now=0.0)
     assert isinstance(plan, Plan)
-    # holder: max(0 + 10 - 6, 0) + 2 used = 6; idle: 10 + 0 = 10.
-    assert [(c.worker_id, c.cost) for c in plan.decision.candidates] == [("holder", 6.0), ("idle", 10.0)]
+    # Predicted TTFT (no step-time models: the fallback 20,000 tokens/s): holder computes 16
+    # tokens, idle 40.
+    assert [(c.worker_id, c.cost) for c in plan.decision.candidates] == [("holder", 16 * TOKEN_S), ("idle", 40 * TOKEN_S)]
     assert (plan.decode_worker, plan.prefill_worker, plan.fetch_from, plan.cached_tokens) == ("holder", None, None, 24)
     assert [o.decode_worker for o in plan.options] == ["holder", "idle"]
     # 40 prompt + 16 output tokens = 14 blocks, 6 of them cached; 40 - 24 tokens to compute.
@@ -67,11 +70,15 @@ def test_the_run_time_setting_chooses_the_admission_policy(index, worker_view, r
 
 def test_fetches_from_a_busy_holder_and_charges_only_what_is_left(index, cache_prefix, worker_view, route_request):
     cache_prefix("holder", PROMPT_40, 10)
-    cluster = ClusterView((worker_view("holder", num_used_blocks=40, block_nbytes=8192), worker_view("idle", block_nbytes=8192)), index)
-    p = planner(fetch_overhead_ms=1.0, fetch_bytes_per_s=1e9, prefill_tokens_per_s=1000.0)
+    busy = worker_view("holder", num_queued_prefill_tokens=100, block_nbytes=8192)
+    cluster = ClusterView((busy, worker_view("idle", block_nbytes=8192)), index)
+    p = planner(fetch_overhead_ms=1.0, prefill_tokens_per_s=1000.0)
     plan = p.plan(route_request(PROMPT_40, disagg=DisaggMode.AUTO, max_tokens=16), cluster, NO_SETTINGS, now=0.0)
     assert isinstance(plan, Plan)
-    # 9 blocks (the last prompt block is always computed) come from the holder: 36 tokens.
+    # 9 blocks (the last prompt block is always computed) come from the holder: 36 tokens. At the
+    # planner's initial 1 GB/s: 1 ms + 9 x 8 kB / 1 GB/s, then 4 tokens at 1 ms: 5.07 ms, against
+    # 40 ms computing the prompt on idle and 104 ms on the holder behind its queue.
+    assert plan.decision.candidates[0].cost == pytest.approx(0.001 + 9 * 8192 / 1e9 + 0.004, rel=1e-12)
     assert (plan.decode_worker, plan.fetch_from, plan.fetch_tokens) == ("idle", "holder", 36)
     [charge] = plan.charges
     assert (charge.worker_id, charge.prefill_tokens, charge.num_blocks, charge.num_new_blocks) == ("idle", 4, 14, 5)
@@ -79,22 +86,31 @@ def test_fetches_from_a_busy_holder_and_charges_only_what_is_left(index, cache_p
 
 def test_admission_moving_the_request_drops_the_routers_fetch(index, cache_prefix, worker_view, route_request):
     cache_prefix("holder", PROMPT_40, 10)
-    # idle wins the route (holder has 40 blocks in use) and would fetch, but its decode batch is
-    # too big for a 20 ms TPOT objective; the holder's is not.
-    slow = dict(latency=STEP_MODEL, block_nbytes=8192)
+    # 1 ms a step, 1 ms a prefill token, 1 ms a sequence in the batch, 1 us a context token.
+    model = StepTimeModel(coefficients=(1e-3, 1e-3, 0.0, 1e-3, 1e-6), num_samples=100, mean_abs_pct_error=0.0)
+    kw = dict(latency=model, block_nbytes=8192, running_context_tokens=10_000)
     cluster = ClusterView(
         (
-            worker_view("holder", num_used_blocks=40, num_running=10, running_remaining_tokens=[100] * 10, **slow),
-            worker_view("idle", num_running=30, running_remaining_tokens=[100] * 30, **slow),
+            worker_view("holder", num_running=10, num_queued_prefill_tokens=100, running_remaining_tokens=[100] * 10, **kw),
+            worker_view("idle", num_running=10, num_waiting=10, running_remaining_tokens=[100] * 10, **kw),
         ),
         index,
     )
-    p = planner(admission_policy="predictive", fetch_overhead_ms=1.0, fetch_bytes_per_s=1e9, prefill_tokens_per_s=1000.0)
-    settings = ClusterSettings({"objectives.*.interactive.tpot_ms": "20"})
+    p = planner(admission_policy="predictive", fetch_overhead_ms=1.0)
+    settings = ClusterSettings({"objectives.*.interactive.tpot_ms": "40"})
     routed = p.route(route_request(PROMPT_40, disagg=DisaggMode.AUTO), cluster, settings, now=0.0)
+    # The router: both first wait for the rest of the step in flight (half of 1 + 10 + 10 ms:
+    # 10.5 ms). idle fetches the holder's 9 blocks meanwhile (1.07 ms) and computes 4 tokens in a
+    # step carrying its 20 requests (1 + 20 + 10 ms + 4 ms): 45.5 ms; its TPOT, the batch + this
+    # request (21 ms) and their context (10,000 + 40 + 16 / 2 tokens: 10.05 ms) + 1 ms, is 32.05
+    # ms <= 40. The holder waits for its queue too (21.1 + 100 ms), then 25.1 ms.
     assert (routed.decision.decode_worker, routed.decision.fetch_from) == ("idle", "holder")
-    # TPOT at arrival: idle 1 ms + 31 x 1 ms = 32 ms > 20; holder 1 ms + 11 x 1 ms = 12 ms <= 20.
-    assert [round(o.prediction.tpot_ms, 6) for o in routed.options] == [32.0, 12.0]
+    idle, holder = routed.decision.candidates
+    assert (idle.cost, idle.detail.tpot_s) == (pytest.approx(0.0105 + 0.035, rel=1e-9), pytest.approx(0.032048, rel=1e-9))
+    assert holder.cost == pytest.approx(0.0105 + 0.1211 + 0.0251, rel=1e-9)
+    # Admission predicts TPOT at the request's arrival, its waiting requests at the running ones' mean
+    # context (1,000 tokens): idle 1 + 21 + 20.048 = 42.048 ms > 40; holder 1 + 11 + 10.048 ms.
+    assert [round(o.prediction.tpot_ms, 6) for o in routed.options] == [42.048, 22.048]
     plan = p.admit(routed, settings)
     assert isinstance(plan, Plan)
     assert (plan.decode_worker, plan.follows_router, plan.fetch_from, plan.fetch_tokens, plan.cached_tokens) == (
@@ -115,7 +131,8 @@ def test_a_finished_request_calibrates_the_next_prediction(index, worker_view, r
     p.prefill_ended(dispatch, now=0.05)
     p.finished(dispatch, now=0.2, outcome=Outcome(ttft_s=0.0514, tpot_s=None))
     # The first residual is taken whole: +50 ms on later local TTFT predictions; TPOT unchanged.
-    second = p.plan(request, cluster, NO_SETTINGS, now=0.2)
+    # (Another prompt: the first one's now counts as cached on w, a predicted prefix.)
+    second = p.plan(route_request(OTHER_40, max_tokens=4), cluster, NO_SETTINGS, now=0.2)
     assert second.prediction.ttft_s == pytest.approx(0.0514) and second.prediction.ttft_offset_s == pytest.approx(0.05)
     assert second.prediction.tpot_s == pytest.approx(first.prediction.tpot_s)
 
@@ -129,8 +146,10 @@ def test_a_measured_transfer_teaches_the_link_rate(index, worker_view, route_req
     # 10 full blocks of 1 MB at the initial 1 GB/s: 10 ms.
     assert (plan.prefill_worker, plan.prediction.transfer_s) == ("p", pytest.approx(0.010))
     p.finished(p.dispatched(plan, now=0.0), now=1.0, outcome=Outcome(kv_transfer_bytes=10_000_000, kv_transfer_s=0.002))
-    # 5 GB/s measured: 1 + 0.2 x (5 - 1) = 1.8 GB/s.
-    assert p.plan(request, cluster, NO_SETTINGS, now=1.0).prediction.transfer_s == pytest.approx(0.01 / 1.8)
+    # 5 GB/s measured: 1 + 0.2 x (5 - 1) = 1.8 GB/s. (Another prompt: the first one's KV now
+    # counts as on d, a predicted prefix, so nothing would move.)
+    other = route_request(OTHER_40, disagg=DisaggMode.ALWAYS, max_tokens=4)
+    assert p.plan(other, cluster, NO_SETTINGS, now=1.0).prediction.transfer_s == pytest.approx(0.01 / 1.8)
 
 
 def test_agent_loop_steps_stay_on_the_prefix_holder():
@@ -151,9 +170,11 @@ def test_agent_loop_steps_stay_on_the_prefix_holder():
         blocks = len(prompt) // 4
         if step:
             assert plan.decode_worker == holder, f"step {step} left the holder"
-            # Holder: max(0 queued + n - (n - 2) matched, 0) + 0 used (released) = 2; others: n.
+            # Predicted TTFT: the holder computes 2 blocks (8 tokens) and nothing is queued there
+            # (released); the others compute the whole prompt; all + the calibration's offset.
+            offset = p.calibration.offset(ttft_kind(False), now)
             costs = {c.worker_id: c.cost for c in plan.decision.candidates}
-            assert costs == {w: (2.0 if w == holder else float(blocks)) for w in workers}
+            assert costs == {w: ((8 if w == holder else 4 * blocks) * TOKEN_S + offset) for w in workers}
         dispatch = p.dispatched(plan, now)
         held = (len(prompt) + 16) // 4  # the prompt and its output, in full blocks
         # The engine reports the step queued, then running, then stores its blocks; it finishes.

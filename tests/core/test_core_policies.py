@@ -1,5 +1,8 @@
-"""Routing policies: the kvplane policy's load guard, predicted prefixes and fetch decision, and
-the three baselines. Fleet defaults (conftest): model "m", block size 4, 100-block workers."""
+"""Routing policies: the kvplane policy's hot-prefix handling, predicted prefixes and fetch
+decision, in predicted seconds; and the three baselines. Fleet defaults (conftest): model "m",
+block size 4, 100-block workers. Workers publish no step-time model unless a test gives one, so
+the kvplane policy's seconds come from its fallback: `prefill_tokens_per_s` (20,000 by default)
+per prefill token, no per-step or decode terms."""
 
 from __future__ import annotations
 
@@ -11,47 +14,46 @@ from kvplane.block_hash import hash_blocks
 from kvplane.controlplane.core.cost import CostConfig
 from kvplane.controlplane.core.index import StoredEvent
 from kvplane.controlplane.core.policies import make_routing_policy, params_type, routing_policy_names
-from kvplane.controlplane.core.policies.kvplane import guard_factor
 from kvplane.controlplane.core.router import RouterConfig
+from kvplane.latency import StepTimeModel
 from kvplane.types import DisaggMode, Tier, WorkerId
 from tests.core.conftest import make_router
 
-PROMPT_40 = list(range(200, 240))  # 10 full blocks
+PROMPT_40 = list(range(200, 240))  # 10 full blocks; at most 9 count as cached (the last token is computed)
 NOW = 100.0
+TOKEN_S = 1 / 20000
+# 10 ms a step, 1 ms a prefill token, 2 ms a sequence in the batch.
+MODEL = StepTimeModel((0.010, 0.001, 0.0, 0.002, 0.0), num_samples=10, mean_abs_pct_error=0.0)
 
 
-def test_guard_factor_numbers():
-    assert guard_factor(100, mean=100, ratio=1.5, slack=0, power=2) == 1.0
-    assert guard_factor(300, mean=100, ratio=1.5, slack=0, power=2) == pytest.approx(0.25)
-    assert guard_factor(300, mean=100, ratio=1.5, slack=150, power=2) == 1.0
+def chosen_cost(decision, worker_id):
+    return next(c for c in decision.candidates if c.worker_id == worker_id)
 
 
-def test_hot_prefix_holder_keeps_its_hit_until_its_queue_is_far_above_the_pool(index, cache_prefix, worker_view, route_request):
+@pytest.mark.parametrize(("queued", "holder_wins"), [(35, True), (37, False)])
+def test_hot_prefix_holder_keeps_its_readers_until_its_queue_costs_more_than_the_prefix_saves(
+    index, cache_prefix, worker_view, route_request, queued, holder_wins
+):
     cache_prefix("hot", PROMPT_40, 10)
-    calm = [worker_view("hot", num_queued_prefill_tokens=4), worker_view("a"), worker_view("b")]
-    assert make_router(guard_slack_tokens=4).route(route_request(PROMPT_40), calm, index, NOW).decode_worker == "hot"
-    # 24 queued tokens against a pool mean of 8: allowed 1.5 x 8 + 4 = 16, credit x (16/24)^2 = 0.44:
-    # hot costs 6 + 10 - 4.44 = 11.56 > 10 for an idle worker without the prefix.
-    busy = [worker_view("hot", num_queued_prefill_tokens=24), worker_view("a"), worker_view("b")]
-    decision = make_router(guard_slack_tokens=4).route(route_request(PROMPT_40), busy, index, NOW)
-    assert decision.decode_worker != "hot"
-    hot = next(c for c in decision.candidates if c.worker_id == "hot")
-    assert "load guard x0.44" in hot.note and hot.cost == pytest.approx(6 + 10 - 10 * (16 / 24) ** 2)
-    # Without the guard the hit outweighs the queue and every request would pile onto hot.
-    assert make_router(guard_ratio=0).route(route_request(PROMPT_40), busy, index, NOW).decode_worker == "hot"
+    # hot: wait for `queued` tokens, then compute 4 (36 cached); a and b: compute all 40.
+    workers = [worker_view("hot", num_queued_prefill_tokens=queued), worker_view("a"), worker_view("b")]
+    decision = make_router().route(route_request(PROMPT_40), workers, index, NOW)
+    assert (decision.decode_worker == "hot") is holder_wins
+    assert chosen_cost(decision, "hot").cost == pytest.approx((queued + 4) * TOKEN_S, rel=1e-12)
+    assert chosen_cost(decision, "a").cost == pytest.approx(40 * TOKEN_S, rel=1e-12)
 
 
-def test_guard_sends_a_hit_away_from_a_worker_with_too_many_requests(index, cache_prefix, worker_view, route_request):
+def test_a_holder_running_too_many_requests_loses_its_readers(index, cache_prefix, worker_view, route_request):
     cache_prefix("hot", PROMPT_40, 10)
-    # A long cached prefix (all 10 blocks) earns a credit that outweighs 7 more used blocks; 20 running
-    # requests against a pool mean of 7.3 (allowed 1.5 x 7.3 + 4 = 15) shrink it to x0.56.
-    workers = [
-        worker_view("hot", num_running=20, num_used_blocks=8),
-        worker_view("a", num_running=1, num_used_blocks=1),
-        worker_view("b", num_running=1, num_used_blocks=1),
-    ]
-    assert make_router(guard_ratio=0).route(route_request(PROMPT_40), workers, index, NOW).decode_worker == "hot"
-    assert make_router().route(route_request(PROMPT_40), workers, index, NOW).decode_worker != "hot"
+    # Every step carries the batch, and a request first waits for the rest of the step in flight
+    # (half a step): on hot, 10 + 2 x 14 = 38 ms a step: 19 + 38 + 4 tokens = 61 ms; on a (one
+    # running request), 6 + 12 + 40 tokens = 58 ms. With 12 running, hot's 17 + 34 + 4 = 55 wins.
+    others = [worker_view("a", num_running=1, latency=MODEL), worker_view("b", num_running=1, latency=MODEL)]
+    busy = make_router().route(route_request(PROMPT_40), [worker_view("hot", num_running=14, latency=MODEL), *others], index, NOW)
+    assert busy.decode_worker != "hot"
+    assert (chosen_cost(busy, "hot").cost, busy.candidates[0].cost) == (pytest.approx(0.061), pytest.approx(0.058))
+    calm = make_router().route(route_request(PROMPT_40), [worker_view("hot", num_running=12, latency=MODEL), *others], index, NOW)
+    assert calm.decode_worker == "hot" and calm.candidates[0].cost == pytest.approx(0.055)
 
 
 def test_miss_goes_to_the_least_loaded_not_the_emptiest_cache(index, cache_prefix, worker_view, route_request):
@@ -63,7 +65,7 @@ def test_miss_goes_to_the_least_loaded_not_the_emptiest_cache(index, cache_prefi
 
 def test_routed_prefix_is_predicted_until_ttl_and_replaced_by_events(index, worker_view, route_request):
     router = make_router(prediction_ttl_s=2.0)
-    workers = [worker_view(w) for w in ("w1", "w2", "w3", "w4")]
+    workers = [worker_view(w, block_nbytes=10**6) for w in ("w1", "w2", "w3", "w4")]
     first = router.route(route_request(PROMPT_40), workers, index, NOW)
     router.record(first, NOW)
     # The burst's next requests see the prefix on the first one's worker before any event.
@@ -77,13 +79,14 @@ def test_routed_prefix_is_predicted_until_ttl_and_replaced_by_events(index, work
     router.on_kv_stored(first.decode_worker, hashes[:3])
     d = router.route(route_request(PROMPT_40), workers, index, NOW)
     chosen = next(c for c in d.candidates if c.worker_id == first.decode_worker)
-    assert "10 matched blocks (credit 10)" in chosen.note
+    assert (chosen.cached_tokens, chosen.detail.move_s) == (36, 0.0)  # predicted blocks count as on the device
     # Its last block stored: the index holds the prompt, and only the index speaks.
     index.apply_batch(first.decode_worker, 1, [StoredEvent(tuple(hashes[3:]), Tier.HOST)])
     router.on_kv_stored(first.decode_worker, hashes[3:])
     d = router.route(route_request(PROMPT_40), workers, index, NOW)
     chosen = next(c for c in d.candidates if c.worker_id == first.decode_worker)
-    assert "10 matched blocks (credit 9)" in chosen.note  # 10 host blocks (0.9)
+    # 10 host blocks, 9 of them used: loaded at 25 GB/s, 1 MB each.
+    assert (chosen.cached_tokens, chosen.detail.move_s) == (36, pytest.approx(9 * 10**6 / 25e9, rel=1e-12))
     # Without the stored events, the predictions expire after the TTL.
     other = workers[1] if first.decode_worker != "w2" else workers[2]
     router.record(dataclasses.replace(first, decode_worker=other.worker_id), NOW)
@@ -102,30 +105,41 @@ def test_route_queries_without_record_predict_nothing(index, worker_view, route_
 
 def test_fetch_from_a_busy_holder_when_pull_beats_prefill(index, cache_prefix, worker_view, route_request):
     cache_prefix("holder", PROMPT_40, 10)
-    workers = [worker_view("holder", num_used_blocks=40, block_nbytes=8192), worker_view("idle", block_nbytes=8192)]
+    workers = [worker_view("holder", num_queued_prefill_tokens=100, block_nbytes=8192), worker_view("idle", block_nbytes=8192)]
     request = route_request(PROMPT_40, disagg=DisaggMode.AUTO)
-    # 9 blocks (the last is always computed): pull 1 + 9 x 8192 B / 1 GB/s = 1.07 ms, prefill 36 tokens at 1k/s = 36 ms.
-    d = make_router(fetch_overhead_ms=1.0, fetch_bytes_per_s=1e9, prefill_tokens_per_s=1000.0).route(request, workers, index, NOW)
+    slow_prefill = make_router(fetch_overhead_ms=1.0, prefill_tokens_per_s=1000.0)
+    d = slow_prefill.route(request, workers, index, NOW, link_bytes_per_s=1e9)
+    # holder: its queue (100 ms) then 4 tokens: 104 ms. idle: 40 tokens, 40 ms; or pull 9 blocks
+    # (the last is always computed): 1 ms + 9 x 8192 B / 1 GB/s = 1.074 ms, then 4 tokens: 5.074 ms.
+    pull = 0.001 + 9 * 8192 / 1e9
     assert (d.decode_worker, d.fetch_from, d.fetch_tokens, d.disaggregated) == ("idle", "holder", 36, False)
-    assert d.reason.startswith("fetch: holder holds 36 more cached prefix tokens") and "1.1 ms < prefill 36.0 ms" in d.reason
-    # A fast prefill makes recomputing cheaper than the pull: no fetch.
-    d = make_router(fetch_overhead_ms=1.0, fetch_bytes_per_s=1e9, prefill_tokens_per_s=1e6).route(request, workers, index, NOW)
-    assert d.fetch_from is None
-    # Host blocks cannot be pinned without computing, "never" forbids moving KV, and 0 turns it off.
-    assert make_router(fetch_min_blocks=0).route(request, workers, index, NOW).fetch_from is None
+    assert (d.fetch_s, d.candidates[0].cost) == (pytest.approx(pull, rel=1e-12), pytest.approx(pull + 0.004, rel=1e-12))
+    assert d.reason.startswith("idle: fetch 9 blocks from holder: TTFT 5.1 ms = max(queue 0.0, move 1.1) + prefill 4.0")
+    # A fast prefill makes recomputing (40 us) cheaper than the pull: no fetch.
+    d = make_router(fetch_overhead_ms=1.0, prefill_tokens_per_s=1e6).route(request, workers, index, NOW, link_bytes_per_s=1e9)
+    assert (d.decode_worker, d.fetch_from) == ("idle", None)
+    # "never" forbids moving KV.
     never = route_request(PROMPT_40, disagg=DisaggMode.NEVER)
-    assert make_router(prefill_tokens_per_s=1000.0).route(never, workers, index, NOW).fetch_from is None
+    assert slow_prefill.route(never, workers, index, NOW, link_bytes_per_s=1e9).fetch_from is None
+    # Blocks held on host only cannot be pinned without computing: nothing to pull.
+    other = list(range(500, 540))
+    cache_prefix("holder", other, 10, Tier.HOST)
+    d = slow_prefill.route(route_request(other, disagg=DisaggMode.AUTO), workers, index, NOW, link_bytes_per_s=1e9)
+    assert (d.decode_worker, d.fetch_from) == ("idle", None)
 
 
-def test_fetch_needs_fetch_min_blocks_more_than_the_chosen_worker_holds(index, cache_prefix, worker_view, route_request):
-    """The boundary (the policy gives up before building any pool when no holder brings enough)."""
-    fast_pull = {"fetch_overhead_ms": 1.0, "fetch_bytes_per_s": 1e9, "prefill_tokens_per_s": 1000.0, "fetch_min_blocks": 4}
-    request = route_request(PROMPT_40, disagg=DisaggMode.AUTO)
-    for held, fetched in ((3, None), (4, "holder")):
-        cache_prefix("holder", PROMPT_40, held)
-        workers = [worker_view("holder", num_used_blocks=40, block_nbytes=8192), worker_view("idle", block_nbytes=8192)]
-        d = make_router(**fast_pull).route(request, workers, index, NOW)
-        assert d.decode_worker == "idle" and d.fetch_from == fetched, (held, d.reason)
+@pytest.mark.parametrize(("held", "fetched"), [(1, None), (2, "holder")])
+def test_a_fetch_pays_only_when_the_pull_costs_less_than_the_prefill_it_saves(
+    index, cache_prefix, worker_view, route_request, held, fetched
+):
+    cache_prefix("holder", PROMPT_40, held)
+    workers = [worker_view("holder", num_queued_prefill_tokens=100, block_nbytes=8192), worker_view("idle", block_nbytes=8192)]
+    router = make_router(fetch_overhead_ms=4.5, prefill_tokens_per_s=1000.0)
+    d = router.route(route_request(PROMPT_40, disagg=DisaggMode.AUTO), workers, index, NOW, link_bytes_per_s=1e9)
+    # A block saves 4 tokens (4 ms) of prefill; the pull costs 4.5 ms + 8.192 us a block: one block
+    # (40.508 ms against 40) does not pay, two (36.516 ms) do.
+    assert (d.decode_worker, d.fetch_from) == ("idle", fetched)
+    assert d.candidates[0].cost == pytest.approx(0.0045 + held * 8192 / 1e9 + (40 - 4 * held) * 0.001 if fetched else 0.040, rel=1e-12)
 
 
 def test_fetch_source_is_the_longest_holder_with_the_same_block_layout(index, cache_prefix, worker_view, route_request):
@@ -133,13 +147,13 @@ def test_fetch_source_is_the_longest_holder_with_the_same_block_layout(index, ca
     cache_prefix("holder", PROMPT_40, 6)
     cache_prefix("shorter", PROMPT_40, 5)
     workers = [
-        worker_view("other-layout", num_used_blocks=40, block_nbytes=4096),
-        worker_view("shorter", num_used_blocks=40, block_nbytes=8192),
-        worker_view("holder", num_used_blocks=40, block_nbytes=8192),
+        worker_view("other-layout", num_queued_prefill_tokens=1000, block_nbytes=4096),
+        worker_view("shorter", num_queued_prefill_tokens=1000, block_nbytes=8192),
+        worker_view("holder", num_queued_prefill_tokens=1000, block_nbytes=8192),
         worker_view("idle", block_nbytes=8192),
     ]
-    router = make_router(fetch_overhead_ms=1.0, fetch_bytes_per_s=1e9, prefill_tokens_per_s=1000.0)
-    d = router.route(route_request(PROMPT_40, disagg=DisaggMode.AUTO), workers, index, NOW)
+    router = make_router(fetch_overhead_ms=1.0, prefill_tokens_per_s=1000.0)
+    d = router.route(route_request(PROMPT_40, disagg=DisaggMode.AUTO), workers, index, NOW, link_bytes_per_s=1e9)
     assert (d.decode_worker, d.fetch_from, d.fetch_tokens) == ("idle", "holder", 24)
 
 
@@ -156,10 +170,12 @@ def test_registry_builds_every_policy_from_its_params():
 
 
 def test_kvplane_params_are_validated():
-    with pytest.raises(ValueError, match="KvplaneParams.guard_slack_tokens must be an integer"):
-        make_router(guard_slack_tokens=1.5)
-    with pytest.raises(ValueError, match="KvplaneParams.fetch_bytes_per_s must be > 0"):
-        make_router(fetch_bytes_per_s=0.0)
+    with pytest.raises(ValueError, match="KvplaneParams.host_load_gb_per_s must be > 0"):
+        make_router(host_load_gb_per_s=0.0)
+    with pytest.raises(ValueError, match="KvplaneParams.fetch_overhead_ms must be >= 0"):
+        make_router(fetch_overhead_ms=-1.0)
+    with pytest.raises(ValueError, match="KvplaneParams.prefill_tokens_per_s must be a finite number"):
+        make_router(prefill_tokens_per_s=float("inf"))
 
 
 def test_baseline_policies(index, cache_prefix, worker_view, route_request):

@@ -1,27 +1,52 @@
-"""Router: cost numbers, argmin, seeded tie-break, disaggregation modes, exclusions, errors.
+"""Router: Dynamo's cost (cost.price), argmin, seeded tie-break, disaggregation modes, exclusions,
+errors.
+
+The cost, the argmin with its seeded draw and temperature, and the threshold rule of prefill
+placement serve the policies that price by a cost (the baselines): they are tested through
+`least-load` (the cost without credit) and cost.price itself (with credit: how those policies
+price their prefill workers). What the default policy, `kvplane`, chooses is in predicted
+seconds (core/seconds.py; test_core_seconds.py): where a test below also routes with it, its
+numbers are seconds from the fallback model of a worker that publishes none, 20,000 prefill
+tokens per second (50 us a token, no per-step or decode terms).
 
 Fleet defaults (conftest): model "m", block size 4, idle decode workers with 100 blocks.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import random
 
 import pytest
 
-from kvplane.controlplane.core.cost import CostConfig
+from kvplane.block_hash import hash_blocks
+from kvplane.controlplane.core.cost import CostConfig, price
+from kvplane.controlplane.core.pool import WorkerPool
 from kvplane.controlplane.core.router import Router
-from kvplane.controlplane.core.routing import NoCandidateError, RouteDecision
-from kvplane.types import DisaggMode, Role, Tier, WorkerId
+from kvplane.controlplane.core.routing import NoCandidateError
+from kvplane.types import DisaggMode, Role, Tier
 from tests.core.conftest import make_router
 
 PROMPT_16 = list(range(100, 116))  # 4 full blocks
 NOW = 0.0
+TOKEN_S = 1 / 20000  # the fallback prefill rate's seconds per token (KvplaneParams.prefill_tokens_per_s)
 
 
-def router(seed: int = 0, **overrides) -> Router:
-    return make_router(seed, **overrides)
+def router(seed: int = 0, policy: str = "least-load", **overrides) -> Router:
+    return make_router(seed, policy, **overrides)
+
+
+def priced(index, workers, prompt, **cost):
+    """cost.price of `workers` for `prompt` with the index's overlaps, cheapest first (ties by id)."""
+    pool = WorkerPool.of(workers)
+    overlaps = index.overlaps(hash_blocks(prompt, 4, model_salt="m", tenant_salt=""))
+    return [
+        (c.worker_id, c.cost, c.cached_tokens, c.prefill_tokens, c.note)
+        for c in price(CostConfig(**cost), pool, len(prompt), overlaps).ranked(pool.table)
+    ]
+
+
+def costs(candidates) -> list[tuple[str, float]]:
+    return [(c.worker_id, round(c.cost, 12)) for c in candidates]
 
 
 # -- cost --------------------------------------------------------------------------------------
@@ -42,35 +67,29 @@ def test_cost_numbers_and_load_beating_a_hit(index, cache_prefix, worker_view, r
         worker_view("w2", num_used_blocks=3),
         worker_view("w3"),
     ]
-    decision = router(overlap_weight_host=0.75, overlap_weight_disk=0.25).route(route_request(PROMPT_16), workers, index, NOW)
-    assert dataclasses.replace(decision, candidates=()) == RouteDecision(
-        decode_worker=WorkerId("w3"),
-        prefill_worker=None,
-        disaggregated=False,
-        reason="local prefill: disaggregation disabled for this request (never)",
-        prompt_tokens=16,
-        cached_tokens=0,
-        candidates=(),
-    )
-    assert [(c.worker_id, c.cost, c.cached_tokens, c.prefill_tokens, c.note) for c in decision.candidates] == [
+    assert priced(index, workers, PROMPT_16, overlap_weight_host=0.75, overlap_weight_disk=0.25) == [
         ("w3", 4.0, 0, 16, "0 matched blocks (credit 0), 0 queued prefill blocks, 4 prompt blocks, 0 used blocks"),
         ("w2", 5.0, 12, 4, "3 matched blocks (credit 2), 0 queued prefill blocks, 4 prompt blocks, 3 used blocks"),
         ("w1", 14.0, 8, 8, "2 matched blocks (credit 2), 2 queued prefill blocks, 4 prompt blocks, 10 used blocks"),
     ]
+    # In seconds (kvplane) used blocks cost nothing and these blocks load instantly (0 bytes): w2
+    # computes 4 tokens, w1 waits for 6 queued and computes 8, w3 computes 16.
+    decision = router(policy="kvplane").route(route_request(PROMPT_16), workers, index, NOW)
+    assert (decision.decode_worker, decision.prefill_worker, decision.cached_tokens) == ("w2", None, 12)
+    assert costs(decision.candidates) == [("w2", round(4 * TOKEN_S, 12)), ("w1", round(14 * TOKEN_S, 12)), ("w3", round(16 * TOKEN_S, 12))]
 
 
-def test_prefill_load_scale_multiplies_only_the_prefill_term(index, cache_prefix, worker_view, route_request):
+def test_prefill_load_scale_multiplies_only_the_prefill_term(index, cache_prefix, worker_view):
     cache_prefix("w1", PROMPT_16, 2)
-    workers = [worker_view("w1", num_queued_prefill_tokens=6, num_used_blocks=10)]
-    decision = router(prefill_load_scale=2.5).route(route_request(PROMPT_16), workers, index, NOW)
-    assert decision.candidates[0].cost == 2.5 * (2 + 4 - 2) + 10
+    [w1] = priced(index, [worker_view("w1", num_queued_prefill_tokens=6, num_used_blocks=10)], PROMPT_16, prefill_load_scale=2.5)
+    assert w1[1] == 2.5 * (2 + 4 - 2) + 10
 
 
-def test_prefill_term_is_clamped_at_zero(index, cache_prefix, worker_view, route_request):
+def test_prefill_term_is_clamped_at_zero(index, cache_prefix, worker_view):
     cache_prefix("w1", PROMPT_16, 4)
     config = dict(overlap_weight_device=3.0, overlap_weight_host=0.75, overlap_weight_disk=0.25)
-    decision = router(**config).route(route_request(PROMPT_16), [worker_view("w1", num_used_blocks=7)], index, NOW)
-    assert decision.candidates[0].cost == 7.0  # max(0 + 4 - 12, 0) + 7
+    [w1] = priced(index, [worker_view("w1", num_used_blocks=7)], PROMPT_16, **config)
+    assert w1[1] == 7.0  # max(0 + 4 - 12, 0) + 7
 
 
 def test_partial_tail_block_counts_as_a_prompt_block(index, worker_view, route_request):
@@ -83,41 +102,47 @@ def test_longest_prefix_wins_at_equal_load(index, cache_prefix, worker_view, rou
     cache_prefix("w1", PROMPT_16, 1)
     cache_prefix("w2", PROMPT_16, 3)
     workers = [worker_view("w1", num_used_blocks=5), worker_view("w2", num_used_blocks=5), worker_view("w3", num_used_blocks=5)]
+    assert [(w, cost) for w, cost, *_ in priced(index, workers, PROMPT_16)] == [("w2", 6.0), ("w1", 8.0), ("w3", 9.0)]
     for seed in range(10):
-        decision = router(seed).route(route_request(PROMPT_16), workers, index, NOW)
+        decision = router(seed, policy="kvplane").route(route_request(PROMPT_16), workers, index, NOW)
         assert decision.decode_worker == "w2"
         assert decision.cached_tokens == 12
-        assert [(c.worker_id, c.cost) for c in decision.candidates] == [("w2", 6.0), ("w1", 8.0), ("w3", 9.0)]
+        # Seconds: 4, 12 and 16 tokens to compute.
+        assert costs(decision.candidates) == [(w, round(n * TOKEN_S, 12)) for w, n in (("w2", 4), ("w1", 12), ("w3", 16))]
 
 
 def test_faster_tier_wins_at_equal_prefix(index, cache_prefix, worker_view, route_request):
     cache_prefix("w1", PROMPT_16, 2, Tier.DISK)
     cache_prefix("w2", PROMPT_16, 2, Tier.HOST)
-    decision = router().route(route_request(PROMPT_16), [worker_view("w1"), worker_view("w2")], index, NOW)
+    workers = [worker_view("w1", block_nbytes=10**6), worker_view("w2", block_nbytes=10**6)]
+    assert [(w, cost) for w, cost, *_ in priced(index, workers, PROMPT_16)] == [("w2", pytest.approx(2.2)), ("w1", 3.0)]
+    decision = router(policy="kvplane").route(route_request(PROMPT_16), workers, index, NOW)
     assert decision.decode_worker == "w2"
-    assert [(c.worker_id, c.cost) for c in decision.candidates] == [("w2", pytest.approx(2.2)), ("w1", 3.0)]
+    # Seconds: loading 2 blocks of 1 MB from host at 25 GB/s (80 us) or disk at 3 GB/s (667 us),
+    # then computing 8 tokens (400 us).
+    assert costs(decision.candidates) == [("w2", round(2e6 / 25e9 + 8 * TOKEN_S, 12)), ("w1", round(2e6 / 3e9 + 8 * TOKEN_S, 12))]
 
 
 def test_fully_cached_prompt_still_computes_its_last_token(index, cache_prefix, worker_view, route_request):
     cache_prefix("w1", PROMPT_16, 4)
-    decision = router().route(route_request(PROMPT_16), [worker_view("w1")], index, NOW)
+    decision = router(policy="kvplane").route(route_request(PROMPT_16), [worker_view("w1")], index, NOW)
     assert (decision.cached_tokens, decision.candidates[0].prefill_tokens) == (12, 4)
     # One more token: all four cached blocks are usable, the 17th token is computed.
-    decision = router().route(route_request(PROMPT_16 + [7]), [worker_view("w1")], index, NOW)
+    decision = router(policy="kvplane").route(route_request(PROMPT_16 + [7]), [worker_view("w1")], index, NOW)
     assert (decision.cached_tokens, decision.candidates[0].prefill_tokens) == (16, 1)
 
 
 def test_cache_salt_separates_tenants(index, cache_prefix, worker_view, route_request):
     cache_prefix("w1", PROMPT_16, 3, cache_salt="tenant-a")
     workers = [worker_view("w1")]
-    assert router().route(route_request(PROMPT_16, cache_salt="tenant-a"), workers, index, NOW).cached_tokens == 12
-    assert router().route(route_request(PROMPT_16, cache_salt="tenant-b"), workers, index, NOW).cached_tokens == 0
-    assert router().route(route_request(PROMPT_16), workers, index, NOW).cached_tokens == 0
+    assert router(policy="kvplane").route(route_request(PROMPT_16, cache_salt="tenant-a"), workers, index, NOW).cached_tokens == 12
+    assert router(policy="kvplane").route(route_request(PROMPT_16, cache_salt="tenant-b"), workers, index, NOW).cached_tokens == 0
+    assert router(policy="kvplane").route(route_request(PROMPT_16), workers, index, NOW).cached_tokens == 0
 
 
 def test_index_entries_of_unlisted_workers_are_ignored(index, cache_prefix, worker_view, route_request):
     cache_prefix("gone", PROMPT_16, 4)
-    decision = router().route(route_request(PROMPT_16), [worker_view("w1")], index, NOW)
+    decision = router(policy="kvplane").route(route_request(PROMPT_16), [worker_view("w1")], index, NOW)
     assert [c.worker_id for c in decision.candidates] == ["w1"]
 
 
@@ -132,6 +157,10 @@ def test_cold_cache_spreads_equal_loads_by_the_seeded_rng(index, worker_view, ro
     replay = random.Random(7)
     assert chosen == [replay.choice(["w1", "w2", "w3", "w4"]) for _ in range(200)]
     assert min(chosen.count(w) for w in ("w1", "w2", "w3", "w4")) >= 30  # no worker starves
+    # kvplane: equal seconds, equal TPOT: a seeded rotation of the id order; no worker starves either.
+    seeded = router(seed=7, policy="kvplane")
+    chosen = [seeded.route(route_request(PROMPT_16), workers, index, NOW).decode_worker for _ in range(200)]
+    assert min(chosen.count(w) for w in ("w1", "w2", "w3", "w4")) >= 30
 
 
 def test_cold_cache_with_unequal_load_goes_to_the_least_loaded(index, worker_view, route_request):
@@ -169,13 +198,16 @@ def test_always_uses_a_prefill_worker_even_for_a_short_prompt(index, worker_view
     decision = router().route(route_request([1, 2], disagg=DisaggMode.ALWAYS), workers, index, NOW)
     assert (decision.decode_worker, decision.prefill_worker, decision.disaggregated) == ("d1", "p1", True)
     assert decision.reason == "remote prefill: disaggregation requested (always)"
+    decision = router(policy="kvplane").route(route_request([1, 2], disagg=DisaggMode.ALWAYS), workers, index, NOW)
+    assert (decision.decode_worker, decision.prefill_worker, decision.disaggregated) == ("d1", "p1", True)
 
 
 def test_always_without_another_prefill_worker_is_an_error(index, worker_view, route_request):
     # The only prefill-capable worker is the decode worker itself, and p1 is draining.
     workers = [worker_view("b1", Role.BOTH), worker_view("p1", Role.PREFILL, active=False)]
-    with pytest.raises(NoCandidateError, match=r"no active prefill worker for model 'm' other than decode worker 'b1'"):
-        router().route(route_request(PROMPT_16, disagg=DisaggMode.ALWAYS), workers, index, NOW)
+    for policy in ("kvplane", "least-load"):
+        with pytest.raises(NoCandidateError, match=r"no active prefill worker for model 'm' other than decode worker 'b1'"):
+            router(policy=policy).route(route_request(PROMPT_16, disagg=DisaggMode.ALWAYS), workers, index, NOW)
 
 
 @pytest.mark.parametrize(
@@ -250,6 +282,10 @@ def test_prefill_role_is_preferred_over_both_at_equal_cost(index, worker_view, r
     for seed in range(20):
         decision = router(seed).route(route_request(PROMPT_16, disagg=DisaggMode.ALWAYS), workers, index, NOW)
         assert (decision.decode_worker, decision.prefill_worker) == ("d1", "z-prefill")
+        # kvplane: d1 and a-both decode in equal seconds (either may win the draw); the prefill
+        # worker, at equal seconds, is the dedicated one.
+        decision = router(seed, policy="kvplane").route(route_request(PROMPT_16, disagg=DisaggMode.ALWAYS), workers, index, NOW)
+        assert decision.prefill_worker == "z-prefill"
 
 
 def test_both_worker_serves_as_prefill_when_cheaper(index, worker_view, route_request):
@@ -260,12 +296,17 @@ def test_both_worker_serves_as_prefill_when_cheaper(index, worker_view, route_re
     ]
     decision = router().route(route_request(PROMPT_16, disagg=DisaggMode.ALWAYS), workers, index, NOW)
     assert (decision.decode_worker, decision.prefill_worker) == ("d1", "b1")
+    # kvplane: when it is faster. p1 has 4 tokens queued: b1 prefills in 16 tokens' time, p1 in 20.
+    workers = [worker_view("d1"), worker_view("b1", Role.BOTH), worker_view("p1", Role.PREFILL, num_queued_prefill_tokens=4)]
+    decision = router(policy="kvplane").route(route_request(PROMPT_16, disagg=DisaggMode.ALWAYS), workers, index, NOW)
+    assert (decision.decode_worker, decision.prefill_worker) == ("d1", "b1")
 
 
 # -- exclusions and errors ---------------------------------------------------------------------
 
 
-def test_draining_workers_are_excluded_even_with_the_cache(index, cache_prefix, worker_view, route_request):
+@pytest.mark.parametrize("policy", ["kvplane", "least-load"])
+def test_draining_workers_are_excluded_even_with_the_cache(index, cache_prefix, worker_view, route_request, policy):
     cache_prefix("d1", PROMPT_16, 4)
     cache_prefix("p1", PROMPT_16, 4)
     workers = [
@@ -274,25 +315,27 @@ def test_draining_workers_are_excluded_even_with_the_cache(index, cache_prefix, 
         worker_view("p1", Role.PREFILL, active=False),
         worker_view("p2", Role.PREFILL, num_used_blocks=50),
     ]
-    decision = router().route(route_request(PROMPT_16, disagg=DisaggMode.ALWAYS), workers, index, NOW)
+    decision = router(policy=policy).route(route_request(PROMPT_16, disagg=DisaggMode.ALWAYS), workers, index, NOW)
     assert (decision.decode_worker, decision.prefill_worker) == ("d2", "p2")
     assert [c.worker_id for c in decision.candidates] == ["d2"]
 
 
-def test_prefill_only_and_other_model_workers_are_not_decode_candidates(index, worker_view, route_request):
+@pytest.mark.parametrize("policy", ["kvplane", "least-load"])
+def test_prefill_only_and_other_model_workers_are_not_decode_candidates(index, worker_view, route_request, policy):
     workers = [worker_view("p1", Role.PREFILL), worker_view("o1", model="other"), worker_view("d1", num_used_blocks=90)]
-    decision = router().route(route_request(PROMPT_16), workers, index, NOW)
+    decision = router(policy=policy).route(route_request(PROMPT_16), workers, index, NOW)
     assert [c.worker_id for c in decision.candidates] == ["d1"]
 
 
-def test_workers_whose_context_is_too_short_are_excluded(index, worker_view, route_request):
+@pytest.mark.parametrize("policy", ["kvplane", "least-load"])
+def test_workers_whose_context_is_too_short_are_excluded(index, worker_view, route_request, policy):
     workers = [
         worker_view("d1", max_context=31),
         worker_view("d2", max_context=32, num_used_blocks=90),
         worker_view("p1", Role.PREFILL, max_context=15),
         worker_view("p2", Role.PREFILL, max_context=16, num_used_blocks=90),
     ]
-    decision = router().route(route_request(PROMPT_16, max_tokens=16, disagg=DisaggMode.ALWAYS), workers, index, NOW)
+    decision = router(policy=policy).route(route_request(PROMPT_16, max_tokens=16, disagg=DisaggMode.ALWAYS), workers, index, NOW)
     assert (decision.decode_worker, decision.prefill_worker) == ("d2", "p2")
 
 
@@ -312,15 +355,17 @@ def test_workers_whose_context_is_too_short_are_excluded(index, worker_view, rou
 )
 def test_no_candidate_errors_say_why(index, worker_view, route_request, workers, message):
     views = [worker_view(worker_id, **kwargs) for worker_id, kwargs in workers]
-    with pytest.raises(NoCandidateError, match=message):
-        router().route(route_request(PROMPT_16), views, index, NOW)
+    for policy in ("kvplane", "least-load"):
+        with pytest.raises(NoCandidateError, match=message):
+            router(policy=policy).route(route_request(PROMPT_16), views, index, NOW)
 
 
-def test_invalid_requests_are_refused(index, worker_view, route_request):
+@pytest.mark.parametrize("policy", ["kvplane", "least-load"])
+def test_invalid_requests_are_refused(index, worker_view, route_request, policy):
     with pytest.raises(ValueError, match="empty prompt"):
-        router().route(route_request([]), [worker_view("d1")], index, NOW)
+        router(policy=policy).route(route_request([]), [worker_view("d1")], index, NOW)
     with pytest.raises(ValueError, match="max_tokens must be >= 1, got 0"):
-        router().route(route_request(PROMPT_16, max_tokens=0), [worker_view("d1")], index, NOW)
+        router(policy=policy).route(route_request(PROMPT_16, max_tokens=0), [worker_view("d1")], index, NOW)
 
 
 # -- config ------------------------------------------------------------------------------------

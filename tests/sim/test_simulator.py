@@ -13,6 +13,7 @@ from kvplane.apps.sim.clock import EventLoop
 from kvplane.apps.sim.fleet import AgentTiming
 from kvplane.apps.sim.simulator import FleetSpec, SimRequest, Simulator
 from kvplane.controlplane.core.planner import PlannerConfig
+from kvplane.controlplane.core.policies.least_load import LeastLoadParams
 from kvplane.controlplane.core.router import RouterConfig
 from kvplane.controlplane.core.settings import ClusterSettings
 from kvplane.dataplane.engines.sim import SimConfig
@@ -58,7 +59,9 @@ def test_a_local_request_s_ttft_is_two_hops_and_its_prefill_and_tpot_its_decode_
 
 def test_a_disaggregated_request_s_ttft_adds_the_prefill_hop_the_transfer_and_the_tail():
     fleet = FleetSpec(ENGINE, num_prefill=1, num_decode=1, num_both=0)
-    sim = simulate(fleet, [one(4000, 2)], router=RouterConfig(disagg_threshold_tokens=1024))
+    # A policy that disaggregates by a token threshold (kvplane's, in seconds, keeps this prompt on
+    # the idle decode worker: below).
+    sim = simulate(fleet, [one(4000, 2)], router=RouterConfig(policy=LeastLoadParams(), disagg_threshold_tokens=1024))
     r = ENGINE.roofline_model()
     prefill = r.step_seconds(4000, prefill_attention(4000, 0))
     transfer = hardware.link("100gbe").transfer_seconds(250 * ENGINE.roofline_model().model.layout(16).block_nbytes)
@@ -67,6 +70,10 @@ def test_a_disaggregated_request_s_ttft_adds_the_prefill_hop_the_transfer_and_th
     assert rec.disaggregated and rec.prefill_worker == "prefill-0" and rec.decode_worker == "decode-0"
     assert rec.kv_transfer_bytes == 250 * 2_097_152
     assert rec.ttft_s == pytest.approx(4 * HOP + prefill + transfer + tail, rel=1e-12)
+    # kvplane: on an idle fleet the transfer and the tail only add to the same prefill: local.
+    (rec,) = simulate(fleet, [one(4000, 2)]).result.records
+    assert not rec.disaggregated and rec.decode_worker == "decode-0"
+    assert rec.ttft_s == pytest.approx(2 * HOP + prefill, rel=1e-12)
 
 
 def test_a_repeated_prompt_hits_the_cache_of_the_worker_the_planner_sent_it_to():
@@ -118,7 +125,8 @@ def test_on_the_chat_workload_prefix_routing_beats_round_robin_as_in_bench_prefi
 def test_the_same_workload_runs_through_virtual_time_and_real_processes():
     """The same 12 disaggregated requests through `kvplane sim` and through a control plane with
     two sim agents (real processes, gRPC, the real transport): the same requests complete, all
-    disaggregated, moving the same KV bytes, and the comparison's errors are reported.
+    disaggregated, moving the same KV bytes, and the comparison's errors are reported. Routed by
+    least-load, whose token threshold sends every one of these prompts to the prefill worker.
 
     How close the real side's TTFT and goodput come to virtual time depends on this machine's
     load (7-10 % on a quiet 2-core machine, 49 % beside a busy suite): that is what
@@ -126,7 +134,7 @@ def test_the_same_workload_runs_through_virtual_time_and_real_processes():
     assertion."""
     result = _sweep(
         "--workload", "synthetic", "--input-tokens", "3000-4000", "--output-tokens", "16", "--rate", "1", "--duration", "12",
-        "--prefill", "1", "--decode", "1", "--admission", "none", "--compare-processes",
+        "--prefill", "1", "--decode", "1", "--admission", "none", "--compare-routing", "least-load", "--compare-processes",
     )  # fmt: skip
     (row,) = result["rows"]
     real = row["processes"]

@@ -47,6 +47,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "costs) for a prompt; no work is done.",
     )
     _add_request_arguments(route)
+    route.add_argument(
+        "--explain", action="store_true",
+        help="print what each priced candidate's cost is made of (the kvplane policy: its predicted TTFT and TPOT, "
+        "queue, fetch, prefill and transfer seconds, and whether it meets the objectives)",
+    )  # fmt: skip
     json_flag(route)
     route.set_defaults(func=run_route)
 
@@ -127,10 +132,11 @@ def run_route(args: argparse.Namespace) -> int:
     print(f"prefill worker: {prefill}")
     print(f"prompt tokens:  {decision.prompt_tokens} ({decision.cached_tokens} cached on the decode worker)")
     print(f"reason:         {decision.reason}")
+    print(f"candidates ({len(decision.candidates)}, the router's order of preference):")
     for c in decision.candidates:
         verdict = "ok" if c.admissible else "not admissible"
-        note = f" - {c.note}" if c.note else ""
-        print(f"  {c.worker_id}: cost {c.cost:.3f}, {c.cached_tokens} cached tokens, {verdict}{note}")
+        note = f"\n      {c.note}" if c.note and getattr(args, "explain", False) else ""
+        print(f"  {c.worker_id}: cost {c.cost:.6g}, {c.cached_tokens} cached tokens, {verdict}{note}")
     return 0
 
 

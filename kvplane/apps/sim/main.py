@@ -77,6 +77,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     c.add_argument("--hop-ms", type=float, default=AgentTiming().hop_s * 1000, help="one RPC's one-way latency in ms (default %(default)s)")
     sim_plugin.add_hardware_arguments(parser.add_argument_group("simulated hardware (the sim engine's flags)"))
     add_config_arguments(parser.add_argument_group("control plane (kvplane controlplane's flags)"), PlannerConfig())
+    # The planner's first link rate is the simulated link's (a live control plane is told it by
+    # the flag): predictions start from the hardware, not from a default to learn away from.
+    link_rate = next(a for a in parser._actions if a.dest == "initial_link_gb_per_s")
+    link_rate.default, link_rate.help = (
+        None,
+        "KV transfer rate predictions assume until transfers are measured, GB/s (default: the simulated link's)",
+    )
 
     p = parser.add_argument_group("comparison and output")
     p.add_argument("--compare-routing", type=_names(routing_policy_names()), default=None, metavar="P,P",

@@ -51,6 +51,8 @@ class Sweep:
         if args.prefill + args.decode + args.both == 0:
             args.both = 8
         self.fleet = FleetSpec(engine, args.prefill, args.decode, args.both).validate()
+        if args.initial_link_gb_per_s is None:
+            args.initial_link_gb_per_s = hardware.link(engine.link).bits_per_s / 8e9
         self.spec = hardware.model(engine.model)
         interactive = Objective(args.ttft_ms, args.tpot_ms)
         self.objectives = {

@@ -1,0 +1,553 @@
+"""Every routing candidate priced in predicted seconds, as columns (the kvplane policy's rule).
+
+For a prompt of P tokens (block size bs, B = (P - 1) // bs blocks at most count as cached: the
+engine computes the last token) and each decode candidate w, from its step-time model c0..c4
+(kvplane.latency; a worker that publishes none gets `fallback`: c1 = 1 / its prefill rate) and
+its corrected load (queued prefill tokens Q, running R, waiting W, running context X):
+
+  batch(w)    = R + W sequences holding X + Q tokens: the decode batch w will have once what is
+                admitted there runs (every prefill step of w carries it);
+  steps(N, K) = the engine steps prefilling N tokens after K cached, chunk by chunk, with that
+                batch riding along (StepTimeModel.chunked_prefill_seconds, in closed form);
+  queue       = the rest of the step in flight on a busy worker (half a step of its running
+                batch, c0 + c3 x R + c4 x X, on average) + steps(Q, 0): the prefill queued
+                ahead (FIFO: the request waits for all of it);
+  own         = min(blocks w holds or is predicted to hold, B); those on a slower tier load at
+                `host_bytes_per_s` / `disk_bytes_per_s` (load);
+  local TTFT  = max(queue, load) + steps(P - own x bs, own x bs);
+  fetch       = the most device blocks D any other worker really holds (KV can move, same block
+                layout): pulling D - own blocks over the link (+ `fetch_overhead_s`) while the
+                queue drains, then steps(P - D x bs, D x bs), when that predicts less than local;
+  remote TTFT = part(p) + KV transfer of the full blocks w lacks / link rate + w's step computing
+                the prompt's tail, where part(p) = queue + load + prefill on prefill worker p, the
+                p with the least part among those KV can move from to w (a dedicated prefill
+                worker first at equal seconds);
+  TTFT(w)     = the least of the placements the request's disagg mode allows (+ the planner's
+                calibration offset of that kind); TPOT(w) = one decode step of batch(w) + this
+                request: c0 + c3 x (R + W + 1) + c4 x (X + Q + P + max_tokens / 2) (+ offset).
+
+Choice (Mooncake's conductor, against the objectives): of the candidates whose predicted TTFT and
+TPOT meet the request's objectives, the least TTFT; when none does, the least
+max(TTFT / objective, TPOT / objective), the one that misses by the least. Ties (equal seconds:
+idle workers that hold nothing) go to the lower TPOT, then to the router's seeded draw. A cache
+hit therefore wins exactly while the prefill it saves outweighs the queue it waits behind; a hot
+prefix's holder keeps its readers until its queue costs more than the prefix, then the next
+reader goes where the prefix arrives soonest, usually by a fetch from the holder: the prefix is
+replicated onto a second holder (which then draws readers itself), not recomputed on a scatter
+of workers. Whether prefill runs remotely is the same comparison, pair by pair, not a token
+threshold. Every number is kept per candidate (`SecondsBreakdown`) for `kvplane route --explain`.
+
+Only candidates that can win are priced in full (`limit` > 0, the router's
+max_uncached_candidates): every worker holding part of the prompt, and of the others (which
+differ only in load) the `limit` with the least TTFT prefilling locally or after a fetch and
+the `limit` with the shortest batch step (which orders their remote TTFT and their TPOT), each
+with every worker tied with the last. For workers of one step-time model that keeps the winner
+of pricing every worker; with objectives it can differ only when the fastest non-holders all
+miss an objective that a slower one meets. What does not depend on the request (each worker's
+columns, batch step and queue seconds) is kept from one request to the next (FleetColumns) and
+redone only for the rows a new table changed. A remote prefill worker that holds
+none of the prompt costs exactly its local TTFT, so the two least of those (and their ties)
+are kept, all the choice of the best and second best prefill worker needs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import weakref
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvplane.controlplane.core.index import OverlapScore
+from kvplane.controlplane.core.pool import WorkerPool, WorkerTable
+from kvplane.types import Tier, WorkerId
+
+LOCAL, FETCH, REMOTE = 0, 1, 2
+_INF = float("inf")
+
+
+@dataclass(frozen=True, slots=True)
+class Rates:
+    """What moving KV costs, and the model of a worker without its own: routing's parameters."""
+
+    link_bytes_per_s: float  # KV over the network (the planner's measured link rate)
+    fetch_overhead_s: float  # fixed cost of one pull of a cached prefix
+    host_bytes_per_s: float  # loading a block from host memory into the device
+    disk_bytes_per_s: float  # ... from disk
+    fallback_prefill_tokens_per_s: float  # a worker that publishes no step-time model
+
+
+@dataclass(frozen=True, slots=True)
+class SecondsBreakdown:
+    """One candidate's predicted seconds, formatted only when someone reads them."""
+
+    placement: str  # "local prefill", "fetch N blocks from W", "remote prefill on W"
+    queue_s: float
+    move_s: float  # fetch + tier loads (overlapped with the queue)
+    prefill_s: float
+    transfer_s: float  # remote prefill: KV transfer and the decode worker's tail step
+    ttft_s: float
+    tpot_s: float
+    meets: bool | None  # both objectives met (None: no objective known)
+
+    def __str__(self) -> str:
+        verdict = "" if self.meets is None else ("; meets objectives" if self.meets else "; misses objectives")
+        return (
+            f"{self.placement}: TTFT {self.ttft_s * 1000:.1f} ms = max(queue {self.queue_s * 1000:.1f}, move "
+            f"{self.move_s * 1000:.1f}) + prefill {self.prefill_s * 1000:.1f} + transfer {self.transfer_s * 1000:.1f}; "
+            f"TPOT {self.tpot_s * 1000:.2f} ms{verdict}"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    num_prompt_tokens: int
+    max_tokens: int
+    block_size: int
+    allow_local: bool
+    allow_remote: bool  # remote prefill and fetches (disagg not NEVER)
+
+
+@dataclass(slots=True)
+class Held:
+    """Per table row: leading prompt blocks matched, of them on host and on disk (0 for a worker
+    without a score). Built from the scores' holders only: a request costs O(holders) here."""
+
+    matched: np.ndarray
+    host: np.ndarray
+    disk: np.ndarray
+
+    @staticmethod
+    def of(table: WorkerTable, overlaps: Mapping[WorkerId, OverlapScore], base: Held | None = None) -> Held:
+        """`overlaps`' numbers, over `base`'s (None: zeros)."""
+        if base is None:
+            out = np.zeros((3, len(table.views)), np.int64)
+        else:
+            out = np.stack((base.matched, base.host, base.disk))
+        if not overlaps:
+            return Held(out[0], out[1], out[2])
+        row_of, n = table.row_of, len(overlaps)
+        if n <= 64:  # item by item: cheaper than the arrays below for a few holders
+            rows, numbers, memo = [], [], {}
+            for worker_id, score in overlaps.items():
+                row = row_of.get(worker_id)
+                if row is None:  # the index outlives a departed worker's row
+                    continue
+                v = memo.get(id(score))
+                if v is None:
+                    v = memo[id(score)] = _numbers(score)
+                rows.append(row)
+                numbers.append(v)
+            if rows:
+                out[:, rows] = np.array(numbers, np.int64).T
+            return Held(out[0], out[1], out[2])
+        rows = np.fromiter(map(row_of.get, overlaps, itertools.repeat(-1, n)), np.int64, n)
+        scores = list(overlaps.values())
+        # One entry per distinct score object: a hot prefix's thousand holders share one.
+        _, first, codes = np.unique(np.fromiter(map(id, scores), np.int64, n), return_index=True, return_inverse=True)
+        per = np.array([_numbers(scores[i]) for i in first.tolist()], np.int64).reshape(-1, 3)[codes.reshape(-1)]
+        known = rows >= 0  # the index outlives a departed worker's row
+        out[:, rows[known]] = per[known].T
+        return Held(out[0], out[1], out[2])
+
+
+def _numbers(score: OverlapScore) -> tuple[int, int, int]:
+    tiers = score.blocks_by_tier
+    return score.num_blocks, tiers.get(Tier.HOST, 0), tiers.get(Tier.DISK, 0)
+
+
+@dataclass(slots=True)
+class Columns:
+    """The per-worker numbers of some rows of a table that predictions read."""
+
+    c0: np.ndarray  # the step-time model's coefficients (kvplane.latency), one column each
+    c1: np.ndarray
+    c2: np.ndarray
+    c3: np.ndarray
+    c4: np.ndarray
+    chunk: np.ndarray
+    queued: np.ndarray
+    per_step: np.ndarray  # what every step carries: c0 + c3 x batch sequences + c4 x batch context
+    nbytes: np.ndarray
+    one_chunk: int  # the chunk size when every worker has the same (the usual fleet), else 0
+    # The prompt's blocks matched on each worker, of them on host and on disk (Held).
+    matched: np.ndarray | None = None
+    host: np.ndarray | None = None
+    disk: np.ndarray | None = None
+
+    @staticmethod
+    def of(table: WorkerTable, rows, rates: Rates) -> Columns:
+        """Of `rows` (an index array, or slice(None): the whole table); no held blocks."""
+        c = table.step[rows]
+        missing = np.isnan(c[:, 0])
+        if missing.any():
+            c = c.copy()
+            c[missing] = (0.0, 1.0 / rates.fallback_prefill_tokens_per_s, 0.0, 0.0, 0.0)
+        c = np.ascontiguousarray(c.T)
+        decodes = table.can_decode[rows]
+        queued = table.queued[rows]
+        seqs = table.running[rows] + np.where(decodes, table.waiting[rows], 0)
+        context = table.context[rows] + np.where(decodes, queued, 0)
+        per_step = c[0] + c[3] * seqs + c[4] * context
+        chunk = table.chunk[rows]
+        return Columns(c[0], c[1], c[2], c[3], c[4], chunk, queued, per_step, table.block_nbytes[rows], _one(chunk))
+
+    def take(self, i: np.ndarray, held: Held | None = None) -> Columns:
+        """These columns at positions `i` (with `held`'s blocks at rows `i`)."""
+        return Columns(
+            self.c0[i], self.c1[i], self.c2[i], self.c3[i], self.c4[i], self.chunk[i], self.queued[i], self.per_step[i],
+            self.nbytes[i], self.one_chunk or _one(self.chunk[i]),
+            *((held.matched[i], held.host[i], held.disk[i]) if held is not None else ()),
+        )  # fmt: skip
+
+    def put(self, i: np.ndarray, other: Columns) -> Columns:
+        """A copy with `other`'s values at positions `i`."""
+        names = ("c0", "c1", "c2", "c3", "c4", "chunk", "queued", "per_step", "nbytes")
+        out = Columns(*(getattr(self, name).copy() for name in names), 0)
+        for name in names:
+            getattr(out, name)[i] = getattr(other, name)
+        out.one_chunk = _one(out.chunk)
+        return out
+
+
+def _one(chunk: np.ndarray) -> int:
+    return int(chunk[0]) if len(chunk) and chunk.min() == chunk.max() else 0
+
+
+class FleetColumns:
+    """The whole table's Columns and each worker's queue seconds: what does not depend on the
+    request, kept from one request to the next. A table made from the last one by
+    WorkerTable.replaced (the planner's view after new reports and load corrections) has only
+    its changed rows redone, so a request pays for what changed, not for the fleet."""
+
+    __slots__ = ("_last",)
+
+    def __init__(self) -> None:
+        self._last: tuple[weakref.ref, float, Columns, np.ndarray] | None = None
+
+    def of(self, table: WorkerTable, rates: Rates) -> tuple[Columns, np.ndarray]:
+        """(Columns of every row of `table`, the seconds of each worker's queued prefill)."""
+        last, fallback = self._last, rates.fallback_prefill_tokens_per_s
+        if last is not None and last[1] == fallback:
+            before = last[0]()
+            if before is table:
+                return last[2], last[3]
+            if before is not None and table.parent is before and len(table.changed_rows) < len(table.views) // 4:
+                rows = np.fromiter(table.changed_rows, np.int64, len(table.changed_rows))
+                changed = Columns.of(table, rows, rates)
+                col, queue = last[2].put(rows, changed), last[3].copy()
+                queue[rows] = _queue_seconds(table, rows, changed)
+                self._last = (weakref.ref(table), fallback, col, queue)
+                return col, queue
+        col = Columns.of(table, slice(None), rates)
+        queue = _queue_seconds(table, slice(None), col)
+        self._last = (weakref.ref(table), fallback, col, queue)
+        return col, queue
+
+
+def _queue_seconds(table: WorkerTable, rows, col: Columns) -> np.ndarray:
+    """What a request arriving now waits before its own prefill: the rest of the step in flight
+    on a busy worker (half a step of its running batch, on average) and the queued prefill."""
+    running = table.running[rows]
+    in_flight = col.c0 + col.c3 * running + col.c4 * table.context[rows]
+    return np.where((running > 0) | (col.queued > 0), in_flight / 2, 0.0) + chunked_seconds(col, col.queued, 0)
+
+
+def chunked_seconds(col: Columns, num_tokens, num_cached) -> np.ndarray:
+    """Per worker, StepTimeModel.chunked_prefill_seconds(num_tokens, num_cached, chunk, batch)
+    (numbers or arrays)."""
+    chunk = col.one_chunk
+    if chunk and isinstance(num_tokens, int):  # one prompt, one chunk size: the steps are numbers
+        n = max(num_tokens, 0)
+        steps = -(-n // chunk)
+        before_last = max(steps - 1, 0)
+        num_odd = before_last * (chunk % 2) + (n - before_last * chunk) % 2
+        attention = (2 * n * num_cached + (n * n - num_odd)) // 2
+        return steps * col.per_step + (col.c1 * n + col.c2 * attention)
+    chunk = chunk or col.chunk
+    n = np.maximum(num_tokens, 0)
+    steps = -(-n // chunk)
+    before_last = np.maximum(steps - 1, 0)
+    num_odd = before_last * (chunk % 2) + (n - before_last * chunk) % 2
+    attention = (2 * n * num_cached + n * n - num_odd) // 2
+    return steps * col.per_step + col.c1 * n + col.c2 * attention
+
+
+def _own_and_load(col: Columns, max_blocks: int, rates: Rates) -> tuple[np.ndarray, np.ndarray | float]:
+    """(blocks counted as cached, seconds loading those held on a slower tier): the matched
+    prefix's device blocks first, then host, then disk."""
+    own = np.minimum(col.matched, max_blocks)
+    if not (col.host.any() or col.disk.any()):
+        return own, 0.0
+    slow = np.maximum(own - (col.matched - col.host - col.disk), 0)
+    from_host = np.minimum(col.host, slow)
+    load_s = col.nbytes * (from_host / rates.host_bytes_per_s + (slow - from_host) / rates.disk_bytes_per_s)
+    return own, load_s
+
+
+@dataclass(slots=True)
+class Priced:
+    """The candidates' predictions, row for row with `pool` (the candidates priced)."""
+
+    pool: WorkerPool
+    ttft: np.ndarray
+    tpot: np.ndarray
+    placement: np.ndarray  # LOCAL, FETCH or REMOTE
+    cached_tokens: np.ndarray  # on the decode worker (its own blocks)
+    queue: np.ndarray
+    move: np.ndarray
+    prefill: np.ndarray
+    transfer: np.ndarray
+    fetch_blocks: np.ndarray  # FETCH: blocks pulled
+    source_row: np.ndarray  # FETCH: the table row pulled from (-1: none)
+    prefill_row: np.ndarray  # REMOTE: the prefill worker's table row (-1: none)
+
+
+def price_candidates(
+    req: Request,
+    decode: WorkerPool,
+    overlaps: Mapping[WorkerId, OverlapScore],
+    cached: Mapping[WorkerId, OverlapScore],
+    sources: WorkerPool,
+    prefill: WorkerPool,
+    rates: Rates,
+    offsets: tuple[float, float, float] = (0.0, 0.0, 0.0),
+    limit: int = 0,
+    fleet: FleetColumns | None = None,
+) -> Priced:
+    """The module docstring's predictions for the workers of `decode` that can win (all of them
+    when limit is 0). `overlaps`: the prompt's prefix per worker as the policy sees it
+    (predictions included); `cached`: what the index really holds (what a fetch can pull);
+    `sources`: workers a fetch may pull from; `prefill`: remote prefill candidates; offsets: the
+    calibration (TTFT local, TTFT remote, TPOT); `fleet`: the caller's FleetColumns, kept from
+    one request to the next. Each group of candidates sharing a KV transport and block layout
+    gets the sources and prefill workers its KV can move with."""
+    table = decode.table
+    real = Held.of(table, cached)
+    # The policy's overlaps are the index's with predicted prefixes added or extended (same
+    # objects elsewhere): only those are read again.
+    held = real if overlaps is cached else Held.of(table, {w: s for w, s in overlaps.items() if cached.get(w) is not s}, real)
+    # Fetch sources: the index's own device blocks (a prediction cannot be pulled yet).
+    device = None
+    if req.allow_remote and len(sources) and cached:
+        device = np.minimum(real.matched - real.host - real.disk, (req.num_prompt_tokens - 1) // req.block_size)
+    fleet = _Fleet(req, *(fleet or FleetColumns()).of(table, rates), limit > 0 and max(len(decode), len(prefill)) > limit)
+    parts = [_price_group(req, group, held, device, sources, prefill, rates, offsets, limit, fleet) for group in _groups(decode)]
+    if len(parts) == 1:
+        return parts[0]
+    rows = np.concatenate([p.pool.rows for p in parts])
+    order = np.argsort(rows, kind="stable")
+
+    def cat(name: str) -> np.ndarray:
+        return np.concatenate([getattr(p, name) for p in parts])[order]
+
+    names = (
+        "ttft",
+        "tpot",
+        "placement",
+        "cached_tokens",
+        "queue",
+        "move",
+        "prefill",
+        "transfer",
+        "fetch_blocks",
+        "source_row",
+        "prefill_row",
+    )
+    return Priced(WorkerPool(table, rows[order]), *map(cat, names))
+
+
+def _groups(decode: WorkerPool) -> list[WorkerPool]:
+    """The candidates split by (KV transport, block bytes): usually one group, the whole pool."""
+    table = decode.table
+    if table.fixed(("one kv group",), lambda: len(set(zip(table.transport_code.tolist(), table.block_nbytes.tolist()))) <= 1):
+        return [decode]  # the whole fleet is one group (known once per set of workers)
+    transport, nbytes = decode.column("transport_code"), decode.column("block_nbytes")
+    if not len(decode) or ((transport == transport[0]).all() and (nbytes == nbytes[0]).all()):
+        return [decode]
+    keys = transport.astype(np.int64) * (int(nbytes.max()) + 1) + nbytes
+    return [decode.where_own(keys == k) for k in np.unique(keys).tolist()]
+
+
+def _least(key: np.ndarray, limit: int) -> np.ndarray:
+    """Mask of the `limit` least values of `key` and every value tied with the last of them."""
+    if len(key) <= limit:
+        return np.ones(len(key), bool)
+    return key <= np.partition(key, limit - 1)[limit - 1]
+
+
+@dataclass(slots=True)
+class _Fleet:
+    """Per table row (FleetColumns) and, when pruning, what it compares (module docstring): the
+    TTFT of each worker prefilling the whole prompt locally (a non-holder's)."""
+
+    req: Request
+    col: Columns
+    queue: np.ndarray
+    prune: bool
+    local: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        if self.prune:
+            self.local = self.queue + chunked_seconds(self.col, self.req.num_prompt_tokens, 0)
+
+    def fetch(self, num_blocks: int, rates: Rates) -> np.ndarray:
+        """TTFT of a worker holding none of the prompt that pulls num_blocks of it first."""
+        col, cached = self.col, num_blocks * self.req.block_size
+        move = rates.fetch_overhead_s + num_blocks * col.nbytes / rates.link_bytes_per_s
+        return np.maximum(self.queue, move) + chunked_seconds(col, self.req.num_prompt_tokens - cached, cached)
+
+
+def _can_win(pool: WorkerPool, held: Held, keys: Sequence[np.ndarray], limit: int) -> WorkerPool:
+    """The holders of `pool` and, of the others, the `limit` least by each of `keys` (one value
+    per table row) and those tied with them."""
+    rows = pool.rows
+    if limit <= 0 or len(rows) <= limit:
+        return pool
+    holds = held.matched[rows] > 0
+    others = rows[~holds]
+    if len(others) <= limit:
+        return pool
+    keep = np.zeros(len(others), bool)
+    for key in keys:
+        keep |= _least(key[others], limit)
+    return WorkerPool(pool.table, np.sort(np.concatenate((rows[holds], others[keep]))))
+
+
+def _price_group(
+    req: Request,
+    decode: WorkerPool,
+    held: Held,
+    device: np.ndarray | None,
+    sources: WorkerPool,
+    prefill: WorkerPool,
+    rates: Rates,
+    offsets: tuple[float, float, float],
+    limit: int,
+    fleet: _Fleet,
+) -> Priced:
+    """price_candidates for candidates sharing one KV transport and block layout."""
+    P, bs = req.num_prompt_tokens, req.block_size
+    max_blocks = (P - 1) // bs
+    table = decode.table
+    first = table.views[int(decode.rows[0])]
+    # The fetch sources of this group: same block layout, a kvplane transport both ends share.
+    source = (-1, -1, 0, 0)
+    if device is not None:
+        nbytes = int(table.block_nbytes[int(decode.rows[0])])
+        from_rows = sources.where(table.kv_mask(first, cached_blocks=True) & (table.block_nbytes == nbytes)).rows
+        source = _best_two(from_rows, device[from_rows], table)
+
+    if fleet.prune:
+        # A non-holder's TTFT prefilling locally or after a fetch; its batch's step orders its
+        # remote TTFT and its TPOT.
+        alone = fleet.local if source[0] < 0 else np.minimum(fleet.local, fleet.fetch(source[2], rates))
+        decode = _can_win(decode, held, (alone, fleet.col.per_step), limit)
+    rows = decode.rows
+    n = len(decode)
+    col = fleet.col.take(rows, held)
+    own, load_s = _own_and_load(col, max_blocks, rates)
+    queue_s = fleet.queue[rows]
+    cached_tok = own * bs
+    prefill_s = chunked_seconds(col, P - cached_tok, cached_tok)
+    local = np.maximum(queue_s, load_s) + prefill_s
+    move_s = np.zeros(n) + load_s
+    placement = np.full(n, LOCAL, np.int64)
+    fetch_blocks = np.zeros(n, np.int64)
+    source_row = np.full(n, -1, np.int64)
+    if source[0] >= 0:
+        is_first = rows == source[0]
+        d = np.where(is_first, source[3], source[2])
+        gain = np.maximum(d - own, 0)
+        f_move = load_s + np.where(gain > 0, rates.fetch_overhead_s + gain * col.nbytes / rates.link_bytes_per_s, 0.0)
+        f_cached = (own + gain) * bs
+        f_prefill = chunked_seconds(col, P - f_cached, f_cached)
+        f_ttft = np.maximum(queue_s, f_move) + f_prefill
+        better = (gain > 0) & (f_ttft < local)
+        placement[better] = FETCH
+        fetch_blocks = np.where(better, gain, 0)
+        source_row = np.where(better, np.where(is_first, source[1], source[0]), -1)
+        move_s = np.where(better, f_move, move_s)
+        prefill_s = np.where(better, f_prefill, prefill_s)
+        local = np.where(better, f_ttft, local)
+    if req.allow_local:
+        ttft = local + offsets[0]
+    else:
+        ttft = np.full(n, _INF)
+        placement[:] = REMOTE
+    transfer_s = np.zeros(n)
+    prefill_row = np.full(n, -1, np.int64)
+    if req.allow_remote and len(prefill):
+        part = _best_prefill(req, prefill.where(table.kv_mask(first)), held, rates, limit, fleet)
+        if part is not None:
+            (i, j), p_queue, p_move, p_prefill, p_total = part
+            is_first = rows == i
+            best = np.where(is_first, p_total[1], p_total[0])
+            # The full blocks the decode worker lacks, then its step computing the prompt's tail.
+            tail = P - max_blocks * bs
+            transfer = np.maximum(P // bs - col.matched, 0) * col.nbytes / rates.link_bytes_per_s + chunked_seconds(col, tail, P - tail)
+            remote = best + transfer + offsets[1]
+            use = remote < ttft
+            if use.any():
+                k = is_first.astype(np.int64)  # 1: the second best prefill worker
+                placement[use] = REMOTE
+                ttft = np.where(use, remote, ttft)
+                transfer_s = np.where(use, transfer, 0.0)
+                queue_s = np.where(use, p_queue[k], queue_s)
+                move_s = np.where(use, p_move[k], move_s)
+                prefill_s = np.where(use, p_prefill[k], prefill_s)
+                fetch_blocks = np.where(use, 0, fetch_blocks)
+                source_row = np.where(use, -1, source_row)
+                prefill_row = np.where(use, np.where(is_first, j, i), -1)
+    tpot = col.per_step + col.c3 + col.c4 * (P + req.max_tokens / 2) + offsets[2]
+    return Priced(decode, ttft, tpot, placement, cached_tok, queue_s, move_s, prefill_s, transfer_s, fetch_blocks, source_row, prefill_row)
+
+
+def _best_two(rows: np.ndarray, device: np.ndarray, table: WorkerTable) -> tuple[int, int, int, int]:
+    """(best row, second best row, their device blocks): the rows holding the most leading
+    device blocks of the prompt, then the lower worker id (-1 and 0: none)."""
+    if not len(rows) or not device.any():
+        return (-1, -1, 0, 0)
+    order = np.lexsort((table.id_rank[rows], -device))
+    i = int(order[0])
+    j = int(order[1]) if len(order) > 1 and device[order[1]] > 0 else -1
+    return (int(rows[i]), int(rows[j]) if j >= 0 else -1, int(device[i]), int(device[j]) if j >= 0 else 0)
+
+
+def _best_prefill(req: Request, prefill: WorkerPool, held: Held, rates: Rates, limit: int, fleet: _Fleet):
+    """((best row, second best row), and per one of the two: queue, load, prefill, total
+    seconds) of the remote prefill workers (second: -1 and infinite seconds when there is one);
+    None when there is none."""
+    P, bs = req.num_prompt_tokens, req.block_size
+    # A worker holding none of the prompt costs its queue + the whole prefill, its local TTFT,
+    # exactly: of those, only the two least (and their ties) can be the best two.
+    if fleet.prune:
+        prefill = _can_win(prefill, held, (fleet.local,), 2)
+    if not len(prefill):
+        return None
+    table = prefill.table
+    col = fleet.col.take(prefill.rows, held)
+    own, load = _own_and_load(col, (P - 1) // bs, rates)
+    queue = fleet.queue[prefill.rows]
+    compute = chunked_seconds(col, P - own * bs, own * bs)
+    total = np.maximum(queue, load) + compute
+    load = np.zeros(len(prefill)) + load
+    # Least seconds first; a dedicated prefill worker (cannot decode) before a mixed one; then id.
+    order = np.lexsort((table.id_rank[prefill.rows], table.can_decode[prefill.rows], total))[:2]
+    pad = lambda a, none: np.append(a[order], none) if len(order) < 2 else a[order]  # noqa: E731
+    rows = pad(prefill.rows, -1)
+    return (int(rows[0]), int(rows[1])), pad(queue, 0.0), pad(load, 0.0), pad(compute, 0.0), pad(total, _INF)
+
+
+def choose(priced: Priced, ttft_target_s: float | None, tpot_target_s: float | None, tie_rank: np.ndarray) -> np.ndarray:
+    """The candidates in the order of the module docstring's choice (indices): those meeting the
+    objectives by TTFT, then the others by how far they miss; ties by TPOT, then `tie_rank`
+    (the router's draw among equals)."""
+    ttft, tpot = priced.ttft, priced.tpot
+    if ttft_target_s is None or tpot_target_s is None:
+        return np.lexsort((tie_rank, tpot, ttft))
+    over = np.maximum(ttft / ttft_target_s, tpot / tpot_target_s)
+    meets = over <= 1.0
+    key = np.where(meets, ttft, _INF)
+    return np.lexsort((tie_rank, tpot, np.where(meets, 0.0, over), key, ~meets))

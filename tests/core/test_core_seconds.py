@@ -1,0 +1,132 @@
+"""The kvplane policy's predictions in seconds (core/seconds.py), each number worked out by hand
+from the step-time model: c0 = 10 ms per step, c1 = 1 ms per prefill token, c3 = 2 ms per decode
+sequence (attention and context terms 0), chunks of 2,048 tokens, block size 4 (conftest)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from kvplane.controlplane.core.routing import RouteRequest
+from kvplane.latency import StepTimeModel, chunked_attention, prefill_attention
+from kvplane.types import DisaggMode, Objective, Role, Tier
+from tests.core.conftest import make_router
+
+MODEL = StepTimeModel((0.010, 0.001, 0.0, 0.002, 0.0), num_samples=10, mean_abs_pct_error=0.0)
+PROMPT_40 = list(range(200, 240))  # 10 blocks of 4; at most 9 count as cached (the last token is computed)
+NOW = 100.0
+
+
+def view(worker_view, name, role=Role.BOTH, **kw):
+    return worker_view(name, role, latency=MODEL, **kw)
+
+
+def breakdown(decision, worker_id):
+    return next(c for c in decision.candidates if c.worker_id == worker_id).detail
+
+
+def test_chunked_prefill_seconds_is_the_sum_of_its_steps():
+    model = StepTimeModel((0.01, 2e-5, 1e-9, 3e-4, 2e-7), num_samples=10, mean_abs_pct_error=0.0)
+    for n, cached, chunk, seqs, ctx in ((5000, 300, 2048, 7, 9000), (4095, 0, 1023, 0, 0), (1, 17, 8, 2, 5)):
+        steps, done = 0.0, 0
+        while done < n:
+            k = min(chunk, n - done)
+            steps += model.step_seconds(k, prefill_attention(k, cached + done), seqs, ctx)
+            done += k
+        assert model.chunked_prefill_seconds(n, cached, chunk, seqs, ctx) == pytest.approx(steps, rel=1e-12)
+    assert chunked_attention(5, 0, 2) == 2 + 6 + 4  # chunks of 2, 2, 1 after 0, 2, 4 tokens: n(2 context + n) // 2 each
+    assert model.chunked_prefill_seconds(0, 10, 2048) == 0.0
+
+
+def test_a_hit_wins_by_the_prefill_it_saves(worker_view, index, cache_prefix):
+    cache_prefix("holder", PROMPT_40, 8)
+    workers = [view(worker_view, "holder"), view(worker_view, "idle")]
+    d = make_router().route(RouteRequest("m", PROMPT_40, 16, DisaggMode.NEVER), workers, index, NOW)
+    # holder: one step (10 ms) + 8 uncached tokens (8 ms); idle: 10 ms + 40 tokens.
+    assert [(c.worker_id, round(c.cost, 9)) for c in d.candidates] == [("holder", 0.018), ("idle", 0.050)]
+    assert d.decode_worker == "holder" and d.cached_tokens == 32
+    # TPOT: one decode step of the batch with this request: 10 ms + 2 ms x 1.
+    assert breakdown(d, "holder").tpot_s == pytest.approx(0.012)
+
+
+def test_the_holder_loses_when_its_queue_costs_more_than_the_prefix_saves(worker_view, index, cache_prefix):
+    cache_prefix("holder", PROMPT_40, 8)
+    busy = view(worker_view, "holder", num_running=2, num_waiting=1, num_queued_prefill_tokens=100)
+    d = make_router().route(RouteRequest("m", PROMPT_40, 16, DisaggMode.NEVER), [busy, view(worker_view, "idle")], index, NOW)
+    # Every step of the holder carries the batch it will have: 2 running + 1 waiting = 16 ms a step.
+    # queue: the rest of the step in flight (half of 10 + 2 x 2 running: 7 ms) + 16 + 100 ms;
+    # prefill 16 + 8 ms: 147 ms against the idle worker's 50 ms.
+    holder = breakdown(d, "holder")
+    assert (holder.queue_s, holder.prefill_s, holder.ttft_s) == pytest.approx((0.123, 0.024, 0.147))
+    assert d.decode_worker == "idle" and d.fetch_from is None  # never mode: no fetch either
+
+
+def test_a_hot_prefix_is_replicated_by_fetch_when_the_pull_beats_the_prefill(worker_view, index, cache_prefix):
+    cache_prefix("holder", PROMPT_40, 8)
+    busy = view(worker_view, "holder", num_running=2, num_waiting=1, num_queued_prefill_tokens=100, block_nbytes=1000)
+    idle = view(worker_view, "idle", block_nbytes=1000)
+    request = RouteRequest("m", PROMPT_40, 16, DisaggMode.AUTO)
+    d = make_router(fetch_overhead_ms=6.0).route(request, [busy, idle], index, NOW, link_bytes_per_s=1e6)
+    # Pull 8 blocks x 1,000 B at 1 MB/s = 8 ms + 6 ms, then prefill 8 tokens: 14 + 18 = 32 ms < 50.
+    assert (d.decode_worker, d.fetch_from, d.fetch_tokens) == ("idle", "holder", 32)
+    assert d.fetch_s == pytest.approx(0.014)
+    assert d.candidates[0].cost == pytest.approx(0.032)
+    # A slow link: the pull (8 s) loses to recomputing, 50 ms.
+    d = make_router(fetch_overhead_ms=6.0).route(request, [busy, idle], index, NOW, link_bytes_per_s=1e3)
+    assert (d.decode_worker, d.fetch_from) == ("idle", None)
+
+
+def test_host_blocks_cost_their_load_time(worker_view, index, cache_prefix):
+    cache_prefix("host", PROMPT_40, 8, Tier.HOST)
+    workers = [view(worker_view, "host", block_nbytes=10**6), view(worker_view, "idle", block_nbytes=10**6)]
+    d = make_router(host_load_gb_per_s=0.1).route(RouteRequest("m", PROMPT_40, 16, DisaggMode.NEVER), workers, index, NOW)
+    # 8 blocks x 1 MB at 0.1 GB/s = 80 ms of loading, then 18 ms: 98 ms, worse than recomputing (50).
+    assert breakdown(d, "host").move_s == pytest.approx(0.080)
+    assert d.decode_worker == "idle"
+
+
+def test_remote_prefill_is_chosen_by_seconds_not_a_threshold(worker_view, index):
+    decode = view(worker_view, "d", Role.DECODE, num_running=10, num_queued_prefill_tokens=200, block_nbytes=100)
+    prefill = view(worker_view, "p", Role.PREFILL, block_nbytes=100)
+    request = RouteRequest("m", PROMPT_40, 16, DisaggMode.AUTO)
+    d = make_router().route(request, [decode, prefill], index, NOW, link_bytes_per_s=1e5)
+    # local on d: steps carry 10 decodes (30 ms a step): queue 30 + 200, prefill 30 + 40 = 300 ms.
+    # remote: p prefills 40 tokens (50 ms), 10 full blocks x 100 B at 100 kB/s (10 ms), and d computes
+    # the 4-token tail in one step (30 + 4 ms): 94 ms.
+    assert (d.decode_worker, d.prefill_worker) == ("d", "p")
+    assert d.candidates[0].cost == pytest.approx(0.094)
+    # An idle decode worker prefills locally: 50 ms beats 50 + 10 + 14.
+    idle = view(worker_view, "d", Role.DECODE, block_nbytes=100)
+    assert make_router().route(request, [idle, prefill], index, NOW, link_bytes_per_s=1e5).prefill_worker is None
+
+
+def test_the_objectives_pick_among_the_candidates(worker_view, index, cache_prefix):
+    cache_prefix("holder", PROMPT_40, 8)
+    # The holder runs 8 requests: steps of 10 + 2 x 8 = 26 ms. It is the fastest to the first
+    # token (half the step in flight, 13 ms, then 26 + 8: 47 ms against the idle worker's 50) but
+    # its batch's TPOT with this request, 10 + 2 x 9 = 28 ms, misses a 25 ms objective.
+    workers = [view(worker_view, "holder", num_running=8), view(worker_view, "idle")]
+    request = RouteRequest("m", PROMPT_40, 16, DisaggMode.NEVER)
+    d = make_router().route(request, workers, index, NOW, objective=Objective(ttft_ms=2000.0, tpot_ms=25.0))
+    assert d.decode_worker == "idle"
+    holder = breakdown(d, "holder")
+    assert (holder.ttft_s, holder.tpot_s, holder.meets) == (pytest.approx(0.047), pytest.approx(0.028), False)
+    assert "misses objectives" in d.candidates[1].note
+    # With a TPOT objective both meet: the least TTFT wins.
+    d = make_router().route(request, workers, index, NOW, objective=Objective(ttft_ms=2000.0, tpot_ms=100.0))
+    assert d.decode_worker == "holder"
+    # Neither meets a 10 ms TTFT objective: the one that misses by the least (47 / 10 < 50 / 10).
+    d = make_router().route(request, workers, index, NOW, objective=Objective(ttft_ms=10.0, tpot_ms=100.0))
+    assert d.decode_worker == "holder"
+
+
+def test_equal_seconds_are_a_seeded_draw(worker_view, index):
+    a, b = view(worker_view, "a"), view(worker_view, "b")
+    request = RouteRequest("m", PROMPT_40, 16, DisaggMode.NEVER)
+    picks = [make_router(seed=s).route(request, [a, b], index, NOW).decode_worker for s in range(20)]
+    assert set(picks) == {"a", "b"}
+    assert picks == [make_router(seed=s).route(request, [a, b], index, NOW).decode_worker for s in range(20)]
+    # One running request makes b's steps 2 ms longer: 52 ms against 50, no tie.
+    b_busy = dataclasses.replace(b, load=dataclasses.replace(b.load, num_running=1))
+    assert {make_router(seed=s).route(request, [a, b_busy], index, NOW).decode_worker for s in range(5)} == {"a"}
