@@ -26,16 +26,26 @@ its corrected load (queued prefill tokens Q, running R, waiting W, running conte
                 calibration offset of that kind); TPOT(w) = one decode step of batch(w) + this
                 request: c0 + c3 x (R + W + 1) + c4 x (X + Q + P + max_tokens / 2) (+ offset).
 
-Choice (Mooncake's conductor, against the objectives): of the candidates whose predicted TTFT and
-TPOT meet the request's objectives, the least TTFT; when none does, the least
-max(TTFT / objective, TPOT / objective), the one that misses by the least. Ties (equal seconds:
-idle workers that hold nothing) go to the lower TPOT, then to the router's seeded draw. A cache
-hit therefore wins exactly while the prefill it saves outweighs the queue it waits behind; a hot
-prefix's holder keeps its readers until its queue costs more than the prefix, then the next
-reader goes where the prefix arrives soonest, usually by a fetch from the holder: the prefix is
-replicated onto a second holder (which then draws readers itself), not recomputed on a scatter
-of workers. Whether prefill runs remotely is the same comparison, pair by pair, not a token
-threshold. Every number is kept per candidate (`SecondsBreakdown`) for `kvplane route --explain`.
+Choice (Mooncake's conductor, against the objectives, with what a placement spends): of the
+candidates whose predicted TTFT and TPOT meet the request's objectives, the least TTFT + work,
+where work is the compute its prefill adds (c1 x tokens + c2 x attention, chunked_parts: the
+seconds later requests will wait for); when none meets them, the least
+max(TTFT / objective, TPOT / objective), the one that misses by the least. Greedy TTFT alone
+recomputes a prefix on an idle worker the moment its holder's queue matches the prefill, which
+costs the fleet that prefill again and scatters the prefix; counting the work keeps a reader with
+the holder until the holder's queue costs more than the prefix's compute twice over. Ties (equal
+seconds: idle workers that hold nothing) go to the lower TPOT, then to the router's seeded draw.
+A hot prefix's holder keeps its readers until then; the next reader goes where the prefix
+arrives soonest, usually by a fetch from the holder: the prefix is replicated onto a second
+holder (which then draws readers itself once its KV events arrive: a fetched prefix is not
+predicted, as a reader sent there before the pull lands would compute it again), not recomputed
+on a scatter of workers. Whether prefill runs remotely is the same comparison, pair by pair, not a
+token threshold. Every number is kept per candidate (`SecondsBreakdown`) for `kvplane route
+--explain`.
+
+A worker that publishes no step-time model yet (it learns one from the steps it runs) is priced
+with the median model of its peers (same model and block layout), not as faster than all of
+them; the fallback prefill rate is for a fleet where none has one.
 
 Only candidates that can win are priced in full (`limit` > 0, the router's
 max_uncached_candidates): every worker holding part of the prompt, and of the others (which
@@ -183,7 +193,7 @@ class Columns:
         missing = np.isnan(c[:, 0])
         if missing.any():
             c = c.copy()
-            c[missing] = (0.0, 1.0 / rates.fallback_prefill_tokens_per_s, 0.0, 0.0, 0.0)
+            c[missing] = _borrowed_models(table, np.arange(len(table.views))[rows][missing], rates)
         c = np.ascontiguousarray(c.T)
         decodes = table.can_decode[rows]
         queued = table.queued[rows]
@@ -209,6 +219,25 @@ class Columns:
             getattr(out, name)[i] = getattr(other, name)
         out.one_chunk = _one(out.chunk)
         return out
+
+
+def _borrowed_models(table: WorkerTable, rows: np.ndarray, rates: Rates) -> np.ndarray:
+    """Step-time models for `rows`, which publish none yet (a worker learns its own from the
+    steps it runs): each coefficient's median over the workers of the same model and block
+    layout that do publish one (same weights, same hardware as a rule), so a new worker is
+    priced like its peers, not as faster than all of them; the fallback prefill rate only when
+    no such worker has a model."""
+    out = np.empty((len(rows), 5))
+    out[:] = (0.0, 1.0 / rates.fallback_prefill_tokens_per_s, 0.0, 0.0, 0.0)
+    known = ~np.isnan(table.step[:, 0])
+    if not known.any():
+        return out
+    kind = table.model_code.astype(np.int64) * (int(table.block_nbytes.max()) + 1) + table.block_nbytes
+    for k in np.unique(kind[rows]).tolist():
+        peers = known & (kind == k)
+        if peers.any():
+            out[kind[rows] == k] = np.median(table.step[peers], axis=0)
+    return out
 
 
 def _one(chunk: np.ndarray) -> int:
@@ -257,6 +286,14 @@ def _queue_seconds(table: WorkerTable, rows, col: Columns) -> np.ndarray:
 def chunked_seconds(col: Columns, num_tokens, num_cached) -> np.ndarray:
     """Per worker, StepTimeModel.chunked_prefill_seconds(num_tokens, num_cached, chunk, batch)
     (numbers or arrays)."""
+    steps, compute = chunked_parts(col, num_tokens, num_cached)
+    return steps + compute
+
+
+def chunked_parts(col: Columns, num_tokens, num_cached) -> tuple[np.ndarray, np.ndarray]:
+    """chunked_seconds in two parts: (the steps' own seconds, each carrying the batch, the
+    prefill's compute: c1 x tokens + c2 x attention). The second is the work the prefill adds to
+    the worker, what it takes from the requests that come after it."""
     chunk = col.one_chunk
     if chunk and isinstance(num_tokens, int):  # one prompt, one chunk size: the steps are numbers
         n = max(num_tokens, 0)
@@ -264,14 +301,14 @@ def chunked_seconds(col: Columns, num_tokens, num_cached) -> np.ndarray:
         before_last = max(steps - 1, 0)
         num_odd = before_last * (chunk % 2) + (n - before_last * chunk) % 2
         attention = (2 * n * num_cached + (n * n - num_odd)) // 2
-        return steps * col.per_step + (col.c1 * n + col.c2 * attention)
+        return steps * col.per_step, col.c1 * n + col.c2 * attention
     chunk = chunk or col.chunk
     n = np.maximum(num_tokens, 0)
     steps = -(-n // chunk)
     before_last = np.maximum(steps - 1, 0)
     num_odd = before_last * (chunk % 2) + (n - before_last * chunk) % 2
     attention = (2 * n * num_cached + n * n - num_odd) // 2
-    return steps * col.per_step + col.c1 * n + col.c2 * attention
+    return steps * col.per_step, col.c1 * n + col.c2 * attention
 
 
 def _own_and_load(col: Columns, max_blocks: int, rates: Rates) -> tuple[np.ndarray, np.ndarray | float]:
@@ -298,6 +335,7 @@ class Priced:
     queue: np.ndarray
     move: np.ndarray
     prefill: np.ndarray
+    work: np.ndarray  # of prefill: the compute it adds (chunked_parts), what the choice spends
     transfer: np.ndarray
     fetch_blocks: np.ndarray  # FETCH: blocks pulled
     source_row: np.ndarray  # FETCH: the table row pulled from (-1: none)
@@ -350,6 +388,7 @@ def price_candidates(
         "queue",
         "move",
         "prefill",
+        "work",
         "transfer",
         "fetch_blocks",
         "source_row",
@@ -450,7 +489,8 @@ def _price_group(
     own, load_s = _own_and_load(col, max_blocks, rates)
     queue_s = fleet.queue[rows]
     cached_tok = own * bs
-    prefill_s = chunked_seconds(col, P - cached_tok, cached_tok)
+    prefill_steps, work = chunked_parts(col, P - cached_tok, cached_tok)
+    prefill_s = prefill_steps + work
     local = np.maximum(queue_s, load_s) + prefill_s
     move_s = np.zeros(n) + load_s
     placement = np.full(n, LOCAL, np.int64)
@@ -462,7 +502,8 @@ def _price_group(
         gain = np.maximum(d - own, 0)
         f_move = load_s + np.where(gain > 0, rates.fetch_overhead_s + gain * col.nbytes / rates.link_bytes_per_s, 0.0)
         f_cached = (own + gain) * bs
-        f_prefill = chunked_seconds(col, P - f_cached, f_cached)
+        f_steps, f_work = chunked_parts(col, P - f_cached, f_cached)
+        f_prefill = f_steps + f_work
         f_ttft = np.maximum(queue_s, f_move) + f_prefill
         better = (gain > 0) & (f_ttft < local)
         placement[better] = FETCH
@@ -470,6 +511,7 @@ def _price_group(
         source_row = np.where(better, np.where(is_first, source[1], source[0]), -1)
         move_s = np.where(better, f_move, move_s)
         prefill_s = np.where(better, f_prefill, prefill_s)
+        work = np.where(better, f_work, work)
         local = np.where(better, f_ttft, local)
     if req.allow_local:
         ttft = local + offsets[0]
@@ -481,7 +523,7 @@ def _price_group(
     if req.allow_remote and len(prefill):
         part = _best_prefill(req, prefill.where(table.kv_mask(first)), held, rates, limit, fleet)
         if part is not None:
-            (i, j), p_queue, p_move, p_prefill, p_total = part
+            (i, j), p_queue, p_move, p_prefill, p_work, p_total = part
             is_first = rows == i
             best = np.where(is_first, p_total[1], p_total[0])
             # The full blocks the decode worker lacks, then its step computing the prompt's tail.
@@ -497,11 +539,15 @@ def _price_group(
                 queue_s = np.where(use, p_queue[k], queue_s)
                 move_s = np.where(use, p_move[k], move_s)
                 prefill_s = np.where(use, p_prefill[k], prefill_s)
+                work = np.where(use, p_work[k], work)
                 fetch_blocks = np.where(use, 0, fetch_blocks)
                 source_row = np.where(use, -1, source_row)
                 prefill_row = np.where(use, np.where(is_first, j, i), -1)
     tpot = col.per_step + col.c3 + col.c4 * (P + req.max_tokens / 2) + offsets[2]
-    return Priced(decode, ttft, tpot, placement, cached_tok, queue_s, move_s, prefill_s, transfer_s, fetch_blocks, source_row, prefill_row)
+    work = np.zeros(n) + work
+    return Priced(
+        decode, ttft, tpot, placement, cached_tok, queue_s, move_s, prefill_s, work, transfer_s, fetch_blocks, source_row, prefill_row
+    )
 
 
 def _best_two(rows: np.ndarray, device: np.ndarray, table: WorkerTable) -> tuple[int, int, int, int]:
@@ -516,8 +562,8 @@ def _best_two(rows: np.ndarray, device: np.ndarray, table: WorkerTable) -> tuple
 
 
 def _best_prefill(req: Request, prefill: WorkerPool, held: Held, rates: Rates, limit: int, fleet: _Fleet):
-    """((best row, second best row), and per one of the two: queue, load, prefill, total
-    seconds) of the remote prefill workers (second: -1 and infinite seconds when there is one);
+    """((best row, second best row), and per one of the two: queue, load, prefill, its compute
+    (the work it adds), total seconds) of the remote prefill workers (second: -1 and infinite seconds when there is one);
     None when there is none."""
     P, bs = req.num_prompt_tokens, req.block_size
     # A worker holding none of the prompt costs its queue + the whole prefill, its local TTFT,
@@ -530,24 +576,26 @@ def _best_prefill(req: Request, prefill: WorkerPool, held: Held, rates: Rates, l
     col = fleet.col.take(prefill.rows, held)
     own, load = _own_and_load(col, (P - 1) // bs, rates)
     queue = fleet.queue[prefill.rows]
-    compute = chunked_seconds(col, P - own * bs, own * bs)
+    steps, work = chunked_parts(col, P - own * bs, own * bs)
+    compute = steps + work
     total = np.maximum(queue, load) + compute
     load = np.zeros(len(prefill)) + load
     # Least seconds first; a dedicated prefill worker (cannot decode) before a mixed one; then id.
     order = np.lexsort((table.id_rank[prefill.rows], table.can_decode[prefill.rows], total))[:2]
     pad = lambda a, none: np.append(a[order], none) if len(order) < 2 else a[order]  # noqa: E731
     rows = pad(prefill.rows, -1)
-    return (int(rows[0]), int(rows[1])), pad(queue, 0.0), pad(load, 0.0), pad(compute, 0.0), pad(total, _INF)
+    return (int(rows[0]), int(rows[1])), pad(queue, 0.0), pad(load, 0.0), pad(compute, 0.0), pad(work, 0.0), pad(total, _INF)
 
 
 def choose(priced: Priced, ttft_target_s: float | None, tpot_target_s: float | None, tie_rank: np.ndarray) -> np.ndarray:
     """The candidates in the order of the module docstring's choice (indices): those meeting the
-    objectives by TTFT, then the others by how far they miss; ties by TPOT, then `tie_rank`
-    (the router's draw among equals)."""
+    objectives by TTFT + the prefill seconds they spend, then the others by how far they miss;
+    ties by TPOT, then `tie_rank` (the router's draw among equals)."""
     ttft, tpot = priced.ttft, priced.tpot
+    spent = ttft + priced.work
     if ttft_target_s is None or tpot_target_s is None:
-        return np.lexsort((tie_rank, tpot, ttft))
+        return np.lexsort((tie_rank, tpot, ttft, spent))
     over = np.maximum(ttft / ttft_target_s, tpot / tpot_target_s)
     meets = over <= 1.0
-    key = np.where(meets, ttft, _INF)
+    key = np.where(meets, spent, _INF)
     return np.lexsort((tie_rank, tpot, np.where(meets, 0.0, over), key, ~meets))

@@ -30,7 +30,9 @@ def chosen_cost(decision, worker_id):
     return next(c for c in decision.candidates if c.worker_id == worker_id)
 
 
-@pytest.mark.parametrize(("queued", "holder_wins"), [(35, True), (37, False)])
+# The choice counts what a placement spends as well as its TTFT: hot spends its wait for `queued`
+# tokens + 4 computed + those 4 again (the compute it adds); a and b 40 + 40.
+@pytest.mark.parametrize(("queued", "holder_wins"), [(71, True), (73, False)])
 def test_hot_prefix_holder_keeps_its_readers_until_its_queue_costs_more_than_the_prefix_saves(
     index, cache_prefix, worker_view, route_request, queued, holder_wins
 ):
@@ -46,14 +48,15 @@ def test_hot_prefix_holder_keeps_its_readers_until_its_queue_costs_more_than_the
 def test_a_holder_running_too_many_requests_loses_its_readers(index, cache_prefix, worker_view, route_request):
     cache_prefix("hot", PROMPT_40, 10)
     # Every step carries the batch, and a request first waits for the rest of the step in flight
-    # (half a step): on hot, 10 + 2 x 14 = 38 ms a step: 19 + 38 + 4 tokens = 61 ms; on a (one
-    # running request), 6 + 12 + 40 tokens = 58 ms. With 12 running, hot's 17 + 34 + 4 = 55 wins.
+    # (half a step): on hot, 10 + 2 x 26 = 62 ms a step: 31 + 62 + 4 tokens = 97 ms, spending 4 ms
+    # of compute: 101; on a (one running request), 6 + 12 + 40 tokens = 58 ms + 40 ms of compute:
+    # 98. With 24 running, hot's 29 + 58 + 4 = 91 ms + 4: 95 wins.
     others = [worker_view("a", num_running=1, latency=MODEL), worker_view("b", num_running=1, latency=MODEL)]
-    busy = make_router().route(route_request(PROMPT_40), [worker_view("hot", num_running=14, latency=MODEL), *others], index, NOW)
+    busy = make_router().route(route_request(PROMPT_40), [worker_view("hot", num_running=26, latency=MODEL), *others], index, NOW)
     assert busy.decode_worker != "hot"
-    assert (chosen_cost(busy, "hot").cost, busy.candidates[0].cost) == (pytest.approx(0.061), pytest.approx(0.058))
-    calm = make_router().route(route_request(PROMPT_40), [worker_view("hot", num_running=12, latency=MODEL), *others], index, NOW)
-    assert calm.decode_worker == "hot" and calm.candidates[0].cost == pytest.approx(0.055)
+    assert (chosen_cost(busy, "hot").cost, busy.candidates[0].cost) == (pytest.approx(0.097), pytest.approx(0.058))
+    calm = make_router().route(route_request(PROMPT_40), [worker_view("hot", num_running=24, latency=MODEL), *others], index, NOW)
+    assert calm.decode_worker == "hot" and calm.candidates[0].cost == pytest.approx(0.091)
 
 
 def test_miss_goes_to_the_least_loaded_not_the_emptiest_cache(index, cache_prefix, worker_view, route_request):

@@ -74,9 +74,13 @@ def test_second_prompt_reuses_prefix_on_the_holder(disagg_cluster):
     assert second.metrics.prefill_computed_tokens == len(second_prompt) - len(shared)
 
 
-def test_auto_mode_uses_the_threshold(disagg_cluster):
-    with Client(disagg_cluster.endpoint, timeout=60) as client:
-        short = client.generate(prompt_ids(seed=5, length=20), max_tokens=2, disagg="auto")
-        long = client.generate(prompt_ids(seed=6, length=100), max_tokens=2, disagg="auto")
+def test_auto_mode_of_a_cost_policy_uses_the_threshold():
+    # The token threshold is the rule of the policies that price by a cost (Dynamo's conditional
+    # disaggregation); kvplane decides by predicted seconds (tests/core/test_core_seconds.py).
+    args = ("--routing-policy", "least-load", "--disagg-threshold", "64")
+    with LocalCluster(num_prefill=1, num_decode=1, controlplane_args=args) as cluster:
+        with Client(cluster.endpoint, timeout=60) as client:
+            short = client.generate(prompt_ids(seed=5, length=20), max_tokens=2, disagg="auto")
+            long = client.generate(prompt_ids(seed=6, length=100), max_tokens=2, disagg="auto")
     assert short.metrics.disaggregated is False and "threshold 64" in short.metrics.route_reason
     assert long.metrics.disaggregated is True and long.metrics.prefill_worker == "prefill-0"

@@ -132,7 +132,10 @@ class KvplanePolicy(PolicyHooks):
     # -- hooks -----------------------------------------------------------------------------------
     def on_routed(self, decision: RouteDecision, now: float) -> None:
         hashes = decision.block_hashes
-        self.predictions.record(decision.decode_worker, hashes, now)  # a fetched prefix too: a replica
+        if decision.fetch_from is None:
+            # A fetched prefix is not predicted: it is usable only once the pull lands (its KV
+            # events say so), and a request arriving before would compute it again.
+            self.predictions.record(decision.decode_worker, hashes, now)
         if decision.prefill_worker is not None:
             self.predictions.record(decision.prefill_worker, hashes, now)
 
