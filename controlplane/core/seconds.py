@@ -2,7 +2,7 @@
 
 For a prompt of P tokens (block size bs, B = (P - 1) // bs blocks at most count as cached: the
 engine computes the last token) and each decode candidate w, from its step-time model c0..c4
-(kvplane.latency; a worker that publishes none gets `fallback`: c1 = 1 / its prefill rate) and
+(kvplane.latency; a worker that publishes none yet gets its peers' median, below) and
 its corrected load (queued prefill tokens Q, running R, waiting W, running context X):
 
   batch(w)    = R + W sequences holding X + Q tokens: the decode batch w will have once what is

@@ -4,7 +4,8 @@ objectives. The rule, its predictions and its tie and hot-prefix handling: core/
 
 - Decode worker, prefill placement (local, remote on a prefill worker, or a fetch of a cached
   prefix from another worker) are chosen together: per candidate the placement with the least
-  predicted TTFT, then the candidate that meets the objectives with the least TTFT.
+  predicted TTFT, then the candidate that meets the objectives with the least TTFT + the compute
+  its prefill adds (seconds.choose).
 - Predicted prefixes (predictions.PrefixPredictions): each routed prompt counts as cached on its
   worker(s) for prediction_ttl_s, until its real KV events replace it, so a burst sharing a new
   prefix lands where it is being computed (it waits for the queue there, which the prediction
