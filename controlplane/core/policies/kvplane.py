@@ -42,7 +42,9 @@ class KvplaneParams:
     fetch_overhead_ms: float = param(6.0, "fixed cost of one KV pull of a cached prefix (RPCs, pinning), ms")
     host_load_gb_per_s: float = param(25.0, "rate of loading cached KV blocks from host memory into the device, GB/s")
     disk_load_gb_per_s: float = param(3.0, "rate of loading cached KV blocks from disk into the device, GB/s")
-    prefill_tokens_per_s: float = param(20000.0, "prefill rate assumed for a worker without a step-time model when none of its peers has one")
+    prefill_tokens_per_s: float = param(
+        20000.0, "prefill rate assumed for a worker without a step-time model when none of its peers has one"
+    )
 
     def __post_init__(self) -> None:
         self.validate()
