@@ -33,6 +33,7 @@ while it holds nothing else.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
 import os
@@ -194,7 +195,13 @@ class TierStore:
 
     def _load_block(self, src: torch.Tensor, block_id: int) -> None:
         """One block host -> device (async on the copy stream; the load synchronises it at the end)."""
-        self._pool.buffer[block_id].copy_(src, non_blocking=self._stream is not None)
+        dst = self._pool.buffer[block_id]
+        if self._stream is None:
+            # On CPU a plain memcpy: one thread, GIL released, where torch's copy_ would start an
+            # OpenMP team that fights the step's own for the cores.
+            ctypes.memmove(dst.data_ptr(), src.data_ptr(), self._pool.block_nbytes)
+        else:
+            dst.copy_(src, non_blocking=True)
 
     def _pace(self, started: float, num_bytes: int) -> None:
         """Sleeps until num_bytes would have crossed a host_load_gbs link since started."""
