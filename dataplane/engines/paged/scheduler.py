@@ -236,6 +236,7 @@ class Scheduler:
 
     # --- scheduling ----------------------------------------------------------------------
     def admit(self) -> None:
+        self._collect_loads()
         while self.waiting and len(self.running) + len(self.loading) < self.max_num_seqs:
             seq = self.waiting[0]
             self._extend_hashes(seq, seq.num_prompt_tokens // self.block_size)
@@ -248,14 +249,16 @@ class Scheduler:
             seq.block_ids, num_hit_blocks = got
             seq.num_computed_tokens = seq.num_cached_tokens = num_hit_blocks * self.block_size
             self._release_held(seq)
+            load = None
             if self.start_load is not None and num_hit_blocks < max_hit:
                 span = slice(num_hit_blocks, max_hit)
-                seq.tier_load = self.start_load(seq.block_hashes[span], seq.block_ids[span])
-            if seq.tier_load is None:
-                self._join_batch(seq, 0)
-            else:
+                load = self.start_load(seq.block_hashes[span], seq.block_ids[span])
+            num_loaded = load.poll() if load is not None else 0  # a synchronous load is done already
+            if num_loaded is None:
+                seq.tier_load = load
                 self.loading.append(seq)
-        self._collect_loads()  # a synchronous load is done already: that request runs this step
+            else:
+                self._join_batch(seq, num_loaded)
 
     def _collect_loads(self) -> None:
         """Moves requests whose blocks are in into the batch; frees the blocks of cancelled loads
