@@ -145,3 +145,70 @@ def test_prefill_only_republishes_its_own_block_when_the_duplicate_was_evicted()
     [out] = step(s)
     assert out.pinned_block_ids == own
     assert [s.blocks.lookup(h) for h in out.block_hashes] == own
+
+
+class HeldLoad:
+    """A lower-tier load the test finishes by hand (the scheduler's LoadHandle)."""
+
+    def __init__(self, hashes: list, block_ids: list[int]) -> None:
+        self.hashes, self.block_ids = hashes, block_ids
+        self.num_loaded: int | None = None
+        self.cancelled = False
+
+    def poll(self) -> int | None:
+        return self.num_loaded
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+def with_loads(loads: list[HeldLoad], **kw: object) -> Scheduler:
+    s = make(**kw)  # type: ignore[arg-type]
+
+    def start_load(hashes: list, block_ids: list[int]) -> HeldLoad:
+        loads.append(HeldLoad(hashes, block_ids))
+        return loads[-1]
+
+    s.start_load = start_load
+    return s
+
+
+def planned(s: Scheduler) -> list[tuple[str, int, int]]:
+    """One step, computed: (request, start, tokens) of each chunk."""
+    chunks = s.schedule()
+    for chunk in chunks:
+        s.update(chunk, 7 if chunk.completes_known_tokens else None)
+    return [(c.seq.request_id, c.start, c.num_tokens) for c in chunks]
+
+
+def test_a_loading_request_joins_the_batch_only_when_its_blocks_are_in() -> None:
+    loads: list[HeldLoad] = []
+    s = with_loads(loads, budget=32)
+    add(s, "decode", prompt_len=3, max_tokens=8)
+    loader = add(s, "loader", prompt_len=13, max_tokens=2)  # 3 full blocks before the last token
+    assert planned(s) == [("decode", 0, 3)]  # the loader's copy is in flight
+    assert len(loads) == 1 and loads[0].block_ids == loader.block_ids[:3]
+    assert s.load().num_running == 2 and s.loading == [loader]
+    assert planned(s) == [("decode", 3, 1)]
+
+    loads[0].num_loaded = 2  # the lower tier held the first two blocks
+    assert planned(s) == [("decode", 4, 1), ("loader", 8, 5)]
+    assert (loader.num_cached_tokens, loader.num_loaded_tokens) == (8, 8)
+    assert s.blocks.lookup(loader.block_hashes[0]) == loader.block_ids[0]  # registered as they arrive
+    assert s.loading == [] and planned(s) == [("decode", 5, 1), ("loader", 13, 1)]
+
+
+def test_a_request_cancelled_mid_load_frees_its_blocks_when_the_copy_stops() -> None:
+    loads: list[HeldLoad] = []
+    s = with_loads(loads)
+    loader = add(s, "loader", prompt_len=13, max_tokens=2)
+    s.schedule()
+    free_while_loading = s.blocks.num_free_blocks
+    s.remove(loader)
+    assert loads[0].cancelled and s.loading == [] and s.find("loader") is None
+    s.schedule()
+    assert s.blocks.num_free_blocks == free_while_loading  # the copy may still write them
+
+    loads[0].num_loaded = 1
+    s.schedule()
+    assert s.blocks.num_free_blocks == s.blocks.num_blocks and s.blocks.cached_block_hashes() == []

@@ -6,9 +6,12 @@ pool can reserve every block the request can ever need, ceil((prompt + max_token
 waits rather than being overtaken, and nothing is ever preempted. The cached prefix is capped at
 (len(prompt) - 1) // block_size blocks so at least one prompt token is computed and yields logits.
 With lower KV tiers, the blocks right after the device-cached prefix that a lower tier holds are
-copied into the request's fresh blocks at admission (`load_lower`) and count as cached: prefill
-continues after them. Each step spends max_num_batched_tokens: one token per decoding request first, then prompt chunks
-in admission order. A full block is registered in the prefix cache in the step its KV is written.
+copied into the request's fresh blocks (`start_load`, begun at admission) and count as cached:
+prefill continues after them. A request whose load is in flight holds its seat and its blocks but
+joins the batch only once its blocks are in, so the running requests never wait for another
+request's copy; cancelled mid-load, its blocks are released when the copy stops (never while a
+copy may still write them). Each step spends max_num_batched_tokens: one token per decoding
+request first, then prompt chunks in admission order. A full block is registered in the prefix cache in the step its KV is written.
 `step_features` gives a planned step's shape (kvplane.latency's step-time features), what a step
 costs in any engine that runs these chunks.
 """
@@ -19,7 +22,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from kvplane.block_hash import chain_hash, root_hash
 from kvplane.dataplane.engines.paged.block_manager import BlockManager
@@ -31,6 +34,22 @@ from kvplane.types import BlockHash
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+class LoadHandle(Protocol):
+    """A lower-tier load in flight (the reference engine's TierLoad)."""
+
+    def poll(self) -> int | None:
+        """None while copying; then how many leading blocks were loaded."""
+        ...
+
+    def cancel(self) -> None:
+        """Stop after the block being copied; poll() still reports when the copy has stopped."""
+        ...
+
+
+# (hashes, fresh block ids) -> the load of the leading hashes a lower tier holds, or None (none held).
+StartLoad = Callable[[list[BlockHash], list[int]], LoadHandle | None]
 
 
 @dataclass(slots=True, eq=False)
@@ -51,6 +70,7 @@ class RequestState:
     num_registered_blocks: int = 0
     num_output_tokens: int = 0
     admitted_at: float = 0.0  # the scheduler's clock at admission, for queue/prefill timings
+    tier_load: LoadHandle | None = None  # its lower-tier load while in flight
 
     @property
     def request_id(self) -> str:
@@ -109,7 +129,9 @@ class Scheduler:
         "eos_token_ids",
         "waiting",
         "running",
-        "load_lower",
+        "loading",
+        "_stopped_loads",
+        "start_load",
         "clock",
     )
 
@@ -121,7 +143,7 @@ class Scheduler:
         max_num_seqs: int,
         max_num_batched_tokens: int,
         eos_token_ids: tuple[int, ...],
-        load_lower: Callable[[list[BlockHash], list[int]], int] | None = None,
+        start_load: StartLoad | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.blocks = blocks
@@ -132,8 +154,9 @@ class Scheduler:
         self.eos_token_ids = eos_token_ids
         self.waiting: deque[RequestState] = deque()
         self.running: list[RequestState] = []
-        # (hashes, fresh block ids) -> how many leading hashes a lower tier copied into those blocks.
-        self.load_lower = load_lower
+        self.loading: list[RequestState] = []  # admitted, their lower-tier load in flight
+        self._stopped_loads: list[tuple[LoadHandle, list[int]]] = []  # cancelled: blocks freed when the copy stops
+        self.start_load = start_load
         self.clock = clock  # admission times (a simulator passes its virtual clock)
 
     # --- bookkeeping ---------------------------------------------------------------------
@@ -180,11 +203,10 @@ class Scheduler:
     def load(self) -> EngineLoad:
         """What is queued, running and held now (the engine's load report)."""
         blocks = self.blocks
-        remaining = tuple(
-            0 if seq.request.prefill_only else seq.request.sampling.max_tokens - seq.num_output_tokens for seq in self.running
-        )
+        admitted = (*self.running, *self.loading)  # a loading request holds its seat and blocks
+        remaining = tuple(0 if seq.request.prefill_only else seq.request.sampling.max_tokens - seq.num_output_tokens for seq in admitted)
         return EngineLoad(
-            num_running=len(self.running),
+            num_running=len(admitted),
             num_waiting=len(self.waiting),
             num_queued_prefill_tokens=self.num_queued_prefill_tokens(),
             num_free_blocks=blocks.num_free_blocks,
@@ -192,15 +214,15 @@ class Scheduler:
             num_total_blocks=blocks.num_blocks,
             num_cached_blocks=blocks.num_cached_free_blocks,
             running_remaining_tokens=remaining,
-            running_context_tokens=sum(len(seq.token_ids) for seq in self.running),
+            running_context_tokens=sum(len(seq.token_ids) for seq in admitted),
         )
 
     def num_queued_prefill_tokens(self) -> int:
         queued = sum(s.num_prompt_tokens for s in self.waiting)
-        return queued + sum(s.num_prompt_tokens - s.num_computed_tokens for s in self.running if s.is_prefilling)
+        return queued + sum(s.num_prompt_tokens - s.num_computed_tokens for s in (*self.running, *self.loading) if s.is_prefilling)
 
     def find(self, request_id: str) -> RequestState | None:
-        for seq in (*self.waiting, *self.running):
+        for seq in (*self.waiting, *self.loading, *self.running):
             if seq.request_id == request_id:
                 return seq
         return None
@@ -214,7 +236,8 @@ class Scheduler:
 
     # --- scheduling ----------------------------------------------------------------------
     def admit(self) -> None:
-        while self.waiting and len(self.running) < self.max_num_seqs:
+        self._collect_loads()
+        while self.waiting and len(self.running) + len(self.loading) < self.max_num_seqs:
             seq = self.waiting[0]
             self._extend_hashes(seq, seq.num_prompt_tokens // self.block_size)
             max_hit = (seq.num_prompt_tokens - 1) // self.block_size
@@ -224,21 +247,55 @@ class Scheduler:
             self.waiting.popleft()
             seq.admitted_at = self.clock()
             seq.block_ids, num_hit_blocks = got
-            if self.load_lower is not None and num_hit_blocks < max_hit:
-                span = slice(num_hit_blocks, max_hit)
-                num_loaded = self.load_lower(seq.block_hashes[span], seq.block_ids[span])
-                if num_loaded:
-                    span = slice(num_hit_blocks, num_hit_blocks + num_loaded)
-                    self.blocks.register(seq.block_hashes[span], seq.block_ids[span])
-                    num_hit_blocks += num_loaded
-                    seq.num_loaded_tokens = num_loaded * self.block_size
             seq.num_computed_tokens = seq.num_cached_tokens = num_hit_blocks * self.block_size
-            seq.num_registered_blocks = num_hit_blocks
             self._release_held(seq)
-            self.running.append(seq)
+            load = None
+            if self.start_load is not None and num_hit_blocks < max_hit:
+                span = slice(num_hit_blocks, max_hit)
+                load = self.start_load(seq.block_hashes[span], seq.block_ids[span])
+            num_loaded = load.poll() if load is not None else 0  # a synchronous load is done already
+            if num_loaded is None:
+                seq.tier_load = load
+                self.loading.append(seq)
+            else:
+                self._join_batch(seq, num_loaded)
+
+    def _collect_loads(self) -> None:
+        """Moves requests whose blocks are in into the batch; frees the blocks of cancelled loads
+        whose copy has stopped."""
+        waiting_for: list[RequestState] = []
+        for seq in self.loading:
+            assert seq.tier_load is not None
+            num_loaded = seq.tier_load.poll()
+            if num_loaded is None:
+                waiting_for.append(seq)
+            else:
+                seq.tier_load = None
+                self._join_batch(seq, num_loaded)
+        self.loading = waiting_for
+        if self._stopped_loads:
+            still_copying = []
+            for handle, block_ids in self._stopped_loads:
+                if handle.poll() is None:
+                    still_copying.append((handle, block_ids))
+                else:
+                    self.blocks.release(block_ids)
+            self._stopped_loads = still_copying
+
+    def _join_batch(self, seq: RequestState, num_loaded: int) -> None:
+        """The request's blocks are in: its device hits plus num_loaded blocks from a lower tier."""
+        num_hit_blocks = seq.num_computed_tokens // self.block_size
+        if num_loaded:
+            span = slice(num_hit_blocks, num_hit_blocks + num_loaded)
+            self.blocks.register(seq.block_hashes[span], seq.block_ids[span])
+            num_hit_blocks += num_loaded
+            seq.num_loaded_tokens = num_loaded * self.block_size
+        seq.num_computed_tokens = seq.num_cached_tokens = num_hit_blocks * self.block_size
+        seq.num_registered_blocks = num_hit_blocks
+        self.running.append(seq)
 
     def schedule(self) -> list[ScheduledChunk]:
-        """Admit what fits, then plan this step's tokens."""
+        """Admit what fits and what finished loading, then plan this step's tokens."""
         self.admit()
         budget = self.max_num_batched_tokens
         chunks: list[ScheduledChunk] = []
@@ -323,5 +380,13 @@ class Scheduler:
         if seq in self.waiting:
             self.waiting.remove(seq)
             self._release_held(seq)
+        elif seq in self.loading:
+            # The copy may still be writing its blocks: they go back to the pool when it stops.
+            self.loading.remove(seq)
+            assert seq.tier_load is not None
+            seq.tier_load.cancel()
+            self._stopped_loads.append((seq.tier_load, seq.block_ids[::-1]))
+            seq.tier_load = None
+            seq.block_ids = []
         else:
             self._free(seq)

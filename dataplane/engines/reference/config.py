@@ -26,6 +26,10 @@ class EngineConfig:
     num_host_blocks: int = 0
     disk_dir: str = ""  # "" = no disk tier; needs a host tier (blocks spill host -> disk)
     num_disk_blocks: int = 65536
+    # Tier loads run on the tiers' copy thread and the request joins the batch when its blocks are
+    # in; True copies inside the engine step instead (the old path: a baseline for benchmarks).
+    sync_tier_loads: bool = False
+    host_load_gbs: float = 0.0  # > 0 caps host -> device loads at this many GB/s (a PCIe link modelled on CPU)
 
     def validate(self) -> EngineConfig:
         """Raise ValueError naming the first bad field; returns self so calls can chain."""
@@ -39,6 +43,12 @@ class EngineConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"EngineConfig.{name} must be a non-negative integer, got {value!r}")
+        if (
+            isinstance(self.host_load_gbs, bool)
+            or not isinstance(self.host_load_gbs, (int, float))
+            or not 0 <= self.host_load_gbs < float("inf")
+        ):
+            raise ValueError(f"EngineConfig.host_load_gbs must be a finite number >= 0 (0 = unthrottled), got {self.host_load_gbs!r}")
         if self.disk_dir and self.num_host_blocks == 0:
             raise ValueError("EngineConfig.disk_dir needs a host tier (num_host_blocks > 0): blocks spill host -> disk")
         if self.disk_dir and self.num_disk_blocks == 0:

@@ -4,6 +4,9 @@ submit() validates on the caller's thread and queues; the step thread admits, ru
 model call per step (decodes plus prompt chunks), samples, and hands outputs to each request's
 sink. The block manager and queues are guarded by one lock, released during the model call: the
 call only touches blocks the running requests hold, so imports and lookups proceed meanwhile.
+A prefix found in the host or disk tier is copied by the tiers' copy thread, started at
+admission; the request joins the batch when its blocks are in (paged/scheduler.py), so no step
+waits for the copy.
 Each step's wall time (model call and sampling) is queued with its features (kvplane.latency)
 for take_step_timings(), from which the agent fits its step-time model.
 """
@@ -69,6 +72,7 @@ class Engine:
             block_size=config.block_size,
         )
         self.pool = KVPool(self.layout, config.num_blocks, device=config.device)
+        self._cond = threading.Condition(threading.RLock())
         self._tiers: TierStore | None = None
         if config.num_host_blocks:
             self._blocks = BlockManager(config.num_blocks, on_stored=lambda hashes, ids: self._tiers.enqueue(hashes, ids))
@@ -78,6 +82,9 @@ class Engine:
                 generation=self._blocks.generation,
                 disk_dir=config.disk_dir or None,
                 num_disk_blocks=config.num_disk_blocks,
+                on_load_done=self._wake,
+                sync_loads=config.sync_tier_loads,
+                host_load_gbs=config.host_load_gbs,
             )
         else:
             self._blocks = BlockManager(config.num_blocks)
@@ -88,13 +95,12 @@ class Engine:
             config.max_num_seqs,
             config.max_num_batched_tokens,
             self.eos_token_ids,
-            load_lower=self._tiers.load if self._tiers is not None else None,
+            start_load=self._tiers.start_load if self._tiers is not None else None,
         )
         self._runner = ModelRunner(self.model, self.pool)
         self._cuda = self.pool.device.type == "cuda"  # step timings need the device to finish first
         self._step_timings: deque[StepSample] = deque(maxlen=MAX_QUEUED_STEP_TIMINGS)
         self._seed_stream = random.Random(config.seed)
-        self._cond = threading.Condition(threading.RLock())
         self._live_ids: set[str] = set()
         self._abort_ids: set[str] = set()
         self._thread: threading.Thread | None = None
@@ -121,7 +127,7 @@ class Engine:
             thread.join()
         with self._cond:
             self._stopped = True
-            seqs = [*self._scheduler.waiting, *self._scheduler.running]
+            seqs = [*self._scheduler.waiting, *self._scheduler.loading, *self._scheduler.running]
             outputs = [self._end(seq, "abort") for seq in seqs]
         self._emit(outputs)
         if self._tiers is not None:
@@ -255,6 +261,11 @@ class Engine:
             self._blocks.release(block_ids[::-1])
 
     # --- step thread ---------------------------------------------------------------------
+    def _wake(self) -> None:
+        """A tier load finished (the copy thread, holding no other lock): its request may join."""
+        with self._cond:
+            self._cond.notify_all()
+
     def _loop(self) -> None:
         while True:
             with self._cond:

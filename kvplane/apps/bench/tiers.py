@@ -6,7 +6,8 @@ disk (page cache) = the same from the disk tier right after writing; disk (cold)
 asking the kernel to drop the files from its page cache (posix_fadvise DONTNEED; best effort).
 The tier's credit weight that these numbers justify is 1 - load / recompute: the share of the
 recompute a cached block saves. The router's defaults (RouterConfig.overlap_weight_*) are
-rounded down from these (docs/benchmarks.md).
+rounded down from these (docs/benchmarks.md). `--overlap` measures instead whether a load stalls
+another request's decode (tiers_overlap.py).
 """
 
 from __future__ import annotations
@@ -18,12 +19,15 @@ import sys
 import tempfile
 import time
 
+from kvplane.apps.bench import tiers_overlap
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--models", default="builtin-tiny,builtin-wide", help="comma-separated builtin models (default %(default)s)")
     parser.add_argument("--blocks", type=int, default=64, help="blocks per measurement (default %(default)s)")
     parser.add_argument("--device", default="cpu", help="torch device of the device pool (default %(default)s)")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
+    tiers_overlap.add_arguments(parser)
 
 
 def _prefill_ms_per_block(engine, num_blocks: int) -> float:
@@ -103,6 +107,8 @@ def sync(device: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.overlap:
+        return tiers_overlap.run(args)
     rows = [measure(m, args.blocks, args.device) for m in args.models.split(",") if m]
     if args.json:
         print(json.dumps({"rows": rows}))
