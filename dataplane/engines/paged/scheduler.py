@@ -7,8 +7,10 @@ waits rather than being overtaken, and nothing is ever preempted. The cached pre
 (len(prompt) - 1) // block_size blocks so at least one prompt token is computed and yields logits.
 With lower KV tiers, the blocks right after the device-cached prefix that a lower tier holds are
 copied into the request's fresh blocks at admission (`load_lower`) and count as cached: prefill
-continues after them. Each step spends max_num_batched_tokens: one token per decoding request first, then prompt chunks
-in admission order. A full block is registered in the prefix cache in the step its KV is written.
+continues after them. An engine whose lower-tier copies take time of their own (the sim engine)
+passes `can_prefill`: a prefilling request whose copy is not far enough along gets no chunk this
+step and keeps its place. Each step spends max_num_batched_tokens: one token per decoding request
+first, then prompt chunks in admission order. A full block is registered in the prefix cache in the step its KV is written.
 `step_features` gives a planned step's shape (kvplane.latency's step-time features), what a step
 costs in any engine that runs these chunks.
 """
@@ -48,6 +50,7 @@ class RequestState:
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0
     num_loaded_tokens: int = 0  # of the cached tokens, those copied back from a lower tier
+    num_disk_loaded_tokens: int = 0  # of the loaded tokens, those read from disk (engines that tell)
     num_registered_blocks: int = 0
     num_output_tokens: int = 0
     admitted_at: float = 0.0  # the scheduler's clock at admission, for queue/prefill timings
@@ -71,6 +74,7 @@ class RequestState:
             error=error,
             admitted_at=self.admitted_at,
             num_loaded_tokens=self.num_loaded_tokens,
+            num_disk_loaded_tokens=self.num_disk_loaded_tokens,
         )
 
 
@@ -110,6 +114,7 @@ class Scheduler:
         "waiting",
         "running",
         "load_lower",
+        "can_prefill",
         "clock",
     )
 
@@ -121,8 +126,9 @@ class Scheduler:
         max_num_seqs: int,
         max_num_batched_tokens: int,
         eos_token_ids: tuple[int, ...],
-        load_lower: Callable[[list[BlockHash], list[int]], int] | None = None,
+        load_lower: Callable[[RequestState, list[BlockHash], list[int]], int] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        can_prefill: Callable[[RequestState], bool] | None = None,
     ) -> None:
         self.blocks = blocks
         self.model_name = model_name
@@ -132,8 +138,9 @@ class Scheduler:
         self.eos_token_ids = eos_token_ids
         self.waiting: deque[RequestState] = deque()
         self.running: list[RequestState] = []
-        # (hashes, fresh block ids) -> how many leading hashes a lower tier copied into those blocks.
+        # (request, hashes, fresh block ids) -> how many leading hashes a lower tier copied into those blocks.
         self.load_lower = load_lower
+        self.can_prefill = can_prefill  # None: every admitted request may prefill
         self.clock = clock  # admission times (a simulator passes its virtual clock)
 
     # --- bookkeeping ---------------------------------------------------------------------
@@ -224,9 +231,9 @@ class Scheduler:
             self.waiting.popleft()
             seq.admitted_at = self.clock()
             seq.block_ids, num_hit_blocks = got
-            if self.load_lower is not None and num_hit_blocks < max_hit:
-                span = slice(num_hit_blocks, max_hit)
-                num_loaded = self.load_lower(seq.block_hashes[span], seq.block_ids[span])
+            if self.load_lower is not None:  # called even with nothing to load: it may hold state for the request
+                span = slice(num_hit_blocks, max(num_hit_blocks, max_hit))
+                num_loaded = self.load_lower(seq, seq.block_hashes[span], seq.block_ids[span])
                 if num_loaded:
                     span = slice(num_hit_blocks, num_hit_blocks + num_loaded)
                     self.blocks.register(seq.block_hashes[span], seq.block_ids[span])
@@ -246,8 +253,9 @@ class Scheduler:
             if not seq.is_prefilling:
                 chunks.append(ScheduledChunk(seq, seq.num_computed_tokens, 1))
                 budget -= 1
+        can_prefill = self.can_prefill
         for seq in self.running:
-            if seq.is_prefilling and budget > 0:
+            if seq.is_prefilling and budget > 0 and (can_prefill is None or can_prefill(seq)):
                 n = min(seq.num_prompt_tokens - seq.num_computed_tokens, budget)
                 chunks.append(ScheduledChunk(seq, seq.num_computed_tokens, n))
                 budget -= n

@@ -88,7 +88,7 @@ class Engine:
             config.max_num_seqs,
             config.max_num_batched_tokens,
             self.eos_token_ids,
-            load_lower=self._tiers.load if self._tiers is not None else None,
+            load_lower=(lambda _seq, hashes, block_ids: self._tiers.load(hashes, block_ids)) if self._tiers is not None else None,
         )
         self._runner = ModelRunner(self.model, self.pool)
         self._cuda = self.pool.device.type == "cuda"  # step timings need the device to finish first
