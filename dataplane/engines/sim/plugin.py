@@ -73,9 +73,10 @@ def add_hardware_arguments(group: argparse._ArgumentGroup, *, host_size_list: bo
         group.add_argument("--host-gib", "--sim-host-gib", dest="sim_host_gib", type=host_sizes, default=[c.host_gib], metavar="GIB,GIB",
                            help="host memory for KV per worker, GiB; several sizes: one run each (default 0: no host tier)")  # fmt: skip
     else:
-        group.add_argument("--sim-host-gib", "--host-gib", dest="sim_host_gib", type=float, default=c.host_gib, metavar="GIB",
+        group.add_argument("--sim-host-gib", type=float, default=c.host_gib, metavar="GIB",
                            help="host memory for KV per worker, GiB: write-through from the device, LRU (default 0: none)")  # fmt: skip
-    group.add_argument("--sim-disk-gib", "--disk-gib", dest="sim_disk_gib", type=float, default=c.disk_gib, metavar="GIB",
+    disk_flags = ("--disk-gib", "--sim-disk-gib") if host_size_list else ("--sim-disk-gib",)  # `kvplane sim` and `plan`: short names
+    group.add_argument(*disk_flags, dest="sim_disk_gib", type=float, default=c.disk_gib, metavar="GIB",
                        help="local NVMe for KV per worker, GiB: what the host tier evicts, LRU; needs a host tier (default 0: none)")  # fmt: skip
     group.add_argument("--sim-host-gb-per-s", type=float, default=c.host_gb_per_s,
                        help="host <-> device copy rate per GPU, GB/s (default %(default)s: PCIe Gen5 x16, achievable)")  # fmt: skip
