@@ -54,6 +54,7 @@ class EngineOutput:
     pinned_block_ids: list[int] = field(default_factory=list)
     admitted_at: float = 0.0  # time.monotonic() when the scheduler admitted it (0 = never admitted)
     num_loaded_tokens: int = 0  # of num_cached_tokens, those copied back from the host or disk tier
+    num_disk_loaded_tokens: int = 0  # of num_loaded_tokens, those read from disk (0 where an engine does not tell)
 
 
 @dataclass(slots=True, frozen=True)

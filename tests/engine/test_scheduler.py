@@ -165,7 +165,7 @@ class HeldLoad:
 def with_loads(loads: list[HeldLoad], **kw: object) -> Scheduler:
     s = make(**kw)  # type: ignore[arg-type]
 
-    def start_load(hashes: list, block_ids: list[int]) -> HeldLoad:
+    def start_load(_seq, hashes: list, block_ids: list[int]) -> HeldLoad:
         loads.append(HeldLoad(hashes, block_ids))
         return loads[-1]
 

@@ -48,8 +48,10 @@ class LoadHandle(Protocol):
         ...
 
 
-# (hashes, fresh block ids) -> the load of the leading hashes a lower tier holds, or None (none held).
-StartLoad = Callable[[list[BlockHash], list[int]], LoadHandle | None]
+# (request, hashes, fresh block ids) -> the load of the leading hashes a lower tier holds, or None
+# (none held). An engine whose copies take time of their own (the sim engine: virtual time) answers
+# poll() with None until enough of the copy is in for the request to prefill.
+StartLoad = Callable[["RequestState", list[BlockHash], list[int]], LoadHandle | None]
 
 
 @dataclass(slots=True, eq=False)
@@ -67,6 +69,7 @@ class RequestState:
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0
     num_loaded_tokens: int = 0  # of the cached tokens, those copied back from a lower tier
+    num_disk_loaded_tokens: int = 0  # of the loaded tokens, those read from disk (engines that tell)
     num_registered_blocks: int = 0
     num_output_tokens: int = 0
     admitted_at: float = 0.0  # the scheduler's clock at admission, for queue/prefill timings
@@ -91,6 +94,7 @@ class RequestState:
             error=error,
             admitted_at=self.admitted_at,
             num_loaded_tokens=self.num_loaded_tokens,
+            num_disk_loaded_tokens=self.num_disk_loaded_tokens,
         )
 
 
@@ -252,7 +256,7 @@ class Scheduler:
             load = None
             if self.start_load is not None and num_hit_blocks < max_hit:
                 span = slice(num_hit_blocks, max_hit)
-                load = self.start_load(seq.block_hashes[span], seq.block_ids[span])
+                load = self.start_load(seq, seq.block_hashes[span], seq.block_ids[span])
             num_loaded = load.poll() if load is not None else 0  # a synchronous load is done already
             if num_loaded is None:
                 seq.tier_load = load

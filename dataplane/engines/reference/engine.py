@@ -95,7 +95,7 @@ class Engine:
             config.max_num_seqs,
             config.max_num_batched_tokens,
             self.eos_token_ids,
-            start_load=self._tiers.start_load if self._tiers is not None else None,
+            start_load=(lambda _seq, hashes, block_ids: self._tiers.start_load(hashes, block_ids)) if self._tiers is not None else None,
         )
         self._runner = ModelRunner(self.model, self.pool)
         self._cuda = self.pool.device.type == "cuda"  # step timings need the device to finish first

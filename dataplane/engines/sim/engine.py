@@ -10,7 +10,10 @@ discrete-event simulator (`kvplane sim`: advances a virtual clock by it).
     engine.end_step()               # its KV is written, tokens go to each request's sink
 
 A step's time is timing.step_seconds(features of the scheduled chunks) (kvplane.hardware: a
-roofline of the GPU and model, or a measured profile). Tokens are deterministic: a request's
+roofline of the GPU and model, or a measured profile). With host or disk tiers (config host_gib,
+disk_gib; tiers.py) a request's lower-tier hit is copied from its arrival, its prefill waits for
+the copy's first layer, and its first prefill step lasts until the copy's last layer is in plus one
+layer's compute, when that is longer (the step timing it reports stays the compute alone). Tokens are deterministic: a request's
 tokens are a 64-bit LCG stream (Knuth's MMIX constants) seeded from the engine seed and a CRC-32 of
 its prompt (greedy: the same prompt gives the same tokens on every sim worker of the same seed)
 or, for temperature > 0, from its sampling seed or the engine's seeded stream. There is no EOS:
@@ -36,6 +39,7 @@ from kvplane.dataplane.engines.paged.scheduler import RequestState, ScheduledChu
 from kvplane.dataplane.engines.request import EngineInputError, EngineLoad, EngineOutput, EngineRequest
 from kvplane.dataplane.engines.sim.config import SimConfig
 from kvplane.dataplane.engines.sim.pool import SimPool
+from kvplane.dataplane.engines.sim.tiers import SimTiers, TierLoad
 from kvplane.hardware import StepTiming
 from kvplane.latency import StepSample
 from kvplane.tokenizer import BYTE_TOKENIZER
@@ -70,6 +74,22 @@ def prompt_digest(token_ids: Sequence[int]) -> int:
     return zlib.crc32(struct.pack(f"<{len(token_ids)}I", *token_ids))
 
 
+class _CopyIn:
+    """A lower-tier copy in virtual time (the scheduler's LoadHandle): its blocks count once the
+    copy's first layer is in (the first prefill step is stretched for the rest: _stretch)."""
+
+    __slots__ = ("num_blocks", "first_layer_at", "now")
+
+    def __init__(self, num_blocks: int, first_layer_at: float, now) -> None:
+        self.num_blocks, self.first_layer_at, self.now = num_blocks, first_layer_at, now
+
+    def poll(self) -> int | None:
+        return self.num_blocks if self.first_layer_at <= self.now() else None
+
+    def cancel(self) -> None:  # nothing writes the simulated blocks: they may go back at once
+        self.first_layer_at = 0.0
+
+
 class SimEngine:
     def __init__(self, config: SimConfig, *, clock: Callable[[], float], timing: StepTiming | None = None) -> None:
         self.config = config.validate()
@@ -81,10 +101,26 @@ class SimEngine:
         if num_blocks <= 0:
             raise ValueError(f"{config.model} on {config.tp} x {config.gpu} leaves no memory for KV blocks")
         self.pool = SimPool(self.layout, num_blocks, config.payload_bytes)
-        self._blocks = BlockManager(num_blocks, on_stored=self.pool.write)
+        self._clock = clock
+        self._speedup = config.speedup  # the clock's seconds x speedup = simulated seconds
+        self._num_layers = spec.num_layers
+        self.tiers: SimTiers | None = None
+        self._loads: dict[str, TierLoad] = {}  # request id -> its copy, started at arrival, until admission
+        self._ready: dict[str, tuple[float, float]] = {}  # request id -> (first layer in, copy done) until its first step
+        if config.host_gib:
+            num_host = config.host_blocks()
+            if num_host <= 0:
+                raise ValueError(f"host_gib {config.host_gib} holds no KV block of {config.block_nbytes():,} bytes")
+            self.tiers = SimTiers(
+                num_host, config.disk_blocks(), config.block_nbytes(), spec.num_layers, config.host_load_bytes_per_s(),
+                config.disk_load_bytes_per_s(),
+            )  # fmt: skip
+        tiered = self.tiers is not None
+        self._blocks = BlockManager(num_blocks, on_stored=self._stored if tiered else self.pool.write)
         self._scheduler = Scheduler(
-            self._blocks, self.model_name, config.block_size, config.max_num_seqs, config.max_num_batched_tokens, (), clock=clock
-        )
+            self._blocks, self.model_name, config.block_size, config.max_num_seqs, config.max_num_batched_tokens, (), clock=clock,
+            start_load=self._load_lower if tiered else None,
+        )  # fmt: skip
         self.info = EngineInfo(
             model=self.model_name,
             layout=self.layout,
@@ -127,6 +163,8 @@ class SimEngine:
             held_block_ids=list(request.held_block_ids),
         )
         self._live[request.request_id] = seq
+        if self.tiers is not None:
+            self._start_load(seq)
         self._scheduler.waiting.append(seq)
 
     def abort(self, request_id: str) -> None:
@@ -167,7 +205,10 @@ class SimEngine:
         self._step = chunks
         features = self.last_features = step_features(chunks)
         seconds = self.timing.step_seconds(*features)
+        # The compute alone: what a step-time model fitted from these samples should predict.
         self._step_timings.append(StepSample(*features, seconds=seconds))
+        if self._ready:
+            seconds = self._stretch(chunks, seconds)
         return seconds
 
     def end_step(self) -> None:
@@ -188,7 +229,84 @@ class SimEngine:
     def _end(self, seq: RequestState, reason: str) -> None:
         self._scheduler.remove(seq)
         self._live.pop(seq.request_id, None)
+        load = self._loads.pop(seq.request_id, None)
+        if load is not None and self.tiers is not None:
+            self.tiers.end_load(load)
+        self._ready.pop(seq.request_id, None)
         seq.sink(seq.output([], reason))
+
+    # --- lower tiers (tiers.py) --------------------------------------------------------------
+    def _now(self) -> float:
+        return self._clock() * self._speedup
+
+    def _stored(self, block_hashes: Sequence[BlockHash], block_ids: Sequence[int]) -> None:
+        self.pool.write(block_hashes, block_ids)
+        assert self.tiers is not None
+        self.tiers.offload(self._now(), block_hashes)
+
+    def _start_load(self, seq: RequestState) -> None:
+        """At arrival: copy the blocks after the device-cached prefix that a lower tier holds."""
+        assert self.tiers is not None
+        bs = self.config.block_size
+        seq.block_hashes = self.prompt_block_hashes(seq.token_ids[: seq.num_prompt_tokens], seq.request.cache_salt)
+        max_hit = (seq.num_prompt_tokens - 1) // bs
+        on_device = len(self._blocks.longest_cached_prefix(seq.block_hashes[:max_hit]))
+        if on_device < max_hit:
+            load = self.tiers.start_load(self._now(), seq.block_hashes[on_device:max_hit])
+            if load is not None:
+                self._loads[seq.request_id] = load
+
+    def _load_lower(self, seq: RequestState, block_hashes: list[BlockHash], block_ids: list[int]) -> _CopyIn | None:
+        """At admission (the scheduler's start_load): the leading block_hashes the tiers hold,
+        in once the copy's first layer is (the scheduler admits the request to the batch then).
+        Blocks the arrival's copy did not cover (the device lost them while the request waited)
+        are copied now."""
+        tiers = self.tiers
+        assert tiers is not None
+        now = self._now()
+        load = self._loads.pop(seq.request_id, None)
+        covered = set(load.block_hashes) if load is not None else set()
+        tiers.advance(now)
+        run = []
+        for h in block_hashes:
+            if h not in covered and not tiers.holds(h):
+                break
+            run.append(h)
+        loads = [load] if load is not None else []
+        extra = [h for h in run if h not in covered]
+        if extra:
+            more = tiers.start_load(now, extra)  # all held (checked just now, nothing committed since)
+            assert more is not None and len(more.block_hashes) == len(extra)
+            loads.append(more)
+        used = set(run)
+        num_disk = sum(1 for one in loads for h in one.disk_block_hashes if h in used)
+        first = max((one.first_layer_at for one in loads), default=0.0)
+        done = max((one.done_at for one in loads), default=0.0)
+        for one in loads:
+            tiers.end_load(one)  # registered on the device next: no lower copy is needed any more
+        if not run:
+            return None
+        if done > now:
+            self._ready[seq.request_id] = (first, done)
+        seq.num_disk_loaded_tokens = num_disk * self.config.block_size
+        return _CopyIn(len(run), first, self._now)
+
+    def _stretch(self, chunks: list[ScheduledChunk], seconds: float) -> float:
+        """A request's first prefill step lasts until its copy's last layer is in plus one
+        layer's compute, when that is longer (the module docstring)."""
+        now = self._now()
+        for chunk in chunks:
+            ready = self._ready.pop(chunk.seq.request_id, None)
+            if ready is not None:
+                seconds = max(seconds, ready[1] - now + seconds / self._num_layers)
+        return seconds
+
+    def next_ready_at(self) -> float | None:
+        """When (in the clock's seconds) the next request waiting for a copy's first layer may
+        prefill; None when none waits. A driver that found no step to run wakes then."""
+        now = self._now()
+        pending = [first for first, _ in self._ready.values() if first > now]
+        return min(pending) / self._speedup if pending else None
 
     # --- introspection -----------------------------------------------------------------------
     def load(self) -> EngineLoad:
@@ -201,10 +319,16 @@ class SimEngine:
         return timings
 
     def take_kv_events(self) -> list[KVCacheEvent]:
-        return self._blocks.take_events()
+        events = self._blocks.take_events()
+        if self.tiers is not None:
+            events += self.tiers.take_events(self._now())
+        return events
 
     def cached_block_hashes_by_tier(self) -> dict[Tier, list[BlockHash]]:
-        return {Tier.DEVICE: self._blocks.cached_block_hashes()}
+        out = {Tier.DEVICE: self._blocks.cached_block_hashes()}
+        if self.tiers is not None:
+            out.update(self.tiers.hashes_by_tier(self._now()))
+        return out
 
     # --- KV import / export (KVImportExport) -------------------------------------------------
     def prompt_block_hashes(self, prompt_token_ids: Sequence[int], cache_salt: str = "") -> list[BlockHash]:

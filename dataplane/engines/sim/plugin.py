@@ -32,8 +32,20 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
     return hardware_config_from_args(args, speedup=args.speedup)
 
 
-def add_hardware_arguments(group: argparse._ArgumentGroup) -> None:
-    """The --sim-* flags: what is simulated (`kvplane sim` and `kvplane plan` use them too)."""
+def host_sizes(text: str) -> list[float]:
+    """GiB sizes, comma-separated, each >= 0 (0: no host tier)."""
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        values = []
+    if not values or any(not 0 <= v < float("inf") for v in values):
+        raise argparse.ArgumentTypeError(f"expected GiB sizes >= 0, comma-separated, got {text!r}")
+    return values
+
+
+def add_hardware_arguments(group: argparse._ArgumentGroup, *, host_size_list: bool = False) -> None:
+    """The --sim-* flags: what is simulated (`kvplane sim` and `kvplane plan` use them too, with
+    `host_size_list`: --host-gib takes several sizes, one run per size)."""
     c, r = SimConfig(), RooflineConfig()
     group.add_argument("--sim-gpu", default=c.gpu, help=f"simulated GPU: {', '.join(hardware.names('gpus'))} (default %(default)s)")
     group.add_argument(
@@ -57,6 +69,19 @@ def add_hardware_arguments(group: argparse._ArgumentGroup) -> None:
                        help="tokens per step; longer prompts prefill in chunks (default %(default)s)")  # fmt: skip
     group.add_argument("--sim-payload-bytes", type=int, default=c.payload_bytes,
                        help="bytes stored and moved per KV block; transfers report the model's real block size (default %(default)s)")  # fmt: skip
+    if host_size_list:
+        group.add_argument("--host-gib", "--sim-host-gib", dest="sim_host_gib", type=host_sizes, default=[c.host_gib], metavar="GIB,GIB",
+                           help="host memory for KV per worker, GiB; several sizes: one run each (default 0: no host tier)")  # fmt: skip
+    else:
+        group.add_argument("--sim-host-gib", type=float, default=c.host_gib, metavar="GIB",
+                           help="host memory for KV per worker, GiB: write-through from the device, LRU (default 0: none)")  # fmt: skip
+    disk_flags = ("--disk-gib", "--sim-disk-gib") if host_size_list else ("--sim-disk-gib",)  # `kvplane sim` and `plan`: short names
+    group.add_argument(*disk_flags, dest="sim_disk_gib", type=float, default=c.disk_gib, metavar="GIB",
+                       help="local NVMe for KV per worker, GiB: what the host tier evicts, LRU; needs a host tier (default 0: none)")  # fmt: skip
+    group.add_argument("--sim-host-gb-per-s", type=float, default=c.host_gb_per_s,
+                       help="host <-> device copy rate per GPU, GB/s (default %(default)s: PCIe Gen5 x16, achievable)")  # fmt: skip
+    group.add_argument("--sim-disk-gb-per-s", type=float, default=c.disk_gb_per_s,
+                       help="disk read/write rate per worker, GB/s (default %(default)s: one NVMe Gen4 drive)")  # fmt: skip
 
 
 def hardware_config_from_args(args: argparse.Namespace, **overrides: object) -> SimConfig:
@@ -75,6 +100,10 @@ def hardware_config_from_args(args: argparse.Namespace, **overrides: object) -> 
         max_num_batched_tokens=args.sim_max_batched_tokens,
         max_tokens_limit=args.max_tokens_limit,
         payload_bytes=args.sim_payload_bytes,
+        host_gib=args.sim_host_gib[0] if isinstance(args.sim_host_gib, list) else args.sim_host_gib,
+        disk_gib=args.sim_disk_gib,
+        host_gb_per_s=args.sim_host_gb_per_s,
+        disk_gb_per_s=args.sim_disk_gb_per_s,
         seed=args.seed,
         **overrides,
     ).validate()
@@ -95,6 +124,8 @@ def agent_args(config: SimConfig) -> list[str]:
         "--sim-mfu", repr(r.mfu), "--sim-hbm-efficiency", repr(r.hbm_efficiency),
         "--sim-step-overhead-ms", repr(r.step_overhead_s * 1000), "--sim-num-blocks", str(config.num_blocks),
         "--sim-max-num-seqs", str(config.max_num_seqs), "--sim-max-batched-tokens", str(config.max_num_batched_tokens),
-        "--sim-payload-bytes", str(config.payload_bytes), "--block-size", str(config.block_size),
+        "--sim-payload-bytes", str(config.payload_bytes), "--sim-host-gib", repr(config.host_gib),
+        "--sim-disk-gib", repr(config.disk_gib), "--sim-host-gb-per-s", repr(config.host_gb_per_s),
+        "--sim-disk-gb-per-s", repr(config.disk_gb_per_s), "--block-size", str(config.block_size),
         "--max-tokens-limit", str(config.max_tokens_limit), "--seed", str(config.seed), "--speedup", repr(config.speedup),
     ]  # fmt: skip

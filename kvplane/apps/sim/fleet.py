@@ -129,6 +129,7 @@ class SimWorker:
         self._on_report = on_report
         self._on_kv_events = on_kv_events
         self._stepping = False
+        self._wake_at = -1.0  # the kick armed for a lower-tier copy's first layer
         self._report_armed = False
         self._events_armed = False
         self._kv_seq = 0
@@ -157,6 +158,11 @@ class SimWorker:
                 self.prefill_busy_s += seconds
             self._stepping = True
             self._loop.after(seconds, self._end_step)
+            return
+        wake = self.engine.next_ready_at()  # a request waits for its KV copy from a lower tier
+        if wake is not None and wake != self._wake_at:
+            self._wake_at = wake
+            self._loop.at(wake, self.kick)
 
     def _end_step(self) -> None:
         self._stepping = False

@@ -13,6 +13,7 @@ every routing policy, kvplane judged against the peers' rules.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 import time
@@ -75,15 +76,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     c.add_argument("--block-size", type=int, default=SimConfig().block_size, help="tokens per KV block (default %(default)s)")
     c.add_argument("--max-tokens-limit", type=int, default=SimConfig().max_tokens_limit, help="largest max_tokens (default %(default)s)")
     c.add_argument("--hop-ms", type=float, default=AgentTiming().hop_s * 1000, help="one RPC's one-way latency in ms (default %(default)s)")
-    sim_plugin.add_hardware_arguments(parser.add_argument_group("simulated hardware (the sim engine's flags)"))
+    sim_plugin.add_hardware_arguments(parser.add_argument_group("simulated hardware (the sim engine's flags)"), host_size_list=True)
     add_config_arguments(parser.add_argument_group("control plane (kvplane controlplane's flags)"), PlannerConfig())
-    # The planner's first link rate is the simulated link's (a live control plane is told it by
-    # the flag): predictions start from the hardware, not from a default to learn away from.
-    link_rate = next(a for a in parser._actions if a.dest == "initial_link_gb_per_s")
-    link_rate.default, link_rate.help = (
-        None,
-        "KV transfer rate predictions assume until transfers are measured, GB/s (default: the simulated link's)",
-    )
+    # The planner's first link rate and its tier load rates are the simulated hardware's (a live
+    # control plane is told them by these flags): predictions start from the hardware, not from a
+    # default to learn away from.
+    for dest, help_text in (
+        ("initial_link_gb_per_s", "KV transfer rate predictions assume until transfers are measured, GB/s (default: the simulated link's)"),
+        ("host_load_gb_per_s", "kvplane policy: rate of loading cached KV blocks from host memory, GB/s (default: the simulated worker's)"),
+        ("disk_load_gb_per_s", "kvplane policy: rate of loading cached KV blocks from disk, GB/s (default: the simulated worker's)"),
+    ):
+        action = next(a for a in parser._actions if a.dest == dest)
+        action.default, action.help = None, help_text
 
     p = parser.add_argument_group("comparison and output")
     p.add_argument("--compare-routing", type=_names(routing_policy_names()), default=None, metavar="P,P",
@@ -133,18 +137,19 @@ def run_sweep(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str,
     rows = []
     for level in levels:
         baseline = None
-        for routing in sweep.routings:
-            for admission in sweep.admissions:
-                log(f"[{level.label} {routing}/{admission}] {len(level.requests)} requests on {sweep.fleet.num_workers} workers ...")
-                row = level_row(sweep, level, routing, admission)
-                if baseline is None:
-                    baseline = row["goodput_rps"]
-                row["goodput_vs_baseline"] = round(row["goodput_rps"] / baseline, 4) if baseline else None
-                if args.compare_processes:
-                    real = sweep.processes(level, routing, admission, row["oracle_hit_rate"])
-                    row["processes"] = real
-                    row["processes_error"] = {k: _relative_error(row[k], real[k]) for k in AGREEMENT_KEYS}
-                rows.append(row)
+        # One row per policy pair and host size (--host-gib N,N); the level's first row is the baseline.
+        for routing, admission, fleet in itertools.product(sweep.routings, sweep.admissions, sweep.fleets):
+            host = f", host {fleet.engine.host_gib:g} GiB" if len(sweep.fleets) > 1 else ""
+            log(f"[{level.label} {routing}/{admission}{host}] {len(level.requests)} requests on {fleet.num_workers} workers ...")
+            row = level_row(sweep, level, routing, admission, fleet)
+            if baseline is None:
+                baseline = row["goodput_rps"]
+            row["goodput_vs_baseline"] = round(row["goodput_rps"] / baseline, 4) if baseline else None
+            if args.compare_processes:
+                real = sweep.processes(level, routing, admission, row["oracle_hit_rate"])
+                row["processes"] = real
+                row["processes_error"] = {k: _relative_error(row[k], real[k]) for k in AGREEMENT_KEYS}
+            rows.append(row)
     return {"config": sweep.config(capacity), "rows": rows}
 
 
@@ -173,11 +178,29 @@ def format_agreement(result: dict[str, Any]) -> str:
     return "\n".join(f"| {line} |" for line in lines)
 
 
+# With a host tier: the size per row, the hit rate by tier and the bound of a cache that never evicts.
+TIER_COLUMNS = (
+    ("host_gib", "host GiB", "{:g}"), ("hit_device", "hit device", "{:.3f}"), ("hit_host", "hit host", "{:.3f}"),
+    ("hit_disk", "hit disk", "{:.3f}"),
+)  # fmt: skip
+INFINITE_COLUMN = ("infinite_hit_rate", "infinite", "{:.3f}")
+
+
+def table_columns(result: dict[str, Any]) -> tuple[tuple[str, str, str], ...]:
+    if not any(r.get("host_gib") for r in result["rows"]):
+        return ROW_COLUMNS
+    at = next(i for i, c in enumerate(ROW_COLUMNS) if c[0] == "hit_rate")
+    oracle = next(i for i, c in enumerate(ROW_COLUMNS) if c[0] == "oracle_hit_rate")
+    return (*ROW_COLUMNS[:at], TIER_COLUMNS[0], ROW_COLUMNS[at], *TIER_COLUMNS[1:], *ROW_COLUMNS[at + 1 : oracle + 1], INFINITE_COLUMN,
+            *ROW_COLUMNS[oracle + 1 :])  # fmt: skip
+
+
 def format_table(result: dict[str, Any]) -> str:
-    lines = [" | ".join(h for _, h, _ in ROW_COLUMNS), " | ".join("---" for _ in ROW_COLUMNS)]
+    columns = table_columns(result)
+    lines = [" | ".join(h for _, h, _ in columns), " | ".join("---" for _ in columns)]
     for r in result["rows"]:
         cells = []
-        for key, _, fmt in ROW_COLUMNS:
+        for key, _, fmt in columns:
             value = r.get(key)
             cells.append("-" if value is None else fmt.format(value) if key != "kv_bytes_moved" else f"{value / 1e9:.1f} GB")
         lines.append(" | ".join(cells))

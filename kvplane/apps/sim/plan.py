@@ -14,6 +14,10 @@ lengths and a prefix-sharing rate, or a trace), it answers with numbers:
      whose attainment of both objectives at R is at least `--attainment`;
    - with `--workers N` (the default, 8): per mode and split, the highest rate that still meets
      `--attainment` (a doubling search, then bisection), i.e. goodput within the objectives;
+   - with `--host-gib S,S` (several sizes): instead of the search, what host memory per worker
+     buys: per size, one simulation of `--workers N` colocated workers (default 8) with that host
+     tier at `--rate` (default: the trace's own rate, or the closed-form estimate), its hit rate
+     by tier, the oracle with the same capacity, TTFT p50/p99 and goodput within the objectives;
 4. the answer: the mode needing fewer GPUs (or serving more within the objectives), its expected
    TTFT/TPOT p50/p99 and goodput, and the bottleneck: the KV transfer when it is over a third of
    the TTFT p50, KV memory when a pool filled, else the objective closer to its limit at p99
@@ -25,6 +29,7 @@ largest decode batch whose step meets the TPOT objective); the simulator decides
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
@@ -41,6 +46,7 @@ from kvplane.apps.sim.fleet import AgentTiming
 from kvplane.apps.sim.simulator import FleetSpec, SimRequest, Simulator
 from kvplane.apps.sim.sweep import length_range
 from kvplane.controlplane.core.planner import PlannerConfig
+from kvplane.controlplane.core.policies.kvplane import KvplaneParams
 from kvplane.controlplane.core.router import RouterConfig
 from kvplane.controlplane.core.settings import ClusterSettings
 from kvplane.dataplane.engines.sim import SimConfig
@@ -52,7 +58,7 @@ COLOCATED, DISAGGREGATED = "colocated", "disaggregated"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    sim_plugin.add_hardware_arguments(parser.add_argument_group("hardware (the sim engine's flags)"))
+    sim_plugin.add_hardware_arguments(parser.add_argument_group("hardware (the sim engine's flags)"), host_size_list=True)
     parser.add_argument("--block-size", type=int, default=SimConfig().block_size, help="tokens per KV block (default %(default)s)")
     parser.add_argument("--max-tokens-limit", type=int, default=SimConfig().max_tokens_limit, help=argparse.SUPPRESS)
     w = parser.add_argument_group("workload and objectives")
@@ -198,11 +204,16 @@ class Planner:
             )  # fmt: skip
         return workloads.synthetic(self.synthetic, rate, a.duration, a.seed, self.model.vocab_size)
 
-    def evaluate(self, candidate: Candidate, rate: float) -> Evaluation:
-        fleet = FleetSpec(self.engine, candidate.num_prefill, candidate.num_decode if candidate.mode == DISAGGREGATED else 0,
+    def evaluate(self, candidate: Candidate, rate: float, engine: SimConfig | None = None) -> Evaluation:
+        engine = engine or self.engine
+        fleet = FleetSpec(engine, candidate.num_prefill, candidate.num_decode if candidate.mode == DISAGGREGATED else 0,
                           candidate.num_decode if candidate.mode == COLOCATED else 0)  # fmt: skip
         disagg = DisaggMode.ALWAYS if candidate.mode == DISAGGREGATED else DisaggMode.NEVER
-        config = PlannerConfig(admission_policy="none", router=RouterConfig(disagg_threshold_tokens=0))
+        # Tier loads priced at the simulated worker's rates (its PCIe links, its drive).
+        policy = KvplaneParams(
+            host_load_gb_per_s=engine.host_load_bytes_per_s() / 1e9, disk_load_gb_per_s=engine.disk_load_bytes_per_s() / 1e9
+        )
+        config = PlannerConfig(admission_policy="none", router=RouterConfig(policy=policy, disagg_threshold_tokens=0))
         sim = Simulator(fleet, config, self.settings, seed=self.args.seed, agent=AgentTiming(), disagg=disagg)
         requests = self.requests(rate)
         result = sim.run(requests)
@@ -353,6 +364,11 @@ def plan(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]
     if problems:
         out["infeasible"] = problems
         return out
+    sizes = args.sim_host_gib if isinstance(args.sim_host_gib, list) else [args.sim_host_gib]
+    if len(sizes) > 1:
+        out["host_tiers"] = host_tiers(p, sizes, log)
+        out["num_simulations"] = p.num_simulations
+        return out
     candidates: dict[str, Evaluation | None] = {}
     if args.rate > 0:
         out["search"] = {"target_rate_rps": args.rate}
@@ -381,6 +397,42 @@ def plan(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]
     if args.plot and candidates:
         out["curves"] = curves(p, [ev for ev in candidates.values() if ev is not None], log)
     return out
+
+
+def host_tiers(p: Planner, sizes: list[float], log: Callable[[str], None]) -> dict[str, Any]:
+    """Per host size: one colocated run at the same rate, and what it gave (module docstring)."""
+    n = p.args.workers or 8
+    candidate = Candidate(COLOCATED, 0, n)
+    rate = p.args.rate or (p.trace_rate if p.synthetic is None else p.estimate(candidate))
+    log(f"host tiers: {n} colocated workers at {rate:.2f} requests/s, host GiB per worker {', '.join(f'{s:g}' for s in sizes)} ...")
+    rows = []
+    for size in sizes:
+        e = p.evaluate(candidate, rate, dataclasses.replace(p.engine, host_gib=size).validate())
+        r = e.row
+        rows.append({
+            "host_gib": size, "hit_rate": r["hit_rate"], "hit_device": r["hit_device"], "hit_host": r["hit_host"],
+            "hit_disk": r["hit_disk"], "oracle_hit_rate": r["oracle_hit_rate"], "infinite_hit_rate": r["infinite_hit_rate"],
+            "ttft_p50_ms": r["ttft_p50_ms"], "ttft_p99_ms": r["ttft_p99_ms"], "tpot_p99_ms": r["tpot_p99_ms"],
+            "goodput_rps": r["goodput_rps"], "attainment": r["attainment"],
+        })  # fmt: skip
+    return {"workers": n, "rate_rps": round(rate, 4), "disk_gib": p.engine.disk_gib, "rows": rows}
+
+
+def format_host_tiers(h: dict[str, Any]) -> list[str]:
+    header = ("host GiB", "hit", "device", "host", "disk", "oracle", "infinite", "TTFT p50", "TTFT p99", "goodput/s", "attain")
+    lines = [
+        f"host memory per worker: {h['workers']} colocated workers at {h['rate_rps']:.2f} requests/s"
+        + (f", disk {h['disk_gib']:g} GiB each" if h["disk_gib"] else ""),
+        " | ".join(header),
+        " | ".join("---" for _ in header),
+    ]
+    for r in h["rows"]:
+        lines.append(" | ".join((
+            f"{r['host_gib']:g}", f"{r['hit_rate']:.3f}", f"{r['hit_device']:.3f}", f"{r['hit_host']:.3f}", f"{r['hit_disk']:.3f}",
+            f"{r['oracle_hit_rate']:.3f}", f"{r['infinite_hit_rate']:.3f}", f"{r['ttft_p50_ms'] or 0:.0f}", f"{r['ttft_p99_ms'] or 0:.0f}",
+            f"{r['goodput_rps']:.2f}", f"{(r['attainment'] or 0):.1%}",
+        )))  # fmt: skip
+    return lines
 
 
 def curves(p: Planner, evaluations: list[Evaluation], log: Callable[[str], None]) -> dict[str, list[tuple[float, float]]]:
@@ -432,6 +484,8 @@ def format_text(result: dict[str, Any]) -> str:
     if "infeasible" in result:
         lines += ["", "no configuration meets the objectives:", *(f"  - {p}" for p in result["infeasible"])]
         return "\n".join(lines)
+    if "host_tiers" in result:
+        return "\n".join([*lines, "", *format_host_tiers(result["host_tiers"])])
     cands = result["candidates"]
     lines.append("")
     if not cands:

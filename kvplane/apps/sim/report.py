@@ -5,8 +5,11 @@
   admitted), TTFT and TPOT p50/p99, ttft_prediction_error. TTFT counts from the moment the request
   reached the control plane to its first token there; TPOT = (last - first token) / (tokens - 1).
 - From `kvplane bench prefix`: hit_rate (prompt tokens not computed where the prompt was prefilled
-  / prompt tokens), oracle_hit_rate (kvplane.apps.sim.simulator.OracleCache), prefill_tokens computed,
+  / prompt tokens), oracle_hit_rate (kvplane.apps.sim.simulator.OracleCache, every tier's capacity),
+  infinite_hit_rate (the same cache never evicting: the trace's own bound), prefill_tokens computed,
   max_load_over_mean (per worker: prompt tokens computed + tokens generated; max over the mean).
+- Hits by tier: hit_device, hit_host, hit_disk (the tokens each tier supplied / prompt tokens;
+  they add up to hit_rate).
 - Also: failed, disaggregated and fetch counts, kv_bytes_moved, throughput_tok_s, duration_s, and
   the virtual duration over which offered_rps and goodput are taken (`window_s`: the arrival window).
 """
@@ -53,6 +56,9 @@ def records_row(
     cached = sum(r.cached_tokens for r in records if r.admitted and not r.failed)
     routed_prompt = sum(r.prompt_tokens for r in records if r.admitted or r.rejected)
     oracle = sum(r.oracle_cached_tokens for r in records)
+    infinite = sum(r.infinite_cached_tokens for r in records)
+    loaded = sum(r.loaded_tokens for r in records if r.admitted and not r.failed)
+    from_disk = sum(r.disk_loaded_tokens for r in records if r.admitted and not r.failed)
     mean = sum(loads) / len(loads) if loads else 0.0
     generated = sum(r.num_tokens for r in records)
     base.update(
@@ -60,7 +66,11 @@ def records_row(
             "requests": len(records),
             "failed": sum(r.failed for r in records),
             "hit_rate": round(cached / prompt, 4) if prompt else 0.0,
+            "hit_device": round((cached - loaded) / prompt, 4) if prompt else 0.0,
+            "hit_host": round((loaded - from_disk) / prompt, 4) if prompt else 0.0,
+            "hit_disk": round(from_disk / prompt, 4) if prompt else 0.0,
             "oracle_hit_rate": round(oracle / routed_prompt, 4) if routed_prompt else 0.0,
+            "infinite_hit_rate": round(infinite / routed_prompt, 4) if routed_prompt else 0.0,
             "prefill_tokens": prompt - cached,
             "max_load_over_mean": round(max(loads) / mean, 4) if mean else 0.0,
             "disaggregated": sum(r.disaggregated for r in records if r.admitted),

@@ -105,6 +105,8 @@ class Record:
     finished_s: float | None = None  # when its end reached the control plane
     num_tokens: int = 0
     cached_tokens: int = 0  # prompt tokens not computed (where the prompt was prefilled)
+    loaded_tokens: int = 0  # of them, copied back from the host or disk tier
+    disk_loaded_tokens: int = 0  # of those, from disk
     decode_worker: str = ""
     prefill_worker: str = ""
     disaggregated: bool = False
@@ -113,6 +115,7 @@ class Record:
     kv_transfer_s: float = 0.0
     predicted_ttft_s: float | None = None
     oracle_cached_tokens: int = 0
+    infinite_cached_tokens: int = 0  # the bound of a cache that never evicts
 
     @property
     def ttft_s(self) -> float | None:
@@ -146,11 +149,13 @@ class RunResult:
 
 
 class OracleCache:
-    """One pooled LRU prefix cache with every worker's capacity, fed in arrival order: the hit
-    rate a router that knew every cache and ignored load could reach (the engine's rule applies:
-    the last prompt token is always computed)."""
+    """One pooled LRU prefix cache with every worker's capacity, every tier's together (device +
+    host + disk: with write-through the tiers hold copies of each other, so this is an upper
+    bound of what they hold), fed in arrival order: the hit rate a router that knew every cache
+    and ignored load could reach (the engine's rule applies: the last prompt token is always
+    computed). capacity_blocks None: a cache that never evicts, the bound of the trace itself."""
 
-    def __init__(self, capacity_blocks: int, block_size: int) -> None:
+    def __init__(self, capacity_blocks: int | None, block_size: int) -> None:
         self.capacity_blocks = capacity_blocks
         self.block_size = block_size
         self._lru: OrderedDict[BlockHash, None] = OrderedDict()
@@ -166,8 +171,9 @@ class OracleCache:
         for h in block_hashes:
             lru[h] = None
             lru.move_to_end(h)
-        while len(lru) > self.capacity_blocks:
-            lru.popitem(last=False)
+        if self.capacity_blocks is not None:
+            while len(lru) > self.capacity_blocks:
+                lru.popitem(last=False)
         return hit * self.block_size
 
 
@@ -214,7 +220,10 @@ class Simulator:
         self.model_name = first.info.model
         self.block_size = first.info.layout.block_size
         self.block_nbytes = first.info.layout.block_nbytes
-        self.oracle = OracleCache(sum(w.engine.load().num_total_blocks for w in self.workers), self.block_size)
+        capacity = sum(w.engine.load().num_total_blocks for w in self.workers)
+        capacity += len(self.workers) * (config.host_blocks() + config.disk_blocks() if config.host_gib else 0)
+        self.oracle = OracleCache(capacity, self.block_size)
+        self.infinite = OracleCache(None, self.block_size)
         self._records: list[Record] = []
         self._flights: dict[int, _Flight] = {}
         self._waiting_on: dict[int, list[int]] = {}  # request index -> requests waiting for it to finish
@@ -295,6 +304,7 @@ class Simulator:
         if self.measure_cost:
             self._cost_s.append(time.thread_time() - started)
         rec.oracle_cached_tokens = self.oracle.feed(routed.decision.block_hashes, rec.prompt_tokens)
+        rec.infinite_cached_tokens = self.infinite.feed(routed.decision.block_hashes, rec.prompt_tokens)
         if isinstance(verdict, Reject):
             rec.rejected = True
             self._end(i)
@@ -337,7 +347,7 @@ class Simulator:
             self.loop.after(self.agent.hop_s, self._local_fallback, f)
             return
         worker.num_prefill_tokens += out.num_prompt_tokens - out.num_cached_tokens
-        f.record.cached_tokens = out.num_cached_tokens
+        _count_cached(f.record, out)
         self.loop.after(self.agent.hop_s, self._pull, f, worker, out.block_hashes, out.pinned_block_ids, False)
 
     def _pin_cached(self, f: _Flight) -> None:
@@ -377,7 +387,8 @@ class Simulator:
     def _local_fallback(self, f: _Flight) -> None:
         """The remote prefill or the fetch failed: prefill on the decode worker, as the agent does."""
         rec = f.record
-        rec.prefill_worker, rec.disaggregated, rec.fetched, rec.cached_tokens = rec.decode_worker, False, False, 0
+        rec.prefill_worker, rec.disaggregated, rec.fetched = rec.decode_worker, False, False
+        rec.cached_tokens = rec.loaded_tokens = rec.disk_loaded_tokens = 0
         self._generate(f, [])
 
     def _generate(self, f: _Flight, held: list[int]) -> None:
@@ -405,7 +416,7 @@ class Simulator:
         if not out.finished:
             return
         if not rec.disaggregated:
-            rec.cached_tokens = out.num_cached_tokens
+            _count_cached(rec, out)
             worker.num_prefill_tokens += out.num_prompt_tokens - out.num_cached_tokens
         if out.error or out.finish_reason == "abort":
             rec.failed = True
@@ -428,3 +439,10 @@ class Simulator:
         self._finished.add(i)
         for j in self._waiting_on.pop(i, ()):
             self.loop.at(max(self.loop.now, self._requests[j].arrival_s), self._arrive, j)
+
+
+def _count_cached(rec: Record, out: EngineOutput) -> None:
+    """The prompt's cached tokens where it was prefilled, and of them those a lower tier held."""
+    rec.cached_tokens = out.num_cached_tokens
+    rec.loaded_tokens = out.num_loaded_tokens
+    rec.disk_loaded_tokens = out.num_disk_loaded_tokens

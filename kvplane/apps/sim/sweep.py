@@ -53,6 +53,13 @@ class Sweep:
         self.fleet = FleetSpec(engine, args.prefill, args.decode, args.both).validate()
         if args.initial_link_gb_per_s is None:
             args.initial_link_gb_per_s = hardware.link(engine.link).bits_per_s / 8e9
+        if getattr(args, "host_load_gb_per_s", None) is None:
+            args.host_load_gb_per_s = engine.host_load_bytes_per_s() / 1e9
+        if getattr(args, "disk_load_gb_per_s", None) is None:
+            args.disk_load_gb_per_s = engine.disk_load_bytes_per_s() / 1e9
+        # --host-gib N,N: one fleet per host size, each run per level and policy pair.
+        sizes = args.sim_host_gib if isinstance(args.sim_host_gib, list) else [args.sim_host_gib]
+        self.fleets = [dataclasses.replace(self.fleet, engine=dataclasses.replace(engine, host_gib=g)).validate() for g in sizes]
         self.spec = hardware.model(engine.model)
         interactive = Objective(args.ttft_ms, args.tpot_ms)
         self.objectives = {
@@ -72,7 +79,10 @@ class Sweep:
         args.admission = admission
         return planner_from_args(args, PlannerConfig())
 
-    def simulate(self, requests: list[SimRequest], routing: str, admission: str, label: str, until_s: float | None = None) -> RunResult:
+    def simulate(
+        self, requests: list[SimRequest], routing: str, admission: str, label: str, until_s: float | None = None,
+        fleet: FleetSpec | None = None,
+    ) -> RunResult:  # fmt: skip
         started, cpu_started = time.monotonic(), time.process_time()
         n = len(requests)
 
@@ -81,7 +91,7 @@ class Sweep:
                      f"virtual {sim.loop.now:.0f} s, wall {time.monotonic() - started:.0f} s, CPU {time.process_time() - cpu_started:.0f} s")  # fmt: skip
 
         sim = Simulator(
-            self.fleet, self.planner_config(routing, admission), self.settings, seed=self.args.seed, agent=self.agent,
+            fleet or self.fleet, self.planner_config(routing, admission), self.settings, seed=self.args.seed, agent=self.agent,
             measure_cost=self.args.planner_cost, progress=progress,
         )  # fmt: skip
         result = sim.run(requests, until_s)
@@ -199,15 +209,21 @@ class Sweep:
             "timing": "profile" if e.profile else "roofline", "block_size": e.block_size,
             "prefill": self.fleet.num_prefill, "decode": self.fleet.num_decode, "both": self.fleet.num_both,
             "kv_blocks_per_worker": e.total_blocks(), "kv_bytes_per_token": self.spec.kv_bytes_per_token,
+            "host_gib": [f.engine.host_gib for f in self.fleets], "disk_gib": e.disk_gib,
+            "host_gb_per_s_per_worker": e.host_load_bytes_per_s() / 1e9, "disk_gb_per_s": e.disk_gb_per_s,
             "objectives_ms": {p: dataclasses.asdict(o) for p, o in self.objectives.items()},
             "capacity_rps": None if capacity is None else round(capacity, 4), "seed": self.args.seed,
         }  # fmt: skip
 
 
-def level_row(sweep: Sweep, level: Level, routing: str, admission: str) -> dict[str, Any]:
-    """One simulated run of `level` with these policies: its row (report.row, with the level)."""
-    result = sweep.simulate(level.requests, routing, admission, level.label)
-    row: dict[str, Any] = {"level": level.label, "load_factor": level.load_factor, "routing": routing, "admission": admission}
+def level_row(sweep: Sweep, level: Level, routing: str, admission: str, fleet: FleetSpec | None = None) -> dict[str, Any]:
+    """One simulated run of `level` with these policies (on `fleet`, default the sweep's first):
+    its row (report.row, with the level and the host tier's size)."""
+    fleet = fleet or sweep.fleet
+    label = f"{level.label}, host {fleet.engine.host_gib:g} GiB" if len(sweep.fleets) > 1 else level.label
+    result = sweep.simulate(level.requests, routing, admission, label, fleet=fleet)
+    row: dict[str, Any] = {"level": level.label, "load_factor": level.load_factor, "routing": routing, "admission": admission,
+                           "host_gib": fleet.engine.host_gib}  # fmt: skip
     row.update(report.row(result, level.window_s, sweep.objectives))
     if sweep.args.planner_cost:
         row["planner_cost"] = report.planner_cost(result, sweep.fleet.num_workers)
