@@ -25,7 +25,7 @@ HiCache's `write_through` and vLLM's CPU offloading), with the time every copy t
   computed, and only what the step does not hide stretches it (and the batch riding in it, as
   layer-wise loading stalls a real forward pass). A request queued behind others whose load ends
   before its turn pays nothing.
-- At admission the loaded blocks are registered on the device (the scheduler's `load_lower`);
+- At admission the loaded blocks are registered on the device (the scheduler's `start_load`);
   blocks a tier holds that the arrival-time load did not cover (the device evicted them while the
   request waited) are loaded then, from the admission time.
 Everything happens lazily at the calls (`advance(now)` commits the copies that have ended), so
