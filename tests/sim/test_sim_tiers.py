@@ -13,17 +13,10 @@ from kvplane.dataplane.engines.sim.config import SimConfig
 from kvplane.dataplane.engines.sim.engine import SimEngine
 from kvplane.latency import prefill_attention
 from kvplane.types import Tier
+from tests.sim.test_sim_engine import Clock
 
 BLOCK_BYTES = 2 * 32 * 8 * 128 * 2 * 16  # llama-3-8b, fp16, 16-token blocks: 2 MiB
 GIB_PER_BLOCK = BLOCK_BYTES / 2**30
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def make(**overrides) -> tuple[SimEngine, Clock]:
