@@ -44,7 +44,7 @@ from kvplane.controlplane.config import ControlPlaneConfig
 from kvplane.controlplane.core import failover
 from kvplane.controlplane.core.admission_base import Reject, RejectKind
 from kvplane.controlplane.core.failover import Failure
-from kvplane.controlplane.core.planner import Outcome, Plan, Planner, Routed
+from kvplane.controlplane.core.planner import EARLY_TPOT_TOKENS, Outcome, Plan, Planner, Routed
 from kvplane.controlplane.core.routing import NoCandidateError, NoPrefillWorkerError, RouteDecision, RouteRequest
 from kvplane.controlplane.core.settings import SettingError, validate_setting
 from kvplane.controlplane.lookaside import LookasideBook, Placed, new_placement_id, unknown_placement
@@ -388,8 +388,17 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
                             self.planner.prefill_ended(dispatch, last_token_at)
                         if first_token_at is None:
                             first_token_at = last_token_at
+                        before = num_new_tokens
                         num_new_tokens += len(reply.token_ids)
                         sent.extend(reply.token_ids)
+                        if (
+                            before < EARLY_TPOT_TOKENS <= num_new_tokens
+                            and not reply.finished
+                            and num_migrations == 0
+                            and not resumed_by_caller
+                        ):
+                            # The TPOT measured so far calibrates admission now, not when it ends.
+                            self.planner.decoding(dispatch, last_token_at, (last_token_at - first_token_at) / (num_new_tokens - 1))
                     observation.on_reply(len(reply.token_ids))
                     out = client_pb2.GenerateResponse(
                         token_ids=reply.token_ids,

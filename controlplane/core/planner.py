@@ -54,6 +54,8 @@ from kvplane.controlplane.core.views import ClusterView, WorkerView
 from kvplane.types import BlockHash, Objective, WorkerId
 
 TPOT = "tpot"  # the calibration kind of time per output token
+# A decoding request's TPOT so far is reported (Planner.decoding) once it has this many tokens.
+EARLY_TPOT_TOKENS = 16
 
 
 def ttft_kind(disaggregated: bool) -> str:
@@ -405,6 +407,17 @@ class Planner:
                 self.trust.observe(plan.decode_worker, p.ttft_s, outcome.ttft_s, now, discount_s)
         if outcome.tpot_s is not None:
             self.calibration.observe(TPOT, p.tpot_s - p.tpot_offset_s, outcome.tpot_s, now)
+
+    def decoding(self, dispatch_id: int, now: float, tpot_s: float) -> None:
+        """A request still decoding has measured `tpot_s` so far (once, after EARLY_TPOT_TOKENS
+        tokens): the TPOT calibration learns from it without waiting for the request to finish,
+        which after a start or a load change takes a whole decode (tens of seconds) while
+        admission keeps admitting on the old calibration."""
+        plan = self._dispatched.get(dispatch_id)
+        if plan is None or plan.prediction is None:
+            return
+        p = plan.prediction
+        self.calibration.observe(TPOT, p.tpot_s - p.tpot_offset_s, tpot_s, now)
 
     def worker_stalled(self, worker_id: WorkerId, now: float) -> None:
         """A request on `worker_id` made no progress within its timeout: out of routing for a while."""

@@ -137,6 +137,22 @@ def test_a_finished_request_calibrates_the_next_prediction(index, worker_view, r
     assert second.prediction.tpot_s == pytest.approx(first.prediction.tpot_s)
 
 
+def test_a_decoding_request_s_tpot_so_far_calibrates_before_it_finishes(index, worker_view, route_request):
+    cluster = ClusterView((worker_view("w", latency=STEP_MODEL),), index)
+    p = planner(admission_policy="none")
+    first = p.plan(route_request(PROMPT_40, max_tokens=64), cluster, NO_SETTINGS, now=0.0)
+    dispatch = p.dispatched(first, now=0.0)
+    p.prefill_ended(dispatch, now=0.01)
+    # 16 tokens in, each 30 ms apart where the model predicted first.prediction.tpot_s: the
+    # residual is taken whole (the first one), while the request still runs.
+    p.decoding(dispatch, now=0.5, tpot_s=first.prediction.tpot_s + 0.03)
+    second = p.plan(route_request(OTHER_40, max_tokens=64), cluster, NO_SETTINGS, now=0.5)
+    assert second.prediction.tpot_offset_s == pytest.approx(0.03)
+    p.decoding(12345, now=0.6, tpot_s=9.0)  # an unknown (finished, forgotten) dispatch: ignored
+    third = p.plan(route_request(OTHER_40, max_tokens=64), cluster, NO_SETTINGS, now=0.6)
+    assert third.prediction.tpot_offset_s == pytest.approx(0.03 * 0.5 ** (0.1 / 5.0))  # only faded (half-life 5 s)
+
+
 def test_a_measured_transfer_teaches_the_link_rate(index, worker_view, route_request):
     workers = (worker_view("d", latency=STEP_MODEL, block_nbytes=1_000_000), worker_view("p", Role.PREFILL, latency=STEP_MODEL))
     cluster = ClusterView(workers, index)

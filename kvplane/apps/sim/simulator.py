@@ -35,7 +35,7 @@ from kvplane.apps.sim.clock import EventLoop
 from kvplane.apps.sim.fleet import AgentTiming, SimWorker, fitted_step_model
 from kvplane.controlplane.core.admission_base import Reject
 from kvplane.controlplane.core.index import CacheIndex, KVEvent, StoredEvent
-from kvplane.controlplane.core.planner import Outcome, Plan, Planner, PlannerConfig
+from kvplane.controlplane.core.planner import EARLY_TPOT_TOKENS, Outcome, Plan, Planner, PlannerConfig
 from kvplane.controlplane.core.pool import cluster_with
 from kvplane.controlplane.core.routing import NoCandidateError, RouteRequest
 from kvplane.controlplane.core.settings import ClusterSettings
@@ -411,7 +411,10 @@ class Simulator:
                 rec.first_token_s = at_cp
                 self.loop.at(at_cp, self.planner.prefill_ended, f.dispatch_id, at_cp)
             rec.last_token_s = at_cp
+            before = rec.num_tokens
             rec.num_tokens += len(out.new_token_ids)
+            if before < EARLY_TPOT_TOKENS <= rec.num_tokens and not out.finished:
+                self.loop.at(at_cp, self.planner.decoding, f.dispatch_id, at_cp, rec.tpot_s)
             worker.num_generated_tokens += len(out.new_token_ids)
         if not out.finished:
             return
