@@ -1,7 +1,7 @@
 """The engine interface: everything the agent asks of an engine, in three capability groups.
 
 - core (`EngineAdapter`, every engine): what it serves (`info`), lifecycle, health, generate as
-  an async stream of token ids, abort, tokenize/detokenize, load, KV events (normalised to
+  an async stream of token ids, abort, detokenize (the control plane tokenizes), load, KV events (normalised to
   stored / removed / cleared with a tier, dataplane/engines/events.py) and a full cache snapshot.
 - KV import/export (`KVImportExport`, optional): the engine's paged KV blocks, addressed by block
   id, moved by a kvplane transport (dataplane/transport/): the prefill side pins blocks, the
@@ -184,19 +184,9 @@ class EngineAdapter(Protocol):
         with finish_reason "abort". Unknown or finished ids are ignored."""
         ...
 
-    async def tokenize(self, text: str) -> list[int]:
-        """The model's token ids of `text`, without special tokens."""
-        ...
-
     async def detokenize(self, token_ids: Sequence[int]) -> str:
         """Text of `token_ids`, special tokens skipped; a cut multi-byte character decodes as
         U+FFFD (never raises), so a stream can be decoded a prefix at a time."""
-        ...
-
-    async def tokenize_chat(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
-        """The token ids of a conversation rendered with the model's chat template, ending with the
-        assistant's turn opened (kvplane.chat). Raises kvplane.chat.ChatTemplateError when the model
-        has no chat template or the template refuses the conversation."""
         ...
 
     def load(self) -> EngineLoad:

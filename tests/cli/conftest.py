@@ -33,12 +33,12 @@ def missing_server_modules() -> list[str]:
 
 
 def run_kvplane(*args: str, env: dict[str, str] | None = None, timeout: float = 60,
-                stdin: str | None = None) -> subprocess.CompletedProcess[str]:  # fmt: skip
+                stdin: str | None = None, cwd: Path = REPO_ROOT) -> subprocess.CompletedProcess[str]:  # fmt: skip
     full_env = dict(os.environ, **(env or {}))
     full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), full_env.get("PYTHONPATH")]))
     return subprocess.run(
         [sys.executable, "-m", "kvplane", *args],
-        capture_output=True, text=True, timeout=timeout, env=full_env, input=stdin, cwd=REPO_ROOT,
+        capture_output=True, text=True, timeout=timeout, env=full_env, input=stdin, cwd=cwd,
     )  # fmt: skip
 
 

@@ -1,9 +1,13 @@
 """Predictive admission end to end: a burst that would overload decode is rejected at arrival,
-before any prefill work is spent; objectives set with the CLI change decisions on every replica."""
+before any prefill work is spent; objectives set with the CLI change decisions on every replica.
+Nothing here depends on the machine's speed: the burst runs on a sim worker whose step time is an
+exact linear model, held still (SIGSTOP) while its requests are decided."""
 
 from __future__ import annotations
 
 import concurrent.futures
+import json
+import signal
 import subprocess
 import sys
 
@@ -15,28 +19,36 @@ from kvplane.grpc_util import channel
 from kvplane.latency import StepTimeModel
 from kvplane.v1 import client_pb2, client_pb2_grpc, common_pb2
 
-from .helpers import BLOCK_SIZE, prompt_ids, wait_for
+from .helpers import BLOCK_SIZE, metric_sum, prompt_ids, scrape, wait_for
 
 pytestmark = pytest.mark.cluster  # starts processes
 
 
+# The sim worker's step time is this linear model exactly (a `kvplane profile --json` file), so the
+# model its agent fits from the steps it runs is this one, whatever the machine's speed: a refit
+# between reading the predictions and the burst changes nothing. c0 + c3 x batch: 2 ms a step and
+# 2 ms per decoding sequence (a TPOT of 4 ms alone, 18 ms among eight); tiny prefill and context terms.
+STEP_MODEL = {"coefficients": [0.002, 2e-6, 1e-9, 0.002, 1e-7], "num_samples": 100, "mean_abs_pct_error": 0.0}
+WORKER = "both-0"
+
+
 def test_burst_that_would_overload_decode_is_rejected_before_prefill(tmp_path):
-    with LocalCluster(num_prefill=0, num_decode=0, num_both=1, log_dir=tmp_path) as cluster:
+    profile = tmp_path / "step_model.json"
+    profile.write_text(json.dumps(STEP_MODEL))
+    agent_args = ("--engine", "sim", "--sim-model", "llama-3-8b", "--sim-tp", "1", "--sim-profile", str(profile))
+    # A stopped worker stays in routing (its lease outlives the burst; silence is judged later).
+    with LocalCluster(
+        num_prefill=0, num_decode=0, num_both=1, agent_args=agent_args, log_dir=tmp_path,
+        controlplane_args=("--silent-after-s", "60"),
+    ) as cluster:  # fmt: skip
         with Client(cluster.endpoint, timeout=120) as client:
             stub = client_pb2_grpc.KvplaneStub(channel(cluster.endpoint, client.credentials))
-            # The objective is placed between what the planner itself predicts for the burst's
-            # first and last request. Should the worker's live model move between that reading
-            # and the burst (it refits from the steps it runs), the burst can come out all
-            # admitted or all rejected: then it is read and replayed (three times at most).
-            for attempt in range(3):
-                outcome = _burst_against_its_own_predictions(client, stub, seed=100 + 100 * attempt)
-                if outcome is not None:
-                    break
-            assert outcome is not None, "three bursts came out all admitted or all rejected"
-            target_ms, prompts, outcomes = outcome
+            target_ms, prompts, outcomes = _burst_against_its_own_predictions(cluster, client, stub, seed=100)
             admitted = [p for p, o in zip(prompts, outcomes) if not isinstance(o, RejectedError)]
             rejected = [(p, o) for p, o in zip(prompts, outcomes) if isinstance(o, RejectedError)]
             assert 1 <= len(admitted) < len(prompts) and rejected
+            # Each request saw the ones admitted before it, so once one is rejected the rest are.
+            assert [isinstance(o, RejectedError) for o in outcomes] == [False] * len(admitted) + [True] * len(rejected)
             for _, error in rejected:
                 assert error.reason.startswith("objective=tpot predicted_ms=")
                 fields = dict(f.split("=", 1) for f in error.reason.split())
@@ -44,6 +56,7 @@ def test_burst_that_would_overload_decode_is_rejected_before_prefill(tmp_path):
                 assert float(fields["predicted_ms"]) >= float(fields["target_ms"])  # both rounded to 4 digits
                 assert error.retry_after_s is not None and error.retry_after_s > 0
             for result in (o for o in outcomes if not isinstance(o, RejectedError)):
+                assert len(result.token_ids) == BURST_MAX_TOKENS
                 # Predicted (a calibrated TTFT may be 0: measured TTFTs below the model's clamp it there).
                 assert result.metrics.predicted_tpot_ms > 0 and result.metrics.predicted_ttft_ms >= 0
             # No prefill was spent on a rejected prompt: its blocks were never cached anywhere.
@@ -59,19 +72,18 @@ def test_burst_that_would_overload_decode_is_rejected_before_prefill(tmp_path):
 BURST, BURST_PROMPT_TOKENS, BURST_MAX_TOKENS = 8, 3 * BLOCK_SIZE, 200
 
 
-def _burst_against_its_own_predictions(client, stub, seed: int):
+def _burst_against_its_own_predictions(cluster, client, stub, seed: int):
     """Sets a TPOT objective halfway between the planner's predictions for the first and the last
-    of 8 requests arriving at once (a few fit, the rest would slow everyone past it) and sends 8.
-    (target_ms, prompts, outcomes), or None when they were all admitted or all rejected."""
+    of 8 requests arriving while the earlier ones are admitted (a few fit, the rest would slow
+    everyone past it) and sends 8. Returns (target_ms, prompts, outcomes).
+
+    The worker is stopped (SIGSTOP) from the reading of the predictions until the last request is
+    decided: no step runs, no request ends, no load report or calibration moves, so every request
+    meets the state the predictions were read in, on any machine."""
     client.set_config("admission.policy", "none")
-    # A profile gives the worker a latency model; one run can clamp the per-sequence decode cost
-    # to 0, and this needs a model that has one.
-    for _ in range(3):
-        profile = client.profile("both-0")
-        model = StepTimeModel(tuple(profile.coefficients), profile.num_samples, profile.mean_abs_pct_error)
-        if model.decode_step_seconds(4, 0) > model.decode_step_seconds(3, 0):
-            break
-    assert model.decode_step_seconds(4, 0) > model.decode_step_seconds(3, 0), f"three profiles found no per-sequence decode cost: {profile}"
+    profile = client.profile(WORKER, max_prompt_tokens=256, max_batch=4)  # the worker's latency model
+    model = StepTimeModel(tuple(profile.coefficients), profile.num_samples, profile.mean_abs_pct_error)
+    assert model.decode_step_seconds(4, 0) > model.decode_step_seconds(3, 0), f"no per-sequence decode cost: {profile}"
     client.set_config("objectives.*.interactive.tpot_ms", "60000")
     client.set_config("objectives.*.interactive.ttft_ms", "60000")
     client.set_config("admission.policy", "predictive")
@@ -83,23 +95,7 @@ def _burst_against_its_own_predictions(client, stub, seed: int):
         timeout=30, what="the worker's latency model in the control plane",
     )  # fmt: skip
     wait_for(lambda: client.workers()[0].load.num_running == 0, timeout=10, what="an idle worker")
-    # What the planner predicts for the burst: the same shape placed one after another in
-    # lookaside mode (each charged, as the burst's requests will be) and cancelled. No engine
-    # step runs, so the worker's model stays as it is for the burst right after.
-    placements = []
-    for i in range(BURST):
-        request = client_pb2.GenerateRequest(
-            token_ids=client_pb2.TokenIds(ids=prompt_ids(seed=seed + 50 + i, length=BURST_PROMPT_TOKENS)),
-            sampling=common_pb2.SamplingParams(max_tokens=BURST_MAX_TOKENS, ignore_eos=True),
-            lookaside=True,
-        )  # fmt: skip
-        placements.append(stub.Route(request, timeout=30).placement)
-    for placement in placements:
-        stub.Report(client_pb2.ReportRequest(placement_id=placement.placement_id, event=client_pb2.ReportRequest.CANCELLED), timeout=10)
-    predicted = [p.metrics.predicted_tpot_ms for p in placements]
-    assert predicted == sorted(predicted) and predicted[-1] > predicted[0], f"each request should slow the batch: {predicted}"
-    target_ms = round((predicted[0] + predicted[-1]) / 2, 3)
-    client.set_config("objectives.*.interactive.tpot_ms", f"{target_ms:.3f}")
+    metrics_url = client.stats().metrics_url
     prompts = [prompt_ids(seed=seed + i, length=BURST_PROMPT_TOKENS) for i in range(BURST)]
 
     def send(prompt):
@@ -108,11 +104,39 @@ def _burst_against_its_own_predictions(client, stub, seed: int):
         except RejectedError as e:
             return e
 
-    with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
-        outcomes = list(pool.map(send, prompts))
-    if all(isinstance(o, RejectedError) for o in outcomes) or not any(isinstance(o, RejectedError) for o in outcomes):
-        return None
-    return target_ms, prompts, outcomes
+    def decisions() -> float:
+        return metric_sum(scrape(metrics_url), "kvplane_admission_decisions_total")
+
+    pool = concurrent.futures.ThreadPoolExecutor(BURST)
+    futures = []
+    cluster.kill(WORKER, signal.SIGSTOP)
+    try:
+        # What the planner predicts for the burst: the same shape placed one after another in
+        # lookaside mode (each charged, as the burst's requests will be) and cancelled.
+        placements = []
+        for i in range(BURST):
+            request = client_pb2.GenerateRequest(
+                token_ids=client_pb2.TokenIds(ids=prompt_ids(seed=seed + 50 + i, length=BURST_PROMPT_TOKENS)),
+                sampling=common_pb2.SamplingParams(max_tokens=BURST_MAX_TOKENS, ignore_eos=True),
+                lookaside=True,
+            )  # fmt: skip
+            placements.append(stub.Route(request, timeout=30).placement)
+        for placement in placements:
+            stub.Report(client_pb2.ReportRequest(placement_id=placement.placement_id, event=client_pb2.ReportRequest.CANCELLED), timeout=10)
+        predicted = [p.metrics.predicted_tpot_ms for p in placements]
+        assert predicted == sorted(predicted) and predicted[-1] > predicted[0], f"each request should slow the batch: {predicted}"
+        target_ms = round((predicted[0] + predicted[-1]) / 2, 3)
+        client.set_config("objectives.*.interactive.tpot_ms", f"{target_ms:.3f}")
+        # One at a time, each once the one before it is decided: admitted ones wait for the
+        # stopped worker, charged, as the lookaside placements were.
+        for prompt in prompts:
+            before = decisions()
+            futures.append(pool.submit(send, prompt))
+            wait_for(lambda: decisions() > before, timeout=30, interval=0.02, what="the control plane's decision")  # noqa: B023
+    finally:
+        cluster.kill(WORKER, signal.SIGCONT)
+        pool.shutdown(wait=False)
+    return target_ms, prompts, [f.result(timeout=120) for f in futures]
 
 
 def test_objective_changed_with_the_cli_applies_on_every_replica(etcd_factory, tmp_path):

@@ -76,6 +76,22 @@ def test_greedy_tokens_depend_on_the_prompt_and_the_seed_only():
     assert a != tokens(1, list(range(1, 100)))
 
 
+def test_a_greedy_request_resumed_from_its_sent_tokens_goes_on_as_the_first_run():
+    """What a migrated stream needs (the control plane resumes it elsewhere from prompt + sent tokens)."""
+
+    def tokens(prompt: list[int], max_tokens: int) -> list[int]:
+        engine, clock = make()
+        outs: list[EngineOutput] = []
+        engine.submit(request("r", prompt, max_tokens=max_tokens), outs.append)
+        run(engine, clock)
+        return [t for o in outs for t in o.new_token_ids]
+
+    prompt = list(range(1, 40))
+    whole = tokens(prompt, 12)
+    assert tokens(prompt + whole[:5], 7) == whole[5:]
+    assert len(set(whole)) > 6  # a stream, not a repeated token
+
+
 def test_a_repeated_prompt_hits_the_real_prefix_cache_and_its_blocks_are_published():
     engine, clock = make()
     prompt = list(range(1, 161))  # 10 full blocks

@@ -12,11 +12,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
-from kvplane.chat import ChatTemplate, ChatTemplateError, load_chat_template
 from kvplane.dataplane.engines.base import EngineInfo, KVImportExport, StepProfiling
 from kvplane.dataplane.engines.events import KVCacheEvent
 from kvplane.dataplane.engines.external.config import ExternalEngineConfig
@@ -81,7 +79,6 @@ class ExternalEngine:
         self._sample_at = 0.0  # time.monotonic() when the sample was requested
         self._down_reason: str | None = "not started"
         self._poller: asyncio.Task | None = None
-        self._chat_template: ChatTemplate | None = None
 
     # -- what a subclass provides ----------------------------------------------------------------
 
@@ -124,8 +121,6 @@ class ExternalEngine:
         self.inflight.block_size = description.block_size
         model_dir = self.config.model_config or description.model_path
         shape = read_model_shape(model_dir)
-        # The model's chat template (for OpenAI chat requests), from the directory shared with the engine.
-        self._chat_template = load_chat_template(model_dir) if Path(model_dir).is_dir() else None
         layout = KVLayout(
             model=description.served_model,
             num_layers=shape.num_layers,
@@ -187,17 +182,6 @@ class ExternalEngine:
             await self._poll_once()
 
     # -- what the agent reads -----------------------------------------------------------------------
-
-    async def tokenize(self, text: str) -> list[int]:
-        raise NotImplementedError
-
-    async def tokenize_chat(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
-        if self._chat_template is None:
-            raise ChatTemplateError(
-                f"model {self.info.model!r} has no chat template readable beside the {self.NAME} server (chat_template in "
-                "tokenizer_config.json or chat_template.jinja); send a plain prompt instead"
-            )
-        return await self.tokenize(self._chat_template.render(messages))
 
     def load(self) -> EngineLoad:
         sample, inflight = self._sample, self.inflight

@@ -9,10 +9,8 @@ capability objects are the Engine itself.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping, Sequence
-from pathlib import Path
+from collections.abc import AsyncIterator, Sequence
 
-from kvplane.chat import ChatTemplateError, load_chat_template
 from kvplane.dataplane.engines.base import EngineInfo, StepProfiling
 from kvplane.dataplane.engines.paged.adapter import PagedEngineAdapter, outputs_until_finished
 from kvplane.dataplane.engines.reference.config import EngineConfig
@@ -35,8 +33,6 @@ class ReferenceAdapter(PagedEngineAdapter):
             max_num_batched_tokens=config.max_num_batched_tokens,
             tokenizer=BYTE_TOKENIZER if isinstance(engine.tokenizer, ByteTokenizer) else "",
         )
-        # A local checkpoint directory may ship a chat template; the builtin models do not.
-        self._chat_template = load_chat_template(config.model) if Path(config.model).is_dir() else None
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> ReferenceAdapter:
@@ -69,21 +65,8 @@ class ReferenceAdapter(PagedEngineAdapter):
     def abort(self, request_id: str) -> None:
         self.engine.abort(request_id)
 
-    async def tokenize(self, text: str) -> list[int]:
-        # In a worker thread: a long prompt must not stall the agent's event loop (KV pulls, other requests).
-        return await asyncio.to_thread(self.engine.tokenizer.encode, text)
-
     async def detokenize(self, token_ids: Sequence[int]) -> str:
         return self.engine.tokenizer.decode(token_ids)
-
-    async def tokenize_chat(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
-        if self._chat_template is None:
-            raise ChatTemplateError(
-                f"model {self._info.model!r} has no chat template (no chat_template in its tokenizer_config.json "
-                "or chat_template.jinja); send a plain prompt instead"
-            )
-        template, encode = self._chat_template, self.engine.tokenizer.encode
-        return await asyncio.to_thread(lambda: encode(template.render(messages)))  # off the loop, as tokenize
 
     @property
     def profiling(self) -> StepProfiling:

@@ -1,6 +1,6 @@
 """SglangAdapter: an SGLang server behind the engine interface, through its gRPC scheduler API
 (see api.py for the messages, dataplane/engines/external/engine.py for what all external engines
-share). Tokenize and detokenize use the model's tokenizer.json (the `tokenizers` package, no
+share). Detokenize uses the model's tokenizer.json (the `tokenizers` package, no
 torch): the scheduler API takes and returns token ids only.
 """
 
@@ -181,13 +181,6 @@ class SglangAdapter(ExternalEngine):
         task.add_done_callback(_log_failure)
         return task
 
-    async def tokenize(self, text: str) -> list[int]:
-        if self._tokenizer is None:
-            raise EngineInputError(
-                "no tokenizer.json for this SGLang model is readable here: send token ids, or give --engine-model-config"
-            )
-        return list(self._tokenizer.encode(text, add_special_tokens=False).ids)
-
     async def detokenize(self, token_ids: Sequence[int]) -> str:
         if self._tokenizer is None:
             return ""
@@ -232,7 +225,7 @@ def _load_tokenizer(path: str, override: str) -> Tokenizer | None:
     for directory in (override, path):
         if directory and (Path(directory) / "tokenizer.json").is_file():
             return Tokenizer.from_file(str(Path(directory) / "tokenizer.json"))
-    log.warning("no tokenizer.json under %s: text prompts cannot be tokenized by this agent (token ids still work)", path)
+    log.warning("no tokenizer.json under %s: streamed text stays empty (token ids still stream)", path)
     return None
 
 

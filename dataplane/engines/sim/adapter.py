@@ -75,11 +75,8 @@ class SimAdapter(PagedEngineAdapter):
         self.engine.abort(request_id)
         self._wake.set()
 
-    async def tokenize(self, text: str) -> list[int]:
-        return list(text.encode())
-
     async def detokenize(self, token_ids: Sequence[int]) -> str:
-        """Ids below 256 are bytes (what tokenize made); a generated id above is shown as <id>."""
+        """Ids below 256 are bytes (the control plane's byte tokenizer); a generated id above is shown as <id>."""
         out, pending = [], bytearray()
         for t in token_ids:
             if t < 256:

@@ -13,11 +13,14 @@ A step's time is timing.step_seconds(features of the scheduled chunks) (kvplane.
 roofline of the GPU and model, or a measured profile). With host or disk tiers (config host_gib,
 disk_gib; tiers.py) a request's lower-tier hit is copied from its arrival, its prefill waits for
 the copy's first layer, and its first prefill step lasts until the copy's last layer is in plus one
-layer's compute, when that is longer (the step timing it reports stays the compute alone). Tokens are deterministic: a request's
-tokens are a 64-bit LCG stream (Knuth's MMIX constants) seeded from the engine seed and a CRC-32 of
-its prompt (greedy: the same prompt gives the same tokens on every sim worker of the same seed)
-or, for temperature > 0, from its sampling seed or the engine's seeded stream. There is no EOS:
-a request ends at max_tokens or a stop token, as with ignore_eos.
+layer's compute, when that is longer (the step timing it reports stays the compute alone). Tokens are deterministic.
+Greedy: each token is a function of the engine seed and a CRC-32 of every token before it, prompt
+and generated alike, mixed by a step of a 64-bit LCG (Knuth's MMIX constants). So the same prompt
+gives the same tokens on every sim worker of the same seed, and a request resumed from its prompt
+plus the tokens it had sent (a migrated stream) goes on with the tokens the first run would have
+made, as a real model's greedy decoding does. Temperature > 0: an LCG stream seeded from the
+sampling seed or the engine's seeded stream. There is no EOS: a request ends at max_tokens or a
+stop token, as with ignore_eos.
 """
 
 from __future__ import annotations
@@ -68,6 +71,23 @@ class TokenStream:
     def next(self) -> int:
         self.state = (self.state * _LCG_A + _LCG_C) & _MASK64
         return (self.state >> 33) % self.vocab_size
+
+
+class GreedyStream:
+    """Greedy tokens: each one a function of the sequence so far (its running CRC-32) and the seed."""
+
+    __slots__ = ("digest", "seed", "vocab_size")
+
+    def __init__(self, prompt_token_ids: Sequence[int], seed: int, vocab_size: int) -> None:
+        self.digest = prompt_digest(prompt_token_ids)
+        self.seed = seed & _MASK64
+        self.vocab_size = vocab_size
+
+    def next(self) -> int:
+        state = ((self.digest ^ self.seed) * _LCG_A + _LCG_C) & _MASK64
+        token = (state >> 33) % self.vocab_size
+        self.digest = zlib.crc32(struct.pack("<I", token), self.digest)  # the CRC of the sequence with it
+        return token
 
 
 def prompt_digest(token_ids: Sequence[int]) -> int:
@@ -129,7 +149,7 @@ class SimEngine:
             max_tokens_limit=config.max_tokens_limit,
             max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens,
-            tokenizer=BYTE_TOKENIZER,  # the adapter tokenizes text as UTF-8 bytes
+            tokenizer=BYTE_TOKENIZER,  # the control plane tokenizes text as UTF-8 bytes
         )
         self.modeled_link: ModeledLink | None = None  # set by the agent's adapter (KVImportExport)
         self._seed_stream = random.Random(config.seed)
@@ -149,15 +169,16 @@ class SimEngine:
         self._scheduler.validate(request, vocab_size=info.vocab_size, max_tokens_limit=info.max_tokens_limit, max_context=info.max_context)
         if request.request_id in self._live:
             raise EngineInputError(f"request_id {request.request_id!r} is already in flight")
-        params = request.sampling
+        params, engine_seed = request.sampling, self.config.seed * _LCG_A
         if params.temperature > 0:
             seed = params.seed if params.seed is not None else self._seed_stream.getrandbits(63)
+            generator: TokenStream | GreedyStream = TokenStream(seed ^ engine_seed, info.vocab_size)
         else:
-            seed = prompt_digest(request.prompt_token_ids)
+            generator = GreedyStream(request.prompt_token_ids, engine_seed, info.vocab_size)
         seq = RequestState(
             request=request,
             sink=sink,
-            generator=TokenStream(seed ^ (self.config.seed * _LCG_A), info.vocab_size),
+            generator=generator,
             token_ids=list(request.prompt_token_ids),
             num_prompt_tokens=len(request.prompt_token_ids),
             held_block_ids=list(request.held_block_ids),

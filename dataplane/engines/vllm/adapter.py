@@ -2,8 +2,8 @@
 messages, dataplane/engines/external/engine.py for what all external engines share).
 
 Generate streams POST /v1/completions with token ids; the request id travels as X-Request-Id.
-Abort closes the request's HTTP stream: vLLM aborts a request whose client went away. Tokenize and
-detokenize are the server's /tokenize and /detokenize. Describe reads /v1/models (served name,
+Abort closes the request's HTTP stream: vLLM aborts a request whose client went away. Detokenize is
+the server's /detokenize (the control plane tokenizes). Describe reads /v1/models (served name,
 model path, max_model_len) and /metrics (block size, KV blocks, KV dtype).
 """
 
@@ -154,12 +154,6 @@ class VllmAdapter(ExternalEngine):
         self._aborted.add(request_id)
         # Closing the stream drops the connection; vLLM aborts a request whose client went away.
         asyncio.get_running_loop().create_task(response.aclose())
-
-    async def tokenize(self, text: str) -> list[int]:
-        response = await self._client.post("/tokenize", json={"model": self.info.model, "prompt": text, "add_special_tokens": False})
-        if response.status_code != 200:
-            raise EngineInputError(f"the vLLM server could not tokenize: {api.error_message(response.status_code, response.content)}")
-        return list(response.json()["tokens"])
 
     async def detokenize(self, token_ids: Sequence[int]) -> str:
         if not token_ids:
