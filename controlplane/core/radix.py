@@ -61,9 +61,17 @@ class RadixTree:
         """The worker with bit `bit` holds `block_hash` at `tier`."""
         flag = 1 << bit
         node = self._nodes.get(block_hash)
-        if node is not None and _tier_mask(node, tier) & flag:
+        if node is None:  # the usual case: a block new to the index
+            self._nodes[block_hash] = (
+                _Node(None, flag, 0, 0, flag) if tier is Tier.DEVICE
+                else _Node(None, 0, flag, 0, flag) if tier is Tier.HOST
+                else _Node(None, 0, 0, flag, flag)
+            )  # fmt: skip
+            return
+        if _tier_mask(node, tier) & flag:
             return  # held there already: nothing changes, no run is broken
-        node = self._alone(block_hash)
+        if node.run is not None:
+            node = self._alone(block_hash)
         if tier is Tier.DEVICE:
             node.device |= flag
         elif tier is Tier.HOST:
@@ -113,7 +121,7 @@ class RadixTree:
         """([(n, bits of the workers holding exactly the first n blocks), ...] shortest first,
         {bit: [host, disk] blocks of its match held only off the device} for the workers that
         have any). Runs of the walk that can be merged are merged (module docstring)."""
-        hashes = block_hashes if type(block_hashes) is tuple else tuple(block_hashes)
+        hashes = block_hashes  # read only as far as someone still matches
         n = len(hashes)
         get = self._nodes.get
         groups: list[tuple[int, int]] = []
@@ -156,7 +164,7 @@ class RadixTree:
         if running != -1 and running:
             groups.append((pos, running))
         for begin, end, node in merges or ():
-            self._merge(hashes[begin:end], node)
+            self._merge(tuple(hashes[begin:end]), node)
         return groups, slower
 
     # -- internals -------------------------------------------------------------------------
@@ -194,11 +202,11 @@ def _same_holders(a: _Node, b: _Node) -> bool:
     return a.device == b.device and a.host == b.host and a.disk == b.disk
 
 
-def _matched(run: tuple[BlockHash, ...], hashes: tuple[BlockHash, ...], pos: int) -> int:
+def _matched(run: tuple[BlockHash, ...], hashes: Sequence[BlockHash], pos: int) -> int:
     """How many blocks of `hashes` from `pos` on equal `run` from the position of hashes[pos] in it."""
     offset = 0 if run[0] == hashes[pos] else run.index(hashes[pos])  # a run is entered at its start but for odd inputs
     m = min(len(run) - offset, len(hashes) - pos)
-    if hashes[pos : pos + m] == run[offset : offset + m]:  # the usual case: the whole run (a C comparison)
+    if tuple(hashes[pos : pos + m]) == run[offset : offset + m]:  # the usual case: the whole run (a C comparison)
         return m
     # Chained hashes: equal at i means equal before i, so the first difference is found by halving;
     # the prefix found is then checked, and a sequence that is not a chain is compared one by one.
@@ -209,7 +217,7 @@ def _matched(run: tuple[BlockHash, ...], hashes: tuple[BlockHash, ...], pos: int
             lo = mid
         else:
             hi = mid - 1
-    if hashes[pos : pos + lo] == run[offset : offset + lo] and hashes[pos + lo] != run[offset + lo]:
+    if tuple(hashes[pos : pos + lo]) == run[offset : offset + lo] and hashes[pos + lo] != run[offset + lo]:
         return lo
     return next(i for i in range(m) if hashes[pos + i] != run[offset + i])
 
