@@ -221,7 +221,10 @@ class CacheIndex:
         if not slower:  # workers with the same match share its score (rare otherwise: most blocks sit on the device only)
             result: dict[WorkerId, OverlapScore] = {}
             for num_blocks, mask in groups:
-                result.update(zip(map(worker_of, set_bits(mask)), repeat(overlap_score(num_blocks))))
+                if mask & (mask - 1):
+                    result.update(zip(map(worker_of, set_bits(mask)), repeat(overlap_score(num_blocks))))
+                else:  # one worker (most lengths of a prompt that holders share in parts)
+                    result[worker_of(mask.bit_length() - 1)] = overlap_score(num_blocks)
             return result
         return {
             worker_of(bit): overlap_score(num_blocks, *slower.get(bit, (0, 0))) for num_blocks, mask in groups for bit in set_bits(mask)

@@ -126,44 +126,44 @@ class RadixTree:
         get = self._nodes.get
         groups: list[tuple[int, int]] = []
         slower: dict[int, list[int]] = {}
-        merges: list[tuple[int, int, _Node]] | None = []  # (start, end, node): stretches to make one node
+        merges: list[tuple[int, int, _Node]] = []  # (start, end, node): stretches to make one node
         running, pos = -1, 0  # -1: every bit (no node met yet)
-        start, first = 0, None  # the stretch of whole nodes with equal holders so far: from `start`, `first` its node
-        visited: set[_Node] = set()  # a node met twice (a hash repeated: not a chain) turns learning off
+        # The stretch of whole nodes with equal holders so far: from `start`, of `count` nodes, the first `first`.
+        start, first, count = 0, None, 0
         while pos < n:
             node = get(hashes[pos])
             if node is None:
                 break
-            if node in visited:
-                merges = None
-            visited.add(node)
             run = node.run
             if run is None:
-                matched, whole = 1, True
+                matched = 1
             else:
-                matched = _matched(run, hashes, pos)
-                whole = matched == len(run) and run[0] == hashes[pos]
-            kept = running & node.holders
-            if kept != running:
+                matched = len(run)
+                if run != tuple(hashes[pos : pos + matched]):  # the usual case is the whole run (one C comparison)
+                    matched = _matched(run, hashes, pos)
+                    run = None  # not whole: no stretch goes through it
+            holders = node.holders
+            if running & holders != running:
+                kept = running & holders
                 if running != -1:
                     groups.append((pos, running ^ kept))
                 running = kept
                 if not kept:
                     break
             if node.host or node.disk:  # rare: blocks held off the device by some of the matching workers
-                _count_slower(slower, node, kept & ~node.device, matched)
-            if first is not None and whole and node is not first and _same_holders(node, first):
-                pass  # the stretch goes on
+                _count_slower(slower, node, running & ~node.device, matched)
+            if count and holders == first.holders and node.run is run and _same_holders(node, first):
+                count += 1  # the stretch goes on (run is node.run: this node was matched whole)
             else:
-                if merges is not None and first is not None and pos - start > _length(first):
+                if count > 1:
                     merges.append((start, pos, first))
-                start, first = pos, node if whole else None
+                start, first, count = pos, node, int(node.run is run)
             pos += matched
-        if merges is not None and first is not None and pos - start > _length(first):
+        if count > 1:
             merges.append((start, pos, first))
         if running != -1 and running:
             groups.append((pos, running))
-        for begin, end, node in merges or ():
+        for begin, end, node in merges:
             self._merge(tuple(hashes[begin:end]), node)
         return groups, slower
 
@@ -185,7 +185,11 @@ class RadixTree:
         return node
 
     def _merge(self, run: tuple[BlockHash, ...], node: _Node) -> None:
-        """Make `node` the one node of `run` (blocks that all have its holders)."""
+        """Make `node` the one node of `run`, when the nodes of its blocks hold exactly its blocks
+        with `node`'s holders (a sequence that is not a chain can repeat a hash: then nothing)."""
+        nodes = set(map(self._nodes.__getitem__, run))
+        if len(set(run)) != len(run) or sum(map(_length, nodes)) != len(run) or not all(_same_holders(o, node) for o in nodes):
+            return
         node.run = run
         self._nodes.update(zip(run, repeat(node)))
 
