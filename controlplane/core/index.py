@@ -6,10 +6,11 @@ only when their sequence number is above the last one applied for that worker, s
 store's watch from any point is idempotent; a snapshot replaces the worker's whole state and
 sets its sequence number. A lookup walks the request's chained block hashes from block 0 and
 keeps the set of workers that still hold every block so far, stopping when that set is empty.
-That set is a bitmask (one bit per worker, one mask per block and tier), so a step is a few
-integer operations whatever the number of holders: a lookup costs O(matched blocks) big-int ANDs
-plus O(matching workers) to report them, not O(workers x blocks) (a 64-block prefix held by
-1,000 workers: 136 ms with per-holder sets, under 1 ms with masks, on this 2-core machine).
+That set is a bitmask (one bit per worker), and the blocks sit in a compressed radix tree
+(core/radix.py) whose nodes are runs of blocks with the same holders per tier, so a step is one
+node, a few integer operations whatever the number of holders or blocks in it: a lookup costs
+O(branch points) big-int ANDs plus O(matching workers) to report them, not O(workers x blocks),
+and workers with the same match share one OverlapScore.
 
 Credit (issue 28: a worker's events are its own claims). With `credit_routed_only`, a block a
 worker reports stored is credited (found by lookups) only when the control plane sent that worker
@@ -26,8 +27,8 @@ credited blocks become vouches, kept for the last `MAX_DEPARTED` departed worker
 snapshot finds them). Vouches are this replica's own: another replica credits what it routed.
 
 Parameters: max_vouched_per_worker. Idea from Dynamo's radix-tree KV indexer (lib/kv-router) and vLLM's KV
-events; because block hashes are chained, a flat hash -> holders map is enough to answer
-"longest cached prefix" (equal hash at position i implies equal tokens at 0..i).
+events; because block hashes are chained, a hash names its whole prefix (equal hash at position i
+implies equal tokens at 0..i), so the tree finds a node by any of its hashes.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from types import MappingProxyType
 import numpy as np
 
 from kvplane import native
+from kvplane.controlplane.core.radix import RadixTree
 from kvplane.types import BlockHash, Tier, WorkerId
 
 # Fastest first: a block held at several tiers is credited at the first one listed here.
@@ -91,13 +93,13 @@ _FIRST_CHUNK = 8  # blocks a lookup reads before it checks whether anyone still 
 class CacheIndex:
     """In-memory index of block hashes per worker and tier; one per control-plane replica.
 
-    Each worker gets a bit; each block keeps one bitmask of its holders per tier, so a lookup
-    intersects holder sets with integer ANDs (a few hundred nanoseconds for a thousand workers)
-    instead of walking every holder of every block.
+    Each worker gets a bit; each run of blocks in the radix tree keeps one bitmask of its holders
+    per tier, so a lookup intersects holder sets with integer ANDs (a few hundred nanoseconds for a
+    thousand workers) instead of walking every holder of every block.
     """
 
     __slots__ = (
-        "_block_to_holders", "_block_to_tier_masks", "_slow_blocks", "_worker_to_tier_blocks", "_worker_to_seq", "_worker_to_bit",
+        "_radix", "_worker_to_tier_blocks", "_worker_to_seq", "_worker_to_bit",
         "_bit_to_worker", "_free_bits", "credit_routed_only", "max_vouched_per_worker", "_uncredited", "_vouched", "_departed",
     )  # fmt: skip
 
@@ -111,11 +113,8 @@ class CacheIndex:
         # worker -> blocks routed there whose stored event has not come yet, oldest first (a dict as an ordered set)
         self._vouched: dict[WorkerId, dict[BlockHash, None]] = {}
         self._departed: dict[WorkerId, None] = {}  # workers removed with vouches kept, oldest first
-        # The lookup side: block -> mask of its holders at any tier, and [device, host, disk] masks,
-        # and the blocks some worker holds off the device (rare: a lookup looks at those alone).
-        self._block_to_holders: dict[BlockHash, int] = {}
-        self._block_to_tier_masks: dict[BlockHash, list[int]] = {}
-        self._slow_blocks: set[BlockHash] = set()
+        # The lookup side: the credited blocks' holders per tier, as worker bits.
+        self._radix = RadixTree()
         # worker -> tier -> blocks (the removal and counting side).
         self._worker_to_tier_blocks: dict[WorkerId, dict[Tier, set[BlockHash]]] = {}
         self._worker_to_seq: dict[WorkerId, int] = {}
@@ -186,13 +185,13 @@ class CacheIndex:
         uncredited = self._uncredited.get(worker_id)
         vouched = self._vouched.setdefault(worker_id, {})
         bit = self._worker_to_bit.get(worker_id)
-        holders = self._block_to_holders
+        holders = self._radix.holders
         for block_hash in block_hashes:
             if uncredited and block_hash in uncredited:
                 for tier in uncredited.pop(block_hash):
                     self._add(worker_id, block_hash, tier)
                 bit = self._worker_to_bit[worker_id]  # _add gives a worker its bit
-            elif bit is None or not holders.get(block_hash, 0) >> bit & 1:  # not credited there yet
+            elif bit is None or not holders(block_hash) >> bit & 1:  # not credited there yet
                 vouched.pop(block_hash, None)
                 vouched[block_hash] = None  # the newest
         while len(vouched) > self.max_vouched_per_worker:
@@ -217,45 +216,39 @@ class CacheIndex:
 
     def overlaps(self, block_hashes: Sequence[BlockHash]) -> dict[WorkerId, OverlapScore]:
         """Longest cached prefix of `block_hashes` per worker; workers matching no block are absent."""
-        groups = prefix_groups(self._block_to_holders, block_hashes)
-        if not groups:
-            return {}
-        end = groups[-1][0]
-        slower: dict[int, list[int]] = {}  # bit -> [host, disk] blocks of its matched prefix
-        slow = list(compress(range(end), map(self._slow_blocks.__contains__, block_hashes[:end]))) if self._slow_blocks else ()
-        if slow:  # rare: most blocks sit on the device only
-            matching = running_and(self._block_to_holders, block_hashes[:end])
-            for i in slow:
-                masks = self._block_to_tier_masks[block_hashes[i]]
-                for bit in set_bits(matching[i] & ~masks[0]):
-                    slower.setdefault(bit, [0, 0])[0 if masks[1] >> bit & 1 else 1] += 1
+        groups, slower = self._radix.prefix_groups(block_hashes)  # slower: bit -> [host, disk] blocks of its match
         worker_of = self._bit_to_worker.__getitem__
-        if not slower:  # workers with the same match share its score
+        if not slower:  # workers with the same match share its score (rare otherwise: most blocks sit on the device only)
             result: dict[WorkerId, OverlapScore] = {}
-            for num_blocks, bits in groups:
-                result.update(zip(map(worker_of, bits), repeat(overlap_score(num_blocks))))
+            for num_blocks, mask in groups:
+                if mask & (mask - 1):
+                    result.update(zip(map(worker_of, set_bits(mask)), repeat(overlap_score(num_blocks))))
+                else:  # one worker (most lengths of a prompt that holders share in parts)
+                    result[worker_of(mask.bit_length() - 1)] = overlap_score(num_blocks)
             return result
-        return {worker_of(bit): overlap_score(num_blocks, *slower.get(bit, (0, 0))) for num_blocks, bits in groups for bit in bits}
+        return {
+            worker_of(bit): overlap_score(num_blocks, *slower.get(bit, (0, 0))) for num_blocks, mask in groups for bit in set_bits(mask)
+        }
 
     def holder_tiers(self, block_hash: BlockHash, worker_id: WorkerId) -> frozenset[Tier]:
         """Tiers at which the worker holds the block (empty when it does not)."""
-        masks = self._block_to_tier_masks.get(block_hash)
+        masks = self._radix.tier_masks(block_hash)
         bit = self._worker_to_bit.get(worker_id)
-        if masks is None or bit is None:
+        if bit is None:
             return frozenset()
         return frozenset(tier for tier, slot in _TIER_SLOT.items() if masks[slot] >> bit & 1)
 
     def holds(self, block_hash: BlockHash, worker_id: WorkerId) -> bool:
         """Whether the worker holds the block at any tier."""
         bit = self._worker_to_bit.get(worker_id)
-        return bit is not None and bool(self._block_to_holders.get(block_hash, 0) >> bit & 1)
+        return bit is not None and bool(self._radix.holders(block_hash) >> bit & 1)
 
     def fastest_tier(self, block_hash: BlockHash, worker_id: WorkerId) -> Tier | None:
         """The fastest tier at which the worker holds the block (None: it does not)."""
-        masks = self._block_to_tier_masks.get(block_hash)
         bit = self._worker_to_bit.get(worker_id)
-        if masks is None or bit is None:
+        if bit is None:
             return None
+        masks = self._radix.tier_masks(block_hash)
         for slot, tier in enumerate(TIERS_FASTEST_FIRST):
             if masks[slot] >> bit & 1:
                 return tier
@@ -275,7 +268,7 @@ class CacheIndex:
 
     def num_block_hashes(self) -> int:
         """Distinct block hashes held by any worker at any tier."""
-        return len(self._block_to_tier_masks)
+        return len(self._radix)
 
     def num_blocks(self, worker_id: WorkerId) -> int:
         """Blocks the worker holds, credited or not, over all tiers (a block at two tiers counts twice)."""
@@ -305,14 +298,7 @@ class CacheIndex:
 
     def _add(self, worker_id: WorkerId, block_hash: BlockHash, tier: Tier) -> None:
         self._worker_to_tier_blocks[worker_id].setdefault(tier, set()).add(block_hash)
-        masks = self._block_to_tier_masks.get(block_hash)
-        if masks is None:
-            masks = self._block_to_tier_masks[block_hash] = [0, 0, 0]
-        bit = 1 << self._bit(worker_id)
-        masks[_TIER_SLOT[tier]] |= bit
-        self._block_to_holders[block_hash] = self._block_to_holders.get(block_hash, 0) | bit
-        if tier is not Tier.DEVICE:
-            self._slow_blocks.add(block_hash)
+        self._radix.add(block_hash, self._bit(worker_id), tier)
 
     def _keep_credit(self, worker_id: WorkerId) -> None:
         """The departing worker's credited blocks become vouches, for its return under this id."""
@@ -359,18 +345,9 @@ class CacheIndex:
     def _discard(self, worker_id: WorkerId, block_hash: BlockHash, tier: Tier) -> None:
         # Removing a block the index never saw is normal after a compacted gap; ignore it.
         self._worker_to_tier_blocks[worker_id].get(tier, set()).discard(block_hash)
-        masks = self._block_to_tier_masks.get(block_hash)
         bit = self._worker_to_bit.get(worker_id)
-        if masks is None or bit is None:
-            return
-        masks[_TIER_SLOT[tier]] &= ~(1 << bit)
-        if not (masks[1] or masks[2]):
-            self._slow_blocks.discard(block_hash)
-        holders = masks[0] | masks[1] | masks[2]
-        if holders:
-            self._block_to_holders[block_hash] = holders
-        else:
-            del self._block_to_tier_masks[block_hash], self._block_to_holders[block_hash]
+        if bit is not None:
+            self._radix.discard(block_hash, bit, tier)
 
     def _clear(self, worker_id: WorkerId) -> None:
         self._uncredited.pop(worker_id, None)

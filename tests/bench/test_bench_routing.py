@@ -27,6 +27,7 @@ def test_bench_routing_prints_a_row_per_fleet_and_admission_policy():
     ]  # fmt: skip
     for r in rows:
         assert r["workers"] == 40 and r["indexed_blocks"] == 4000
+        assert 100 < r["bytes_per_block"] < 2000  # the index's keys, nodes and per-worker sets, per block
         assert 0 < r["p50_ms"] <= r["p99_ms"] and 0 < r["all_priced_p50_ms"] <= r["all_priced_p99_ms"]
 
 
@@ -50,7 +51,13 @@ def test_bench_routing_without_the_baseline_measures_the_default_only():
     assert "all priced" not in done.stderr and "threshold, default: 2 warm-up + 5 requests" in done.stderr
     [row] = json.loads(done.stdout)["rows"]
     assert row["all_priced_p50_ms"] is None and row["p99_speedup"] is None and 0 < row["p50_ms"] <= row["p99_ms"]
-    assert row["python_kernels_p50_ms"] is None
+    assert row["python_kernels_p50_ms"] is None and row["bytes_per_block"] > 0
+
+    done = subprocess.run(
+        [sys.executable, "-m", "kvplane", "bench", "routing", *argv, "--no-memory", "--json"], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["rows"][0]["bytes_per_block"] is None
 
     # The same with the Python twins of the compiled kernels timed beside them.
     done = subprocess.run(
@@ -69,7 +76,7 @@ def test_bench_routing_without_the_baseline_measures_the_default_only():
     )
     assert done.returncode == 0, done.stderr
     header, row = done.stdout.splitlines()[1:3]
-    assert header.endswith("py p50  py p99 py/c p50") and len(row.split()) == 12
+    assert header.endswith("py p50  py p99 py/c p50") and len(row.split()) == 13
     assert "routing kernels: compiled: built and loaded" in done.stdout
 
 

@@ -19,7 +19,9 @@ worker holds the prompts' first 64 blocks: a shared system prompt, so every work
 priced in full). Two admission policies: threshold (reads loads) and predictive (predicts
 latencies). The baseline, measured in the same run, prices every worker
 (`--max-uncached-candidates 0`); the default prices the workers holding part of the prompt and
-the 16 least loaded others, the only ones that can win.
+the 16 least loaded others, the only ones that can win. `B/block` is the memory the fleet's
+build allocates and keeps (tracemalloc: the cache index with its keys and per-worker sets, and
+the worker views) per indexed block.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import json
 import random
 import sys
 import time
+import tracemalloc
 
 from kvplane import native
 from kvplane.block_hash import hash_blocks
@@ -81,6 +84,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--python-kernels", action="store_true",
         help="also time the default routing with the pure Python twins of the compiled kernels (kvplane/native.py), in the same run",
     )  # fmt: skip
+    parser.add_argument(
+        "--no-memory", action="store_true", help="skip measuring bytes per indexed block (tracemalloc makes each fleet's build ~5x slower)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
 
@@ -197,7 +203,13 @@ def run(args: argparse.Namespace) -> int:
     for size in sizes:
         for fleet in fleets:
             print(f"building {fleet} fleet: {size} workers x {args.blocks_per_worker} blocks ...", file=sys.stderr, flush=True)
+            if not args.no_memory:
+                tracemalloc.start()
             workers, index = build_fleet(size, args.blocks_per_worker, fleet, prompts, random.Random(args.seed + size))
+            bytes_per_block = None
+            if not args.no_memory:
+                bytes_per_block = tracemalloc.get_traced_memory()[0] / (size * args.blocks_per_worker)
+                tracemalloc.stop()
             for admission in admissions:
                 result = dict.fromkeys(("all priced", "python kernels"), (None, None))
                 default = RouterConfig().max_uncached_candidates
@@ -212,7 +224,8 @@ def run(args: argparse.Namespace) -> int:
                     result[label] = (percentile(seconds, 50) * 1e3, percentile(seconds, 99) * 1e3)
                 (all_p50, all_p99), (p50, p99), (py_p50, py_p99) = result["all priced"], result["default"], result["python kernels"]
                 rows.append({
-                    "workers": size, "indexed_blocks": size * args.blocks_per_worker, "fleet": fleet, "admission": admission,
+                    "workers": size, "indexed_blocks": size * args.blocks_per_worker, "bytes_per_block": bytes_per_block,
+                    "fleet": fleet, "admission": admission,
                     "all_priced_p50_ms": all_p50, "all_priced_p99_ms": all_p99, "p50_ms": p50, "p99_ms": p99,
                     "p99_speedup": None if all_p99 is None else all_p99 / p99,
                     "python_kernels_p50_ms": py_p50, "python_kernels_p99_ms": py_p99,
@@ -225,10 +238,10 @@ def run(args: argparse.Namespace) -> int:
     print(f"view update + Planner.plan (route + admit) of a {args.prompt_tokens}-token prompt, ms per request")
     python = " py p50  py p99 py/c p50" if args.python_kernels else ""
     print(
-        f"{'workers':>7} {'blocks':>9} {'fleet':<10} {'admission':<10} {'all p50':>8} {'all p99':>8} {'p50':>7} {'p99':>7} {'p99 x':>6}{python}"
+        f"{'workers':>7} {'blocks':>9} {'B/block':>7} {'fleet':<10} {'admission':<10} {'all p50':>8} {'all p99':>8} {'p50':>7} {'p99':>7} {'p99 x':>6}{python}"
     )
     for r in rows:
-        print(f"{r['workers']:>7} {r['indexed_blocks']:>9} {r['fleet']:<10} {r['admission']:<10} "
+        print(f"{r['workers']:>7} {r['indexed_blocks']:>9} {_cell(r['bytes_per_block'], 7, 0)} {r['fleet']:<10} {r['admission']:<10} "
               f"{_cell(r['all_priced_p50_ms'], 8, 2)} {_cell(r['all_priced_p99_ms'], 8, 2)} {r['p50_ms']:>7.2f} {r['p99_ms']:>7.2f} "
               f"{_cell(r['p99_speedup'], 6, 1)}" + (
               f" {_cell(r['python_kernels_p50_ms'], 7, 2)} {_cell(r['python_kernels_p99_ms'], 7, 2)} {_cell(r['kernels_p50_speedup'], 8, 2)}"
