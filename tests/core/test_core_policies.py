@@ -33,7 +33,7 @@ def chosen_cost(decision, worker_id):
 # The choice counts what a placement spends as well as its TTFT: hot spends its wait for `queued`
 # tokens + 4 computed + those 4 again (the compute it adds); a and b 40 + 40.
 @pytest.mark.parametrize(("queued", "holder_wins"), [(71, True), (73, False)])
-def test_hot_prefix_holder_keeps_its_readers_until_its_queue_costs_more_than_the_prefix_saves(
+def test_hot_prefix_holder_keeps_its_readers_until_its_queue_costs_more_than_twice_the_prefix_compute(
     index, cache_prefix, worker_view, route_request, queued, holder_wins
 ):
     cache_prefix("hot", PROMPT_40, 10)

@@ -50,13 +50,13 @@ def test_a_hit_wins_by_the_prefill_it_saves(worker_view, index, cache_prefix):
     assert breakdown(d, "holder").tpot_s == pytest.approx(0.012)
 
 
-def test_the_holder_loses_when_its_queue_costs_more_than_the_prefix_saves(worker_view, index, cache_prefix):
+def test_the_holder_loses_when_its_queue_costs_more_than_twice_the_prefix_compute(worker_view, index, cache_prefix):
     cache_prefix("holder", PROMPT_40, 8)
     busy = view(worker_view, "holder", num_running=2, num_waiting=1, num_queued_prefill_tokens=100)
     d = make_router().route(RouteRequest("m", PROMPT_40, 16, DisaggMode.NEVER), [busy, view(worker_view, "idle")], index, NOW)
     # Every step of the holder carries the batch it will have: 2 running + 1 waiting = 16 ms a step.
     # queue: the rest of the step in flight (half of 10 + 2 x 2 running: 7 ms) + 16 + 100 ms;
-    # prefill 16 + 8 ms: 147 ms against the idle worker's 50 ms.
+    # prefill 16 + 8 ms: 147 ms (+ 8 ms of compute spent) against the idle worker's 50 ms (+ 40).
     holder = breakdown(d, "holder")
     assert (holder.queue_s, holder.prefill_s, holder.ttft_s) == pytest.approx((0.123, 0.024, 0.147))
     assert d.decode_worker == "idle" and d.fetch_from is None  # never mode: no fetch either
