@@ -223,7 +223,9 @@ class Planner:
         self.router = Router(config.router, rng)
         self.ledger = LoadLedger(config.report_lag_s, config.stale_report_s, config.stale_half_life_s)
         self.health = WorkerHealth(config.health)
-        self.calibration = Calibration(config.calibration_weight, config.calibration_half_life_s)
+        # A disaggregated TTFT is calibrated as the local one plus its own extra (Calibration).
+        bases = {ttft_kind(True): ttft_kind(False)}
+        self.calibration = Calibration(config.calibration_weight, config.calibration_half_life_s, bases)
         self.link = LinkRate(config.initial_link_gb_per_s * 1e9, config.link_rate_weight)
         self.trust = ReportTrust(config.trust)
         self._discount_at_dispatch: dict[int, float] = {}  # local-prefill dispatch -> trust's discount then

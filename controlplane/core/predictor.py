@@ -31,6 +31,7 @@ batch and decode context). Without a model for either worker there is no predict
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from kvplane.controlplane.core.views import WorkerView
@@ -172,21 +173,33 @@ class Calibration:
     an exponentially weighted mean of measured - predicted, per kind of latency, added to later
     predictions. An offset fades with a half-life while nothing new is observed: after an
     overload the offset makes admission reject, rejected requests teach nothing, and without the
-    fade admission would stay shut. `now`: seconds on any monotonic clock, passed in."""
+    fade admission would stay shut. `now`: seconds on any monotonic clock, passed in.
 
-    def __init__(self, weight: float = 0.2, half_life_s: float = 5.0) -> None:
+    A kind may rest on a base kind (`bases`): its offset is the base's plus what it alone learnt
+    from its own measurements beyond the base's. A disaggregated TTFT misses what a local one
+    misses (the same RPC hops and CPU) and more; calibrated apart from nothing, a burst of slow
+    local requests would make an unmeasured remote prefill look faster than computing the same
+    prompt at home, and routing would disaggregate on calibration noise alone."""
+
+    def __init__(self, weight: float = 0.2, half_life_s: float = 5.0, bases: Mapping[str, str] | None = None) -> None:
         self.weight = weight
         self.half_life_s = half_life_s
-        self._offsets: dict[str, tuple[float, float]] = {}  # kind -> (offset, when observed)
+        self._bases = dict(bases or {})
+        self._offsets: dict[str, tuple[float, float]] = {}  # kind -> (own offset, when observed)
 
     def observe(self, kind: str, predicted_s: float, measured_s: float, now: float) -> None:
-        residual = measured_s - predicted_s
+        base = self._bases.get(kind)
+        residual = measured_s - predicted_s - (self.offset(base, now) if base else 0.0)
         old = self._offsets.get(kind)
-        current = self.offset(kind, now)
+        current = self._own(kind, now)
         offset = residual if old is None else current + self.weight * (residual - current)
         self._offsets[kind] = (offset, now)
 
     def offset(self, kind: str, now: float) -> float:
+        base = self._bases.get(kind)
+        return self._own(kind, now) + (self.offset(base, now) if base else 0.0)
+
+    def _own(self, kind: str, now: float) -> float:
         entry = self._offsets.get(kind)
         if entry is None:
             return 0.0

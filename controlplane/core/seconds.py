@@ -34,7 +34,8 @@ max(TTFT / objective, TPOT / objective), the one that misses by the least. Greed
 recomputes a prefix on an idle worker the moment its holder's queue matches the prefill, which
 costs the fleet that prefill again and scatters the prefix; counting the work keeps a reader with
 the holder until the holder's queue costs more than the prefix's compute twice over. Ties (equal
-seconds: idle workers that hold nothing) go to the lower TPOT, then to the router's seeded draw.
+seconds: idle workers that hold nothing, or a model that cannot yet price prefill tokens) go to
+the fewer prompt tokens prefilled, then the lower TPOT, then the router's seeded draw.
 A hot prefix's holder keeps its readers until then; the next reader goes where the prefix
 arrives soonest, usually by a fetch from the holder: the prefix is replicated onto a second
 holder (which then draws readers itself once its KV events arrive: a fetched prefix is not
@@ -336,6 +337,7 @@ class Priced:
     move: np.ndarray
     prefill: np.ndarray
     work: np.ndarray  # of prefill: the compute it adds (chunked_parts), what the choice spends
+    computed: np.ndarray  # prompt tokens the placement prefills (the rest are cached or fetched)
     transfer: np.ndarray
     fetch_blocks: np.ndarray  # FETCH: blocks pulled
     source_row: np.ndarray  # FETCH: the table row pulled from (-1: none)
@@ -389,6 +391,7 @@ def price_candidates(
         "move",
         "prefill",
         "work",
+        "computed",
         "transfer",
         "fetch_blocks",
         "source_row",
@@ -492,6 +495,7 @@ def _price_group(
     prefill_steps, work = chunked_parts(col, P - cached_tok, cached_tok)
     prefill_s = prefill_steps + work
     local = np.maximum(queue_s, load_s) + prefill_s
+    computed = P - cached_tok
     move_s = np.zeros(n) + load_s
     placement = np.full(n, LOCAL, np.int64)
     fetch_blocks = np.zeros(n, np.int64)
@@ -512,6 +516,7 @@ def _price_group(
         move_s = np.where(better, f_move, move_s)
         prefill_s = np.where(better, f_prefill, prefill_s)
         work = np.where(better, f_work, work)
+        computed = np.where(better, P - f_cached, computed)
         local = np.where(better, f_ttft, local)
     if req.allow_local:
         ttft = local + offsets[0]
@@ -523,7 +528,7 @@ def _price_group(
     if req.allow_remote and len(prefill):
         part = _best_prefill(req, prefill.where(table.kv_mask(first)), held, rates, limit, fleet)
         if part is not None:
-            (i, j), p_queue, p_move, p_prefill, p_work, p_total = part
+            (i, j), p_queue, p_move, p_prefill, p_work, p_computed, p_total = part
             is_first = rows == i
             best = np.where(is_first, p_total[1], p_total[0])
             # The full blocks the decode worker lacks, then its step computing the prompt's tail.
@@ -540,13 +545,27 @@ def _price_group(
                 move_s = np.where(use, p_move[k], move_s)
                 prefill_s = np.where(use, p_prefill[k], prefill_s)
                 work = np.where(use, p_work[k], work)
+                computed = np.where(use, p_computed[k], computed)
                 fetch_blocks = np.where(use, 0, fetch_blocks)
                 source_row = np.where(use, -1, source_row)
                 prefill_row = np.where(use, np.where(is_first, j, i), -1)
     tpot = col.per_step + col.c3 + col.c4 * (P + req.max_tokens / 2) + offsets[2]
     work = np.zeros(n) + work
     return Priced(
-        decode, ttft, tpot, placement, cached_tok, queue_s, move_s, prefill_s, work, transfer_s, fetch_blocks, source_row, prefill_row
+        decode,
+        ttft,
+        tpot,
+        placement,
+        cached_tok,
+        queue_s,
+        move_s,
+        prefill_s,
+        work,
+        computed,
+        transfer_s,
+        fetch_blocks,
+        source_row,
+        prefill_row,
     )
 
 
@@ -563,8 +582,8 @@ def _best_two(rows: np.ndarray, device: np.ndarray, table: WorkerTable) -> tuple
 
 def _best_prefill(req: Request, prefill: WorkerPool, held: Held, rates: Rates, limit: int, fleet: _Fleet):
     """((best row, second best row), and per one of the two: queue, load, prefill, its compute
-    (the work it adds), total seconds) of the remote prefill workers (second: -1 and infinite seconds when there is one);
-    None when there is none."""
+    (the work it adds), the tokens it prefills, total seconds) of the remote prefill workers
+    (second: -1 and infinite seconds when there is one); None when there is none."""
     P, bs = req.num_prompt_tokens, req.block_size
     # A worker holding none of the prompt costs its queue + the whole prefill, its local TTFT,
     # exactly: of those, only the two least (and their ties) can be the best two.
@@ -584,18 +603,24 @@ def _best_prefill(req: Request, prefill: WorkerPool, held: Held, rates: Rates, l
     order = np.lexsort((table.id_rank[prefill.rows], table.can_decode[prefill.rows], total))[:2]
     pad = lambda a, none: np.append(a[order], none) if len(order) < 2 else a[order]  # noqa: E731
     rows = pad(prefill.rows, -1)
-    return (int(rows[0]), int(rows[1])), pad(queue, 0.0), pad(load, 0.0), pad(compute, 0.0), pad(work, 0.0), pad(total, _INF)
+    computed = P - own * bs
+    return (
+        (int(rows[0]), int(rows[1])), pad(queue, 0.0), pad(load, 0.0), pad(compute, 0.0), pad(work, 0.0), pad(computed, P),
+        pad(total, _INF),
+    )  # fmt: skip
 
 
 def choose(priced: Priced, ttft_target_s: float | None, tpot_target_s: float | None, tie_rank: np.ndarray) -> np.ndarray:
     """The candidates in the order of the module docstring's choice (indices): those meeting the
     objectives by TTFT + the prefill seconds they spend, then the others by how far they miss;
-    ties by TPOT, then `tie_rank` (the router's draw among equals)."""
-    ttft, tpot = priced.ttft, priced.tpot
+    ties by the fewer prompt tokens prefilled (a model fitted where prefill did not vary prices a
+    prefix's compute at 0, and the cache is then the only evidence left), then TPOT, then
+    `tie_rank` (the router's draw among equals)."""
+    ttft, tpot, computed = priced.ttft, priced.tpot, priced.computed
     spent = ttft + priced.work
     if ttft_target_s is None or tpot_target_s is None:
-        return np.lexsort((tie_rank, tpot, ttft, spent))
+        return np.lexsort((tie_rank, tpot, computed, ttft, spent))
     over = np.maximum(ttft / ttft_target_s, tpot / tpot_target_s)
     meets = over <= 1.0
     key = np.where(meets, spent, _INF)
-    return np.lexsort((tie_rank, tpot, np.where(meets, 0.0, over), key, ~meets))
+    return np.lexsort((tie_rank, tpot, computed, np.where(meets, 0.0, over), key, ~meets))

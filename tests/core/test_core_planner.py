@@ -137,6 +137,21 @@ def test_a_finished_request_calibrates_the_next_prediction(index, worker_view, r
     assert second.prediction.tpot_s == pytest.approx(first.prediction.tpot_s)
 
 
+def test_slow_local_requests_do_not_make_an_unmeasured_remote_prefill_look_faster(index, worker_view, route_request):
+    workers = tuple(worker_view(w, latency=STEP_MODEL, block_nbytes=1000) for w in ("a", "b"))
+    cluster = ClusterView(workers, index)
+    p = planner(admission_policy="none")
+    first = p.plan(route_request(PROMPT_40, max_tokens=4), cluster, NO_SETTINGS, now=0.0)
+    assert first.prefill_worker is None  # both idle: prefilling at home beats prefill + transfer
+    dispatch = p.dispatched(first, now=0.0)
+    p.finished(dispatch, now=0.2, outcome=Outcome(ttft_s=first.prediction.ttft_s + 0.05, tpot_s=None))
+    # Local TTFTs measured 50 ms over the model. A remote prefill misses what a local one does and
+    # more (its offset rests on the local one), so it still loses by its transfer and tail step.
+    second = p.plan(route_request(OTHER_40, max_tokens=4), cluster, NO_SETTINGS, now=0.2)
+    assert second.prefill_worker is None and second.prediction.ttft_offset_s == pytest.approx(0.05)
+    assert p.calibration.offset(ttft_kind(True), now=0.2) == pytest.approx(0.05)
+
+
 def test_a_decoding_request_s_tpot_so_far_calibrates_before_it_finishes(index, worker_view, route_request):
     cluster = ClusterView((worker_view("w", latency=STEP_MODEL),), index)
     p = planner(admission_policy="none")

@@ -163,6 +163,19 @@ def test_calibration_learns_the_residual_per_kind():
     assert calibration.offset("local", now=10.0) == pytest.approx(0.0075)
 
 
+def test_a_kind_on_a_base_kind_is_offset_by_the_base_plus_its_own_extra():
+    calibration = Calibration(weight=0.5, half_life_s=10.0, bases={"remote": "local"})
+    calibration.observe("local", 0.001, 0.051, now=0.0)  # local requests 50 ms slower than modelled
+    # No remote request measured yet: it misses at least what a local one misses.
+    assert calibration.offset("remote", now=0.0) == pytest.approx(0.050)
+    calibration.observe("remote", 0.002, 0.062, now=0.0)  # 60 ms over its model: 10 ms beyond local
+    assert calibration.offset("remote", now=0.0) == pytest.approx(0.060)
+    assert calibration.offset("local", now=0.0) == pytest.approx(0.050)
+    calibration.observe("local", 0.001, 0.001, now=0.0)  # local calibrates back: 25 ms
+    assert calibration.offset("remote", now=0.0) == pytest.approx(0.035)
+    assert calibration.offset("remote", now=10.0) == pytest.approx(0.0175)  # both fade
+
+
 def test_link_rate_is_an_ewma_of_measured_transfers():
     link = LinkRate(initial_bytes_per_s=1e9, weight=0.25)
     link.observe(0, 0.0)  # nothing moved: nothing learnt

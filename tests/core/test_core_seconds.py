@@ -130,3 +130,14 @@ def test_equal_seconds_are_a_seeded_draw(worker_view, index):
     # One running request makes b's steps 2 ms longer: 52 ms against 50, no tie.
     b_busy = dataclasses.replace(b, load=dataclasses.replace(b.load, num_running=1))
     assert {make_router(seed=s).route(request, [a, b_busy], index, NOW).decode_worker for s in range(5)} == {"a"}
+
+
+def test_at_equal_seconds_the_cache_holder_wins_over_recomputing(worker_view, index, cache_prefix):
+    # A model fitted on steps whose prefill never varied prices prefill tokens at 0 (c1 = c2 = 0):
+    # the holder and an idle worker both predict one 10 ms step. The cache decides, for every draw.
+    flat = StepTimeModel((0.010, 0.0, 0.0, 0.002, 0.0), num_samples=10, mean_abs_pct_error=0.0)
+    cache_prefix("holder", PROMPT_40, 8)
+    workers = [worker_view("holder", Role.BOTH, latency=flat), worker_view("idle", Role.BOTH, latency=flat)]
+    request = RouteRequest("m", PROMPT_40, 16, DisaggMode.NEVER)
+    picks = {make_router(seed=s).route(request, workers, index, NOW).decode_worker for s in range(20)}
+    assert picks == {"holder"}

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import random
 import ssl
 import time
 import urllib.request
+from pathlib import Path
 
 import grpc
 import pytest
@@ -114,33 +116,32 @@ def assert_nothing_pinned(cluster, client, timeout: float = 15.0) -> None:
         time.sleep(0.2)
 
 
-def interrupted_stream(client, cluster, prompt, sig, max_tokens: int, attempts: int = 3, **options):
+def interrupted_stream(client, cluster, prompt, sig, max_tokens: int, **options):
     """Streams `prompt` (ignore_eos, `options` as the SDK takes them) and sends `sig` to its decode
     worker after the first tokens; returns (tokens, text, final metrics, the worker signalled).
 
-    On a loaded 2-core machine a starved caller can read its first tokens only after the engine
-    has generated every one: no worker is busy any more and there is nothing to interrupt. That
-    stream is closed and the request sent again (`attempts` times at most)."""
-    for _ in range(attempts):
-        tokens: list[int] = []
-        text, final, victim = "", None, None
-        for chunk in client.stream(prompt, max_tokens=max_tokens, ignore_eos=True, **options):
-            tokens += chunk.token_ids
-            text += chunk.text
-            if victim is None and len(tokens) >= 5:
-                victim = _busy_worker_within(cluster, 5.0)
-                if victim is None:
-                    break  # the request ran out before anyone could be found running it
-                cluster.kill(victim, sig)
-            if chunk.finished:
-                final = chunk.metrics
-        if victim is not None:
-            return tokens, text, final, victim
-    pytest.fail(f"no worker was found running the request in {attempts} attempts: each finished before it could be interrupted")
+    The cluster's agents must pace their steps (paced_sim_agents): a reference engine on a loaded
+    2-core machine can generate every token before a starved caller reads its fifth, and then
+    there is nothing left to interrupt."""
+    tokens: list[int] = []
+    text, final, victim = "", None, None
+    for chunk in client.stream(prompt, max_tokens=max_tokens, ignore_eos=True, **options):
+        tokens += chunk.token_ids
+        text += chunk.text
+        if victim is None and len(tokens) >= 5:
+            victim = wait_for(lambda: busy_worker(cluster), timeout=5, interval=0.02, what="the worker running the request")
+            cluster.kill(victim, sig)
+        if chunk.finished:
+            final = chunk.metrics
+    assert victim is not None, f"the stream ended after {len(tokens)} tokens, before it could be interrupted"
+    return tokens, text, final, victim
 
 
-def _busy_worker_within(cluster, timeout: float) -> str | None:
-    deadline = time.monotonic() + timeout
-    while (victim := busy_worker(cluster)) is None and time.monotonic() < deadline:
-        time.sleep(0.02)
-    return victim
+def paced_sim_agents(directory: Path, step_s: float = 0.01) -> tuple[str, ...]:
+    """Agent flags for the simulated engine (no torch: an agent starts in about 2 s) with every
+    engine step taking `step_s` wall seconds, whatever the machine's load: a 600-token stream
+    lasts 6 s, long enough to find it running and interrupt it mid-stream. Its greedy tokens
+    depend only on the sequence so far, so a stream moved to another worker goes on unchanged."""
+    profile = Path(directory) / "paced_step_model.json"
+    profile.write_text(json.dumps({"coefficients": [step_s, 1e-6, 0.0, 0.0, 0.0], "num_samples": 100, "mean_abs_pct_error": 0.0}))
+    return ("--engine", "sim", "--sim-model", "llama-3-8b", "--sim-tp", "1", "--sim-profile", str(profile))

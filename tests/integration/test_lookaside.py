@@ -18,19 +18,20 @@ from kvplane.apps.cluster import LocalCluster
 from kvplane.grpc_util import channel
 from kvplane.v1 import client_pb2, client_pb2_grpc, common_pb2
 
-from .helpers import assert_nothing_pinned, busy_worker, interrupted_stream, metric_sum, prompt_ids, scrape, wait_for
+from .helpers import assert_nothing_pinned, busy_worker, interrupted_stream, metric_sum, paced_sim_agents, prompt_ids, scrape, wait_for
 
 pytestmark = pytest.mark.cluster  # starts processes
 
-MAX_TOKENS = 600  # long enough to interrupt mid-stream on a fast CPU
+MAX_TOKENS = 600  # 6 s of paced steps (paced_sim_agents): long enough to interrupt mid-stream
 PLACEMENTS = "kvplane_lookaside_placements_total"
 OUTCOME = "kvplane_lookaside_outcome"
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
+    log_dir = tmp_path_factory.mktemp("lookaside")
     with LocalCluster(
-        num_prefill=0, num_decode=0, num_both=2, log_dir=tmp_path_factory.mktemp("lookaside"),
+        num_prefill=0, num_decode=0, num_both=2, log_dir=log_dir, agent_args=paced_sim_agents(log_dir),
         controlplane_args=("--token-timeout", "2", "--silent-after-s", "1.5"),
     ) as cluster:  # fmt: skip
         yield cluster
@@ -165,7 +166,7 @@ def test_when_the_placing_replica_dies_with_the_worker_the_request_is_placed_aga
     etcd = etcd_factory()
     with LocalCluster(
         num_prefill=0, num_decode=0, num_both=2, store=etcd.url, num_controlplanes=2, log_dir=tmp_path,
-        controlplane_args=("--lease-ttl", "6"),
+        controlplane_args=("--lease-ttl", "6"), agent_args=paced_sim_agents(tmp_path),
     ) as cluster, Client(cluster.endpoint, timeout=120) as client:  # fmt: skip
         prompt = prompt_ids(seed=84, length=40)
         reference = client.generate(prompt, max_tokens=MAX_TOKENS, ignore_eos=True)

@@ -14,17 +14,18 @@ from kvplane import Client
 from kvplane.apps.cluster import LocalCluster
 from kvplane.errors import UnavailableError
 
-from .helpers import assert_nothing_pinned, interrupted_stream, metric_sum, prompt_ids, scrape
+from .helpers import assert_nothing_pinned, interrupted_stream, metric_sum, paced_sim_agents, prompt_ids, scrape
 
 pytestmark = pytest.mark.cluster  # starts processes
 
-MAX_TOKENS = 600  # long enough to interrupt mid-stream on a fast CPU
+MAX_TOKENS = 600  # 6 s of paced steps (paced_sim_agents): long enough to interrupt mid-stream
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
+    log_dir = tmp_path_factory.mktemp("migration")
     with LocalCluster(
-        num_prefill=0, num_decode=0, num_both=2, log_dir=tmp_path_factory.mktemp("migration"),
+        num_prefill=0, num_decode=0, num_both=2, log_dir=log_dir, agent_args=paced_sim_agents(log_dir),
         controlplane_args=("--token-timeout", "2", "--silent-after-s", "1.5"),
     ) as cluster:  # fmt: skip
         yield cluster
@@ -70,6 +71,7 @@ def test_a_stopped_decode_worker_stalls_its_stream_which_moves_and_new_requests_
 def test_without_migrations_a_dead_worker_ends_the_stream_naming_it(tmp_path):
     with LocalCluster(
         num_prefill=0, num_decode=0, num_both=2, log_dir=tmp_path, controlplane_args=("--max-migrations", "0"),
+        agent_args=paced_sim_agents(tmp_path),
     ) as cluster, Client(cluster.endpoint, timeout=120) as client:  # fmt: skip
         with pytest.raises(UnavailableError) as info:
             interrupted_stream(client, cluster, prompt_ids(seed=62, length=40), signal.SIGKILL, MAX_TOKENS)
