@@ -95,14 +95,50 @@ def command_lines() -> list[tuple[str, list[str], dict[str, str]]]:
     found = []
     compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
     for name, service in compose["services"].items():
-        if service.get("image", "").startswith("kvplane"):
+        # A service with its own entrypoint (the certs script) runs no kvplane server.
+        if service.get("image", "").startswith("kvplane") and "entrypoint" not in service:
             found.append((f"compose.yaml:{name}", [str(a) for a in service["command"]], {}))
     for overlay in overlays():
         found += kubernetes_command_lines(f"k8s/overlays/{overlay.name}", render(overlay))
     return found
 
 
+def compose_certificates(workdir: Path) -> list[str]:
+    """Runs compose.yaml's `certs` script with the real `kvplane certs` (its /pki in `workdir`)
+    and checks that every /pki file a service names (command line or environment) is in the
+    volume subpath that service mounts. Returns one line per service checked."""
+    compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
+    script = compose["services"]["certs"]["command"][0]
+    pki = workdir / "pki"
+    # Compose's $$ is a shell's $; the container's uid does not exist here, so no chown.
+    script = script.replace("$$", "$").replace("/pki", str(pki))
+    script = "\n".join(line for line in script.splitlines() if not line.strip().startswith("chown "))
+    kvplane = str(Path(sys.executable).with_name("kvplane"))
+    subprocess.run(["/bin/sh", "-ec", script.replace("kvplane certs", f"{kvplane} certs")], check=True, capture_output=True)
+    checked = []
+    for name, service in compose["services"].items():
+        mounts = [v for v in service.get("volumes", []) if isinstance(v, dict) and v.get("source") == "pki" and v.get("read_only")]
+        words = [str(a) for a in service.get("command", [])] + [str(v) for v in (service.get("environment") or {}).values()]
+        named = sorted({m.group(0) for w in words for m in re.finditer(r"/pki/[\w.-]+", w)})
+        if not mounts:
+            if named and name != "certs":
+                raise SystemExit(f"compose.yaml:{name} names {named} but mounts no certificates")
+            continue
+        (mount,) = mounts
+        where = pki / mount["volume"]["subpath"]
+        missing = [f for f in named if not (where / f.removeprefix("/pki/")).is_file()]
+        if missing or not named:
+            raise SystemExit(f"compose.yaml:{name}: {missing or 'no certificate'} not made by the certs script in {where.name}/")
+        checked.append(f"ok  compose.yaml:{name}: {', '.join(named)} made by the certs script ({where.name}/)")
+    return checked
+
+
 def main() -> int:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        for line in compose_certificates(Path(tmp)):
+            print(line)
     lines = command_lines()
     for where, argv, environ in lines:
         parse(argv, environ)

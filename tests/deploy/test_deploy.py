@@ -141,3 +141,14 @@ def test_the_check_can_fail(rendered):
         check.parse(["agent", "--engine", "vllm", "--kv-events-endpoint", "localhost:5557"])
     with pytest.raises(ValueError, match="KVPLANE_BLOCK_SIZE"):
         check.parse(["controlplane"], {"KVPLANE_BLOCK_SIZE": "many"})
+
+
+def test_compose_runs_mutual_tls_with_the_certificates_its_certs_service_makes(tmp_path):
+    compose = (check.DEPLOY / "compose.yaml").read_text()
+    assert "--insecure" not in compose and "KVPLANE_INSECURE" not in compose
+    checked = check.compose_certificates(tmp_path)  # runs the certs script with the real `kvplane certs`
+    assert [line.split(":")[1] for line in checked] == ["controlplane-a", "controlplane-b", "prefill", "decode"]
+    pki = tmp_path / "pki"
+    # The host's client identity, and each directory without the CA's key.
+    assert sorted(p.name for p in (pki / "client").iterdir()) == ["app.web.key", "app.web.pem", "ca.pem"]
+    assert not [p for d in ("controlplane", "prefill-0", "decode-0", "client") for p in (pki / d).iterdir() if p.name == "ca.key"]
