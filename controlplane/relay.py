@@ -76,8 +76,11 @@ async def agent_stream(
     try:
         async for reply in call:
             progress.at = time.monotonic()
-            if reply.token_ids:
+            if reply.token_ids and not progress.got_token:
+                # The deadline moves earlier once (token_timeout_s is the shorter): re-armed.
                 progress.got_token = True
+                progress.timer.cancel()
+                progress.timer = loop.call_later(token_timeout_s, check)
             yield reply
     except grpc.aio.AioRpcError as e:
         raise WorkerFailed(worker_id, classify(e.code().name), e.code(), f"{e.code().name}: {e.details()}") from None
