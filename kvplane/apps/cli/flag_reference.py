@@ -10,7 +10,7 @@ as a Markdown table (flag, default, help), so the docs cannot drift from the cod
     python -m kvplane.apps.cli.flag_reference --write    # rewrite them in docs/operations.md
     python -m kvplane.apps.cli.flag_reference --check    # exit 1 when the docs differ
 
-In the docs each server's tables sit between `<!-- flags:NAME begin ... -->` and
+In the docs each command's tables (the servers' and `kvplane sim`'s) sit between `<!-- flags:NAME begin ... -->` and
 `<!-- flags:NAME end -->`; only the text between the markers is generated. A help text that ends
 in "(default %(default)s)" loses that suffix here: the default has its own column.
 """
@@ -29,6 +29,9 @@ DOC = Path(__file__).resolve().parents[3] / "docs" / "operations.md"
 WRITE_COMMAND = "python -m kvplane.apps.cli.flag_reference --write"
 # The servers whose flags the docs list, by command name: `kvplane controlplane`, `kvplane agent`.
 SERVERS: dict[str, Delegate] = {d.command[0]: d for d in DELEGATES if d.server}
+# Every command with a generated table: the servers and `kvplane sim` (the planner's flags with
+# the simulator's own).
+COMMANDS: dict[str, Delegate] = {**SERVERS, **{d.command[0]: d for d in DELEGATES if d.command == ("sim",)}}
 _DEFAULT_SUFFIX = " (default %(default)s)"
 _NO_VALUE = "—"
 
@@ -42,8 +45,8 @@ def end_marker(server: str) -> str:
 
 
 def server_parser(server: str) -> argparse.ArgumentParser:
-    """The parser `kvplane SERVER` runs with (its --config flag included)."""
-    delegate = SERVERS[server]
+    """The parser `kvplane SERVER` runs with (its --config flag included); any of COMMANDS."""
+    delegate = COMMANDS[server]
     return build_parser(delegate, importlib.import_module(delegate.module))
 
 
@@ -114,7 +117,7 @@ def replace_tables(text: str, server: str, tables: str) -> str:
 
 def generated(text: str) -> str:
     """`text` with every server's tables as the parsers give them now."""
-    for server in SERVERS:
+    for server in COMMANDS:
         text = replace_tables(text, server, render_server(server))
     return text
 
@@ -127,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--doc", type=Path, default=DOC, help="the Markdown file (default: docs/operations.md)")
     args = parser.parse_args(argv)
     if not (args.write or args.check):
-        print("\n\n".join(f"## kvplane {server}\n\n{render_server(server)}" for server in SERVERS))
+        print("\n\n".join(f"## kvplane {server}\n\n{render_server(server)}" for server in COMMANDS))
         return 0
     text = args.doc.read_text()
     try:
