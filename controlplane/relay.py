@@ -52,35 +52,34 @@ async def agent_stream(
     expired while we were not running is not the worker's stall, and the wait starts again.
 
     The progress timeouts are one timer per stream, moved on lazily: a message only records when
-    it came, and the timer, when it fires, sleeps again until the latest message's deadline. A
-    relayed token then costs one read, not a task, a wait and a timer of its own (about a third of
-    the control plane's CPU per token before)."""
+    it came, and the timer, when it fires, sleeps again until the latest message's deadline, never
+    longer than the shorter timeout (the first token switches which one applies). A relayed token
+    then costs one read, not a task, a wait and a timer of its own (a long relayed request 0.59x
+    the control plane's CPU, docs/benchmarks.md)."""
     call = stub.Generate(request, timeout=time_left_s)
     loop = asyncio.get_running_loop()
     progress = _Progress(time.monotonic())
+    longest_sleep = min(first_token_timeout_s, token_timeout_s)
 
     def check() -> None:
         timeout = token_timeout_s if progress.got_token else first_token_timeout_s
         now = time.monotonic()
         if now < progress.at + timeout:
-            progress.timer = loop.call_later(progress.at + timeout - now, check)
+            progress.timer = loop.call_later(min(progress.at + timeout - now, longest_sleep), check)
         elif paused_since(progress.at):
             progress.at = now  # we were frozen, not the worker: give it its time again
-            progress.timer = loop.call_later(timeout, check)
+            progress.timer = loop.call_later(longest_sleep, check)
         else:
             what = "the next token" if progress.got_token else "the first token"
             progress.stalled = f"no progress: {what} did not come within {timeout:g} s"
             call.cancel()
 
-    progress.timer = loop.call_later(first_token_timeout_s, check)
+    progress.timer = loop.call_later(longest_sleep, check)
     try:
         async for reply in call:
             progress.at = time.monotonic()
-            if reply.token_ids and not progress.got_token:
-                # The deadline moves earlier once (token_timeout_s is the shorter): re-armed.
+            if reply.token_ids:
                 progress.got_token = True
-                progress.timer.cancel()
-                progress.timer = loop.call_later(token_timeout_s, check)
             yield reply
     except grpc.aio.AioRpcError as e:
         raise WorkerFailed(worker_id, classify(e.code().name), e.code(), f"{e.code().name}: {e.details()}") from None

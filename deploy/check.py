@@ -16,6 +16,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import yaml
@@ -103,10 +104,10 @@ def command_lines() -> list[tuple[str, list[str], dict[str, str]]]:
     return found
 
 
-def compose_certificates(workdir: Path) -> list[str]:
+def compose_certificates(workdir: Path) -> list[tuple[str, list[str], str]]:
     """Runs compose.yaml's `certs` script with the real `kvplane certs` (its /pki in `workdir`)
     and checks that every /pki file a service names (command line or environment) is in the
-    volume subpath that service mounts. Returns one line per service checked."""
+    volume subpath that service mounts. Returns (service, files it names, subpath) per service."""
     compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
     script = compose["services"]["certs"]["command"][0]
     pki = workdir / "pki"
@@ -129,16 +130,14 @@ def compose_certificates(workdir: Path) -> list[str]:
         missing = [f for f in named if not (where / f.removeprefix("/pki/")).is_file()]
         if missing or not named:
             raise SystemExit(f"compose.yaml:{name}: {missing or 'no certificate'} not made by the certs script in {where.name}/")
-        checked.append(f"ok  compose.yaml:{name}: {', '.join(named)} made by the certs script ({where.name}/)")
+        checked.append((name, named, where.name))
     return checked
 
 
 def main() -> int:
-    import tempfile
-
     with tempfile.TemporaryDirectory() as tmp:
-        for line in compose_certificates(Path(tmp)):
-            print(line)
+        for name, named, subpath in compose_certificates(Path(tmp)):
+            print(f"ok  compose.yaml:{name}: {', '.join(named)} made by the certs script ({subpath}/)")
     lines = command_lines()
     for where, argv, environ in lines:
         parse(argv, environ)

@@ -147,7 +147,7 @@ def test_compose_runs_mutual_tls_with_the_certificates_its_certs_service_makes(t
     compose = (check.DEPLOY / "compose.yaml").read_text()
     assert "--insecure" not in compose and "KVPLANE_INSECURE" not in compose
     checked = check.compose_certificates(tmp_path)  # runs the certs script with the real `kvplane certs`
-    assert [line.split(":")[1] for line in checked] == ["controlplane-a", "controlplane-b", "prefill", "decode"]
+    assert [name for name, _, _ in checked] == ["controlplane-a", "controlplane-b", "prefill", "decode"]
     pki = tmp_path / "pki"
     # The host's client identity, and each directory without the CA's key.
     assert sorted(p.name for p in (pki / "client").iterdir()) == ["app.web.key", "app.web.pem", "ca.pem"]

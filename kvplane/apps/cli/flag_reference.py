@@ -10,8 +10,8 @@ as a Markdown table (flag, default, help), so the docs cannot drift from the cod
     python -m kvplane.apps.cli.flag_reference --write    # rewrite them in docs/operations.md
     python -m kvplane.apps.cli.flag_reference --check    # exit 1 when the docs differ
 
-In the docs each command's tables (the servers' and `kvplane sim`'s) sit between `<!-- flags:NAME begin ... -->` and
-`<!-- flags:NAME end -->`; only the text between the markers is generated. A help text that ends
+In the docs each command's tables (the servers' and `kvplane sim`'s) sit between
+`<!-- flags:NAME begin ... -->` and `<!-- flags:NAME end -->`; only the text between the markers is generated. A help text that ends
 in "(default %(default)s)" loses that suffix here: the default has its own column.
 """
 
@@ -31,7 +31,7 @@ WRITE_COMMAND = "python -m kvplane.apps.cli.flag_reference --write"
 SERVERS: dict[str, Delegate] = {d.command[0]: d for d in DELEGATES if d.server}
 # Every command with a generated table: the servers and `kvplane sim` (the planner's flags with
 # the simulator's own).
-COMMANDS: dict[str, Delegate] = {**SERVERS, **{d.command[0]: d for d in DELEGATES if d.command == ("sim",)}}
+COMMANDS: dict[str, Delegate] = {**SERVERS, "sim": next(d for d in DELEGATES if d.command == ("sim",))}
 _DEFAULT_SUFFIX = " (default %(default)s)"
 _NO_VALUE = "—"
 
