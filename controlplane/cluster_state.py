@@ -32,6 +32,7 @@ from kvplane.controlplane.core.index import NO_SEQ, CacheIndex, ClearedEvent, Re
 from kvplane.controlplane.core.planner import Plan
 from kvplane.controlplane.core.pool import WorkerTable, cluster_with
 from kvplane.controlplane.core.settings import ClusterSettings
+from kvplane.controlplane.core.step_pool import StepModelPool
 from kvplane.controlplane.core.views import DEFAULT_CHUNK_TOKENS, ClusterView, WorkerLoadView, WorkerView
 from kvplane.controlplane.pause import PauseDetector
 from kvplane.controlplane.store.base import EventType, Store, StoreCompacted, StoreError, WatchEvent
@@ -80,7 +81,9 @@ class ClusterState:
         self.pauses.on_pause.append(self._after_pause)
         self._trust_store_after = 0.0
         self.workers: dict[WorkerId, WorkerEntry] = {}
-        self._views: dict[WorkerId, tuple] = {}  # worker -> (entry, state, load_at it was built from, its WorkerView)
+        # The step-time model each worker is priced with: its kind's (core/step_pool.py).
+        self.step_models = StepModelPool()
+        self._views: dict[WorkerId, tuple] = {}  # worker -> (entry, state, load_at, priced model it was built from, its WorkerView)
         # The last view handed out, and what changed since: workers whose entry changed, and
         # whether workers joined or left (then the next view is built afresh).
         self._last_view: ClusterView | None = None
@@ -202,6 +205,7 @@ class ClusterState:
         if event.type is EventType.DELETE:
             if self.workers.pop(worker_id, None) is not None:
                 self._membership_changed = True
+            self._changed |= self.step_models.remove(worker_id)
             self._views.pop(worker_id, None)
             self.index.remove_worker(worker_id)
             self.resync_requests.pop(worker_id, None)
@@ -220,6 +224,7 @@ class ClusterState:
         else:
             self._membership_changed = True
         self.workers[worker_id] = WorkerEntry(info=info, load=common_pb2.WorkerLoad(), state=info.state, load_at=time.monotonic())
+        self._changed |= self.step_models.update(worker_id, worker_kind(info), None)
         log.info("worker %s joined: %s at %s", worker_id, common_pb2.Role.Name(info.role), info.endpoint)
 
     def _apply_load(self, worker_id: WorkerId, value: bytes) -> None:
@@ -236,6 +241,7 @@ class ClusterState:
         self._changed.add(worker_id)
         if report.HasField("latency"):
             entry.latency = StepTimeModel.from_pb(report.latency)
+            self._changed |= self.step_models.update(worker_id, worker_kind(entry.info), entry.latency)
         # When the agent sampled it, on our monotonic clock (None: the report does not say; a
         # clock ahead of ours counts as sampled on arrival).
         sampled_at = None
@@ -352,14 +358,22 @@ class ClusterState:
 
     def _worker_view(self, worker_id: WorkerId, e: WorkerEntry) -> WorkerView:
         cached = self._views.get(worker_id)
-        if cached is not None and cached[0] is e and cached[1] == e.state and cached[2] == e.load_at:
-            return cached[3]
-        view = _worker_view(worker_id, e)
-        self._views[worker_id] = (e, e.state, e.load_at, view)
+        model = self.step_models.model_of(worker_id)
+        if cached is not None and cached[0] is e and cached[1] == e.state and cached[2] == e.load_at and cached[3] is model:
+            return cached[4]
+        view = _worker_view(worker_id, e, model)
+        self._views[worker_id] = (e, e.state, e.load_at, model, view)
         return view
 
 
-def _worker_view(worker_id: WorkerId, e: WorkerEntry) -> WorkerView:
+def worker_kind(info: common_pb2.WorkerInfo) -> tuple:
+    """What makes two workers run the same steps (core/step_pool.py): the served model, the KV
+    layout, the prefill chunk and the hardware they say they run on."""
+    return (info.model, info.layout.SerializeToString(deterministic=True), info.max_num_batched_tokens, info.hardware)
+
+
+def _worker_view(worker_id: WorkerId, e: WorkerEntry, model: StepTimeModel | None) -> WorkerView:
+    """`model`: the step-time model the worker is priced with (its kind's, core/step_pool.py)."""
     info, load = e.info, e.load
     return WorkerView(
         worker_id=worker_id,
@@ -379,7 +393,7 @@ def _worker_view(worker_id: WorkerId, e: WorkerEntry) -> WorkerView:
         ),
         max_context=info.max_context,
         block_nbytes=layout_from_pb(info.layout).block_nbytes if info.layout.dtype else 0,
-        latency=e.latency,
+        latency=model,
         chunk_tokens=info.max_num_batched_tokens or DEFAULT_CHUNK_TOKENS,
         max_num_seqs=info.max_num_seqs,
         reported_at=e.load_at,

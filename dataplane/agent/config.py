@@ -21,6 +21,10 @@ class AgentConfig:
     engine_name: str = engines.DEFAULT_ENGINE  # which engine (dataplane/engines/registry.py)
     engine: EngineSettings = field(default_factory=EngineConfig)  # that engine's config dataclass
     transports: tuple[str, ...] = ()  # empty = every available transport, best first
+    # What the engine runs on, as the control plane groups workers priced with one step-time
+    # model ("" = what the engine says: the reference engine its device, the sim its GPU; vLLM
+    # and SGLang say nothing, and then workers of one model and layout are grouped).
+    hardware: str = ""
     lease_ttl_s: int = 0  # 0 = the control plane's default
     load_report_interval_s: float = 0.2
     kv_event_interval_s: float = 0.1  # batch KV events this often

@@ -37,6 +37,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=a.engine_name,
         help="the engine this agent serves (dataplane/engines/); each engine's own flags follow in its group (default %(default)s)",
     )
+    parser.add_argument(
+        "--hardware",
+        default=a.hardware,
+        help="what this worker runs on, e.g. 'H100 x4'; workers of one model, KV layout, prefill chunk and hardware are priced "
+        "with one step-time model (default: what the engine reports: the reference engine's device, the sim's GPU; vLLM and "
+        "SGLang report none)",
+    )
     parser.add_argument("--transports", default="", help="comma-separated KV transports, best first: nixl, grpc (nixl only when it imports and UCX starts) "
                         "(default: all available)")  # fmt: skip
     parser.add_argument(
@@ -88,6 +95,7 @@ def config_from_args(args: argparse.Namespace, certificate_name: str = "") -> Ag
         engine_name=args.engine,
         engine=engine,
         transports=tuple(t for t in args.transports.split(",") if t),
+        hardware=args.hardware,
         lease_ttl_s=args.lease_ttl,
         load_report_interval_s=args.load_report_interval,
         pin_timeout_s=args.pin_timeout,

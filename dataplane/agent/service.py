@@ -795,6 +795,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             max_num_seqs=info.max_num_seqs,
             metrics_url=self.metrics_url,
             tokenizer=info.tokenizer,
+            hardware=self._config.hardware or info.hardware,
         )
 
     def collect_step_timings(self) -> list[StepSample]:

@@ -57,6 +57,7 @@ class EngineInfo:
     max_num_seqs: int  # requests running at once (the decode batch)
     max_num_batched_tokens: int  # tokens computed per step
     tokenizer: str = ""  # "byte": kvplane.tokenizer.ByteTokenizer; "": the model's own (WorkerInfo.tokenizer)
+    hardware: str = ""  # what it runs on, e.g. "NVIDIA H100 80GB HBM3 x4" ("": not known; WorkerInfo.hardware)
 
 
 class KVImportExport(Protocol):

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from kvplane.controlplane import keys
 from kvplane.controlplane.cluster_state import ClusterState
 from kvplane.controlplane.store import MemoryStore
@@ -51,6 +53,40 @@ def test_views_are_reused_until_a_report_a_state_change_or_a_departure_changes_t
 
             await store.delete(keys.worker_key("b"))
             await _settle(lambda: "b" not in _views(state), "b's departure")
+        finally:
+            await state.stop()
+
+    asyncio.run(body())
+
+
+def test_workers_of_one_kind_are_priced_with_one_model_and_other_hardware_apart():
+    """Two agents of one model, layout, chunk and hardware fit their own step-time models from
+    different steps; their views carry the kind's pooled model (core/step_pool.py), so identical
+    workers are not told apart by their fits' noise. A worker on other hardware keeps its own."""
+
+    def latency(c1: float) -> common_pb2.LatencyModel:
+        return common_pb2.LatencyModel(coefficients=[0.01, c1, 0.0, 1e-4, 1e-7], num_samples=50, mean_abs_pct_error=0.05)
+
+    async def body():
+        store = MemoryStore()
+        state = ClusterState(store)
+        await state.start()
+        try:
+            for w, hardware in (("a", "H100 x4"), ("b", "H100 x4"), ("c", "A10 x1")):
+                info = common_pb2.WorkerInfo(
+                    worker_id=w, role=common_pb2.ROLE_BOTH, endpoint=f"{w}:1", model="m", max_num_batched_tokens=2048, hardware=hardware
+                )
+                await store.put(keys.worker_key(w), info.SerializeToString())
+            await _settle(lambda: len(state.workers) == 3, "the workers")
+            for w, c1 in (("a", 2e-5), ("b", 4e-5), ("c", 9e-5)):
+                report = registry_pb2.ReportLoadRequest(worker_id=w, load=common_pb2.WorkerLoad(), latency=latency(c1))
+                await store.put(keys.load_key(w), report.SerializeToString())
+            await _settle(lambda: all(v.latency is not None for v in _views(state).values()), "every worker's model")
+            views = _views(state)
+            assert views["a"].latency == views["b"].latency
+            assert views["a"].latency.coefficients[1] == pytest.approx(3e-5)
+            assert views["c"].latency.coefficients[1] == pytest.approx(9e-5)
+            assert list(state.view().table.step[:, 1]) == pytest.approx([3e-5, 3e-5, 9e-5])
         finally:
             await state.stop()
 

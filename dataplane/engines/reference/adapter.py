@@ -19,6 +19,25 @@ from kvplane.dataplane.engines.request import EngineInputError, EngineOutput, En
 from kvplane.tokenizer import BYTE_TOKENIZER, ByteTokenizer
 
 
+def device_name(device: str) -> str:
+    """EngineInfo.hardware for a torch device: the GPU's name, or the CPU's model and the threads
+    torch computes with (what a CPU step's time depends on)."""
+    import torch
+
+    if device.startswith("cuda"):
+        return torch.cuda.get_device_name(torch.device(device))
+    cpu = next((line.split(":", 1)[1].strip() for line in _cpuinfo() if line.startswith("model name")), "unknown")
+    return f"cpu {cpu} ({torch.get_num_threads()} threads)"
+
+
+def _cpuinfo() -> list[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return f.readlines()
+    except OSError:
+        return []
+
+
 class ReferenceAdapter(PagedEngineAdapter):
     def __init__(self, engine: Engine) -> None:
         self.engine = engine  # public for benchmarks and tests that drive the engine directly
@@ -32,6 +51,7 @@ class ReferenceAdapter(PagedEngineAdapter):
             max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens,
             tokenizer=BYTE_TOKENIZER if isinstance(engine.tokenizer, ByteTokenizer) else "",
+            hardware=device_name(config.device),
         )
 
     @classmethod

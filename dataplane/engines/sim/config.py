@@ -72,6 +72,12 @@ class SimConfig:
             profile_timing(self.profile)
         return self
 
+    def hardware_label(self) -> str:
+        """What the simulated worker runs on (EngineInfo.hardware): the GPU and its count, or the
+        measured profile that replaces the roofline, and the speedup."""
+        label = f"simulated {self.gpu} x{self.tp}" if not self.profile else f"simulated from profile {self.profile}"
+        return label if self.speedup == 1 else f"{label} at {self.speedup:g}x"
+
     def roofline_model(self) -> Roofline:
         return Roofline(hardware.gpu(self.gpu), hardware.model(self.model), self.tp, self.roofline)
 

@@ -150,6 +150,7 @@ class SimEngine:
             max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens,
             tokenizer=BYTE_TOKENIZER,  # the control plane tokenizes text as UTF-8 bytes
+            hardware=config.hardware_label(),
         )
         self.modeled_link: ModeledLink | None = None  # set by the agent's adapter (KVImportExport)
         self._seed_stream = random.Random(config.seed)
