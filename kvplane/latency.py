@@ -12,7 +12,11 @@ c4 the KV reads of decode attention. This is the shape of the Mooncake and DistS
 
 Fit: least squares of the relative error (each sample weighted by 1/seconds^2, since timing noise
 is proportional to the step: a 2 ms decode step and a 200 ms prefill count alike; the weight is
-capped at the 5th percentile of the timings so one freak-fast sample cannot dominate), on
+capped at the 5th percentile of the timings so one freak-fast sample cannot dominate), and no
+step *shape* (a power-of-two bucket of prefill tokens by one of decode sequences) weighing as
+more than max(SHAPE_CAP_MIN, twice the mean shape's) steps: a live window is what traffic ran,
+hundreds of decode steps and a few prefills, and a GPU step is flat while memory-bound, so a line
+through the many small steps says little of the large ones. On
 column-scaled features (each divided by its largest value, so a 1e9-sized attention term and a
 1-sized batch term meet the normal equations on equal terms), solved by Gaussian elimination
 with a tiny ridge, under non-negative coefficients (a step never
@@ -20,8 +24,11 @@ gets cheaper with more work): a negative coefficient is dropped and the rest ref
 until none is negative. A feature that does not vary in the samples cannot be told from the
 constant and gets 0 (a decode-only window says nothing about prefill). Then one robust pass: steps
 whose relative error exceeds max(OUTLIER_MIN, OUTLIER_MADS x the median relative error) (a step
-stalled by another process, a page fault) are left out and the rest refitted. The error is
-reported as the mean absolute percentage error over all the samples, outliers included.
+stalled by another process, a page fault) are left out and the rest refitted, but only where
+at least OUTLIER_PEERS other steps prefilled as many tokens (within a power of two): a stall is a
+step slower than steps like it, while the only long prefill in a window is the evidence for the
+prefill terms, not an outlier. The error is reported as the mean absolute percentage error over
+all the samples, outliers included.
 
 OnlineStepModel keeps the last `window` measured steps apart from a profile seed (`kvplane
 profile`), and fits on both: the seed covers the shapes live traffic may not show yet, the window
@@ -34,7 +41,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -47,6 +54,8 @@ MIN_SAMPLES = NUM_COEFFICIENTS  # fewer samples than coefficients: no model
 RIDGE = 1e-10  # relative to each scaled column's sum of squares; only keeps the system solvable
 OUTLIER_MIN = 0.25  # relative error below which a step is never an outlier
 OUTLIER_MADS = 5.0  # ... and above this many median relative errors it is
+SHAPE_CAP_MIN = 16  # a step shape weighs as at most max(this, twice the mean shape's steps) steps
+OUTLIER_PEERS = 4  # ... when at least this many other steps have its prefill size (a power-of-two bucket)
 
 
 def prefill_attention(num_new_tokens: int, num_context_before: int) -> int:
@@ -195,7 +204,11 @@ def fit(samples: Sequence[StepSample], *, seeded_from_profile: bool = False) -> 
     errors = _relative_errors(coefficients, samples)
     if errors:
         limit = max(OUTLIER_MIN, OUTLIER_MADS * sorted(errors)[len(errors) // 2])
-        kept = [s for s in samples if s.seconds <= 0 or abs(_predict(coefficients, s) - s.seconds) <= limit * s.seconds]
+        sizes = Counter(_prefill_bucket(s) for s in samples)
+        kept = [
+            s for s in samples
+            if s.seconds <= 0 or abs(_predict(coefficients, s) - s.seconds) <= limit * s.seconds or sizes[_prefill_bucket(s)] <= OUTLIER_PEERS
+        ]  # fmt: skip
         if MIN_SAMPLES <= len(kept) < len(samples):
             coefficients = _fit_coefficients(kept)
             errors = _relative_errors(coefficients, samples)
@@ -219,6 +232,11 @@ def _fit_coefficients(samples: Sequence[StepSample]) -> tuple[float, ...]:
     if floor <= 0:
         floor = max(max(ys), 1e-9) * 1e-3
     weights = [1.0 / max(y, floor) ** 2 for y in ys]
+    # No step shape weighs as more than `cap` steps (module docstring).
+    shapes = [_shape(s) for s in samples]
+    counts = Counter(shapes)
+    cap = max(SHAPE_CAP_MIN, 2 * len(samples) / len(counts))
+    weights = [w * min(counts[shape], cap) / counts[shape] for shape, w in zip(shapes, weights)]
     scaled = [0.0] * NUM_COEFFICIENTS
     while active:
         solution = _least_squares(rows, ys, weights, active)
@@ -231,6 +249,15 @@ def _fit_coefficients(samples: Sequence[StepSample]) -> tuple[float, ...]:
             break
         active.remove(min(negative)[1])  # drop the most negative and refit
     return tuple(scaled[j] / scales[j] for j in range(NUM_COEFFICIENTS))
+
+
+def _prefill_bucket(s: StepSample) -> int:
+    """0 for no prefill, else 1 + floor(log2(prefill tokens)): steps of one bucket are alike."""
+    return s.prefill_tokens.bit_length()
+
+
+def _shape(s: StepSample) -> tuple[int, int]:
+    return _prefill_bucket(s), s.decode_seqs.bit_length()
 
 
 def _predict(c: Sequence[float], s: StepSample) -> float:

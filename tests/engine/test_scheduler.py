@@ -116,6 +116,20 @@ def test_prefix_hit_is_capped_so_one_token_is_computed() -> None:
     assert (b.num_cached_tokens, chunks[0].start, chunks[0].num_tokens) == (4, 4, 4)
 
 
+def test_a_waiting_request_counts_only_the_prompt_its_cached_prefix_leaves_to_compute() -> None:
+    """The load report's queued prefill tokens: a request waiting behind a step is counted as what
+    admission will compute, not its whole prompt (an agent's next turn queued on the holder of its
+    context otherwise looks like the whole context to prefill, and is routed away from it)."""
+    s = make(budget=16)
+    add(s, "a", prompt_len=12, max_tokens=1)
+    step(s)  # a's 3 blocks are cached
+    add(s, "b", prompt_len=14, max_tokens=1)  # a's 12 tokens and 2 more: 3 full blocks cached
+    add(s, "c", prompt_len=6, max_tokens=1)  # tokens 1..6: a's first block cached, 2 tokens to compute
+    assert s.num_queued_prefill_tokens() == (14 - 12) + (6 - 4)
+    step(s)
+    assert s.num_queued_prefill_tokens() == 0
+
+
 def test_prefill_only_pins_full_blocks_and_frees_its_own() -> None:
     s = make()
     add(s, "p", prompt_len=9, prefill_only=True)

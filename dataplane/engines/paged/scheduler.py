@@ -222,8 +222,17 @@ class Scheduler:
         )
 
     def num_queued_prefill_tokens(self) -> int:
-        queued = sum(s.num_prompt_tokens for s in self.waiting)
+        """Prompt tokens still to compute: a waiting request's prompt less the prefix cached on the
+        device now (what admission would find; a request of an agent loop queued behind a step
+        otherwise looks like its whole context to compute, and the control plane moves the next
+        request away from the prefix's holder), then the prefilling requests' remainders."""
+        queued = sum(s.num_prompt_tokens - self._cached_prefix_tokens(s) for s in self.waiting)
         return queued + sum(s.num_prompt_tokens - s.num_computed_tokens for s in (*self.running, *self.loading) if s.is_prefilling)
+
+    def _cached_prefix_tokens(self, seq: RequestState) -> int:
+        self._extend_hashes(seq, seq.num_prompt_tokens // self.block_size)
+        max_hit = (seq.num_prompt_tokens - 1) // self.block_size
+        return len(self.blocks.longest_cached_prefix(seq.block_hashes[:max_hit])) * self.block_size
 
     def find(self, request_id: str) -> RequestState | None:
         for seq in (*self.waiting, *self.loading, *self.running):
