@@ -16,7 +16,8 @@ What is not shared stays per worker: its load, its cache, and what the planner m
 The pooled model is recomputed when the kind's membership changes or when at least
 `refresh_fraction` of its members have published a new model since the last one: a fleet's
 models drift slowly, and every refresh hands every member a new view (a new row for the
-routing columns), which at a thousand workers should not happen on every report.
+routing columns), which at a thousand workers should not happen on every report; a new median
+within 2 % of the last in every coefficient is not handed out at all.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from kvplane.latency import NUM_COEFFICIENTS, StepTimeModel
 from kvplane.types import WorkerId
 
 Kind = Hashable  # what makes two workers run the same steps (cluster_state.py builds it)
+SAME_WITHIN = 0.02  # a pooled model whose coefficients all moved less than this (relative) is kept
 
 
 @dataclass(slots=True)
@@ -91,10 +93,18 @@ class StepModelPool:
     def _refresh(self, group: _Group) -> set[WorkerId]:
         pooled = pooled_model([m for m in group.own.values() if m is not None])
         group.num_new = 0
-        if pooled == group.pooled:
+        if _close(pooled, group.pooled):
             return set()
         group.pooled = pooled
         return set(group.own)
+
+
+def _close(a: StepTimeModel | None, b: StepTimeModel | None) -> bool:
+    """Whether `a` prices like `b`: every coefficient within SAME_WITHIN of it (refits of a
+    steady fleet move its median by less; each change hands every member of the kind a new view)."""
+    if a is None or b is None:
+        return a is b
+    return all(abs(x - y) <= SAME_WITHIN * max(abs(x), abs(y)) for x, y in zip(a.coefficients, b.coefficients))
 
 
 def pooled_model(models: list[StepTimeModel]) -> StepTimeModel | None:
