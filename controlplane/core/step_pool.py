@@ -38,6 +38,7 @@ class _Group:
     own: dict[WorkerId, StepTimeModel | None] = field(default_factory=dict)
     pooled: StepTimeModel | None = None
     num_new: int = 0  # members that published a new model since `pooled` was computed
+    num_models: int = 0  # members that publish one (counted, not summed on every report)
 
 
 class StepModelPool:
@@ -60,15 +61,15 @@ class StepModelPool:
         if old_kind is not None and old_kind != kind:
             changed |= self.remove(worker_id)
         group = self._groups.setdefault(kind, _Group())
-        joined = worker_id not in group.own
-        if not joined and group.own[worker_id] == model:
+        before = group.own.get(worker_id)
+        if worker_id in group.own and before == model:
             return changed
         group.own[worker_id] = model
         self._kind_of[worker_id] = kind
+        group.num_models += (model is not None) - (before is not None)
         if model is not None:
             group.num_new += 1
-        num_models = sum(m is not None for m in group.own.values())
-        if group.pooled is None or num_models == 0 or group.num_new >= self.refresh_fraction * num_models:
+        if group.pooled is None or group.num_models == 0 or group.num_new >= self.refresh_fraction * group.num_models:
             changed |= self._refresh(group)
         return changed - {worker_id}
 
@@ -79,6 +80,7 @@ class StepModelPool:
             return set()
         group = self._groups[kind]
         had_model = group.own.pop(worker_id, None) is not None
+        group.num_models -= had_model
         if not group.own:
             del self._groups[kind]
             return set()
