@@ -46,7 +46,9 @@ token threshold. Every number is kept per candidate (`SecondsBreakdown`) for `kv
 
 A worker that publishes no step-time model yet (it learns one from the steps it runs) is priced
 with the median model of its peers (same model and block layout), not as faster than all of
-them; the fallback prefill rate is for a fleet where none has one.
+them; the fallback prefill rate is for a fleet where none has one. (The control plane's views
+already carry one pooled model per kind of worker, core/step_pool.py; this covers a worker whose
+kind has none yet, and tables built without the control plane: the simulator, the benchmarks.)
 
 Only candidates that can win are priced in full (`limit` > 0, the router's
 max_uncached_candidates): every worker holding part of the prompt, and of the others (which
