@@ -51,6 +51,7 @@ class WorkerEntry:
     state: int
     load_at: float  # monotonic time of the last load report
     latency: StepTimeModel | None = None  # the worker's step-time model, from its load reports
+    kind: tuple = ()  # worker_kind(info): the workers priced with one step-time model (core/step_pool.py)
 
 
 def events_from_pb(events: Sequence[common_pb2.KVEvent]) -> list[StoredEvent | RemovedEvent | ClearedEvent]:
@@ -223,8 +224,9 @@ class ClusterState:
             self._changed.add(worker_id)
         else:
             self._membership_changed = True
-        self.workers[worker_id] = WorkerEntry(info=info, load=common_pb2.WorkerLoad(), state=info.state, load_at=time.monotonic())
-        self._changed |= self.step_models.update(worker_id, worker_kind(info), None)
+        entry = WorkerEntry(info=info, load=common_pb2.WorkerLoad(), state=info.state, load_at=time.monotonic(), kind=worker_kind(info))
+        self.workers[worker_id] = entry
+        self._changed |= self.step_models.update(worker_id, entry.kind, None)
         log.info("worker %s joined: %s at %s", worker_id, common_pb2.Role.Name(info.role), info.endpoint)
 
     def _apply_load(self, worker_id: WorkerId, value: bytes) -> None:
@@ -241,7 +243,7 @@ class ClusterState:
         self._changed.add(worker_id)
         if report.HasField("latency"):
             entry.latency = StepTimeModel.from_pb(report.latency)
-            self._changed |= self.step_models.update(worker_id, worker_kind(entry.info), entry.latency)
+            self._changed |= self.step_models.update(worker_id, entry.kind, entry.latency)
         # When the agent sampled it, on our monotonic clock (None: the report does not say; a
         # clock ahead of ours counts as sampled on arrival).
         sampled_at = None

@@ -230,9 +230,13 @@ class Scheduler:
         return queued + sum(s.num_prompt_tokens - s.num_computed_tokens for s in (*self.running, *self.loading) if s.is_prefilling)
 
     def _cached_prefix_tokens(self, seq: RequestState) -> int:
+        return len(self.blocks.longest_cached_prefix(self._reusable_hashes(seq))) * self.block_size
+
+    def _reusable_hashes(self, seq: RequestState) -> list[BlockHash]:
+        """The hashes of the prompt's blocks a cached prefix may cover: at most (prompt - 1) //
+        block_size, so at least one prompt token is computed and yields logits."""
         self._extend_hashes(seq, seq.num_prompt_tokens // self.block_size)
-        max_hit = (seq.num_prompt_tokens - 1) // self.block_size
-        return len(self.blocks.longest_cached_prefix(seq.block_hashes[:max_hit])) * self.block_size
+        return seq.block_hashes[: (seq.num_prompt_tokens - 1) // self.block_size]
 
     def find(self, request_id: str) -> RequestState | None:
         for seq in (*self.waiting, *self.loading, *self.running):
@@ -252,9 +256,9 @@ class Scheduler:
         self._collect_loads()
         while self.waiting and len(self.running) + len(self.loading) < self.max_num_seqs:
             seq = self.waiting[0]
-            self._extend_hashes(seq, seq.num_prompt_tokens // self.block_size)
-            max_hit = (seq.num_prompt_tokens - 1) // self.block_size
-            got = self.blocks.allocate_with_prefix(seq.block_hashes[:max_hit], self.num_blocks_needed(seq.request))
+            reusable = self._reusable_hashes(seq)
+            max_hit = len(reusable)
+            got = self.blocks.allocate_with_prefix(reusable, self.num_blocks_needed(seq.request))
             if got is None:
                 return  # the head waits for blocks; later requests do not overtake it
             self.waiting.popleft()
