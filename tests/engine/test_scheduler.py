@@ -17,9 +17,10 @@ def make(num_blocks: int = 16, max_num_seqs: int = 4, budget: int = 8) -> Schedu
                      max_num_batched_tokens=budget, eos_token_ids=(EOS,))  # fmt: skip
 
 
-def add(s: Scheduler, rid: str, prompt_len: int, max_tokens: int = 4, **kw: object) -> RequestState:
+def add(s: Scheduler, rid: str, prompt_len: int, max_tokens: int = 4, first_token: int = 1, **kw: object) -> RequestState:
+    """Prompt first_token, first_token + 1, ...: requests share a prefix unless told otherwise."""
     prefill_only = bool(kw.pop("prefill_only", False))
-    req = EngineRequest(rid, list(range(1, prompt_len + 1)), SamplingParams(max_tokens=max_tokens, **kw), prefill_only=prefill_only)  # type: ignore[arg-type]
+    req = EngineRequest(rid, list(range(first_token, first_token + prompt_len)), SamplingParams(max_tokens=max_tokens, **kw), prefill_only=prefill_only)  # type: ignore[arg-type]
     seq = RequestState(req, lambda out: None, None, list(req.prompt_token_ids), prompt_len)
     s.waiting.append(seq)
     return seq
@@ -66,7 +67,7 @@ def test_budget_goes_to_decodes_first_then_prompt_chunks_in_order() -> None:
     a = add(s, "a", prompt_len=3)
     step(s)  # a prefills its 3 tokens and samples
     b = add(s, "b", prompt_len=10)
-    c = add(s, "c", prompt_len=5)
+    c = add(s, "c", prompt_len=5, first_token=50)  # shares no block with b
     chunks = s.schedule()
     assert [(ch.seq.request_id, ch.start, ch.num_tokens) for ch in chunks] == [("a", 3, 1), ("b", 0, 7)]
     assert s.num_queued_prefill_tokens() == 10 + 5
@@ -128,6 +129,45 @@ def test_a_waiting_request_counts_only_the_prompt_its_cached_prefix_leaves_to_co
     assert s.num_queued_prefill_tokens() == (14 - 12) + (6 - 4)
     step(s)
     assert s.num_queued_prefill_tokens() == 0
+
+
+def test_a_request_waits_for_the_prefix_a_running_request_is_computing_instead_of_recomputing_it() -> None:
+    """A burst sharing a new prefix computes it once: the second request waits while the first
+    prefills the shared blocks (chunked), then reuses them; meanwhile the load report counts only
+    what it will compute (the control plane predicts the prefix held where it sent the first)."""
+    s = make(budget=8)
+    a = add(s, "a", prompt_len=17, max_tokens=1)  # 4 full blocks, prefilled in 3 steps of 8
+    step(s)
+    b = add(s, "b", prompt_len=19, max_tokens=4)  # a's 17 tokens and 2 more: 4 blocks shared
+    s.admit()
+    assert [q.request_id for q in s.waiting] == ["b"], "b must not start computing a's blocks itself"
+    assert s.num_queued_prefill_tokens() == (19 - 16) + (17 - 8)
+    step(s)  # a: 16 computed, its 4 full blocks registered
+    assert a.num_registered_blocks == 4 and b in s.waiting
+    step(s)  # b admitted with a's 4 blocks, computes its last 3 tokens beside a's last one
+    assert a.num_computed_tokens == 17 and b.num_computed_tokens == 19
+    assert b.num_cached_tokens == 16
+
+
+def test_a_waiting_request_is_admitted_when_the_request_computing_its_prefix_is_cancelled() -> None:
+    s = make(budget=8)
+    a = add(s, "a", prompt_len=17, max_tokens=1)
+    step(s)
+    b = add(s, "b", prompt_len=19, max_tokens=1)
+    s.admit()
+    assert b in s.waiting
+    s.remove(a)
+    s.admit()
+    assert b in s.running and b.num_cached_tokens == 8  # the blocks a registered before it went
+
+
+def test_a_request_sharing_nothing_in_flight_is_admitted_at_once() -> None:
+    s = make(budget=8)
+    add(s, "a", prompt_len=17, max_tokens=1)
+    step(s)
+    b = add(s, "b", prompt_len=10, max_tokens=1, first_token=50)
+    s.admit()
+    assert b in s.running and b.num_cached_tokens == 0
 
 
 def test_prefill_only_pins_full_blocks_and_frees_its_own() -> None:

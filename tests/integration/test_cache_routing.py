@@ -1,7 +1,8 @@
 """Cache-aware routing and KV tiers end to end: real control plane and agent processes.
 
 - the index follows blocks down the tiers, and a disk-tier block survives an agent restart;
-- a burst sharing a new prefix lands on one worker before any KV event arrives;
+- a burst sharing a new prefix lands on one worker before any KV event arrives, and computes the
+  prefix once;
 - (a hot prefix replicated by fetch rather than piled on its holder depends on how long a queue
   is against a prefill, so it is tested in virtual time: tests/sim/test_simulator.py);
 - two tenants with the same prompt share no blocks;
@@ -68,7 +69,11 @@ def test_burst_sharing_a_new_prefix_lands_on_one_worker_before_events():
             with ThreadPoolExecutor(len(prompts)) as pool:
                 results = list(pool.map(lambda p: client.generate(p, max_tokens=2, disagg="never"), prompts))
     workers = {r.metrics.decode_worker for r in results}
-    assert len(workers) == 1, f"the burst spread over {workers}"
+    reasons = [(r.metrics.decode_worker, r.metrics.route_reason) for r in results]
+    assert len(workers) == 1, f"the burst spread over {workers}; route reasons: {reasons}"
+    # The engine computed the prefix once: the others waited for it instead of recomputing it
+    # (which the holder's load reports would show, moving the rest of the burst elsewhere).
+    assert sorted(r.metrics.cached_tokens for r in results) == [0] + [len(shared)] * 5
 
 
 def test_two_tenants_with_the_same_prompt_share_no_blocks():

@@ -3,7 +3,10 @@
 Rule: requests are admitted first come first served while fewer than max_num_seqs run and the
 pool can reserve every block the request can ever need, ceil((prompt + max_tokens) / block_size)
 (prompt only for prefill_only), minus the blocks of its cached prefix; the head of the queue
-waits rather than being overtaken, and nothing is ever preempted. The cached prefix is capped at
+waits rather than being overtaken, and nothing is ever preempted. A request whose next prefix
+blocks a running request is prefilling now waits until they are registered and reuses them instead
+of computing them again (SGLang's in-batch prefix caching holds such a request back the same way):
+a burst sharing a new prefix computes it once, as the control plane's predicted prefixes assume. The cached prefix is capped at
 (len(prompt) - 1) // block_size blocks so at least one prompt token is computed and yields logits.
 With lower KV tiers, the blocks right after the device-cached prefix that a lower tier holds are
 copied into the request's fresh blocks (`start_load`, begun at admission) and count as cached:
@@ -226,11 +229,29 @@ class Scheduler:
         device now (what admission would find; a request of an agent loop queued behind a step
         otherwise looks like its whole context to compute, and the control plane moves the next
         request away from the prefix's holder), then the prefilling requests' remainders."""
-        queued = sum(s.num_prompt_tokens - self._cached_prefix_tokens(s) for s in self.waiting)
+        computing = self._blocks_being_computed()
+        queued = sum(s.num_prompt_tokens - self._ready_prefix_blocks(s, computing)[1] * self.block_size for s in self.waiting)
         return queued + sum(s.num_prompt_tokens - s.num_computed_tokens for s in (*self.running, *self.loading) if s.is_prefilling)
 
-    def _cached_prefix_tokens(self, seq: RequestState) -> int:
-        return len(self.blocks.longest_cached_prefix(self._reusable_hashes(seq))) * self.block_size
+    def _blocks_being_computed(self) -> set[BlockHash]:
+        """The full prompt blocks the running requests are prefilling and have not registered yet."""
+        computing: set[BlockHash] = set()
+        for seq in self.running:
+            if seq.is_prefilling:
+                num_full = seq.num_prompt_tokens // self.block_size
+                self._extend_hashes(seq, num_full)
+                computing.update(seq.block_hashes[seq.num_registered_blocks : num_full])
+        return computing
+
+    def _ready_prefix_blocks(self, seq: RequestState, computing: set[BlockHash]) -> tuple[int, int]:
+        """(blocks of the prompt's prefix cached on the device now, blocks cached or being
+        computed by a running request): what the request reuses if admitted now, and if it waits."""
+        reusable = self._reusable_hashes(seq)
+        cached = len(self.blocks.longest_cached_prefix(reusable))
+        ready = cached
+        while ready < len(reusable) and reusable[ready] in computing:
+            ready += 1
+        return cached, ready
 
     def _reusable_hashes(self, seq: RequestState) -> list[BlockHash]:
         """The hashes of the prompt's blocks a cached prefix may cover: at most (prompt - 1) //
@@ -256,6 +277,10 @@ class Scheduler:
         self._collect_loads()
         while self.waiting and len(self.running) + len(self.loading) < self.max_num_seqs:
             seq = self.waiting[0]
+            if self.running:
+                cached, ready = self._ready_prefix_blocks(seq, self._blocks_being_computed())
+                if ready > cached:
+                    return  # a running request is computing its next blocks: reuse them, not recompute
             reusable = self._reusable_hashes(seq)
             max_hit = len(reusable)
             got = self.blocks.allocate_with_prefix(reusable, self.num_blocks_needed(seq.request))
