@@ -20,7 +20,8 @@ def make(num_blocks: int = 16, max_num_seqs: int = 4, budget: int = 8) -> Schedu
 def add(s: Scheduler, rid: str, prompt_len: int, max_tokens: int = 4, first_token: int = 1, **kw: object) -> RequestState:
     """Prompt first_token, first_token + 1, ...: requests share a prefix unless told otherwise."""
     prefill_only = bool(kw.pop("prefill_only", False))
-    req = EngineRequest(rid, list(range(first_token, first_token + prompt_len)), SamplingParams(max_tokens=max_tokens, **kw), prefill_only=prefill_only)  # type: ignore[arg-type]
+    prompt = list(range(first_token, first_token + prompt_len))
+    req = EngineRequest(rid, prompt, SamplingParams(max_tokens=max_tokens, **kw), prefill_only=prefill_only)  # type: ignore[arg-type]
     seq = RequestState(req, lambda out: None, None, list(req.prompt_token_ids), prompt_len)
     s.waiting.append(seq)
     return seq
