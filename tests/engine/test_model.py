@@ -76,6 +76,25 @@ def test_mixed_batch_of_prefill_and_decode_matches_hf(paged: PagedLlama, hf_mode
     assert batch.last_token_index.tolist() == [0, 9]
 
 
+def test_a_step_of_very_different_contexts_attends_each_over_its_own_blocks(paged: PagedLlama, hf_model) -> None:  # type: ignore[no-untyped-def]
+    """A short decode beside a long one and a prefill chunk after a cached prefix: the step runs
+    them in groups of similar length (a short sequence does not gather a long one's context),
+    each over the blocks it has written, not its whole reservation (blocks still unwritten)."""
+    vocab = paged.config.vocab_size
+    long, short, chunked = prompt_ids(vocab, 41, seed=4), prompt_ids(vocab, 3, seed=5), prompt_ids(vocab, 18, seed=6)
+    pool = make_pool(paged, num_blocks=40)
+    long_blocks, short_blocks, chunked_blocks = list(range(0, 14)), [20, 21, 22, 23], [30, 31, 32, 33, 34, 35]
+    paged(
+        PagedBatch.build([(long[:40], 0, long_blocks), (short[:2], 0, short_blocks), (chunked[:8], 0, chunked_blocks)], BLOCK_SIZE),
+        pool.buffer,
+    )
+    batch = PagedBatch.build([(short[2:], 2, short_blocks), (long[40:], 40, long_blocks), (chunked[8:], 8, chunked_blocks)], BLOCK_SIZE)
+    assert len(batch.groups) == 3
+    last = paged(batch, pool.buffer, batch.last_token_index)
+    for row, ids in enumerate((short, long, chunked)):
+        torch.testing.assert_close(last[row], hf_logits(hf_model, ids)[-1], atol=ATOL, rtol=0)
+
+
 def test_tied_embeddings_checkpoint_matches_hf(tmp_path: Path) -> None:
     directory = write_hf_llama(tmp_path / "tied", tie=True, seed=5)
     assert json.loads((directory / "config.json").read_text())["tie_word_embeddings"] is True

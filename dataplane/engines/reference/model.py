@@ -98,21 +98,31 @@ def _rope_theta(cfg: dict[str, Any]) -> float:
 
 
 @dataclass(slots=True)
+class AttentionGroup:
+    """Sequences of one step whose attention runs together: their block tables and query lengths
+    are within 2x of each other, so padding them to the group's longest costs at most 2x (one
+    padded batch for the whole step would make a short decode gather a long neighbour's context)."""
+
+    token_index: torch.Tensor  # [Tg] long: the group's query tokens in the step's flat layout
+    pad_index: torch.Tensor  # [Tg] long: row of each of them in the padded [g * max_q] layout
+    block_tables: torch.Tensor  # [g, M] long, padded with block 0 (masked out)
+    query_positions: torch.Tensor  # [g, max_q] long, padding rows at position 0
+
+
+@dataclass(slots=True)
 class PagedBatch:
-    """One step's flat batch. T = total query tokens, S = sequences, M = longest block table."""
+    """One step's flat batch. T = total query tokens, S = sequences."""
 
     token_ids: torch.Tensor  # [T] long
     positions: torch.Tensor  # [T] long
     slot_block_ids: torch.Tensor  # [T] long: pool block receiving each token's K,V
     slot_offsets: torch.Tensor  # [T] long: offset inside that block
-    block_tables: torch.Tensor  # [S, M] long, padded with block 0 (masked out)
-    pad_index: torch.Tensor  # [T] long: row of each token in the padded [S * max_q] query layout
-    query_positions: torch.Tensor  # [S, max_q] long, padding rows at position 0
+    groups: list[AttentionGroup]
     last_token_index: torch.Tensor  # [S] long: flat index of each sequence's last query token
 
     @property
     def num_seqs(self) -> int:
-        return int(self.block_tables.shape[0])
+        return int(self.last_token_index.shape[0])
 
     @classmethod
     def build(
@@ -128,40 +138,52 @@ class PagedBatch:
         positions: list[int] = []
         slot_blocks: list[int] = []
         slot_offsets: list[int] = []
-        pad_index: list[int] = []
         last_index: list[int] = []
-        max_q = max(len(q) for q, _, _ in seqs)
-        max_blocks = max(len(b) for _, _, b in seqs)
-        tables = torch.zeros((len(seqs), max_blocks), dtype=torch.long)
-        qpos = torch.zeros((len(seqs), max_q), dtype=torch.long)
+        first_token: list[int] = []
         for s, (query, start, block_ids) in enumerate(seqs):
             if not query:
                 raise ValueError(f"sequence {s} has no query tokens")
             end = start + len(query)
             if (end + block_size - 1) // block_size > len(block_ids):
                 raise ValueError(f"sequence {s} needs blocks for {end} positions but has {len(block_ids)} blocks")
+            first_token.append(len(token_ids))
             for i, tok in enumerate(query):
                 pos = start + i
                 token_ids.append(int(tok))
                 positions.append(pos)
                 slot_blocks.append(int(block_ids[pos // block_size]))
                 slot_offsets.append(pos % block_size)
-                pad_index.append(s * max_q + i)
             last_index.append(len(token_ids) - 1)
-            tables[s, : len(block_ids)] = torch.tensor(list(block_ids), dtype=torch.long)
-            qpos[s, : len(query)] = torch.arange(start, end)
 
         def t(values: list[int]) -> torch.Tensor:
             return torch.tensor(values, dtype=torch.long, device=device)
 
+        # A sequence attends over the blocks up to its last query token (a table may hold more).
+        needed = [(start + len(query) + block_size - 1) // block_size for query, start, _ in seqs]
+        buckets: dict[tuple[int, int], list[int]] = {}
+        for s, (query, _, _) in enumerate(seqs):
+            buckets.setdefault(((needed[s] - 1).bit_length(), (len(query) - 1).bit_length()), []).append(s)
+        groups = []
+        for members in buckets.values():
+            max_q = max(len(seqs[s][0]) for s in members)
+            max_blocks = max(needed[s] for s in members)
+            tables = torch.zeros((len(members), max_blocks), dtype=torch.long)
+            qpos = torch.zeros((len(members), max_q), dtype=torch.long)
+            token_index: list[int] = []
+            pad_index: list[int] = []
+            for g, s in enumerate(members):
+                query, start, block_ids = seqs[s]
+                token_index.extend(range(first_token[s], first_token[s] + len(query)))
+                pad_index.extend(range(g * max_q, g * max_q + len(query)))
+                tables[g, : needed[s]] = torch.tensor(list(block_ids[: needed[s]]), dtype=torch.long)
+                qpos[g, : len(query)] = torch.arange(start, start + len(query))
+            groups.append(AttentionGroup(t(token_index), t(pad_index), tables.to(device), qpos.to(device)))
         return cls(
             token_ids=t(token_ids),
             positions=t(positions),
             slot_block_ids=t(slot_blocks),
             slot_offsets=t(slot_offsets),
-            block_tables=tables.to(device),
-            pad_index=t(pad_index),
-            query_positions=qpos.to(device),
+            groups=groups,
             last_token_index=t(last_index),
         )
 
@@ -230,23 +252,28 @@ class LlamaAttention(nn.Module):
         kv_buffer[batch.slot_block_ids, layer, 0, batch.slot_offsets] = k.to(kv_buffer.dtype)
         kv_buffer[batch.slot_block_ids, layer, 1, batch.slot_offsets] = v.to(kv_buffer.dtype)
 
-        num_seqs, max_q = batch.query_positions.shape
-        # Gather each sequence's keys through its block table: [S, M*bs, Hkv, D] -> [S, H, K, D].
-        group = self.num_heads // self.num_kv_heads
-        keys = kv_buffer[batch.block_tables, layer, 0].flatten(1, 2).to(q.dtype)
-        values = kv_buffer[batch.block_tables, layer, 1].flatten(1, 2).to(q.dtype)
-        keys = keys.transpose(1, 2).repeat_interleave(group, dim=1)
-        values = values.transpose(1, 2).repeat_interleave(group, dim=1)
+        if len(batch.groups) == 1 and batch.groups[0].token_index.shape[0] == num_tokens:
+            return self.o_proj(self._attend(q, batch.groups[0], kv_buffer))
+        out = q.new_empty((num_tokens, self.num_heads * self.head_dim))
+        for group in batch.groups:
+            out[group.token_index] = self._attend(q[group.token_index], group, kv_buffer)
+        return self.o_proj(out)
 
+    def _attend(self, q: torch.Tensor, group: AttentionGroup, kv_buffer: torch.Tensor) -> torch.Tensor:
+        """Attention of one group's query tokens [Tg, H, D] over their sequences' KV: [Tg, H * D]."""
+        num_seqs, max_q = group.query_positions.shape
+        layer = self.layer_index
+        # Each sequence's keys through its block table: [g, M, bs, Hkv, D] -> [g, Hkv, M * bs, D].
+        keys = kv_buffer[group.block_tables, layer, 0].flatten(1, 2).transpose(1, 2).to(q.dtype)
+        values = kv_buffer[group.block_tables, layer, 1].flatten(1, 2).transpose(1, 2).to(q.dtype)
         padded_q = q.new_zeros((num_seqs * max_q, self.num_heads, self.head_dim))
-        padded_q[batch.pad_index] = q
+        padded_q[group.pad_index] = q
         padded_q = padded_q.view(num_seqs, max_q, self.num_heads, self.head_dim).transpose(1, 2)
-        key_positions = torch.arange(keys.shape[2], device=x.device)
+        key_positions = torch.arange(keys.shape[2], device=q.device)
         # Causal by absolute position; padding rows sit at position 0 so no row is fully masked.
-        mask = key_positions[None, None, None, :] <= batch.query_positions[:, None, :, None]
-        out = F.scaled_dot_product_attention(padded_q, keys, values, attn_mask=mask)
-        out = out.transpose(1, 2).reshape(num_seqs * max_q, self.num_heads * self.head_dim)
-        return self.o_proj(out[batch.pad_index])
+        mask = key_positions[None, None, None, :] <= group.query_positions[:, None, :, None]
+        out = F.scaled_dot_product_attention(padded_q, keys, values, attn_mask=mask, enable_gqa=self.num_heads != self.num_kv_heads)
+        return out.transpose(1, 2).reshape(num_seqs * max_q, self.num_heads * self.head_dim)[group.pad_index]
 
 
 class LlamaMLP(nn.Module):
