@@ -90,6 +90,7 @@ class ClusterState:
         self._last_view: ClusterView | None = None
         self._changed: set[WorkerId] = set()
         self._membership_changed = True
+        self._stated_link: float | None = None  # the workers' stated KV link rate (ClusterView); None: to recount
         # A worker's KV events are claims: credit what was routed (unless the operator trusts every worker).
         self.index = CacheIndex(credit_routed_only=credit_routed_only)
         self.settings = ClusterSettings()
@@ -206,6 +207,7 @@ class ClusterState:
         if event.type is EventType.DELETE:
             if self.workers.pop(worker_id, None) is not None:
                 self._membership_changed = True
+                self._stated_link = None
             self._changed |= self.step_models.remove(worker_id)
             self._views.pop(worker_id, None)
             self.index.remove_worker(worker_id)
@@ -218,6 +220,7 @@ class ClusterState:
         old = self.workers.get(worker_id)
         if old is not None and old.info == info:
             return  # the same worker registered again; its next snapshot refreshes the index
+        self._stated_link = None
         if old is not None:
             # A different incarnation: its cache starts from the snapshot it publishes next.
             self.index.remove_worker(worker_id)
@@ -355,6 +358,11 @@ class ClusterState:
             view = dataclasses.replace(last, store_ok_at=self.store_ok_at)  # the same workers and columns
         else:
             return last
+        if self._stated_link is None:  # a registration changed since
+            rates = sorted(e.info.link_gb_per_s for e in self.workers.values() if e.info.link_gb_per_s > 0)
+            self._stated_link = rates[len(rates) // 2] * 1e9 if rates else 0.0
+        if view.stated_link_bytes_per_s != self._stated_link:
+            view = dataclasses.replace(view, stated_link_bytes_per_s=self._stated_link)
         self._last_view, self._changed, self._membership_changed = view, set(), False
         return view
 

@@ -73,7 +73,11 @@ class PlannerConfig:
         choices=admission_policy_names,
     )
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
-    initial_link_gb_per_s: float = param(1.0, "KV transfer rate predictions assume until transfers are measured, GB/s")
+    initial_link_gb_per_s: float = param(
+        0.0,
+        "KV transfer rate predictions assume until transfers are measured, GB/s (0 = the median rate the workers state, "
+        "agent --link-gb-per-s; 1 GB/s when none states one)",
+    )
     link_rate_weight: float = param(0.2, "weight of the newest measured transfer rate in the link-rate mean")
     calibration_weight: float = param(0.2, "weight of the newest measured - predicted latency in the calibration mean")
     calibration_half_life_s: float = param(5.0, "seconds for a latency calibration to fade by half while nothing is measured")
@@ -96,7 +100,7 @@ class PlannerConfig:
         check_admission_policy(self.admission_policy)
         self.health.validate()
         self.trust.validate()
-        check_numbers(self, positive=("initial_link_gb_per_s", "calibration_half_life_s", "stale_half_life_s"))
+        check_numbers(self, positive=("calibration_half_life_s", "stale_half_life_s"))
         for name in ("link_rate_weight", "calibration_weight"):
             if not 0 < getattr(self, name) <= 1:
                 raise ValueError(f"PlannerConfig.{name} must be in (0, 1], got {getattr(self, name)!r}")
@@ -227,6 +231,7 @@ class Planner:
         bases = {ttft_kind(True): ttft_kind(False)}
         self.calibration = Calibration(config.calibration_weight, config.calibration_half_life_s, bases)
         self.link = LinkRate(config.initial_link_gb_per_s * 1e9, config.link_rate_weight)
+        self._stated_link_bytes_per_s = 0.0  # the workers' stated rate, as the last routed view said
         self.trust = ReportTrust(config.trust)
         self._discount_at_dispatch: dict[int, float] = {}  # local-prefill dispatch -> trust's discount then
         self._admission: dict[str, AdmissionPolicy] = {}
@@ -238,8 +243,13 @@ class Planner:
     def plan(self, request: RouteRequest, cluster: ClusterView, settings: ClusterSettings, now: float) -> Plan | Reject:
         return self.admit(self.route(request, cluster, settings, now), settings)
 
+    def link_bytes_per_s(self) -> float:
+        """The KV link rate predictions use now (LinkRate: measured, else given, else stated by the workers)."""
+        return self.link.rate(self._stated_link_bytes_per_s)
+
     def route(self, request: RouteRequest, cluster: ClusterView, settings: ClusterSettings, now: float) -> Routed:
         out = self.health.excluded(cluster, now)
+        self._stated_link_bytes_per_s = cluster.stated_link_bytes_per_s
         table = table_of(cluster)
         # Reports corrected for what this replica routed, then discounted where latency contradicts them (trust.py).
         pool = self.trust.discounted(self.ledger.corrected(table, now), now).pool(out)
@@ -248,7 +258,7 @@ class Planner:
         offsets = (cal.offset(ttft_kind(False), now), cal.offset(ttft_kind(True), now), cal.offset(TPOT, now))
         try:
             decision = self.router.route(
-                request, pool, cluster.index, now, objective=objective, link_bytes_per_s=self.link.bytes_per_s, offsets=offsets
+                request, pool, cluster.index, now, objective=objective, link_bytes_per_s=self.link_bytes_per_s(), offsets=offsets
             )
         except NoCandidateError as e:
             if not out or e.transient:
@@ -364,7 +374,7 @@ class Planner:
             prefill=prefill,
             decode=decode,
             transfer_bytes=transfer_bytes,
-            link_bytes_per_s=self.link.bytes_per_s,
+            link_bytes_per_s=self.link_bytes_per_s(),
             fetch_s=fetch[1],
         )
         if prediction is not None:
@@ -398,7 +408,7 @@ class Planner:
         discount_s = self._discount_at_dispatch.pop(dispatch_id, None)
         if plan is None or outcome is None:
             return
-        self.link.observe(outcome.kv_transfer_bytes, outcome.kv_transfer_s)
+        self.link.observe(outcome.kv_transfer_bytes, outcome.kv_transfer_s, self._stated_link_bytes_per_s)
         p = plan.prediction
         if p is None:
             return

@@ -347,4 +347,4 @@ def cluster_with(cluster: ClusterView, changed: Mapping[WorkerId, WorkerView], s
     table = table_of(cluster)
     rows = {table.row_of[w]: view for w, view in changed.items()}
     table = table.replaced({row: view for row, view in rows.items() if view is not table.views[row]})
-    return ClusterView(table.views, cluster.index, store_ok_at, table=table)
+    return ClusterView(table.views, cluster.index, store_ok_at, table=table, stated_link_bytes_per_s=cluster.stated_link_bytes_per_s)

@@ -218,16 +218,28 @@ class Calibration:
 
 
 class LinkRate:
-    """The KV transfer rate predictions assume: `initial_bytes_per_s` until transfers are measured,
-    then an exponentially weighted mean of measured rates (`weight` for the newest)."""
+    """The KV transfer rate predictions assume: until transfers are measured, `initial_bytes_per_s`
+    when the operator gave one, else the rate the workers state (`rate(stated)`: a fleet on a
+    fast network that only ever prefills locally would otherwise never be seen to move KV, and
+    never fetch a prefix), else DEFAULT_BYTES_PER_S; then an exponentially weighted mean of the
+    measured rates (`weight` for the newest), starting from that assumption."""
 
-    def __init__(self, initial_bytes_per_s: float, weight: float = 0.2) -> None:
-        self.bytes_per_s = initial_bytes_per_s
+    DEFAULT_BYTES_PER_S = 1e9
+
+    def __init__(self, initial_bytes_per_s: float = 0.0, weight: float = 0.2) -> None:
+        self.initial_bytes_per_s = initial_bytes_per_s  # 0: not given
+        self.measured_bytes_per_s: float | None = None
         self.weight = weight
 
-    def observe(self, num_bytes: int, seconds: float) -> None:
+    def rate(self, stated_bytes_per_s: float = 0.0) -> float:
+        if self.measured_bytes_per_s is not None:
+            return self.measured_bytes_per_s
+        return self.initial_bytes_per_s or stated_bytes_per_s or self.DEFAULT_BYTES_PER_S
+
+    def observe(self, num_bytes: int, seconds: float, stated_bytes_per_s: float = 0.0) -> None:
         if num_bytes > 0 and seconds > 0:
-            self.bytes_per_s += self.weight * (num_bytes / seconds - self.bytes_per_s)
+            before = self.rate(stated_bytes_per_s)
+            self.measured_bytes_per_s = before + self.weight * (num_bytes / seconds - before)
 
 
 def _tpot_at(decode: WorkerPerf, arrival_s: float, prompt_tokens: int, max_tokens: int) -> tuple[float, int]:

@@ -85,6 +85,9 @@ class ClusterView:
     # The workers as columns (a pool.WorkerTable of exactly `workers`), when the builder keeps
     # one up to date (controlplane/cluster_state.py); otherwise pool.table_of builds it once.
     table: object | None = field(default=None, compare=False, repr=False)
+    # The KV link rate the workers state (WorkerInfo.link_gb_per_s), bytes/s: the median of those
+    # that state one, 0 when none does. What transfers are predicted with until some are measured.
+    stated_link_bytes_per_s: float = 0.0
 
     def without(self, worker_ids: Collection[str]) -> ClusterView:
         if not worker_ids:

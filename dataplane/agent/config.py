@@ -25,6 +25,8 @@ class AgentConfig:
     # model ("" = what the engine says: the reference engine its device, the sim its GPU; vLLM
     # and SGLang say nothing, and then workers of one model and layout are grouped).
     hardware: str = ""
+    # The KV link's rate to its peers, GB/s (0 = what the engine says: the sim its modeled link).
+    link_gb_per_s: float = 0.0
     lease_ttl_s: int = 0  # 0 = the control plane's default
     load_report_interval_s: float = 0.2
     kv_event_interval_s: float = 0.1  # batch KV events this often

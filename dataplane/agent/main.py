@@ -44,6 +44,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "with one step-time model (default: what the engine reports: the reference engine's device, the sim's GPU; vLLM and "
         "SGLang report none)",
     )
+    parser.add_argument(
+        "--link-gb-per-s",
+        type=float,
+        default=a.link_gb_per_s,
+        help="the rate KV moves at between this worker and its peers, GB/s (e.g. 50 for 400 GbE); the control plane predicts "
+        "transfers and prefix fetches with the workers' stated rate until it has measured some (default: what the engine "
+        "says: the sim engine its modeled link; otherwise not stated)",
+    )
     parser.add_argument("--transports", default="", help="comma-separated KV transports, best first: nixl, grpc (nixl only when it imports and UCX starts) "
                         "(default: all available)")  # fmt: skip
     parser.add_argument(
@@ -96,6 +104,7 @@ def config_from_args(args: argparse.Namespace, certificate_name: str = "") -> Ag
         engine=engine,
         transports=tuple(t for t in args.transports.split(",") if t),
         hardware=args.hardware,
+        link_gb_per_s=args.link_gb_per_s,
         lease_ttl_s=args.lease_ttl,
         load_report_interval_s=args.load_report_interval,
         pin_timeout_s=args.pin_timeout,

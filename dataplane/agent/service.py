@@ -796,6 +796,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             metrics_url=self.metrics_url,
             tokenizer=info.tokenizer,
             hardware=self._config.hardware or info.hardware,
+            link_gb_per_s=self._config.link_gb_per_s or info.link_gb_per_s,
         )
 
     def collect_step_timings(self) -> list[StepSample]:

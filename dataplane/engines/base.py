@@ -58,6 +58,7 @@ class EngineInfo:
     max_num_batched_tokens: int  # tokens computed per step
     tokenizer: str = ""  # "byte": kvplane.tokenizer.ByteTokenizer; "": the model's own (WorkerInfo.tokenizer)
     hardware: str = ""  # what it runs on, e.g. "NVIDIA H100 80GB HBM3 x4" ("": not known; WorkerInfo.hardware)
+    link_gb_per_s: float = 0.0  # KV between it and its peers, GB/s (0: not known; WorkerInfo.link_gb_per_s)
 
 
 class KVImportExport(Protocol):

@@ -142,7 +142,7 @@ class LatencyProfile(_message.Message):
     def __init__(self, samples: _Optional[_Iterable[_Union[StepTiming, _Mapping]]] = ..., measured_at: _Optional[float] = ...) -> None: ...
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("worker_id", "role", "endpoint", "model", "layout", "state", "max_context", "vocab_size", "transports", "max_tokens_limit", "max_num_batched_tokens", "max_num_seqs", "tokenizer", "hardware", "metrics_url")
+    __slots__ = ("worker_id", "role", "endpoint", "model", "layout", "state", "max_context", "vocab_size", "transports", "max_tokens_limit", "max_num_batched_tokens", "max_num_seqs", "tokenizer", "hardware", "link_gb_per_s", "metrics_url")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     ENDPOINT_FIELD_NUMBER: _ClassVar[int]
@@ -157,6 +157,7 @@ class WorkerInfo(_message.Message):
     MAX_NUM_SEQS_FIELD_NUMBER: _ClassVar[int]
     TOKENIZER_FIELD_NUMBER: _ClassVar[int]
     HARDWARE_FIELD_NUMBER: _ClassVar[int]
+    LINK_GB_PER_S_FIELD_NUMBER: _ClassVar[int]
     METRICS_URL_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     role: Role
@@ -172,8 +173,9 @@ class WorkerInfo(_message.Message):
     max_num_seqs: int
     tokenizer: str
     hardware: str
+    link_gb_per_s: float
     metrics_url: str
-    def __init__(self, worker_id: _Optional[str] = ..., role: _Optional[_Union[Role, str]] = ..., endpoint: _Optional[str] = ..., model: _Optional[str] = ..., layout: _Optional[_Union[KVLayout, _Mapping]] = ..., state: _Optional[_Union[WorkerState, str]] = ..., max_context: _Optional[int] = ..., vocab_size: _Optional[int] = ..., transports: _Optional[_Iterable[str]] = ..., max_tokens_limit: _Optional[int] = ..., max_num_batched_tokens: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., tokenizer: _Optional[str] = ..., hardware: _Optional[str] = ..., metrics_url: _Optional[str] = ...) -> None: ...
+    def __init__(self, worker_id: _Optional[str] = ..., role: _Optional[_Union[Role, str]] = ..., endpoint: _Optional[str] = ..., model: _Optional[str] = ..., layout: _Optional[_Union[KVLayout, _Mapping]] = ..., state: _Optional[_Union[WorkerState, str]] = ..., max_context: _Optional[int] = ..., vocab_size: _Optional[int] = ..., transports: _Optional[_Iterable[str]] = ..., max_tokens_limit: _Optional[int] = ..., max_num_batched_tokens: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., tokenizer: _Optional[str] = ..., hardware: _Optional[str] = ..., link_gb_per_s: _Optional[float] = ..., metrics_url: _Optional[str] = ...) -> None: ...
 
 class BlockStored(_message.Message):
     __slots__ = ("block_hashes", "tier")

@@ -30,3 +30,20 @@ def test_sim_workers_of_one_gpu_count_and_speed_share_a_label_and_others_do_not(
     assert label != SimConfig(gpu="h100-sxm", tp=2).hardware_label()
     assert label != SimConfig(gpu="h100-sxm", tp=4, speedup=4).hardware_label()  # its steps take a quarter of the wall time
     assert SimConfig(profile="p.json").hardware_label() == "simulated from profile p.json"
+
+
+def test_a_sim_agent_states_its_modeled_link_and_the_agent_flag_overrides_it():
+    """WorkerInfo.link_gb_per_s: what the control plane prices KV moves with before it has
+    measured one (the reference engine cannot know its network and states none)."""
+
+    async def body():
+        async with serve_agent("ref", Role.BOTH) as agent:
+            assert agent.service.worker_info().link_gb_per_s == 0.0
+        sim = engines.create("sim", SimConfig(link="400gbe", num_blocks=64))
+        async with serve_agent("sim", Role.BOTH, engine=sim) as agent:
+            assert agent.service.worker_info().link_gb_per_s == 50.0  # 400 Gb/s
+        sim = engines.create("sim", SimConfig(link="400gbe", num_blocks=64))
+        async with serve_agent("sim", Role.BOTH, engine=sim, link_gb_per_s=12.5) as agent:
+            assert agent.service.worker_info().link_gb_per_s == 12.5
+
+    asyncio.run(body())

@@ -91,3 +91,40 @@ def test_workers_of_one_kind_are_priced_with_one_model_and_other_hardware_apart(
             await state.stop()
 
     asyncio.run(body())
+
+
+def test_the_view_carries_the_median_link_rate_the_workers_state():
+    """WorkerInfo.link_gb_per_s (agent --link-gb-per-s, the sim's modeled link): the planner
+    predicts KV moves with it until it has measured one (LinkRate)."""
+
+    async def body():
+        store = MemoryStore()
+        state = ClusterState(store)
+        await state.start()
+
+        async def register(w: str, rate: float) -> None:
+            info = common_pb2.WorkerInfo(worker_id=w, role=common_pb2.ROLE_BOTH, endpoint=f"{w}:1", model="m", link_gb_per_s=rate)
+            await store.put(keys.worker_key(w), info.SerializeToString())
+
+        try:
+            await register("a", 0.0)
+            await _settle(lambda: len(state.workers) == 1, "a")
+            assert state.view().stated_link_bytes_per_s == 0.0  # nobody states one
+            for w, rate in (("b", 50.0), ("c", 12.5), ("d", 50.0)):
+                await register(w, rate)
+            await _settle(lambda: len(state.workers) == 4, "the workers")
+            assert state.view().stated_link_bytes_per_s == 50e9  # the median of 12.5, 50, 50
+            report = registry_pb2.ReportLoadRequest(worker_id="a", load=common_pb2.WorkerLoad(num_running=1))
+            await store.put(keys.load_key("a"), report.SerializeToString())
+            await _settle(lambda: _views(state)["a"].load.num_running == 1, "a's report")
+            assert state.view().stated_link_bytes_per_s == 50e9  # kept across a partial rebuild
+            await register("b", 12.5)  # b restarted on a slower network
+            await _settle(lambda: state.workers["b"].info.link_gb_per_s == 12.5, "b again")
+            assert state.view().stated_link_bytes_per_s == 12.5e9  # 12.5, 12.5, 50
+            await store.delete(keys.worker_key("c"))
+            await _settle(lambda: "c" not in state.workers, "c's departure")
+            assert state.view().stated_link_bytes_per_s == 50e9  # 12.5, 50: the upper of the middle two
+        finally:
+            await state.stop()
+
+    asyncio.run(body())

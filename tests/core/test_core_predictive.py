@@ -179,9 +179,21 @@ def test_a_kind_on_a_base_kind_is_offset_by_the_base_plus_its_own_extra():
 def test_link_rate_is_an_ewma_of_measured_transfers():
     link = LinkRate(initial_bytes_per_s=1e9, weight=0.25)
     link.observe(0, 0.0)  # nothing moved: nothing learnt
-    assert link.bytes_per_s == 1e9
+    assert link.rate() == 1e9
     link.observe(2_000_000, 0.001)  # 2 GB/s measured: 1e9 + 0.25 x (2e9 - 1e9)
-    assert link.bytes_per_s == pytest.approx(1.25e9)
+    assert link.rate() == pytest.approx(1.25e9)
+    assert link.rate(stated_bytes_per_s=50e9) == pytest.approx(1.25e9)  # measured beats stated
+
+
+def test_until_a_transfer_is_measured_the_link_is_the_given_rate_else_the_workers_stated_one():
+    """A fleet that only prefills locally never measures a transfer: without the workers' stated
+    rate it would price every prefix fetch at 1 GB/s forever (on 400 GbE, 50x too slow)."""
+    assert LinkRate().rate() == LinkRate.DEFAULT_BYTES_PER_S
+    assert LinkRate().rate(stated_bytes_per_s=50e9) == 50e9
+    assert LinkRate(initial_bytes_per_s=5e9).rate(stated_bytes_per_s=50e9) == 5e9  # the operator's flag wins
+    link = LinkRate(weight=0.5)
+    link.observe(10_000_000, 0.001, stated_bytes_per_s=50e9)  # 10 GB/s measured, from the stated 50
+    assert link.rate(stated_bytes_per_s=50e9) == pytest.approx(30e9)
 
 
 def test_slot_wait_counts_whole_rounds_for_long_queues():

@@ -151,6 +151,7 @@ class SimEngine:
             max_num_batched_tokens=config.max_num_batched_tokens,
             tokenizer=BYTE_TOKENIZER,  # the control plane tokenizes text as UTF-8 bytes
             hardware=config.hardware_label(),
+            link_gb_per_s=hardware.link(config.link).bits_per_s / 8e9,
         )
         self.modeled_link: ModeledLink | None = None  # set by the agent's adapter (KVImportExport)
         self._seed_stream = random.Random(config.seed)
