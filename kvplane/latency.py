@@ -9,6 +9,12 @@ the quadratic attention work of a chunk. c0 is the fixed cost of a step (launch,
 c1 the per-token matmul work of prefill, c2 its attention, c3 the per-sequence cost of decode and
 c4 the KV reads of decode attention. This is the shape of the Mooncake and DistServe latency models
 (prefill: linear + quadratic in length; decode: linear in batch size and in total context).
+One kink: a GPU step is bound by reading the weights until its tokens' compute exceeds that, so
+it is flat in prefill tokens up to some count and then grows (the roofline's max(compute,
+memory)); c1 prices only a step's prefill tokens past `free_prefill_tokens` (0: a straight line,
+as on a CPU). A line through that kink is right at one end and wrong at the other: fitted on a
+window of decode steps and short prefills it overpriced 100-200-token prefills by 30-60 % and
+missed 2,048-token ones by 30 % (kvplane sim, 70B on 4 x H100).
 
 Fit: least squares of the relative error (each sample weighted by 1/seconds^2, since timing noise
 is proportional to the step: a 2 ms decode step and a 200 ms prefill count alike; the weight is
@@ -28,7 +34,9 @@ stalled by another process, a page fault) are left out and the rest refitted, bu
 at least OUTLIER_PEERS other steps prefilled as many tokens (within a power of two): a stall is a
 step slower than steps like it, while the only long prefill in a window is the evidence for the
 prefill terms, not an outlier. The error is reported as the mean absolute percentage error over
-all the samples, outliers included.
+all the samples, outliers included. The kink is chosen by fitting at each of KINK_CANDIDATES
+(below the window's longest prefill) and keeping the one with the least error, if it is under
+KINK_GAIN x the straight line's (no kink for a gain within noise).
 
 OnlineStepModel keeps the last `window` measured steps apart from a profile seed (`kvplane
 profile`), and fits on both: the seed covers the shapes live traffic may not show yet, the window
@@ -56,6 +64,23 @@ OUTLIER_MIN = 0.25  # relative error below which a step is never an outlier
 OUTLIER_MADS = 5.0  # ... and above this many median relative errors it is
 SHAPE_CAP_MIN = 16  # a step shape weighs as at most max(this, twice the mean shape's steps) steps
 OUTLIER_PEERS = 4  # ... when at least this many other steps have its prefill size (a power-of-two bucket)
+# Candidate kinks (free_prefill_tokens) the fit tries; one is kept only if it cuts the error by KINK_GAIN.
+KINK_CANDIDATES = (32, 64, 128, 256, 512, 1024)
+KINK_GAIN = 0.9
+
+
+def prefill_hinge(num_tokens: int, free_tokens: float) -> float:
+    """The prefill tokens of one step that cost compute time: those past the `free_tokens` a step
+    computes within its memory-bound time (reading the weights)."""
+    return num_tokens - free_tokens if num_tokens > free_tokens else 0.0
+
+
+def chunked_hinge(num_new_tokens: int, chunk_tokens: int, free_tokens: float) -> float:
+    """prefill_hinge summed over the chunks of a prefill of num_new_tokens (each at most chunk_tokens)."""
+    if num_new_tokens <= 0:
+        return 0.0
+    before_last = -(-num_new_tokens // chunk_tokens) - 1
+    return before_last * prefill_hinge(chunk_tokens, free_tokens) + prefill_hinge(num_new_tokens - before_last * chunk_tokens, free_tokens)
 
 
 def prefill_attention(num_new_tokens: int, num_context_before: int) -> int:
@@ -97,12 +122,16 @@ class StepTimeModel:
     num_samples: int
     mean_abs_pct_error: float
     seeded_from_profile: bool = False
+    # The kink: prefill tokens a step computes within its memory-bound time, at no cost of their
+    # own (c1 prices only those past it, per step). 0: a straight line (a CPU, or no kink seen).
+    free_prefill_tokens: float = 0.0
 
     def step_seconds(
         self, prefill_tokens: int = 0, prefill_attention: int = 0, decode_seqs: int = 0, decode_context_tokens: int = 0
     ) -> float:
         c = self.coefficients
-        t = c[0] + c[1] * prefill_tokens + c[2] * prefill_attention + c[3] * decode_seqs + c[4] * decode_context_tokens
+        hinge = prefill_hinge(prefill_tokens, self.free_prefill_tokens)
+        t = c[0] + c[1] * hinge + c[2] * prefill_attention + c[3] * decode_seqs + c[4] * decode_context_tokens
         return max(t, 0.0)
 
     def prefill_seconds(self, num_new_tokens: int, num_cached_tokens: int, chunk_tokens: int) -> float:
@@ -116,8 +145,8 @@ class StepTimeModel:
         """The engine steps that prefill num_new_tokens after num_cached_tokens, at most
         chunk_tokens per step, each step also carrying decode_seqs running decodes of
         decode_context_tokens in all: the sum of step_seconds over the chunks, in closed form
-        (the model is linear, so the sum is steps x the per-step terms + c1 x tokens + c2 x the
-        chunks' total attention, chunked_attention)."""
+        (the model is linear past its kink, so the sum is steps x the per-step terms + c1 x the
+        chunks' tokens past the kink, chunked_hinge, + c2 x their total attention, chunked_attention)."""
         if chunk_tokens <= 0:
             raise ValueError(f"chunk_tokens must be positive, got {chunk_tokens}")
         if num_new_tokens <= 0:
@@ -125,7 +154,8 @@ class StepTimeModel:
         c = self.coefficients
         steps = -(-num_new_tokens // chunk_tokens)
         per_step = c[0] + c[3] * decode_seqs + c[4] * decode_context_tokens
-        return steps * per_step + c[1] * num_new_tokens + c[2] * chunked_attention(num_new_tokens, num_cached_tokens, chunk_tokens)
+        hinge = chunked_hinge(num_new_tokens, chunk_tokens, self.free_prefill_tokens)
+        return steps * per_step + c[1] * hinge + c[2] * chunked_attention(num_new_tokens, num_cached_tokens, chunk_tokens)
 
     def decode_step_seconds(self, batch_size: int, context_tokens: int) -> float:
         """One decode step of batch_size sequences holding context_tokens tokens in all."""
@@ -141,15 +171,17 @@ class StepTimeModel:
             num_samples=self.num_samples,
             mean_abs_pct_error=self.mean_abs_pct_error,
             seeded_from_profile=self.seeded_from_profile,
+            free_prefill_tokens=self.free_prefill_tokens,
         )
 
     @classmethod
     def from_pb(cls, msg: common_pb2.LatencyModel) -> StepTimeModel | None:
         """None for an unset or malformed message (wrong number of coefficients, NaN, negative)."""
         coefficients = tuple(float(c) for c in msg.coefficients)
-        if len(coefficients) != NUM_COEFFICIENTS or not all(math.isfinite(c) and c >= 0 for c in coefficients):
+        free = float(msg.free_prefill_tokens)
+        if len(coefficients) != NUM_COEFFICIENTS or not all(math.isfinite(c) and c >= 0 for c in (*coefficients, free)):
             return None
-        return cls(coefficients, msg.num_samples, msg.mean_abs_pct_error, msg.seeded_from_profile)
+        return cls(coefficients, msg.num_samples, msg.mean_abs_pct_error, msg.seeded_from_profile, free)
 
 
 # --- fitting ---------------------------------------------------------------------------------
@@ -196,28 +228,46 @@ def _least_squares(rows: list[tuple[float, ...]], ys: list[float], weights: list
     return _solve(ata, aty)
 
 
-def fit(samples: Sequence[StepSample], *, seeded_from_profile: bool = False) -> StepTimeModel | None:
-    """Least-squares step-time model with non-negative coefficients; None below MIN_SAMPLES."""
+def fit(
+    samples: Sequence[StepSample], *, seeded_from_profile: bool = False, kinks: Sequence[int] = KINK_CANDIDATES
+) -> StepTimeModel | None:
+    """Least-squares step-time model with non-negative coefficients; None below MIN_SAMPLES.
+    The kink (free_prefill_tokens) is the one of `kinks` whose fit has the least error, kept only
+    if that error is under KINK_GAIN x the straight line's."""
     if len(samples) < MIN_SAMPLES:
         return None
-    coefficients = _fit_coefficients(samples)
-    errors = _relative_errors(coefficients, samples)
+    coefficients, line_error = _fit_at(samples, 0.0)
+    free, error = 0.0, line_error
+    longest = max(s.prefill_tokens for s in samples)
+    for k in kinks:
+        if k >= longest:
+            break
+        c, e = _fit_at(samples, float(k))
+        if e < KINK_GAIN * line_error and e < error:
+            coefficients, free, error = c, float(k), e
+    return StepTimeModel(coefficients, len(samples), error, seeded_from_profile, free)
+
+
+def _fit_at(samples: Sequence[StepSample], free: float) -> tuple[tuple[float, ...], float]:
+    """(coefficients, mean relative error) of the fit with the kink at `free` prefill tokens: the
+    least squares, then the robust pass (module docstring)."""
+    coefficients = _fit_coefficients(samples, free)
+    errors = _relative_errors(coefficients, samples, free)
     if errors:
         limit = max(OUTLIER_MIN, OUTLIER_MADS * sorted(errors)[len(errors) // 2])
         sizes = Counter(_prefill_bucket(s) for s in samples)
         kept = [
             s for s in samples
-            if s.seconds <= 0 or abs(_predict(coefficients, s) - s.seconds) <= limit * s.seconds or sizes[_prefill_bucket(s)] <= OUTLIER_PEERS
+            if s.seconds <= 0 or abs(_predict(coefficients, s, free) - s.seconds) <= limit * s.seconds or sizes[_prefill_bucket(s)] <= OUTLIER_PEERS
         ]  # fmt: skip
         if MIN_SAMPLES <= len(kept) < len(samples):
-            coefficients = _fit_coefficients(kept)
-            errors = _relative_errors(coefficients, samples)
-    mape = sum(errors) / len(errors) if errors else 0.0
-    return StepTimeModel(coefficients, len(samples), mape, seeded_from_profile)
+            coefficients = _fit_coefficients(kept, free)
+            errors = _relative_errors(coefficients, samples, free)
+    return coefficients, (sum(errors) / len(errors) if errors else 0.0)
 
 
-def _fit_coefficients(samples: Sequence[StepSample]) -> tuple[float, ...]:
-    raw = [s.features() for s in samples]
+def _fit_coefficients(samples: Sequence[StepSample], free: float = 0.0) -> tuple[float, ...]:
+    raw = [_features(s, free) for s in samples]
     ys = [float(s.seconds) for s in samples]
     scales = [1.0] * NUM_COEFFICIENTS
     active = [0]
@@ -260,13 +310,19 @@ def _shape(s: StepSample) -> tuple[int, int]:
     return _prefill_bucket(s), s.decode_seqs.bit_length()
 
 
-def _predict(c: Sequence[float], s: StepSample) -> float:
-    t = c[0] + c[1] * s.prefill_tokens + c[2] * s.prefill_attention + c[3] * s.decode_seqs + c[4] * s.decode_context_tokens
+def _features(s: StepSample, free: float) -> tuple[float, ...]:
+    f = s.features()
+    return f if not free else (f[0], prefill_hinge(s.prefill_tokens, free), *f[2:])
+
+
+def _predict(c: Sequence[float], s: StepSample, free: float = 0.0) -> float:
+    hinge = prefill_hinge(s.prefill_tokens, free)
+    t = c[0] + c[1] * hinge + c[2] * s.prefill_attention + c[3] * s.decode_seqs + c[4] * s.decode_context_tokens
     return max(t, 0.0)
 
 
-def _relative_errors(c: Sequence[float], samples: Sequence[StepSample]) -> list[float]:
-    return [abs(_predict(c, s) - s.seconds) / s.seconds for s in samples if s.seconds > 0]
+def _relative_errors(c: Sequence[float], samples: Sequence[StepSample], free: float = 0.0) -> list[float]:
+    return [abs(_predict(c, s, free) - s.seconds) / s.seconds for s in samples if s.seconds > 0]
 
 
 class OnlineStepModel:

@@ -27,11 +27,11 @@ from kvplane.types import WorkerId
 
 # Columns a load report or a load correction changes; the rest change only with the worker.
 _LOAD_COLUMNS = ("queued", "used", "total", "requests", "pending", "running", "waiting", "context")
-# The step-time model a worker publishes (kvplane.latency: c0..c4 per row, NaN: no model) and its
+# The step-time model a worker publishes (kvplane.latency: c0..c4 and its kink per row, NaN: no model) and its
 # prefill chunk: what routing predicts seconds with. They change with a report (an online refit),
 # so they are replaced with the load columns.
 _MODEL_COLUMNS = ("step", "chunk")
-_NO_MODEL = (float("nan"),) * 5
+_NO_MODEL = (float("nan"),) * 6
 
 
 def _fixed(w: WorkerView) -> tuple:
@@ -54,7 +54,7 @@ def _load_row(w: WorkerView) -> tuple[int, ...]:
 
 
 def _step_row(w: WorkerView) -> tuple[float, ...]:
-    return w.latency.coefficients if w.latency is not None else _NO_MODEL
+    return (*w.latency.coefficients, w.latency.free_prefill_tokens) if w.latency is not None else _NO_MODEL
 
 
 class WorkerTable:
@@ -106,7 +106,7 @@ class WorkerTable:
         loads = np.array([_load_row(w) for w in self.views], np.int64).reshape(n, len(_LOAD_COLUMNS))
         for j, name in enumerate(_LOAD_COLUMNS):
             setattr(self, name, np.ascontiguousarray(loads[:, j]))
-        self.step = np.array([_step_row(w) for w in self.views], np.float64).reshape(n, 5)
+        self.step = np.array([_step_row(w) for w in self.views], np.float64).reshape(n, 6)
         self.chunk = np.array([max(w.chunk_tokens, 1) for w in self.views], np.int64)
 
     def _code(self, table: list, value) -> int:

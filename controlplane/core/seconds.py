@@ -179,6 +179,7 @@ class Columns:
     c2: np.ndarray
     c3: np.ndarray
     c4: np.ndarray
+    free: np.ndarray  # the model's kink: prefill tokens per step c1 does not price (StepTimeModel.free_prefill_tokens)
     chunk: np.ndarray
     queued: np.ndarray
     per_step: np.ndarray  # what every step carries: c0 + c3 x batch sequences + c4 x batch context
@@ -204,19 +205,19 @@ class Columns:
         context = table.context[rows] + np.where(decodes, queued, 0)
         per_step = c[0] + c[3] * seqs + c[4] * context
         chunk = table.chunk[rows]
-        return Columns(c[0], c[1], c[2], c[3], c[4], chunk, queued, per_step, table.block_nbytes[rows], _one(chunk))
+        return Columns(c[0], c[1], c[2], c[3], c[4], c[5], chunk, queued, per_step, table.block_nbytes[rows], _one(chunk))
 
     def take(self, i: np.ndarray, held: Held | None = None) -> Columns:
         """These columns at positions `i` (with `held`'s blocks at rows `i`)."""
         return Columns(
-            self.c0[i], self.c1[i], self.c2[i], self.c3[i], self.c4[i], self.chunk[i], self.queued[i], self.per_step[i],
+            self.c0[i], self.c1[i], self.c2[i], self.c3[i], self.c4[i], self.free[i], self.chunk[i], self.queued[i], self.per_step[i],
             self.nbytes[i], self.one_chunk or _one(self.chunk[i]),
             *((held.matched[i], held.host[i], held.disk[i]) if held is not None else ()),
         )  # fmt: skip
 
     def put(self, i: np.ndarray, other: Columns) -> Columns:
         """A copy with `other`'s values at positions `i`."""
-        names = ("c0", "c1", "c2", "c3", "c4", "chunk", "queued", "per_step", "nbytes")
+        names = ("c0", "c1", "c2", "c3", "c4", "free", "chunk", "queued", "per_step", "nbytes")
         out = Columns(*(getattr(self, name).copy() for name in names), 0)
         for name in names:
             getattr(out, name)[i] = getattr(other, name)
@@ -230,8 +231,8 @@ def _borrowed_models(table: WorkerTable, rows: np.ndarray, rates: Rates) -> np.n
     layout that do publish one (same weights, same hardware as a rule), so a new worker is
     priced like its peers, not as faster than all of them; the fallback prefill rate only when
     no such worker has a model."""
-    out = np.empty((len(rows), 5))
-    out[:] = (0.0, 1.0 / rates.fallback_prefill_tokens_per_s, 0.0, 0.0, 0.0)
+    out = np.empty((len(rows), 6))
+    out[:] = (0.0, 1.0 / rates.fallback_prefill_tokens_per_s, 0.0, 0.0, 0.0, 0.0)
     known = ~np.isnan(table.step[:, 0])
     if not known.any():
         return out
@@ -295,23 +296,28 @@ def chunked_seconds(col: Columns, num_tokens, num_cached) -> np.ndarray:
 
 def chunked_parts(col: Columns, num_tokens, num_cached) -> tuple[np.ndarray, np.ndarray]:
     """chunked_seconds in two parts: (the steps' own seconds, each carrying the batch, the
-    prefill's compute: c1 x tokens + c2 x attention). The second is the work the prefill adds to
+    prefill's compute: c1 x its tokens past each step's kink + c2 x attention). The second is the work the prefill adds to
     the worker, what it takes from the requests that come after it."""
     chunk = col.one_chunk
     if chunk and isinstance(num_tokens, int):  # one prompt, one chunk size: the steps are numbers
         n = max(num_tokens, 0)
         steps = -(-n // chunk)
         before_last = max(steps - 1, 0)
-        num_odd = before_last * (chunk % 2) + (n - before_last * chunk) % 2
+        last = n - before_last * chunk
+        num_odd = before_last * (chunk % 2) + last % 2
         attention = (2 * n * num_cached + (n * n - num_odd)) // 2
-        return steps * col.per_step, col.c1 * n + col.c2 * attention
+        hinge = before_last * np.maximum(chunk - col.free, 0) + np.maximum(last - col.free, 0) if n else 0.0
+        return steps * col.per_step, col.c1 * hinge + col.c2 * attention
     chunk = chunk or col.chunk
     n = np.maximum(num_tokens, 0)
     steps = -(-n // chunk)
     before_last = np.maximum(steps - 1, 0)
-    num_odd = before_last * (chunk % 2) + (n - before_last * chunk) % 2
+    last = n - before_last * chunk
+    num_odd = before_last * (chunk % 2) + last % 2
     attention = (2 * n * num_cached + n * n - num_odd) // 2
-    return steps * col.per_step, col.c1 * n + col.c2 * attention
+    # The tokens c1 prices: each step's past the model's kink (kvplane.latency.chunked_hinge).
+    hinge = np.where(n > 0, before_last * np.maximum(chunk - col.free, 0) + np.maximum(last - col.free, 0), 0.0)
+    return steps * col.per_step, col.c1 * hinge + col.c2 * attention
 
 
 def _own_and_load(col: Columns, max_blocks: int, rates: Rates) -> tuple[np.ndarray, np.ndarray | float]:

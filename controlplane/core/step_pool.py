@@ -106,7 +106,8 @@ def _close(a: StepTimeModel | None, b: StepTimeModel | None) -> bool:
     steady fleet move its median by less; each change hands every member of the kind a new view)."""
     if a is None or b is None:
         return a is b
-    return all(abs(x - y) <= SAME_WITHIN * max(abs(x), abs(y)) for x, y in zip(a.coefficients, b.coefficients))
+    a_terms, b_terms = (*a.coefficients, a.free_prefill_tokens), (*b.coefficients, b.free_prefill_tokens)
+    return all(abs(x - y) <= SAME_WITHIN * max(abs(x), abs(y)) for x, y in zip(a_terms, b_terms))
 
 
 def pooled_model(models: list[StepTimeModel]) -> StepTimeModel | None:
@@ -122,4 +123,5 @@ def pooled_model(models: list[StepTimeModel]) -> StepTimeModel | None:
         sum(m.num_samples for m in models),
         statistics.median(m.mean_abs_pct_error for m in models),
         all(m.seeded_from_profile for m in models),
+        statistics.median(m.free_prefill_tokens for m in models),
     )

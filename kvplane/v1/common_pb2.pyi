@@ -122,16 +122,18 @@ class StepTiming(_message.Message):
     def __init__(self, prefill_tokens: _Optional[int] = ..., prefill_attention: _Optional[int] = ..., decode_seqs: _Optional[int] = ..., decode_context_tokens: _Optional[int] = ..., seconds: _Optional[float] = ...) -> None: ...
 
 class LatencyModel(_message.Message):
-    __slots__ = ("coefficients", "num_samples", "mean_abs_pct_error", "seeded_from_profile")
+    __slots__ = ("coefficients", "num_samples", "mean_abs_pct_error", "seeded_from_profile", "free_prefill_tokens")
     COEFFICIENTS_FIELD_NUMBER: _ClassVar[int]
     NUM_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     MEAN_ABS_PCT_ERROR_FIELD_NUMBER: _ClassVar[int]
     SEEDED_FROM_PROFILE_FIELD_NUMBER: _ClassVar[int]
+    FREE_PREFILL_TOKENS_FIELD_NUMBER: _ClassVar[int]
     coefficients: _containers.RepeatedScalarFieldContainer[float]
     num_samples: int
     mean_abs_pct_error: float
     seeded_from_profile: bool
-    def __init__(self, coefficients: _Optional[_Iterable[float]] = ..., num_samples: _Optional[int] = ..., mean_abs_pct_error: _Optional[float] = ..., seeded_from_profile: _Optional[bool] = ...) -> None: ...
+    free_prefill_tokens: float
+    def __init__(self, coefficients: _Optional[_Iterable[float]] = ..., num_samples: _Optional[int] = ..., mean_abs_pct_error: _Optional[float] = ..., seeded_from_profile: _Optional[bool] = ..., free_prefill_tokens: _Optional[float] = ...) -> None: ...
 
 class LatencyProfile(_message.Message):
     __slots__ = ("samples", "measured_at")

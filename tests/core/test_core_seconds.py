@@ -39,6 +39,41 @@ def test_chunked_prefill_seconds_is_the_sum_of_its_steps():
     assert model.chunked_prefill_seconds(0, 10, 2048) == 0.0
 
 
+@pytest.mark.parametrize("free", [0.0, 100.0, 3000.0])
+def test_the_columns_price_a_chunked_prefill_as_the_model_does_kink_included(free):
+    """seconds.py's closed form (numbers for one chunk size, arrays for mixed ones) against
+    StepTimeModel.chunked_prefill_seconds, which the test above checks step by step; with a kink
+    c1 prices only each chunk's tokens past it (StepTimeModel.free_prefill_tokens)."""
+    import numpy as np
+
+    from kvplane.controlplane.core.seconds import Columns, chunked_parts
+
+    model = StepTimeModel((0.01, 2e-5, 1e-9, 3e-4, 2e-7), 10, 0.0, free_prefill_tokens=free)
+    for n, cached, chunk in ((5000, 300, 2048), (4095, 0, 1023), (90, 17, 64), (0, 5, 16)):
+        expected = model.chunked_prefill_seconds(n, cached, chunk)
+        one = lambda v: np.array([v], np.float64)  # noqa: E731
+        col = Columns(
+            *(one(c) for c in model.coefficients), one(free), np.array([chunk]), one(0), one(model.coefficients[0]), one(0), chunk
+        )
+        steps, compute = chunked_parts(col, n, cached)
+        assert float(steps[0] if np.ndim(steps) else steps) + float(compute[0]) == pytest.approx(expected, rel=1e-12)
+        col.one_chunk = 0  # the array path
+        steps, compute = chunked_parts(col, np.array([n]), cached)
+        assert float(steps[0] + compute[0]) == pytest.approx(expected, rel=1e-12)
+
+
+def test_a_kinked_models_steps_are_flat_up_to_the_kink():
+    model = StepTimeModel((0.01, 2e-5, 0.0, 0.0, 0.0), 10, 0.0, free_prefill_tokens=128)
+    assert model.step_seconds(16) == model.step_seconds(128) == 0.01
+    assert model.step_seconds(1128) == pytest.approx(0.01 + 1000 * 2e-5)
+    steps, done = 0.0, 0
+    while done < 700:  # chunks of 256: 256, 256, 188, each 128 tokens free
+        k = min(256, 700 - done)
+        steps += model.step_seconds(k, 0)
+        done += k
+    assert model.chunked_prefill_seconds(700, 0, 256) == pytest.approx(steps)
+
+
 def test_a_hit_wins_by_the_prefill_it_saves(worker_view, index, cache_prefix):
     cache_prefix("holder", PROMPT_40, 8)
     workers = [view(worker_view, "holder"), view(worker_view, "idle")]

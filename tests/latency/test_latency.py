@@ -112,6 +112,45 @@ def test_a_window_of_mostly_small_steps_still_prices_its_rare_long_prefill():
     assert fitted.decode_step_seconds(1, 800) == pytest.approx(roofline.step_seconds(0, 0, 1, 800), rel=0.1)
 
 
+def test_a_gpu_like_window_is_fitted_with_its_kink_and_prices_short_and_long_prefills():
+    """The roofline's step is flat while reading the weights bounds it, then grows with the
+    prefill: a straight line through a window of decode steps and short prefills overprices the
+    short ones and misses the long ones. The fit tries a kink (prefill tokens a step computes for
+    free) and keeps it when it cuts the error."""
+    from kvplane.hardware import Roofline, gpu, model
+
+    roofline = Roofline(gpu("h100-sxm"), model("llama-3-70b"), tp=4)
+    rng = random.Random(5)
+
+    def timed(pt, pa, ds, dc) -> StepSample:
+        return StepSample(pt, pa, ds, dc, roofline.step_seconds(pt, pa, ds, dc))
+
+    samples = [timed(0, 0, ds, ds * rng.randint(600, 1000)) for ds in (rng.randint(1, 6) for _ in range(400))]
+    for _ in range(40):
+        p, ctx, ds = rng.choice((32, 64, 96, 150, 200, 300, 1024, 2048)), rng.choice((0, 64, 800)), rng.randint(0, 5)
+        samples.append(timed(p, prefill_attention(p, ctx), ds, ds * 800))
+    fitted = fit(samples)
+    line = fit(samples, kinks=())
+    assert fitted is not None and line is not None
+    assert fitted.free_prefill_tokens > 0 and line.free_prefill_tokens == 0
+    assert fitted.mean_abs_pct_error < line.mean_abs_pct_error
+    # The straight line here: 512 tokens 25.8 ms of 41.6, 2,048 tokens 113.9 of 160.5.
+    for n in (16, 85, 197, 512, 2048):
+        truth = roofline.step_seconds(n, prefill_attention(n, 0))
+        assert fitted.step_seconds(n, prefill_attention(n, 0)) == pytest.approx(truth, rel=0.25), n
+
+
+def test_a_straight_window_keeps_a_straight_line():
+    """Timings linear in the features (a CPU engine's): no kink cuts the error, none is kept."""
+    rng = random.Random(6)
+    samples = [
+        StepSample(p, prefill_attention(p, 0), d, d * 100, 0.002 + 1e-5 * p + 1e-4 * d)
+        for p, d in ((rng.randint(0, 2000), rng.randint(0, 8)) for _ in range(200))
+    ]
+    fitted = fit(samples)
+    assert fitted is not None and fitted.free_prefill_tokens == 0
+
+
 def test_coefficients_are_never_negative():
     # Timings that a free fit explains with a negative per-sequence cost: time falls with batch size.
     rng = random.Random(9)
@@ -256,6 +295,8 @@ def test_online_model_rejects_bad_parameters():
 def test_model_protobuf_round_trip():
     model = StepTimeModel(TRUE, 123, 0.07, seeded_from_profile=True)
     assert StepTimeModel.from_pb(model.to_pb()) == model
+    kinked = StepTimeModel(TRUE, 123, 0.07, free_prefill_tokens=256.0)
+    assert StepTimeModel.from_pb(kinked.to_pb()) == kinked
     from kvplane.v1 import common_pb2
 
     assert StepTimeModel.from_pb(common_pb2.LatencyModel()) is None  # unset
