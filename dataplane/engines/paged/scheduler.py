@@ -6,8 +6,9 @@ pool can reserve every block the request can ever need, ceil((prompt + max_token
 waits rather than being overtaken, and nothing is ever preempted. A request whose next prefix
 blocks a running request is prefilling now waits until they are registered and reuses them instead
 of computing them again (SGLang's in-batch prefix caching holds such a request back the same way):
-a burst sharing a new prefix computes it once, as the control plane's predicted prefixes assume. The cached prefix is capped at
-(len(prompt) - 1) // block_size blocks so at least one prompt token is computed and yields logits.
+a burst sharing a new prefix computes it once, as the control plane's predicted prefixes assume.
+The cached prefix is capped at (len(prompt) - 1) // block_size blocks so at least one prompt
+token is computed and yields logits.
 With lower KV tiers, the blocks right after the device-cached prefix that a lower tier holds are
 copied into the request's fresh blocks (`start_load`, begun at admission) and count as cached:
 prefill continues after them. A request whose load is in flight holds its seat and its blocks but
