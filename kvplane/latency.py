@@ -64,7 +64,8 @@ OUTLIER_MIN = 0.25  # relative error below which a step is never an outlier
 OUTLIER_MADS = 5.0  # ... and above this many median relative errors it is
 SHAPE_CAP_MIN = 16  # a step shape weighs as at most max(this, twice the mean shape's steps) steps
 OUTLIER_PEERS = 4  # ... when at least this many other steps have its prefill size (a power-of-two bucket)
-# Candidate kinks (free_prefill_tokens) the fit tries; one is kept only if it cuts the error by KINK_GAIN.
+# Candidate kinks (free_prefill_tokens) the fit tries; one is kept only if its error is under
+# KINK_GAIN x the straight line's.
 KINK_CANDIDATES = (32, 64, 128, 256, 512, 1024)
 KINK_GAIN = 0.9
 
@@ -316,9 +317,7 @@ def _features(s: StepSample, free: float) -> tuple[float, ...]:
 
 
 def _predict(c: Sequence[float], s: StepSample, free: float = 0.0) -> float:
-    hinge = prefill_hinge(s.prefill_tokens, free)
-    t = c[0] + c[1] * hinge + c[2] * s.prefill_attention + c[3] * s.decode_seqs + c[4] * s.decode_context_tokens
-    return max(t, 0.0)
+    return max(sum(ci * xi for ci, xi in zip(c, _features(s, free))), 0.0)
 
 
 def _relative_errors(c: Sequence[float], samples: Sequence[StepSample], free: float = 0.0) -> list[float]:

@@ -306,7 +306,7 @@ def chunked_parts(col: Columns, num_tokens, num_cached) -> tuple[np.ndarray, np.
         last = n - before_last * chunk
         num_odd = before_last * (chunk % 2) + last % 2
         attention = (2 * n * num_cached + (n * n - num_odd)) // 2
-        hinge = before_last * np.maximum(chunk - col.free, 0) + np.maximum(last - col.free, 0) if n else 0.0
+        hinge = before_last * np.maximum(chunk - col.free, 0) + np.maximum(last - col.free, 0)
         return steps * col.per_step, col.c1 * hinge + col.c2 * attention
     chunk = chunk or col.chunk
     n = np.maximum(num_tokens, 0)
@@ -315,8 +315,9 @@ def chunked_parts(col: Columns, num_tokens, num_cached) -> tuple[np.ndarray, np.
     last = n - before_last * chunk
     num_odd = before_last * (chunk % 2) + last % 2
     attention = (2 * n * num_cached + n * n - num_odd) // 2
-    # The tokens c1 prices: each step's past the model's kink (kvplane.latency.chunked_hinge).
-    hinge = np.where(n > 0, before_last * np.maximum(chunk - col.free, 0) + np.maximum(last - col.free, 0), 0.0)
+    # The tokens c1 prices: each step's past the model's kink (kvplane.latency.chunked_hinge; for
+    # no tokens both terms are 0, the kink being >= 0).
+    hinge = before_last * np.maximum(chunk - col.free, 0) + np.maximum(last - col.free, 0)
     return steps * col.per_step, col.c1 * hinge + col.c2 * attention
 
 

@@ -227,7 +227,8 @@ class Scheduler:
 
     def num_queued_prefill_tokens(self) -> int:
         """Prompt tokens still to compute: a waiting request's prompt less the prefix cached on the
-        device now (what admission would find; a request of an agent loop queued behind a step
+        device now or being prefilled by a running request (what it will reuse: admission waits
+        for the latter, `_ready_prefix_blocks`; a request of an agent loop queued behind a step
         otherwise looks like its whole context to compute, and the control plane moves the next
         request away from the prefix's holder), then the prefilling requests' remainders."""
         computing = self._blocks_being_computed()
