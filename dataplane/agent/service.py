@@ -260,6 +260,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
     # -- Generate (decode side, or both) ------------------------------------------------------
 
     async def Generate(self, request: agent_pb2.AgentGenerateRequest, context):
+        arrived = time.monotonic()  # its place in the engine's queue, kept while a remote prefill runs
         prompt = list(request.prompt_token_ids)
         identity = caller()
         if identity is not None and identity.role is not Role.CONTROLPLANE and identity.cache_tenant != request.ticket.tenant:
@@ -315,6 +316,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             cache_salt=request.cache_salt,
             held_block_ids=held,
             native_handoff=handoff,
+            queued_since=arrived,
         )
         timer = EngineTimer(PHASE_GENERATE)
         try:

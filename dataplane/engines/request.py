@@ -38,6 +38,11 @@ class EngineRequest:
     held_block_ids: list[int] = field(default_factory=list)
     # Engine-native disaggregation, decode side: the prefill side's NativeHandoff.params (base.py).
     native_handoff: bytes = b""
+    # When the request reached this worker, on the engine scheduler's clock (None: when it is
+    # submitted). A disaggregated request is submitted once its KV is in and queues by this time,
+    # in the place it had when it arrived: requests that came later do not go first. (vLLM keeps a
+    # request waiting for remote KV in its place in the queue the same way.)
+    queued_since: float | None = None
 
 
 @dataclass(slots=True)

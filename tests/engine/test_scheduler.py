@@ -20,10 +20,12 @@ def make(num_blocks: int = 16, max_num_seqs: int = 4, budget: int = 8) -> Schedu
 def add(s: Scheduler, rid: str, prompt_len: int, max_tokens: int = 4, first_token: int = 1, **kw: object) -> RequestState:
     """Prompt first_token, first_token + 1, ...: requests share a prefix unless told otherwise."""
     prefill_only = bool(kw.pop("prefill_only", False))
+    queued_since = kw.pop("queued_since", None)
     prompt = list(range(first_token, first_token + prompt_len))
-    req = EngineRequest(rid, prompt, SamplingParams(max_tokens=max_tokens, **kw), prefill_only=prefill_only)  # type: ignore[arg-type]
+    sampling = SamplingParams(max_tokens=max_tokens, **kw)  # type: ignore[arg-type]
+    req = EngineRequest(rid, prompt, sampling, prefill_only=prefill_only, queued_since=queued_since)  # type: ignore[arg-type]
     seq = RequestState(req, lambda out: None, None, list(req.prompt_token_ids), prompt_len)
-    s.waiting.append(seq)
+    s.enqueue(seq)
     return seq
 
 
@@ -77,6 +79,26 @@ def test_budget_goes_to_decodes_first_then_prompt_chunks_in_order() -> None:
     chunks = s.schedule()
     assert [(ch.seq.request_id, ch.start, ch.num_tokens) for ch in chunks] == [("a", 4, 1), ("b", 7, 3), ("c", 0, 4)]
     assert (a.num_output_tokens, b.num_computed_tokens, c.num_computed_tokens) == (2, 7, 0)
+
+
+def test_a_request_queues_and_prefills_by_when_it_reached_the_worker() -> None:
+    """A disaggregated request is submitted once its KV is in, stamped with its arrival: it takes
+    its place ahead of later arrivals, waiting or already admitted."""
+    s = Scheduler(BlockManager(64), "m", block_size=4, max_num_seqs=8, max_num_batched_tokens=12, eos_token_ids=(EOS,), clock=lambda: 10.0)
+    add(s, "early", prompt_len=8, first_token=100, queued_since=1.0)
+    add(s, "late", prompt_len=8, first_token=200, queued_since=3.0)
+    s.admit()
+    add(s, "remote", prompt_len=8, first_token=300, queued_since=2.0)  # arrived between them
+    add(s, "now", prompt_len=8, first_token=400)  # no stamp: the scheduler's clock, 10.0
+    assert [q.request_id for q in s.waiting] == ["remote", "now"]
+    # Admitted after "late", it still prefills before it: 8 tokens of "early", then 4 of "remote".
+    chunks = s.schedule()
+    assert [(c.seq.request_id, c.num_tokens) for c in chunks] == [("early", 8), ("remote", 4)]
+    s2 = make()
+    add(s2, "a", prompt_len=4, queued_since=5.0)
+    add(s2, "b", prompt_len=4, queued_since=4.0)
+    add(s2, "c", prompt_len=4, queued_since=5.0)  # equal stamps keep their submission order
+    assert [q.request_id for q in s2.waiting] == ["b", "a", "c"]
 
 
 def test_finish_reasons_eos_stop_length_and_ignore_eos() -> None:

@@ -1,6 +1,8 @@
 """Continuous-batching scheduler with reserve-at-admission and chunked prefill (no torch here).
 
-Rule: requests are admitted first come first served while fewer than max_num_seqs run and the
+Rule: requests are admitted first come first served (by when they reached the worker,
+EngineRequest.queued_since: a disaggregated request submitted once its KV is in takes the place
+it had on arrival) while fewer than max_num_seqs run and the
 pool can reserve every block the request can ever need, ceil((prompt + max_tokens) / block_size)
 (prompt only for prefill_only), minus the blocks of its cached prefix; the head of the queue
 waits rather than being overtaken, and nothing is ever preempted. A request whose next prefix
@@ -15,7 +17,7 @@ prefill continues after them. A request whose load is in flight holds its seat a
 joins the batch only once its blocks are in, so the running requests never wait for another
 request's copy; cancelled mid-load, its blocks are released when the copy stops (never while a
 copy may still write them). Each step spends max_num_batched_tokens: one token per decoding
-request first, then prompt chunks in admission order. A full block is registered in the prefix cache in the step its KV is written.
+request first, then prompt chunks in order of arrival (queued_since). A full block is registered in the prefix cache in the step its KV is written.
 `step_features` gives a planned step's shape (kvplane.latency's step-time features), what a step
 costs in any engine that runs these chunks.
 """
@@ -77,6 +79,7 @@ class RequestState:
     num_registered_blocks: int = 0
     num_output_tokens: int = 0
     admitted_at: float = 0.0  # the scheduler's clock at admission, for queue/prefill timings
+    queued_since: float = 0.0  # its place in the queue (EngineRequest.queued_since, else when enqueued)
     tier_load: LoadHandle | None = None  # its lower-tier load while in flight
 
     @property
@@ -112,6 +115,10 @@ class ScheduledChunk:
     def completes_known_tokens(self) -> bool:
         """After this chunk every known token has KV, so the last position's logits are due."""
         return self.start + self.num_tokens == len(self.seq.token_ids)
+
+
+def _queued_since(seq: RequestState) -> float:
+    return seq.queued_since
 
 
 def step_features(chunks: list[ScheduledChunk]) -> tuple[int, int, int, int]:
@@ -275,6 +282,17 @@ class Scheduler:
             seq.block_hashes.append(chain_hash(parent, seq.token_ids[i * bs : (i + 1) * bs]))
 
     # --- scheduling ----------------------------------------------------------------------
+    def enqueue(self, seq: RequestState) -> None:
+        """Queues a submitted request by when it reached the worker: behind every waiting request
+        that came before it, ahead of those that came later."""
+        since = seq.request.queued_since
+        seq.queued_since = self.clock() if since is None else since
+        waiting = self.waiting
+        i = len(waiting)
+        while i > 0 and waiting[i - 1].queued_since > seq.queued_since:
+            i -= 1
+        waiting.insert(i, seq)
+
     def admit(self) -> None:
         self._collect_loads()
         while self.waiting and len(self.running) + len(self.loading) < self.max_num_seqs:
@@ -347,8 +365,11 @@ class Scheduler:
             if not seq.is_prefilling:
                 chunks.append(ScheduledChunk(seq, seq.num_computed_tokens, 1))
                 budget -= 1
-        for seq in self.running:
-            if seq.is_prefilling and budget > 0:
+        # Prompt chunks by arrival at the worker: a request that came before another prefills
+        # before it even when it was admitted after it (its KV came from a remote prefill).
+        prefilling = sorted((seq for seq in self.running if seq.is_prefilling), key=_queued_since)
+        for seq in prefilling:
+            if budget > 0:
                 n = min(seq.num_prompt_tokens - seq.num_computed_tokens, budget)
                 chunks.append(ScheduledChunk(seq, seq.num_computed_tokens, n))
                 budget -= n

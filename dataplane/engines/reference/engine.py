@@ -164,7 +164,7 @@ class Engine:
                 held_block_ids=list(request.held_block_ids),
             )
             self._live_ids.add(request.request_id)
-            self._scheduler.waiting.append(seq)
+            self._scheduler.enqueue(seq)
             self._cond.notify_all()
 
     def _validate(self, request: EngineRequest) -> None:

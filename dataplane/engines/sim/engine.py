@@ -188,7 +188,7 @@ class SimEngine:
         self._live[request.request_id] = seq
         if self.tiers is not None:
             self._start_load(seq)
-        self._scheduler.waiting.append(seq)
+        self._scheduler.enqueue(seq)
 
     def abort(self, request_id: str) -> None:
         """Ends a queued or running request before the next step (its sink gets "abort")."""

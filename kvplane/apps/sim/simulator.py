@@ -135,6 +135,7 @@ class _Flight:
     plan: Plan | None = None
     dispatch_id: int = 0
     done: bool = False
+    arrived_s: float = 0.0  # when it reached its decode worker's agent
 
 
 @dataclass(slots=True)
@@ -321,6 +322,7 @@ class Simulator:
 
     # -- the decode agent -------------------------------------------------------------------------
     def _at_decode(self, f: _Flight) -> None:
+        f.arrived_s = self.loop.now  # its place in the decode worker's queue (EngineRequest.queued_since)
         plan = f.plan
         if plan.prefill_worker is not None:
             self.loop.after(self.agent.hop_s, self._at_prefill, f)
@@ -394,7 +396,9 @@ class Simulator:
     def _generate(self, f: _Flight, held: list[int]) -> None:
         decode = self._by_id[f.plan.decode_worker]
         sampling = SamplingParams(max_tokens=f.route.max_tokens, ignore_eos=True)
-        request = EngineRequest(str(f.record.index), list(f.route.prompt_token_ids), sampling, held_block_ids=held)
+        request = EngineRequest(
+            str(f.record.index), list(f.route.prompt_token_ids), sampling, held_block_ids=held, queued_since=f.arrived_s
+        )
         try:
             decode.submit(request, lambda out: self._decoded(f, decode, out))
         except (EngineInputError, EngineCapacityError):
