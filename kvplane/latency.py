@@ -155,8 +155,17 @@ class StepTimeModel:
         c = self.coefficients
         steps = -(-num_new_tokens // chunk_tokens)
         per_step = c[0] + c[3] * decode_seqs + c[4] * decode_context_tokens
+        return steps * per_step + self.prefill_work_seconds(num_new_tokens, num_cached_tokens, chunk_tokens)
+
+    def prefill_work_seconds(self, num_new_tokens: int, num_cached_tokens: int, chunk_tokens: int) -> float:
+        """What a prefill adds to the steps that carry it, beyond their own cost: c1 x its tokens
+        past each step's kink + c2 x its attention. The seconds it takes from every request
+        sharing those steps (a decode slowed by a co-scheduled chunk)."""
+        if num_new_tokens <= 0:
+            return 0.0
+        c = self.coefficients
         hinge = chunked_hinge(num_new_tokens, chunk_tokens, self.free_prefill_tokens)
-        return steps * per_step + c[1] * hinge + c[2] * chunked_attention(num_new_tokens, num_cached_tokens, chunk_tokens)
+        return c[1] * hinge + c[2] * chunked_attention(num_new_tokens, num_cached_tokens, chunk_tokens)
 
     def decode_step_seconds(self, batch_size: int, context_tokens: int) -> float:
         """One decode step of batch_size sequences holding context_tokens tokens in all."""

@@ -43,6 +43,7 @@ from kvplane.controlplane.core.admission import admission_policy_names, check_ad
 from kvplane.controlplane.core.admission_base import AdmissionConfig, AdmissionPolicy, Admit, PlacementOption, Reject
 from kvplane.controlplane.core.health import HealthConfig, WorkerHealth
 from kvplane.controlplane.core.index import OverlapScore
+from kvplane.controlplane.core.inflow import PrefillInflow
 from kvplane.controlplane.core.params import check_numbers, param
 from kvplane.controlplane.core.pool import WorkerPool, table_of
 from kvplane.controlplane.core.predictor import Calibration, LinkRate, Prediction, WorkerPerf, blocks_to_transfer, predict, tpot_recovery_s
@@ -81,6 +82,9 @@ class PlannerConfig:
     link_rate_weight: float = param(0.2, "weight of the newest measured transfer rate in the link-rate mean")
     calibration_weight: float = param(0.2, "weight of the newest measured - predicted latency in the calibration mean")
     calibration_half_life_s: float = param(5.0, "seconds for a latency calibration to fade by half while nothing is measured")
+    prefill_inflow_window_s: float = param(
+        2.0, "seconds over which the prefill work routed to a worker is averaged into the rate that slows its decodes (TPOT)"
+    )
     report_lag_s: float = param(
         0.1, "a load report with no sample time arriving this soon after a request's prefill ended or it finished may predate that"
     )
@@ -100,7 +104,7 @@ class PlannerConfig:
         check_admission_policy(self.admission_policy)
         self.health.validate()
         self.trust.validate()
-        check_numbers(self, positive=("calibration_half_life_s", "stale_half_life_s"))
+        check_numbers(self, positive=("calibration_half_life_s", "stale_half_life_s", "prefill_inflow_window_s"))
         for name in ("link_rate_weight", "calibration_weight"):
             if not 0 < getattr(self, name) <= 1:
                 raise ValueError(f"PlannerConfig.{name} must be in (0, 1], got {getattr(self, name)!r}")
@@ -231,6 +235,7 @@ class Planner:
         bases = {ttft_kind(True): ttft_kind(False)}
         self.calibration = Calibration(config.calibration_weight, config.calibration_half_life_s, bases)
         self.link = LinkRate(config.initial_link_gb_per_s * 1e9, config.link_rate_weight)
+        self.inflow = PrefillInflow(config.prefill_inflow_window_s)
         self._stated_link_bytes_per_s = 0.0  # the workers' stated rate, as the last routed view said
         self.trust = ReportTrust(config.trust)
         self._discount_at_dispatch: dict[int, float] = {}  # local-prefill dispatch -> trust's discount then
@@ -258,8 +263,9 @@ class Planner:
         offsets = (cal.offset(ttft_kind(False), now), cal.offset(ttft_kind(True), now), cal.offset(TPOT, now))
         try:
             decision = self.router.route(
-                request, pool, cluster.index, now, objective=objective, link_bytes_per_s=self.link_bytes_per_s(), offsets=offsets
-            )
+                request, pool, cluster.index, now, objective=objective, link_bytes_per_s=self.link_bytes_per_s(), offsets=offsets,
+                prefill_inflow=self.inflow.view(pool.table, now),
+            )  # fmt: skip
         except NoCandidateError as e:
             if not out or e.transient:
                 raise
@@ -355,7 +361,9 @@ class Planner:
         `fetch`: (tokens, seconds) of the router's fetch when the option is the router's own."""
         decode_view, prefill_view = pool.get(option.decode_worker), pool.get(option.prefill_worker)
         assert decode_view is not None and prefill_view is not None  # options come from the pool
-        decode, prefill = WorkerPerf.of(decode_view), WorkerPerf.of(prefill_view)
+        inflow, per_work_s = self.inflow.rate, self.inflow.per_work_s(now)
+        decode = WorkerPerf.of(decode_view, inflow(option.decode_worker, now), per_work_s)
+        prefill = WorkerPerf.of(prefill_view, inflow(option.prefill_worker, now), per_work_s)
         prompt = len(request.prompt_token_ids)
 
         def num_held(worker_id: WorkerId) -> int:
@@ -393,6 +401,8 @@ class Planner:
         if plan.follows_router:
             self.router.record(plan.decision, now)
         self.ledger.dispatched(dispatch_id, plan.charges, now)
+        if plan.prediction is not None:
+            self.inflow.add(plan.prefill_worker or plan.decode_worker, plan.prediction.prefill_work_s, now)
         self._dispatched[dispatch_id] = plan
         if not plan.disaggregated:
             self._discount_at_dispatch[dispatch_id] = self.trust.excess_s(plan.decode_worker, now)
@@ -449,5 +459,6 @@ class Planner:
     def worker_removed(self, worker_id: WorkerId) -> None:
         self.router.on_worker_removed(worker_id)
         self.ledger.forget_worker(worker_id)
+        self.inflow.forget(worker_id)
         self.health.forget(worker_id)
         self.trust.forget(worker_id)

@@ -14,11 +14,18 @@ Rule (after Mooncake's early-rejection predictor):
     context plus the queued prompts (latency.StepTimeModel.chunked_prefill_seconds);
     fetch    = a cached prefix pulled from another worker (or loaded from a slower tier) before the
                prefill, while the queue drains (routing prices it: policies/kvplane.py);
-    transfer = KV bytes to move / the measured link rate (disaggregated placements only).
+    transfer = KV bytes to move / the measured link rate (disaggregated placements only); the
+               request keeps its place in the decode worker's queue meanwhile
+               (EngineRequest.queued_since) and waits for what is ahead of it there, if that has
+               not drained by then, before the step that computes the prompt's tail; the step in
+               flight then and the tail's may carry a chunk of the prefill arriving on top of what
+               was queued there (next_step_with_prefill).
   TPOT = the decode worker's step time at the moment this request's KV arrives (t = TTFT), not now:
     requests whose remaining tokens run out before t have left the batch, requests waiting there now
     have joined it, and so has this one. Predicting at arrival time, not at decision time, is what
-    keeps admission from oscillating (Mooncake, FAST'25).
+    keeps admission from oscillating (Mooncake, FAST'25). Those steps also carry the prefill
+    arriving there meanwhile: step / (1 - inflow), at most step + a full chunk's work
+    (inflow.py: the worker's recent prefill work per second, `token_seconds`).
   A worker whose batch is full (max_num_seqs) first has to finish a request: on the prefill side
   that wait is queueing; on a separate decode worker it runs meanwhile, so only its rest counts.
 What the model cannot see (RPC hops, process scheduling on a busy host) is learnt as a residual:
@@ -33,6 +40,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+import numpy as np
 
 from kvplane.controlplane.core.views import WorkerView
 from kvplane.latency import StepTimeModel
@@ -52,9 +61,11 @@ class WorkerPerf:
     running_context_tokens: int
     max_num_seqs: int = 0  # 0 = no slot limit known
     decodes: bool = True  # False: a prefill-only worker (its waiting requests leave after prefill)
+    prefill_inflow: float = 0.0  # seconds of prefill work arriving per second (inflow.py)
+    inflow_per_work_s: float = 0.0  # what one second of work dispatched now adds to it (Inflow.per_work_s)
 
     @classmethod
-    def of(cls, view: WorkerView) -> WorkerPerf:
+    def of(cls, view: WorkerView, prefill_inflow: float = 0.0, inflow_per_work_s: float = 0.0) -> WorkerPerf:
         """What the predictor needs of a worker view (whose load the planner has adjusted)."""
         load = view.load
         return cls(
@@ -69,7 +80,33 @@ class WorkerPerf:
             running_context_tokens=load.running_context_tokens,
             max_num_seqs=view.max_num_seqs,
             decodes=view.role.can_decode,
+            prefill_inflow=prefill_inflow,
+            inflow_per_work_s=inflow_per_work_s,
         )
+
+    def token_seconds(self, step_s: float) -> float:
+        """Time per output token of a decode whose steps take `step_s` alone, sharing them with
+        the prefill arriving here (shared_step_seconds)."""
+        if self.prefill_inflow <= 0:
+            return step_s
+        return float(shared_step_seconds(step_s, self.prefill_inflow, self._chunk_work_s()))
+
+    def next_step_seconds(self, step_s: float) -> float:
+        """One step starting at some moment, `step_s` alone, with the prefill arriving here on top
+        of what is queued (next_step_with_prefill; inflow.Inflow.arriving)."""
+        if self.prefill_inflow <= 0:
+            return step_s
+        model = self.model
+        assert model is not None
+        queued_work_s = model.prefill_work_seconds(self.num_queued_prefill_tokens, 0, max(self.chunk_tokens, 1))
+        arriving = max(self.prefill_inflow - queued_work_s * self.inflow_per_work_s, 0.0)
+        return float(next_step_with_prefill(step_s, arriving, self._chunk_work_s()))
+
+    def _chunk_work_s(self) -> float:
+        model = self.model
+        assert model is not None
+        chunk = max(self.chunk_tokens, 1)
+        return model.prefill_work_seconds(chunk, 0, chunk)
 
     @property
     def batch(self) -> tuple[int, int]:
@@ -88,8 +125,9 @@ class Prediction:
     prefill_s: float
     transfer_s: float
     decode_batch: int  # the decode batch this request is predicted to join
-    slot_wait_s: float = 0.0
-    fetch_s: float = 0.0  # pulling a cached prefix from another worker or a slower tier  # waiting for a free decode slot on a full worker
+    slot_wait_s: float = 0.0  # waiting for a free decode slot on a full worker
+    fetch_s: float = 0.0  # pulling a cached prefix from another worker or a slower tier
+    prefill_work_s: float = 0.0  # what its prefill adds to the prefill worker's steps (inflow.py)
     ttft_offset_s: float = 0.0  # calibration added to ttft_s / tpot_s (see Calibration)
     tpot_offset_s: float = 0.0
 
@@ -100,6 +138,22 @@ class Prediction:
     @property
     def tpot_ms(self) -> float:
         return self.tpot_s * 1000
+
+
+def shared_step_seconds(step_s, inflow, chunk_work_s):
+    """A decode step's time per output token when prefill work arrives at `inflow` seconds per
+    second and rides along in its steps: step / (1 - inflow), at most step + `chunk_work_s` (a
+    step carries one chunk at most; inflow >= 1 is that bound). Numbers or arrays (seconds.py)."""
+    return np.minimum(step_s / np.maximum(1.0 - inflow, 1e-9), step_s + chunk_work_s)
+
+
+def next_step_with_prefill(step_s, inflow, chunk_work_s):
+    """One step at a moment that has nothing to do with the worker's steps (a request's KV comes
+    in; its tail is computed in the next step): it carries a chunk of prefill with the chance
+    that the worker is prefilling then, its inflow (the share of its time spent on prefill work),
+    so step + min(inflow, 1) x a chunk's work. Not the mean step of shared_step_seconds: a
+    moment falls in a long step more often than steps are long. Numbers or arrays."""
+    return step_s + np.minimum(inflow, 1.0) * chunk_work_s
 
 
 def _in_flight_s(perf: WorkerPerf) -> float:
@@ -145,11 +199,18 @@ def predict(
     # The decode worker's slot frees meanwhile; only what is left of that wait adds up.
     ttft_s = max(max(queue_s, fetch_s) + prefill_s + transfer_s, slot_wait_s)
     if disaggregated:
-        # The decode worker computes the prompt's tail (the partial last block) before the first token.
+        # The decode worker computes the prompt's tail (the partial last block) before the first
+        # token, once what was queued there ahead of it has gone; the step in flight when the KV
+        # is in and the tail's own step may carry a chunk of the prefill arriving there.
+        decode_queue_s = _in_flight_s(decode) + _prefill_steps_seconds(decode, decode.num_queued_prefill_tokens, 0)
+        in_flight_s = decode.next_step_seconds(2 * _in_flight_s(decode)) / 2
         tail = prompt_tokens - ((prompt_tokens - 1) // decode.block_size) * decode.block_size
-        ttft_s += _prefill_steps_seconds(decode, tail, prompt_tokens - tail)
+        tail_s = decode.next_step_seconds(_prefill_steps_seconds(decode, tail, prompt_tokens - tail))
+        ttft_s = max(ttft_s + in_flight_s, decode_queue_s) + tail_s
     tpot_s, batch = _tpot_at(decode, ttft_s, prompt_tokens, max_tokens)
-    return Prediction(ttft_s, tpot_s, queue_s, prefill_s, transfer_s, batch, slot_wait_s, fetch_s)
+    chunk = max(prefill.chunk_tokens, 1)
+    work_s = prefill.model.prefill_work_seconds(prompt_tokens - prefill_cached_tokens, prefill_cached_tokens, chunk)
+    return Prediction(ttft_s, tpot_s, queue_s, prefill_s, transfer_s, batch, slot_wait_s, fetch_s, work_s)
 
 
 def _slot_wait_s(perf: WorkerPerf) -> float:
@@ -161,7 +222,7 @@ def _slot_wait_s(perf: WorkerPerf) -> float:
     if ahead < 0 or not perf.running_remaining_tokens:
         return 0.0
     remaining = sorted(perf.running_remaining_tokens)
-    step = perf.model.decode_step_seconds(max(perf.num_running, 1), perf.running_context_tokens)
+    step = perf.token_seconds(perf.model.decode_step_seconds(max(perf.num_running, 1), perf.running_context_tokens))
     # The first len(remaining) waiters take the slots as today's requests finish; later ones wait
     # whole rounds more, a round lasting about a mean request.
     rounds, index = divmod(ahead, len(remaining))
@@ -247,13 +308,13 @@ def _tpot_at(decode: WorkerPerf, arrival_s: float, prompt_tokens: int, max_token
     assert model is not None
     running = decode.num_running
     avg_context = decode.running_context_tokens / running if running else float(prompt_tokens)
-    step_now = model.decode_step_seconds(max(running, 1), decode.running_context_tokens or prompt_tokens)
+    step_now = decode.token_seconds(model.decode_step_seconds(max(running, 1), decode.running_context_tokens or prompt_tokens))
     # A request with r tokens left is gone after about r steps of today's step time.
     finished = sum(1 for r in decode.running_remaining_tokens if r * step_now <= arrival_s)
     survivors = max(running - finished, 0)
     batch = survivors + decode.num_waiting + 1
     context = (survivors + decode.num_waiting) * avg_context + prompt_tokens + max_tokens / 2
-    return model.decode_step_seconds(batch, int(context)), batch
+    return decode.token_seconds(model.decode_step_seconds(batch, int(context))), batch
 
 
 def tpot_recovery_s(decode: WorkerPerf, target_tpot_s: float, prompt_tokens: int, max_tokens: int) -> float | None:
@@ -262,14 +323,14 @@ def tpot_recovery_s(decode: WorkerPerf, target_tpot_s: float, prompt_tokens: int
     model = decode.model
     if model is None:
         return None
-    step_now = model.decode_step_seconds(max(decode.num_running, 1), decode.running_context_tokens or prompt_tokens)
+    step_now = decode.token_seconds(model.decode_step_seconds(max(decode.num_running, 1), decode.running_context_tokens or prompt_tokens))
     remaining = sorted(decode.running_remaining_tokens)
     avg_context = decode.running_context_tokens / decode.num_running if decode.num_running else float(prompt_tokens)
     for num_finished in range(len(remaining) + 1):
         survivors = max(decode.num_running - num_finished, 0)
         batch = survivors + decode.num_waiting + 1
         context = (survivors + decode.num_waiting) * avg_context + prompt_tokens + max_tokens / 2
-        if model.decode_step_seconds(batch, int(context)) <= target_tpot_s:
+        if decode.token_seconds(model.decode_step_seconds(batch, int(context))) <= target_tpot_s:
             return 0.0 if num_finished == 0 else remaining[num_finished - 1] * step_now
     return None
 

@@ -41,6 +41,7 @@ import numpy as np
 from kvplane.block_hash import CachedBlockHasher
 from kvplane.controlplane.core.cost import CostConfig, Priced, cheapest_uncached, price
 from kvplane.controlplane.core.index import CacheIndex, OverlapScore
+from kvplane.controlplane.core.inflow import Inflow
 from kvplane.controlplane.core.params import check_numbers, param, selector
 from kvplane.controlplane.core.policies import check_params, default_params, make_routing_policy, params_types
 from kvplane.controlplane.core.pool import WorkerPool
@@ -135,9 +136,11 @@ class Router:
         objective: Objective | None = None,
         link_bytes_per_s: float = 1e9,
         offsets: tuple[float, float, float] = (0.0, 0.0, 0.0),
+        prefill_inflow: Inflow | None = None,
     ) -> RouteDecision:
-        """`objective`, `link_bytes_per_s`, `offsets`: what a policy pricing in seconds compares
-        against (the planner's objective, measured link rate and calibration)."""
+        """`objective`, `link_bytes_per_s`, `offsets`, `prefill_inflow`: what a policy pricing in
+        seconds compares against (the planner's objective, measured link rate, calibration and
+        prefill inflow per row of `workers`' table)."""
         num_prompt_tokens = len(request.prompt_token_ids)
         if num_prompt_tokens == 0:
             raise ValueError("cannot route an empty prompt: prompt_token_ids has no tokens")
@@ -156,7 +159,7 @@ class Router:
         limit = self._config.max_uncached_candidates if self._config.temperature == 0 else 0  # a softmax draw needs every worker
         ctx = RouteContext(
             request, num_prompt_tokens, block_size, block_hashes, worker_to_overlap, index, now, limit, cached,
-            objective, link_bytes_per_s, offsets,
+            objective, link_bytes_per_s, offsets, prefill_inflow,
         )  # fmt: skip
 
         decode_workers = _decode_candidates(request, model_workers)

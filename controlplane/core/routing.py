@@ -7,11 +7,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar, Protocol
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from kvplane.controlplane.core.index import CacheIndex, OverlapScore
 from kvplane.controlplane.core.views import WorkerView
 from kvplane.types import PRIORITIES, BlockHash, DisaggMode, Objective, Priority, WorkerId
+
+if TYPE_CHECKING:
+    from kvplane.controlplane.core.inflow import Inflow
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +83,9 @@ class RouteContext:
     objective: Objective | None = None
     link_bytes_per_s: float = 1e9
     offsets: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    # Per row of the workers' table: the prefill work arriving there per second (inflow.py), which
+    # the steps of the decodes there carry (None: none known).
+    prefill_inflow: Inflow | None = None
 
 
 @dataclass(frozen=True, slots=True)

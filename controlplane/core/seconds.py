@@ -18,19 +18,29 @@ its corrected load (queued prefill tokens Q, running R, waiting W, running conte
   fetch       = the most device blocks D any other worker really holds (KV can move, same block
                 layout): pulling D - own blocks over the link (+ `fetch_overhead_s`) while the
                 queue drains, then steps(P - D x bs, D x bs), when that predicts less than local;
-  remote TTFT = part(p) + KV transfer of the full blocks w lacks / link rate + w's step computing
-                the prompt's tail, where part(p) = queue + load + prefill on prefill worker p, the
-                p with the least part among those KV can move from to w (a dedicated prefill
-                worker first at equal seconds);
+  remote TTFT = max(part(p) + KV transfer of the full blocks w lacks / link rate + the rest of
+                the step in flight on w then, w's queue) + w's step computing the prompt's tail,
+                where part(p) = queue + load + prefill on prefill worker p, the p with the least
+                part among those KV can move from to w (a dedicated prefill worker first at
+                equal seconds); the request keeps its place in w's queue while its KV comes
+                (EngineRequest.queued_since), so what is queued there drains meanwhile; the
+                step in flight and the tail's step carry a chunk with the chance that prefill
+                arriving on top of that queue keeps w prefilling (core/inflow.py);
   TTFT(w)     = the least of the placements the request's disagg mode allows (+ the planner's
                 calibration offset of that kind); TPOT(w) = one decode step of batch(w) + this
-                request: c0 + c3 x (R + W + 1) + c4 x (X + Q + P + max_tokens / 2) (+ offset).
+                request, c0 + c3 x (R + W + 1) + c4 x (X + Q + P + max_tokens / 2), stretched by
+                the prefill arriving at w, whose chunks its steps carry (core/inflow.py:
+                step / (1 - inflow), at most step + a chunk's work) (+ offset).
 
 Choice (Mooncake's conductor, against the objectives, with what a placement spends): of the
 candidates whose predicted TTFT and TPOT meet the request's objectives, the least TTFT + work,
 where work is the compute its prefill adds (c1 x tokens + c2 x attention, chunked_parts: the
-seconds later requests will wait for); when none meets them, the least
-max(TTFT / objective, TPOT / objective), the one that misses by the least. Greedy TTFT alone
+seconds later requests will wait for); when none meets them, the least TTFT, the miss the
+placement decides. A TPOT that misses on every candidate comes from the prefill arriving
+everywhere (an overloaded fleet; core/inflow.py), which follows the requests: ordered by it, the
+decodes went to the workers that happened to prefill least and were prefilled elsewhere, moving
+312-387 GB of KV in 20 s and losing goodput to llm-d's rule in 5 of 5 draws (`kvplane sim`,
+synthetic at 1.5x without admission); ordered by TTFT they stayed and won 3 of 3. Greedy TTFT alone
 recomputes a prefix on an idle worker the moment its holder's queue matches the prefill, which
 costs the fleet that prefill again and scatters the prefix; counting the work keeps a reader with
 the holder until the holder's queue costs more than the prefix's compute twice over. Ties (equal
@@ -52,9 +62,10 @@ kind has none yet, and tables built without the control plane: the simulator, th
 
 Only candidates that can win are priced in full (`limit` > 0, the router's
 max_uncached_candidates): every worker holding part of the prompt, and of the others (which
-differ only in load) the `limit` with the least TTFT prefilling locally or after a fetch and
-the `limit` with the shortest batch step (which orders their remote TTFT and their TPOT), each
-with every worker tied with the last. For workers of one step-time model that keeps the winner
+differ only in load) the `limit` with the least TTFT prefilling locally or after a fetch, the
+`limit` with the shortest batch step (which orders their remote TTFT and, without prefill
+arriving, their TPOT) and, with prefill arriving, the `limit` with the least stretched step
+(their TPOT), each with every worker tied with the last. For workers of one step-time model that keeps the winner
 of pricing every worker; with objectives it can differ only when the fastest non-holders all
 miss an objective that a slower one meets. What does not depend on the request (each worker's
 columns, batch step and queue seconds) is kept from one request to the next (FleetColumns) and
@@ -73,7 +84,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvplane.controlplane.core.index import OverlapScore
+from kvplane.controlplane.core.inflow import Inflow
 from kvplane.controlplane.core.pool import WorkerPool, WorkerTable
+from kvplane.controlplane.core.predictor import next_step_with_prefill, shared_step_seconds
 from kvplane.types import Tier, WorkerId
 
 LOCAL, FETCH, REMOTE = 0, 1, 2
@@ -364,13 +377,15 @@ def price_candidates(
     offsets: tuple[float, float, float] = (0.0, 0.0, 0.0),
     limit: int = 0,
     fleet: FleetColumns | None = None,
+    inflow: Inflow | None = None,
 ) -> Priced:
     """The module docstring's predictions for the workers of `decode` that can win (all of them
     when limit is 0). `overlaps`: the prompt's prefix per worker as the policy sees it
     (predictions included); `cached`: what the index really holds (what a fetch can pull);
     `sources`: workers a fetch may pull from; `prefill`: remote prefill candidates; offsets: the
     calibration (TTFT local, TTFT remote, TPOT); `fleet`: the caller's FleetColumns, kept from
-    one request to the next. Each group of candidates sharing a KV transport and block layout
+    one request to the next; `inflow`: per table row, the prefill work arriving per second
+    (core/inflow.py), which the steps of a decode there carry. Each group of candidates sharing a KV transport and block layout
     gets the sources and prefill workers its KV can move with."""
     table = decode.table
     real = Held.of(table, cached)
@@ -381,7 +396,7 @@ def price_candidates(
     device = None
     if req.allow_remote and len(sources) and cached:
         device = np.minimum(real.matched - real.host - real.disk, (req.num_prompt_tokens - 1) // req.block_size)
-    fleet = _Fleet(req, *(fleet or FleetColumns()).of(table, rates), limit > 0 and max(len(decode), len(prefill)) > limit)
+    fleet = _Fleet(req, *(fleet or FleetColumns()).of(table, rates), limit > 0 and max(len(decode), len(prefill)) > limit, inflow)
     parts = [_price_group(req, group, held, device, sources, prefill, rates, offsets, limit, fleet) for group in _groups(decode)]
     if len(parts) == 1:
         return parts[0]
@@ -437,11 +452,33 @@ class _Fleet:
     col: Columns
     queue: np.ndarray
     prune: bool
+    inflow: Inflow | None = None  # per table row (price_candidates)
     local: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if self.prune:
             self.local = self.queue + chunked_seconds(self.col, self.req.num_prompt_tokens, 0)
+
+    def token_seconds(self, step: np.ndarray, rows) -> np.ndarray:
+        """Time per output token at `rows` of decode steps taking `step` alone, sharing them
+        with the prefill arriving there (predictor.shared_step_seconds)."""
+        if self.inflow is None:
+            return step
+        return shared_step_seconds(step, self.inflow.rates[rows], self._chunk_work(rows))
+
+    def next_step(self, step: np.ndarray, rows) -> np.ndarray:
+        """One step at `rows` starting at some moment, with the prefill arriving there on top of
+        what is queued (predictor.next_step_with_prefill, inflow.Inflow.arriving)."""
+        if self.inflow is None:
+            return step
+        queued_work = chunked_parts(self.col, self.col.queued, 0)[1][rows]
+        return next_step_with_prefill(step, self.inflow.arriving(rows, queued_work), self._chunk_work(rows))
+
+    def _chunk_work(self, rows) -> np.ndarray:
+        """A full chunk's work at `rows`: c1 x its tokens past the kink + c2 x its attention."""
+        col = self.col
+        chunk = col.chunk[rows]
+        return col.c1[rows] * np.maximum(chunk - col.free[rows], 0) + col.c2[rows] * (chunk * chunk // 2)
 
     def fetch(self, num_blocks: int, rates: Rates) -> np.ndarray:
         """TTFT of a worker holding none of the prompt that pulls num_blocks of it first."""
@@ -494,7 +531,12 @@ def _price_group(
         # A non-holder's TTFT prefilling locally or after a fetch; its batch's step orders its
         # remote TTFT and its TPOT.
         alone = fleet.local if source[0] < 0 else np.minimum(fleet.local, fleet.fetch(source[2], rates))
-        decode = _can_win(decode, held, (alone, fleet.col.per_step), limit)
+        keys = (
+            (alone, fleet.col.per_step)
+            if fleet.inflow is None
+            else (alone, fleet.col.per_step, fleet.token_seconds(fleet.col.per_step, slice(None)))
+        )
+        decode = _can_win(decode, held, keys, limit)
     rows = decode.rows
     n = len(decode)
     col = fleet.col.take(rows, held)
@@ -540,10 +582,19 @@ def _price_group(
             (i, j), p_queue, p_move, p_prefill, p_work, p_computed, p_total = part
             is_first = rows == i
             best = np.where(is_first, p_total[1], p_total[0])
-            # The full blocks the decode worker lacks, then its step computing the prompt's tail.
+            # The full blocks the decode worker lacks, while its queue drains, then its step
+            # computing the prompt's tail: `transfer` is all that comes after the prefill. The
+            # step in flight when the KV is in (on a busy worker) and the tail's step may carry a
+            # chunk of the prefill arriving there (next_step).
             tail = P - max_blocks * bs
-            transfer = np.maximum(P // bs - col.matched, 0) * col.nbytes / rates.link_bytes_per_s + chunked_seconds(col, tail, P - tail)
-            remote = best + transfer + offsets[1]
+            kv_in = best + np.maximum(P // bs - col.matched, 0) * col.nbytes / rates.link_bytes_per_s
+            busy = (table.running[rows] > 0) | (col.queued > 0)
+            in_flight = fleet.next_step(np.where(busy, col.per_step, 0.0), rows) / 2
+            tail_step = fleet.next_step(chunked_seconds(col, tail, P - tail), rows)
+            tail_at = np.maximum(kv_in + in_flight, queue_s)  # when the tail's step starts
+            remote = tail_at + tail_step + offsets[1]
+            finite = np.isfinite(best)  # no second prefill worker: best is infinite
+            transfer = np.where(finite, tail_at - np.where(finite, best, 0.0), 0.0) + tail_step
             use = remote < ttft
             if use.any():
                 k = is_first.astype(np.int64)  # 1: the second best prefill worker
@@ -558,7 +609,7 @@ def _price_group(
                 fetch_blocks = np.where(use, 0, fetch_blocks)
                 source_row = np.where(use, -1, source_row)
                 prefill_row = np.where(use, np.where(is_first, j, i), -1)
-    tpot = col.per_step + col.c3 + col.c4 * (P + req.max_tokens / 2) + offsets[2]
+    tpot = fleet.token_seconds(col.per_step + col.c3 + col.c4 * (P + req.max_tokens / 2), rows) + offsets[2]
     work = np.zeros(n) + work
     return Priced(
         decode,
@@ -621,15 +672,14 @@ def _best_prefill(req: Request, prefill: WorkerPool, held: Held, rates: Rates, l
 
 def choose(priced: Priced, ttft_target_s: float | None, tpot_target_s: float | None, tie_rank: np.ndarray) -> np.ndarray:
     """The candidates in the order of the module docstring's choice (indices): those meeting the
-    objectives by TTFT + the prefill seconds they spend, then the others by how far they miss;
-    ties by the fewer prompt tokens prefilled (a model fitted where prefill did not vary prices a
-    prefix's compute at 0, and the cache is then the only evidence left), then TPOT, then
-    `tie_rank` (the router's draw among equals)."""
+    objectives by TTFT + the prefill seconds they spend, then the others by their TTFT (how far
+    it misses); ties by the fewer prompt tokens prefilled (a model fitted where prefill did not
+    vary prices a prefix's compute at 0, and the cache is then the only evidence left), then
+    TPOT, then `tie_rank` (the router's draw among equals)."""
     ttft, tpot, computed = priced.ttft, priced.tpot, priced.computed
     spent = ttft + priced.work
     if ttft_target_s is None or tpot_target_s is None:
         return np.lexsort((tie_rank, tpot, computed, ttft, spent))
-    over = np.maximum(ttft / ttft_target_s, tpot / tpot_target_s)
-    meets = over <= 1.0
+    meets = (ttft <= ttft_target_s) & (tpot <= tpot_target_s)
     key = np.where(meets, spent, _INF)
-    return np.lexsort((tie_rank, tpot, computed, np.where(meets, 0.0, over), key, ~meets))
+    return np.lexsort((tie_rank, tpot, computed, np.where(meets, 0.0, ttft), key, ~meets))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from kvplane.controlplane.core.admission import make_admission_policy
@@ -51,6 +53,39 @@ def test_disaggregated_prediction_adds_transfer_and_the_tail_step():
     assert p.transfer_s == pytest.approx(0.002)
     tail = 100 - 96  # the partial last block is computed on the decode worker
     assert p.ttft_s == pytest.approx((0.001 + 100e-5) + 0.002 + (0.001 + tail * 1e-5))
+
+
+def test_a_disaggregated_request_waits_for_what_outlasts_its_prefill_in_the_decode_workers_queue():
+    """It keeps its place in the decode worker's queue while its KV comes (queued_since), so of
+    what was queued there it waits only for what is still running when its KV is in."""
+    args = dict(
+        prompt_tokens=100, max_tokens=10, prefill_cached_tokens=0, prefill=perf("p"), transfer_bytes=2_000_000, link_bytes_per_s=1e9
+    )
+    tail_step = 0.001 + 4 * 1e-5
+    idle = predict(decode=perf("d"), **args)
+    assert idle.ttft_s == pytest.approx((0.001 + 100e-5) + 0.002 + tail_step)
+    # 512 tokens queued: half a step in flight (0.5 ms) + one step (1 + 5.12 ms) = 6.62 ms, longer
+    # than the 4 ms of prefill and transfer: the tail's step follows it.
+    busy = predict(decode=perf("d", queued=512), **args)
+    assert busy.ttft_s == pytest.approx(0.0005 + 0.001 + 512e-5 + tail_step)
+    # 50 queued (0.5 + 1.5 ms) drain before the KV is in: the step in flight then (half of 1 ms) and the tail's.
+    assert predict(decode=perf("d", queued=50), **args).ttft_s == pytest.approx(0.004 + 0.0005 + tail_step)
+
+
+def test_the_tails_step_carries_a_chunk_with_the_chance_the_decode_worker_is_prefilling():
+    """inflow.py: prefill arriving at the decode worker on top of what is queued there."""
+    args = dict(prompt_tokens=100, max_tokens=10, prefill_cached_tokens=0, prefill=perf("p"))
+    chunk_work = 512 * 1e-5  # a full chunk's compute
+    idle = predict(decode=perf("d"), **args)
+    prefilling = dataclasses.replace(perf("d"), prefill_inflow=0.5, inflow_per_work_s=0.5)
+    # The KV comes in during a prefill step half the time (half a chunk left, on average), and the
+    # tail's own step carries a chunk half the time.
+    assert predict(decode=prefilling, **args).ttft_s == pytest.approx(idle.ttft_s + 0.5 * chunk_work / 2 + 0.5 * chunk_work)
+    # The same rate while 50 ms of that work is still queued there: 0.5 - 0.05 x 0.5 arrives on top
+    # of it (the queue itself is waited out in full: 61 steps' overheads and 50 ms of tokens).
+    queued = dataclasses.replace(perf("d", queued=5000), prefill_inflow=0.5, inflow_per_work_s=0.5)
+    queue_s = 0.0005 + 10 * 0.001 + 5000e-5
+    assert predict(decode=queued, **args).ttft_s == pytest.approx(queue_s + 0.001 + 4e-5 + 0.475 * chunk_work)
 
 
 def test_tpot_counts_requests_that_finish_before_the_kv_arrives():

@@ -122,17 +122,24 @@ def test_host_blocks_cost_their_load_time(worker_view, index, cache_prefix):
 
 
 def test_remote_prefill_is_chosen_by_seconds_not_a_threshold(worker_view, index):
-    decode = view(worker_view, "d", Role.DECODE, num_running=10, num_queued_prefill_tokens=200, block_nbytes=100)
-    prefill = view(worker_view, "p", Role.PREFILL, block_nbytes=100)
+    # Steps of 8 prompt tokens: the 40-token prompt prefills in 5 steps.
+    decode = dataclasses.replace(view(worker_view, "d", Role.DECODE, num_running=10, block_nbytes=100), chunk_tokens=8)
+    prefill = dataclasses.replace(view(worker_view, "p", Role.PREFILL, block_nbytes=100), chunk_tokens=8)
     request = RouteRequest("m", PROMPT_40, 16, DisaggMode.AUTO)
     d = make_router().route(request, [decode, prefill], index, NOW, link_bytes_per_s=1e5)
-    # local on d: steps carry 10 decodes (30 ms a step): queue 30 + 200, prefill 30 + 40 = 300 ms.
-    # remote: p prefills 40 tokens (50 ms), 10 full blocks x 100 B at 100 kB/s (10 ms), and d computes
-    # the 4-token tail in one step (30 + 4 ms): 94 ms.
+    # local on d: its steps carry 10 decodes (30 ms a step): half a step in flight, 15, then
+    # 5 x 30 + 40 = 205 ms. remote: p prefills in 5 x 10 + 40 = 90 ms, 10 full blocks x 100 B at
+    # 100 kB/s (10 ms), then d's half step in flight (15) and its step computing the 4-token tail
+    # (30 + 4): 149 ms.
     assert (d.decode_worker, d.prefill_worker) == ("d", "p")
-    assert d.candidates[0].cost == pytest.approx(0.094)
-    # An idle decode worker prefills locally: 50 ms beats 50 + 10 + 14.
-    idle = view(worker_view, "d", Role.DECODE, block_nbytes=100)
+    assert d.candidates[0].cost == pytest.approx(0.149)
+    # With 200 tokens queued on d (15 + 25 x 30 + 200 = 965 ms) the request, which keeps its place
+    # there while p prefills, waits for what of that queue outlasts the prefill and the transfer.
+    queued = dataclasses.replace(decode, load=dataclasses.replace(decode.load, num_queued_prefill_tokens=200))
+    d = make_router().route(request, [queued, prefill], index, NOW, link_bytes_per_s=1e5)
+    assert breakdown(d, "d").transfer_s == pytest.approx(0.965 - 0.090 + 0.034)
+    # An idle decode worker prefills locally: 90 ms beats 90 + 10 + 14.
+    idle = dataclasses.replace(view(worker_view, "d", Role.DECODE, block_nbytes=100), chunk_tokens=8)
     assert make_router().route(request, [idle, prefill], index, NOW, link_bytes_per_s=1e5).prefill_worker is None
 
 
@@ -176,3 +183,41 @@ def test_at_equal_seconds_the_cache_holder_wins_over_recomputing(worker_view, in
     request = RouteRequest("m", PROMPT_40, 16, DisaggMode.NEVER)
     picks = {make_router(seed=s).route(request, workers, index, NOW).decode_worker for s in range(20)}
     assert picks == {"holder"}
+
+
+def test_a_worker_taking_more_prefill_predicts_a_slower_tpot(worker_view, index):
+    """Its decode steps carry the prefill arriving there (core/inflow.py): an idle worker's
+    12 ms step (10 + 2 for this request) is 24 ms where half of every second goes to prefill."""
+    import numpy as np
+
+    from kvplane.controlplane.core.inflow import Inflow
+
+    workers = [view(worker_view, "a"), view(worker_view, "b")]
+    request = RouteRequest("m", PROMPT_40, 16, DisaggMode.NEVER)
+    inflow = Inflow(np.array([0.0, 0.5]), 0.0)  # per row of the workers' table, in their order
+    d = make_router().route(request, workers, index, NOW, objective=Objective(ttft_ms=2000.0, tpot_ms=20.0), prefill_inflow=inflow)
+    assert d.decode_worker == "a"
+    assert (breakdown(d, "a").tpot_s, breakdown(d, "b").tpot_s) == (pytest.approx(0.012), pytest.approx(0.024))
+    assert breakdown(d, "b").meets is False
+    # Beyond its capacity every step carries a chunk: 12 ms + 2,048 tokens x 1 ms.
+    d = make_router().route(request, workers, index, NOW, prefill_inflow=Inflow(np.array([0.0, 1.5]), 0.0))
+    assert breakdown(d, "b").tpot_s == pytest.approx(0.012 + 2.048)
+
+
+def test_when_none_meets_the_objectives_the_least_ttft_wins(worker_view, index, cache_prefix):
+    """TTFT is the miss the placement decides; a TPOT missing everywhere is the prefill arriving
+    everywhere (seconds.choose)."""
+    import numpy as np
+
+    from kvplane.controlplane.core.inflow import Inflow
+
+    cache_prefix("b", PROMPT_40, 8)
+    workers = [view(worker_view, "a"), view(worker_view, "b")]
+    request = RouteRequest("m", PROMPT_40, 16, DisaggMode.NEVER)
+    # a: TTFT 50 ms misses 40, TPOT 12 meets 25. b holds 32 tokens: TTFT 10 + 8 = 18 ms meets, but
+    # prefill arriving there at 0.8 s/s stretches its TPOT to 12 / 0.2 = 60 ms, a worse miss by ratio.
+    objective = Objective(ttft_ms=40.0, tpot_ms=25.0)
+    d = make_router().route(request, workers, index, NOW, objective=objective, prefill_inflow=Inflow(np.array([0.0, 0.8]), 0.0))
+    assert (breakdown(d, "a").meets, breakdown(d, "b").meets) == (False, False)
+    assert breakdown(d, "b").tpot_s == pytest.approx(0.060)
+    assert d.decode_worker == "b"

@@ -8,6 +8,7 @@ import dataclasses
 import pytest
 
 from kvplane.controlplane.core.routing import NoCandidateError
+from kvplane.latency import StepTimeModel
 from kvplane.types import DisaggMode, Role
 from tests.core.conftest import make_router
 from tests.core.test_core_policies import NOW, PROMPT_40
@@ -25,13 +26,22 @@ def test_remote_prefill_only_with_a_shared_transport(index, worker_view, route_r
     for policy in ("kvplane", "least-load"):
         d = make_router(policy=policy).route(request, [decode, other_kind, same_kind], index, NOW)
         assert (d.decode_worker, d.prefill_worker) == ("d", "p2")  # p1 is idler but cannot hand its KV to d
-    # kvplane in auto: d with 2,000 tokens queued prefills locally in 102 ms (at the fallback 20,000
-    # tokens/s); remote, idle p1 would take 2 ms, but its KV cannot reach d: p2 waits for its 500
-    # queued tokens (25 ms), prefills 40 (2 ms), and d computes the 4-token tail (0.2 ms).
-    busy = with_transports(worker_view("d", num_queued_prefill_tokens=2000), "engine:sglang-mooncake")
-    d = make_router().route(route_request(PROMPT_40, disagg=DisaggMode.AUTO), [busy, other_kind, same_kind], index, NOW)
+    # kvplane in auto, steps of 8 prompt tokens (c0 10 ms, 1 ms a token, 2 ms a decoded sequence): d
+    # decodes 40 requests, 90 ms steps, and prefills locally in half a step in flight + 5 x 90 + 40 =
+    # 535 ms. Remote, idle p1 would take 5 x 10 + 40 = 90 ms, but its KV cannot reach d: p2 waits for
+    # half its step in flight and its 100 queued tokens (5 + 13 x 10 + 100 = 235 ms), prefills 40
+    # (90 ms); then d's half step in flight (45 ms) and its step computing the 4-token tail (90 + 4
+    # ms): 464 ms.
+    model = StepTimeModel((0.010, 0.001, 0.0, 0.002, 0.0), num_samples=10, mean_abs_pct_error=0.0)
+
+    def chunked(view):
+        return dataclasses.replace(view, latency=model, chunk_tokens=8)
+
+    busy = chunked(with_transports(worker_view("d", num_running=40), "engine:sglang-mooncake"))
+    p2 = chunked(with_transports(worker_view("p2", Role.PREFILL, num_queued_prefill_tokens=100), "engine:sglang-mooncake"))
+    d = make_router().route(route_request(PROMPT_40, disagg=DisaggMode.AUTO), [busy, chunked(other_kind), p2], index, NOW)
     assert (d.decode_worker, d.prefill_worker) == ("d", "p2")
-    assert d.reason.startswith("d: remote prefill on p2: TTFT 27.2 ms = max(queue 25.0, move 0.0) + prefill 2.0 + transfer 0.2")
+    assert d.reason.startswith("d: remote prefill on p2: TTFT 464.0 ms = max(queue 235.0, move 0.0) + prefill 90.0 + transfer 139.0")
     auto = route_request(PROMPT_40, disagg=DisaggMode.AUTO)
     d = make_router(disagg_threshold_tokens=0).route(auto, [decode, other_kind], index, NOW)
     assert d.prefill_worker is None and not d.disaggregated

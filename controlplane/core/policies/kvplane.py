@@ -92,7 +92,17 @@ class KvplanePolicy(PolicyHooks):
             allow_remote=disagg is not DisaggMode.NEVER,
         )
         return seconds.price_candidates(
-            req, decode, ctx.overlaps, ctx.cached, sources, prefill, self._rates(ctx), ctx.offsets, limit, self._fleet
+            req,
+            decode,
+            ctx.overlaps,
+            ctx.cached,
+            sources,
+            prefill,
+            self._rates(ctx),
+            ctx.offsets,
+            limit,
+            self._fleet,
+            ctx.prefill_inflow,
         )
 
     def place(

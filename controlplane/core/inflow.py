@@ -1,0 +1,142 @@
+"""Prefill inflow: the prefill work this replica has been sending each worker, per second.
+
+A decode's steps also carry the prefill chunks of the requests that arrive after it (chunked
+prefill co-schedules them), so its time per output token is not one decode step but
+
+    TPOT = step / (1 - inflow),  at most step + one full chunk's work,
+
+where inflow is the prefill work (seconds of compute beyond the steps' own, StepTimeModel.
+prefill_work_seconds) arriving at the worker per second: over a decode of n tokens lasting
+D = n x TPOT, the steps take n x step plus the inflow x D of prefill that arrives meanwhile. A
+step carries at most one chunk (max_num_batched_tokens), which bounds TPOT when the inflow
+reaches the worker's capacity (inflow >= 1: prefill never drains). Without this a TPOT
+prediction is a bare decode step: 16 ms predicted against 200-285 ms measured for a 70B worker
+taking twice what it can prefill (`kvplane sim`, synthetic at 2x), until the calibration had
+learnt the difference from decodes already under way.
+
+A request prefilled elsewhere comes to its decode worker when its KV is in, and waits for the
+step in flight there and then its own step, which computes its prompt's tail: each of those
+carries a chunk of prefill with the chance that the worker is prefilling then
+(predictor.next_step_with_prefill), for which the arriving rate counts (`Inflow.arriving`): the
+rate less the work still queued there. The queued work is known and priced as the queue the
+request waits out; the rate counts it too, as it was dispatched recently, and counted twice it
+made a decode worker that had just taken one long prompt of a burst look busy for the next
+one's tail, so every prompt of the burst prefilled there instead of on an idle prefill worker
+(`kvplane sim`, Mooncake trace on 8 prefill + 8 decode).
+
+The rate is the work of the requests dispatched there (their prediction's prefill_work_s),
+summed with exponential decay over `window_s` and divided by that window: what arrived
+recently, as a rate. In the first window after the first dispatch the divisor is the time
+elapsed since (at least `window_s` / 4): a cold fleet overloaded from its first second shows it
+within half a second, not after the window has filled.
+Only this replica's dispatches count: with several replicas each sees its own share (the load
+reports and their TPOT calibration carry the rest).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvplane.controlplane.core.pool import WorkerTable
+from kvplane.types import WorkerId
+
+# Rebase the stored sums when their scale factor would pass this (keeps them finite).
+_REBASE_AFTER = 50.0  # windows
+
+
+@dataclass(frozen=True, slots=True)
+class Inflow:
+    """The inflow of every row of a table at one moment."""
+
+    rates: np.ndarray  # per row: seconds of prefill work arriving per second
+    per_work_s: float  # what one second of work dispatched now adds to a rate
+
+    def arriving(self, rows, queued_work_s: np.ndarray) -> np.ndarray:
+        """The rate at `rows` less the work still queued there (`queued_work_s`, per row of
+        `rows`): the prefill that will come on top of what is queued (module docstring)."""
+        return np.maximum(self.rates[rows] - queued_work_s * self.per_work_s, 0.0)
+
+
+class PrefillInflow:
+    """Per-worker decayed sums of dispatched prefill work; `now`: seconds on one monotonic clock."""
+
+    __slots__ = ("window_s", "_sums", "_origin", "_first_at", "_column")
+
+    def __init__(self, window_s: float = 2.0) -> None:
+        if not window_s > 0:
+            raise ValueError(f"window_s must be positive, got {window_s!r}")
+        self.window_s = window_s
+        # Sums scaled to `_origin`: the decayed sum at time t is sum x exp(-(t - origin) / window).
+        self._sums: dict[WorkerId, float] = {}
+        self._origin = 0.0
+        self._first_at: float | None = None
+        self._column: tuple[dict[WorkerId, int], np.ndarray] | None = None  # (a table's row_of, its sums)
+
+    def add(self, worker_id: WorkerId, work_s: float, now: float) -> None:
+        """A request whose prefill adds `work_s` of compute was dispatched to `worker_id`."""
+        if work_s <= 0:
+            return
+        if self._first_at is None:
+            self._first_at = self._origin = now
+        if now - self._origin > _REBASE_AFTER * self.window_s:
+            self._rebase(now)
+        scaled = work_s * math.exp((now - self._origin) / self.window_s)
+        self._sums[worker_id] = self._sums.get(worker_id, 0.0) + scaled
+        if self._column is not None:
+            row = self._column[0].get(worker_id)
+            if row is None:
+                self._column = None
+            else:
+                self._column[1][row] += scaled
+
+    def forget(self, worker_id: WorkerId) -> None:
+        if self._sums.pop(worker_id, None) is not None:
+            self._column = None
+
+    def rate(self, worker_id: WorkerId, now: float) -> float:
+        """Seconds of prefill work arriving at `worker_id` per second."""
+        total = self._sums.get(worker_id)
+        return 0.0 if total is None else total * self._scale(now)
+
+    def per_work_s(self, now: float) -> float:
+        """What one second of work dispatched at `now` adds to a worker's rate (Inflow.arriving)."""
+        if self._first_at is None:
+            return 0.0
+        return 1.0 / self._divisor(now)
+
+    def view(self, table: WorkerTable, now: float) -> Inflow:
+        return Inflow(self.column(table, now), self.per_work_s(now))
+
+    def column(self, table: WorkerTable, now: float) -> np.ndarray:
+        """`rate` of every row of `table` (tables of one set of workers share their rows)."""
+        if self._column is None or self._column[0] is not table.row_of:
+            sums = np.zeros(len(table.views))
+            for worker_id, total in self._sums.items():
+                row = table.row_of.get(worker_id)
+                if row is not None:
+                    sums[row] = total
+            self._column = (table.row_of, sums)
+        return self._column[1] * self._scale(now)
+
+    def _scale(self, now: float) -> float:
+        """What turns a stored sum into a rate at `now`: the decay since the origin over the window
+        (or the time elapsed since the first dispatch, while shorter)."""
+        if self._first_at is None:
+            return 0.0
+        return math.exp(-(now - self._origin) / self.window_s) / self._divisor(now)
+
+    def _divisor(self, now: float) -> float:
+        """The window, or the time since the first dispatch while shorter (at least a quarter
+        window): E[decayed sum] = rate x window x (1 - exp(-elapsed / window))."""
+        assert self._first_at is not None
+        w = self.window_s
+        return w * -math.expm1(-max(now - self._first_at, w / 4) / w)
+
+    def _rebase(self, now: float) -> None:
+        factor = math.exp(-(now - self._origin) / self.window_s)
+        self._sums = {w: total * factor for w, total in self._sums.items() if total * factor > 1e-12}
+        self._origin = now
+        self._column = None

@@ -1,0 +1,91 @@
+"""Prefill inflow (core/inflow.py): the prefill work routed to a worker per second, and what it
+does to a decode's predicted time per output token (predictor.shared_step_seconds)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from kvplane.controlplane.core.inflow import PrefillInflow
+from kvplane.controlplane.core.pool import WorkerTable
+from kvplane.controlplane.core.predictor import WorkerPerf, predict, shared_step_seconds
+from kvplane.latency import StepTimeModel
+from kvplane.types import Role, WorkerId
+from tests.core.conftest import make_worker_view
+
+
+def test_a_steady_stream_reads_as_its_rate_from_the_first_window_on():
+    inflow = PrefillInflow(window_s=2.0)
+    # 0.1 s of prefill work every 0.05 s: 2 s of work per second.
+    for i in range(400):
+        inflow.add(WorkerId("a"), 0.1, i * 0.05)
+        if i in (20, 399):  # after 1 s (half a window) and after 20 s
+            assert inflow.rate(WorkerId("a"), i * 0.05) == pytest.approx(2.0, rel=0.06)
+    assert inflow.rate(WorkerId("b"), 20.0) == 0.0
+
+
+def test_the_rate_decays_once_the_stream_stops():
+    inflow = PrefillInflow(window_s=2.0)
+    for i in range(400):
+        inflow.add(WorkerId("a"), 0.1, i * 0.05)
+    at_end = inflow.rate(WorkerId("a"), 20.0)
+    # A window later: e^-1 of it (the warm-up divisor has long reached the window by then).
+    assert inflow.rate(WorkerId("a"), 22.0) == pytest.approx(at_end * math.exp(-1), rel=1e-4)
+    assert inflow.rate(WorkerId("a"), 20.0 + 2.0 * 60) < 1e-20
+
+
+def test_a_first_dispatch_is_not_read_as_a_burst():
+    """The divisor is at least a quarter window: one request right after the start is one
+    request's work over half a second, not over the microseconds since."""
+    inflow = PrefillInflow(window_s=2.0)
+    inflow.add(WorkerId("a"), 0.2, 100.0)
+    assert inflow.rate(WorkerId("a"), 100.001) == pytest.approx(0.2 / (2.0 * -math.expm1(-0.25)), rel=1e-3)
+
+
+def test_the_column_is_the_rate_per_table_row_and_follows_new_dispatches():
+    inflow = PrefillInflow(window_s=1.0)
+    table = WorkerTable([make_worker_view(w, Role.BOTH) for w in ("a", "b", "c")])
+    inflow.add(WorkerId("c"), 0.3, 5.0)
+    inflow.add(WorkerId("a"), 0.1, 5.5)
+    column = inflow.column(table, 6.0)
+    assert column.tolist() == pytest.approx([inflow.rate(WorkerId(w), 6.0) for w in ("a", "b", "c")])
+    inflow.add(WorkerId("b"), 0.2, 6.0)  # kept in the cached column, not rebuilt
+    assert inflow.column(table, 7.0)[1] == pytest.approx(inflow.rate(WorkerId("b"), 7.0))
+    inflow.forget(WorkerId("c"))
+    assert inflow.column(table, 7.0)[2] == 0.0
+
+
+def test_sums_stay_finite_over_a_long_run():
+    inflow = PrefillInflow(window_s=0.1)
+    for i in range(20000):  # 200 s, 2,000 windows: the stored sums are rebased as they go
+        inflow.add(WorkerId("a"), 0.005, i * 0.01)
+    assert inflow.rate(WorkerId("a"), 199.99) == pytest.approx(0.5, rel=0.06)
+    assert all(math.isfinite(v) for v in inflow._sums.values())
+
+
+def test_a_decode_shares_its_steps_with_the_prefill_arriving():
+    # A 20 ms decode step; a full chunk adds 300 ms of work.
+    assert shared_step_seconds(0.020, 0.0, 0.3) == pytest.approx(0.020)
+    assert shared_step_seconds(0.020, 0.5, 0.3) == pytest.approx(0.040)  # half of every second is prefill
+    assert shared_step_seconds(0.020, 0.99, 0.3) == pytest.approx(0.320)  # at most one chunk per step
+    assert shared_step_seconds(0.020, 3.0, 0.3) == pytest.approx(0.320)  # beyond capacity: every step carries a chunk
+    steps = np.array([0.02, 0.02])
+    assert shared_step_seconds(steps, np.array([0.0, 0.75]), np.array([0.3, 0.3])).tolist() == pytest.approx([0.02, 0.08])
+
+
+def test_tpot_predictions_count_the_workers_inflow_and_dispatches_record_their_work():
+    model = StepTimeModel((1e-3, 1e-5, 0.0, 1e-3, 0.0), num_samples=100, mean_abs_pct_error=0.0)
+
+    def perf(inflow: float) -> WorkerPerf:
+        return WorkerPerf(WorkerId("w"), model, 512, 16, 0, 0, 0, (), 0, prefill_inflow=inflow)
+
+    quiet = predict(prompt_tokens=1000, max_tokens=10, prefill_cached_tokens=200, prefill=perf(0.0), decode=perf(0.0))
+    busy = predict(prompt_tokens=1000, max_tokens=10, prefill_cached_tokens=200, prefill=perf(0.6), decode=perf(0.6))
+    assert quiet.tpot_s == pytest.approx(0.002)
+    assert busy.tpot_s == pytest.approx(0.002 / 0.4)
+    # Its own prefill's work: 800 tokens x 10 us (the step overheads are not work it adds).
+    assert busy.prefill_work_s == pytest.approx(0.008)
+    # TTFT does not change: the prefill arriving after it queues behind it.
+    assert busy.ttft_s == quiet.ttft_s
