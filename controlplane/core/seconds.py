@@ -262,8 +262,8 @@ def _one(chunk: np.ndarray) -> int:
 
 
 class FleetColumns:
-    """The whole table's Columns and each worker's queue seconds: what does not depend on the
-    request, kept from one request to the next. A table made from the last one by
+    """The whole table's Columns and each worker's seconds that do not depend on the request
+    (_worker_seconds), kept from one request to the next. A table made from the last one by
     WorkerTable.replaced (the planner's view after new reports and load corrections) has only
     its changed rows redone, so a request pays for what changed, not for the fleet."""
 
@@ -272,32 +272,38 @@ class FleetColumns:
     def __init__(self) -> None:
         self._last: tuple[weakref.ref, float, Columns, np.ndarray] | None = None
 
-    def of(self, table: WorkerTable, rates: Rates) -> tuple[Columns, np.ndarray]:
-        """(Columns of every row of `table`, the seconds of each worker's queued prefill)."""
+    def of(self, table: WorkerTable, rates: Rates) -> tuple[Columns, np.ndarray, np.ndarray, np.ndarray]:
+        """(Columns of every row of `table`, and per row: the seconds a request arriving now waits
+        before its prefill, of them the queued prefill's compute, a full chunk's compute)."""
         last, fallback = self._last, rates.fallback_prefill_tokens_per_s
         if last is not None and last[1] == fallback:
             before = last[0]()
             if before is table:
-                return last[2], last[3]
+                return last[2], *last[3]
             if before is not None and table.parent is before and len(table.changed_rows) < len(table.views) // 4:
                 rows = np.fromiter(table.changed_rows, np.int64, len(table.changed_rows))
                 changed = Columns.of(table, rows, rates)
-                col, queue = last[2].put(rows, changed), last[3].copy()
-                queue[rows] = _queue_seconds(table, rows, changed)
-                self._last = (weakref.ref(table), fallback, col, queue)
-                return col, queue
+                col, seconds = last[2].put(rows, changed), last[3].copy()
+                seconds[:, rows] = _worker_seconds(table, rows, changed)
+                self._last = (weakref.ref(table), fallback, col, seconds)
+                return col, *seconds
         col = Columns.of(table, slice(None), rates)
-        queue = _queue_seconds(table, slice(None), col)
-        self._last = (weakref.ref(table), fallback, col, queue)
-        return col, queue
+        seconds = _worker_seconds(table, slice(None), col)
+        self._last = (weakref.ref(table), fallback, col, seconds)
+        return col, *seconds
 
 
-def _queue_seconds(table: WorkerTable, rows, col: Columns) -> np.ndarray:
-    """What a request arriving now waits before its own prefill: the rest of the step in flight
-    on a busy worker (half a step of its running batch, on average) and the queued prefill."""
+def _worker_seconds(table: WorkerTable, rows, col: Columns) -> np.ndarray:
+    """Per row, (what a request arriving now waits before its own prefill: the rest of the step in
+    flight on a busy worker, half a step of its running batch on average, and the queued prefill;
+    of that, the queued prefill's compute, what inflow.Inflow.arriving takes off; a full chunk's
+    compute, what a step carrying one adds: c1 x its tokens past the kink + c2 x its attention)."""
     running = table.running[rows]
     in_flight = col.c0 + col.c3 * running + col.c4 * table.context[rows]
-    return np.where((running > 0) | (col.queued > 0), in_flight / 2, 0.0) + chunked_seconds(col, col.queued, 0)
+    steps, queued_work = chunked_parts(col, col.queued, 0)
+    queue = np.where((running > 0) | (col.queued > 0), in_flight / 2, 0.0) + steps + queued_work
+    chunk_work = col.c1 * np.maximum(col.chunk - col.free, 0) + col.c2 * (col.chunk * col.chunk // 2)
+    return np.stack((queue, queued_work, chunk_work))
 
 
 def chunked_seconds(col: Columns, num_tokens, num_cached) -> np.ndarray:
@@ -396,7 +402,7 @@ def price_candidates(
     device = None
     if req.allow_remote and len(sources) and cached:
         device = np.minimum(real.matched - real.host - real.disk, (req.num_prompt_tokens - 1) // req.block_size)
-    fleet = _Fleet(req, *(fleet or FleetColumns()).of(table, rates), limit > 0 and max(len(decode), len(prefill)) > limit, inflow)
+    fleet = _Fleet(req, *(fleet or FleetColumns()).of(table, rates), limit > 0 and max(len(decode), len(prefill)) > limit, inflow)  # fmt: skip
     parts = [_price_group(req, group, held, device, sources, prefill, rates, offsets, limit, fleet) for group in _groups(decode)]
     if len(parts) == 1:
         return parts[0]
@@ -451,6 +457,8 @@ class _Fleet:
     req: Request
     col: Columns
     queue: np.ndarray
+    queued_work: np.ndarray
+    chunk_work: np.ndarray
     prune: bool
     inflow: Inflow | None = None  # per table row (price_candidates)
     local: np.ndarray | None = None
@@ -464,21 +472,14 @@ class _Fleet:
         with the prefill arriving there (predictor.shared_step_seconds)."""
         if self.inflow is None:
             return step
-        return shared_step_seconds(step, self.inflow.rates[rows], self._chunk_work(rows))
+        return shared_step_seconds(step, self.inflow.rates[rows], self.chunk_work[rows])
 
     def next_step(self, step: np.ndarray, rows) -> np.ndarray:
         """One step at `rows` starting at some moment, with the prefill arriving there on top of
         what is queued (predictor.next_step_with_prefill, inflow.Inflow.arriving)."""
         if self.inflow is None:
             return step
-        queued_work = chunked_parts(self.col, self.col.queued, 0)[1][rows]
-        return next_step_with_prefill(step, self.inflow.arriving(rows, queued_work), self._chunk_work(rows))
-
-    def _chunk_work(self, rows) -> np.ndarray:
-        """A full chunk's work at `rows`: c1 x its tokens past the kink + c2 x its attention."""
-        col = self.col
-        chunk = col.chunk[rows]
-        return col.c1[rows] * np.maximum(chunk - col.free[rows], 0) + col.c2[rows] * (chunk * chunk // 2)
+        return next_step_with_prefill(step, self.inflow.arriving(rows, self.queued_work[rows]), self.chunk_work[rows])
 
     def fetch(self, num_blocks: int, rates: Rates) -> np.ndarray:
         """TTFT of a worker holding none of the prompt that pulls num_blocks of it first."""
