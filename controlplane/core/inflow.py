@@ -28,7 +28,15 @@ The rate is the work of the requests dispatched there (their prediction's prefil
 summed with exponential decay over `window_s` and divided by that window: what arrived
 recently, as a rate. In the first window after the first dispatch the divisor is the time
 elapsed since (at least `window_s` / 4): a cold fleet overloaded from its first second shows it
-within half a second, not after the window has filled.
+within half a second, not after the window has filled. It is weighed by (n - 1) / n for the n
+requests the fleet was sent in it (decayed as the work is): the first of a stream only marks
+when the stream began, and n arrivals evidence n - 1 over the time they span (the rate's
+estimate from arrival times). The stream is the fleet's, which routing splits among the workers:
+eight requests in the first 0.1 s of a cold fleet are a stream though each worker has seen one
+(weighed per worker, the first seconds of the synthetic 2x run went unprotected and attainment
+fell to 85 %), while one long prompt on an idle fleet is none. Unweighed, one prompt of 2.3 s of
+work on an idle CPU worker read as 1.5 s of work per second, and its next request's TPOT was
+predicted at 23 s where it measured 1 ms (tests/security/test_worker_claims.py, 1 run in 8).
 Only this replica's dispatches count: with several replicas each sees its own share (the load
 reports and their TPOT calibration carry the rest).
 """
@@ -52,25 +60,27 @@ class Inflow:
     """The inflow of every row of a table at one moment."""
 
     rates: np.ndarray  # per row: seconds of prefill work arriving per second
-    per_work_s: float  # what one second of work dispatched now adds to a rate
+    per_work_s: np.ndarray  # per row: what one second of the work dispatched there counts for in its rate
 
     def arriving(self, rows, queued_work_s: np.ndarray) -> np.ndarray:
         """The rate at `rows` less the work still queued there (`queued_work_s`, per row of
         `rows`): the prefill that will come on top of what is queued (module docstring)."""
-        return np.maximum(self.rates[rows] - queued_work_s * self.per_work_s, 0.0)
+        return np.maximum(self.rates[rows] - queued_work_s * self.per_work_s[rows], 0.0)
 
 
 class PrefillInflow:
-    """Per-worker decayed sums of dispatched prefill work; `now`: seconds on one monotonic clock."""
+    """Per-worker decayed sums of dispatched prefill work, and the decayed number of dispatches
+    to the whole fleet; `now`: seconds on one monotonic clock."""
 
-    __slots__ = ("window_s", "_sums", "_origin", "_first_at", "_column")
+    __slots__ = ("window_s", "_sums", "_count", "_origin", "_first_at", "_column")
 
     def __init__(self, window_s: float = 2.0) -> None:
         if not window_s > 0:
             raise ValueError(f"window_s must be positive, got {window_s!r}")
         self.window_s = window_s
-        # Sums scaled to `_origin`: the decayed sum at time t is sum x exp(-(t - origin) / window).
+        # Scaled to `_origin`: the decayed sum at time t is the stored one x exp(-(t - origin) / window).
         self._sums: dict[WorkerId, float] = {}
+        self._count = 0.0
         self._origin = 0.0
         self._first_at: float | None = None
         self._column: tuple[dict[WorkerId, int], np.ndarray] | None = None  # (a table's row_of, its sums)
@@ -83,35 +93,28 @@ class PrefillInflow:
             self._first_at = self._origin = now
         if now - self._origin > _REBASE_AFTER * self.window_s:
             self._rebase(now)
-        scaled = work_s * math.exp((now - self._origin) / self.window_s)
-        self._sums[worker_id] = self._sums.get(worker_id, 0.0) + scaled
+        growth = math.exp((now - self._origin) / self.window_s)
+        self._sums[worker_id] = self._sums.get(worker_id, 0.0) + work_s * growth
+        self._count += growth
         if self._column is not None:
             row = self._column[0].get(worker_id)
             if row is None:
                 self._column = None
             else:
-                self._column[1][row] += scaled
+                self._column[1][row] += work_s * growth
 
     def forget(self, worker_id: WorkerId) -> None:
         if self._sums.pop(worker_id, None) is not None:
             self._column = None
 
-    def rate(self, worker_id: WorkerId, now: float) -> float:
-        """Seconds of prefill work arriving at `worker_id` per second."""
-        total = self._sums.get(worker_id)
-        return 0.0 if total is None else total * self._scale(now)
-
-    def per_work_s(self, now: float) -> float:
-        """What one second of work dispatched at `now` adds to a worker's rate (Inflow.arriving)."""
-        if self._first_at is None:
-            return 0.0
-        return 1.0 / self._divisor(now)
+    def rate(self, worker_id: WorkerId, now: float) -> tuple[float, float]:
+        """(seconds of prefill work arriving at `worker_id` per second, what one second of the
+        work dispatched there counts for in it: Inflow.per_work_s)."""
+        per_work = self._per_work_s(now)
+        return self._sums.get(worker_id, 0.0) * self._decay(now) * per_work, per_work
 
     def view(self, table: WorkerTable, now: float) -> Inflow:
-        return Inflow(self.column(table, now), self.per_work_s(now))
-
-    def column(self, table: WorkerTable, now: float) -> np.ndarray:
-        """`rate` of every row of `table` (tables of one set of workers share their rows)."""
+        """Every row of `table` (tables of one set of workers share their rows)."""
         if self._column is None or self._column[0] is not table.row_of:
             sums = np.zeros(len(table.views))
             for worker_id, total in self._sums.items():
@@ -119,14 +122,19 @@ class PrefillInflow:
                 if row is not None:
                     sums[row] = total
             self._column = (table.row_of, sums)
-        return self._column[1] * self._scale(now)
+        per_work = self._per_work_s(now)
+        return Inflow(self._column[1] * (self._decay(now) * per_work), np.full(len(table.views), per_work))
 
-    def _scale(self, now: float) -> float:
-        """What turns a stored sum into a rate at `now`: the decay since the origin over the window
-        (or the time elapsed since the first dispatch, while shorter)."""
+    def _decay(self, now: float) -> float:
+        return math.exp(-(now - self._origin) / self.window_s)
+
+    def _per_work_s(self, now: float) -> float:
+        """What one second of work dispatched now counts for in a rate: 1 / the divisor, times
+        (n - 1) / n for the n requests (decayed) the fleet was sent (module docstring)."""
         if self._first_at is None:
             return 0.0
-        return math.exp(-(now - self._origin) / self.window_s) / self._divisor(now)
+        n = self._count * self._decay(now)
+        return max(n - 1.0, 0.0) / n / self._divisor(now) if n > 0 else 0.0
 
     def _divisor(self, now: float) -> float:
         """The window, or the time since the first dispatch while shorter (at least a quarter
@@ -136,7 +144,8 @@ class PrefillInflow:
         return w * -math.expm1(-max(now - self._first_at, w / 4) / w)
 
     def _rebase(self, now: float) -> None:
-        factor = math.exp(-(now - self._origin) / self.window_s)
+        factor = self._decay(now)
         self._sums = {w: total * factor for w, total in self._sums.items() if total * factor > 1e-12}
+        self._count *= factor
         self._origin = now
         self._column = None

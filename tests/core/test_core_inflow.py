@@ -16,53 +16,70 @@ from kvplane.types import Role, WorkerId
 from tests.core.conftest import make_worker_view
 
 
+def decayed_count(n: int, interval_s: float, window_s: float) -> float:
+    """The decayed number of n dispatches `interval_s` apart, at the last one."""
+    return sum(math.exp(-k * interval_s / window_s) for k in range(n))
+
+
 def test_a_steady_stream_reads_as_its_rate_from_the_first_window_on():
     inflow = PrefillInflow(window_s=2.0)
     # 0.1 s of prefill work every 0.05 s: 2 s of work per second.
     for i in range(400):
         inflow.add(WorkerId("a"), 0.1, i * 0.05)
         if i in (20, 399):  # after 1 s (half a window) and after 20 s
-            assert inflow.rate(WorkerId("a"), i * 0.05) == pytest.approx(2.0, rel=0.06)
-    assert inflow.rate(WorkerId("b"), 20.0) == 0.0
+            assert inflow.rate(WorkerId("a"), i * 0.05)[0] == pytest.approx(2.0, rel=0.08)
+    assert inflow.rate(WorkerId("b"), 20.0)[0] == 0.0
 
 
 def test_the_rate_decays_once_the_stream_stops():
     inflow = PrefillInflow(window_s=2.0)
     for i in range(400):
         inflow.add(WorkerId("a"), 0.1, i * 0.05)
-    at_end = inflow.rate(WorkerId("a"), 20.0)
-    # A window later: e^-1 of it (the warm-up divisor has long reached the window by then).
-    assert inflow.rate(WorkerId("a"), 22.0) == pytest.approx(at_end * math.exp(-1), rel=1e-4)
-    assert inflow.rate(WorkerId("a"), 20.0 + 2.0 * 60) < 1e-20
+    at_end = inflow.rate(WorkerId("a"), 19.95)[0]
+    # A window later: e^-1 of the work (the warm-up divisor has long reached the window), and the
+    # dispatches evidencing it decay too: (n - 1) / n of e^-1 of them.
+    n = decayed_count(400, 0.05, 2.0)
+    evidence = (n * math.exp(-1) - 1) / (n * math.exp(-1)) / ((n - 1) / n)
+    assert inflow.rate(WorkerId("a"), 21.95)[0] == pytest.approx(at_end * math.exp(-1) * evidence, rel=1e-4)
+    assert inflow.rate(WorkerId("a"), 20.0 + 2.0 * 60)[0] < 1e-20
 
 
-def test_a_first_dispatch_is_not_read_as_a_burst():
-    """The divisor is at least a quarter window: one request right after the start is one
-    request's work over half a second, not over the microseconds since."""
+def test_one_request_is_no_stream_and_a_second_is_weighed_by_the_evidence():
+    """A stream's first request only marks when it began: n requests evidence (n - 1) / n of
+    their work's rate. The divisor is at least a quarter window: two requests right after the
+    start are their work over half a second, not over the microseconds since."""
     inflow = PrefillInflow(window_s=2.0)
-    inflow.add(WorkerId("a"), 0.2, 100.0)
-    assert inflow.rate(WorkerId("a"), 100.001) == pytest.approx(0.2 / (2.0 * -math.expm1(-0.25)), rel=1e-3)
+    inflow.add(WorkerId("a"), 2.3, 100.0)  # one long prompt on a slow worker
+    assert inflow.rate(WorkerId("a"), 100.001)[0] == 0.0
+    inflow.add(WorkerId("a"), 0.2, 100.1)
+    decay = math.exp(-0.1 / 2.0)  # the first, 0.1 s before
+    n = 1 + decay
+    expected = (2.3 * decay + 0.2) / (2.0 * -math.expm1(-0.25)) * (n - 1) / n
+    assert inflow.rate(WorkerId("a"), 100.1)[0] == pytest.approx(expected, rel=1e-9)
 
 
-def test_the_column_is_the_rate_per_table_row_and_follows_new_dispatches():
+def test_the_view_is_the_rate_per_table_row_and_follows_new_dispatches():
     inflow = PrefillInflow(window_s=1.0)
     table = WorkerTable([make_worker_view(w, Role.BOTH) for w in ("a", "b", "c")])
-    inflow.add(WorkerId("c"), 0.3, 5.0)
-    inflow.add(WorkerId("a"), 0.1, 5.5)
-    column = inflow.column(table, 6.0)
-    assert column.tolist() == pytest.approx([inflow.rate(WorkerId(w), 6.0) for w in ("a", "b", "c")])
-    inflow.add(WorkerId("b"), 0.2, 6.0)  # kept in the cached column, not rebuilt
-    assert inflow.column(table, 7.0)[1] == pytest.approx(inflow.rate(WorkerId("b"), 7.0))
+    for t in (4.0, 5.0):
+        inflow.add(WorkerId("c"), 0.3, t)
+        inflow.add(WorkerId("a"), 0.1, t + 0.5)
+    column = inflow.view(table, 6.0).rates
+    assert column.tolist() == pytest.approx([inflow.rate(WorkerId(w), 6.0)[0] for w in ("a", "b", "c")])
+    inflow.add(WorkerId("b"), 0.2, 6.0)  # kept in the cached columns, not rebuilt
+    inflow.add(WorkerId("b"), 0.2, 6.5)
+    assert inflow.view(table, 7.0).rates[1] == pytest.approx(inflow.rate(WorkerId("b"), 7.0)[0])
     inflow.forget(WorkerId("c"))
-    assert inflow.column(table, 7.0)[2] == 0.0
+    assert inflow.view(table, 7.0).rates[2] == 0.0
 
 
 def test_sums_stay_finite_over_a_long_run():
     inflow = PrefillInflow(window_s=0.1)
     for i in range(20000):  # 200 s, 2,000 windows: the stored sums are rebased as they go
         inflow.add(WorkerId("a"), 0.005, i * 0.01)
-    assert inflow.rate(WorkerId("a"), 199.99) == pytest.approx(0.5, rel=0.06)
-    assert all(math.isfinite(v) for v in inflow._sums.values())
+    n = decayed_count(20000, 0.01, 0.1)
+    assert inflow.rate(WorkerId("a"), 199.99)[0] == pytest.approx(0.5 * (n - 1) / n, rel=0.06)
+    assert all(math.isfinite(v) for v in inflow._sums.values()) and math.isfinite(inflow._count)
 
 
 def test_a_decode_shares_its_steps_with_the_prefill_arriving():
@@ -89,3 +106,16 @@ def test_tpot_predictions_count_the_workers_inflow_and_dispatches_record_their_w
     assert busy.prefill_work_s == pytest.approx(0.008)
     # TTFT does not change: the prefill arriving after it queues behind it.
     assert busy.ttft_s == quiet.ttft_s
+
+
+def test_the_evidence_of_a_stream_is_the_fleets():
+    """Eight requests in the first 0.1 s, one per worker, are a stream: each worker's rate counts
+    7/8 of its work (over the quarter-window divisor)."""
+    inflow = PrefillInflow(window_s=2.0)
+    for i in range(8):
+        inflow.add(WorkerId(f"w{i}"), 0.2, i * 0.0125)
+    now = 7 * 0.0125
+    n = sum(math.exp(-(now - i * 0.0125) / 2.0) for i in range(8))
+    expected = 0.2 * math.exp(-(now - 0.0) / 2.0) * (n - 1) / n / (2.0 * -math.expm1(-0.25))
+    assert inflow.rate(WorkerId("w0"), now)[0] == pytest.approx(expected, rel=1e-9)
+    assert inflow.rate(WorkerId("w0"), now)[0] > 0.35
