@@ -302,8 +302,7 @@ def _worker_seconds(table: WorkerTable, rows, col: Columns) -> np.ndarray:
     in_flight = col.c0 + col.c3 * running + col.c4 * table.context[rows]
     steps, queued_work = chunked_parts(col, col.queued, 0)
     queue = np.where((running > 0) | (col.queued > 0), in_flight / 2, 0.0) + steps + queued_work
-    chunk_work = col.c1 * np.maximum(col.chunk - col.free, 0) + col.c2 * (col.chunk * col.chunk // 2)
-    return np.stack((queue, queued_work, chunk_work))
+    return np.stack((queue, queued_work, chunked_parts(col, col.chunk, 0)[1]))
 
 
 def chunked_seconds(col: Columns, num_tokens, num_cached) -> np.ndarray:
