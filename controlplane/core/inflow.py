@@ -33,8 +33,8 @@ requests the fleet was sent in it (decayed as the work is): the first of a strea
 when the stream began, and n arrivals evidence n - 1 over the time they span (the rate's
 estimate from arrival times). The stream is the fleet's, which routing splits among the workers:
 eight requests in the first 0.1 s of a cold fleet are a stream though each worker has seen one
-(weighed per worker, the first seconds of the synthetic 2x run went unprotected and attainment
-fell to 85 %), while one long prompt on an idle fleet is none. Unweighed, one prompt of 2.3 s of
+(weighed per worker, the first seconds of a synthetic run at 66.72 requests/s on 8 workers, 2x
+their capacity, went unprotected and attainment fell to 85 %, against 98 % fleet-wide), while one long prompt on an idle fleet is none. Unweighed, one prompt of 2.3 s of
 work on an idle CPU worker read as 1.5 s of work per second, and its next request's TPOT was
 predicted at 23 s where it measured 1 ms (tests/security/test_worker_claims.py, 1 run in 8).
 Only this replica's dispatches count: with several replicas each sees its own share (the load
@@ -60,12 +60,12 @@ class Inflow:
     """The inflow of every row of a table at one moment."""
 
     rates: np.ndarray  # per row: seconds of prefill work arriving per second
-    per_work_s: np.ndarray  # per row: what one second of the work dispatched there counts for in its rate
+    per_work_s: float  # what one second of work dispatched now counts for in a rate
 
     def arriving(self, rows, queued_work_s: np.ndarray) -> np.ndarray:
         """The rate at `rows` less the work still queued there (`queued_work_s`, per row of
         `rows`): the prefill that will come on top of what is queued (module docstring)."""
-        return np.maximum(self.rates[rows] - queued_work_s * self.per_work_s[rows], 0.0)
+        return np.maximum(self.rates[rows] - queued_work_s * self.per_work_s, 0.0)
 
 
 class PrefillInflow:
@@ -107,11 +107,9 @@ class PrefillInflow:
         if self._sums.pop(worker_id, None) is not None:
             self._column = None
 
-    def rate(self, worker_id: WorkerId, now: float) -> tuple[float, float]:
-        """(seconds of prefill work arriving at `worker_id` per second, what one second of the
-        work dispatched there counts for in it: Inflow.per_work_s)."""
-        per_work = self._per_work_s(now)
-        return self._sums.get(worker_id, 0.0) * self._decay(now) * per_work, per_work
+    def rate(self, worker_id: WorkerId, now: float) -> float:
+        """Seconds of prefill work arriving at `worker_id` per second."""
+        return self._sums.get(worker_id, 0.0) * self._decay(now) * self.per_work_s(now)
 
     def view(self, table: WorkerTable, now: float) -> Inflow:
         """Every row of `table` (tables of one set of workers share their rows)."""
@@ -122,13 +120,13 @@ class PrefillInflow:
                 if row is not None:
                     sums[row] = total
             self._column = (table.row_of, sums)
-        per_work = self._per_work_s(now)
-        return Inflow(self._column[1] * (self._decay(now) * per_work), np.full(len(table.views), per_work))
+        per_work = self.per_work_s(now)
+        return Inflow(self._column[1] * (self._decay(now) * per_work), per_work)
 
     def _decay(self, now: float) -> float:
         return math.exp(-(now - self._origin) / self.window_s)
 
-    def _per_work_s(self, now: float) -> float:
+    def per_work_s(self, now: float) -> float:
         """What one second of work dispatched now counts for in a rate: 1 / the divisor, times
         (n - 1) / n for the n requests (decayed) the fleet was sent (module docstring)."""
         if self._first_at is None:

@@ -361,8 +361,9 @@ class Planner:
         `fetch`: (tokens, seconds) of the router's fetch when the option is the router's own."""
         decode_view, prefill_view = pool.get(option.decode_worker), pool.get(option.prefill_worker)
         assert decode_view is not None and prefill_view is not None  # options come from the pool
-        decode = WorkerPerf.of(decode_view, *self.inflow.rate(option.decode_worker, now))
-        prefill = WorkerPerf.of(prefill_view, *self.inflow.rate(option.prefill_worker, now))
+        inflow, per_work_s = self.inflow, self.inflow.per_work_s(now)
+        decode = WorkerPerf.of(decode_view, inflow.rate(option.decode_worker, now), per_work_s)
+        prefill = WorkerPerf.of(prefill_view, inflow.rate(option.prefill_worker, now), per_work_s)
         prompt = len(request.prompt_token_ids)
 
         def num_held(worker_id: WorkerId) -> int:

@@ -62,7 +62,7 @@ class WorkerPerf:
     max_num_seqs: int = 0  # 0 = no slot limit known
     decodes: bool = True  # False: a prefill-only worker (its waiting requests leave after prefill)
     prefill_inflow: float = 0.0  # seconds of prefill work arriving per second (inflow.py)
-    inflow_per_work_s: float = 0.0  # what one second of work dispatched now adds to it (Inflow.per_work_s)
+    inflow_per_work_s: float = 0.0  # what one second of work dispatched now counts for in it (Inflow.per_work_s)
 
     @classmethod
     def of(cls, view: WorkerView, prefill_inflow: float = 0.0, inflow_per_work_s: float = 0.0) -> WorkerPerf:

@@ -27,21 +27,21 @@ def test_a_steady_stream_reads_as_its_rate_from_the_first_window_on():
     for i in range(400):
         inflow.add(WorkerId("a"), 0.1, i * 0.05)
         if i in (20, 399):  # after 1 s (half a window) and after 20 s
-            assert inflow.rate(WorkerId("a"), i * 0.05)[0] == pytest.approx(2.0, rel=0.08)
-    assert inflow.rate(WorkerId("b"), 20.0)[0] == 0.0
+            assert inflow.rate(WorkerId("a"), i * 0.05) == pytest.approx(2.0, rel=0.08)
+    assert inflow.rate(WorkerId("b"), 20.0) == 0.0
 
 
 def test_the_rate_decays_once_the_stream_stops():
     inflow = PrefillInflow(window_s=2.0)
     for i in range(400):
         inflow.add(WorkerId("a"), 0.1, i * 0.05)
-    at_end = inflow.rate(WorkerId("a"), 19.95)[0]
+    at_end = inflow.rate(WorkerId("a"), 19.95)
     # A window later: e^-1 of the work (the warm-up divisor has long reached the window), and the
     # dispatches evidencing it decay too: (n - 1) / n of e^-1 of them.
     n = decayed_count(400, 0.05, 2.0)
     evidence = (n * math.exp(-1) - 1) / (n * math.exp(-1)) / ((n - 1) / n)
-    assert inflow.rate(WorkerId("a"), 21.95)[0] == pytest.approx(at_end * math.exp(-1) * evidence, rel=1e-4)
-    assert inflow.rate(WorkerId("a"), 20.0 + 2.0 * 60)[0] < 1e-20
+    assert inflow.rate(WorkerId("a"), 21.95) == pytest.approx(at_end * math.exp(-1) * evidence, rel=1e-4)
+    assert inflow.rate(WorkerId("a"), 20.0 + 2.0 * 60) < 1e-20
 
 
 def test_one_request_is_no_stream_and_a_second_is_weighed_by_the_evidence():
@@ -50,12 +50,12 @@ def test_one_request_is_no_stream_and_a_second_is_weighed_by_the_evidence():
     start are their work over half a second, not over the microseconds since."""
     inflow = PrefillInflow(window_s=2.0)
     inflow.add(WorkerId("a"), 2.3, 100.0)  # one long prompt on a slow worker
-    assert inflow.rate(WorkerId("a"), 100.001)[0] == 0.0
+    assert inflow.rate(WorkerId("a"), 100.001) == 0.0
     inflow.add(WorkerId("a"), 0.2, 100.1)
     decay = math.exp(-0.1 / 2.0)  # the first, 0.1 s before
     n = 1 + decay
     expected = (2.3 * decay + 0.2) / (2.0 * -math.expm1(-0.25)) * (n - 1) / n
-    assert inflow.rate(WorkerId("a"), 100.1)[0] == pytest.approx(expected, rel=1e-9)
+    assert inflow.rate(WorkerId("a"), 100.1) == pytest.approx(expected, rel=1e-9)
 
 
 def test_the_view_is_the_rate_per_table_row_and_follows_new_dispatches():
@@ -65,10 +65,10 @@ def test_the_view_is_the_rate_per_table_row_and_follows_new_dispatches():
         inflow.add(WorkerId("c"), 0.3, t)
         inflow.add(WorkerId("a"), 0.1, t + 0.5)
     column = inflow.view(table, 6.0).rates
-    assert column.tolist() == pytest.approx([inflow.rate(WorkerId(w), 6.0)[0] for w in ("a", "b", "c")])
+    assert column.tolist() == pytest.approx([inflow.rate(WorkerId(w), 6.0) for w in ("a", "b", "c")])
     inflow.add(WorkerId("b"), 0.2, 6.0)  # kept in the cached columns, not rebuilt
     inflow.add(WorkerId("b"), 0.2, 6.5)
-    assert inflow.view(table, 7.0).rates[1] == pytest.approx(inflow.rate(WorkerId("b"), 7.0)[0])
+    assert inflow.view(table, 7.0).rates[1] == pytest.approx(inflow.rate(WorkerId("b"), 7.0))
     inflow.forget(WorkerId("c"))
     assert inflow.view(table, 7.0).rates[2] == 0.0
 
@@ -78,7 +78,7 @@ def test_sums_stay_finite_over_a_long_run():
     for i in range(20000):  # 200 s, 2,000 windows: the stored sums are rebased as they go
         inflow.add(WorkerId("a"), 0.005, i * 0.01)
     n = decayed_count(20000, 0.01, 0.1)
-    assert inflow.rate(WorkerId("a"), 199.99)[0] == pytest.approx(0.5 * (n - 1) / n, rel=0.06)
+    assert inflow.rate(WorkerId("a"), 199.99) == pytest.approx(0.5 * (n - 1) / n, rel=0.06)
     assert all(math.isfinite(v) for v in inflow._sums.values()) and math.isfinite(inflow._count)
 
 
@@ -117,5 +117,5 @@ def test_the_evidence_of_a_stream_is_the_fleets():
     now = 7 * 0.0125
     n = sum(math.exp(-(now - i * 0.0125) / 2.0) for i in range(8))
     expected = 0.2 * math.exp(-(now - 0.0) / 2.0) * (n - 1) / n / (2.0 * -math.expm1(-0.25))
-    assert inflow.rate(WorkerId("w0"), now)[0] == pytest.approx(expected, rel=1e-9)
-    assert inflow.rate(WorkerId("w0"), now)[0] > 0.35
+    assert inflow.rate(WorkerId("w0"), now) == pytest.approx(expected, rel=1e-9)
+    assert inflow.rate(WorkerId("w0"), now) > 0.35

@@ -135,7 +135,7 @@ def test_a_finished_request_calibrates_the_next_prediction(index, worker_view, r
     second = p.plan(route_request(OTHER_40, max_tokens=4), cluster, NO_SETTINGS, now=0.2)
     assert second.prediction.ttft_s == pytest.approx(0.0514) and second.prediction.ttft_offset_s == pytest.approx(0.05)
     # TPOT unchanged: one request routed there is no stream of prefill yet (inflow.py).
-    assert p.inflow.rate(WorkerId("w"), 0.2) == (0.0, 0.0)
+    assert p.inflow.rate(WorkerId("w"), 0.2) == 0.0
     assert second.prediction.tpot_s == pytest.approx(first.prediction.tpot_s)
 
 

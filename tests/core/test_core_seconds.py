@@ -194,13 +194,13 @@ def test_a_worker_taking_more_prefill_predicts_a_slower_tpot(worker_view, index)
 
     workers = [view(worker_view, "a"), view(worker_view, "b")]
     request = RouteRequest("m", PROMPT_40, 16, DisaggMode.NEVER)
-    inflow = Inflow(np.array([0.0, 0.5]), np.zeros(2))  # per row of the workers' table, in their order
+    inflow = Inflow(np.array([0.0, 0.5]), 0.0)  # per row of the workers' table, in their order
     d = make_router().route(request, workers, index, NOW, objective=Objective(ttft_ms=2000.0, tpot_ms=20.0), prefill_inflow=inflow)
     assert d.decode_worker == "a"
     assert (breakdown(d, "a").tpot_s, breakdown(d, "b").tpot_s) == (pytest.approx(0.012), pytest.approx(0.024))
     assert breakdown(d, "b").meets is False
     # Beyond its capacity every step carries a chunk: 12 ms + 2,048 tokens x 1 ms.
-    d = make_router().route(request, workers, index, NOW, prefill_inflow=Inflow(np.array([0.0, 1.5]), np.zeros(2)))
+    d = make_router().route(request, workers, index, NOW, prefill_inflow=Inflow(np.array([0.0, 1.5]), 0.0))
     assert breakdown(d, "b").tpot_s == pytest.approx(0.012 + 2.048)
 
 
@@ -217,7 +217,7 @@ def test_when_none_meets_the_objectives_the_least_ttft_wins(worker_view, index, 
     # a: TTFT 50 ms misses 40, TPOT 12 meets 25. b holds 32 tokens: TTFT 10 + 8 = 18 ms meets, but
     # prefill arriving there at 0.8 s/s stretches its TPOT to 12 / 0.2 = 60 ms, a worse miss by ratio.
     objective = Objective(ttft_ms=40.0, tpot_ms=25.0)
-    d = make_router().route(request, workers, index, NOW, objective=objective, prefill_inflow=Inflow(np.array([0.0, 0.8]), np.zeros(2)))
+    d = make_router().route(request, workers, index, NOW, objective=objective, prefill_inflow=Inflow(np.array([0.0, 0.8]), 0.0))
     assert (breakdown(d, "a").meets, breakdown(d, "b").meets) == (False, False)
     assert breakdown(d, "b").tpot_s == pytest.approx(0.060)
     assert d.decode_worker == "b"

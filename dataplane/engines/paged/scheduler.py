@@ -2,9 +2,9 @@
 
 Rule: requests are admitted first come first served (by when they reached the worker,
 EngineRequest.queued_since: a disaggregated request submitted once its KV is in takes the place
-it had on arrival) while fewer than max_num_seqs run and the
-pool can reserve every block the request can ever need, ceil((prompt + max_tokens) / block_size)
-(prompt only for prefill_only), minus the blocks of its cached prefix; the head of the queue
+it had on arrival) while fewer than max_num_seqs run and the pool can reserve every block the
+request can ever need, ceil((prompt + max_tokens) / block_size) (prompt only for
+prefill_only), minus the blocks of its cached prefix; the head of the queue
 waits rather than being overtaken, and nothing is ever preempted. A request whose next prefix
 blocks a running request is prefilling now waits until they are registered and reuses them instead
 of computing them again (SGLang's in-batch prefix caching holds such a request back the same way):
@@ -17,7 +17,8 @@ prefill continues after them. A request whose load is in flight holds its seat a
 joins the batch only once its blocks are in, so the running requests never wait for another
 request's copy; cancelled mid-load, its blocks are released when the copy stops (never while a
 copy may still write them). Each step spends max_num_batched_tokens: one token per decoding
-request first, then prompt chunks in order of arrival (queued_since). A full block is registered in the prefix cache in the step its KV is written.
+request first, then prompt chunks in order of arrival (queued_since). A full block is
+registered in the prefix cache in the step its KV is written.
 `step_features` gives a planned step's shape (kvplane.latency's step-time features), what a step
 costs in any engine that runs these chunks.
 """
@@ -28,6 +29,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any, Protocol
 
 from kvplane.block_hash import chain_hash, root_hash
@@ -115,10 +117,6 @@ class ScheduledChunk:
     def completes_known_tokens(self) -> bool:
         """After this chunk every known token has KV, so the last position's logits are due."""
         return self.start + self.num_tokens == len(self.seq.token_ids)
-
-
-def _queued_since(seq: RequestState) -> float:
-    return seq.queued_since
 
 
 def step_features(chunks: list[ScheduledChunk]) -> tuple[int, int, int, int]:
@@ -367,7 +365,7 @@ class Scheduler:
                 budget -= 1
         # Prompt chunks by arrival at the worker: a request that came before another prefills
         # before it even when it was admitted after it (its KV came from a remote prefill).
-        prefilling = sorted((seq for seq in self.running if seq.is_prefilling), key=_queued_since)
+        prefilling = sorted((seq for seq in self.running if seq.is_prefilling), key=attrgetter("queued_since"))
         for seq in prefilling:
             if budget > 0:
                 n = min(seq.num_prompt_tokens - seq.num_computed_tokens, budget)
