@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from kvplane.dataplane import engines
 from kvplane.dataplane.engines.reference.config import EngineConfig
 from kvplane.dataplane.engines.registry import EngineSettings
+from kvplane.dataplane.transport.nixl import PROGRESS_DELAY_US
 from kvplane.types import Role
 
 
@@ -21,6 +22,7 @@ class AgentConfig:
     engine_name: str = engines.DEFAULT_ENGINE  # which engine (dataplane/engines/registry.py)
     engine: EngineSettings = field(default_factory=EngineConfig)  # that engine's config dataclass
     transports: tuple[str, ...] = ()  # empty = every available transport, best first
+    nixl_progress_delay_us: int = PROGRESS_DELAY_US  # NIXL's progress thread's wait between polls
     # What the engine runs on, as the control plane groups workers priced with one step-time
     # model ("" = what the engine says: the reference engine its device, the sim its GPU; vLLM
     # and SGLang say nothing, and then workers of one model and layout are grouped).
@@ -59,6 +61,8 @@ class AgentConfig:
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.nixl_progress_delay_us < 0:
+            raise ValueError(f"nixl_progress_delay_us must be >= 0 (0 = poll without waiting), got {self.nixl_progress_delay_us}")
         if self.lease_ttl_s != 0 and not 2 <= self.lease_ttl_s <= 3600:
             raise ValueError(f"lease_ttl_s must be 0 (the control plane's default) or 2..3600 seconds, got {self.lease_ttl_s}")
         engines.check_config(self.engine_name, self.engine)

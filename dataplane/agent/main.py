@@ -55,6 +55,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--transports", default="", help="comma-separated KV transports, best first: nixl, grpc (nixl only when it imports and UCX starts) "
                         "(default: all available)")  # fmt: skip
     parser.add_argument(
+        "--nixl-progress-delay-us",
+        type=int,
+        default=a.nixl_progress_delay_us,
+        metavar="US",
+        help="microseconds NIXL's progress thread waits for UCX events between polls; 0 polls without waiting, as NIXL's "
+        "Python wrapper does, and keeps a core busy per agent (default %(default)s)",
+    )
+    parser.add_argument(
         "--pin-timeout",
         type=float,
         default=a.pin_timeout_s,
@@ -103,6 +111,7 @@ def config_from_args(args: argparse.Namespace, certificate_name: str = "") -> Ag
         engine_name=args.engine,
         engine=engine,
         transports=tuple(t for t in args.transports.split(",") if t),
+        nixl_progress_delay_us=args.nixl_progress_delay_us,
         hardware=args.hardware,
         link_gb_per_s=args.link_gb_per_s,
         lease_ttl_s=args.lease_ttl,

@@ -115,9 +115,8 @@ class AgentServer:
             raise ValueError(f"KV transports {unknown} are not available here; available: {available}")
         if "nixl" in names and self.credentials.tls:
             log.warning("KV blocks moved over nixl (UCX) are not encrypted or authenticated by kvplane's TLS; see docs/security.md")
-        transports = {
-            name: make_transport(name, kv.pool, agent_name=config.worker_id, credentials=self._peer_credentials) for name in names
-        }
+        options = {"grpc": {"credentials": self._peer_credentials}, "nixl": {"progress_delay_us": config.nixl_progress_delay_us}}
+        transports = {name: make_transport(name, kv.pool, agent_name=config.worker_id, **options[name]) for name in names}
         link = kv.modeled_link
         if link is not None:  # a simulated engine: its KV crosses a modeled link (dataplane/transport/modeled.py)
             transports = {name: ModeledLinkTransport(t, link) for name, t in transports.items()}

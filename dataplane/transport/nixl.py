@@ -19,6 +19,8 @@ import functools
 import logging
 import os
 import secrets
+import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -85,11 +87,20 @@ def _import_nixl():
     return nixl
 
 
-def _create_agent(name: str):
+# How long NIXL's progress thread waits for UCX events between two polls, microseconds. NIXL's
+# Python wrapper (nixl 1.5.1, nixl/_api.py) sets it to 0: the thread polls without waiting and
+# keeps a whole core busy per agent, idle or not (measured here: 1.00 core idle at 0, 0.02 at
+# 1,000). A transfer's initiator polls its own READ's state, so the wait delays no pull.
+PROGRESS_DELAY_US = 1000
+_creating = threading.Lock()  # the wrapper's binding is swapped for the duration of one creation
+
+
+def _create_agent(name: str, progress_delay_us: int = PROGRESS_DELAY_US):
     """A NIXL agent with the UCX backend, or TransportUnavailableError saying why not."""
     nixl = _import_nixl()
     try:
-        agent = nixl.nixl_agent(name, nixl.nixl_agent_config(enable_prog_thread=True, backends=[]))
+        with _creating:
+            agent = _agent_with_progress_delay(nixl, name, progress_delay_us)
     except Exception as e:
         raise TransportUnavailableError(f"creating a NIXL agent failed: {type(e).__name__}: {e}") from None
     plugins = agent.get_plugin_list()
@@ -100,6 +111,34 @@ def _create_agent(name: str):
     except Exception as e:
         raise TransportUnavailableError(f"creating the NIXL {BACKEND} backend failed: {type(e).__name__}: {e}") from None
     return agent
+
+
+def _agent_with_progress_delay(nixl, name: str, progress_delay_us: int):
+    """nixl.nixl_agent(name, ...) with its progress thread waiting `progress_delay_us` between
+    polls. The wrapper builds the binding's config itself and passes it to the binding's
+    nixlAgent, so that one call is wrapped here to set pthrDelay on the way (a wrapper without
+    that binding gets NIXL's own setting, with a warning)."""
+    config = nixl.nixl_agent_config(enable_prog_thread=True, backends=[])
+    api = sys.modules.get("nixl._api")
+    binding = getattr(api, "nixlBind", None)
+    if binding is None or not hasattr(binding, "nixlAgent"):
+        log.warning("this nixl wrapper has no nixlBind.nixlAgent: its progress thread keeps NIXL's own delay")
+        return nixl.nixl_agent(name, config)
+
+    class _WithDelay:
+        def __getattr__(self, attr: str):
+            return getattr(binding, attr)
+
+        @staticmethod
+        def nixlAgent(agent_name, agent_config):  # noqa: N802 (the binding's name)
+            agent_config.pthrDelay = progress_delay_us
+            return binding.nixlAgent(agent_name, agent_config)
+
+    api.nixlBind = _WithDelay()
+    try:
+        return nixl.nixl_agent(name, config)
+    finally:
+        api.nixlBind = binding
 
 
 @functools.cache
@@ -143,7 +182,10 @@ class NixlTransport:
         agent_name: str = "",
         timeout_s: float = 60.0,
         max_poll_interval_s: float = 0.002,
+        progress_delay_us: int = PROGRESS_DELAY_US,
     ) -> None:
+        if progress_delay_us < 0:
+            raise ValueError(f"progress_delay_us must be >= 0 (0 = NIXL polls without waiting), got {progress_delay_us}")
         check_pool(pool)
         self._pool = pool
         self._timeout_s = timeout_s
@@ -154,7 +196,7 @@ class NixlTransport:
         self._base_address = buffer.data_ptr()
         self.agent_name = f"{agent_name or 'kvplane'}-{os.getpid()}-{secrets.token_hex(4)}"
         started = time.perf_counter()
-        self._agent = _create_agent(self.agent_name)
+        self._agent = _create_agent(self.agent_name, progress_delay_us)
         try:
             self._registration = self._agent.register_memory(
                 [(self._base_address, pool.num_blocks * pool.block_nbytes, self._device_id, "")], self._mem_type

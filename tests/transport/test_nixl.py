@@ -164,3 +164,25 @@ def test_a_process_with_a_ucx_agent_exits_cleanly_beside_the_system_rdma_librari
         ctypes.CDLL("libefa.so.1")  # what pulled the system rdma-core in (ibverbs-providers)
     except OSError:
         pytest.skip("passed, but without the system RDMA libraries it proves little: run `make rdma`")
+
+
+def test_an_idle_transport_leaves_the_cores_alone(local_transport):
+    """NIXL's Python wrapper makes its progress thread poll without waiting: a whole core per
+    agent, idle or not (every reference-engine agent of a fleet, and of this suite). The
+    transport makes it wait for UCX events between polls (PROGRESS_DELAY_US)."""
+    import resource
+    import time
+
+    def cpu_s() -> float:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return usage.ru_utime + usage.ru_stime
+
+    before, started = cpu_s(), time.monotonic()
+    time.sleep(1.0)
+    cores = (cpu_s() - before) / (time.monotonic() - started)
+    assert cores < 0.25, f"this process (one idle NIXL agent, the test asleep) used {cores:.2f} cores"
+
+
+def test_a_negative_progress_delay_is_refused():
+    with pytest.raises(ValueError, match="progress_delay_us must be >= 0"):
+        NixlTransport(empty_pool(LAYOUT, num_blocks=4), progress_delay_us=-1)
