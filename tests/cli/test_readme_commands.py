@@ -6,9 +6,12 @@ joined, comments and a trailing `&` dropped) and checked against the real CLI:
   and the benchmarks' included), so a renamed or removed flag fails here;
 - each subcommand named answers `--help` in a real `kvplane` process;
 - those that need no cluster run as pasted in a real process and must exit 0: `kvplane sim`,
-  `kvplane plan`, `kvplane certs ca`, and `kvplane --version` from the prose.
-The rest need a running cluster or an engine server (generate, workers, up, bench, agent, ...):
-parsing is what is checked of them here; the cluster tests run them.
+  `kvplane plan`, `kvplane certs ca`, and `kvplane --version` from the prose;
+- the "Using it" block runs as pasted, in order, against the cluster its own `kvplane up ... &`
+  starts (each command must exit 0); its lines that run for minutes or until stopped are listed
+  in USING_IT_ELSEWHERE with the test that runs them, and a new line must be put in one or the other.
+The rest need an engine server or another host (vLLM, SGLang, a deployment's TLS files): parsing
+is what is checked of them here.
 """
 
 from __future__ import annotations
@@ -17,8 +20,11 @@ import argparse
 import contextlib
 import importlib
 import io
+import os
 import re
 import shlex
+import signal
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -99,3 +105,68 @@ def test_readme_commands_that_need_no_cluster_run_as_pasted(argv, tmp_path):
 def test_kvplane_version_prints_the_installed_version():
     done = run_kvplane("--version")
     assert done.returncode == 0 and re.fullmatch(r"kvplane \S+\n", done.stdout), (done.stdout, done.stderr)
+
+
+USING_IT = REPO_ROOT / "README.md"
+# Lines of the "Using it" block not run by test_the_using_it_block_runs_as_pasted, and why.
+USING_IT_ELSEWHERE = {
+    "kvplane certs ca": "needs no cluster: test_readme_commands_that_need_no_cluster_run_as_pasted",
+    "kvplane sim": "needs no cluster: test_readme_commands_that_need_no_cluster_run_as_pasted",
+    "kvplane bench transfer": "starts its own clusters, ~30 s: tests/agent/test_agent_transfer.py runs the transports",
+    "kvplane bench tiers": "minutes: tests/bench/test_bench_tiers_overlap.py runs it small",
+    "kvplane bench prefix": "about 15 min: tests/cli/test_bench_prefix.py runs it small",
+    "kvplane bench routing": "about 2.5 min: tests/bench/test_bench_routing.py runs it small",
+    "kvplane up --engine sim": "serves until stopped (a second cluster): tests/sim/test_sim_agents.py starts it",
+}
+
+
+def using_it_lines() -> list[str]:
+    """The shell lines of the README's "Using it" block, comments dropped."""
+    text = USING_IT.read_text()
+    block = SHELL_BLOCK.search(text, text.index("## Using it")).group(1)
+    return [line.split("  #")[0].strip() for line in block.replace("\\\n", " ").splitlines() if line.strip()]
+
+
+def _elsewhere(line: str) -> str | None:
+    return next((why for start, why in USING_IT_ELSEWHERE.items() if line.startswith(start)), None)
+
+
+def test_the_using_it_block_runs_as_pasted(tmp_path):
+    lines = using_it_lines()
+    activate, start = lines[:2]
+    assert activate == ". .venv/bin/activate" and start.startswith("kvplane up ") and start.endswith("&"), lines[:2]
+    script = [line for line in lines[2:] if _elsewhere(line) is None]
+    assert {"kvplane wait", "kvplane top", "kvplane workers --json"} <= set(script), script
+    with open(tmp_path / "up.log", "w") as log:
+        up = subprocess.Popen(["bash", "-c", f"{activate} && exec {start.removesuffix('&')}"], cwd=REPO_ROOT,
+                              stdout=log, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    try:
+        for line in script:
+            command = ["bash", "-c", f"{activate} && exec {line}"]
+            if line == "kvplane top":  # live until Ctrl-C: its first refresh, then the interrupt
+                top = subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                shown = ""
+                for row in iter(top.stdout.readline, ""):  # until its table lists a worker (the suite's timeout bounds it)
+                    shown += row
+                    if "decode-0" in row:
+                        break
+                top.send_signal(signal.SIGINT)
+                rest, err = top.communicate(timeout=30)
+                assert top.returncode == 130 and "decode-0" in shown, (top.returncode, shown + rest, err)
+                continue
+            done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=180)
+            assert done.returncode == 0, f"`{line}` exited {done.returncode}: {done.stdout[-1000:]}{done.stderr[-2000:]}"
+    finally:
+        os.killpg(up.pid, signal.SIGTERM)
+        try:
+            up.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(up.pid, signal.SIGKILL)
+            up.wait()
+    assert up.returncode == 0, f"`{start}` exited {up.returncode}: {(tmp_path / 'up.log').read_text()[-2000:]}"
+
+
+def test_each_line_the_using_it_test_leaves_out_is_in_the_readme():
+    lines = using_it_lines()
+    stale = [start for start in USING_IT_ELSEWHERE if not any(line.startswith(start) for line in lines)]
+    assert not stale, f"USING_IT_ELSEWHERE names lines the README no longer has: {stale}"
