@@ -7,14 +7,14 @@ STAMP := $(VENV)/.installed
 .PHONY: demo test test-fast chaos test-engines engines-env lint format env test-env etcd rdma kubectl prometheus protos clean
 
 # The tests need every extra (`[test]` names them); the demo only a control plane and reference-engine agents.
-$(STAMP): pyproject.toml setup.py kvplane/_native.c
+$(STAMP): pyproject.toml setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test]'
 	touch $(STAMP)
 
 DEMO_STAMP := $(VENV)/.installed-demo
-$(DEMO_STAMP): pyproject.toml setup.py kvplane/_native.c
+$(DEMO_STAMP): pyproject.toml setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[server,reference]'
@@ -111,4 +111,4 @@ protos: env
 	$(PY) -m kvplane.apps.protogen
 
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache build kvplane/_native.*.so
+	rm -rf $(VENV) *.egg-info .pytest_cache build

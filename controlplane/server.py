@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from kvplane import native, telemetry, tickets
+from kvplane import telemetry, tickets
 from kvplane.controlplane import access, gc_tuning, observe, secrets
 from kvplane.controlplane.client_service import AgentStubs, ClientService
 from kvplane.controlplane.cluster_state import ClusterState
@@ -98,7 +98,6 @@ class ControlPlane:
             "control plane serving on %s:%d (store %s, %s, %d bearer tokens)",
             config.host, self.port, config.store, self.security.credentials.describe(), len(self.security.tokens),
         )  # fmt: skip
-        log.info("routing kernels: %s", native.status())
         if self.config.http_port >= 0:
             from kvplane.controlplane.http.guard import BodyLimits
             from kvplane.controlplane.http.server import HttpFace, loopback_address

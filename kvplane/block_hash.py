@@ -16,7 +16,6 @@ import sys
 from array import array
 from collections.abc import Sequence
 
-from kvplane import native
 from kvplane.types import BlockHash
 
 HASH_BYTES = 16
@@ -48,8 +47,6 @@ def _packed(token_ids: Sequence[int], block_size: int) -> bytes:
     if block_size <= 0:
         raise ValueError(f"block_size must be positive, got {block_size}")
     count = len(token_ids) // block_size * block_size
-    if native.pack_uint32 is not None:
-        return native.pack_uint32(token_ids, count)
     packed = array("I", token_ids[:count])
     if sys.byteorder != "little":
         packed.byteswap()

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvplane import native
 from kvplane.controlplane.core.index import OverlapScore
 from kvplane.controlplane.core.params import check_numbers, param
 from kvplane.controlplane.core.pool import WorkerPool, WorkerTable
@@ -172,23 +171,7 @@ def _cost_columns(
     matched: np.ndarray | None,
     credit: np.ndarray | None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(cost, cached tokens) of each of `rows`: compiled (kvplane/_native.c) where it is built,
-    else these array operations, the reference it is tested against."""
-    if native.price_rows is not None:
-        cost, cached_tokens = np.empty(len(rows)), np.empty(len(rows), np.int64)
-        native.price_rows(
-            table.queued,
-            table.used,
-            table.block_size,
-            np.ascontiguousarray(rows, np.int64),  # itself for a pool's rows; the kernel reads int64 only
-            matched,
-            credit,
-            num_prompt_tokens,
-            config.prefill_load_scale,
-            cost,
-            cached_tokens,
-        )
-        return cost, cached_tokens
+    """(cost, cached tokens) of each of `rows`."""
     block_size, queued, used = table.block_size[rows], table.queued[rows], table.used[rows]
     num_prompt_blocks = -(-num_prompt_tokens // block_size)
     uncovered = -(-queued // block_size) + num_prompt_blocks - (credit if credit is not None else 0.0)
@@ -199,14 +182,7 @@ def _cost_columns(
 
 def _score_columns(config: CostConfig, workers: WorkerPool, overlaps: Mapping[WorkerId, OverlapScore]) -> tuple[np.ndarray, np.ndarray]:
     """Per worker of the pool: matched blocks and credit; 0 for a worker without a score.
-    Compiled (kvplane/_native.c) where it is built, else per distinct score (a hot prefix's
-    holders share one), the reference it is tested against."""
-    n = len(workers)
-    if native.score_columns is not None:
-        matched, credit = np.empty(n, np.int64), np.empty(n)
-        weights = {Tier.DEVICE: config.overlap_weight_device, Tier.HOST: config.overlap_weight_host, Tier.DISK: config.overlap_weight_disk}
-        native.score_columns(list(map(overlaps.get, workers.worker_ids)), weights, matched, credit)
-        return matched, credit
+    Computed per distinct score (a hot prefix's holders share one)."""
     codes, per = workers.distinct_values(overlaps)
     matched = np.array([s.num_blocks if s else 0 for s in per], np.int64)[codes]
     credit = np.array([_raw_credit(config, s) for s in per], np.float64)[codes]
@@ -214,14 +190,10 @@ def _score_columns(config: CostConfig, workers: WorkerPool, overlaps: Mapping[Wo
 
 
 def _raw_credit(config: CostConfig, overlap: OverlapScore | None) -> float:
-    """The credit: the tier weight of each matched block, summed in order (a
-    loop, not sum(): sum() compensates float rounding since Python 3.12, the kernel does not)."""
-    credit = 0.0
-    if overlap is not None:
-        for tier, n in overlap.blocks_by_tier.items():
-            if n:
-                credit += config.tier_weight(tier) * n
-    return credit
+    """The credit: the tier weight of each matched block, summed."""
+    if overlap is None:
+        return 0.0
+    return sum(config.tier_weight(tier) * n for tier, n in overlap.blocks_by_tier.items())
 
 
 def cheapest_uncached(config: CostConfig, workers: Sequence[WorkerView], limit: int) -> WorkerPool:
@@ -231,11 +203,6 @@ def cheapest_uncached(config: CostConfig, workers: Sequence[WorkerView], limit: 
     pool = WorkerPool.of(workers)
     if limit <= 0 or len(pool) <= limit:
         return pool
-    if native.cheapest_rows is not None:  # compiled (kvplane/_native.c): what follows, in one pass
-        t, rows = pool.table, np.ascontiguousarray(pool.rows, np.int64)
-        out = np.empty(len(rows), np.int64)
-        count = native.cheapest_rows(t.queued, t.used, t.block_size, rows, config.prefill_load_scale, limit, out)
-        return WorkerPool(t, out[:count])
     costs = config.prefill_load_scale * -(-pool.column("queued") // pool.column("block_size")) + pool.column("used")
     cutoff = np.partition(costs, limit - 1)[limit - 1]
     return pool.where_own(costs <= cutoff)

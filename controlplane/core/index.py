@@ -42,7 +42,6 @@ from types import MappingProxyType
 
 import numpy as np
 
-from kvplane import native
 from kvplane.controlplane.core.radix import RadixTree
 from kvplane.types import BlockHash, Tier, WorkerId
 
@@ -379,11 +378,7 @@ def running_and(masks: Mapping[BlockHash, int], block_hashes: Sequence[BlockHash
 
 
 def prefix_groups(masks: Mapping[BlockHash, int], block_hashes: Sequence[BlockHash]) -> list[tuple[int, list[int]]]:
-    """drop_outs(running_and(masks, block_hashes)): (length, the bits holding exactly `length`
-    leading blocks), shortest first; compiled (kvplane/_native.c) where it is built, one pass
-    with no int allocated per block."""
-    if native.prefix_groups is not None and type(masks) is dict and type(block_hashes) in (list, tuple):
-        return native.prefix_groups(masks, block_hashes)
+    """(length, the bits holding exactly `length` leading blocks), shortest first."""
     return drop_outs(running_and(masks, block_hashes))
 
 

@@ -24,7 +24,6 @@ import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from kvplane import native
 from kvplane.controlplane.core.index import CacheIndex, OverlapScore, overlap_score, prefix_groups, prefix_lengths
 from kvplane.types import BlockHash, Tier, WorkerId
 
@@ -85,7 +84,7 @@ class PrefixPredictions:
         heapq.heappush(self._expiries, (record.expiry, next(self._seq), record))
         self._worker_to_records.setdefault(worker_id, {}).setdefault(record.block_hashes[-1], []).append(record)
         refs = self._refs.setdefault(bit, {})
-        (native.refs_add or _count_in)(self._block_to_mask, refs, record.block_hashes, 1 << bit)
+        _count_in(self._block_to_mask, refs, record.block_hashes, 1 << bit)
 
     def confirm(self, worker_id: WorkerId, block_hashes: Iterable[BlockHash]) -> None:
         """Real stored events arrived: a recorded prompt whose last block is among them is in the
@@ -156,7 +155,7 @@ class PrefixPredictions:
         record.live = False
         bit = record.bit
         refs = self._refs[bit]
-        (native.refs_remove or _count_out)(self._block_to_mask, refs, record.block_hashes, 1 << bit)
+        _count_out(self._block_to_mask, refs, record.block_hashes, 1 << bit)
         if not refs:
             del self._refs[bit]
         by_last = self._worker_to_records[record.worker_id]
@@ -172,8 +171,7 @@ class PrefixPredictions:
 
 def _count_in(mask: dict[BlockHash, int], refs: dict[BlockHash, int], block_hashes: Sequence[BlockHash], flag: int) -> None:
     """A live record of `block_hashes` more on the worker whose bit is `flag`: each block's count
-    there (`refs`) up by one, and a block new there gets the bit in its mask. Compiled as
-    native.refs_add where it is built."""
+    there (`refs`) up by one, and a block new there gets the bit in its mask."""
     for h in block_hashes:
         n = refs.get(h)
         if n is None:
@@ -185,7 +183,7 @@ def _count_in(mask: dict[BlockHash, int], refs: dict[BlockHash, int], block_hash
 
 def _count_out(mask: dict[BlockHash, int], refs: dict[BlockHash, int], block_hashes: Sequence[BlockHash], flag: int) -> None:
     """_count_in undone: at zero a block leaves `refs` and the bit leaves its mask (an empty mask
-    leaves `mask`). Compiled as native.refs_remove where it is built."""
+    leaves `mask`)."""
     for h in block_hashes:
         n = refs[h] - 1
         if n:

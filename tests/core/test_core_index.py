@@ -14,6 +14,7 @@ from kvplane.controlplane.core.index import (
     RemovedEvent,
     StoredEvent,
     drop_outs,
+    prefix_groups,
     prefix_lengths,
     set_bits,
 )
@@ -258,3 +259,16 @@ def test_set_bits_and_drop_outs_on_sparse_and_dense_masks():
     matching = [hot | few | one] * 3 + [few | one, one]
     assert drop_outs(matching) == [(3, list(range(1000))), (4, [1000, 1001, 1002]), (5, [1003])]
     assert prefix_lengths(drop_outs(matching)) == {**dict.fromkeys(range(1000), 3), 1000: 4, 1001: 4, 1002: 4, 1003: 5}
+
+
+def test_prefix_groups_on_the_edge_cases_of_a_walk():
+    a, b, c = b"a", b"b", b"c"
+    assert prefix_groups({}, []) == []
+    assert prefix_groups({a: 0}, [a, b]) == []  # a block held by nobody
+    assert prefix_groups({a: 0b101}, [a]) == [(1, [0, 2])]
+    assert prefix_groups({a: 0b111, b: 0b110, c: 0b1100}, [a, b, c]) == [(1, [0]), (2, [1]), (3, [2])]
+    # Later masks wider than the first: bits past the first mask's width never matched block 0.
+    assert prefix_groups({a: 1, b: (1 << 200) | 1}, [a, b]) == [(2, [0])]
+    # A long prompt whose match ends early: the walk reads in chunks and stops at the first empty set.
+    long = [bytes([i % 256, i // 256]) for i in range(5000)]
+    assert prefix_groups(dict.fromkeys(long[:37], 0b10), long) == [(37, [1])]

@@ -27,7 +27,6 @@ the worker views) per indexed block.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
 import random
@@ -35,7 +34,6 @@ import sys
 import time
 import tracemalloc
 
-from kvplane import native
 from kvplane.block_hash import hash_blocks
 from kvplane.controlplane import gc_tuning
 from kvplane.controlplane.core.index import CacheIndex
@@ -79,10 +77,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-baseline", action="store_true",
         help="skip the baseline (every worker priced): half the time, and the only routing in the process (to count its instructions)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--python-kernels", action="store_true",
-        help="also time the default routing with the pure Python twins of the compiled kernels (kvplane/native.py), in the same run",
     )  # fmt: skip
     parser.add_argument(
         "--no-memory", action="store_true", help="skip measuring bytes per indexed block (tracemalloc makes each fleet's build ~5x slower)"
@@ -211,45 +205,35 @@ def run(args: argparse.Namespace) -> int:
                 bytes_per_block = tracemalloc.get_traced_memory()[0] / (size * args.blocks_per_worker)
                 tracemalloc.stop()
             for admission in admissions:
-                result = dict.fromkeys(("all priced", "python kernels"), (None, None))
+                result = {"all priced": (None, None)}
                 default = RouterConfig().max_uncached_candidates
-                runs = [("all priced", 0, False)] * (not args.no_baseline) + [("default", default, False)]
-                runs += [("python kernels", default, True)] * args.python_kernels
-                for label, max_uncached, python in runs:
+                runs = [("all priced", 0)] * (not args.no_baseline) + [("default", default)]
+                for label, max_uncached in runs:
                     print(
                         f"  {admission}, {label}: {num_warm_up(args)} warm-up + {args.requests} requests ...", file=sys.stderr, flush=True
                     )
-                    with native.turned_off() if python else contextlib.nullcontext():
-                        seconds = measure(workers, index, prompts, admission, max_uncached, args, random.Random(args.seed))
+                    seconds = measure(workers, index, prompts, admission, max_uncached, args, random.Random(args.seed))
                     result[label] = (percentile(seconds, 50) * 1e3, percentile(seconds, 99) * 1e3)
-                (all_p50, all_p99), (p50, p99), (py_p50, py_p99) = result["all priced"], result["default"], result["python kernels"]
+                (all_p50, all_p99), (p50, p99) = result["all priced"], result["default"]
                 rows.append({
                     "workers": size, "indexed_blocks": size * args.blocks_per_worker, "bytes_per_block": bytes_per_block,
                     "fleet": fleet, "admission": admission,
                     "all_priced_p50_ms": all_p50, "all_priced_p99_ms": all_p99, "p50_ms": p50, "p99_ms": p99,
                     "p99_speedup": None if all_p99 is None else all_p99 / p99,
-                    "python_kernels_p50_ms": py_p50, "python_kernels_p99_ms": py_p99,
-                    "kernels_p50_speedup": None if py_p50 is None else py_p50 / p50,
                 })  # fmt: skip
     reference = (reference_before, reference_loop_ms())
     if args.json:
         print(json.dumps({"prompt_tokens": args.prompt_tokens, "reference_loop_ms": reference, "rows": rows}))
         return 0
     print(f"view update + Planner.plan (route + admit) of a {args.prompt_tokens}-token prompt, ms per request")
-    python = " py p50  py p99 py/c p50" if args.python_kernels else ""
     print(
-        f"{'workers':>7} {'blocks':>9} {'B/block':>7} {'fleet':<10} {'admission':<10} {'all p50':>8} {'all p99':>8} {'p50':>7} {'p99':>7} {'p99 x':>6}{python}"
+        f"{'workers':>7} {'blocks':>9} {'B/block':>7} {'fleet':<10} {'admission':<10} {'all p50':>8} {'all p99':>8} {'p50':>7} {'p99':>7} {'p99 x':>6}"
     )
     for r in rows:
         print(f"{r['workers']:>7} {r['indexed_blocks']:>9} {_cell(r['bytes_per_block'], 7, 0)} {r['fleet']:<10} {r['admission']:<10} "
               f"{_cell(r['all_priced_p50_ms'], 8, 2)} {_cell(r['all_priced_p99_ms'], 8, 2)} {r['p50_ms']:>7.2f} {r['p99_ms']:>7.2f} "
-              f"{_cell(r['p99_speedup'], 6, 1)}" + (
-              f" {_cell(r['python_kernels_p50_ms'], 7, 2)} {_cell(r['python_kernels_p99_ms'], 7, 2)} {_cell(r['kernels_p50_speedup'], 8, 2)}"
-              if args.python_kernels else ""))  # fmt: skip
+              f"{_cell(r['p99_speedup'], 6, 1)}")  # fmt: skip
     print("all = every worker priced (the baseline); p50/p99 = the default (holders + 16 least loaded others)")
-    if args.python_kernels:
-        print("py = the default with the pure Python twins of the compiled kernels; py/c = its p50 over the compiled one's")
-    print(f"routing kernels: {native.status()}")
     print(f"machine speed: a 1,000,000-step Python loop took {reference[0]:.0f} ms before the rows and {reference[1]:.0f} ms after")
     return 0
 
