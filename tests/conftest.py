@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from kvplane.apps.cluster import FREE_PORTS_ENV, free_port_range
 from kvplane.apps.local_etcd import EtcdCluster, EtcdNotFound, EtcdServer, start_etcd, start_etcd_cluster
 
 __all__ = ["EtcdCluster", "EtcdServer", "start_etcd", "start_etcd_cluster"]
@@ -45,6 +46,23 @@ def _kvplane_home(tmp_path_factory: pytest.TempPathFactory):
         os.environ.pop("KVPLANE_HOME", None)
     else:
         os.environ["KVPLANE_HOME"] = previous
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _own_ports_per_test_process():
+    """Under pytest-xdist (`make test`) each test process draws its children's ports from its own
+    slice of free_port's range ($KVPLANE_FREE_PORTS, inherited by the launchers it starts), so two
+    processes never hand one port to two children starting at the same time."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if not worker.startswith("gw") or count < 2 or FREE_PORTS_ENV in os.environ:
+        yield
+        return
+    low, high = free_port_range()
+    width = (high - low) // count
+    start = low + int(worker[2:]) * width
+    os.environ[FREE_PORTS_ENV] = f"{start}-{start + width}"
+    yield
+    del os.environ[FREE_PORTS_ENV]
 
 
 def _start_or_fail(tmp_dir: Path) -> EtcdServer:

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import socket
 
-from kvplane.apps.cluster import LOCALHOST, _ephemeral_low, free_port
+import pytest
+
+from kvplane.apps.cluster import FREE_PORTS_ENV, LOCALHOST, _ephemeral_low, free_port, free_port_range
 
 
-def test_free_ports_are_below_the_ephemeral_range_and_bindable():
+def test_free_ports_are_below_the_ephemeral_range_and_bindable(monkeypatch):
+    monkeypatch.delenv(FREE_PORTS_ENV, raising=False)
     low = _ephemeral_low()
     ports = {free_port() for _ in range(50)}
     assert len(ports) > 40  # drawn at random, not handed out in order
@@ -25,3 +28,13 @@ def test_a_taken_port_is_never_returned(monkeypatch):
         draws = iter([taken, taken, taken + 1])
         monkeypatch.setattr("random.SystemRandom.randrange", lambda self, a, b: next(draws))
         assert free_port() == taken + 1
+
+
+def test_the_environment_gives_the_range_to_draw_from(monkeypatch):
+    monkeypatch.setenv(FREE_PORTS_ENV, "23000-23100")
+    assert free_port_range() == (23000, 23100)
+    assert all(23000 <= free_port() < 23100 for _ in range(20))
+    for bad in ("23000", "x-y", "23100-23000", "80-90"):
+        monkeypatch.setenv(FREE_PORTS_ENV, bad)
+        with pytest.raises(ValueError, match=FREE_PORTS_ENV):
+            free_port()

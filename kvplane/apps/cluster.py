@@ -118,21 +118,39 @@ def free_port(host: str = LOCALHOST) -> int:
     """A port that was free a moment ago, for a child process to listen on. Drawn below the
     kernel's ephemeral range: a port from bind(0) comes from that range, where any process's next
     outgoing connection or port-0 listener may take it before the child binds it (seen as
-    "Address already in use" in the suite); below it, only another draw can, one in thousands."""
-    low = _ephemeral_low()
+    "Address already in use" in the suite); below it, only another draw can, one in thousands.
+    $KVPLANE_FREE_PORTS=LOW-HIGH (HIGH excluded) draws from that range instead: launchers running
+    side by side (the test suite's processes) each draw from their own and never take each other's."""
+    low, high = free_port_range()
     rng = random.SystemRandom()
     for _ in range(100):
-        port = rng.randrange(_PORTS_FROM, low) if low - _PORTS_FROM > 1000 else 0
+        port = rng.randrange(low, high) if high - low > 1000 or FREE_PORTS_ENV in os.environ else 0
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             try:
                 sock.bind((host, port))
             except OSError:
                 continue  # taken: draw again
             return sock.getsockname()[1]
-    raise OSError(f"no free port on {host} below {low} after 100 draws")
+    raise OSError(f"no free port on {host} in {low}-{high} after 100 draws")
 
 
 _PORTS_FROM = 20000  # above the well-known and most registered service ports
+FREE_PORTS_ENV = "KVPLANE_FREE_PORTS"
+
+
+def free_port_range() -> tuple[int, int]:
+    """(low, high) that free_port draws from: $KVPLANE_FREE_PORTS, else 20000 up to the kernel's
+    ephemeral range."""
+    value = os.environ.get(FREE_PORTS_ENV)
+    if not value:
+        return _PORTS_FROM, _ephemeral_low()
+    try:
+        low, high = (int(part) for part in value.split("-"))
+    except ValueError:
+        raise ValueError(f"{FREE_PORTS_ENV}={value!r}: expected LOW-HIGH, e.g. 20000-24000") from None
+    if not 1024 <= low < high <= 65536:
+        raise ValueError(f"{FREE_PORTS_ENV}={value!r}: expected 1024 <= LOW < HIGH <= 65536")
+    return low, high
 
 
 def _ephemeral_low() -> int:
