@@ -527,15 +527,22 @@ def _price_group(
         from_rows = sources.where(table.kv_mask(first, cached_blocks=True) & (table.block_nbytes == nbytes)).rows
         source = _best_two(from_rows, device[from_rows], table)
 
+    part = None
+    if req.allow_remote and len(prefill):
+        part = _best_prefill(req, prefill.where(table.kv_mask(first)), held, rates, limit, fleet)
     if fleet.prune:
-        # A non-holder's TTFT prefilling locally or after a fetch; its batch's step orders its
-        # remote TTFT and its TPOT.
+        # A non-holder's TTFT prefilling locally or after a fetch, and after the best remote
+        # prefill; its batch's step orders its TPOT.
         alone = fleet.local if source[0] < 0 else np.minimum(fleet.local, fleet.fetch(source[2], rates))
-        keys = (
-            (alone, fleet.col.per_step)
-            if fleet.inflow is None
-            else (alone, fleet.col.per_step, fleet.token_seconds(fleet.col.per_step, slice(None)))
-        )
+        keys = [alone, fleet.col.per_step]
+        if fleet.inflow is not None:
+            keys.append(fleet.token_seconds(fleet.col.per_step, slice(None)))
+        if part is not None:
+            (i, _), *_, p_total = part
+            best = np.full(len(table.views), p_total[0])
+            best[i] = p_total[1]  # the best prefill worker decoding: the second best prefills
+            tail_at, tail_step = _remote_start_and_tail(req, fleet.col, slice(None), table.running, fleet.queue, 0, best, fleet, rates)
+            keys.append(tail_at + tail_step)
         decode = _can_win(decode, held, keys, limit)
     rows = decode.rows
     n = len(decode)
@@ -576,39 +583,29 @@ def _price_group(
         placement[:] = REMOTE
     transfer_s = np.zeros(n)
     prefill_row = np.full(n, -1, np.int64)
-    if req.allow_remote and len(prefill):
-        part = _best_prefill(req, prefill.where(table.kv_mask(first)), held, rates, limit, fleet)
-        if part is not None:
-            (i, j), p_queue, p_move, p_prefill, p_work, p_computed, p_total = part
-            is_first = rows == i
-            best = np.where(is_first, p_total[1], p_total[0])
-            # The full blocks the decode worker lacks, while its queue drains, then its step
-            # computing the prompt's tail: `transfer` is all that comes after the prefill. The
-            # step in flight when the KV is in (on a busy worker) and the tail's step may carry a
-            # chunk of the prefill arriving there (next_step).
-            tail = P - max_blocks * bs
-            kv_in = best + np.maximum(P // bs - col.matched, 0) * col.nbytes / rates.link_bytes_per_s
-            busy = (table.running[rows] > 0) | (col.queued > 0)
-            in_flight = fleet.next_step(np.where(busy, col.per_step, 0.0), rows) / 2
-            tail_step = fleet.next_step(chunked_seconds(col, tail, P - tail), rows)
-            tail_at = np.maximum(kv_in + in_flight, queue_s)  # when the tail's step starts
-            remote = tail_at + tail_step + offsets[1]
-            finite = np.isfinite(best)  # no second prefill worker: best is infinite
-            transfer = np.where(finite, tail_at - np.where(finite, best, 0.0), 0.0) + tail_step
-            use = remote < ttft
-            if use.any():
-                k = is_first.astype(np.int64)  # 1: the second best prefill worker
-                placement[use] = REMOTE
-                ttft = np.where(use, remote, ttft)
-                transfer_s = np.where(use, transfer, 0.0)
-                queue_s = np.where(use, p_queue[k], queue_s)
-                move_s = np.where(use, p_move[k], move_s)
-                prefill_s = np.where(use, p_prefill[k], prefill_s)
-                work = np.where(use, p_work[k], work)
-                computed = np.where(use, p_computed[k], computed)
-                fetch_blocks = np.where(use, 0, fetch_blocks)
-                source_row = np.where(use, -1, source_row)
-                prefill_row = np.where(use, np.where(is_first, j, i), -1)
+    if part is not None:
+        (i, j), p_queue, p_move, p_prefill, p_work, p_computed, p_total = part
+        is_first = rows == i
+        best = np.where(is_first, p_total[1], p_total[0])
+        # `transfer` is all that comes after the prefill.
+        tail_at, tail_step = _remote_start_and_tail(req, col, rows, table.running[rows], queue_s, col.matched, best, fleet, rates)
+        remote = tail_at + tail_step + offsets[1]
+        finite = np.isfinite(best)  # no second prefill worker: best is infinite
+        transfer = np.where(finite, tail_at - np.where(finite, best, 0.0), 0.0) + tail_step
+        use = remote < ttft
+        if use.any():
+            k = is_first.astype(np.int64)  # 1: the second best prefill worker
+            placement[use] = REMOTE
+            ttft = np.where(use, remote, ttft)
+            transfer_s = np.where(use, transfer, 0.0)
+            queue_s = np.where(use, p_queue[k], queue_s)
+            move_s = np.where(use, p_move[k], move_s)
+            prefill_s = np.where(use, p_prefill[k], prefill_s)
+            work = np.where(use, p_work[k], work)
+            computed = np.where(use, p_computed[k], computed)
+            fetch_blocks = np.where(use, 0, fetch_blocks)
+            source_row = np.where(use, -1, source_row)
+            prefill_row = np.where(use, np.where(is_first, j, i), -1)
     tpot = fleet.token_seconds(col.per_step + col.c3 + col.c4 * (P + req.max_tokens / 2), rows) + offsets[2]
     work = np.zeros(n) + work
     return Priced(
@@ -627,6 +624,21 @@ def _price_group(
         source_row,
         prefill_row,
     )
+
+
+def _remote_start_and_tail(req: Request, col: Columns, rows, running, queue_s, matched, best, fleet: _Fleet, rates: Rates):
+    """(when the prompt's tail step starts, that step's seconds) on decode workers `rows` (col's
+    positions; running, queue_s and matched per position) of a prompt prefilled elsewhere by
+    `best` seconds: the full blocks the decode worker lacks move, while its queue drains, then its
+    step computing the tail. The step in flight when the KV is in (on a busy worker) and the
+    tail's step may carry a chunk of the prefill arriving there (next_step)."""
+    P, bs = req.num_prompt_tokens, req.block_size
+    tail = P - (P - 1) // bs * bs
+    kv_in = best + np.maximum(P // bs - matched, 0) * col.nbytes / rates.link_bytes_per_s
+    busy = (running > 0) | (col.queued > 0)
+    in_flight = fleet.next_step(np.where(busy, col.per_step, 0.0), rows) / 2
+    tail_step = fleet.next_step(chunked_seconds(col, tail, P - tail), rows)
+    return np.maximum(kv_in + in_flight, queue_s), tail_step
 
 
 def _best_two(rows: np.ndarray, device: np.ndarray, table: WorkerTable) -> tuple[int, int, int, int]:
