@@ -63,7 +63,8 @@ kind has none yet, and tables built without the control plane: the simulator, th
 Only candidates that can win are priced in full (`limit` > 0, the router's
 max_uncached_candidates): every worker holding part of the prompt, and of the others (which
 differ only in load) the `limit` with the least TTFT prefilling locally or after a fetch, the
-`limit` with the shortest batch step (which orders their remote TTFT and, without prefill
+`limit` with the least TTFT after the best remote prefill (their queue and step in flight order
+it, not their batch step alone), the `limit` with the shortest batch step (without prefill
 arriving, their TPOT) and, with prefill arriving, the `limit` with the least stretched step
 (their TPOT), each with every worker tied with the last. For workers of one step-time model that keeps the winner
 of pricing every worker; with objectives it can differ only when the fastest non-holders all
