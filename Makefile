@@ -97,7 +97,7 @@ chaos: env etcd rdma
 
 # The process-free tests only (seconds): what to run while editing.
 test-fast: env
-	$(PY) -m pytest -q -m "not cluster and not engines"
+	$(PY) -m pytest -q -m "not cluster and not engines" -n $(TEST_WORKERS) --dist loadfile
 
 lint: env
 	$(VENV)/bin/ruff check .
