@@ -78,9 +78,10 @@ prometheus:
 demo: $(DEMO_STAMP)
 	$(PY) -m kvplane.apps.demo
 
-# Twice as many pytest processes as cores, whole files each (a module's cluster starts once): most
-# of the suite waits on the servers its tests start (measured: 0.8 of a core busy serially).
-TEST_WORKERS ?= $(shell echo $$(( $$(nproc) * 2 )))
+# Twice as many pytest processes as cores, at most 8 (each may run a cluster of torch processes),
+# whole files each (a module's cluster starts once): most of the suite waits on the servers its
+# tests start (measured: 0.8 of a core busy serially).
+TEST_WORKERS ?= $(shell n=$$(( $$(nproc) * 2 )); echo $$(( n < 8 ? n : 8 )))
 test: env etcd rdma kubectl prometheus lint
 	$(PY) -m pytest -q -m "not engines" -n $(TEST_WORKERS) --dist loadfile
 
