@@ -33,10 +33,10 @@ requests the fleet was sent in it (decayed as the work is): the first of a strea
 when the stream began, and n arrivals evidence n - 1 over the time they span (the rate's
 estimate from arrival times). The stream is the fleet's, which routing splits among the workers:
 eight requests in the first 0.1 s of a cold fleet are a stream though each worker has seen one
-(weighed per worker, the first seconds of a synthetic run at 66.72 requests/s on 8 workers, 2x
-their capacity, went unprotected and attainment fell to 85 %, against 98 % fleet-wide), while one long prompt on an idle fleet is none. Unweighed, one prompt of 2.3 s of
-work on an idle CPU worker read as 1.5 s of work per second, and its next request's TPOT was
-predicted at 23 s where it measured 1 ms (tests/security/test_worker_claims.py, 1 run in 8).
+(weighed per worker, a synthetic run at 2x capacity on 8 workers went unprotected in its first
+seconds: attainment 85 % against 98 %), while one long prompt on an idle fleet is none
+(unweighed, one prompt of 2.3 s of work on an idle CPU worker read as 1.5 s of work per second
+and predicted its next request's TPOT at 23 s).
 Only this replica's dispatches count: with several replicas each sees its own share (the load
 reports and their TPOT calibration carry the rest).
 """

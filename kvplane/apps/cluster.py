@@ -124,7 +124,7 @@ def free_port(host: str = LOCALHOST) -> int:
     low, high = free_port_range()
     rng = random.SystemRandom()
     for _ in range(100):
-        port = rng.randrange(low, high) if high - low > 1000 or FREE_PORTS_ENV in os.environ else 0
+        port = rng.randrange(low, high) if high > low else 0
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             try:
                 sock.bind((host, port))
@@ -140,10 +140,11 @@ FREE_PORTS_ENV = "KVPLANE_FREE_PORTS"
 
 def free_port_range() -> tuple[int, int]:
     """(low, high) that free_port draws from: $KVPLANE_FREE_PORTS, else 20000 up to the kernel's
-    ephemeral range."""
+    ephemeral range; an empty range (low == high) when that leaves under 1,000 ports (bind(0) then)."""
     value = os.environ.get(FREE_PORTS_ENV)
     if not value:
-        return _PORTS_FROM, _ephemeral_low()
+        low = _ephemeral_low()
+        return (_PORTS_FROM, low) if low - _PORTS_FROM > 1000 else (low, low)
     try:
         low, high = (int(part) for part in value.split("-"))
     except ValueError:
