@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast chaos test-engines engines-env lint format env test-env etcd rdma kubectl prometheus protos clean
+.PHONY: demo test test-fast chaos test-engines engines-env lint format env test-env etcd nats rdma kubectl prometheus protos clean
 
 # The tests need every extra (`[test]` names them); the demo only a control plane and reference-engine agents.
 $(STAMP): pyproject.toml setup.py
@@ -49,6 +49,15 @@ etcd:
 	  else echo "etcd not found: install etcd 3.4+ and put it on PATH" >&2; exit 1; fi; }
 	@etcd --version | head -1
 
+# nats-server (JetStream) is the bus of several control-plane replicas (controlplane/bus/nats.py);
+# the tests and the chaos suite start it on a free loopback port.
+nats:
+	@command -v nats-server >/dev/null || test -x /usr/sbin/nats-server || { \
+	  if command -v apt-get >/dev/null; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nats-server) >/dev/null; \
+	  else echo "nats-server not found: install nats-server 2.9+ and put it on PATH" >&2; exit 1; fi; }
+	@PATH="$$PATH:/usr/sbin" nats-server --version
+
 # The RDMA userspace libraries (and, as apt recommends, their providers) that every InfiniBand or
 # RoCE GPU host has: the suite runs beside them, as NIXL's UCX does there (dataplane/transport/nixl.py).
 rdma:
@@ -82,7 +91,7 @@ demo: $(DEMO_STAMP)
 # whole files each (a module's cluster starts once): most of the suite waits on the servers its
 # tests start (measured: 0.8 of a core busy serially).
 TEST_WORKERS ?= $(shell n=$$(( $$(nproc) * 2 )); echo $$(( n < 8 ? n : 8 )))
-test: env etcd rdma kubectl prometheus lint
+test: env etcd nats rdma kubectl prometheus lint
 	$(PY) -m pytest -q -m "not engines" -n $(TEST_WORKERS) --dist loadfile
 
 # kvplane beside real vLLM and SGLang servers (tests/engines/test_engine_clusters.py): creates the
@@ -93,7 +102,7 @@ test-engines: engines-env etcd rdma
 # The chaos suite: a seeded, randomized fault schedule against a local etcd-backed cluster under
 # checked greedy traffic (tests/chaos/run.py). CHAOS_ARGS="--steps 8" for a short run (CI).
 CHAOS_ARGS ?= --seed 7 --steps 16
-chaos: env etcd rdma
+chaos: env etcd nats rdma
 	$(PY) -m tests.chaos.run $(CHAOS_ARGS)
 
 # The process-free tests only (seconds): what to run while editing.

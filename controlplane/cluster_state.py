@@ -1,16 +1,22 @@
-"""Each replica's view of the cluster, rebuilt from the store alone: list, then watch.
+"""Each replica's view of the cluster, rebuilt from the store and the bus alone.
 
-Workers, their latest load and the cache index all come from keys under /kvplane/. A worker's
-keys live under its lease, so when the lease expires (the agent died) the store deletes them and
-the worker-key delete removes it from routing and from the index, with nobody calling it.
+Workers (under their leases), settings and snapshot requests come from keys under /kvplane/:
+list, then watch. When a worker's lease expires (the agent died) the store deletes its key, which
+removes it from routing and from the index, with nobody calling it. Load reports and KV event
+batches come from the bus (controlplane/bus/): with the store bus they are keys under the worker's
+lease in the same watch; with the in-process or NATS bus they never touch the store, and a message
+applies only to the registration (lease) it names. One that names a registration this replica has
+not seen yet (the store watch and the bus deliver independently) is held until it appears, for
+at most PENDING_MAX_AGE_S.
 
-KV events are numbered end to end: the agent numbers its batches, the store keeps them in order,
-and every load report names the last batch the agent published (`kv_seq`). A batch number that
-skips one, or a report naming a batch the index never got (it was lost: the store delivers in
-order, so it would have come first), is a gap: the replica writes /kvplane/resync/<worker>, the
-replica serving that worker's next load report asks it for a snapshot, and the snapshot replaces
-what the index held for it (and clears the request). A watch that fell behind the store's
-compacted history lists everything again instead.
+KV events are numbered end to end: the agent numbers its batches, the bus keeps one worker's in
+order, and every load report names the last batch the agent published (`kv_seq`). A batch number
+that skips one, a first batch that is neither a snapshot nor batch 1 (history the bus no longer
+retains), or a report naming a batch the index never got is a gap (on a bus whose load reports may
+overtake batches, only once the batch is KV_LATE_S late): the replica writes
+/kvplane/resync/<worker>, the replica serving that worker's next load report asks it for a
+snapshot, and the snapshot replaces what the index held for it (and clears the request). A watch
+that fell behind the store's compacted history lists everything again instead.
 
 The index credits a worker only with the blocks of requests this replica routed there
 (core/index.py, `credit_routed_only`): the servicer reports each dispatch (`routed`), and the
@@ -28,6 +34,7 @@ from dataclasses import dataclass
 
 from kvplane.block_hash import chain_hash, root_hash
 from kvplane.controlplane import keys
+from kvplane.controlplane.bus import Bus, BusMessage, StoreBus
 from kvplane.controlplane.core.index import NO_SEQ, CacheIndex, ClearedEvent, RemovedEvent, StoredEvent
 from kvplane.controlplane.core.planner import Plan
 from kvplane.controlplane.core.pool import WorkerTable, cluster_with
@@ -52,6 +59,7 @@ class WorkerEntry:
     load_at: float  # monotonic time of the last load report
     latency: StepTimeModel | None = None  # the worker's step-time model, from its load reports
     kind: tuple = ()  # worker_kind(info): the workers priced with one step-time model (core/step_pool.py)
+    lease: int = 0  # the registration's lease: bus messages naming another are not this registration's
 
 
 def events_from_pb(events: Sequence[common_pb2.KVEvent]) -> list[StoredEvent | RemovedEvent | ClearedEvent]:
@@ -69,11 +77,20 @@ def events_from_pb(events: Sequence[common_pb2.KVEvent]) -> list[StoredEvent | R
 
 STORE_PROBE_INTERVAL_S = 0.5  # how often the replica checks that the store answers
 TRUST_AFTER_PAUSE_S = 1.0  # after this replica was itself paused, the store's health counts again only this much later
+PENDING_MAX_AGE_S = 10.0  # bus messages of a registration the store has not shown yet are kept this long
+PENDING_MAX_MESSAGES = 256  # and at most this many per registration
+KV_LATE_S = 1.0  # on an unordered bus, a batch a load report names is missing only once it is this late
 
 
 class ClusterState:
-    def __init__(self, store: Store, *, credit_routed_only: bool = True) -> None:
+    def __init__(self, store: Store, *, bus: Bus | None = None, credit_routed_only: bool = True) -> None:
         self._store = store
+        self.bus = bus if bus is not None else StoreBus(store)
+        self._bus_task: asyncio.Task | None = None
+        # Bus messages of registrations not seen yet: (worker, lease) -> (first held at, messages).
+        self._pending: dict[tuple[WorkerId, int], tuple[float, list[BusMessage]]] = {}
+        self._awaited: dict[WorkerId, tuple[int, float]] = {}  # a KV batch a report named: (seq, when first named)
+        self.num_bus_messages = 0  # applied from the bus (not the store bus)
         self.store_ok_at: float | None = None  # monotonic time a store probe last succeeded
         self._probe_task: asyncio.Task | None = None
         # This replica's own pauses: afterwards every report looks old until the watch catches up,
@@ -111,6 +128,9 @@ class ClusterState:
         self.revision = await self._list()
         self.store_ok_at = time.monotonic()
         self._watch_task = asyncio.create_task(self._watch(self.revision + 1), name="cluster-watch")
+        if not self.bus.carried_by_store:
+            messages = await self.bus.subscribe()
+            self._bus_task = asyncio.create_task(self._read_bus(messages), name="bus-reader")
         self._probe_task = asyncio.create_task(self._probe(), name="store-probe")
         self.pauses.start()
         self._synced.set()
@@ -134,7 +154,7 @@ class ClusterState:
 
     async def stop(self) -> None:
         await self.pauses.stop()
-        for task in (self._watch_task, self._probe_task):
+        for task in (self._watch_task, self._probe_task, self._bus_task):
             if task:
                 task.cancel()
                 try:
@@ -181,7 +201,14 @@ class ClusterState:
                 log.warning("store watch failed (%s); resuming from revision %d", e, start_revision)
                 await asyncio.sleep(0.5)
 
-    # -- applying store events -------------------------------------------------------------
+    async def _read_bus(self, messages) -> None:
+        async for message in messages:
+            try:
+                self._apply_bus(message)
+            except Exception:
+                log.exception("ignoring a malformed %s message from the bus", message.kind)
+
+    # -- applying store events and bus messages --------------------------------------------
 
     def _apply(self, event: WatchEvent) -> None:
         key = event.key
@@ -189,9 +216,10 @@ class ClusterState:
             if key.startswith(keys.WORKERS):
                 self._apply_worker(WorkerId(key[len(keys.WORKERS) :]), event)
             elif key.startswith(keys.LOAD) and event.type is EventType.PUT:
-                self._apply_load(WorkerId(key[len(keys.LOAD) :]), event.value)
+                self._apply_load(WorkerId(key[len(keys.LOAD) :]), registry_pb2.ReportLoadRequest.FromString(event.value))
             elif key.startswith(keys.KV) and event.type is EventType.PUT:
-                self._apply_kv(key, event.value)
+                worker_id, seq = keys.parse_kv_key(key)
+                self._apply_kv(WorkerId(worker_id), seq, registry_pb2.PublishKVEventsRequest.FromString(event.value))
             elif key.startswith(keys.SETTINGS):
                 self._apply_setting(key[len(keys.SETTINGS) :], event)
             elif key.startswith(keys.RESYNC):
@@ -212,14 +240,18 @@ class ClusterState:
             self._views.pop(worker_id, None)
             self.index.remove_worker(worker_id)
             self.resync_requests.pop(worker_id, None)
+            self._awaited.pop(worker_id, None)
             for listener in self.worker_removed_listeners:
                 listener(worker_id)
             log.info("worker %s left (lease expired or deregistered)", worker_id)
             return
         info = common_pb2.WorkerInfo.FromString(event.value)
+        lease = int(event.lease or 0)
         old = self.workers.get(worker_id)
         if old is not None and old.info == info:
-            return  # the same worker registered again; its next snapshot refreshes the index
+            old.lease = lease  # the same worker registered again; its next snapshot refreshes the index
+            self._release_pending(worker_id, lease)
+            return
         self._stated_link = None
         if old is not None:
             # A different incarnation: its cache starts from the snapshot it publishes next.
@@ -227,19 +259,55 @@ class ClusterState:
             self._changed.add(worker_id)
         else:
             self._membership_changed = True
-        entry = WorkerEntry(info=info, load=common_pb2.WorkerLoad(), state=info.state, load_at=time.monotonic(), kind=worker_kind(info))
+        entry = WorkerEntry(
+            info=info, load=common_pb2.WorkerLoad(), state=info.state, load_at=time.monotonic(), kind=worker_kind(info), lease=lease
+        )
         self.workers[worker_id] = entry
         self._changed |= self.step_models.update(worker_id, entry.kind, None)
         log.info("worker %s joined: %s at %s", worker_id, common_pb2.Role.Name(info.role), info.endpoint)
+        self._release_pending(worker_id, lease)
 
-    def _apply_load(self, worker_id: WorkerId, value: bytes) -> None:
+    def lease_of(self, worker_id: str) -> int | None:
+        """The lease this replica knows the worker registered under (None: not registered here yet)."""
+        entry = self.workers.get(WorkerId(worker_id))
+        return entry.lease if entry is not None else None
+
+    def _apply_bus(self, message: BusMessage) -> None:
+        parsed = (registry_pb2.ReportLoadRequest if message.kind == "load" else registry_pb2.PublishKVEventsRequest).FromString(
+            message.payload
+        )
+        worker_id = WorkerId(parsed.worker_id)
+        entry = self.workers.get(worker_id)
+        if entry is None or entry.lease != parsed.lease_id:
+            self._hold(worker_id, parsed.lease_id, message)
+            return
+        self.num_bus_messages += 1
+        if message.kind == "load":
+            self._apply_load(worker_id, parsed)
+        else:
+            self._apply_kv(worker_id, parsed.seq, parsed)
+
+    def _hold(self, worker_id: WorkerId, lease: int, message: BusMessage) -> None:
+        """A message of a registration the store watch has not shown (yet, or ever: a dead one)."""
+        now = time.monotonic()
+        held = self._pending.get((worker_id, lease))
+        if held is None:
+            for key in [k for k, (since, _) in self._pending.items() if now - since > PENDING_MAX_AGE_S]:
+                del self._pending[key]
+            held = self._pending[(worker_id, lease)] = (now, [])
+        if len(held[1]) < PENDING_MAX_MESSAGES:
+            held[1].append(message)  # beyond it a KV batch is lost: a gap, and a snapshot is asked for
+
+    def _release_pending(self, worker_id: WorkerId, lease: int) -> None:
+        held = self._pending.pop((worker_id, lease), None)
+        for message in held[1] if held else ():
+            self._apply_bus(message)
+
+    def _apply_load(self, worker_id: WorkerId, report: registry_pb2.ReportLoadRequest) -> None:
         entry = self.workers.get(worker_id)
         if entry is None:
             return
-        report = registry_pb2.ReportLoadRequest.FromString(value)
-        if report.kv_seq > self.index.last_seq(worker_id) >= 0:
-            # The agent published a batch this index never got; it would have come before this report.
-            self._gap(worker_id, self.index.last_seq(worker_id), f"its load report names KV batch {report.kv_seq}")
+        self._check_named_batch(worker_id, report.kv_seq)
         entry.load = report.load
         entry.state = report.state or entry.state
         entry.load_at = time.monotonic()
@@ -255,11 +323,26 @@ class ClusterState:
         for listener in self.load_reported_listeners:
             listener(worker_id, entry.load_at, sampled_at)
 
-    def _apply_kv(self, key: str, value: bytes) -> None:
-        worker_id, seq = keys.parse_kv_key(key)
-        batch = registry_pb2.PublishKVEventsRequest.FromString(value)
+    def _check_named_batch(self, worker_id: WorkerId, named_seq: int) -> None:
+        """A load report names the last batch the agent published: one the index lacks was lost (on
+        an ordered bus it would have come first; on another, once it is KV_LATE_S late)."""
+        last = self.index.last_seq(worker_id)
+        if not named_seq > last >= 0:
+            self._awaited.pop(worker_id, None)
+            return
+        if self.bus.ordered:
+            self._gap(worker_id, last, f"its load report names KV batch {named_seq}")
+            return
+        now = time.monotonic()
+        awaited = self._awaited.get(worker_id)
+        if awaited is None or last >= awaited[0]:
+            self._awaited[worker_id] = (named_seq, now)
+        elif now - awaited[1] >= KV_LATE_S:
+            del self._awaited[worker_id]
+            self._gap(worker_id, last, f"its load report named KV batch {awaited[0]} {now - awaited[1]:.1f} s ago")
+
+    def _apply_kv(self, worker_id: WorkerId, seq: int, batch: registry_pb2.PublishKVEventsRequest) -> None:
         events = events_from_pb(batch.events)
-        worker_id = WorkerId(worker_id)
         if batch.snapshot:
             by_tier: dict[Tier, list[BlockHash]] = {}
             for ev in events:
@@ -273,6 +356,8 @@ class ClusterState:
             last = self.index.last_seq(worker_id)
             if last != NO_SEQ and seq > last + 1:
                 self._gap(worker_id, last, f"batch {seq} follows batch {last}")
+            elif last == NO_SEQ and seq > 1:
+                self._gap(worker_id, last, f"its first batch here is batch {seq}, not a snapshot")
             self.index.apply_batch(worker_id, seq, events)
         for ev in events:
             if isinstance(ev, StoredEvent):

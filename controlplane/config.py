@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kvplane import tickets
+from kvplane.controlplane.bus import check_bus_url
 from kvplane.controlplane.core.failover import FailoverLimits
 from kvplane.controlplane.core.planner import PlannerConfig
 from kvplane.security import limits
@@ -18,6 +19,9 @@ class ControlPlaneConfig:
     host: str = "127.0.0.1"
     port: int = DEFAULT_PORT
     store: str = "memory"  # "memory", "etcd://host:port" or "etcd://h1:p1,h2:p2,..." (members of one cluster)
+    # How load reports and KV events reach every replica (controlplane/bus/): "auto" (in-process with
+    # the memory store, the store with etcd), "memory", "store", "nats://host:port[,...]" or "tls://...".
+    bus: str = "auto"
     lease_ttl_s: int = 10  # worker leases; agents renew at a third of it
     kv_compact_every_s: float = 10.0  # drop a worker's event batches older than its latest snapshot
     max_route_attempts: int = 2  # a decode worker that fails before the first token is retried elsewhere once
@@ -66,6 +70,10 @@ class ControlPlaneConfig:
     etcd_key: str = ""
     etcd_user: str = ""
     etcd_password_file: str = ""
+    # NATS's TLS (a tls:// bus): its CA, and a client certificate where NATS verifies clients.
+    bus_ca: str = ""
+    bus_cert: str = ""
+    bus_key: str = ""
 
     @property
     def store_options(self) -> dict:
@@ -81,6 +89,18 @@ class ControlPlaneConfig:
             options["username"] = self.etcd_user
             options["password"] = open(self.etcd_password_file).read().strip() if self.etcd_password_file else ""
         return options
+
+    @property
+    def bus_tls(self):
+        """The ssl.SSLContext for a tls:// bus (None otherwise)."""
+        if not self.bus.startswith("tls://"):
+            return None
+        import ssl  # noqa: PLC0415
+
+        context = ssl.create_default_context(cafile=self.bus_ca or None)
+        if self.bus_cert:
+            context.load_cert_chain(self.bus_cert, self.bus_key)
+        return context
 
     @property
     def connection_limits(self) -> limits.ConnectionLimits:
@@ -129,6 +149,11 @@ class ControlPlaneConfig:
             raise ValueError(f"ticket_ttl_s must be in (0, {tickets.MAX_TTL_S:g}] seconds, got {self.ticket_ttl_s}")
         if bool(self.etcd_cert) != bool(self.etcd_key):
             raise ValueError("--etcd-cert and --etcd-key go together")
+        check_bus_url(self.bus, self.store)
+        if bool(self.bus_cert) != bool(self.bus_key):
+            raise ValueError("--bus-cert and --bus-key go together")
+        if (self.bus_ca or self.bus_cert) and not self.bus.startswith("tls://"):
+            raise ValueError("--bus-ca and --bus-cert are for a tls://HOST:PORT bus")
         if bool(self.etcd_user) != bool(self.etcd_password_file):
             raise ValueError("--etcd-user needs --etcd-password-file (a file holding the password)")
         self.planner.validate()

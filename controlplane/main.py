@@ -24,6 +24,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--store", default=d.store,
                         help="'memory' (embedded: one replica, dies with the process), etcd://HOST:PORT, or the members of "
                         "one etcd cluster etcd://H1:P1,H2:P2,... (default %(default)s)")  # fmt: skip
+    parser.add_argument("--bus", default=d.bus, metavar="auto|memory|store|nats://HOST:PORT[,...]|tls://HOST:PORT[,...]",
+                        help="how workers' load reports and KV events reach every replica: 'memory' (in-process: one replica), "
+                        "'store' (keys in the store, a write each), or NATS JetStream (several replicas, large fleets; "
+                        "docs/operations.md); 'auto' = memory with the memory store, store with etcd (default %(default)s)")  # fmt: skip
     parser.add_argument(
         "--http-port",
         type=int,
@@ -68,6 +72,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     etcd.add_argument("--etcd-key", default="", metavar="FILE", help="its private key")
     etcd.add_argument("--etcd-user", default="", help="etcd user for password auth")
     etcd.add_argument("--etcd-password-file", default="", metavar="FILE", help="file holding that user's password")
+    bus = parser.add_argument_group("NATS's TLS (a tls:// --bus)")
+    bus.add_argument("--bus-ca", default="", metavar="FILE", help="CA of NATS's server certificate (default: the system's)")
+    bus.add_argument("--bus-cert", default="", metavar="FILE", help="client certificate, where NATS verifies clients")
+    bus.add_argument("--bus-key", default="", metavar="FILE", help="its private key")
     limits = parser.add_argument_group("limits (docs/security.md)")
     limits.add_argument("--max-workers", type=int, default=d.max_workers, help="registered workers (default %(default)s)")
     limits.add_argument(
@@ -110,7 +118,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def config_from_args(args: argparse.Namespace) -> ControlPlaneConfig:
     planner = planner_from_args(args, PlannerConfig())
     return ControlPlaneConfig(
-        host=args.host, port=args.port, store=args.store, lease_ttl_s=args.lease_ttl, http_port=args.http_port, planner=planner,
+        host=args.host, port=args.port, store=args.store, bus=args.bus, lease_ttl_s=args.lease_ttl, http_port=args.http_port, planner=planner,
         max_migrations=args.max_migrations, first_token_timeout_s=args.first_token_timeout, token_timeout_s=args.token_timeout,
         models=tuple(args.serve_model), block_size=args.block_size, tokenizers=tuple(args.tokenizer),
         trust_worker_cache_claims=args.trust_worker_cache_claims,
@@ -121,7 +129,7 @@ def config_from_args(args: argparse.Namespace) -> ControlPlaneConfig:
         grpc_handshake_timeout_s=args.grpc_handshake_timeout, grpc_idle_timeout_s=args.grpc_idle_timeout,
         grpc_max_connections=args.grpc_max_connections,
         etcd_ca=args.etcd_ca, etcd_cert=args.etcd_cert, etcd_key=args.etcd_key, etcd_user=args.etcd_user,
-        etcd_password_file=args.etcd_password_file,
+        etcd_password_file=args.etcd_password_file, bus_ca=args.bus_ca, bus_cert=args.bus_cert, bus_key=args.bus_key,
     ).validate()  # fmt: skip
 
 

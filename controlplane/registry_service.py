@@ -1,9 +1,10 @@
 """Registry service: agents register under a store lease, keep it alive, report load and KV events.
 
-The control plane only relays to the store; the lease lives in the store, so any replica can
-serve an agent's keep-alive and a replica's death loses nothing. The answer to a load report
-says whether some replica asked this worker for a KV snapshot (cluster_state.py: a gap in its
-event numbers).
+Registrations and leases go to the store; load reports and KV event batches to the bus
+(controlplane/bus/), which brings them to every replica. The lease lives in the store, so any
+replica can serve an agent's keep-alive and a replica's death loses nothing. The answer to a load
+report says whether some replica asked this worker for a KV snapshot (cluster_state.py: a gap in
+its event numbers).
 
 Who may do what (docs/security.md): Register needs a worker identity, either a certificate naming
 that worker id or the cluster's join token (which may claim any id that is free). A live
@@ -17,16 +18,16 @@ block hashes per batch and blocks per worker are bounded, and no message echoes 
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import grpc
 
 from kvplane import tickets
 from kvplane.controlplane import keys, registration
+from kvplane.controlplane.bus import Bus, BusUnavailable, StoreBus
 from kvplane.controlplane.config import ControlPlaneConfig
 from kvplane.controlplane.secrets import ClusterSecrets
-from kvplane.controlplane.store.base import Compare, Delete, Put, Store, StoreError
+from kvplane.controlplane.store.base import Compare, Delete, LeaseNotFound, Put, Store, StoreError
 from kvplane.errors import component_trailers
 from kvplane.security.auth import caller
 from kvplane.security.identity import ANY_WORKER, IdentityError, Role, check_name
@@ -72,15 +73,18 @@ class RegistryService(registry_pb2_grpc.RegistryServicer):
         num_workers: Callable[[], int] = lambda: 0,
         blocks_of: Callable[[WorkerId], int] = lambda worker_id: 0,
         snapshot_requested: Callable[[str], bool] = lambda worker_id: False,
+        bus: Bus | None = None,
+        lease_of: Callable[[str], int | None] = lambda worker_id: None,
     ) -> None:
         self._store = store
+        self._bus = bus if bus is not None else StoreBus(store, kv_compact_every_s=config.kv_compact_every_s)
+        self._lease_of = lease_of  # the lease this replica's view has for a worker (cluster_state.py)
         self._snapshot_requested = snapshot_requested  # a replica found a gap in this worker's KV events
         self._config = config
         self._secrets = secrets
         self._public_key = tickets.public_key_of(secrets.signing_key)
         self._num_workers = num_workers  # registered workers, as this replica sees them
         self._blocks_of = blocks_of  # blocks the cache index holds for a worker
-        self._last_compaction: dict[str, float] = {}
 
     async def Register(self, request: registry_pb2.RegisterRequest, context: grpc.aio.ServicerContext):
         problem = validate_worker_info(request.info)
@@ -132,6 +136,10 @@ class RegistryService(registry_pb2_grpc.RegistryServicer):
             stored_profile = await self._store.get(keys.profile_key(worker_id))
         except StoreError as e:
             await _store_unavailable(context, e)
+        try:
+            await self._bus.forget_worker(worker_id)
+        except BusUnavailable as e:  # its old messages name the old lease: replicas ignore them anyway
+            log.warning("the bus kept %s's earlier messages: %s", worker_id, e)
         log.info("registered %s as %s (lease %x, ttl %ds)", worker_id, identity or "unauthenticated", lease, ttl)
         reply = registry_pb2.RegisterResponse(
             worker_id=worker_id, lease_id=lease, ttl_seconds=ttl, ticket_public_key=self._public_key,
@@ -176,8 +184,8 @@ class RegistryService(registry_pb2_grpc.RegistryServicer):
         await self._check_session(context, request.worker_id, request.lease_id, request.session_token)
         if len(request.load.running_remaining_tokens) > 65536:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "running_remaining_tokens lists more than 65,536 requests")
-        request.ClearField("session_token")  # the store keeps what replicas need, not the credential
-        await self._put_under_lease(context, keys.load_key(request.worker_id), request, request.lease_id)
+        request.ClearField("session_token")  # the bus carries what replicas need, not the credential
+        await self._publish(context, self._bus.publish_load, request)
         return registry_pb2.ReportLoadResponse(snapshot_requested=self._snapshot_requested(request.worker_id))
 
     async def PublishKVEvents(self, request: registry_pb2.PublishKVEventsRequest, context: grpc.aio.ServicerContext):
@@ -186,9 +194,7 @@ class RegistryService(registry_pb2_grpc.RegistryServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "seq must be >= 1")
         await self._check_batch(request, context)
         request.ClearField("session_token")
-        await self._put_under_lease(context, keys.kv_key(request.worker_id, request.seq), request, request.lease_id)
-        if request.snapshot:
-            await self._maybe_compact(request.worker_id, request.seq)
+        await self._publish(context, self._bus.publish_kv, request)
         return registry_pb2.PublishKVEventsResponse()
 
     async def _check_batch(self, request: registry_pb2.PublishKVEventsRequest, context) -> None:
@@ -223,31 +229,28 @@ class RegistryService(registry_pb2_grpc.RegistryServicer):
             await _store_unavailable(context, e)
         return registry_pb2.DeregisterResponse()
 
-    async def _put_under_lease(self, context, key: str, message, lease_id: int) -> None:
+    async def _publish(self, context, publish: Callable[..., Awaitable[None]], message) -> None:
+        worker_id, lease_id = message.worker_id, message.lease_id
         try:
-            # The worker key must still exist under this lease, or the worker is gone: writing
-            # load or events for it would resurrect a dead worker's keys.
-            worker_id = message.worker_id
-            current = await self._store.get(keys.worker_key(worker_id))
-            if current is None or current.lease != lease_id:
-                await context.abort(
-                    grpc.StatusCode.NOT_FOUND, f"worker {worker_id!r} is not registered under lease {lease_id:x}: register again"
-                )
-            await self._store.put(key, message.SerializeToString(), lease=LeaseId(lease_id))
+            # The worker must still be registered under this lease, or it is gone: a report for it
+            # would resurrect a dead worker. This replica's view answers for a registration it has
+            # seen; the store for one it has not seen yet (registered through another replica).
+            if self._lease_of(worker_id) != lease_id:
+                current = await self._store.get(keys.worker_key(worker_id))
+                if current is None or current.lease != lease_id:
+                    await _not_registered(context, worker_id, lease_id)
+            await publish(message)
+        except LeaseNotFound:  # the store bus: the lease ended since this replica's view saw it
+            await _not_registered(context, worker_id, lease_id)
         except StoreError as e:
             await _store_unavailable(context, e)
+        except BusUnavailable as e:
+            context.set_trailing_metadata(component_trailers("bus"))
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"bus unavailable: {e}")
 
-    async def _maybe_compact(self, worker_id: str, snapshot_seq: int) -> None:
-        now = time.monotonic()
-        if now - self._last_compaction.get(worker_id, 0.0) < self._config.kv_compact_every_s:
-            return
-        self._last_compaction[worker_id] = now
-        items, _ = await self._store.get_prefix(keys.kv_prefix(worker_id))
-        stale = [kv.key for kv in items if keys.parse_kv_key(kv.key)[1] < snapshot_seq]
-        for key in stale:
-            await self._store.delete(key)
-        if stale:
-            log.debug("compacted %d KV batches of %s", len(stale), worker_id)
+
+async def _not_registered(context, worker_id: str, lease_id: int) -> None:
+    await context.abort(grpc.StatusCode.NOT_FOUND, f"worker {worker_id!r} is not registered under lease {lease_id:x}: register again")
 
 
 async def _store_unavailable(context, e: StoreError) -> None:

@@ -15,6 +15,7 @@ import grpc
 
 from kvplane import telemetry, tickets
 from kvplane.controlplane import access, gc_tuning, observe, secrets
+from kvplane.controlplane.bus import Bus, open_bus
 from kvplane.controlplane.client_service import AgentStubs, ClientService
 from kvplane.controlplane.cluster_state import ClusterState
 from kvplane.controlplane.config import ControlPlaneConfig
@@ -55,6 +56,7 @@ class ControlPlane:
         self.port: int | None = None
         self._server: grpc.aio.Server | None = None
         self._store: Store | None = None
+        self._bus: Bus | None = None
         self._state: ClusterState | None = None
         self._stubs = AgentStubs(security.credentials)
         self._http = None
@@ -66,7 +68,11 @@ class ControlPlane:
         prompt_tokenizer = PromptTokenizer.from_specs(config.tokenizers)  # before anything starts: a bad one fails here
         self._store = open_store(config.store, **config.store_options)
         cluster_secrets = await secrets.load_or_create(self._store)
-        self._state = ClusterState(self._store, credit_routed_only=not config.trust_worker_cache_claims)
+        self._bus = open_bus(
+            config.bus, self._store, store_url=config.store, kv_compact_every_s=config.kv_compact_every_s, tls=config.bus_tls
+        )
+        await self._bus.start()
+        self._state = ClusterState(self._store, bus=self._bus, credit_routed_only=not config.trust_worker_cache_claims)
         await self._state.start()
         observe.register_cluster_gauges(self._state)
         authenticator = Authenticator(
@@ -84,7 +90,7 @@ class ControlPlane:
         registry = RegistryService(
             self._store, config, cluster_secrets,
             num_workers=lambda: len(state.workers), blocks_of=lambda worker_id: state.index.num_blocks(WorkerId(worker_id)),
-            snapshot_requested=state.snapshot_requested,
+            snapshot_requested=state.snapshot_requested, bus=self._bus, lease_of=state.lease_of,
         )  # fmt: skip
         registry_pb2_grpc.add_RegistryServicer_to_server(registry, server)
         self._health = enable_health_and_reflection(server, SERVICE_NAMES)
@@ -95,8 +101,8 @@ class ControlPlane:
         await set_serving(self._health, SERVICE_NAMES, True)
         self._server = server
         log.info(
-            "control plane serving on %s:%d (store %s, %s, %d bearer tokens)",
-            config.host, self.port, config.store, self.security.credentials.describe(), len(self.security.tokens),
+            "control plane serving on %s:%d (store %s, bus %s, %s, %d bearer tokens)",
+            config.host, self.port, config.store, self._bus.name, self.security.credentials.describe(), len(self.security.tokens),
         )  # fmt: skip
         if self.config.http_port >= 0:
             from kvplane.controlplane.http.guard import BodyLimits
@@ -125,6 +131,8 @@ class ControlPlane:
         if self._state:
             await self._state.stop()
         await self._stubs.close()
+        if self._bus:
+            await self._bus.close()
         if self._store:
             await self._store.close()
 

@@ -4,7 +4,8 @@
 own key prefix. `etcd_factory` starts fresh servers for tests that stop, kill or restart etcd.
 `start_etcd(tmp_dir)` (kvplane/apps/local_etcd.py, where the launcher and its settings live) is the
 plain function behind both. `etcd_cluster_factory` starts a three-member etcd cluster on loopback
-(`start_etcd_cluster`), whose members tests kill and restart one by one.
+(`start_etcd_cluster`), whose members tests kill and restart one by one. `nats_factory` starts a
+fresh nats-server with JetStream (kvplane/apps/local_nats.py), the bus of several replicas.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import pytest
 
 from kvplane.apps.cluster import FREE_PORTS_ENV, free_port_range
 from kvplane.apps.local_etcd import EtcdCluster, EtcdNotFound, EtcdServer, start_etcd, start_etcd_cluster
+from kvplane.apps.local_nats import NatsNotFound, NatsServer, start_nats
 
 __all__ = ["EtcdCluster", "EtcdServer", "start_etcd", "start_etcd_cluster"]
 
@@ -109,3 +111,20 @@ def etcd_cluster_factory(tmp_path_factory: pytest.TempPathFactory):
     yield start
     for cluster in clusters:
         cluster.stop()
+
+
+@pytest.fixture
+def nats_factory(tmp_path_factory: pytest.TempPathFactory):
+    """Call it to start a fresh nats-server -js (a NatsServer); every server it started is stopped afterwards."""
+    servers: list[NatsServer] = []
+
+    def start() -> NatsServer:
+        try:
+            servers.append(start_nats(tmp_path_factory.mktemp("nats")))
+        except NatsNotFound as err:
+            pytest.fail(str(err), pytrace=False)
+        return servers[-1]
+
+    yield start
+    for server in servers:
+        server.stop()

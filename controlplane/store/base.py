@@ -69,6 +69,7 @@ class WatchEvent:
     key: str
     value: bytes  # b"" for deletes
     mod_revision: int
+    lease: LeaseId | None = None  # a put's lease (None: none, or a delete)
 
 
 @dataclass(frozen=True, slots=True)

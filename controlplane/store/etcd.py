@@ -271,6 +271,7 @@ class EtcdStore:
                             event.kv.key.decode(),
                             bytes(event.kv.value) if is_put else b"",
                             event.kv.mod_revision,
+                            LeaseId(event.kv.lease) if is_put and event.kv.lease else None,
                         )
             except asyncio.CancelledError:
                 # close() cancels the gRPC call, which surfaces here as CancelledError; that is a

@@ -256,7 +256,7 @@ class MemoryStore:
         if op.lease is not None:
             self._leases[op.lease].keys.add(op.key)
         self._kvs[op.key] = KeyValue(op.key, op.value, create_revision, revision, version, op.lease)
-        return WatchEvent(EventType.PUT, op.key, op.value, revision)
+        return WatchEvent(EventType.PUT, op.key, op.value, revision, op.lease)
 
     def _delete_one(self, key: str, revision: int) -> WatchEvent:
         old = self._kvs.pop(key)

@@ -14,7 +14,8 @@ files are published in the credentials directory for the cluster's endpoint, whe
 on this machine find them with no flag; stop() removes them. `insecure=True` runs plaintext with
 random join and admin tokens instead.
 
-Several control-plane replicas (`num_controlplanes`, an etcd store) serve at once: agents and
+Several control-plane replicas (`num_controlplanes`, an etcd store; `bus` carries load reports and
+KV events: the store by default, or NATS, `bus="nats://HOST:PORT"`) serve at once: agents and
 clients get all their endpoints (`endpoint` is the comma-separated list the SDK takes) and fail
 over between them. Every replica is started with the same control-plane certificate (one identity,
 "controlplane"; the ticket-signing key they share lives in the store, controlplane/secrets.py),
@@ -191,6 +192,7 @@ class LocalCluster:
         stop_timeout: float = 10.0,
         insecure: bool = False,
         agents_per_process: int = 1,
+        bus: str = "auto",
     ) -> None:
         counts = {"prefill": num_prefill, "decode": num_decode, "both": num_both}
         for role, count in counts.items():
@@ -206,6 +208,9 @@ class LocalCluster:
             raise ValueError(f"num_controlplanes must be >= 1, got {num_controlplanes}")
         if num_controlplanes > 1 and not store.startswith("etcd://"):
             raise ValueError("control-plane replicas share state through etcd: give store='etcd://HOST:PORT[,HOST:PORT...]'")
+        if num_controlplanes > 1 and bus in ("memory", "memory://"):
+            raise ValueError("the in-process bus serves one replica: give bus='store' or bus='nats://HOST:PORT'")
+        self._bus = bus
         self._num_controlplanes = num_controlplanes
         self._counts = counts
         self._store = store
@@ -455,7 +460,7 @@ class LocalCluster:
         assert self.credentials is not None
         port = endpoint.rpartition(":")[2]
         return [
-            CONTROLPLANE, "--host", LOCALHOST, "--port", port, "--store", self._store,
+            CONTROLPLANE, "--host", LOCALHOST, "--port", port, "--store", self._store, "--bus", self._bus,
             *(self._http_args if first else []), *self.credentials.controlplane_args(), *self._controlplane_args,
         ]  # fmt: skip
 

@@ -58,6 +58,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     help="agents that prefill and decode (default: 0)")  # fmt: skip
     up.add_argument("--store", type=store_spec, default="memory", metavar="memory|etcd://HOST:PORT[,HOST:PORT...]",
                     help="where the control plane keeps shared state: embedded memory (default), or the members of an etcd cluster")  # fmt: skip
+    up.add_argument("--bus", default="auto", metavar="auto|memory|store|nats://HOST:PORT[,...]",
+                    help="how load reports and KV events reach the replicas (`kvplane controlplane --bus`): in-process with "
+                    "the memory store, the store with etcd (default), or a NATS JetStream server")  # fmt: skip
     up.add_argument("--replicas", type=positive_int, default=1, metavar="N",
                     help="control-plane replicas, the first on --port, the others on free ports (needs an etcd store; default: 1)")  # fmt: skip
     up.add_argument("--max-restarts", type=positive_int, default=DEFAULT_MAX_FAILURES, metavar="N",
@@ -121,6 +124,8 @@ def run_up(args: argparse.Namespace) -> int:
         raise CliError("nothing to start: give at least one of --prefill, --decode, --both a count > 0", 2)
     if args.replicas > 1 and args.store == "memory":
         raise CliError("--replicas needs an etcd store (--store etcd://HOST:PORT): replicas share state through it", 2)
+    if args.replicas > 1 and args.bus == "memory":
+        raise CliError("--replicas needs --bus store or --bus nats://HOST:PORT: the in-process bus serves one replica", 2)
     controlplane_args: list[str] = []
     if args.disagg_threshold is not None:
         controlplane_args += ["--disagg-threshold", str(args.disagg_threshold)]
@@ -145,7 +150,7 @@ def run_up(args: argparse.Namespace) -> int:
         num_prefill=args.prefill, num_decode=args.decode, num_both=args.both, store=args.store,
         port=args.port, agent_args=agent_args, controlplane_args=controlplane_args, log_dir=args.log_dir,
         startup_timeout=args.startup_timeout, num_controlplanes=args.replicas, insecure=args.insecure, engine=engine,
-        http_port=None if args.http_port < 0 else args.http_port,
+        http_port=None if args.http_port < 0 else args.http_port, bus=args.bus,
     )  # fmt: skip
     supervisor = Supervisor(cluster, RestartPolicy(max_failures=args.max_restarts))
     if args.insecure:

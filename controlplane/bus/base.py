@@ -1,0 +1,70 @@
+"""The bus seam: how workers' load reports and KV event batches reach every replica.
+
+These are the control plane's high-rate messages (a report per worker every 0.2 s, a batch per
+cache change); what needs consensus (membership and leases, settings, drains, keys) stays in the
+store. A replica that serves an agent's call publishes it; every replica (the publisher too)
+applies what the bus delivers, so a replica's view does not depend on which replica an agent
+talks to.
+
+What every backend guarantees:
+- A subscriber first gets what the bus retains (each worker's latest load report, and its KV
+  batches since its latest snapshot, as far as retention allows), then every later message.
+- One worker's KV batches arrive in the order they were published. `ordered` says whether a load
+  report also arrives after every batch published before it (the store and the in-process bus:
+  yes; NATS, where they travel in two streams: no).
+- A message may be missed (retention, a bus outage): the KV batches' own sequence numbers show it,
+  and the replica asks the worker for a snapshot (controlplane/cluster_state.py).
+- Messages carry the worker's lease: a replica applies them only to that registration.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from kvplane.v1 import registry_pb2
+
+Kind = Literal["load", "kv"]
+
+
+class BusError(RuntimeError):
+    """A bus operation failed; the message says what to do about it."""
+
+
+class BusUnavailable(BusError):
+    """The bus could not be reached or did not confirm a message."""
+
+
+@dataclass(frozen=True, slots=True)
+class BusMessage:
+    kind: Kind
+    payload: bytes  # a serialized ReportLoadRequest ("load") or PublishKVEventsRequest ("kv"), without the session token
+
+
+class Bus(Protocol):
+    name: str  # for logs and metrics: "store", "memory" or "nats"
+    # True: the messages are keys in the store and the replica's store watch delivers them
+    # (nobody subscribes).
+    carried_by_store: bool
+    ordered: bool  # a load report arrives after every KV batch its worker published before it
+
+    async def start(self) -> None: ...
+
+    async def publish_load(self, report: registry_pb2.ReportLoadRequest) -> None:
+        """Raises BusUnavailable when the bus did not take it (and LeaseNotFound through the store bus)."""
+        ...
+
+    async def publish_kv(self, batch: registry_pb2.PublishKVEventsRequest) -> None:
+        """A snapshot batch also lets the bus drop the worker's earlier batches."""
+        ...
+
+    async def forget_worker(self, worker_id: str) -> None:
+        """The worker registers afresh: its earlier KV batches are of no use to anyone."""
+        ...
+
+    async def subscribe(self) -> AsyncIterator[BusMessage]:
+        """Subscribes now; the iterator yields the retained messages, then new ones, until close()."""
+        ...
+
+    async def close(self) -> None: ...

@@ -1,0 +1,243 @@
+"""NATS JetStream as the bus: the choice for several replicas, as Dynamo runs it.
+
+Two streams, because the two kinds of message are kept differently:
+  KVPLANE_LOAD  kvplane.load.<worker id, hex>  one message per subject: each worker's latest report
+  KVPLANE_KV    kvplane.kv.<worker id, hex>    every KV batch; below a worker's snapshot purged (at
+                                               most every `kv_compact_every_s`), the rest bounded
+                                               by age and bytes
+(hex because a worker id may hold '.', NATS's subject separator). Every replica reads both with
+ordered consumers: ephemeral, flow-controlled and heartbeated, restarted by the client at the next
+stream sequence after a gap, a reconnect or a server restart. Two streams deliver independently,
+so a load report may overtake the batch it names (`ordered` is False: cluster_state.py waits a
+little before calling that a gap). The streams are created by the first replica to start, with
+file storage, so a restarted nats-server with its storage directory loses nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+from collections.abc import AsyncIterator
+
+from kvplane.v1 import registry_pb2
+
+from .base import BusMessage, BusUnavailable
+
+log = logging.getLogger(__name__)
+
+LOAD_STREAM = "KVPLANE_LOAD"
+KV_STREAM = "KVPLANE_KV"
+STREAMS = {"load": LOAD_STREAM, "kv": KV_STREAM}
+QUEUE_LIMIT = 100_000  # messages received and not yet applied; beyond it the bus drops (a KV gap: a snapshot is asked for)
+
+
+def subject(kind: str, worker_id: str) -> str:
+    return f"kvplane.{kind}.{worker_id.encode().hex()}"
+
+
+def server_urls(url: str) -> list[str]:
+    """'nats://h1:4222,h2:4222' -> ['nats://h1:4222', 'nats://h2:4222'] (the first item's scheme for the rest)."""
+    items = [item.strip() for item in url.split(",") if item.strip()]
+    scheme = items[0].split("://", 1)[0]
+    return [item if "://" in item else f"{scheme}://{item}" for item in items]
+
+
+class NatsBus:
+    name = "nats"
+    carried_by_store = False
+    ordered = False
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        tls: ssl.SSLContext | None = None,
+        timeout_s: float = 2.0,
+        kv_compact_every_s: float = 10.0,
+        kv_max_age_s: float = 3600.0,
+        kv_max_bytes: int = 1 << 30,
+        replicas: int = 1,
+    ) -> None:
+        self._servers = server_urls(url)
+        self._tls = tls
+        self._timeout_s = timeout_s
+        self._compact_every_s = kv_compact_every_s
+        self._kv_max_age_s = kv_max_age_s
+        self._kv_max_bytes = kv_max_bytes
+        self._replicas = replicas  # stream replicas in a NATS cluster
+        self._nc = None
+        self._js = None
+        self._last_compaction: dict[str, float] = {}
+        self._subscriptions: dict[str, object] = {}  # kind -> its ordered consumer's subscription
+        self._queue: asyncio.Queue[BusMessage | None] | None = None
+        self._resubscribing: asyncio.Task | None = None
+        self._closing = False
+        self.num_dropped = 0  # messages received while this replica's queue was full
+
+    async def start(self) -> None:
+        import nats  # the optional dependency, loaded only for this bus
+
+        try:
+            self._nc = await nats.connect(
+                servers=self._servers, tls=self._tls, connect_timeout=self._timeout_s, allow_reconnect=True,
+                max_reconnect_attempts=2, reconnect_time_wait=0.5, error_cb=self._on_error,
+                disconnected_cb=self._on_disconnected, reconnected_cb=self._on_reconnected,
+            )  # fmt: skip
+        except Exception as e:
+            raise BusUnavailable(
+                f"cannot reach NATS at {', '.join(self._servers)} ({e!r}): start nats-server with JetStream (-js), or use --bus store"
+            ) from e
+        self._nc.options["max_reconnect_attempts"] = -1  # connected once: from now on, reconnect for ever
+        self._js = self._nc.jetstream(timeout=self._timeout_s)
+        await self._ensure_streams()
+        log.info("bus: NATS JetStream at %s", ", ".join(self._servers))
+
+    async def _ensure_streams(self) -> None:
+        from nats.js import api
+        from nats.js.errors import BadRequestError
+
+        day = 24 * 3600.0
+        configs = [
+            api.StreamConfig(
+                name=LOAD_STREAM, subjects=["kvplane.load.*"], max_msgs_per_subject=1, max_age=day,
+                storage=api.StorageType.FILE, discard=api.DiscardPolicy.OLD, num_replicas=self._replicas,
+            ),
+            api.StreamConfig(
+                name=KV_STREAM, subjects=["kvplane.kv.*"], max_age=self._kv_max_age_s, max_bytes=self._kv_max_bytes,
+                storage=api.StorageType.FILE, discard=api.DiscardPolicy.OLD, num_replicas=self._replicas,
+            ),
+        ]  # fmt: skip
+        try:
+            for config in configs:
+                try:
+                    await self._js.add_stream(config)
+                except BadRequestError:  # it exists with other limits (another version, another flag): take ours
+                    await self._js.update_stream(config)
+        except Exception as e:
+            raise BusUnavailable(f"cannot create the bus's JetStream streams ({e!r}): is JetStream on (nats-server -js)?") from e
+
+    async def publish_load(self, report: registry_pb2.ReportLoadRequest) -> None:
+        await self._publish(subject("load", report.worker_id), report.SerializeToString(), LOAD_STREAM)
+
+    async def publish_kv(self, batch: registry_pb2.PublishKVEventsRequest) -> None:
+        kv_subject = subject("kv", batch.worker_id)
+        ack = await self._publish(kv_subject, batch.SerializeToString(), KV_STREAM)
+        if batch.snapshot:
+            await self._maybe_compact(batch.worker_id, kv_subject, ack.seq)
+
+    async def forget_worker(self, worker_id: str) -> None:
+        for kind, stream in (("kv", KV_STREAM), ("load", LOAD_STREAM)):
+            try:
+                await self._js.purge_stream(stream, subject=subject(kind, worker_id))
+            except Exception as e:
+                raise BusUnavailable(f"NATS did not purge {worker_id}'s earlier messages ({e!r})") from e
+
+    async def _publish(self, subj: str, payload: bytes, stream: str):
+        from nats.errors import NoRespondersError
+
+        for attempt in range(2):
+            try:
+                return await self._js.publish(subj, payload, stream=stream, timeout=self._timeout_s)
+            except NoRespondersError as e:
+                # Nobody serves the stream: a nats-server restarted without its storage. Create it again, once.
+                if attempt == 0:
+                    await self._ensure_streams()
+                    continue
+                raise BusUnavailable(f"no JetStream stream {stream} answers on NATS ({e!r})") from e
+            except Exception as e:
+                raise BusUnavailable(f"NATS did not confirm a message for {stream} ({e!r}); try again") from e
+        raise AssertionError("unreachable")
+
+    async def _maybe_compact(self, worker_id: str, kv_subject: str, snapshot_stream_seq: int) -> None:
+        now = asyncio.get_running_loop().time()
+        if now - self._last_compaction.get(worker_id, float("-inf")) < self._compact_every_s:
+            return
+        self._last_compaction[worker_id] = now
+        try:
+            await self._js.purge_stream(KV_STREAM, subject=kv_subject, seq=snapshot_stream_seq)
+        except Exception as e:  # the batches stay until age or size drops them: a replica replays more, nothing is lost
+            log.warning("purging %s's KV batches before its snapshot failed: %r", worker_id, e)
+
+    async def subscribe(self) -> AsyncIterator[BusMessage]:
+        if self._queue is not None:
+            raise RuntimeError("a NatsBus has one subscriber (the replica's view); open another bus for another")
+        self._queue = asyncio.Queue(QUEUE_LIMIT)
+        # KV first: its retained batches are queued before the load reports that name them.
+        for kind in ("kv", "load"):
+            await self._subscribe(kind)
+        return self._read(self._queue)
+
+    async def _subscribe(self, kind: str) -> None:
+        """An ordered consumer of one stream from its start (each subject's latest, for load reports)."""
+        from nats.js import api
+
+        policy = api.DeliverPolicy.ALL if kind == "kv" else api.DeliverPolicy.LAST_PER_SUBJECT
+        queue = self._queue
+
+        async def receive(msg) -> None:
+            try:
+                queue.put_nowait(BusMessage(kind, msg.data))
+            except asyncio.QueueFull:
+                self.num_dropped += 1
+
+        try:
+            self._subscriptions[kind] = await self._js.subscribe(
+                f"kvplane.{kind}.*", stream=STREAMS[kind], cb=receive, ordered_consumer=True, deliver_policy=policy,
+                idle_heartbeat=1.0,
+            )  # fmt: skip
+        except Exception as e:
+            raise BusUnavailable(f"cannot subscribe to {STREAMS[kind]} on NATS ({e!r})") from e
+
+    async def _resubscribe(self) -> None:
+        """After a reconnect: new consumers that replay what the streams retain. The client's own
+        ordered-consumer recovery can die when it runs while the connection is down, and a server
+        that lost messages (killed before it wrote them) numbers new ones where the lost ones
+        were, so resuming after the last sequence seen could skip them. A replay is harmless: a
+        snapshot is the worker's whole truth and batches already applied are skipped (core/index.py)."""
+        for kind in ("kv", "load"):
+            old = self._subscriptions.pop(kind, None)
+            if old is not None:
+                try:
+                    await old.unsubscribe()
+                except Exception:
+                    pass
+            while not self._closing:
+                try:
+                    await self._subscribe(kind)
+                    break
+                except BusUnavailable as e:
+                    log.warning("NATS: %s; retrying", e)
+                    await asyncio.sleep(0.5)
+
+    async def _read(self, queue: asyncio.Queue[BusMessage | None]) -> AsyncIterator[BusMessage]:
+        while True:
+            message = await queue.get()
+            if message is None:
+                return
+            yield message
+
+    async def close(self) -> None:
+        self._closing = True
+        for sub in self._subscriptions.values():
+            try:
+                await sub.unsubscribe()
+            except Exception:
+                pass
+        if self._queue is not None:
+            if self._queue.full():
+                self._queue.get_nowait()  # the reader is ending anyway: room for the end mark
+            self._queue.put_nowait(None)
+        if self._nc is not None:
+            await self._nc.close()
+
+    async def _on_error(self, e: Exception) -> None:
+        log.warning("NATS: %r", e)
+
+    async def _on_disconnected(self) -> None:
+        log.warning("NATS: disconnected; reconnecting")
+
+    async def _on_reconnected(self) -> None:
+        log.info("NATS: reconnected to %s", self._nc.connected_url.netloc if self._nc and self._nc.connected_url else "?")
+        if self._queue is not None and not self._closing and (self._resubscribing is None or self._resubscribing.done()):
+            self._resubscribing = asyncio.get_running_loop().create_task(self._resubscribe(), name="nats-resubscribe")

@@ -1,0 +1,284 @@
+"""The bus (controlplane/bus/): what every backend delivers, what NATS retains and survives, and how
+a replica's view applies bus messages to the registration they name. The in-process bus and the
+embedded store need no process; the NATS tests run a real nats-server with JetStream on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from kvplane.controlplane import cluster_state as cs
+from kvplane.controlplane import keys
+from kvplane.controlplane.bus import BusUnavailable, MemoryBus, StoreBus, check_bus_url, open_bus
+from kvplane.controlplane.cluster_state import ClusterState
+from kvplane.controlplane.store import MemoryStore
+from kvplane.types import Tier, WorkerId
+from kvplane.v1 import common_pb2, registry_pb2
+
+W = "w.1"  # a '.' is NATS's subject separator: the subject must not take the id as it is
+
+
+def _batch(
+    seq: int, hashes: list[bytes], *, lease: int = 0, snapshot: bool = False, worker: str = W
+) -> registry_pb2.PublishKVEventsRequest:
+    event = common_pb2.KVEvent(stored=common_pb2.BlockStored(block_hashes=hashes, tier=common_pb2.TIER_DEVICE))
+    return registry_pb2.PublishKVEventsRequest(worker_id=worker, lease_id=lease, seq=seq, events=[event], snapshot=snapshot)
+
+
+def _report(kv_seq: int, *, lease: int = 0, running: int = 0, worker: str = W) -> registry_pb2.ReportLoadRequest:
+    load = common_pb2.WorkerLoad(num_running=running)
+    return registry_pb2.ReportLoadRequest(worker_id=worker, lease_id=lease, kv_seq=kv_seq, load=load)
+
+
+def _decoded(message) -> tuple:
+    if message.kind == "load":
+        report = registry_pb2.ReportLoadRequest.FromString(message.payload)
+        return ("load", report.worker_id, report.load.num_running)
+    batch = registry_pb2.PublishKVEventsRequest.FromString(message.payload)
+    return ("kv", batch.worker_id, batch.seq)
+
+
+async def _take(messages, count: int, timeout_s: float = 20.0) -> list[tuple]:
+    return [_decoded(await asyncio.wait_for(anext(messages), timeout_s)) for _ in range(count)]
+
+
+# -- choosing a bus -----------------------------------------------------------------------------
+
+
+def test_bus_urls_name_a_backend_and_auto_follows_the_store():
+    assert check_bus_url("auto", "memory") == "memory"
+    assert check_bus_url("auto", "etcd://127.0.0.1:2379") == "store"
+    assert check_bus_url("store") == "store"
+    assert check_bus_url("nats://a:4222,b:4222") == "nats"
+    assert check_bus_url("tls://a:4222") == "nats"
+    for bad in ("", "nats://", "kafka://a:9092", "etcd://a:2379"):
+        with pytest.raises(ValueError, match="unsupported bus"):
+            check_bus_url(bad)
+    store = MemoryStore()
+    assert isinstance(open_bus("auto", store), MemoryBus)
+    assert isinstance(open_bus("auto", store, store_url="etcd://h:1"), StoreBus)
+
+
+def test_a_nats_bus_that_cannot_be_reached_says_so_and_what_to_do():
+    from kvplane.apps.cluster import free_port
+    from kvplane.controlplane.bus.nats import NatsBus
+
+    async def body():
+        with pytest.raises(BusUnavailable, match=r"cannot reach NATS .*nats-server with JetStream"):
+            await NatsBus(f"nats://127.0.0.1:{free_port()}", timeout_s=0.5).start()
+
+    asyncio.run(body())
+
+
+# -- what every subscribable backend delivers ----------------------------------------------------
+
+
+async def _deliver_in_order(bus) -> None:
+    messages = await bus.subscribe()
+    for seq in (1, 2, 3):
+        await bus.publish_kv(_batch(seq, [bytes([seq])], snapshot=seq == 1))
+    await bus.publish_load(_report(3, running=5))
+    await bus.publish_kv(_batch(1, [b"x"], worker="other", snapshot=True))
+    got = await _take(messages, 5)
+    assert [m for m in got if m[1] == W and m[0] == "kv"] == [("kv", W, 1), ("kv", W, 2), ("kv", W, 3)]
+    assert ("load", W, 5) in got and ("kv", "other", 1) in got
+
+
+def test_the_in_process_bus_delivers_every_message_in_order():
+    async def body():
+        bus = MemoryBus()
+        await bus.start()
+        await _deliver_in_order(bus)
+        await bus.close()
+
+    asyncio.run(body())
+
+
+@pytest.mark.cluster
+def test_nats_delivers_every_message_with_one_workers_batches_in_order(nats_factory):
+    from kvplane.controlplane.bus.nats import NatsBus
+
+    server = nats_factory()
+
+    async def body():
+        bus = NatsBus(server.url)
+        await bus.start()
+        await _deliver_in_order(bus)
+        await bus.close()
+
+    asyncio.run(body())
+
+
+@pytest.mark.cluster
+def test_nats_retains_the_latest_report_and_the_batches_since_the_snapshot_and_forgets_a_reregistered_worker(nats_factory):
+    from kvplane.controlplane.bus.nats import NatsBus
+
+    server = nats_factory()
+
+    async def body():
+        publisher = NatsBus(server.url, kv_compact_every_s=0.0)
+        await publisher.start()
+        for seq in range(1, 6):
+            await publisher.publish_kv(_batch(seq, [bytes([seq])], snapshot=seq == 3))
+        for running in (1, 2, 3):
+            await publisher.publish_load(_report(5, running=running))
+        late = NatsBus(server.url)  # a replica that starts now
+        await late.start()
+        got = await _take(await late.subscribe(), 4)
+        assert got == [("kv", W, 3), ("kv", W, 4), ("kv", W, 5), ("load", W, 3)]
+        await late.close()
+        await publisher.forget_worker(W)  # the worker registers afresh
+        await publisher.publish_kv(_batch(1, [b"n"], snapshot=True))
+        later = NatsBus(server.url)
+        await later.start()
+        assert await _take(await later.subscribe(), 1) == [("kv", W, 1)]
+        await later.close()
+        await publisher.close()
+
+    asyncio.run(body())
+
+
+@pytest.mark.cluster
+def test_a_subscriber_gets_what_is_published_after_nats_is_killed_and_restarted(nats_factory):
+    from kvplane.controlplane.bus.nats import NatsBus
+
+    server = nats_factory()
+
+    async def body():
+        publisher, subscriber = NatsBus(server.url), NatsBus(server.url)
+        await publisher.start()
+        await subscriber.start()
+        messages = await subscriber.subscribe()
+        await publisher.publish_kv(_batch(1, [b"a"], snapshot=True))
+        assert await _take(messages, 1) == [("kv", W, 1)]
+        server.kill()
+        with pytest.raises(BusUnavailable, match="NATS did not confirm"):
+            await publisher.publish_kv(_batch(2, [b"b"]))
+        server.restart()
+        for _ in range(100):  # the client reconnects on its own; until then publishing fails (the agent retries)
+            try:
+                await publisher.publish_kv(_batch(3, [b"c"]))
+                break
+            except BusUnavailable:
+                await asyncio.sleep(0.2)
+        # Batch 3, published after the restart, arrives. After a reconnect the subscriber replays
+        # what the stream retains (batch 1 again, if the server wrote it before it was killed), and
+        # batch 2, reported failed (the agent moves on to batch 3), may still come from the client's
+        # reconnect buffer or not: then the replica sees 3 after 1, a gap it asks a snapshot for.
+        seen = []
+        while ("kv", W, 3) not in seen:
+            seen += await _take(messages, 1)
+        assert set(seen) <= {("kv", W, 1), ("kv", W, 2), ("kv", W, 3)}
+        await publisher.close()
+        await subscriber.close()
+
+    asyncio.run(body())
+
+
+# -- a replica's view on a bus ----------------------------------------------------------------------
+
+
+async def _settle(predicate, what: str) -> None:
+    for _ in range(300):
+        if predicate():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _device_blocks(state: ClusterState, worker: str = W) -> int:
+    return state.index.blocks_by_tier().get(WorkerId(worker), {}).get(Tier.DEVICE, 0)
+
+
+async def _register(store: MemoryStore, worker: str = W) -> int:
+    lease = await store.lease_grant(60)
+    info = common_pb2.WorkerInfo(worker_id=worker, role=common_pb2.ROLE_BOTH, endpoint="h:1", model="m")
+    await store.put(keys.worker_key(worker), info.SerializeToString(), lease=lease)
+    return lease
+
+
+def test_bus_messages_apply_to_the_registration_they_name_and_wait_for_one_not_seen_yet():
+    async def body():
+        store, bus = MemoryStore(), MemoryBus()
+        state = ClusterState(store, bus=bus, credit_routed_only=False)
+        await state.start()
+        try:
+            # Published before the store shows the registration (another replica registered it):
+            # held, then applied once the registration appears.
+            lease = await store.lease_grant(60)
+            await bus.publish_kv(_batch(1, [b"a", b"b"], lease=lease, snapshot=True))
+            await bus.publish_load(_report(1, lease=lease, running=3))
+            await asyncio.sleep(0.05)
+            assert _device_blocks(state) == 0 and WorkerId(W) not in state.workers
+            info = common_pb2.WorkerInfo(worker_id=W, role=common_pb2.ROLE_BOTH, endpoint="h:1", model="m")
+            await store.put(keys.worker_key(W), info.SerializeToString(), lease=lease)
+            await _settle(lambda: _device_blocks(state) == 2, "the held snapshot")
+            assert state.workers[WorkerId(W)].load.num_running == 3
+            assert state.lease_of(W) == lease
+            # A message of an earlier registration (an old lease) changes nothing.
+            await bus.publish_kv(_batch(2, [b"z"], lease=lease + 1))
+            await bus.publish_load(_report(2, lease=lease + 1, running=9))
+            await bus.publish_kv(_batch(2, [b"c"], lease=lease))
+            await _settle(lambda: _device_blocks(state) == 3, "the next batch")
+            assert state.workers[WorkerId(W)].load.num_running == 3
+            assert not state.snapshot_requested(W)
+            assert not store_keys_under(store, keys.LOAD) and not store_keys_under(store, keys.KV)
+        finally:
+            await state.stop()
+
+    asyncio.run(body())
+
+
+def store_keys_under(store: MemoryStore, prefix: str) -> list[str]:
+    return [key for key in store._kvs if key.startswith(prefix)]
+
+
+def test_a_first_batch_that_is_neither_batch_1_nor_a_snapshot_asks_for_a_snapshot():
+    async def body():
+        store, bus = MemoryStore(), MemoryBus()
+        state = ClusterState(store, bus=bus)
+        await state.start()
+        try:
+            lease = await _register(store)
+            await _settle(lambda: WorkerId(W) in state.workers, "the registration")
+            # The bus no longer had batches 1..6 (retention) when this replica subscribed.
+            await bus.publish_kv(_batch(7, [b"g"], lease=lease))
+            await _settle(lambda: state.snapshot_requested(W), "the snapshot request")
+            assert (await store.get(keys.resync_key(W))) is not None
+            await bus.publish_kv(_batch(8, [b"a", b"g"], lease=lease, snapshot=True))
+            await _settle(lambda: not state.snapshot_requested(W), "the snapshot")
+        finally:
+            await state.stop()
+
+    asyncio.run(body())
+
+
+def test_on_an_unordered_bus_a_named_batch_is_lost_only_once_it_is_late(monkeypatch):
+    monkeypatch.setattr(cs, "KV_LATE_S", 0.3)
+
+    async def body():
+        store, bus = MemoryStore(), MemoryBus()
+        bus.ordered = False  # as NATS: load reports and batches travel in two streams
+        state = ClusterState(store, bus=bus)
+        await state.start()
+        try:
+            lease = await _register(store)
+            await _settle(lambda: WorkerId(W) in state.workers, "the registration")
+            await bus.publish_kv(_batch(1, [b"a"], lease=lease, snapshot=True))
+            # A report overtakes batch 2: not a gap while the batch may still come...
+            await bus.publish_load(_report(2, lease=lease))
+            await bus.publish_kv(_batch(2, [b"b"], lease=lease))
+            await bus.publish_load(_report(3, lease=lease))  # ...and again for batch 3, which never comes
+            await asyncio.sleep(0.1)
+            await bus.publish_load(_report(3, lease=lease))
+            await asyncio.sleep(0.05)
+            assert not state.snapshot_requested(W) and state.num_gaps_detected == 0
+            await asyncio.sleep(0.3)
+            await bus.publish_load(_report(3, lease=lease))  # still missing, now late: lost
+            await _settle(lambda: state.snapshot_requested(W), "the snapshot request")
+            assert state.num_gaps_detected == 1
+        finally:
+            await state.stop()
+
+    asyncio.run(body())
