@@ -136,6 +136,8 @@ class NatsBus:
     async def _publish(self, subj: str, payload: bytes, stream: str):
         from nats.errors import NoRespondersError
 
+        if not self._nc.is_connected:  # fail at once: the agent's call has a deadline of its own
+            raise BusUnavailable("not connected to NATS (reconnecting); try again")
         for attempt in range(2):
             try:
                 return await self._js.publish(subj, payload, stream=stream, timeout=self._timeout_s)
@@ -232,10 +234,12 @@ class NatsBus:
             await self._nc.close()
 
     async def _on_error(self, e: Exception) -> None:
-        log.warning("NATS: %r", e)
+        # While reconnecting every failed attempt lands here; the disconnect was logged once.
+        log.log(logging.DEBUG if self._nc is None or self._nc.is_reconnecting else logging.WARNING, "NATS: %r", e)
 
     async def _on_disconnected(self) -> None:
-        log.warning("NATS: disconnected; reconnecting")
+        if not self._closing:
+            log.warning("NATS: disconnected; reconnecting")
 
     async def _on_reconnected(self) -> None:
         log.info("NATS: reconnected to %s", self._nc.connected_url.netloc if self._nc and self._nc.connected_url else "?")

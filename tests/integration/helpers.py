@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 import ssl
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -12,6 +13,9 @@ from pathlib import Path
 import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+
+from kvplane import Client
+from kvplane.errors import KvplaneError
 
 BLOCK_SIZE = 16  # the engine's default, which these clusters use
 
@@ -145,3 +149,44 @@ def paced_sim_agents(directory: Path, step_s: float = 0.01) -> tuple[str, ...]:
     profile = Path(directory) / "paced_step_model.json"
     profile.write_text(json.dumps({"coefficients": [step_s, 1e-6, 0.0, 0.0, 0.0], "num_samples": 100, "mean_abs_pct_error": 0.0}))
     return ("--engine", "sim", "--sim-model", "llama-3-8b", "--sim-tp", "1", "--sim-profile", str(profile))
+
+
+class Traffic:
+    """Greedy requests in a loop on their own thread; every output is compared with the reference."""
+
+    def __init__(self, endpoint: str, prompts: list[list[int]], reference: list[tuple[int, ...]], max_tokens: int) -> None:
+        self._endpoint, self._prompts, self._reference, self._max_tokens = endpoint, prompts, reference, max_tokens
+        self.num_ok = 0
+        self.wrong: list[int] = []
+        self.failures: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Traffic:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(60)
+
+    def _run(self) -> None:
+        with Client(self._endpoint, timeout=30) as client:
+            i = 0
+            while not self._stop.is_set():
+                k = i % len(self._prompts)
+                try:
+                    tokens = client.generate(self._prompts[k], max_tokens=self._max_tokens, ignore_eos=True).token_ids
+                except KvplaneError as e:
+                    self.failures.append(f"{type(e).__name__}: {e}")
+                else:
+                    self.num_ok += 1
+                    if tokens != self._reference[k]:
+                        self.wrong.append(k)
+                i += 1
+
+    def count(self, seconds: float) -> int:
+        """Requests completed during the next `seconds`."""
+        before = self.num_ok
+        time.sleep(seconds)
+        return self.num_ok - before

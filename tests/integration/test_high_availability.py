@@ -11,62 +11,19 @@ on loopback, under steady greedy traffic whose every output is checked against a
 from __future__ import annotations
 
 import signal
-import threading
 import time
 
 import pytest
 
 from kvplane import Client
 from kvplane.apps.cluster import LocalCluster
-from kvplane.errors import KvplaneError
 
-from .helpers import BLOCK_SIZE, assert_nothing_pinned, cached_blocks, prompt_ids, wait_for
+from .helpers import BLOCK_SIZE, Traffic, assert_nothing_pinned, cached_blocks, prompt_ids, wait_for
 
 pytestmark = pytest.mark.cluster  # starts processes
 
 NUM_PROMPTS = 6
 MAX_TOKENS = 24
-
-
-class Traffic:
-    """Greedy requests in a loop on their own thread; every output is compared with the reference."""
-
-    def __init__(self, endpoint: str, prompts: list[list[int]], reference: list[tuple[int, ...]]) -> None:
-        self._endpoint, self._prompts, self._reference = endpoint, prompts, reference
-        self.num_ok = 0
-        self.wrong: list[int] = []
-        self.failures: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> Traffic:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join(60)
-
-    def _run(self) -> None:
-        with Client(self._endpoint, timeout=30) as client:
-            i = 0
-            while not self._stop.is_set():
-                k = i % len(self._prompts)
-                try:
-                    tokens = client.generate(self._prompts[k], max_tokens=MAX_TOKENS, ignore_eos=True).token_ids
-                except KvplaneError as e:
-                    self.failures.append(f"{type(e).__name__}: {e}")
-                else:
-                    self.num_ok += 1
-                    if tokens != self._reference[k]:
-                        self.wrong.append(k)
-                i += 1
-
-    def count(self, seconds: float) -> int:
-        """Requests completed during the next `seconds`."""
-        before = self.num_ok
-        time.sleep(seconds)
-        return self.num_ok - before
 
 
 def test_replicas_on_a_three_member_etcd_ride_out_member_loss_quorum_loss_and_a_replica_kill(etcd_cluster_factory, tmp_path):
@@ -79,7 +36,7 @@ def test_replicas_on_a_three_member_etcd_ride_out_member_loss_quorum_loss_and_a_
         controlplane_args=("--lease-ttl", "6", "--trust-worker-cache-claims"),
     ) as cluster, Client(cluster.endpoint, timeout=60) as client:  # fmt: skip
         reference = [client.generate(p, max_tokens=MAX_TOKENS, ignore_eos=True).token_ids for p in prompts]
-        with Traffic(cluster.endpoint, prompts, reference) as traffic:
+        with Traffic(cluster.endpoint, prompts, reference, MAX_TOKENS) as traffic:
             assert traffic.count(2.0) > 0
 
             etcd.members[0].kill()

@@ -1,0 +1,84 @@
+"""Two control-plane replicas on one etcd with NATS JetStream as their bus, on real processes.
+
+Load reports and KV events reach both replicas through NATS and never touch etcd; a KV prefix a
+worker computed through one replica is routed to by the other. nats-server is SIGKILLed under
+steady greedy traffic (every output checked against a clean run): requests keep succeeding on the
+replicas' last known state, and once it is back the workers report again and new KV events reach
+both replicas' indexes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from kvplane import Client
+from kvplane.apps.cluster import LocalCluster
+from kvplane.controlplane import keys
+from kvplane.controlplane.store import open_store
+
+from .helpers import BLOCK_SIZE, Traffic, assert_nothing_pinned, prompt_ids, wait_for
+
+pytestmark = pytest.mark.cluster  # starts processes
+
+MAX_TOKENS = 16
+WORKERS = {"both-0", "both-1"}
+
+
+def _store_keys(url: str, prefix: str) -> list[str]:
+    async def read():
+        store = open_store(url)
+        try:
+            items, _ = await store.get_prefix(prefix)
+            return [kv.key for kv in items]
+        finally:
+            await store.close()
+
+    return asyncio.run(read())
+
+
+def _reporting(endpoint: str) -> set[str]:
+    with Client(endpoint, timeout=20) as client:
+        return {w.worker_id for w in client.workers() if w.load_age_s < 1.0}
+
+
+def _prefix_known_everywhere(cluster: LocalCluster, prompt: list[int], num_blocks: int) -> None:
+    for replica in cluster.controlplane_endpoints.values():
+        with Client(replica, timeout=30) as one:
+            wait_for(lambda one=one: one.route(prompt, max_tokens=2).cached_tokens >= num_blocks * BLOCK_SIZE,
+                     timeout=20, what=f"the prefix in {replica}'s index")  # fmt: skip
+
+
+def test_two_replicas_share_load_and_kv_events_through_nats_and_ride_out_its_restart(etcd_factory, nats_factory, tmp_path):
+    etcd, nats = etcd_factory(), nats_factory()
+    prompts = [prompt_ids(seed=110 + i, length=3 * BLOCK_SIZE) for i in range(4)]
+    with LocalCluster(
+        num_prefill=0, num_decode=0, num_both=2, store=etcd.url, num_controlplanes=2, log_dir=tmp_path, bus=nats.url,
+        # Every replica credits every worker's KV events, so each one's index shows the events it applied.
+        controlplane_args=("--lease-ttl", "6", "--trust-worker-cache-claims"),
+    ) as cluster, Client(cluster.endpoint, timeout=60) as client:  # fmt: skip
+        for replica in cluster.controlplane_endpoints.values():
+            wait_for(lambda replica=replica: _reporting(replica) == WORKERS, timeout=30, what=f"both workers' reports at {replica}")
+        first = prompt_ids(seed=120, length=5 * BLOCK_SIZE)
+        client.generate(first, max_tokens=2)
+        _prefix_known_everywhere(cluster, first, 4)
+        # Neither kind of message is a store key.
+        assert _store_keys(etcd.url, keys.LOAD) == [] and _store_keys(etcd.url, keys.KV) == []
+        assert len(_store_keys(etcd.url, keys.WORKERS)) == 2
+
+        reference = [client.generate(p, max_tokens=MAX_TOKENS, ignore_eos=True).token_ids for p in prompts]
+        with Traffic(cluster.endpoint, prompts, reference, MAX_TOKENS) as traffic:
+            assert traffic.count(2.0) > 0
+            nats.kill()
+            assert traffic.count(4.0) > 0, "no request completed while the bus was down"
+            nats.restart()
+            for replica in cluster.controlplane_endpoints.values():
+                wait_for(lambda replica=replica: _reporting(replica) == WORKERS, timeout=30, what=f"reports at {replica} again")
+            fresh = prompt_ids(seed=121, length=5 * BLOCK_SIZE)
+            client.generate(fresh, max_tokens=2)
+            _prefix_known_everywhere(cluster, fresh, 4)
+            assert traffic.count(2.0) > 0
+        assert traffic.wrong == [], f"outputs differed from the clean run for prompts {traffic.wrong}"
+        assert not traffic.failures, traffic.failures[:3]
+        assert_nothing_pinned(cluster, client)
