@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 from kvplane.block_hash import chain_hash, root_hash
 from kvplane.controlplane import keys
-from kvplane.controlplane.bus import Bus, BusMessage, StoreBus
+from kvplane.controlplane.bus import Bus, BusError, BusMessage, StoreBus
 from kvplane.controlplane.core.index import NO_SEQ, CacheIndex, ClearedEvent, RemovedEvent, StoredEvent
 from kvplane.controlplane.core.planner import Plan
 from kvplane.controlplane.core.pool import WorkerTable, cluster_with
@@ -91,7 +91,10 @@ class ClusterState:
         self._pending: dict[tuple[WorkerId, int], tuple[float, list[BusMessage]]] = {}
         self._awaited: dict[WorkerId, tuple[int, float]] = {}  # a KV batch a report named: (seq, when first named)
         self.num_bus_messages = 0  # applied from the bus (not the store bus)
-        self.store_ok_at: float | None = None  # monotonic time a store probe last succeeded
+        self.num_bus_dropped = 0  # missed on purpose (fault injection)
+        self._drop_bus_until = 0.0
+        # Monotonic time a probe of the store, and of the bus the reports travel on, last succeeded.
+        self.store_ok_at: float | None = None
         self._probe_task: asyncio.Task | None = None
         # This replica's own pauses: afterwards every report looks old until the watch catches up,
         # so silence is not judged until the store has been heard from again a while later.
@@ -163,14 +166,16 @@ class ClusterState:
                     pass
 
     async def _probe(self) -> None:
-        """Notes when the store last answered, so that silent workers can be told from a silent store."""
+        """Notes when the store and the bus last answered, so that silent workers can be told from
+        a silent store or bus (either stops every report at once)."""
         while True:
             await asyncio.sleep(STORE_PROBE_INTERVAL_S)
             sent_at = time.monotonic()
             try:
                 await self._store.get(keys.TICKET_KEY)
-            except StoreError as e:
-                log.debug("store probe failed: %s", e)
+                await self.bus.probe()
+            except (StoreError, BusError) as e:
+                log.debug("store or bus probe failed: %s", e)
             else:
                 if sent_at >= self._trust_store_after:
                     self.store_ok_at = sent_at  # the store worked at least as late as this
@@ -201,8 +206,16 @@ class ClusterState:
                 log.warning("store watch failed (%s); resuming from revision %d", e, start_revision)
                 await asyncio.sleep(0.5)
 
+    def drop_bus_messages(self, seconds: float) -> None:
+        """Fault injection: miss what the bus brings for `seconds` (a replica that fell behind)."""
+        self._drop_bus_until = time.monotonic() + seconds
+        log.warning("fault injection: dropping bus messages for %.1f s", seconds)
+
     async def _read_bus(self, messages) -> None:
         async for message in messages:
+            if self._drop_bus_until and time.monotonic() < self._drop_bus_until:
+                self.num_bus_dropped += 1
+                continue
             try:
                 self._apply_bus(message)
             except Exception:

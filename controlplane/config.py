@@ -70,6 +70,8 @@ class ControlPlaneConfig:
     etcd_key: str = ""
     etcd_user: str = ""
     etcd_password_file: str = ""
+    # Testing only (the chaos suite): SIGUSR1 makes the replica miss the bus messages it receives for a while.
+    fault_injection: bool = False
     # NATS's TLS (a tls:// bus): its CA, and a client certificate where NATS verifies clients.
     bus_ca: str = ""
     bus_cert: str = ""

@@ -76,6 +76,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     bus.add_argument("--bus-ca", default="", metavar="FILE", help="CA of NATS's server certificate (default: the system's)")
     bus.add_argument("--bus-cert", default="", metavar="FILE", help="client certificate, where NATS verifies clients")
     bus.add_argument("--bus-key", default="", metavar="FILE", help="its private key")
+    parser.add_argument("--fault-injection", action="store_true",
+                        help="testing only (the chaos suite): SIGUSR1 makes this replica miss the load reports and KV events "
+                        "the bus brings it for 2 s")  # fmt: skip
     limits = parser.add_argument_group("limits (docs/security.md)")
     limits.add_argument("--max-workers", type=int, default=d.max_workers, help="registered workers (default %(default)s)")
     limits.add_argument(
@@ -130,6 +133,7 @@ def config_from_args(args: argparse.Namespace) -> ControlPlaneConfig:
         grpc_max_connections=args.grpc_max_connections,
         etcd_ca=args.etcd_ca, etcd_cert=args.etcd_cert, etcd_key=args.etcd_key, etcd_user=args.etcd_user,
         etcd_password_file=args.etcd_password_file, bus_ca=args.bus_ca, bus_cert=args.bus_cert, bus_key=args.bus_key,
+        fault_injection=args.fault_injection,
     ).validate()  # fmt: skip
 
 
@@ -142,6 +146,7 @@ def security_from_args(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     from kvplane import telemetry
+    from kvplane.controlplane.bus import BusUnavailable
     from kvplane.controlplane.server import serve
     from kvplane.controlplane.tokenizer import TokenizerError
 
@@ -158,4 +163,7 @@ def run(args: argparse.Namespace) -> int:
     except TokenizerError as e:  # a --tokenizer that cannot be read: refused at start
         print(f"kvplane controlplane: {e}", file=sys.stderr)
         return 2
+    except BusUnavailable as e:  # the bus did not answer at start
+        print(f"kvplane controlplane: {e}", file=sys.stderr)
+        return 1
     return 0

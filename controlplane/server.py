@@ -32,6 +32,8 @@ from kvplane.v1 import client_pb2, client_pb2_grpc, registry_pb2, registry_pb2_g
 
 log = logging.getLogger(__name__)
 
+BUS_DROP_S = 2.0  # fault injection: how long a replica misses bus messages after SIGUSR1
+
 SERVICE_NAMES = (
     client_pb2.DESCRIPTOR.services_by_name["Kvplane"].full_name,
     registry_pb2.DESCRIPTOR.services_by_name["Registry"].full_name,
@@ -153,6 +155,9 @@ async def serve(config: ControlPlaneConfig, security: ControlPlaneSecurity, read
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    if config.fault_injection:
+        log.warning("fault injection is on: SIGUSR1 makes this replica drop the bus messages it receives for %.0f s", BUS_DROP_S)
+        loop.add_signal_handler(signal.SIGUSR1, plane.state.drop_bus_messages, BUS_DROP_S)
     await stop.wait()
     log.info("stopping control plane")
     await plane.stop()

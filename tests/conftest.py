@@ -20,7 +20,7 @@ from kvplane.apps.cluster import FREE_PORTS_ENV, free_port_range
 from kvplane.apps.local_etcd import EtcdCluster, EtcdNotFound, EtcdServer, start_etcd, start_etcd_cluster
 from kvplane.apps.local_nats import NatsNotFound, NatsServer, start_nats
 
-__all__ = ["EtcdCluster", "EtcdServer", "start_etcd", "start_etcd_cluster"]
+__all__ = ["EtcdCluster", "EtcdServer", "start_etcd", "start_etcd_cluster", "start_nats"]
 
 
 @pytest.fixture(autouse=True)

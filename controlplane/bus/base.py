@@ -67,4 +67,9 @@ class Bus(Protocol):
         """Subscribes now; the iterator yields the retained messages, then new ones, until close()."""
         ...
 
+    async def probe(self) -> None:
+        """Returns when the bus answers; raises BusUnavailable when it does not (the replica then
+        does not judge workers silent: a bus outage stops every report at once)."""
+        ...
+
     async def close(self) -> None: ...

@@ -51,6 +51,9 @@ class MemoryBus:
         finally:
             self._subscribers.discard(queue)
 
+    async def probe(self) -> None:
+        pass  # in-process: it works while the process does
+
     async def close(self) -> None:
         self._closed = True
         for queue in self._subscribers:

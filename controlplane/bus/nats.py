@@ -219,6 +219,14 @@ class NatsBus:
                 return
             yield message
 
+    async def probe(self) -> None:
+        if not self._nc.is_connected:
+            raise BusUnavailable("not connected to NATS (reconnecting)")
+        try:
+            await self._js.stream_info(LOAD_STREAM)
+        except Exception as e:
+            raise BusUnavailable(f"JetStream did not answer ({e!r})") from e
+
     async def close(self) -> None:
         self._closing = True
         for sub in self._subscriptions.values():

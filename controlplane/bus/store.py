@@ -51,6 +51,9 @@ class StoreBus:
     async def subscribe(self) -> AsyncIterator[BusMessage]:
         raise BusError("the store bus is read through the replica's store watch")
 
+    async def probe(self) -> None:
+        pass  # the store itself is probed
+
     async def close(self) -> None:
         pass
 

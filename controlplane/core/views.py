@@ -79,8 +79,8 @@ class ClusterView:
 
     workers: tuple[WorkerView, ...]
     index: CacheIndex
-    # When the store last answered (monotonic s; None = unknown): a report missing while the
-    # store works means the worker is silent, not that the store is down (core/health.py).
+    # When the store and the bus reports travel on last answered (monotonic s; None = unknown): a
+    # report missing while both work means the worker is silent, not that they are down (core/health.py).
     store_ok_at: float | None = None
     # The workers as columns (a pool.WorkerTable of exactly `workers`), when the builder keeps
     # one up to date (controlplane/cluster_state.py); otherwise pool.table_of builds it once.

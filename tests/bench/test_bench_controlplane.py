@@ -15,11 +15,11 @@ from tests.cli.conftest import run_kvplane
 def test_a_tiny_run_reports_consistent_rates_routing_times_and_cpu_shares():
     done = run_kvplane(
         "bench", "controlplane", "--replicas", "1", "--workers", "8", "--shapes", "short", "--duration-s", "2",
-        "--max-steps", "2", "--start-rps", "6", "--speedup", "8", "--sim-num-blocks", "1024", "--modes", "relay,lookaside",
+        "--max-steps", "2", "--start-rps", "6", "--speedup", "8", "--sim-num-blocks", "1024", "--modes", "relay,lookaside", "--buses", "nats",
         "--json", timeout=240,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "1 x relay short" in done.stderr  # progress on stderr while it runs
+    assert "1 x relay short" in done.stderr and "bus nats" in done.stderr  # progress on stderr while it runs
     result = json.loads(done.stdout)
     assert result["config"]["workers"] == 8 and result["config"]["security"] == "mutual TLS"
     assert "generators connected to 8/8 agents" in done.stderr  # lookaside callers dial the agents first
@@ -56,3 +56,22 @@ def _check_row(row):
         assert sum(shares.values()) == pytest.approx(1.0, abs=0.01)
         assert shares["route"] > 0 and shares["admit"] > 0  # both modes route and admit every request
         assert step["cp_cores"] > 0 and step["agents_cores"] > 0 and step["generator_cores_max"] > 0
+
+
+@pytest.mark.cluster
+def test_idle_only_compares_the_store_bus_with_nats_in_store_writes_and_bus_messages():
+    done = run_kvplane(
+        "bench", "controlplane", "--replicas", "1", "--workers", "8", "--buses", "store,nats", "--idle-only",
+        "--load-report-interval", "0.2", "--speedup", "8", "--sim-num-blocks", "1024", "--modes", "relay", "--json", timeout=240,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "[1 replica(s), bus nats] idle:" in done.stderr
+    result = json.loads(done.stdout)
+    assert result["rows"] == []  # no rate search
+    store, nats = result["idle"]
+    assert (store["bus"], nats["bus"]) == ("store", "nats") and store["workers"] == nats["workers"] == 8
+    # 8 workers reporting 5 times a second: ~40 etcd writes/s on the store bus, none on NATS's
+    # (keep-alives renew leases without a write), where the reports are NATS messages instead.
+    assert store["store_writes_per_s"] >= 20 and nats["store_writes_per_s"] < 5, (store, nats)
+    assert nats["bus_messages_per_s"] >= 20 and store["bus_messages_per_s"] == 0
+    assert 0 < store["replica_cores"] < 2 and 0 < nats["replica_cores"] < 2

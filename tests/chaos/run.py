@@ -3,7 +3,7 @@ etcd-backed cluster under greedy traffic, with the invariants checked after ever
 
     python -m tests.chaos.run --seed 7 --steps 16
 
-Cluster: a three-member etcd on loopback, two control-plane replicas, one prefill and two decode
+Cluster: a three-member etcd and a nats-server on loopback, two control-plane replicas, one prefill and two decode
 agents (KV over the gRPC stream, `--fault-injection`), supervised as `kvplane up` supervises
 (kvplane/apps/supervisor.py). Secure by default, as `kvplane up` runs: mutual TLS on every hop with
 the LocalCluster's throw-away certificates (both replicas present the control plane's, restarted
@@ -12,7 +12,9 @@ cluster's local admin. Traffic: client threads sending greedy requests (random p
 fixed set, random max_tokens and disaggregation, a 20 s deadline) through both replicas; every
 completed output is compared with a clean run before the faults. Faults (tests/chaos/schedule.py):
 SIGKILL and SIGSTOP+SIGCONT of agents and replicas, etcd member stop/start, dropped KV event
-batches, a KV transfer cut mid-way, bursts of client cancellations.
+batches, a KV transfer cut mid-way, bursts of client cancellations, and with the NATS bus (the
+default; `--bus store` for the store) nats-server SIGKILLed and restarted, and a replica that
+misses the bus's messages for a while.
 
 After each step the fault heals, then:
 - the cluster serves again (a probe request succeeds) within lease TTL + 5 s of the heal;
@@ -46,7 +48,7 @@ from kvplane.errors import KvplaneError
 from kvplane.security.credentials import Credentials
 from kvplane.v1 import agent_pb2, agent_pb2_grpc
 from tests.chaos.schedule import Fault, make_schedule
-from tests.conftest import start_etcd_cluster
+from tests.conftest import start_etcd_cluster, start_nats
 
 LEASE_TTL_S = 4
 DEADLINE_S = 20.0
@@ -55,6 +57,7 @@ MAX_TOKENS = 120
 CONTROLPLANE_ARGS = (
     "--lease-ttl", str(LEASE_TTL_S), "--token-timeout", "2", "--first-token-timeout", "15",
     "--silent-after-s", "2", "--stalled-for-s", "8", "--disagg-threshold", "32", "--max-migrations", "3",
+    "--fault-injection",
 )  # fmt: skip
 AGENT_ARGS = ("--fault-injection", "--transports", "grpc", "--num-blocks", "256")
 CHECK_TIMEOUT_S = 30.0  # how long an invariant may take to hold once traffic stops
@@ -184,8 +187,9 @@ class Traffic:
 
 
 class Chaos:
-    def __init__(self, seed: int, num_steps: int, log_dir: Path) -> None:
-        self.seed, self.num_steps, self.log_dir = seed, num_steps, log_dir
+    def __init__(self, seed: int, num_steps: int, log_dir: Path, bus: str = "nats") -> None:
+        self.seed, self.num_steps, self.log_dir, self.bus = seed, num_steps, log_dir, bus
+        self.nats = None
         self.tally = Tally()
         self.violations: list[str] = []
         self.rows: list[tuple] = []
@@ -197,9 +201,12 @@ class Chaos:
     def run(self) -> int:
         started = time.monotonic()
         self.etcd = start_etcd_cluster(self.log_dir / "etcd")
+        if self.bus == "nats":
+            self.nats = start_nats(self.log_dir / "nats")
         self.cluster = LocalCluster(
             num_prefill=1, num_decode=2, store=self.etcd.url, num_controlplanes=2, log_dir=self.log_dir,
             agent_args=AGENT_ARGS, controlplane_args=CONTROLPLANE_ARGS, startup_timeout=180,
+            bus=self.nats.url if self.nats else "store",
         )  # fmt: skip
         try:
             self.cluster.start()
@@ -216,6 +223,7 @@ class Chaos:
                 "replica": list(self.cluster.controlplane_endpoints),
                 "etcd": [m.name for m in self.etcd.members],
                 "prefill": ["prefill-0"],
+                "bus": ["nats"] if self.nats else [],
             }
             schedule = make_schedule(self.seed, self.num_steps, targets)
             print(f"chaos: seed {self.seed}, {len(schedule)} steps; logs in {self.log_dir}", flush=True)
@@ -227,6 +235,8 @@ class Chaos:
             self._supervising = False
             self.cluster.stop()
             self.etcd.stop()
+            if self.nats:
+                self.nats.stop()
         self._print_table(schedule, time.monotonic() - started)
         return 1 if self.violations or self.tally.wrong or self.tally.hung else 0
 
@@ -291,6 +301,13 @@ class Chaos:
             member.stop()
             time.sleep(fault.duration_s)
             member.restart()
+        elif kind == "kill_bus":
+            self.nats.kill()
+            time.sleep(fault.duration_s)
+            self.nats.restart()
+        elif kind == "drop_bus_messages":
+            self.cluster.kill(target, signal.SIGUSR1)
+            time.sleep(fault.duration_s)
         elif kind == "drop_kv_batch":
             self.cluster.kill(target, signal.SIGUSR1)
             time.sleep(fault.duration_s)
@@ -352,6 +369,8 @@ class Chaos:
 
     def _all_up(self) -> bool:
         if self.cluster.exited() or any(m.process.poll() is not None for m in self.etcd.members):
+            return False
+        if self.nats and self.nats.process.poll() is not None:
             return False
         try:
             with self.cluster.client(timeout=2) as client:
@@ -421,9 +440,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=7, help="seed of the fault schedule and the traffic (default %(default)s)")
     parser.add_argument("--steps", type=int, default=16, help="faults to inject, one per step (default %(default)s)")
     parser.add_argument("--log-dir", default=None, help="where process logs go (default: a temp dir, kept)")
+    parser.add_argument("--bus", choices=("nats", "store"), default="nats",
+                        help="how load reports and KV events reach the replicas; nats adds the bus's faults (default %(default)s)")  # fmt: skip
     args = parser.parse_args(argv)
     log_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="kvplane-chaos-"))
-    return Chaos(args.seed, args.steps, log_dir).run()
+    return Chaos(args.seed, args.steps, log_dir, args.bus).run()
 
 
 if __name__ == "__main__":

@@ -21,6 +21,8 @@ FAULT_KINDS: Mapping[str, str] = {
     "drop_kv_batch": "agent",  # SIGUSR1: the agent loses its next KV event batch
     "cut_transfer": "prefill",  # SIGUSR2: the next KV pull it serves breaks after one chunk
     "client_cancel": "",  # a burst of callers that give up mid-stream or on short deadlines
+    "kill_bus": "bus",  # SIGKILL nats-server, start it again (same storage) after `duration_s`
+    "drop_bus_messages": "replica",  # SIGUSR1: the replica misses what the bus brings it for 2 s
 }
 
 

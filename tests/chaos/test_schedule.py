@@ -6,7 +6,13 @@ import pytest
 
 from tests.chaos.schedule import FAULT_KINDS, make_schedule
 
-TARGETS = {"agent": ["decode-0", "decode-1"], "replica": ["controlplane"], "etcd": ["m0", "m1", "m2"], "prefill": ["prefill-0"]}
+TARGETS = {
+    "agent": ["decode-0", "decode-1"],
+    "replica": ["controlplane"],
+    "etcd": ["m0", "m1", "m2"],
+    "prefill": ["prefill-0"],
+    "bus": ["nats"],
+}
 
 
 def test_the_same_seed_gives_the_same_schedule_and_another_seed_another():

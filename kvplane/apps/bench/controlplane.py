@@ -12,6 +12,13 @@ is what `kvplane up` runs: mutual TLS with throw-away certificates (`--insecure`
 tokens). After a warm-up (every agent dialled once) the replicas' idle CPU is measured: load
 reports, keep-alives, the store's watch (`background_cores`).
 
+With `--buses store,nats` every replica count runs once per bus (controlplane/bus/): `store`
+carries load reports and KV events as etcd keys, `nats` through a nats-server with JetStream
+started beside etcd. The idle measurement also gives etcd's key writes per second (its
+etcd_mvcc_put_total + etcd_mvcc_delete_total), NATS's messages in per second (its /varz in_msgs:
+publishes, acks and flow control) and the replicas' CPU per worker per second of reports.
+`--idle-only` stops there (no rate search).
+
 Then per request shape (short: 128 tokens in / 32 out; long: 4,096 / 256) and mode (`relay`:
 Kvplane.Generate streamed through the control plane; `lookaside`: Route places the request, the
 generator streams from the decode agent and reports first token and end), a rate search (kvplane/apps/bench/ratesearch.py):
@@ -112,6 +119,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="agents' load report interval (the agent default 0.2 s costs 128 workers ~0.4 core on each side); "
                         "the replicas take reports as fresh for 3x this (--stale-report-s) (default %(default)s)")  # fmt: skip
     parser.add_argument("--sim-num-blocks", type=int, default=8192, metavar="N", help="KV blocks per sim worker (default %(default)s)")
+    parser.add_argument("--buses", type=_csv(str, ("store", "nats")), default=["store", "nats"], metavar="B,...",
+                        help="how load reports and KV events reach the replicas, each measured in turn (default store,nats)")  # fmt: skip
+    parser.add_argument("--idle-only", action="store_true", help="measure the replicas' idle CPU, store writes and bus messages only")
     parser.add_argument("--insecure", action="store_true", help="plaintext gRPC with tokens instead of mutual TLS")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--log-dir", default="", metavar="DIR", help="keep the servers' logs here (default: a temporary directory)")
@@ -195,9 +205,10 @@ class Generators:
 
 
 class Bench:
-    def __init__(self, args: argparse.Namespace, cluster, generators: Generators, log) -> None:
+    def __init__(self, args: argparse.Namespace, cluster, generators: Generators, log, etcd, nats=None) -> None:
         self.args = args
         self.cluster = cluster
+        self.etcd, self.nats = etcd, nats
         self.generators = generators
         self.log = log
         self.replicas = list(cluster.controlplane_endpoints)
@@ -216,11 +227,30 @@ class Bench:
     def _cpu(self, names: list[str]) -> float:
         return sum(process_cpu_s(self.cluster.processes[name].pid) for name in names)
 
-    def measure_background(self, seconds: float = 3.0) -> float:
+    def measure_background(self, seconds: float = 3.0) -> dict[str, float]:
+        """The replicas' CPU with no request running (reports, keep-alives, the store's watch, the
+        bus), and the store writes and bus messages per second meanwhile."""
+        counts = self.counters()
         before, started = self._cpu(self.replicas), time.monotonic()
         time.sleep(seconds)
-        self.background_cores = (self._cpu(self.replicas) - before) / (time.monotonic() - started)
-        return self.background_cores
+        elapsed = time.monotonic() - started
+        self.background_cores = (self._cpu(self.replicas) - before) / elapsed
+        after = self.counters()
+        per_s = {name: (after[name] - counts[name]) / elapsed for name in counts}
+        num_workers = sum(len(w) for w in self.cluster.hosted_workers.values()) or len(self.cluster.worker_endpoints)
+        return {
+            "replica_cores": round(self.background_cores / len(self.replicas), 4),
+            "replica_ms_per_worker_s": round(1e3 * self.background_cores / len(self.replicas) / max(num_workers, 1), 4),
+            "store_writes_per_s": round(per_s["store_writes"], 1), "bus_messages_per_s": round(per_s["bus_messages"], 1),
+        }  # fmt: skip
+
+    def counters(self) -> dict[str, float]:
+        etcd = _read_metrics(f"http://{self.etcd.endpoint}/metrics", ("etcd_mvcc_put_total", "etcd_mvcc_delete_total"))
+        bus = 0.0
+        if self.nats is not None:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.nats.monitor_port}/varz", timeout=5) as response:
+                bus = float(json.loads(response.read())["in_msgs"])
+        return {"store_writes": sum(etcd.values()), "bus_messages": bus}
 
     def step(self, shape: str, mode: str, rate_rps: float, duration_s: float | None = None) -> dict[str, Any]:
         """One step at `rate_rps` offered in all; its measurements (the module docstring)."""
@@ -305,47 +335,67 @@ class Bench:
         }  # fmt: skip
 
 
-def run_replicas(args: argparse.Namespace, num_replicas: int, log_dir: Path, log) -> list[dict[str, Any]]:
+def _read_metrics(url: str, names: tuple[str, ...]) -> dict[str, float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(url, timeout=5) as response:
+        text = response.read().decode()
+    return {s.name: s.value for family in text_string_to_metric_families(text) for s in family.samples if s.name in names}
+
+
+def run_replicas(args: argparse.Namespace, num_replicas: int, bus: str, log_dir: Path, log) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The rows of one replica count on one bus, and its idle measurement."""
     from kvplane.apps.cluster import LocalCluster
     from kvplane.apps.local_etcd import start_etcd
+    from kvplane.apps.local_nats import start_nats
 
     hosts = args.hosts or max(1, math.ceil(args.workers / AGENTS_PER_HOST))
     per_host = math.ceil(args.workers / hosts)
-    etcd = start_etcd(log_dir / f"etcd-{num_replicas}")
+    etcd = start_etcd(log_dir / f"etcd-{num_replicas}-{bus}")
+    nats = start_nats(log_dir / f"nats-{num_replicas}") if bus == "nats" else None
+    tag = f"[{num_replicas} replica(s), bus {bus}]"
     try:
-        log(f"[{num_replicas} replica(s)] starting: etcd at {etcd.endpoint}, {hosts} x {per_host} sim agents, "
+        log(f"{tag} starting: etcd at {etcd.endpoint}, {hosts} x {per_host} sim agents, "
             f"{'plaintext + tokens' if args.insecure else 'mutual TLS'} ...")  # fmt: skip
         started = time.monotonic()
         cluster = LocalCluster(
             num_prefill=0, num_decode=0, num_both=hosts, agents_per_process=per_host, store=etcd.url,
-            num_controlplanes=num_replicas, insecure=args.insecure, log_dir=log_dir / f"cluster-{num_replicas}",
-            startup_timeout=180.0,
+            num_controlplanes=num_replicas, insecure=args.insecure, log_dir=log_dir / f"cluster-{num_replicas}-{bus}",
+            startup_timeout=180.0, bus=nats.url if nats else "store",
             agent_args=("--engine", "sim", "--speedup", repr(args.speedup), "--sim-num-blocks", str(args.sim_num_blocks),
                         "--load-report-interval", repr(args.load_report_interval), "--metrics-port", "-1", "--log-level", "WARNING"),
             controlplane_args=("--admission", "none", "--rate-limit", "0", "--log-level", "WARNING",
                                "--stale-report-s", repr(max(1.0, 3 * args.load_report_interval))),
         )  # fmt: skip
         with cluster:
-            log(f"[{num_replicas} replica(s)] {hosts * per_host} workers registered in {time.monotonic() - started:.0f} s")
+            log(f"{tag} {hosts * per_host} workers registered in {time.monotonic() - started:.0f} s")
             replicas = list(cluster.controlplane_endpoints.values())
             num_generators = args.generators or max(2, num_replicas)
             generators = Generators([replicas[g % num_replicas] for g in range(num_generators)], log_dir, args.grace_s + 60)
             try:
-                bench = Bench(args, cluster, generators, log)
+                bench = Bench(args, cluster, generators, log, etcd, nats)
                 if "lookaside" in args.modes:  # lookaside callers dial the agents: each generator opens its pool first
                     with cluster.client(timeout=30) as admin:
                         agents = [w.endpoint for w in admin.workers()]
                     pools = generators.step([{"connect": agents}] * num_generators)
-                    log(f"[{num_replicas} replica(s)] generators connected to {min(p['connected'] for p in pools)}/{len(agents)} agents")
+                    log(f"{tag} generators connected to {min(p['connected'] for p in pools)}/{len(agents)} agents")
                 # Warm-up: about two requests per worker, so every replica has dialled the agents.
                 warm = bench.step("short", args.modes[0], max(8.0, 2 * hosts * per_host / 4), 4.0)
-                log(f"[{num_replicas} replica(s)] warm-up: {warm['ok']}/{warm['sent']} ok")
-                log(f"[{num_replicas} replica(s)] idle CPU of the replicas: {bench.measure_background():.3f} cores")
-                return [bench.search(shape, mode) for shape in args.shapes for mode in args.modes]
+                log(f"{tag} warm-up: {warm['ok']}/{warm['sent']} ok")
+                time.sleep(2 * args.load_report_interval)  # the warm-up's last reports and KV events land first
+                idle = {"replicas": num_replicas, "bus": bus, "workers": hosts * per_host, **bench.measure_background()}
+                log(f"{tag} idle: {idle['replica_cores']:.3f} cores per replica, {idle['store_writes_per_s']:.0f} store writes/s, "
+                    f"{idle['bus_messages_per_s']:.0f} NATS messages in/s")  # fmt: skip
+                rows = [] if args.idle_only else [bench.search(shape, mode) for shape in args.shapes for mode in args.modes]
+                for row in rows:
+                    row["bus"] = bus
+                return rows, idle
             finally:
                 generators.close()
     finally:
         etcd.stop()
+        if nats is not None:
+            nats.stop()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -353,7 +403,7 @@ def run_replicas(args: argparse.Namespace, num_replicas: int, log_dir: Path, log
 
 
 def format_table(result: dict[str, Any]) -> str:
-    headers = ("replicas", "mode", "shape", "req/s", "req/s, p99 < limit", "route p50 ms", "route p99 ms", "CP CPU ms/req", "net",
+    headers = ("replicas", "bus", "mode", "shape", "req/s", "req/s, p99 < limit", "route p50 ms", "route p99 ms", "CP CPU ms/req", "net",
                *PHASES, "other", "CP cores", "agents", "gen")  # fmt: skip
     lines = [" | ".join(headers), " | ".join("---" for _ in headers)]
 
@@ -364,7 +414,7 @@ def format_table(result: dict[str, Any]) -> str:
         s = row["at_kept_up"] or {}
         shares = s.get("phase_shares", {})
         lines.append(" | ".join((
-            str(row["replicas"]), row["mode"], row["shape"], num(row["kept_up_rps"], 1), num(row["sustained_rps"], 1), num(s.get("routing_p50_ms")),
+            str(row["replicas"]), row.get("bus", "store"), row["mode"], row["shape"], num(row["kept_up_rps"], 1), num(row["sustained_rps"], 1), num(s.get("routing_p50_ms")),
             num(s.get("routing_p99_ms")), num(s.get("cp_cpu_ms_per_request")), num(s.get("cp_cpu_ms_per_request_net")),
             *(f"{shares[p] * 100:.0f}%" if p in shares else "-" for p in (*PHASES, "other")),
             num(s.get("cp_cores")), num(s.get("agents_cores")), num(s.get("generator_cores_max")),
@@ -389,9 +439,12 @@ def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="kvplane-bench-cp-") as tmp:
         log_dir = Path(args.log_dir) if args.log_dir else Path(tmp)
         log_dir.mkdir(parents=True, exist_ok=True)
-        rows = []
-        for num_replicas in args.replicas:
-            rows += run_replicas(args, num_replicas, log_dir, log)
+        rows, idle = [], []
+        for bus in args.buses:
+            for num_replicas in args.replicas:
+                more, quiet = run_replicas(args, num_replicas, bus, log_dir, log)
+                rows += more
+                idle.append(quiet)
     hosts = args.hosts or max(1, math.ceil(args.workers / AGENTS_PER_HOST))
     result = {
         "config": {
@@ -401,6 +454,7 @@ def run(args: argparse.Namespace) -> int:
             "min_ratio": args.min_ratio, "max_routing_p99_ms": args.max_routing_p99_ms, "cpu_count": os.cpu_count(),
         },
         "rows": rows,
+        "idle": idle,
         "elapsed_s": round(time.monotonic() - started, 1),
     }  # fmt: skip
     log(f"done in {result['elapsed_s']:.0f} s")
@@ -410,7 +464,8 @@ def run(args: argparse.Namespace) -> int:
     c = result["config"]
     print(f"{c['workers']} sim workers in {c['hosts']} processes, {c['security']}, admission none, "
           f"{c['cpu_count']} cores shared by everything; highest sustained rate per row:")  # fmt: skip
-    print(format_table(result))
+    if rows:
+        print(format_table(result))
     print(
         "req/s = the highest rate served with no error and completions keeping up (the search's answer; the other columns "
         "are measured there); req/s, p99 < limit = the highest rate tried that also kept routing p99 under "
@@ -418,4 +473,18 @@ def run(args: argparse.Namespace) -> int:
     )
     print("CP CPU = the replicas' CPU per completed request (net: without their idle background); route/admit/relay/report/other = "
           "shares of it; CP cores, agents, gen = cores used by the replicas, the agent processes and the busiest generator")  # fmt: skip
+    print()
+    print(format_idle(result, args.load_report_interval))
     return 0
+
+
+def format_idle(result: dict[str, Any], report_interval_s: float) -> str:
+    lines = [
+        f"idle (every worker reporting every {report_interval_s:g} s, no request):",
+        "| replicas | bus | workers | cores per replica | ms per worker-second | store writes/s | NATS messages in/s |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for q in result["idle"]:
+        lines.append(f"| {q['replicas']} | {q['bus']} | {q['workers']} | {q['replica_cores']:.3f} | {q['replica_ms_per_worker_s']:.3f} | "
+                     f"{q['store_writes_per_s']:.0f} | {q['bus_messages_per_s']:.0f} |")  # fmt: skip
+    return "\n".join(lines)
