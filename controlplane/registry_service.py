@@ -181,6 +181,13 @@ class RegistryService(registry_pb2_grpc.RegistryServicer):
         return registry_pb2.KeepAliveResponse(ttl_seconds=max(int(ttl), 0))
 
     async def ReportLoad(self, request: registry_pb2.ReportLoadRequest, context: grpc.aio.ServicerContext):
+        return await self._report(request, context)
+
+    async def ReportLoadStream(self, request_iterator, context: grpc.aio.ServicerContext):
+        async for request in request_iterator:
+            yield await self._report(request, context)
+
+    async def _report(self, request: registry_pb2.ReportLoadRequest, context: grpc.aio.ServicerContext):
         await self._check_session(context, request.worker_id, request.lease_id, request.session_token)
         if len(request.load.running_remaining_tokens) > 65536:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "running_remaining_tokens lists more than 65,536 requests")

@@ -118,7 +118,15 @@ class NatsBus:
             raise BusUnavailable(f"cannot create the bus's JetStream streams ({e!r}): is JetStream on (nats-server -js)?") from e
 
     async def publish_load(self, report: registry_pb2.ReportLoadRequest) -> None:
-        await self._publish(subject("load", report.worker_id), report.SerializeToString(), LOAD_STREAM)
+        # Without waiting for JetStream's acknowledgement: the stream takes the message all the
+        # same, a lost report is superseded by the next one 0.2 s later, and the round trip cost
+        # more CPU than the rest of the report's handling.
+        if not self._nc.is_connected:
+            raise BusUnavailable("not connected to NATS (reconnecting); try again")
+        try:
+            await self._nc.publish(subject("load", report.worker_id), report.SerializeToString())
+        except Exception as e:
+            raise BusUnavailable(f"NATS did not take a load report ({e!r}); try again") from e
 
     async def publish_kv(self, batch: registry_pb2.PublishKVEventsRequest) -> None:
         kv_subject = subject("kv", batch.worker_id)
@@ -222,8 +230,12 @@ class NatsBus:
     async def probe(self) -> None:
         if not self._nc.is_connected:
             raise BusUnavailable("not connected to NATS (reconnecting)")
+        from nats.js.errors import NotFoundError
+
         try:
             await self._js.stream_info(LOAD_STREAM)
+        except NotFoundError:  # a server that lost its storage: load reports (published unconfirmed) would vanish
+            await self._ensure_streams()
         except Exception as e:
             raise BusUnavailable(f"JetStream did not answer ({e!r})") from e
 

@@ -10,6 +10,9 @@ Replicas: `controlplane` may list several ("a:50051,b:50051"); a call that canno
 or times out there, moves every loop to the next one (the lease lives in the shared store, so any
 replica renews it).
 
+Load reports go on one long-lived `ReportLoadStream` per replica (a call each cost the control
+plane several times the CPU); a control plane without it (UNIMPLEMENTED) gets `ReportLoad` calls.
+
 KV events are numbered batches. A replica that sees a gap in the numbers (a lost batch, a store
 blip) asks for a snapshot; the answer to a load report carries the request (`snapshot_requested`)
 and the next KV step publishes the whole cache instead of a batch. `drop_next_batch()` loses one
@@ -148,6 +151,9 @@ class ControlPlaneLink:
         self._snapshot_due = False  # a replica asked for one (a gap in our KV event numbers)
         self._published_seq = 0  # the last batch the control plane acknowledged (what reports carry)
         self._drop_next_batch = False  # fault injection: lose the next batch
+        self._reports: grpc.aio.StreamStreamCall | None = None  # the report stream, on replica `_reports_on`
+        self._reports_on = -1
+        self._unary_reports = False  # the control plane has no ReportLoadStream
 
     @property
     def _stub(self) -> registry_pb2_grpc.RegistryStub:
@@ -207,6 +213,7 @@ class ControlPlaneLink:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._end_reports()
         if deregister and self.lease_id:
             try:
                 await self._stub.Deregister(
@@ -321,14 +328,50 @@ class ControlPlaneLink:
                 latency = self._latency()
                 if latency is not None:
                     report.latency.CopyFrom(latency)
-                # Short: a replica that cannot take a report in a second is stuck; the next goes elsewhere.
-                reply = await self._stub.ReportLoad(report, timeout=REPORT_TIMEOUT_S)
+                reply = await self._send_report(report)
                 if reply.snapshot_requested and not self._snapshot_due:
                     log.info("a control-plane replica asked for a KV snapshot (it saw a gap in our event numbers)")
                     self._snapshot_due = True
 
             await self._guarded("load report", step)
             await asyncio.sleep(self._config.load_report_interval_s)
+
+    async def _send_report(self, report: registry_pb2.ReportLoadRequest) -> registry_pb2.ReportLoadResponse:
+        """One report and its answer, on the replica's report stream (opened on first use, again
+        after it ended or the link moved). Short: a replica that cannot take a report in a second
+        is stuck, and the next goes elsewhere."""
+        if self._unary_reports:
+            return await self._stub.ReportLoad(report, timeout=REPORT_TIMEOUT_S)
+        if self._reports is None or self._reports_on != self._current or self._reports.done():
+            self._end_reports()
+            self._reports, self._reports_on = self._stub.ReportLoadStream(), self._current
+        call = self._reports
+        try:
+            async with asyncio.timeout(REPORT_TIMEOUT_S):
+                await call.write(report)
+                reply = await call.read()
+        except TimeoutError:
+            self._end_reports()
+            raise _rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, "no answer to a load report in time") from None
+        except grpc.aio.AioRpcError as e:
+            self._end_reports()
+            if e.code() == grpc.StatusCode.UNIMPLEMENTED:
+                log.info("the control plane has no report stream; reporting with one call each")
+                self._unary_reports = True
+                return await self._send_report(report)
+            raise
+        except asyncio.InvalidStateError:  # written to a stream that had just ended
+            self._end_reports()
+            raise _rpc_error(grpc.StatusCode.UNAVAILABLE, "the report stream ended") from None
+        if reply is grpc.aio.EOF:
+            self._end_reports()
+            raise _rpc_error(grpc.StatusCode.UNAVAILABLE, "the report stream ended")
+        return reply
+
+    def _end_reports(self) -> None:
+        if self._reports is not None:
+            self._reports.cancel()
+            self._reports = None
 
     async def _kv_loop(self) -> None:
         last_snapshot = time.monotonic()
@@ -359,3 +402,8 @@ class ControlPlaneLink:
                         raise
 
             await self._guarded("KV event publish", step)
+
+
+def _rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
+    """A failure of the report stream as the loops' failover judges calls (`_guarded`)."""
+    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details)

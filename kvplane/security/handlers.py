@@ -68,21 +68,32 @@ def wrap(handler: grpc.RpcMethodHandler, before: Before = _no_check, *, guard_pa
                 yield response
 
         return grpc.unary_stream_rpc_method_handler(unary_stream, **kwargs)
-    # Client-streaming methods (none in kvplane's protocol): the check runs, messages parse as before.
-    kwargs["request_deserializer"] = handler.request_deserializer
+    # Client-streaming methods: the check runs once, at the start; with guard_parsing a malformed
+    # message ends the call with INVALID_ARGUMENT when the servicer reaches it.
+    if not guard_parsing:
+        kwargs["request_deserializer"] = handler.request_deserializer
+
+    async def checked(request_iterator, context):
+        async for request in request_iterator:
+            if isinstance(request, _Malformed):
+                await context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT, f"the request is not a valid message of this method ({request.reason})"
+                )
+            yield request
+
     if handler.stream_unary:
         inner_su = handler.stream_unary
 
         async def stream_unary(request_iterator, context):
             await before(context)
-            return await inner_su(request_iterator, context)
+            return await inner_su(checked(request_iterator, context), context)
 
         return grpc.stream_unary_rpc_method_handler(stream_unary, **kwargs)
     inner_ss = handler.stream_stream
 
     async def stream_stream(request_iterator, context):
         await before(context)
-        async for response in inner_ss(request_iterator, context):
+        async for response in inner_ss(checked(request_iterator, context), context):
             yield response
 
     return grpc.stream_stream_rpc_method_handler(stream_stream, **kwargs)

@@ -49,6 +49,11 @@ class RegistryStub:
                 request_serializer=kvplane_dot_v1_dot_registry__pb2.ReportLoadRequest.SerializeToString,
                 response_deserializer=kvplane_dot_v1_dot_registry__pb2.ReportLoadResponse.FromString,
                 _registered_method=True)
+        self.ReportLoadStream = channel.stream_stream(
+                '/kvplane.v1.Registry/ReportLoadStream',
+                request_serializer=kvplane_dot_v1_dot_registry__pb2.ReportLoadRequest.SerializeToString,
+                response_deserializer=kvplane_dot_v1_dot_registry__pb2.ReportLoadResponse.FromString,
+                _registered_method=True)
         self.PublishKVEvents = channel.unary_unary(
                 '/kvplane.v1.Registry/PublishKVEvents',
                 request_serializer=kvplane_dot_v1_dot_registry__pb2.PublishKVEventsRequest.SerializeToString,
@@ -82,6 +87,14 @@ class RegistryServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportLoadStream(self, request_iterator, context):
+        """The same reports and answers on one long-lived stream, an answer per report: what agents use
+        (a call per report costs the control plane several times the CPU); ReportLoad stays for others.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def PublishKVEvents(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -109,6 +122,11 @@ def add_RegistryServicer_to_server(servicer, server):
             ),
             'ReportLoad': grpc.unary_unary_rpc_method_handler(
                     servicer.ReportLoad,
+                    request_deserializer=kvplane_dot_v1_dot_registry__pb2.ReportLoadRequest.FromString,
+                    response_serializer=kvplane_dot_v1_dot_registry__pb2.ReportLoadResponse.SerializeToString,
+            ),
+            'ReportLoadStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.ReportLoadStream,
                     request_deserializer=kvplane_dot_v1_dot_registry__pb2.ReportLoadRequest.FromString,
                     response_serializer=kvplane_dot_v1_dot_registry__pb2.ReportLoadResponse.SerializeToString,
             ),
@@ -202,6 +220,33 @@ class Registry:
             request,
             target,
             '/kvplane.v1.Registry/ReportLoad',
+            kvplane_dot_v1_dot_registry__pb2.ReportLoadRequest.SerializeToString,
+            kvplane_dot_v1_dot_registry__pb2.ReportLoadResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportLoadStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/kvplane.v1.Registry/ReportLoadStream',
             kvplane_dot_v1_dot_registry__pb2.ReportLoadRequest.SerializeToString,
             kvplane_dot_v1_dot_registry__pb2.ReportLoadResponse.FromString,
             options,

@@ -56,8 +56,8 @@ async def serve_registry(registry: FakeRegistry) -> tuple[grpc.aio.Server, str]:
     return server, f"127.0.0.1:{port}"
 
 
-async def run_link(profile: common_pb2.LatencyProfile | None) -> tuple[FakeRegistry, OnlineStepModel]:
-    registry = FakeRegistry(profile)
+async def run_link(profile: common_pb2.LatencyProfile | None, registry: FakeRegistry | None = None, num_reports: int = 3):
+    registry = registry or FakeRegistry(profile)
     server, address = await serve_registry(registry)
     online = OnlineStepModel()
     load = common_pb2.WorkerLoad(num_running=2, running_remaining_tokens=[5, 9], running_context_tokens=321)
@@ -78,7 +78,7 @@ async def run_link(profile: common_pb2.LatencyProfile | None) -> tuple[FakeRegis
     )
     try:
         await link.start(timeout_s=5)
-        await wait_until(lambda: len(registry.reports) >= 3, "three load reports have arrived")
+        await wait_until(lambda: len(registry.reports) >= num_reports, f"{num_reports} load reports have arrived")
     finally:
         await link.stop()
         await server.stop(0)
@@ -99,3 +99,40 @@ def test_without_a_profile_or_samples_reports_carry_no_model():
     registry, online = asyncio.run(run_link(None))
     assert online.model() is None
     assert registry.reports and not any(r.HasField("latency") for r in registry.reports)
+
+
+class StreamingRegistry(FakeRegistry):
+    """Takes reports on ReportLoadStream, and ends each stream after `per_stream` of them."""
+
+    def __init__(self, per_stream: int) -> None:
+        super().__init__(None)
+        self.per_stream = per_stream
+        self.num_streams = 0
+        self.num_unary = 0
+
+    async def ReportLoad(self, request, context):
+        self.num_unary += 1
+        return await super().ReportLoad(request, context)
+
+    async def ReportLoadStream(self, request_iterator, context):
+        self.num_streams += 1
+        taken = 0
+        async for request in request_iterator:
+            self.reports.append(request)
+            yield registry_pb2.ReportLoadResponse()
+            taken += 1
+            if taken == self.per_stream:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, "stream ended by the test")
+
+
+def test_reports_go_on_one_stream_which_is_opened_again_when_it_ends():
+    registry, _ = asyncio.run(run_link(None, StreamingRegistry(per_stream=4), num_reports=10))
+    assert registry.num_unary == 0
+    assert registry.num_streams >= 3  # 4 reports each, then a fresh stream for the next
+    assert len(registry.reports) >= 10
+
+
+def test_a_control_plane_without_the_report_stream_gets_a_call_per_report():
+    registry = FakeRegistry(None)  # no ReportLoadStream: UNIMPLEMENTED
+    registry, _ = asyncio.run(run_link(None, registry))
+    assert len(registry.reports) >= 3
