@@ -44,7 +44,7 @@ from kvplane.controlplane.core.views import DEFAULT_CHUNK_TOKENS, ClusterView, W
 from kvplane.controlplane.pause import PauseDetector
 from kvplane.controlplane.store.base import EventType, Store, StoreCompacted, StoreError, WatchEvent
 from kvplane.convert import layout_from_pb, role_from_pb, tier_from_pb
-from kvplane.latency import StepTimeModel
+from kvplane.latency import MIN_ONLINE_SAMPLES, StepTimeModel
 from kvplane.types import BlockHash, Tier, WorkerId
 from kvplane.v1 import common_pb2, registry_pb2
 
@@ -326,8 +326,10 @@ class ClusterState:
         entry.load_at = time.monotonic()
         self._changed.add(worker_id)
         if report.HasField("latency"):
-            entry.latency = StepTimeModel.from_pb(report.latency)
-            self._changed |= self.step_models.update(worker_id, entry.kind, entry.latency)
+            model = StepTimeModel.from_pb(report.latency)
+            if model is not None and (model.seeded_from_profile or model.num_samples >= MIN_ONLINE_SAMPLES):
+                entry.latency = model  # (a model from a handful of live steps prices noise: kvplane/latency.py)
+                self._changed |= self.step_models.update(worker_id, entry.kind, entry.latency)
         # When the agent sampled it, on our monotonic clock (None: the report does not say; a
         # clock ahead of ours counts as sampled on arrival).
         sampled_at = None

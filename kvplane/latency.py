@@ -59,6 +59,9 @@ if TYPE_CHECKING:
 
 NUM_COEFFICIENTS = 5
 MIN_SAMPLES = NUM_COEFFICIENTS  # fewer samples than coefficients: no model
+# Fewer live steps than this, and no profile: the fit prices noise (a restarted worker's first
+# prefill chunks and decode steps fitted a decode step of 74 s), so there is no model yet.
+MIN_ONLINE_SAMPLES = 4 * NUM_COEFFICIENTS
 RIDGE = 1e-10  # relative to each scaled column's sum of squares; only keeps the system solvable
 OUTLIER_MIN = 0.25  # relative error below which a step is never an outlier
 OUTLIER_MADS = 5.0  # ... and above this many median relative errors it is
@@ -389,7 +392,8 @@ class OnlineStepModel:
         due = self._num_new >= self._refit_every and now - self._fitted_at >= self._min_interval_s
         if self._stale or due or expired or (self._model is None and self._num_new):
             samples = [*self._seed, *(sample for _, sample in self._window)]
-            self._model = fit(samples, seeded_from_profile=bool(self._seed))
+            enough = bool(self._seed) or len(samples) >= MIN_ONLINE_SAMPLES
+            self._model = fit(samples, seeded_from_profile=bool(self._seed)) if enough else None
             self._fitted_at = now
             self._num_new = 0
             self._stale = False

@@ -8,6 +8,7 @@ import random
 import pytest
 
 from kvplane.latency import (
+    MIN_ONLINE_SAMPLES,
     MIN_SAMPLES,
     OnlineStepModel,
     StepSample,
@@ -276,11 +277,22 @@ def test_online_model_keeps_the_seed_apart_from_the_window():
 
 
 def test_seeding_with_nothing_leaves_an_unseeded_model():
-    online = OnlineStepModel(window=16, refit_every=1)
+    online = OnlineStepModel(window=32, refit_every=1)
     online.seed([])
-    online.add(mixed_samples(n=10))
+    online.add(mixed_samples(n=MIN_ONLINE_SAMPLES))
     model = online.model()
     assert model is not None and not model.seeded_from_profile
+
+
+def test_a_handful_of_live_steps_without_a_profile_is_no_model_yet():
+    online = OnlineStepModel(window=64, refit_every=1)
+    online.add(mixed_samples(n=MIN_ONLINE_SAMPLES - 1, seed=13))
+    assert online.model() is None
+    online.add(mixed_samples(n=1, seed=14))
+    assert online.model() is not None and online.model().num_samples == MIN_ONLINE_SAMPLES
+    seeded = OnlineStepModel(window=64, refit_every=1)
+    seeded.seed(mixed_samples(n=MIN_SAMPLES, seed=15))  # a profile, however short, is a deliberate measurement
+    assert seeded.model() is not None
 
 
 def test_online_model_rejects_bad_parameters():
