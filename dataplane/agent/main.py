@@ -75,9 +75,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="lease TTL in seconds; 0 = the control plane's --lease-ttl (default %(default)s)",
     )
     parser.add_argument("--load-report-interval", type=float, default=a.load_report_interval_s, metavar="S",
-                        help="seconds between load reports to the control plane. Every replica processes every worker's reports (~0.3 "
-                        "core per 128 workers reporting every second, docs/benchmarks.md): at hundreds of workers raise it (e.g. 5 s "
-                        "for 1,000) and the replicas' --stale-report-s with it (about 3x) (default %(default)s)")  # fmt: skip
+                        help="seconds between load reports to the control plane. A report costs the replica that takes it ~0.5 ms of "
+                        "CPU (docs/benchmarks.md, the bus): at hundreds of workers raise it (e.g. 1 s for 1,000) and the replicas' "
+                        "--stale-report-s with it (about 3x) (default %(default)s)")  # fmt: skip
     parser.add_argument("--count", type=int, default=1, metavar="N",
                         help="run N agents in this process, ids WORKER_ID-0..N-1, ports free or --port + i: a simulated fleet on a "
                         "few cores (--engine sim, whose engines sleep). With TLS, {worker_id} in --tls-cert/--tls-key names each "
