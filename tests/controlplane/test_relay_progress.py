@@ -70,3 +70,38 @@ def test_a_stream_with_no_token_is_judged_by_the_first_token_timeout():
     tokens, failure, cancelled = asyncio.run(_relay(0, first_token_timeout_s=0.3, token_timeout_s=30.0))
     assert tokens == [] and failure.failure is Failure.STALLED
     assert "the first token did not come within 0.3 s" in failure.details and cancelled
+
+
+class _SteadyAgent(agent_pb2_grpc.AgentServicer):
+    async def Generate(self, request, context):
+        for i in range(5):
+            yield agent_pb2.AgentGenerateResponse(token_ids=[i], text=f"<{i}>", finished=i == 4)
+            await asyncio.sleep(0.1)
+
+
+def test_a_relay_whose_own_loop_was_frozen_does_not_blame_the_worker():
+    """The replica itself does not run for longer than the token timeout (SIGSTOP, a long GC: here
+    the loop is blocked): its timer fires late, which says the time was lost here. Judged by the
+    timer alone, without the pause detector, whose tick runs a turn of the loop after the timers."""
+    import time
+
+    async def body() -> list[int]:
+        server = grpc.aio.server()
+        agent_pb2_grpc.add_AgentServicer_to_server(_SteadyAgent(), server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                tokens: list[int] = []
+                async for reply in agent_stream(
+                    agent_pb2_grpc.AgentStub(channel), agent_pb2.AgentGenerateRequest(), "w1", time_left_s=None,
+                    first_token_timeout_s=5.0, token_timeout_s=0.5,
+                ):  # fmt: skip
+                    tokens.extend(reply.token_ids)
+                    if len(tokens) == 1:
+                        time.sleep(1.5)  # the whole loop stands still, three token timeouts
+                return tokens
+        finally:
+            await server.stop(None)
+
+    assert asyncio.run(asyncio.wait_for(body(), timeout=20)) == [0, 1, 2, 3, 4]
