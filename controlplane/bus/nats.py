@@ -16,6 +16,7 @@ file storage, so a restarted nats-server with its storage directory loses nothin
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import ssl
 from collections.abc import AsyncIterator
@@ -76,17 +77,26 @@ class NatsBus:
         self.num_dropped = 0  # messages received while this replica's queue was full
 
     async def start(self) -> None:
-        import nats  # the optional dependency, loaded only for this bus
+        from nats.aio.client import Client  # the optional dependency, loaded only for this bus
 
+        client = Client()
         try:
-            self._nc = await nats.connect(
-                servers=self._servers, tls=self._tls, connect_timeout=self._timeout_s, allow_reconnect=True,
-                max_reconnect_attempts=2, reconnect_time_wait=0.5, error_cb=self._on_error,
-                disconnected_cb=self._on_disconnected, reconnected_cb=self._on_reconnected,
+            # Bounded from outside too: a plaintext client at a TLS port waits on the server forever.
+            await asyncio.wait_for(
+                client.connect(
+                    servers=self._servers, tls=self._tls, connect_timeout=self._timeout_s, allow_reconnect=True,
+                    max_reconnect_attempts=2, reconnect_time_wait=0.5, error_cb=self._on_error,
+                    disconnected_cb=self._on_disconnected, reconnected_cb=self._on_reconnected,
+                ),
+                4 * self._timeout_s + 2,
             )  # fmt: skip
+            self._nc = client
         except Exception as e:
+            self._closing = True
+            with contextlib.suppress(Exception):
+                await client.close()
             raise BusUnavailable(
-                f"cannot reach NATS at {', '.join(self._servers)} ({e!r}): start nats-server with JetStream (-js), or use --bus store"
+                f"cannot reach NATS at {', '.join(self._servers)} ({e!r}): is nats-server running with JetStream (-js), and do tls:// and --bus-ca/--bus-cert/--bus-key match its TLS settings? (or use --bus store)"
             ) from e
         self._nc.options["max_reconnect_attempts"] = -1  # connected once: from now on, reconnect for ever
         self._js = self._nc.jetstream(timeout=self._timeout_s)

@@ -34,11 +34,12 @@ class NatsServer:
     monitor_port: int
     store_dir: Path
     log_path: Path
+    extra_args: tuple[str, ...] = ()  # e.g. nats-server's --tls flags
 
     @property
     def url(self) -> str:
         """The bus URL (`kvplane controlplane --bus`)."""
-        return f"nats://127.0.0.1:{self.client_port}"
+        return f"{'tls' if '--tls' in self.extra_args else 'nats'}://127.0.0.1:{self.client_port}"
 
     def stop(self) -> None:
         """Graceful shutdown (SIGTERM, then SIGKILL after 5 s). Idempotent."""
@@ -59,15 +60,15 @@ class NatsServer:
     def restart(self, timeout_s: float = 15.0) -> None:
         """Stop it if running, then start it again on the same ports with the same storage."""
         self.stop()
-        self.process = start_nats(self.store_dir.parent, self.client_port, self.monitor_port, timeout_s).process
+        self.process = start_nats(self.store_dir.parent, self.client_port, self.monitor_port, timeout_s, self.extra_args).process
 
 
-def _launch(binary: str, tmp_dir: Path, client_port: int, monitor_port: int) -> NatsServer:
+def _launch(binary: str, tmp_dir: Path, client_port: int, monitor_port: int, extra_args: tuple[str, ...]) -> NatsServer:
     store_dir, log_path = tmp_dir / "jetstream", tmp_dir / "nats.log"
-    args = [binary, "-a", "127.0.0.1", "-p", str(client_port), "-m", str(monitor_port), "-js", "-sd", str(store_dir)]
+    args = [binary, "-a", "127.0.0.1", "-p", str(client_port), "-m", str(monitor_port), "-js", "-sd", str(store_dir), *extra_args]
     with open(log_path, "ab") as log:
         process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    return NatsServer(process, client_port, monitor_port, store_dir, log_path)
+    return NatsServer(process, client_port, monitor_port, store_dir, log_path, tuple(extra_args))
 
 
 def _wait_healthy(server: NatsServer, timeout_s: float) -> bool:
@@ -85,9 +86,16 @@ def _wait_healthy(server: NatsServer, timeout_s: float) -> bool:
     return False
 
 
-def start_nats(tmp_dir: Path | str, client_port: int | None = None, monitor_port: int | None = None, timeout_s: float = 15.0) -> NatsServer:
+def start_nats(
+    tmp_dir: Path | str,
+    client_port: int | None = None,
+    monitor_port: int | None = None,
+    timeout_s: float = 15.0,
+    extra_args: tuple[str, ...] = (),
+) -> NatsServer:
     """Start nats-server -js with its storage and log under tmp_dir; return once it is healthy.
-    Ports default to free loopback ports (retried if another process grabs one first)."""
+    Ports default to free loopback ports (retried if another process grabs one first); `extra_args`
+    go to nats-server as they are (its TLS flags, say)."""
     binary = shutil.which("nats-server") or shutil.which("nats-server", path="/usr/sbin:/usr/local/sbin")
     if binary is None:
         raise NatsNotFound(NATS_MISSING)
@@ -95,7 +103,7 @@ def start_nats(tmp_dir: Path | str, client_port: int | None = None, monitor_port
     tmp_dir.mkdir(parents=True, exist_ok=True)
     num_attempts = 1 if client_port is not None else 3
     for _ in range(num_attempts):
-        server = _launch(binary, tmp_dir, client_port or _free_port(), monitor_port or _free_port())
+        server = _launch(binary, tmp_dir, client_port or _free_port(), monitor_port or _free_port(), extra_args)
         if _wait_healthy(server, timeout_s):
             return server
         server.kill()

@@ -65,7 +65,7 @@ def test_a_nats_bus_that_cannot_be_reached_says_so_and_what_to_do():
     from kvplane.controlplane.bus.nats import NatsBus
 
     async def body():
-        with pytest.raises(BusUnavailable, match=r"cannot reach NATS .*nats-server with JetStream"):
+        with pytest.raises(BusUnavailable, match=r"cannot reach NATS .*nats-server running with JetStream"):
             await NatsBus(f"nats://127.0.0.1:{free_port()}", timeout_s=0.5).start()
 
     asyncio.run(body())
