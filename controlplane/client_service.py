@@ -70,7 +70,7 @@ from kvplane.sampling import sampling_problem
 from kvplane.security.auth import caller
 from kvplane.security.credentials import Credentials
 from kvplane.security.identity import ANONYMOUS, Identity, Role, tenant_cache_salt
-from kvplane.security.limits import MAX_ID_CHARS, clip
+from kvplane.security.limits import MAX_ID_CHARS, MAX_STREAM_INTERVAL, clip
 from kvplane.telemetry import instruments, tracing
 from kvplane.telemetry.window import StatsWindow
 from kvplane.types import PRIORITIES, Tier, WorkerId
@@ -187,6 +187,10 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
         priority = request.priority or PRIORITIES[0]
         if priority not in PRIORITIES:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"priority must be one of {list(PRIORITIES)}, got {clip(priority)}")
+        if request.stream_interval > MAX_STREAM_INTERVAL:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"stream_interval is at most {MAX_STREAM_INTERVAL} tokens, got {request.stream_interval}"
+            )
         limits = next(e.info for e in workers.values() if e.info.model == model)
         s = request.sampling
         if s.max_tokens == 0 and not request.max_tokens_to_limit:
@@ -495,6 +499,7 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
             sampling=request.sampling,
             cache_salt=route.cache_salt,
             num_resumed_tokens=num_resumed,
+            stream_interval=request.stream_interval,
         )
         agent_request.sampling.max_tokens = route.max_tokens  # what is left of it after a resume
         if prefill is not None:

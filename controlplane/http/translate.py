@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from kvplane.client.request import COLLECTED_STREAM_INTERVAL
 from kvplane.controlplane.http.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
 from kvplane.errors import ERROR_KIND_KEY, RETRY_AFTER_MS_KEY, UNKNOWN_MODEL
 from kvplane.v1 import client_pb2, common_pb2
@@ -60,6 +61,8 @@ def _base_request(body: SamplingFields, request_id: str) -> client_pb2.GenerateR
         cache_salt=body.cache_salt,
         priority=body.priority,
         max_tokens_to_limit=sampling.max_tokens == 0,  # no max_tokens: up to the model's limit
+        # Without "stream" the answer goes out whole: larger chunks from the worker cost less.
+        stream_interval=0 if body.stream else COLLECTED_STREAM_INTERVAL,
     )
 
 

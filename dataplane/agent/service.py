@@ -339,19 +339,27 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             # The caller has the text of the resumed tokens already: continue after it.
             await text.prime(prompt[len(prompt) - request.num_resumed_tokens :])
         finished = False
+        # Tokens per message after the first (the caller's stream_interval): held ones go out with
+        # the N-th, or the last.
+        interval, sent_first = max(request.stream_interval, 1), False
+        held_tokens: list[int] = []
+        held_text: list[str] = []
         try:
             async for out in stream:
                 finished = out.finished
                 timer.on_output(out)
                 if out.error:
                     await context.abort(grpc.StatusCode.INTERNAL, f"engine failed on this request: {out.error}")
+                held_tokens += out.new_token_ids
+                held_text.append(await text.push(out.new_token_ids, final=finished))
+                if not finished and (len(held_tokens) < interval if sent_first else not held_tokens):
+                    continue
+                sent_first = sent_first or bool(held_tokens)
                 reply = agent_pb2.AgentGenerateResponse(
-                    token_ids=out.new_token_ids,
-                    text=await text.push(out.new_token_ids, final=finished),
-                    finished=finished,
-                    finish_reason=out.finish_reason or "",
+                    token_ids=held_tokens, text="".join(held_text), finished=finished, finish_reason=out.finish_reason or ""
                 )
-                if out.new_token_ids and not metrics.ttft_ms:
+                held_tokens, held_text = [], []
+                if reply.token_ids and not metrics.ttft_ms:
                     metrics.ttft_ms = (time.monotonic() - started) * 1000
                     if handoff:  # the decode engine pulled the KV before its first token
                         metrics.kv_transfer_ms = metrics.ttft_ms

@@ -44,7 +44,7 @@ class AsyncClient(ClientCore):
     ) -> GenerateResult:  # fmt: skip
         """Runs one request to completion and returns all its tokens and metrics."""
         assembler = StreamAssembler()
-        async for chunk in self._stream(self._generate_call(prompt, options, reject_retries, fields)):
+        async for chunk in self._stream(self._generate_call(prompt, options, reject_retries, fields, collected=True)):
             assembler.add(chunk)
         return assembler.result()
 

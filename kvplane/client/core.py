@@ -13,7 +13,7 @@ from typing import Any
 
 from kvplane.client import calls
 from kvplane.client.lookaside import LookasideRun
-from kvplane.client.request import RequestOptions, check_reject_retries, request_options
+from kvplane.client.request import COLLECTED_STREAM_INTERVAL, RequestOptions, check_reject_retries, request_options
 from kvplane.client.results import RouteResult
 from kvplane.security.credentials import Credentials, resolve_client
 from kvplane.telemetry import client_spans
@@ -62,10 +62,14 @@ class ClientCore:
 
     def _generate_call(
         self, prompt: str | Sequence[int], options: RequestOptions | None, reject_retries: int | None,
-        fields: Mapping[str, Any],
+        fields: Mapping[str, Any], *, collected: bool = False,
     ) -> calls.GenerateCall:  # fmt: skip
+        """`collected`: the caller keeps only the whole answer (generate()), so chunks may be larger."""
         checked = request_options(options, fields)
-        return calls.generate(checked.to_proto(prompt), self._retries(reject_retries), checked.lookaside)
+        request = checked.to_proto(prompt)
+        if collected and not request.stream_interval:
+            request.stream_interval = COLLECTED_STREAM_INTERVAL
+        return calls.generate(request, self._retries(reject_retries), checked.lookaside)
 
     def _route_call(
         self, prompt: str | Sequence[int], options: RequestOptions | None, reject_retries: int | None,

@@ -16,12 +16,16 @@ from dataclasses import dataclass
 from typing import Any, TypedDict
 
 from kvplane.convert import disagg_to_pb
+from kvplane.security.limits import MAX_STREAM_INTERVAL
 from kvplane.types import PRIORITIES, DisaggMode
 from kvplane.v1 import client_pb2, common_pb2
 
 DEFAULT_PRIORITY = PRIORITIES[0]
 
 _UINT32_MAX = 2**32 - 1
+# What generate() asks for when the caller set no stream_interval: it keeps only the whole answer,
+# and 16 tokens a message cost the control plane a fraction of one message per token.
+COLLECTED_STREAM_INTERVAL = 16
 _UINT64_MAX = 2**64 - 1
 
 
@@ -48,9 +52,13 @@ class RequestOptions:
     # Stream from the decode agent, not through the control plane (kvplane/client/lookaside.py);
     # generate/stream only: route() never runs the request.
     lookaside: bool = False
+    # Tokens per streamed chunk after the first (0: every token as it comes; generate(), which
+    # collects the answer, asks for COLLECTED_STREAM_INTERVAL). At most MAX_STREAM_INTERVAL.
+    stream_interval: int = 0
 
     def __post_init__(self) -> None:
         _unsigned("max_tokens", self.max_tokens, _UINT32_MAX)
+        _unsigned("stream_interval", self.stream_interval, MAX_STREAM_INTERVAL)
         _unsigned("top_k", self.top_k, _UINT32_MAX)
         stop = tuple(_unsigned("stop_token_ids[]", t, _UINT32_MAX) for t in self.stop_token_ids)
         if self.seed is not None:
@@ -84,6 +92,7 @@ class RequestOptions:
             request_id=self.request_id,
             cache_salt=self.cache_salt,
             priority=self.priority,
+            stream_interval=self.stream_interval,
         )
         if isinstance(prompt, str):
             request.text = prompt
@@ -113,6 +122,7 @@ class RequestFields(TypedDict, total=False):
     request_id: str
     priority: str
     lookaside: bool
+    stream_interval: int
 
 
 _FIELD_NAMES = tuple(f.name for f in dataclasses.fields(RequestOptions))

@@ -41,7 +41,7 @@ class Client(ClientCore):
     ) -> GenerateResult:  # fmt: skip
         """Runs one request to completion and returns all its tokens and metrics."""
         assembler = StreamAssembler()
-        for chunk in self._stream(self._generate_call(prompt, options, reject_retries, fields)):
+        for chunk in self._stream(self._generate_call(prompt, options, reject_retries, fields, collected=True)):
             assembler.add(chunk)
         return assembler.result()
 

@@ -15,7 +15,7 @@ class TokenIds(_message.Message):
     def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("model", "text", "token_ids", "chat", "sampling", "disagg", "request_id", "cache_salt", "priority", "max_tokens_to_limit", "resume_token_ids", "lookaside")
+    __slots__ = ("model", "text", "token_ids", "chat", "sampling", "disagg", "request_id", "cache_salt", "priority", "max_tokens_to_limit", "stream_interval", "resume_token_ids", "lookaside")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -26,6 +26,7 @@ class GenerateRequest(_message.Message):
     CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     MAX_TOKENS_TO_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    STREAM_INTERVAL_FIELD_NUMBER: _ClassVar[int]
     RESUME_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     LOOKASIDE_FIELD_NUMBER: _ClassVar[int]
     model: str
@@ -38,9 +39,10 @@ class GenerateRequest(_message.Message):
     cache_salt: str
     priority: str
     max_tokens_to_limit: bool
+    stream_interval: int
     resume_token_ids: _containers.RepeatedScalarFieldContainer[int]
     lookaside: bool
-    def __init__(self, model: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., chat: _Optional[_Union[ChatPrompt, _Mapping]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., disagg: _Optional[_Union[_common_pb2.DisaggMode, str]] = ..., request_id: _Optional[str] = ..., cache_salt: _Optional[str] = ..., priority: _Optional[str] = ..., max_tokens_to_limit: _Optional[bool] = ..., resume_token_ids: _Optional[_Iterable[int]] = ..., lookaside: _Optional[bool] = ...) -> None: ...
+    def __init__(self, model: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., chat: _Optional[_Union[ChatPrompt, _Mapping]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., disagg: _Optional[_Union[_common_pb2.DisaggMode, str]] = ..., request_id: _Optional[str] = ..., cache_salt: _Optional[str] = ..., priority: _Optional[str] = ..., max_tokens_to_limit: _Optional[bool] = ..., stream_interval: _Optional[int] = ..., resume_token_ids: _Optional[_Iterable[int]] = ..., lookaside: _Optional[bool] = ...) -> None: ...
 
 class ChatPrompt(_message.Message):
     __slots__ = ("messages",)

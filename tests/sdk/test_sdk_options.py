@@ -55,7 +55,7 @@ def test_unknown_fields_and_wrong_options_type_are_refused() -> None:
         request_options(None, {"max_token": 3, "temp": 1})
     assert str(info.value) == (
         "unknown request option(s) max_token, temp; known: max_tokens, temperature, top_p, top_k, seed, "
-        "stop_token_ids, ignore_eos, disagg, model, cache_salt, request_id, priority, lookaside"
+        "stop_token_ids, ignore_eos, disagg, model, cache_salt, request_id, priority, lookaside, stream_interval"
     )
     with pytest.raises(TypeError, match="^options must be a RequestOptions, got dict$"):
         request_options({"max_tokens": 3}, None)  # type: ignore[arg-type]

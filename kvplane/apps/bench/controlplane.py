@@ -121,6 +121,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sim-num-blocks", type=int, default=8192, metavar="N", help="KV blocks per sim worker (default %(default)s)")
     parser.add_argument("--buses", type=_csv(str, ("store", "nats")), default=["store", "nats"], metavar="B,...",
                         help="how load reports and KV events reach the replicas, each measured in turn (default store,nats)")  # fmt: skip
+    parser.add_argument("--stream-interval", type=int, default=0, metavar="N",
+                        help="tokens per streamed message after the first that the generators ask for (GenerateRequest."
+                        "stream_interval; 0: every token) (default %(default)s)")  # fmt: skip
     parser.add_argument("--idle-only", action="store_true", help="measure the replicas' idle CPU, store writes and bus messages only")
     parser.add_argument("--insecure", action="store_true", help="plaintext gRPC with tokens instead of mutual TLS")
     parser.add_argument("--seed", type=int, default=0)
@@ -259,7 +262,7 @@ class Bench:
         self._seed += 1
         commands = [
             {"shape": shape, "mode": mode, "rate_rps": rate_rps / num, "duration_s": duration_s,
-             "grace_s": self.args.grace_s, "seed": self._seed * 1000 + i}
+             "grace_s": self.args.grace_s, "seed": self._seed * 1000 + i, "stream_interval": self.args.stream_interval}
             for i in range(num)
         ]  # fmt: skip
         metrics_before = [scrape(url) for url in self.metrics_urls]
@@ -452,6 +455,7 @@ def run(args: argparse.Namespace) -> int:
             "security": "plaintext + tokens" if args.insecure else "mutual TLS", "admission": "none", "rate_limit": "off",
             "speedup": args.speedup, "load_report_interval_s": args.load_report_interval, "duration_s": args.duration_s,
             "min_ratio": args.min_ratio, "max_routing_p99_ms": args.max_routing_p99_ms, "cpu_count": os.cpu_count(),
+            "stream_interval": args.stream_interval,
         },
         "rows": rows,
         "idle": idle,

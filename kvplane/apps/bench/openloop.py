@@ -120,13 +120,15 @@ Mode = Callable[[Target, client_pb2.GenerateRequest, Sample], Awaitable[None]]
 MODES: dict[str, Mode] = {"relay": relay, "lookaside": lookaside}
 
 
-def build_requests(shape: Shape, count: int, rng: random.Random) -> list[client_pb2.GenerateRequest]:
+def build_requests(shape: Shape, count: int, rng: random.Random, stream_interval: int = 0) -> list[client_pb2.GenerateRequest]:
     body = [rng.randrange(VOCAB) for _ in range(shape.prompt_tokens)]
     sampling = common_pb2.SamplingParams(max_tokens=shape.max_tokens, ignore_eos=True)
     requests = []
     for _ in range(count):
         ids = [rng.randrange(VOCAB) for _ in range(BLOCK)] + body[BLOCK:]
-        requests.append(client_pb2.GenerateRequest(token_ids=client_pb2.TokenIds(ids=ids), sampling=sampling))
+        requests.append(
+            client_pb2.GenerateRequest(token_ids=client_pb2.TokenIds(ids=ids), sampling=sampling, stream_interval=stream_interval)
+        )
     return requests
 
 
@@ -135,7 +137,7 @@ async def run_step(target: Target, command: dict) -> dict:
     shape = SHAPES[command["shape"]]
     rng = random.Random(command.get("seed", 0))
     arrivals = poisson_arrivals(command["rate_rps"], command["duration_s"], rng)
-    requests = build_requests(shape, len(arrivals), rng)
+    requests = build_requests(shape, len(arrivals), rng, command.get("stream_interval", 0))
     loop = asyncio.get_running_loop()
     cpu_started = time.process_time()
     start = loop.time()
