@@ -157,6 +157,8 @@ class AsyncClient(ClientCore):
                 try:
                     async for response in responses:
                         yield progress.chunk(response)
+                        if response.finished:
+                            break  # the answer is whole: a replica lost before its closing status is no reason to resume
                     self._answered(attempts)
                     return
                 except grpc.RpcError as e:

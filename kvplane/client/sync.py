@@ -140,6 +140,8 @@ class Client(ClientCore):
                 try:
                     for response in responses:
                         yield progress.chunk(response)
+                        if response.finished:
+                            break  # the answer is whole: a replica lost before its closing status is no reason to resume
                     self._answered(attempts)
                     return
                 except grpc.RpcError as e:

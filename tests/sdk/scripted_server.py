@@ -104,6 +104,12 @@ class ScriptedKvplane(client_pb2_grpc.KvplaneServicer):
         if text == "truncated":
             yield client_pb2.GenerateResponse(token_ids=[1], text="a", request_id="req-t")
             return
+        if text == "lost-after-the-end":  # the replica died after its final message, before the call's status
+            yield client_pb2.GenerateResponse(token_ids=[1, 2], text="ab", request_id="req-e")
+            yield client_pb2.GenerateResponse(
+                token_ids=[3], text="c", finished=True, finish_reason="length", metrics=METRICS, request_id="req-e"
+            )
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "Socket closed")
         if text == "midstream-error":
             yield client_pb2.GenerateResponse(token_ids=[1], text="a", request_id="req-m")
             await context.abort(grpc.StatusCode.UNAVAILABLE, "decode worker decode-0 went away")

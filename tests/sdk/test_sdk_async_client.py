@@ -94,3 +94,14 @@ def test_env_endpoint_and_close_without_use(monkeypatch: pytest.MonkeyPatch, ser
         await AsyncClient().close()  # never opened: nothing to close, no error
 
     asyncio.run(scenario())
+
+
+def test_a_replica_lost_after_the_final_message_is_no_reason_to_resume(server: ScriptedServer) -> None:
+    async def scenario():
+        async with AsyncClient(server.endpoint) as client:
+            return await client.generate("lost-after-the-end")
+
+    before = len(server.servicer.requests)
+    result = asyncio.run(scenario())
+    assert result.token_ids == (1, 2, 3) and result.text == "abc"
+    assert len(server.servicer.requests) == before + 1

@@ -154,3 +154,13 @@ def test_every_name_the_package_exports_resolves() -> None:
         home = next(m for m in (kvplane.client, kvplane.security, kvplane.errors) if m is kvplane.errors or name in m.__all__)
         assert getattr(kvplane, name) is getattr(home, name), name
     assert all(hasattr(kvplane.client, name) for name in kvplane.client.__all__)
+
+
+def test_a_replica_lost_after_the_final_message_is_no_reason_to_resume(server: ScriptedServer) -> None:
+    """The answer is whole once the final message came; resuming it on another replica got a second
+    end and failed with "tokens after the final message" (the HA test saw it under a replica kill)."""
+    before = len(server.servicer.requests)
+    with Client(server.endpoint) as client:
+        result = client.generate("lost-after-the-end")
+    assert result.token_ids == (1, 2, 3) and result.text == "abc" and result.finish_reason == "length"
+    assert len(server.servicer.requests) == before + 1  # never resumed
