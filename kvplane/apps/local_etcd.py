@@ -47,19 +47,11 @@ class EtcdServer:
 
     def stop(self) -> None:
         """Graceful shutdown (SIGTERM, then SIGKILL after 5 s). Idempotent."""
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_server(self.process)
 
     def kill(self) -> None:
         """Crash it (SIGKILL). The data dir survives, so restart() brings the same data back."""
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
+        kill_server(self.process)
 
     def restart(self, timeout_s: float = 15.0) -> None:
         """Stop it if running, then start it again on the same ports with the same data."""
@@ -70,6 +62,22 @@ class EtcdServer:
             return
         again = start_etcd(self.data_dir.parent, self.client_port, self.peer_port, timeout_s)
         self.process = again.process
+
+
+def stop_server(process: subprocess.Popen) -> None:
+    """SIGTERM, then SIGKILL after 5 s; nothing when it has exited (etcd and nats-server alike)."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            kill_server(process)
+
+
+def kill_server(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.kill()
+        process.wait()
 
 
 def _log_tail(path: Path, num_lines: int = 15) -> str:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvplane.apps.cluster import free_port as _free_port
+from kvplane.apps.local_etcd import kill_server, stop_server
 
 NATS_MISSING = (
     "the nats-server binary was not found on PATH; run `make nats` (it installs nats-server from the package archive), "
@@ -43,19 +44,11 @@ class NatsServer:
 
     def stop(self) -> None:
         """Graceful shutdown (SIGTERM, then SIGKILL after 5 s). Idempotent."""
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_server(self.process)
 
     def kill(self) -> None:
         """Crash it (SIGKILL); its storage survives for restart()."""
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
+        kill_server(self.process)
 
     def restart(self, timeout_s: float = 15.0) -> None:
         """Stop it if running, then start it again on the same ports with the same storage."""
