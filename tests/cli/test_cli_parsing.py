@@ -81,6 +81,7 @@ def test_delegated_help(command: list[str], module: str) -> None:
         (["generate", "x", "--reject-retries", "-2"], "argument --reject-retries: must be >= 0, got -2"),
         (["workers", "--bogus"], "unrecognized arguments: --bogus"),
         (["up", "--store", "redis://x"], "expected 'memory' or 'etcd://HOST:PORT[,HOST:PORT...]', got 'redis://x'"),
+        (["up", "--bus", "kafka://x:9092"], 'unsupported bus \'kafka://x:9092\'; use one of "auto", "memory", "store"'),
         (["up", "--prefill", "two"], "argument --prefill: expected a whole number, got 'two'"),
         (["frobnicate"], "invalid choice: 'frobnicate'"),
         (
@@ -94,6 +95,11 @@ def test_bad_arguments_fail_with_a_clear_message(args: list[str], message: str) 
     assert result.returncode == 2
     assert message in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_up_with_replicas_refuses_the_in_process_bus() -> None:
+    result = run_kvplane("up", "--store", "etcd://127.0.0.1:1", "--replicas", "2", "--bus", "memory")
+    assert result.returncode == 2 and "the in-process bus serves one replica" in result.stderr
 
 
 def test_up_with_no_agents_is_refused() -> None:

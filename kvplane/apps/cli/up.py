@@ -58,7 +58,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     help="agents that prefill and decode (default: 0)")  # fmt: skip
     up.add_argument("--store", type=store_spec, default="memory", metavar="memory|etcd://HOST:PORT[,HOST:PORT...]",
                     help="where the control plane keeps shared state: embedded memory (default), or the members of an etcd cluster")  # fmt: skip
-    up.add_argument("--bus", default="auto", metavar="auto|memory|store|nats://HOST:PORT[,...]",
+    up.add_argument("--bus", type=bus_spec, default="auto", metavar="auto|memory|store|nats://HOST:PORT[,...]",
                     help="how load reports and KV events reach the replicas (`kvplane controlplane --bus`): in-process with "
                     "the memory store, the store with etcd (default), or a NATS JetStream server")  # fmt: skip
     up.add_argument("--replicas", type=positive_int, default=1, metavar="N",
@@ -106,6 +106,16 @@ def http_port_spec(text: str) -> int:
     if not -1 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"expected a port number, 0 (any free port) or -1 (off), got {value}")
     return value
+
+
+def bus_spec(text: str) -> str:
+    from kvplane.controlplane.bus import check_bus_url  # the control plane's own check, at parse time
+
+    try:
+        check_bus_url(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
 
 
 def store_spec(text: str) -> str:
