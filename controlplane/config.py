@@ -76,6 +76,7 @@ class ControlPlaneConfig:
     bus_ca: str = ""
     bus_cert: str = ""
     bus_key: str = ""
+    bus_stream_replicas: int = 1  # copies of each JetStream stream in a NATS cluster (at most 5)
 
     @property
     def store_options(self) -> dict:
@@ -152,6 +153,8 @@ class ControlPlaneConfig:
         if bool(self.etcd_cert) != bool(self.etcd_key):
             raise ValueError("--etcd-cert and --etcd-key go together")
         check_bus_url(self.bus, self.store)
+        if not 1 <= self.bus_stream_replicas <= 5:
+            raise ValueError(f"--bus-stream-replicas must be in 1..5 (JetStream's limit), got {self.bus_stream_replicas}")
         if bool(self.bus_cert) != bool(self.bus_key):
             raise ValueError("--bus-cert and --bus-key go together")
         if (self.bus_ca or self.bus_cert) and not self.bus.startswith("tls://"):

@@ -72,10 +72,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     etcd.add_argument("--etcd-key", default="", metavar="FILE", help="its private key")
     etcd.add_argument("--etcd-user", default="", help="etcd user for password auth")
     etcd.add_argument("--etcd-password-file", default="", metavar="FILE", help="file holding that user's password")
-    bus = parser.add_argument_group("NATS's TLS (a tls:// --bus)")
+    bus = parser.add_argument_group("NATS (a nats:// or tls:// --bus)")
     bus.add_argument("--bus-ca", default="", metavar="FILE", help="CA of NATS's server certificate (default: the system's)")
     bus.add_argument("--bus-cert", default="", metavar="FILE", help="client certificate, where NATS verifies clients")
     bus.add_argument("--bus-key", default="", metavar="FILE", help="its private key")
+    bus.add_argument("--bus-stream-replicas", type=int, default=d.bus_stream_replicas, metavar="N",
+                     help="copies of the bus's JetStream streams in a NATS cluster, set by the first replica that creates "
+                     "them (1..5; default %(default)s)")  # fmt: skip
     parser.add_argument("--fault-injection", action="store_true",
                         help="testing only (the chaos suite): SIGUSR1 makes this replica miss the load reports and KV events "
                         "the bus brings it for 2 s")  # fmt: skip
@@ -133,6 +136,7 @@ def config_from_args(args: argparse.Namespace) -> ControlPlaneConfig:
         grpc_max_connections=args.grpc_max_connections,
         etcd_ca=args.etcd_ca, etcd_cert=args.etcd_cert, etcd_key=args.etcd_key, etcd_user=args.etcd_user,
         etcd_password_file=args.etcd_password_file, bus_ca=args.bus_ca, bus_cert=args.bus_cert, bus_key=args.bus_key,
+        bus_stream_replicas=args.bus_stream_replicas,
         fault_injection=args.fault_injection,
     ).validate()  # fmt: skip
 

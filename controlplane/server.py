@@ -71,7 +71,12 @@ class ControlPlane:
         self._store = open_store(config.store, **config.store_options)
         cluster_secrets = await secrets.load_or_create(self._store)
         self._bus = open_bus(
-            config.bus, self._store, store_url=config.store, kv_compact_every_s=config.kv_compact_every_s, tls=config.bus_tls
+            config.bus,
+            self._store,
+            store_url=config.store,
+            kv_compact_every_s=config.kv_compact_every_s,
+            tls=config.bus_tls,
+            stream_replicas=config.bus_stream_replicas,
         )
         await self._bus.start()
         self._state = ClusterState(self._store, bus=self._bus, credit_routed_only=not config.trust_worker_cache_claims)

@@ -37,7 +37,13 @@ def check_bus_url(url: str, store_url: str = "memory") -> str:
 
 
 def open_bus(
-    url: str, store: Store, *, store_url: str = "memory", kv_compact_every_s: float = 10.0, tls: ssl.SSLContext | None = None
+    url: str,
+    store: Store,
+    *,
+    store_url: str = "memory",
+    kv_compact_every_s: float = 10.0,
+    tls: ssl.SSLContext | None = None,
+    stream_replicas: int = 1,
 ) -> Bus:
     kind = check_bus_url(url, store_url)
     if kind == "memory":
@@ -46,4 +52,4 @@ def open_bus(
         return StoreBus(store, kv_compact_every_s=kv_compact_every_s)
     from .nats import NatsBus  # imported here so the other backends never need nats-py
 
-    return NatsBus(url, tls=tls, kv_compact_every_s=kv_compact_every_s)
+    return NatsBus(url, tls=tls, kv_compact_every_s=kv_compact_every_s, replicas=stream_replicas)

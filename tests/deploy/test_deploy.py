@@ -38,7 +38,7 @@ def _containers(docs: list[dict], name: str) -> list[dict]:
 
 
 def test_the_overlays_are_there():
-    assert {o.name for o in OVERLAYS} == {"dev", "production", "vllm", "sglang", "monitoring", "autoscaling"}
+    assert {o.name for o in OVERLAYS} == {"dev", "production", "vllm", "sglang", "monitoring", "autoscaling", "nats"}
 
 
 def test_every_kvplane_command_line_in_deploy_is_accepted():
@@ -46,7 +46,7 @@ def test_every_kvplane_command_line_in_deploy_is_accepted():
     for _where, argv, environ in lines:
         check.parse(argv, environ)
     where = {w.split(":")[0] for w, _, _ in lines}
-    assert {f"k8s/overlays/{o}" for o in ("dev", "production", "vllm", "sglang", "autoscaling")} <= where
+    assert {f"k8s/overlays/{o}" for o in ("dev", "production", "vllm", "sglang", "autoscaling", "nats")} <= where
     engines = {a for _, argv, _ in lines for a in argv if a.startswith("--engine=")}
     assert engines == {"--engine=vllm", "--engine=sglang"}
 
@@ -76,7 +76,7 @@ def test_workers_hold_worker_credentials_only(rendered):
 
 
 def test_production_runs_mutual_tls_ha_and_restricted(rendered):
-    for overlay in ("production", "vllm", "sglang", "autoscaling"):
+    for overlay in ("production", "vllm", "sglang", "autoscaling", "nats"):
         docs = rendered[overlay]
         by_kind = {}
         for d in docs:
@@ -152,3 +152,23 @@ def test_compose_runs_mutual_tls_with_the_certificates_its_certs_service_makes(t
     # The host's client identity, and each directory without the CA's key.
     assert sorted(p.name for p in (pki / "client").iterdir()) == ["app.web.key", "app.web.pem", "ca.pem"]
     assert not [p for d in ("controlplane", "prefill-0", "decode-0", "client") for p in (pki / d).iterdir() if p.name == "ca.key"]
+
+
+def test_the_nats_overlay_puts_the_bus_behind_tls_and_the_control_plane_only(rendered):
+    docs = rendered["nats"]
+    by_kind = {}
+    for d in docs:
+        by_kind.setdefault(d["kind"], {})[d["metadata"]["name"]] = d
+    env = {e["name"]: e.get("value") for e in _containers(docs, "kvplane-controlplane")[0]["env"]}
+    assert env["KVPLANE_BUS"].startswith("tls://kvplane-nats.") and env["KVPLANE_BUS_STREAM_REPLICAS"] == "3"
+    assert {"KVPLANE_BUS_CA", "KVPLANE_BUS_CERT", "KVPLANE_BUS_KEY"} <= env.keys()
+    (nats,) = _containers(docs, "kvplane-nats")
+    assert {"--jetstream", "--tls", "--tlsverify", "--store_dir=/data"} <= set(nats["args"])
+    assert by_kind["StatefulSet"]["kvplane-nats"]["spec"]["replicas"] == 3
+    policy = by_kind["NetworkPolicy"]["kvplane-nats"]["spec"]
+    client = [rule for rule in policy["ingress"] if {"port": "client", "protocol": "TCP"} in rule.get("ports", [])]
+    assert [r["from"] for r in client] == [
+        [{"podSelector": {"matchLabels": {"app.kubernetes.io/name": "kvplane", "app.kubernetes.io/component": "controlplane"}}}]
+    ]
+    cert = by_kind["Certificate"]["kvplane-nats-server"]["spec"]
+    assert cert["issuerRef"]["name"] == "kvplane-ca" and "kvplane-nats.kvplane.svc" in cert["dnsNames"]
