@@ -305,6 +305,12 @@ class GenerateProgress:
         resumed.resume_token_ids[:] = self._token_ids
         return resumed
 
+    @property
+    def finished(self) -> bool:
+        """The final message has come: a failure after it (a replica lost before the call's
+        status) is no reason to resume, which would get a second end."""
+        return self._last is not None and self._last.finished
+
     def chunk(self, response: client_pb2.GenerateResponse) -> GenerateChunk:
         """The chunk for one received message, counted."""
         chunk = chunk_from_proto(response)

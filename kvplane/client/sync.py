@@ -140,11 +140,12 @@ class Client(ClientCore):
                 try:
                     for response in responses:
                         yield progress.chunk(response)
-                        if response.finished:
-                            break  # the answer is whole: a replica lost before its closing status is no reason to resume
                     self._answered(attempts)
                     return
                 except grpc.RpcError as e:
+                    if progress.finished:  # the answer is whole; only the call's closing status was lost
+                        self._answered(attempts)
+                        return
                     wait = progress.wait_after(e)
                 finally:
                     responses.cancel()  # a no-op after completion; frees the workers when the caller stops early
