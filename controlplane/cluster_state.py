@@ -90,7 +90,8 @@ class ClusterState:
         # Bus messages of registrations not seen yet: (worker, lease) -> (first held at, messages).
         self._pending: dict[tuple[WorkerId, int], tuple[float, list[BusMessage]]] = {}
         self._awaited: dict[WorkerId, tuple[int, float]] = {}  # a KV batch a report named: (seq, when first named)
-        self.num_bus_messages = 0  # applied from the bus (not the store bus)
+        self.bus_messages = {"load": 0, "kv": 0}  # applied from the bus (not the store bus), by kind
+        self.bus_ok = True  # the last bus probe answered
         self.num_bus_dropped = 0  # missed on purpose (fault injection)
         self._drop_bus_until = 0.0
         # Monotonic time a probe of the store, and of the bus the reports travel on, last succeeded.
@@ -173,7 +174,12 @@ class ClusterState:
             sent_at = time.monotonic()
             try:
                 await self._store.get(keys.TICKET_KEY)
-                await self.bus.probe()
+                try:
+                    await self.bus.probe()
+                except BusError:
+                    self.bus_ok = False
+                    raise
+                self.bus_ok = True
             except (StoreError, BusError) as e:
                 log.debug("store or bus probe failed: %s", e)
             else:
@@ -280,6 +286,11 @@ class ClusterState:
         log.info("worker %s joined: %s at %s", worker_id, common_pb2.Role.Name(info.role), info.endpoint)
         self._release_pending(worker_id, lease)
 
+    @property
+    def num_bus_held(self) -> int:
+        """Bus messages held for registrations not seen yet."""
+        return sum(len(messages) for _, messages in self._pending.values())
+
     def lease_of(self, worker_id: str) -> int | None:
         """The lease this replica knows the worker registered under (None: not registered here yet)."""
         entry = self.workers.get(WorkerId(worker_id))
@@ -294,7 +305,7 @@ class ClusterState:
         if entry is None or entry.lease != parsed.lease_id:
             self._hold(worker_id, parsed.lease_id, message)
             return
-        self.num_bus_messages += 1
+        self.bus_messages[message.kind] += 1
         if message.kind == "load":
             self._apply_load(worker_id, parsed)
         else:

@@ -58,8 +58,13 @@ def register_cluster_gauges(state) -> None:
     inst.observe_gauges({
         "kvplane.controlplane.workers": workers,
         "kvplane.store.up": lambda: [(0 if state.store_ok_at is None else 1, {})],
+        "kvplane.bus.up": lambda: [(1 if state.bus_ok else 0, {})],
+        "kvplane.bus.held": lambda: [(state.num_bus_held, {})],
     })  # fmt: skip
-    inst.observe_counters({"kvplane.kv_events.gaps": lambda: [(state.num_gaps_detected, {})]})
+    inst.observe_counters({
+        "kvplane.kv_events.gaps": lambda: [(state.num_gaps_detected, {})],
+        "kvplane.bus.messages": lambda: [(n, {"kvplane.bus.kind": kind}) for kind, n in state.bus_messages.items()],
+    })  # fmt: skip
 
 
 def record_planning(seconds: float) -> None:

@@ -211,11 +211,13 @@ def test_bus_messages_apply_to_the_registration_they_name_and_wait_for_one_not_s
             await bus.publish_load(_report(1, lease=lease, running=3))
             await asyncio.sleep(0.05)
             assert _device_blocks(state) == 0 and WorkerId(W) not in state.workers
+            assert state.num_bus_held == 2 and state.bus_messages == {"load": 0, "kv": 0}
             info = common_pb2.WorkerInfo(worker_id=W, role=common_pb2.ROLE_BOTH, endpoint="h:1", model="m")
             await store.put(keys.worker_key(W), info.SerializeToString(), lease=lease)
             await _settle(lambda: _device_blocks(state) == 2, "the held snapshot")
             assert state.workers[WorkerId(W)].load.num_running == 3
             assert state.lease_of(W) == lease
+            assert state.num_bus_held == 0 and state.bus_messages == {"load": 1, "kv": 1}
             # A message of an earlier registration (an old lease) changes nothing.
             await bus.publish_kv(_batch(2, [b"z"], lease=lease + 1))
             await bus.publish_load(_report(2, lease=lease + 1, running=9))
@@ -223,6 +225,7 @@ def test_bus_messages_apply_to_the_registration_they_name_and_wait_for_one_not_s
             await _settle(lambda: _device_blocks(state) == 3, "the next batch")
             assert state.workers[WorkerId(W)].load.num_running == 3
             assert not state.snapshot_requested(W)
+            assert state.num_bus_held == 2 and state.bus_messages == {"load": 1, "kv": 2}  # the old lease's two wait, then age out
             assert not store_keys_under(store, keys.LOAD) and not store_keys_under(store, keys.KV)
         finally:
             await state.stop()

@@ -20,7 +20,7 @@ from kvplane.apps.cluster import LocalCluster
 from kvplane.controlplane import keys
 from kvplane.controlplane.store import open_store
 
-from .helpers import BLOCK_SIZE, Traffic, assert_nothing_pinned, prompt_ids, wait_for
+from .helpers import BLOCK_SIZE, Traffic, assert_nothing_pinned, metric_sum, prompt_ids, scrape, wait_for
 
 pytestmark = pytest.mark.cluster  # starts processes
 
@@ -66,6 +66,12 @@ def test_two_replicas_share_load_and_kv_events_through_nats_and_ride_out_its_res
         first = prompt_ids(seed=120, length=5 * BLOCK_SIZE)
         client.generate(first, max_tokens=2)
         _prefix_known_everywhere(cluster, first, 4)
+        for replica in cluster.controlplane_endpoints.values():
+            with Client(replica, timeout=20) as one:
+                metrics = scrape(one.stats().metrics_url)
+            assert metric_sum(metrics, "kvplane_bus_up") == 1
+            assert metric_sum(metrics, "kvplane_bus_messages_total", kvplane_bus_kind="load") > 0
+            assert metric_sum(metrics, "kvplane_bus_messages_total", kvplane_bus_kind="kv") > 0
         # Neither kind of message is a store key.
         assert _store_keys(etcd.url, keys.LOAD) == [] and _store_keys(etcd.url, keys.KV) == []
         assert len(_store_keys(etcd.url, keys.WORKERS)) == 2
