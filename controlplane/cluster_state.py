@@ -92,7 +92,6 @@ class ClusterState:
         self._awaited: dict[WorkerId, tuple[int, float]] = {}  # a KV batch a report named: (seq, when first named)
         self.bus_messages = {"load": 0, "kv": 0}  # applied from the bus (not the store bus), by kind
         self.bus_ok = True  # the last bus probe answered
-        self.num_bus_dropped = 0  # missed on purpose (fault injection)
         self._drop_bus_until = 0.0
         # Monotonic time a probe of the store, and of the bus the reports travel on, last succeeded.
         self.store_ok_at: float | None = None
@@ -174,17 +173,18 @@ class ClusterState:
             sent_at = time.monotonic()
             try:
                 await self._store.get(keys.TICKET_KEY)
-                try:
-                    await self.bus.probe()
-                except BusError:
-                    self.bus_ok = False
-                    raise
+            except StoreError as e:
+                log.debug("store probe failed: %s", e)
+                continue
+            try:
+                await self.bus.probe()
                 self.bus_ok = True
-            except (StoreError, BusError) as e:
-                log.debug("store or bus probe failed: %s", e)
-            else:
-                if sent_at >= self._trust_store_after:
-                    self.store_ok_at = sent_at  # the store worked at least as late as this
+            except BusError as e:
+                self.bus_ok = False
+                log.debug("bus probe failed: %s", e)
+                continue
+            if sent_at >= self._trust_store_after:
+                self.store_ok_at = sent_at  # the store and the bus worked at least as late as this
 
     def _after_pause(self, gap_s: float) -> None:
         self.store_ok_at = None
@@ -220,7 +220,6 @@ class ClusterState:
     async def _read_bus(self, messages) -> None:
         async for message in messages:
             if self._drop_bus_until and time.monotonic() < self._drop_bus_until:
-                self.num_bus_dropped += 1
                 continue
             try:
                 self._apply_bus(message)

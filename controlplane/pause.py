@@ -27,9 +27,11 @@ class PauseDetector:
         self.last_pause_end = float("-inf")  # when the latest pause ended (monotonic s)
         self.num_pauses = 0
         self._task: asyncio.Task | None = None
+        self._last_tick = self._clock()
         self.on_pause: list[Callable[[float], None]] = []  # called with the pause's length
 
     def start(self) -> None:
+        self._last_tick = self._clock()
         self._task = asyncio.create_task(self._tick(), name="pause-detector")
 
     async def stop(self) -> None:
@@ -41,8 +43,11 @@ class PauseDetector:
                 pass
 
     def paused_since(self, moment: float) -> bool:
-        """True when a pause of this process ended after `moment` (monotonic s)."""
-        return self.last_pause_end > moment
+        """True when a pause of this process ended after `moment` (monotonic s), or one is ending
+        now: a tick overdue by PAUSE_S means the loop has just woken, and its expired timers (a
+        relay's progress timer, say) run a turn before the ticker notices."""
+        overdue = self._task is not None and self._clock() - self._last_tick > PAUSE_S
+        return self.last_pause_end > moment or overdue
 
     def observe(self, gap_s: float) -> None:
         """One tick came `gap_s` after the previous one (the ticker calls this; tests may too)."""
@@ -54,9 +59,8 @@ class PauseDetector:
                 listener(gap_s)
 
     async def _tick(self) -> None:
-        last = self._clock()
         while True:
             await asyncio.sleep(TICK_S)
             now = self._clock()
-            self.observe(now - last)
-            last = now
+            self.observe(now - self._last_tick)
+            self._last_tick = now

@@ -24,7 +24,6 @@ from collections.abc import AsyncIterator, Callable
 import grpc
 
 from kvplane.controlplane.core.failover import Failure, classify
-from kvplane.controlplane.pause import PAUSE_S
 from kvplane.v1 import agent_pb2, agent_pb2_grpc
 
 
@@ -62,27 +61,20 @@ async def agent_stream(
     progress = _Progress(time.monotonic())
     longest_sleep = min(first_token_timeout_s, token_timeout_s)
 
-    def arm(delay: float) -> None:
-        progress.due = time.monotonic() + delay
-        progress.timer = loop.call_later(delay, check)
-
     def check() -> None:
         timeout = token_timeout_s if progress.got_token else first_token_timeout_s
         now = time.monotonic()
         if now < progress.at + timeout:
-            arm(min(progress.at + timeout - now, longest_sleep))
-        elif now - progress.due > PAUSE_S or paused_since(progress.at):
-            # We were frozen (or our loop was), not the worker: give it its time again. A timer
-            # that fires this late says so itself; the pause detector's tick, which runs a turn of
-            # the loop after the expired timers, may not have noticed yet.
-            progress.at = now
-            arm(longest_sleep)
+            progress.timer = loop.call_later(min(progress.at + timeout - now, longest_sleep), check)
+        elif paused_since(progress.at):
+            progress.at = now  # we were frozen, not the worker: give it its time again
+            progress.timer = loop.call_later(longest_sleep, check)
         else:
             what = "the next token" if progress.got_token else "the first token"
             progress.stalled = f"no progress: {what} did not come within {timeout:g} s"
             call.cancel()
 
-    arm(longest_sleep)
+    progress.timer = loop.call_later(longest_sleep, check)
     try:
         async for reply in call:
             progress.at = time.monotonic()
@@ -103,11 +95,10 @@ async def agent_stream(
 class _Progress:
     """When an agent stream last made progress, and its timer."""
 
-    __slots__ = ("at", "due", "got_token", "stalled", "timer")
+    __slots__ = ("at", "got_token", "stalled", "timer")
 
     def __init__(self, at: float) -> None:
         self.at = at
-        self.due = at  # when the timer was due to fire
         self.got_token = False
         self.stalled: str | None = None  # why the stream was cancelled as stalled
         self.timer: asyncio.TimerHandle | None = None

@@ -19,8 +19,9 @@ What every backend guarantees:
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 from kvplane.v1 import registry_pb2
@@ -40,6 +41,22 @@ class BusUnavailable(BusError):
 class BusMessage:
     kind: Kind
     payload: bytes  # a serialized ReportLoadRequest ("load") or PublishKVEventsRequest ("kv"), without the session token
+
+
+@dataclass(slots=True)
+class PerWorkerThrottle:
+    """Whether a worker's periodic chore (dropping KV batches older than its snapshot) is due: at
+    most once every `interval_s` per worker."""
+
+    interval_s: float
+    _last: dict[str, float] = field(default_factory=dict)
+
+    def due(self, worker_id: str) -> bool:
+        now = time.monotonic()
+        if now - self._last.get(worker_id, float("-inf")) < self.interval_s:
+            return False
+        self._last[worker_id] = now
+        return True
 
 
 class Bus(Protocol):

@@ -10,7 +10,6 @@ a fleet on it (docs/operations.md: choosing a bus). The replica's store watch de
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import AsyncIterator
 
 from kvplane.controlplane import keys
@@ -18,7 +17,7 @@ from kvplane.controlplane.store.base import Store
 from kvplane.types import LeaseId
 from kvplane.v1 import registry_pb2
 
-from .base import BusError, BusMessage
+from .base import BusError, BusMessage, PerWorkerThrottle
 
 log = logging.getLogger(__name__)
 
@@ -30,8 +29,7 @@ class StoreBus:
 
     def __init__(self, store: Store, *, kv_compact_every_s: float = 10.0) -> None:
         self._store = store
-        self._compact_every_s = kv_compact_every_s
-        self._last_compaction: dict[str, float] = {}
+        self._compaction = PerWorkerThrottle(kv_compact_every_s)
 
     async def start(self) -> None:
         pass
@@ -58,10 +56,8 @@ class StoreBus:
         pass
 
     async def _maybe_compact(self, worker_id: str, snapshot_seq: int) -> None:
-        now = time.monotonic()
-        if now - self._last_compaction.get(worker_id, 0.0) < self._compact_every_s:
+        if not self._compaction.due(worker_id):
             return
-        self._last_compaction[worker_id] = now
         items, _ = await self._store.get_prefix(keys.kv_prefix(worker_id))
         stale = [kv.key for kv in items if keys.parse_kv_key(kv.key)[1] < snapshot_seq]
         for key in stale:

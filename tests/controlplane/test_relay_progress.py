@@ -81,11 +81,15 @@ class _SteadyAgent(agent_pb2_grpc.AgentServicer):
 
 def test_a_relay_whose_own_loop_was_frozen_does_not_blame_the_worker():
     """The replica itself does not run for longer than the token timeout (SIGSTOP, a long GC: here
-    the loop is blocked): its timer fires late, which says the time was lost here. Judged by the
-    timer alone, without the pause detector, whose tick runs a turn of the loop after the timers."""
+    the loop is blocked). The relay's timer fires before the pause detector's tick has run (a turn
+    of the loop later); the detector's overdue tick says the time was lost here."""
     import time
 
+    from kvplane.controlplane.pause import PauseDetector
+
     async def body() -> list[int]:
+        pauses = PauseDetector()
+        pauses.start()
         server = grpc.aio.server()
         agent_pb2_grpc.add_AgentServicer_to_server(_SteadyAgent(), server)
         port = server.add_insecure_port("127.0.0.1:0")
@@ -95,13 +99,14 @@ def test_a_relay_whose_own_loop_was_frozen_does_not_blame_the_worker():
                 tokens: list[int] = []
                 async for reply in agent_stream(
                     agent_pb2_grpc.AgentStub(channel), agent_pb2.AgentGenerateRequest(), "w1", time_left_s=None,
-                    first_token_timeout_s=5.0, token_timeout_s=0.5,
+                    first_token_timeout_s=5.0, token_timeout_s=0.5, paused_since=pauses.paused_since,
                 ):  # fmt: skip
                     tokens.extend(reply.token_ids)
                     if len(tokens) == 1:
                         time.sleep(1.5)  # the whole loop stands still, three token timeouts
                 return tokens
         finally:
+            await pauses.stop()
             await server.stop(None)
 
     assert asyncio.run(asyncio.wait_for(body(), timeout=20)) == [0, 1, 2, 3, 4]
