@@ -141,9 +141,19 @@ class Held:
     """Per table row: leading prompt blocks matched, of them on host and on disk (0 for a worker
     without a score). Built from the scores' holders only: a request costs O(holders) here."""
 
-    matched: np.ndarray
-    host: np.ndarray
-    disk: np.ndarray
+    numbers: np.ndarray  # (3, rows): the three below, one array to copy
+
+    @property
+    def matched(self) -> np.ndarray:
+        return self.numbers[0]
+
+    @property
+    def host(self) -> np.ndarray:
+        return self.numbers[1]
+
+    @property
+    def disk(self) -> np.ndarray:
+        return self.numbers[2]
 
     @staticmethod
     def of(table: WorkerTable, overlaps: Mapping[WorkerId, OverlapScore], base: Held | None = None) -> Held:
@@ -151,9 +161,9 @@ class Held:
         if base is None:
             out = np.zeros((3, len(table.views)), np.int64)
         else:
-            out = np.stack((base.matched, base.host, base.disk))
+            out = base.numbers.copy()
         if not overlaps:
-            return Held(out[0], out[1], out[2])
+            return Held(out)
         row_of, n = table.row_of, len(overlaps)
         if n <= 64:  # item by item: cheaper than the arrays below for a few holders
             rows, numbers, memo = [], [], {}
@@ -168,7 +178,7 @@ class Held:
                 numbers.append(v)
             if rows:
                 out[:, rows] = np.array(numbers, np.int64).T
-            return Held(out[0], out[1], out[2])
+            return Held(out)
         rows = np.fromiter(map(row_of.get, overlaps, itertools.repeat(-1, n)), np.int64, n)
         scores = list(overlaps.values())
         # One entry per distinct score object: a hot prefix's thousand holders share one.
@@ -176,7 +186,7 @@ class Held:
         per = np.array([_numbers(scores[i]) for i in first.tolist()], np.int64).reshape(-1, 3)[codes.reshape(-1)]
         known = rows >= 0  # the index outlives a departed worker's row
         out[:, rows[known]] = per[known].T
-        return Held(out[0], out[1], out[2])
+        return Held(out)
 
 
 def _numbers(score: OverlapScore) -> tuple[int, int, int]:
@@ -229,14 +239,15 @@ class Columns:
             *((held.matched[i], held.host[i], held.disk[i]) if held is not None else ()),
         )  # fmt: skip
 
-    def put(self, i: np.ndarray, other: Columns) -> Columns:
-        """A copy with `other`'s values at positions `i`."""
-        names = ("c0", "c1", "c2", "c3", "c4", "free", "chunk", "queued", "per_step", "nbytes")
-        out = Columns(*(getattr(self, name).copy() for name in names), 0)
-        for name in names:
-            getattr(out, name)[i] = getattr(other, name)
-        out.one_chunk = _one(out.chunk)
-        return out
+    def put(self, i: np.ndarray, other: Columns) -> None:
+        """`other`'s values written at positions `i`, in place."""
+        for name in _COLUMN_NAMES:
+            getattr(self, name)[i] = getattr(other, name)
+        if other.one_chunk != self.one_chunk:
+            self.one_chunk = _one(self.chunk)
+
+
+_COLUMN_NAMES = ("c0", "c1", "c2", "c3", "c4", "free", "chunk", "queued", "per_step", "nbytes")
 
 
 def _borrowed_models(table: WorkerTable, rows: np.ndarray, rates: Rates) -> np.ndarray:
@@ -266,7 +277,8 @@ class FleetColumns:
     """The whole table's Columns and each worker's seconds that do not depend on the request
     (_worker_seconds), kept from one request to the next. A table made from the last one by
     WorkerTable.replaced (the planner's view after new reports and load corrections) has only
-    its changed rows redone, so a request pays for what changed, not for the fleet."""
+    its changed rows redone, in place, so a request pays for what changed, not for the fleet.
+    What `of` returns is valid until its next call (the arrays are rewritten then)."""
 
     __slots__ = ("_last",)
 
@@ -284,12 +296,14 @@ class FleetColumns:
             if before is not None and table.parent is before and len(table.changed_rows) < len(table.views) // 4:
                 rows = np.fromiter(table.changed_rows, np.int64, len(table.changed_rows))
                 changed = Columns.of(table, rows, rates)
-                col, seconds = last[2].put(rows, changed), last[3].copy()
+                col, seconds = last[2], last[3]
+                col.put(rows, changed)
                 seconds[:, rows] = _worker_seconds(table, rows, changed)
                 self._last = (weakref.ref(table), fallback, col, seconds)
                 return col, *seconds
-        col = Columns.of(table, slice(None), rates)
-        seconds = _worker_seconds(table, slice(None), col)
+        every = np.arange(len(table.views))  # fancy indexing: columns of our own, not the table's, to write into
+        col = Columns.of(table, every, rates)
+        seconds = _worker_seconds(table, every, col)
         self._last = (weakref.ref(table), fallback, col, seconds)
         return col, *seconds
 
@@ -645,8 +659,10 @@ def _remote_start_and_tail(req: Request, col: Columns, rows, running, queue_s, m
 def _best_two(rows: np.ndarray, device: np.ndarray, table: WorkerTable) -> tuple[int, int, int, int]:
     """(best row, second best row, their device blocks): the rows holding the most leading
     device blocks of the prompt, then the lower worker id (-1 and 0: none)."""
-    if not len(rows) or not device.any():
+    some = np.flatnonzero(device)  # the holders: usually a few of the fleet
+    if not len(some):
         return (-1, -1, 0, 0)
+    rows, device = rows[some], device[some]
     order = np.lexsort((table.id_rank[rows], -device))
     i = int(order[0])
     j = int(order[1]) if len(order) > 1 and device[order[1]] > 0 else -1
