@@ -254,8 +254,10 @@ class LoadLedger:
         has entries for, and those whose report is stale). Kept from one call to the next: when
         `table` was made from the previous call's by `WorkerTable.replaced` (the control plane's
         view after new reports), only its changed rows, the workers whose entries changed since
-        and the stale rows are redone, so a request pays for what changed, not for every worker
-        with requests in flight."""
+        and the stale rows are redone, in place in the table the previous call returned (this
+        ledger's alone: WorkerTable.private), so a request pays for what changed, not for every
+        worker with requests in flight nor for a copy of the fleet's columns. A table returned
+        here is valid until the next call."""
         stale = set(np.flatnonzero(now - table.reported_at - self.stale_report_s > 0).tolist())  # NaN (no time): never stale
         changed_workers, self._changed_workers = self._changed_workers, set()
         last = self._corrected
@@ -265,7 +267,7 @@ class LoadLedger:
             base_rows = table.changed_rows
         else:  # another table: correct it from scratch
             rows = {table.row_of[w] for w in self._worker_to_entries if w in table.row_of} | stale
-            corrected = table.with_loads(self._adjusted_rows(table, rows, now))
+            corrected = table.private().updated(self._adjusted_rows(table, rows, now))
             self._corrected = (table, corrected, stale)
             return corrected
         row_of = table.row_of
@@ -273,7 +275,7 @@ class LoadLedger:
         redo = set(base_rows) | stale | last[2] | {row_of[w] for w in changed_workers if w in row_of}
         views = self._adjusted_rows(table, redo, now)
         views.update({row: table.views[row] for row in redo if row not in views})  # back to the report as it is
-        corrected = last[1].replaced(views)
+        corrected = last[1].updated(views)  # in place: the previous call's table is this ledger's alone
         self._corrected = (table, corrected, stale)
         return corrected
 

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import accumulate, compress, repeat
 from operator import and_, ne
 from types import MappingProxyType
@@ -83,6 +83,13 @@ class OverlapScore:
     blocks_by_tier: Mapping[Tier, int]
     # Of those, blocks only predicted there (being computed now, not yet in the index: predictions.py).
     num_predicted: int = 0
+    # (num_blocks, host blocks, disk blocks): what routing reads of a score, made once per score
+    # (scores are shared: overlap_score), not once per holder and request.
+    numbers: tuple[int, int, int] = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        tiers = self.blocks_by_tier
+        object.__setattr__(self, "numbers", (self.num_blocks, tiers.get(Tier.HOST, 0), tiers.get(Tier.DISK, 0)))
 
 
 _TIER_SLOT = {tier: slot for slot, tier in enumerate(TIERS_FASTEST_FIRST)}

@@ -63,7 +63,8 @@ class WorkerTable:
     __slots__ = (
         "views", "worker_ids", "id_array", "row_of", "id_rank", "models", "transports",
         "model_code", "transport_code", "block_size", "block_nbytes", "max_context", "active", "can_decode", "can_prefill", "reported_at",
-        "queued", "used", "total", "requests", "pending", "running", "waiting", "context", "step", "chunk", "_memo", "_parent", "changed_rows", "__weakref__",
+        "queued", "used", "total", "requests", "pending", "running", "waiting", "context", "step", "chunk", "_memo", "_parent", "changed_rows",
+        "version", "_private", "__weakref__",
     )  # fmt: skip
 
     def __init__(self, views: Sequence[WorkerView]) -> None:
@@ -71,6 +72,9 @@ class WorkerTable:
         # The table `replaced` made this one from, and the rows it replaced there (none: built anew).
         self._parent: weakref.ref[WorkerTable] | None = None
         self.changed_rows: frozenset[int] = frozenset()
+        # Updates made in place (`updated`, on a `private` copy only): changed_rows names the last one's rows.
+        self.version = 0
+        self._private = False
         # What depends on the fixed columns only (fixed()), shared by every table made from this
         # one that keeps those columns (new reports, load corrections).
         self._memo: dict[tuple, object] = {}
@@ -134,7 +138,7 @@ class WorkerTable:
             setattr(t, name, value)
         for name in columns:
             setattr(t, name, getattr(self, name).copy())
-        t._parent, t.changed_rows = None, frozenset()
+        t._parent, t.changed_rows, t.version, t._private = None, frozenset(), 0, False
         return t
 
     @property
@@ -184,6 +188,38 @@ class WorkerTable:
         t._parent, t.changed_rows = weakref.ref(self), frozenset(rows)
         return t
 
+    def private(self) -> WorkerTable:
+        """A copy that `updated` may write into: every column a load changes is its own (the
+        fixed ones stay shared). For a table one owner alone reads from one update to the next
+        (the planner's corrected view), so that a request does not copy the fleet's columns."""
+        t = self._copy(_LOAD_COLUMNS + _MODEL_COLUMNS + ("reported_at",))
+        t.views, t._private = list(self.views), True
+        return t
+
+    def updated(self, rows: Mapping[int, WorkerView]) -> WorkerTable:
+        """`replaced`, in place where it can be: on a `private` table, rows whose views change
+        only in load (and report time) are written into it, which then names them in
+        `changed_rows` and counts one more `version`; anything else (another worker's fixed
+        columns changed, a shared table) gives a new table, as `replaced` does."""
+        if not rows:
+            return self
+        views = self.views
+        if not self._private:
+            return self.replaced(rows)
+        if any(_fixed(views[i]) != _fixed(w) for i, w in rows.items()):  # rare: a drain, a new role
+            return self.replaced(rows).private()
+        columns = _load_columns_of(self)
+        for i, w in rows.items():
+            views[i] = w
+            self.step[i] = _step_row(w)
+            self.chunk[i] = max(w.chunk_tokens, 1)
+            self.reported_at[i] = np.nan if w.reported_at is None else w.reported_at
+            for column, value in zip(columns, _load_row(w)):
+                column[i] = value
+        self.changed_rows = frozenset(rows)
+        self.version += 1
+        return self
+
     def pool(self, excluded: Collection[WorkerId] = ()) -> WorkerPool:
         """Every row but the `excluded` workers'."""
         rows = np.arange(len(self.views), dtype=np.int64)
@@ -227,7 +263,7 @@ class WorkerTable:
 
 
 _FIXED_COLUMNS = ("model_code", "transport_code", "block_size", "block_nbytes", "max_context", "active", "can_decode", "can_prefill")
-_DATA_SLOTS = tuple(n for n in WorkerTable.__slots__ if n not in ("_parent", "changed_rows", "__weakref__"))
+_DATA_SLOTS = tuple(n for n in WorkerTable.__slots__ if n not in ("_parent", "changed_rows", "version", "_private", "__weakref__"))
 _data_of = operator.attrgetter(*_DATA_SLOTS)  # every data slot in one call
 _load_columns_of = operator.attrgetter(*_LOAD_COLUMNS)
 _FEW_ROWS = 16

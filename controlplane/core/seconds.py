@@ -77,7 +77,6 @@ are kept, all the choice of the best and second best prefill worker needs.
 
 from __future__ import annotations
 
-import itertools
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -88,7 +87,7 @@ from kvplane.controlplane.core.index import OverlapScore
 from kvplane.controlplane.core.inflow import Inflow
 from kvplane.controlplane.core.pool import WorkerPool, WorkerTable
 from kvplane.controlplane.core.predictor import next_step_with_prefill, shared_step_seconds
-from kvplane.types import Tier, WorkerId
+from kvplane.types import WorkerId
 
 LOCAL, FETCH, REMOTE = 0, 1, 2
 _INF = float("inf")
@@ -164,34 +163,15 @@ class Held:
             out = base.numbers.copy()
         if not overlaps:
             return Held(out)
-        row_of, n = table.row_of, len(overlaps)
-        if n <= 64:  # item by item: cheaper than the arrays below for a few holders
-            rows, numbers, memo = [], [], {}
-            for worker_id, score in overlaps.items():
-                row = row_of.get(worker_id)
-                if row is None:  # the index outlives a departed worker's row
-                    continue
-                v = memo.get(id(score))
-                if v is None:
-                    v = memo[id(score)] = _numbers(score)
-                rows.append(row)
-                numbers.append(v)
-            if rows:
-                out[:, rows] = np.array(numbers, np.int64).T
-            return Held(out)
-        rows = np.fromiter(map(row_of.get, overlaps, itertools.repeat(-1, n)), np.int64, n)
-        scores = list(overlaps.values())
-        # One entry per distinct score object: a hot prefix's thousand holders share one.
-        _, first, codes = np.unique(np.fromiter(map(id, scores), np.int64, n), return_index=True, return_inverse=True)
-        per = np.array([_numbers(scores[i]) for i in first.tolist()], np.int64).reshape(-1, 3)[codes.reshape(-1)]
-        known = rows >= 0  # the index outlives a departed worker's row
-        out[:, rows[known]] = per[known].T
+        row_of = table.row_of
+        rows = list(map(row_of.get, overlaps))
+        numbers = [score.numbers for score in overlaps.values()]
+        if None in rows:  # the index outlives a departed worker's row
+            numbers = [v for row, v in zip(rows, numbers) if row is not None]
+            rows = [row for row in rows if row is not None]
+        if rows:
+            out[:, rows] = np.array(numbers, np.int64).reshape(-1, 3).T
         return Held(out)
-
-
-def _numbers(score: OverlapScore) -> tuple[int, int, int]:
-    tiers = score.blocks_by_tier
-    return score.num_blocks, tiers.get(Tier.HOST, 0), tiers.get(Tier.DISK, 0)
 
 
 @dataclass(slots=True)
@@ -283,28 +263,31 @@ class FleetColumns:
     __slots__ = ("_last",)
 
     def __init__(self) -> None:
-        self._last: tuple[weakref.ref, float, Columns, np.ndarray] | None = None
+        # (the table, its version, the fallback prefill rate, the columns, the per-row seconds)
+        self._last: tuple[weakref.ref, int, float, Columns, np.ndarray] | None = None
 
     def of(self, table: WorkerTable, rates: Rates) -> tuple[Columns, np.ndarray, np.ndarray, np.ndarray]:
         """(Columns of every row of `table`, and per row: the seconds a request arriving now waits
         before its prefill, of them the queued prefill's compute, a full chunk's compute)."""
         last, fallback = self._last, rates.fallback_prefill_tokens_per_s
-        if last is not None and last[1] == fallback:
-            before = last[0]()
-            if before is table:
-                return last[2], *last[3]
-            if before is not None and table.parent is before and len(table.changed_rows) < len(table.views) // 4:
+        if last is not None and last[2] == fallback:
+            before, version, col, seconds = last[0](), last[1], last[3], last[4]
+            if before is table and version == table.version:
+                return col, *seconds
+            # The table the columns were made for, updated in place once (WorkerTable.updated), or
+            # a table made from it (WorkerTable.replaced): both differ from it in changed_rows only.
+            derived = table.version == version + 1 if before is table else before is not None and table.parent is before
+            if derived and len(table.changed_rows) < len(table.views) // 4:
                 rows = np.fromiter(table.changed_rows, np.int64, len(table.changed_rows))
                 changed = Columns.of(table, rows, rates)
-                col, seconds = last[2], last[3]
                 col.put(rows, changed)
                 seconds[:, rows] = _worker_seconds(table, rows, changed)
-                self._last = (weakref.ref(table), fallback, col, seconds)
+                self._last = (weakref.ref(table), table.version, fallback, col, seconds)
                 return col, *seconds
         every = np.arange(len(table.views))  # fancy indexing: columns of our own, not the table's, to write into
         col = Columns.of(table, every, rates)
         seconds = _worker_seconds(table, every, col)
-        self._last = (weakref.ref(table), fallback, col, seconds)
+        self._last = (weakref.ref(table), table.version, fallback, col, seconds)
         return col, *seconds
 
 

@@ -92,6 +92,37 @@ def test_load_updates_equal_a_table_built_from_the_new_views_for_few_rows_and_ma
         assert updated.views == rebuilt.views
 
 
+def test_updates_in_place_write_only_a_private_copy_and_count_versions():
+    views = _fleet(30)
+    shared = WorkerTable(views)
+    own = shared.private()
+    rng = random.Random(3)
+    for step in range(1, 40):
+        new = {}
+        for i in rng.sample(range(30), rng.randrange(1, 5)):
+            w = own.views[i]
+            new[i] = dataclasses.replace(
+                w, reported_at=float(step), pending_blocks=step,
+                load=dataclasses.replace(w.load, num_queued_prefill_tokens=step * 10 + i, num_running=i % 4, num_used_blocks=step),
+            )  # fmt: skip
+        assert own.updated(new) is own and own.version == step and own.changed_rows == set(new)
+        rebuilt = WorkerTable(own.views)
+        for name in ("queued", "used", "total", "requests", "pending", "running", "waiting", "context", "chunk", "reported_at", "step"):
+            assert np.array_equal(getattr(own, name), getattr(rebuilt, name), equal_nan=True), name
+    # The table it was copied from never changed.
+    for name in ("queued", "used", "requests", "pending", "reported_at"):
+        assert np.array_equal(getattr(shared, name), getattr(WorkerTable(views), name), equal_nan=True), name
+    assert shared.views == tuple(views) and shared.version == 0
+    # A shared table is never written: `updated` makes a new one, as `replaced` does.
+    busier = dataclasses.replace(views[2], load=dataclasses.replace(views[2].load, num_queued_prefill_tokens=12345))
+    other = shared.updated({2: busier})
+    assert other is not shared and other.queued[2] == 12345 and shared.queued[2] != 12345
+    # A change of more than load (a drain) gives a new private table.
+    drained = own.updated({4: dataclasses.replace(own.views[4], active=False)})
+    assert drained is not own and not drained.active[4] and own.active[4] == views[4].active
+    assert drained.updated({5: drained.views[5]}) is drained and drained.version == 1
+
+
 def test_a_pool_lists_its_workers_in_table_order_and_splits_by_id():
     views = _fleet(30)
     pool = WorkerTable(views).pool(excluded=[views[2].worker_id])

@@ -221,3 +221,40 @@ def test_when_none_meets_the_objectives_the_least_ttft_wins(worker_view, index, 
     assert (breakdown(d, "a").meets, breakdown(d, "b").meets) == (False, False)
     assert breakdown(d, "b").tpot_s == pytest.approx(0.060)
     assert d.decode_worker == "b"
+
+
+def test_fleet_columns_kept_across_updates_equal_columns_made_from_scratch(worker_view):
+    """FleetColumns redoes only the rows a table changed, whether the table was updated in place
+    (WorkerTable.updated: the planner's corrected view) or made from the last one (replaced),
+    and writes them into the arrays it keeps: after any sequence of both, what it returns is
+    what a fresh FleetColumns computes for the table."""
+    import random
+
+    import numpy as np
+
+    from kvplane.controlplane.core.pool import WorkerTable
+    from kvplane.controlplane.core.seconds import FleetColumns, Rates
+
+    rng = random.Random(5)
+    models = [StepTimeModel((0.01, 2e-5, 1e-9, 3e-4, 2e-7), 10, 0.0, free_prefill_tokens=f) for f in (0.0, 500.0)]
+
+    def view(i: int):
+        return worker_view(
+            f"w{i:02d}", rng.choice([Role.DECODE, Role.BOTH]), num_running=rng.randrange(8), num_waiting=rng.randrange(3),
+            num_queued_prefill_tokens=rng.choice([0, 100, 5000]), running_context_tokens=rng.randrange(20000),
+            latency=rng.choice(models + [None]),
+        )  # fmt: skip
+
+    rates = Rates(1e9, 0.006, 25e9, 3e9, 20000.0)
+    kept = FleetColumns()
+    table = WorkerTable([view(i) for i in range(24)]).private()
+    for step in range(60):
+        rows = {i: view(i) for i in rng.sample(range(24), rng.randrange(0, 4))}
+        table = table.updated(rows) if rng.random() < 0.7 else table.replaced(rows)
+        col, *seconds = kept.of(table, rates)
+        fresh, *want = FleetColumns().of(table, rates)
+        for name in ("c0", "c1", "c2", "c3", "c4", "free", "chunk", "queued", "per_step", "nbytes"):
+            assert np.array_equal(getattr(col, name), getattr(fresh, name)), f"step {step}: {name}"
+        assert col.one_chunk == fresh.one_chunk
+        for got, expected in zip(seconds, want):
+            assert np.array_equal(got, expected), f"step {step}"
