@@ -78,7 +78,7 @@ are kept, all the choice of the best and second best prefill worker needs.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -349,24 +349,33 @@ def _own_and_load(col: Columns, max_blocks: int, rates: Rates) -> tuple[np.ndarr
     return own, load_s
 
 
+@dataclass(frozen=True, slots=True)
+class Placed:
+    """How one candidate's prediction is made up (Priced.placed): what the choice does not read,
+    worked out only for the candidates someone reads (the one chosen, an explanation)."""
+
+    placement: int  # LOCAL, FETCH or REMOTE
+    queue_s: float
+    move_s: float  # fetch + tier loads (overlapped with the queue)
+    prefill_s: float
+    transfer_s: float  # remote prefill: KV transfer and the decode worker's tail step
+    fetch_blocks: int  # FETCH: blocks pulled
+    source_row: int  # FETCH: the table row pulled from (-1: none)
+    prefill_row: int  # REMOTE: the prefill worker's table row (-1: none)
+
+
 @dataclass(slots=True)
 class Priced:
-    """The candidates' predictions, row for row with `pool` (the candidates priced)."""
+    """The candidates' predictions, row for row with `pool` (the candidates priced): what the
+    choice reads as columns, the rest (`placed`) for one candidate when asked."""
 
     pool: WorkerPool
     ttft: np.ndarray
     tpot: np.ndarray
-    placement: np.ndarray  # LOCAL, FETCH or REMOTE
     cached_tokens: np.ndarray  # on the decode worker (its own blocks)
-    queue: np.ndarray
-    move: np.ndarray
-    prefill: np.ndarray
     work: np.ndarray  # of prefill: the compute it adds (chunked_parts), what the choice spends
     computed: np.ndarray  # prompt tokens the placement prefills (the rest are cached or fetched)
-    transfer: np.ndarray
-    fetch_blocks: np.ndarray  # FETCH: blocks pulled
-    source_row: np.ndarray  # FETCH: the table row pulled from (-1: none)
-    prefill_row: np.ndarray  # REMOTE: the prefill worker's table row (-1: none)
+    placed: Callable[[int], Placed]  # the i-th candidate's breakdown
 
 
 def price_candidates(
@@ -405,26 +414,18 @@ def price_candidates(
         return parts[0]
     rows = np.concatenate([p.pool.rows for p in parts])
     order = np.argsort(rows, kind="stable")
+    # Position in the merged candidates -> (the group's part, position there).
+    where = [(part, k) for part in parts for k in range(len(part.pool))]
 
     def cat(name: str) -> np.ndarray:
         return np.concatenate([getattr(p, name) for p in parts])[order]
 
-    names = (
-        "ttft",
-        "tpot",
-        "placement",
-        "cached_tokens",
-        "queue",
-        "move",
-        "prefill",
-        "work",
-        "computed",
-        "transfer",
-        "fetch_blocks",
-        "source_row",
-        "prefill_row",
-    )
-    return Priced(WorkerPool(table, rows[order]), *map(cat, names))
+    def placed(i: int) -> Placed:
+        part, k = where[int(order[i])]
+        return part.placed(k)
+
+    columns = (cat(name) for name in ("ttft", "tpot", "cached_tokens", "work", "computed"))
+    return Priced(WorkerPool(table, rows[order]), *columns, placed)
 
 
 def _groups(decode: WorkerPool) -> list[WorkerPool]:
@@ -543,7 +544,6 @@ def _price_group(
             keys.append(tail_at + tail_step)
         decode = _can_win(decode, held, keys, limit)
     rows = decode.rows
-    n = len(decode)
     col = fleet.col.take(rows, held)
     own, load_s = _own_and_load(col, max_blocks, rates)
     queue_s = fleet.queue[rows]
@@ -552,10 +552,7 @@ def _price_group(
     prefill_s = prefill_steps + work
     local = np.maximum(queue_s, load_s) + prefill_s
     computed = P - cached_tok
-    move_s = np.zeros(n) + load_s
-    placement = np.full(n, LOCAL, np.int64)
-    fetch_blocks = np.zeros(n, np.int64)
-    source_row = np.full(n, -1, np.int64)
+    fetch = None  # (gain, source row per candidate, move, prefill seconds, better) when a fetch can help
     if source[0] >= 0:
         is_first = rows == source[0]
         d = np.where(is_first, source[3], source[2])
@@ -566,62 +563,48 @@ def _price_group(
         f_prefill = f_steps + f_work
         f_ttft = np.maximum(queue_s, f_move) + f_prefill
         better = (gain > 0) & (f_ttft < local)
-        placement[better] = FETCH
-        fetch_blocks = np.where(better, gain, 0)
-        source_row = np.where(better, np.where(is_first, source[1], source[0]), -1)
-        move_s = np.where(better, f_move, move_s)
-        prefill_s = np.where(better, f_prefill, prefill_s)
-        work = np.where(better, f_work, work)
-        computed = np.where(better, P - f_cached, computed)
-        local = np.where(better, f_ttft, local)
-    if req.allow_local:
-        ttft = local + offsets[0]
-    else:
-        ttft = np.full(n, _INF)
-        placement[:] = REMOTE
-    transfer_s = np.zeros(n)
-    prefill_row = np.full(n, -1, np.int64)
+        if better.any():
+            work = np.where(better, f_work, work)
+            computed = np.where(better, P - f_cached, computed)
+            local = np.where(better, f_ttft, local)
+            fetch = (gain, np.where(is_first, source[1], source[0]), f_move, f_prefill, better)
+    ttft = local + offsets[0] if req.allow_local else np.full(len(rows), _INF)
+    remote = None  # (is_first, transfer, use) when a remote prefill is priced
     if part is not None:
         (i, j), p_queue, p_move, p_prefill, p_work, p_computed, p_total = part
         is_first = rows == i
         best = np.where(is_first, p_total[1], p_total[0])
         # `transfer` is all that comes after the prefill.
         tail_at, tail_step = _remote_start_and_tail(req, col, rows, table.running[rows], queue_s, col.matched, best, fleet, rates)
-        remote = tail_at + tail_step + offsets[1]
-        finite = np.isfinite(best)  # no second prefill worker: best is infinite
-        transfer = np.where(finite, tail_at - np.where(finite, best, 0.0), 0.0) + tail_step
-        use = remote < ttft
+        remote_ttft = tail_at + tail_step + offsets[1]
+        use = remote_ttft < ttft
         if use.any():
             k = is_first.astype(np.int64)  # 1: the second best prefill worker
-            placement[use] = REMOTE
-            ttft = np.where(use, remote, ttft)
-            transfer_s = np.where(use, transfer, 0.0)
-            queue_s = np.where(use, p_queue[k], queue_s)
-            move_s = np.where(use, p_move[k], move_s)
-            prefill_s = np.where(use, p_prefill[k], prefill_s)
+            ttft = np.where(use, remote_ttft, ttft)
             work = np.where(use, p_work[k], work)
             computed = np.where(use, p_computed[k], computed)
-            fetch_blocks = np.where(use, 0, fetch_blocks)
-            source_row = np.where(use, -1, source_row)
-            prefill_row = np.where(use, np.where(is_first, j, i), -1)
+            finite = np.isfinite(best)  # no second prefill worker: best is infinite
+            transfer = np.where(finite, tail_at - np.where(finite, best, 0.0), 0.0) + tail_step
+            remote = (is_first, transfer, use)
     tpot = fleet.token_seconds(col.per_step + col.c3 + col.c4 * (P + req.max_tokens / 2), rows) + offsets[2]
-    work = np.zeros(n) + work
-    return Priced(
-        decode,
-        ttft,
-        tpot,
-        placement,
-        cached_tok,
-        queue_s,
-        move_s,
-        prefill_s,
-        work,
-        computed,
-        transfer_s,
-        fetch_blocks,
-        source_row,
-        prefill_row,
-    )
+    load_at = (lambda k: float(load_s[k])) if isinstance(load_s, np.ndarray) else (lambda k: float(load_s))  # noqa: E731
+
+    def placed(k: int) -> Placed:
+        """The k-th candidate's breakdown: its remote prefill, else its fetch, else local."""
+        if remote is not None and remote[2][k]:
+            second = int(remote[0][k])  # the best prefill worker decodes here: the second best prefills
+            return Placed(
+                REMOTE, float(p_queue[second]), float(p_move[second]), float(p_prefill[second]), float(remote[1][k]), 0, -1, j if second else i
+            )  # fmt: skip
+        kind, move, prefill_k, fetch_blocks, source_row = LOCAL, load_at(k), float(prefill_s[k]), 0, -1
+        if fetch is not None and fetch[4][k]:
+            kind, move, prefill_k = FETCH, float(fetch[2][k]), float(fetch[3][k])
+            fetch_blocks, source_row = int(fetch[0][k]), int(fetch[1][k])
+        if not req.allow_local:
+            kind = REMOTE  # no local placement: priced at infinite TTFT, its remote prefill not possible
+        return Placed(kind, float(queue_s[k]), move, prefill_k, 0.0, fetch_blocks, source_row, -1)
+
+    return Priced(decode, ttft, tpot, cached_tok, np.zeros(len(rows)) + work, computed, placed)
 
 
 def _remote_start_and_tail(req: Request, col: Columns, rows, running, queue_s, matched, best, fleet: _Fleet, rates: Rates):

@@ -128,18 +128,17 @@ class KvplanePolicy(PolicyHooks):
             tie_rank,
         )
         candidates = _as_priced(placed, ctx, order, objective)
-        i = int(order[0])
         chosen = candidates[0]
         ids = table.worker_ids
-        kind = int(placed.placement[i])
+        how = placed.placed(int(order[0]))
         prefill_worker = fetch = None
-        if kind == seconds.REMOTE:
-            prefill_worker = ids[int(placed.prefill_row[i])]
-        elif kind == seconds.FETCH:
-            source = ids[int(placed.source_row[i])]
-            num_tokens = int(placed.fetch_blocks[i]) * ctx.block_size
+        if how.placement == seconds.REMOTE:
+            prefill_worker = ids[how.prefill_row]
+        elif how.placement == seconds.FETCH:
+            source = ids[how.source_row]
+            num_tokens = how.fetch_blocks * ctx.block_size
             reason = f"fetch: {num_tokens} cached prefix tokens from {source}; {chosen.note}"
-            fetch = FetchPlan(worker_id=source, num_tokens=num_tokens, reason=reason, seconds=float(placed.move[i]))
+            fetch = FetchPlan(worker_id=source, num_tokens=num_tokens, reason=reason, seconds=how.move_s)
         return Placement(candidates, prefill_worker, fetch, f"{chosen.worker_id}: {chosen.note}")
 
     # -- hooks -----------------------------------------------------------------------------------
@@ -168,18 +167,18 @@ def _as_priced(placed: seconds.Priced, ctx: RouteContext, order: np.ndarray, obj
 
     def detail(k: int) -> seconds.SecondsBreakdown:
         i = int(order[k])
-        kind = int(p.placement[i])
-        if kind == seconds.REMOTE:
-            where = f"remote prefill on {ids[int(p.prefill_row[i])]}"
-        elif kind == seconds.FETCH:
-            where = f"fetch {int(p.fetch_blocks[i])} blocks from {ids[int(p.source_row[i])]}"
+        how = p.placed(i)
+        if how.placement == seconds.REMOTE:
+            where = f"remote prefill on {ids[how.prefill_row]}"
+        elif how.placement == seconds.FETCH:
+            where = f"fetch {how.fetch_blocks} blocks from {ids[how.source_row]}"
         else:
             where = "local prefill"
         meets = None
         if objective is not None:
             meets = bool(p.ttft[i] * 1000 <= objective.ttft_ms and p.tpot[i] * 1000 <= objective.tpot_ms)
         return seconds.SecondsBreakdown(
-            where, float(p.queue[i]), float(p.move[i]), float(p.prefill[i]), float(p.transfer[i]), float(p.ttft[i]), float(p.tpot[i]), meets
+            where, how.queue_s, how.move_s, how.prefill_s, how.transfer_s, float(p.ttft[i]), float(p.tpot[i]), meets
         )
 
     cached = p.cached_tokens[order]
