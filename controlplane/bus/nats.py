@@ -74,6 +74,7 @@ class NatsBus:
         self._resubscribing: asyncio.Task | None = None
         self._closing = False
         self.num_dropped = 0  # messages received while this replica's queue was full
+        self._last_error: Exception | None = None
 
     async def start(self) -> None:
         from nats.aio.client import Client  # the optional dependency, loaded only for this bus
@@ -94,8 +95,15 @@ class NatsBus:
             self._closing = True
             with contextlib.suppress(Exception):
                 await client.close()
+            where = ", ".join(self._servers)
+            if "authorization violation" in f"{e} {self._last_error}".lower():
+                raise BusUnavailable(
+                    f"NATS at {where} refused this replica's certificate (Authorization Violation): nats-server maps client "
+                    "certificates to users (verify_and_map) and none is this one's; list its URI SAN (spiffe://kvplane/controlplane/NAME) "
+                    "in the server's authorization users (deploy/k8s/overlays/nats/nats.conf), or give --bus-cert the control plane's certificate"
+                ) from e
             raise BusUnavailable(
-                f"cannot reach NATS at {', '.join(self._servers)} ({e!r}): is nats-server running with JetStream (-js), and do tls:// and --bus-ca/--bus-cert/--bus-key match its TLS settings? (or use --bus store)"
+                f"cannot reach NATS at {where} ({e!r}): is nats-server running with JetStream (-js), and do tls:// and --bus-ca/--bus-cert/--bus-key match its TLS settings? (or use --bus store)"
             ) from e
         self._nc.options["max_reconnect_attempts"] = -1  # connected once: from now on, reconnect for ever
         self._js = self._nc.jetstream(timeout=self._timeout_s)
@@ -262,6 +270,7 @@ class NatsBus:
             await self._nc.close()
 
     async def _on_error(self, e: Exception) -> None:
+        self._last_error = e  # what start() reports when connecting fails (nats-py raises NoServersError then)
         # While reconnecting every failed attempt lands here; the disconnect was logged once.
         log.log(logging.DEBUG if self._nc is None or self._nc.is_reconnecting else logging.WARNING, "NATS: %r", e)
 

@@ -7,6 +7,7 @@ Prometheus Operator) are checked for their kind here and by promtool in test_pro
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -163,7 +164,7 @@ def test_the_nats_overlay_puts_the_bus_behind_tls_and_the_control_plane_only(ren
     assert env["KVPLANE_BUS"].startswith("tls://kvplane-nats.") and env["KVPLANE_BUS_STREAM_REPLICAS"] == "3"
     assert {"KVPLANE_BUS_CA", "KVPLANE_BUS_CERT", "KVPLANE_BUS_KEY"} <= env.keys()
     (nats,) = _containers(docs, "kvplane-nats")
-    assert {"--jetstream", "--tls", "--tlsverify", "--store_dir=/data"} <= set(nats["args"])
+    assert {"--config=/etc/nats/config/nats.conf", "--store_dir=/data", "--name=$(POD_NAME)"} <= set(nats["args"])
     assert by_kind["StatefulSet"]["kvplane-nats"]["spec"]["replicas"] == 3
     policy = by_kind["NetworkPolicy"]["kvplane-nats"]["spec"]
     client = [rule for rule in policy["ingress"] if {"port": "client", "protocol": "TCP"} in rule.get("ports", [])]
@@ -172,3 +173,14 @@ def test_the_nats_overlay_puts_the_bus_behind_tls_and_the_control_plane_only(ren
     ]
     cert = by_kind["Certificate"]["kvplane-nats-server"]["spec"]
     assert cert["issuerRef"]["name"] == "kvplane-ca" and "kvplane-nats.kvplane.svc" in cert["dnsNames"]
+    # Certificates map to users (tests/security/test_bus_tls.py runs this file): the only client
+    # user is the control plane's certificate, the only route user a name of the NATS certificate.
+    (volume,) = [v for v in by_kind["StatefulSet"]["kvplane-nats"]["spec"]["template"]["spec"]["volumes"] if v["name"] == "config"]
+    conf = by_kind["ConfigMap"][volume["configMap"]["name"]]["data"]["nats.conf"]
+    assert conf.count("verify_and_map: true") == 2 and "verify:" not in conf
+    users = re.findall(r'\{user: "([^"]+)"\}', conf)
+    assert users == by_kind["Certificate"]["kvplane-controlplane"]["spec"]["uris"]
+    (route_user,) = re.findall(r'authorization \{\s*user: "([^"]+)"\s*\}', conf)
+    assert route_user in cert["dnsNames"] and "client auth" in cert["usages"]  # a node dials its peers with it
+    for host in re.findall(r'"nats://([^:"]+):6222"', conf):  # each route's host is a name of the certificate
+        assert any(host == name or (name.startswith("*.") and host.split(".", 1)[1] == name[2:]) for name in cert["dnsNames"]), host

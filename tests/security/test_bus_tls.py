@@ -5,9 +5,15 @@ certificates required (`--tlsverify`); the control plane's `--bus tls://... --bu
 from __future__ import annotations
 
 import asyncio
+import json
+import re
+import time
+import urllib.request
+from pathlib import Path
 
 import pytest
 
+from kvplane.apps.cluster import free_port
 from kvplane.controlplane.bus import BusUnavailable
 from kvplane.controlplane.bus.nats import NatsBus
 from kvplane.controlplane.config import ControlPlaneConfig
@@ -15,6 +21,8 @@ from kvplane.security import certs
 from kvplane.security.identity import Identity, Role
 from kvplane.v1 import registry_pb2
 from tests.conftest import start_nats
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 
 pytestmark = pytest.mark.cluster  # starts nats-server
 
@@ -53,3 +61,84 @@ def test_the_bus_over_tls_needs_the_ca_and_a_client_certificate(tmp_path):
         asyncio.run(body())
     finally:
         server.stop()
+
+
+def _shipped_nats_config(tmp_path, name, cert, key, ca_file, route_port, peer_port):
+    """deploy/k8s/overlays/nats/nats.conf as the overlay mounts it, for a node on loopback: its
+    certificate paths point at `cert` / `key` / `ca_file` instead of the pod's secret, and its
+    cluster listens on `route_port` and dials `peer_port` instead of the StatefulSet's peers.
+    (nats-server's --cluster and --routes flags would replace the whole cluster block, its TLS
+    and authorization with it: the file is edited instead.)"""
+    text = (DEPLOY / "k8s" / "overlays" / "nats" / "nats.conf").read_text()
+    for mounted, path in (("tls.crt", cert), ("tls.key", key), ("ca.crt", ca_file)):
+        text = text.replace(f"/etc/nats/tls/{mounted}", str(path))
+    assert "listen: 0.0.0.0:6222" in text
+    text = text.replace("listen: 0.0.0.0:6222", f"listen: 127.0.0.1:{route_port}")
+    text = re.sub(r"routes: \[[^\]]*\]", f'routes: ["nats://127.0.0.1:{peer_port}"]', text)
+    out = tmp_path / f"{name}.conf"
+    out.write_text(text)
+    return out
+
+
+def _routes(server) -> int:
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.monitor_port}/routez", timeout=2) as reply:
+        return json.load(reply)["num_routes"]
+
+
+def test_the_shipped_nats_config_lets_only_the_control_plane_connect_and_only_nats_nodes_route(tmp_path):
+    """Every certificate is signed by kvplane-ca, a worker's too. With the overlay's nats.conf
+    (certificates mapped to users) the control plane's certificate connects and publishes, a
+    worker's is refused on the client port with an error that says what to fix, two nodes with
+    the NATS server certificate form a route, and a node presenting a worker's certificate does
+    not join them."""
+    ca = certs.create_ca()
+    ca_file = tmp_path / "ca.crt"
+    ca_file.write_bytes(ca.cert_pem)
+    # As cert-manager issues it (nats.yaml): the route user's DNS name, server and client usage.
+    server_cert, server_key = certs.write_pair(tmp_path, "nats", certs.issue_server(ca, "kvplane-nats", ("kvplane-nats", "127.0.0.1")))
+    cp_cert, cp_key = certs.write_pair(tmp_path, "cp", certs.issue(ca, Identity(Role.CONTROLPLANE, "controlplane")))
+    worker_cert, worker_key = certs.write_pair(tmp_path, "worker", certs.issue(ca, Identity(Role.WORKER, "worker-0")))
+    route_a, route_b, route_c = free_port(), free_port(), free_port()
+
+    def node(name, cert, key, route, peer):
+        config = _shipped_nats_config(tmp_path, name, cert, key, ca_file, route, peer)
+        try:
+            return start_nats(tmp_path / name, extra_args=("-c", str(config), "--name", name))
+        except FileNotFoundError as e:  # pragma: no cover - make nats installs it
+            pytest.fail(str(e))
+
+    servers = []
+    try:
+        a = node("a", server_cert, server_key, route_a, route_b)
+        servers.append(a)
+        servers.append(node("b", server_cert, server_key, route_b, route_a))
+        deadline = time.monotonic() + 15
+        while _routes(a) < 1 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _routes(a) == 1, "the two nodes with the NATS server certificate did not form a route"
+        c = node("c", worker_cert, worker_key, route_c, route_a)  # a node presenting a worker's certificate
+        servers.append(c)
+        time.sleep(2)  # c dials a's route port (once a second) and is refused every time
+        assert _routes(a) == 1 and _routes(c) == 0
+        assert "Authorization Violation" in c.log_path.read_text(errors="replace")
+        url = f"tls://127.0.0.1:{a.client_port}"
+
+        def tls(cert, key):
+            return ControlPlaneConfig(bus=url, bus_ca=str(ca_file), bus_cert=str(cert), bus_key=str(key)).validate().bus_tls
+
+        async def body():
+            bus = NatsBus(url, tls=tls(cp_cert, cp_key))
+            await bus.start()
+            messages = await bus.subscribe()
+            await bus.publish_kv(registry_pb2.PublishKVEventsRequest(worker_id="w", seq=1, snapshot=True))
+            message = await asyncio.wait_for(anext(messages), 10)
+            assert registry_pb2.PublishKVEventsRequest.FromString(message.payload).seq == 1
+            await bus.close()
+            # A worker's certificate, signed by the same CA: no user maps to it.
+            with pytest.raises(BusUnavailable, match="refused this replica's certificate .*spiffe://kvplane/controlplane/NAME"):
+                await NatsBus(url, tls=tls(worker_cert, worker_key), timeout_s=1.0).start()
+
+        asyncio.run(body())
+    finally:
+        for server in servers:
+            server.stop()
