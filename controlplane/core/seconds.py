@@ -414,15 +414,15 @@ def price_candidates(
         return parts[0]
     rows = np.concatenate([p.pool.rows for p in parts])
     order = np.argsort(rows, kind="stable")
-    # Position in the merged candidates -> (the group's part, position there).
-    where = [(part, k) for part in parts for k in range(len(part.pool))]
+    starts = np.cumsum([0] + [len(p.pool) for p in parts])  # each part's first position in `rows`
 
     def cat(name: str) -> np.ndarray:
         return np.concatenate([getattr(p, name) for p in parts])[order]
 
     def placed(i: int) -> Placed:
-        part, k = where[int(order[i])]
-        return part.placed(k)
+        j = int(order[i])
+        g = int(np.searchsorted(starts, j, side="right")) - 1
+        return parts[g].placed(j - int(starts[g]))
 
     columns = (cat(name) for name in ("ttft", "tpot", "cached_tokens", "work", "computed"))
     return Priced(WorkerPool(table, rows[order]), *columns, placed)

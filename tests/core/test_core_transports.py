@@ -63,3 +63,21 @@ def test_no_fetch_through_an_engines_own_connector(index, cache_prefix, worker_v
     kvplane = [with_transports(holder, "grpc", "engine:x"), with_transports(idle, "grpc")]
     assert router.route(request, kvplane, index, NOW).fetch_from == "holder"
     assert router.route(request, [with_transports(holder), with_transports(idle)], index, NOW).fetch_from is None
+
+
+def test_candidates_of_two_transport_groups_each_explain_their_own_placement(index, worker_view, route_request):
+    """Decode workers of two KV transports are priced as two groups, each with the prefill workers
+    its KV can come from; merged, every candidate's note still names its own group's prefill worker
+    (Priced.placed maps a merged position back to its group)."""
+    request = route_request(PROMPT_40, disagg=DisaggMode.ALWAYS)
+    fleet = [
+        with_transports(worker_view("d-mooncake"), "engine:sglang-mooncake"),
+        with_transports(worker_view("d-nixl", num_running=3), "engine:sglang-nixl"),
+        with_transports(worker_view("p-mooncake", Role.PREFILL), "engine:sglang-mooncake"),
+        with_transports(worker_view("p-nixl", Role.PREFILL, num_queued_prefill_tokens=50), "engine:sglang-nixl"),
+    ]
+    d = make_router().route(request, fleet, index, NOW)
+    notes = {c.worker_id: c.note for c in d.candidates}
+    assert notes.keys() == {"d-mooncake", "d-nixl"}
+    assert notes["d-mooncake"].startswith("remote prefill on p-mooncake:"), notes
+    assert notes["d-nixl"].startswith("remote prefill on p-nixl:"), notes
