@@ -168,15 +168,31 @@ class CacheIndex:
 
         Applied unconditionally (even when seq is lower than the last applied), because a
         snapshot is the worker's full truth: a restarted worker starts its numbering over.
+
+        Applied as a difference: a worker's periodic snapshot (agents send one every 10 s) mostly
+        repeats what its events already said, and only the blocks it adds or drops are written,
+        so the runs of the radix tree through the blocks it still holds stay whole. The result is
+        that of clearing the worker and storing the snapshot anew: blocks credited before stay
+        credited at the tiers the snapshot names, the others are stored as events are (credit
+        rules: module docstring).
         """
         if seq < 0:
             raise ValueError(f"snapshot seq must be >= 0, got {seq} from worker {worker_id!r}")
-        credited = set().union(*self._worker_to_tier_blocks.get(worker_id, {}).values())
         self._departed.pop(worker_id, None)
-        self._clear(worker_id)
-        self._worker_to_tier_blocks.setdefault(worker_id, {})
+        self._uncredited.pop(worker_id, None)  # what the snapshot does not name again is gone
+        tier_blocks = self._worker_to_tier_blocks.setdefault(worker_id, {})
+        credited = set().union(*tier_blocks.values())
+        wanted = {tier: set(block_hashes) for tier, block_hashes in stored_hashes_by_tier.items()}
+        for tier, held in list(tier_blocks.items()):  # first what the worker no longer holds there
+            for block_hash in held - wanted.get(tier, set()):
+                self._discard(worker_id, block_hash, tier)
+            if not held:
+                del tier_blocks[tier]
         for tier, block_hashes in stored_hashes_by_tier.items():
+            held = tier_blocks.get(tier, ())
             for block_hash in block_hashes:
+                if block_hash in held:
+                    continue
                 if block_hash in credited:
                     self._add(worker_id, block_hash, tier)
                 else:

@@ -50,6 +50,7 @@ CASES = {
     "bench tiers": Case(("bench", "tiers", "--bogus"), 2, "kvplane bench tiers: error: unrecognized arguments"),
     "bench prefix": Case(("bench", "prefix", "--bogus"), 2, "kvplane bench prefix: error: unrecognized arguments"),
     "bench routing": Case(("bench", "routing", "--fleets", "nope"), 2, "kvplane bench routing: unknown fleets ['nope']"),
+    "bench index": Case(("bench", "index", "--turnover", "2"), 2, "kvplane bench index: --workers, --blocks, --rounds and --interval must"),
     "bench controlplane": Case(("bench", "controlplane", "--shapes", "huge"), 2,
                                "kvplane bench controlplane: error: argument --shapes: unknown ['huge']; choose from ['short', 'long']"),
     "bench disagg": Case(("bench", "disagg", "--bogus"), 2, "kvplane bench disagg: error: unrecognized arguments"),

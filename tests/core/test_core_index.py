@@ -272,3 +272,66 @@ def test_prefix_groups_on_the_edge_cases_of_a_walk():
     # A long prompt whose match ends early: the walk reads in chunks and stops at the first empty set.
     long = [bytes([i % 256, i // 256]) for i in range(5000)]
     assert prefix_groups(dict.fromkeys(long[:37], 0b10), long) == [(37, [1])]
+
+
+def _snapshot_by_clearing(index: CacheIndex, worker_id: WorkerId, seq: int, by_tier) -> None:
+    """The snapshot rule as the index applied it before it applied differences: forget everything
+    the worker had, then store the snapshot (blocks credited before keep their credit)."""
+    credited = set().union(*index._worker_to_tier_blocks.get(worker_id, {}).values())
+    index._departed.pop(worker_id, None)
+    index._clear(worker_id)
+    index._worker_to_tier_blocks.setdefault(worker_id, {})
+    for tier, block_hashes in by_tier.items():
+        for block_hash in block_hashes:
+            if block_hash in credited:
+                index._add(worker_id, block_hash, tier)
+            else:
+                index._stored(worker_id, block_hash, tier)
+    index._worker_to_seq[worker_id] = seq
+
+
+@pytest.mark.parametrize("credit_routed_only", [False, True])
+def test_a_snapshot_applied_as_a_difference_leaves_what_clearing_and_storing_it_leaves(credit_routed_only):
+    """apply_snapshot writes only what changed; after random batches, vouches, lookups (which
+    merge runs) and snapshots on several workers, every worker's credited and uncredited blocks,
+    every block's holders per tier and every lookup equal an index that cleared the worker and
+    stored the snapshot anew."""
+    rng = random.Random(11)
+    prompts = [[BlockHash(f"p{p}-{i}".encode()) for i in range(12)] for p in range(4)]
+    universe = [h for prompt in prompts for h in prompt]
+    workers = [W1, W2, W3]
+    fast, ref = CacheIndex(credit_routed_only), CacheIndex(credit_routed_only)
+    seq = dict.fromkeys(workers, 0)
+    for step in range(400):
+        w = rng.choice(workers)
+        action = rng.random()
+        if action < 0.45:
+            seq[w] += 1
+            prompt = rng.choice(prompts)
+            blocks = tuple(prompt[: rng.randrange(1, len(prompt) + 1)])
+            tier = rng.choice(list(Tier))
+            event = StoredEvent(blocks, tier) if rng.random() < 0.7 else RemovedEvent(blocks[rng.randrange(len(blocks)) :], tier)
+            for index in (fast, ref):
+                index.apply_batch(w, seq[w], [event])
+        elif action < 0.55:
+            prompt = rng.choice(prompts)
+            vouched = prompt[: rng.randrange(1, len(prompt) + 1)]
+            for index in (fast, ref):
+                index.vouch(w, vouched)
+        elif action < 0.7:
+            prompt = rng.choice(prompts)
+            assert fast.overlaps(prompt) == ref.overlaps(prompt), f"step {step}"
+        else:
+            seq[w] += 1
+            by_tier = {t: rng.sample(universe, rng.randrange(0, 10)) for t in rng.sample(list(Tier), rng.randrange(0, 4))}
+            fast.apply_snapshot(w, seq[w], by_tier)
+            _snapshot_by_clearing(ref, w, seq[w], by_tier)
+        for worker in workers:
+            got = {t: b for t, b in fast._worker_to_tier_blocks.get(worker, {}).items() if b}
+            want = {t: b for t, b in ref._worker_to_tier_blocks.get(worker, {}).items() if b}
+            assert got == want, f"step {step}: {worker}"
+            assert fast._uncredited.get(worker, {}) == ref._uncredited.get(worker, {}), f"step {step}: {worker}"
+            for h in universe:
+                assert fast.holder_tiers(h, worker) == ref.holder_tiers(h, worker), f"step {step}: {worker}"
+    for prompt in prompts:
+        assert fast.overlaps(prompt) == ref.overlaps(prompt)

@@ -88,6 +88,11 @@ DELEGATES = (
         "workers with 1,000 indexed blocks each, and reports route-and-admit p50/p99 against pricing every worker.",
     ),
     Delegate(
+        ("bench", "index"), "kvplane.apps.bench.index", "what keeping the cache index costs per worker (events, snapshots)",
+        "Applies workers' KV events and periodic snapshots to the cache index in process and reports what each costs, "
+        "against a worker's first snapshot, and the cores 1,000 such workers' snapshots take a replica.",
+    ),
+    Delegate(
         ("bench", "controlplane"), "kvplane.apps.bench.controlplane", "highest request rate 1, 2, 4 control-plane replicas sustain",
         "Starts 1, 2 and 4 control-plane replicas on one etcd in front of 128 simulated workers, searches the highest "
         "open-loop request rate each sustains (no errors, routing p99 under 5 ms) for short and long requests, and "
