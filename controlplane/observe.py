@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from itertools import repeat
 
 from opentelemetry import trace
 
@@ -150,11 +151,11 @@ class RequestObservation:
         if self.first_token_at is None:
             self.first_token_at = now
         else:
+            # One histogram sample per message, its tokens' mean gap (they arrived together): a
+            # sample per token cost a record each, 5.8 us, 255 of them for a 256-token answer.
             gap = (now - self.last_token_at) / num_tokens
-            histogram = instruments().kvplane_request_inter_token_latency
-            for _ in range(num_tokens):
-                histogram.record(gap, self._attrs)
-                self.gaps.append(gap)
+            instruments().kvplane_request_inter_token_latency.record(gap, self._attrs)
+            self.gaps.extend(repeat(gap, num_tokens))
         self.last_token_at = now
         self.num_output_tokens += num_tokens
 
@@ -162,10 +163,8 @@ class RequestObservation:
         """A lookaside request's tokens, as its caller reported them (this replica saw none
         stream by): `num_tokens` in all, `tpot_s` apart after the first."""
         if num_tokens > 1 and tpot_s > 0:
-            histogram = instruments().kvplane_request_inter_token_latency
-            for _ in range(num_tokens - 1):
-                histogram.record(tpot_s, self._attrs)
-                self.gaps.append(tpot_s)
+            instruments().kvplane_request_inter_token_latency.record(tpot_s, self._attrs)  # one report, one sample
+            self.gaps.extend(repeat(tpot_s, num_tokens - 1))
         self.num_output_tokens = num_tokens
 
     def finished(self, m: common_pb2.RequestMetrics) -> None:

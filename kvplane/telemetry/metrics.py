@@ -47,7 +47,7 @@ SPECS: tuple[MetricSpec, ...] = (
                "Time from the control plane receiving Generate to relaying the first token (routing, admission, queue, prefill, KV transfer included).",
                (_MODEL, _KIND), LATENCY_BUCKETS_S),
     MetricSpec("kvplane.request.inter_token_latency", "histogram", "s", "controlplane",
-               "Gap between consecutive output tokens as relayed to the caller (one sample per token after the first).",
+               "Gap between consecutive output tokens as relayed to the caller: one sample per message after the first token, the mean gap of its tokens (a lookaside request: its reported time per output token, once).",
                (_MODEL,), TOKEN_GAP_BUCKETS_S),
     MetricSpec("gen_ai.server.time_per_output_token", "histogram", "s", "controlplane",
                "Per request: (end-to-end latency - time to first token) / (output tokens - 1).",
