@@ -204,8 +204,8 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
         if problem is not None:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"sampling.{problem}")
         token_ids = await self._prompt_tokens(request, model, workers, context)
-        bad = next((t for t in token_ids if t >= limits.vocab_size), None)
-        if bad is not None:
+        if token_ids and max(token_ids) >= limits.vocab_size:  # max() in C; the generator only to name the id
+            bad = next(t for t in token_ids if t >= limits.vocab_size)
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT, f"token id {bad} is outside the vocabulary of {model!r} (size {limits.vocab_size})"
             )

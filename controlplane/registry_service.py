@@ -212,7 +212,7 @@ class RegistryService(registry_pb2_grpc.RegistryServicer):
             num_hashes += len(hashes)
             if kind == "stored":
                 num_stored += len(hashes)
-            if any(not 0 < len(h) <= BLOCK_HASH_MAX_BYTES for h in hashes):
+            if hashes and not 0 < min(map(len, hashes)) <= max(map(len, hashes)) <= BLOCK_HASH_MAX_BYTES:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"block hashes must be 1..{BLOCK_HASH_MAX_BYTES} bytes")
         limit = self._config.max_hashes_per_batch
         if num_hashes > limit:
