@@ -27,6 +27,17 @@ DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 pytestmark = pytest.mark.cluster  # starts nats-server
 
 
+async def _a_batch_comes_back(url: str, tls) -> None:
+    """A replica's bus at `url` starts, and a KV batch it publishes is delivered back to it."""
+    bus = NatsBus(url, tls=tls)
+    await bus.start()
+    messages = await bus.subscribe()
+    await bus.publish_kv(registry_pb2.PublishKVEventsRequest(worker_id="w", seq=1, snapshot=True))
+    message = await asyncio.wait_for(anext(messages), 10)
+    assert registry_pb2.PublishKVEventsRequest.FromString(message.payload).seq == 1
+    await bus.close()
+
+
 def test_the_bus_over_tls_needs_the_ca_and_a_client_certificate(tmp_path):
     ca = certs.create_ca()
     ca_file = tmp_path / "ca.crt"
@@ -43,13 +54,7 @@ def test_the_bus_over_tls_needs_the_ca_and_a_client_certificate(tmp_path):
         config = ControlPlaneConfig(bus=server.url, bus_ca=str(ca_file), bus_cert=str(client_cert), bus_key=str(client_key)).validate()
 
         async def body():
-            bus = NatsBus(server.url, tls=config.bus_tls)
-            await bus.start()
-            messages = await bus.subscribe()
-            await bus.publish_kv(registry_pb2.PublishKVEventsRequest(worker_id="w", seq=1, snapshot=True))
-            message = await asyncio.wait_for(anext(messages), 10)
-            assert registry_pb2.PublishKVEventsRequest.FromString(message.payload).seq == 1
-            await bus.close()
+            await _a_batch_comes_back(server.url, config.bus_tls)
             # The CA alone (no client certificate): nats-server refuses the handshake.
             without = ControlPlaneConfig(bus=server.url, bus_ca=str(ca_file)).validate()
             with pytest.raises(BusUnavailable, match="cannot reach NATS"):
@@ -127,13 +132,7 @@ def test_the_shipped_nats_config_lets_only_the_control_plane_connect_and_only_na
             return ControlPlaneConfig(bus=url, bus_ca=str(ca_file), bus_cert=str(cert), bus_key=str(key)).validate().bus_tls
 
         async def body():
-            bus = NatsBus(url, tls=tls(cp_cert, cp_key))
-            await bus.start()
-            messages = await bus.subscribe()
-            await bus.publish_kv(registry_pb2.PublishKVEventsRequest(worker_id="w", seq=1, snapshot=True))
-            message = await asyncio.wait_for(anext(messages), 10)
-            assert registry_pb2.PublishKVEventsRequest.FromString(message.payload).seq == 1
-            await bus.close()
+            await _a_batch_comes_back(url, tls(cp_cert, cp_key))
             # A worker's certificate, signed by the same CA: no user maps to it.
             with pytest.raises(BusUnavailable, match="refused this replica's certificate .*spiffe://kvplane/controlplane/NAME"):
                 await NatsBus(url, tls=tls(worker_cert, worker_key), timeout_s=1.0).start()
