@@ -199,8 +199,8 @@ class WorkerTable:
     def updated(self, rows: Mapping[int, WorkerView]) -> WorkerTable:
         """`replaced`, in place where it can be: on a `private` table, rows whose views change
         only in load (and report time) are written into it, which then names them in
-        `changed_rows` and counts one more `version`; anything else (another worker's fixed
-        columns changed, a shared table) gives a new table, as `replaced` does."""
+        `changed_rows` and counts one more `version`; anything else (a row whose fixed columns
+        change, a shared table) gives a new table, as `replaced` does (private when this one is)."""
         if not rows:
             return self
         views = self.views
