@@ -96,6 +96,38 @@ _TIER_SLOT = {tier: slot for slot, tier in enumerate(TIERS_FASTEST_FIRST)}
 _FIRST_CHUNK = 8  # blocks a lookup reads before it checks whether anyone still matches
 
 
+class _Uncredited(dict):
+    """One worker's blocks reported without credit: block -> the tiers it is at. `count` keeps
+    the (block, tier) pairs, what a KV batch's capacity check reads, without a walk over them."""
+
+    __slots__ = ("count",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def add(self, block_hash: BlockHash, tier: Tier) -> None:
+        tiers = self.get(block_hash)
+        if tiers is None:
+            tiers = self[block_hash] = set()
+        if tier not in tiers:
+            tiers.add(tier)
+            self.count += 1
+
+    def discard(self, block_hash: BlockHash, tier: Tier) -> None:
+        tiers = self[block_hash]
+        if tier in tiers:
+            tiers.discard(tier)
+            self.count -= 1
+        if not tiers:
+            del self[block_hash]
+
+    def take(self, block_hash: BlockHash) -> set[Tier]:
+        tiers = self.pop(block_hash)
+        self.count -= len(tiers)
+        return tiers
+
+
 class CacheIndex:
     """In-memory index of block hashes per worker and tier; one per control-plane replica.
 
@@ -115,7 +147,7 @@ class CacheIndex:
         self.credit_routed_only = credit_routed_only
         self.max_vouched_per_worker = max_vouched_per_worker
         # worker -> block -> tiers it reported the block at, uncredited (credit_routed_only)
-        self._uncredited: dict[WorkerId, dict[BlockHash, set[Tier]]] = {}
+        self._uncredited: dict[WorkerId, _Uncredited] = {}
         # worker -> blocks routed there whose stored event has not come yet, oldest first (a dict as an ordered set)
         self._vouched: dict[WorkerId, dict[BlockHash, None]] = {}
         self._departed: dict[WorkerId, None] = {}  # workers removed with vouches kept, oldest first
@@ -210,7 +242,7 @@ class CacheIndex:
         holders = self._radix.holders
         for block_hash in block_hashes:
             if uncredited and block_hash in uncredited:
-                for tier in uncredited.pop(block_hash):
+                for tier in uncredited.take(block_hash):
                     self._add(worker_id, block_hash, tier)
                 bit = self._worker_to_bit[worker_id]  # _add gives a worker its bit
             elif bit is None or not holders(block_hash) >> bit & 1:  # not credited there yet
@@ -295,7 +327,8 @@ class CacheIndex:
     def num_blocks(self, worker_id: WorkerId) -> int:
         """Blocks the worker holds, credited or not, over all tiers (a block at two tiers counts twice)."""
         credited = sum(len(blocks) for blocks in self._worker_to_tier_blocks.get(worker_id, {}).values())
-        return credited + sum(len(tiers) for tiers in self._uncredited.get(worker_id, {}).values())
+        uncredited = self._uncredited.get(worker_id)
+        return credited + (uncredited.count if uncredited is not None else 0)
 
     def num_uncredited(self, worker_id: WorkerId) -> int:
         """Blocks the worker reported that no request routed there covered yet (distinct hashes)."""
@@ -341,7 +374,10 @@ class CacheIndex:
         if self.credit_routed_only and not self.holds(block_hash, worker_id):
             vouched = self._vouched.get(worker_id)
             if vouched is None or vouched.pop(block_hash, 0) is not None:  # not vouched for
-                self._uncredited.setdefault(worker_id, {}).setdefault(block_hash, set()).add(tier)
+                uncredited = self._uncredited.get(worker_id)
+                if uncredited is None:
+                    uncredited = self._uncredited[worker_id] = _Uncredited()
+                uncredited.add(block_hash, tier)
                 return
         self._add(worker_id, block_hash, tier)
 
@@ -351,10 +387,7 @@ class CacheIndex:
             return
         uncredited = self._uncredited.get(worker_id)
         if uncredited is not None and block_hash in uncredited:
-            tiers = uncredited[block_hash]
-            tiers.discard(tier)
-            if not tiers:
-                del uncredited[block_hash]
+            uncredited.discard(block_hash, tier)
             return
         was_held = self.holds(block_hash, worker_id)
         self._discard(worker_id, block_hash, tier)

@@ -295,7 +295,7 @@ def test_a_snapshot_applied_as_a_difference_leaves_what_clearing_and_storing_it_
     """apply_snapshot writes only what changed; after random batches, vouches, lookups (which
     merge runs) and snapshots on several workers, every worker's credited and uncredited blocks,
     every block's holders per tier and every lookup equal an index that cleared the worker and
-    stored the snapshot anew."""
+    stored the snapshot anew (and num_blocks, kept as counts, equals a walk over the blocks)."""
     rng = random.Random(11)
     prompts = [[BlockHash(f"p{p}-{i}".encode()) for i in range(12)] for p in range(4)]
     universe = [h for prompt in prompts for h in prompt]
@@ -331,6 +331,9 @@ def test_a_snapshot_applied_as_a_difference_leaves_what_clearing_and_storing_it_
             want = {t: b for t, b in ref._worker_to_tier_blocks.get(worker, {}).items() if b}
             assert got == want, f"step {step}: {worker}"
             assert fast._uncredited.get(worker, {}) == ref._uncredited.get(worker, {}), f"step {step}: {worker}"
+            # num_blocks keeps its uncredited pairs as a count: the walk over them says the same.
+            walked = sum(map(len, got.values())) + sum(map(len, fast._uncredited.get(worker, {}).values()))
+            assert fast.num_blocks(worker) == walked, f"step {step}: {worker}"
             for h in universe:
                 assert fast.holder_tiers(h, worker) == ref.holder_tiers(h, worker), f"step {step}: {worker}"
     for prompt in prompts:
