@@ -74,7 +74,7 @@ class NatsBus:
         self._resubscribing: asyncio.Task | None = None
         self._closing = False
         self.num_dropped = 0  # messages received while this replica's queue was full
-        self._last_error: Exception | None = None
+        self._refused = False  # nats-server refused our certificate on some attempt (Authorization Violation)
 
     async def start(self) -> None:
         from nats.aio.client import Client  # the optional dependency, loaded only for this bus
@@ -96,7 +96,7 @@ class NatsBus:
             with contextlib.suppress(Exception):
                 await client.close()
             where = ", ".join(self._servers)
-            if "authorization violation" in f"{e} {self._last_error}".lower():
+            if self._refused or _refused(e):
                 raise BusUnavailable(
                     f"NATS at {where} refused this replica's certificate (Authorization Violation): nats-server maps client "
                     "certificates to users (verify_and_map) and none is this one's; list its URI SAN (spiffe://kvplane/controlplane/NAME) "
@@ -270,7 +270,9 @@ class NatsBus:
             await self._nc.close()
 
     async def _on_error(self, e: Exception) -> None:
-        self._last_error = e  # what start() reports when connecting fails (nats-py raises NoServersError then)
+        # start() names a refusal when connecting fails (nats-py then raises NoServersError, and the
+        # last attempt's error may be a broken pipe rather than the refusal).
+        self._refused = self._refused or _refused(e)
         # While reconnecting every failed attempt lands here; the disconnect was logged once.
         log.log(logging.DEBUG if self._nc is None or self._nc.is_reconnecting else logging.WARNING, "NATS: %r", e)
 
@@ -282,3 +284,8 @@ class NatsBus:
         log.info("NATS: reconnected to %s", self._nc.connected_url.netloc if self._nc and self._nc.connected_url else "?")
         if self._queue is not None and not self._closing and (self._resubscribing is None or self._resubscribing.done()):
             self._resubscribing = asyncio.get_running_loop().create_task(self._resubscribe(), name="nats-resubscribe")
+
+
+def _refused(e: BaseException) -> bool:
+    """nats-server refused the connection's credentials (no user maps to its certificate)."""
+    return "authorization violation" in str(e).lower()

@@ -255,9 +255,9 @@ def _one(chunk: np.ndarray) -> int:
 
 class FleetColumns:
     """The whole table's Columns and each worker's seconds that do not depend on the request
-    (_worker_seconds), kept from one request to the next. A table made from the last one by
-    WorkerTable.replaced (the planner's view after new reports and load corrections) has only
-    its changed rows redone, in place, so a request pays for what changed, not for the fleet.
+    (_worker_seconds), kept from one request to the next. A table updated in place since (the
+    planner's corrected view: WorkerTable.updated) or made from the last one (WorkerTable.replaced)
+    has only its changed rows redone, in place, so a request pays for what changed, not for the fleet.
     What `of` returns is valid until its next call (the arrays are rewritten then)."""
 
     __slots__ = ("_last",)
