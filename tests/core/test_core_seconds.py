@@ -258,3 +258,21 @@ def test_fleet_columns_kept_across_updates_equal_columns_made_from_scratch(worke
         assert col.one_chunk == fresh.one_chunk
         for got, expected in zip(seconds, want):
             assert np.array_equal(got, expected), f"step {step}"
+
+
+@pytest.mark.parametrize("n", [20, 513, 1000, 4099])
+def test_the_kth_least_is_exactly_the_partitions_whatever_the_order(n):
+    """_kth_least bounds the search by slices' minima past 512 values: any order (sorted either
+    way, ties, infinities) gives np.partition's k-th value."""
+    import numpy as np
+
+    from kvplane.controlplane.core.seconds import _kth_least
+
+    rng = np.random.default_rng(n)
+    draws = [rng.random(n), np.sort(rng.random(n)), np.sort(rng.random(n))[::-1], rng.integers(0, 3, n).astype(float)]
+    with_inf = rng.random(n)
+    with_inf[rng.random(n) < 0.5] = np.inf
+    draws.append(with_inf)
+    for values in draws:
+        for k in (1, 2, 16, min(n, 64)):
+            assert _kth_least(values, k) == np.partition(values, k - 1)[k - 1]
