@@ -453,6 +453,7 @@ class _Fleet:
     prune: bool
     inflow: Inflow | None = None  # per table row (price_candidates)
     local: np.ndarray | None = None
+    _carried: np.ndarray | None = None  # per table row: the prefill a step starting now carries (next_step)
 
     def __post_init__(self) -> None:
         if self.prune:
@@ -470,7 +471,9 @@ class _Fleet:
         what is queued (predictor.next_step_with_prefill, inflow.Inflow.arriving)."""
         if self.inflow is None:
             return step
-        return next_step_with_prefill(step, self.inflow.arriving(rows, self.queued_work[rows]), self.chunk_work[rows])
+        if self._carried is None:  # once per request, for every row: each request asks for it several times
+            self._carried = next_step_with_prefill(0.0, self.inflow.arriving(slice(None), self.queued_work), self.chunk_work)
+        return step + self._carried[rows]
 
     def fetch(self, num_blocks: int, rates: Rates) -> np.ndarray:
         """TTFT of a worker holding none of the prompt that pulls num_blocks of it first."""
