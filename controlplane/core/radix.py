@@ -143,8 +143,8 @@ class RadixTree:
                     matched = _matched(run, hashes, pos)
                     run = None  # not whole: no stretch goes through it
             holders = node.holders
-            if running & holders != running:
-                kept = running & holders
+            kept = running & holders
+            if kept != running:
                 if running != -1:
                     groups.append((pos, running ^ kept))
                 running = kept

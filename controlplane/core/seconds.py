@@ -80,6 +80,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import chain
 
 import numpy as np
 
@@ -170,7 +171,7 @@ class Held:
             numbers = [v for row, v in zip(rows, numbers) if row is not None]
             rows = [row for row in rows if row is not None]
         if rows:
-            out[:, rows] = np.array(numbers, np.int64).reshape(-1, 3).T
+            out[:, rows] = np.fromiter(chain.from_iterable(numbers), np.int64, 3 * len(rows)).reshape(-1, 3).T
         return Held(out)
 
 
@@ -266,9 +267,10 @@ class FleetColumns:
         # (the table, its version, the fallback prefill rate, the columns, the per-row seconds)
         self._last: tuple[weakref.ref, int, float, Columns, np.ndarray] | None = None
 
-    def of(self, table: WorkerTable, rates: Rates) -> tuple[Columns, np.ndarray, np.ndarray, np.ndarray]:
+    def of(self, table: WorkerTable, rates: Rates) -> tuple[Columns, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(Columns of every row of `table`, and per row: the seconds a request arriving now waits
-        before its prefill, of them the queued prefill's compute, a full chunk's compute)."""
+        before its prefill, of them the queued prefill's compute, a full chunk's compute, the step
+        in flight on a busy worker)."""
         last, fallback = self._last, rates.fallback_prefill_tokens_per_s
         if last is not None and last[2] == fallback:
             before, version, col, seconds = last[0](), last[1], last[3], last[4]
@@ -295,12 +297,15 @@ def _worker_seconds(table: WorkerTable, rows, col: Columns) -> np.ndarray:
     """Per row, (what a request arriving now waits before its own prefill: the rest of the step in
     flight on a busy worker, half a step of its running batch on average, and the queued prefill;
     of that, the queued prefill's compute, what inflow.Inflow.arriving takes off; a full chunk's
-    compute, what a step carrying one adds: c1 x its tokens past the kink + c2 x its attention)."""
+    compute, what a step carrying one adds: c1 x its tokens past the kink + c2 x its attention;
+    the step a busy worker has in flight, with everything it carries: what a remote prefill's
+    KV waits for, half of it on average)."""
     running = table.running[rows]
     in_flight = col.c0 + col.c3 * running + col.c4 * table.context[rows]
     steps, queued_work = chunked_parts(col, col.queued, 0)
-    queue = np.where((running > 0) | (col.queued > 0), in_flight / 2, 0.0) + steps + queued_work
-    return np.stack((queue, queued_work, chunked_parts(col, col.chunk, 0)[1]))
+    busy = (running > 0) | (col.queued > 0)
+    queue = np.where(busy, in_flight / 2, 0.0) + steps + queued_work
+    return np.stack((queue, queued_work, chunked_parts(col, col.chunk, 0)[1], np.where(busy, col.per_step, 0.0)))
 
 
 def chunked_seconds(col: Columns, num_tokens, num_cached) -> np.ndarray:
@@ -450,6 +455,7 @@ class _Fleet:
     queue: np.ndarray
     queued_work: np.ndarray
     chunk_work: np.ndarray
+    busy_step: np.ndarray
     prune: bool
     inflow: Inflow | None = None  # per table row (price_candidates)
     local: np.ndarray | None = None
@@ -548,7 +554,7 @@ def _price_group(
             (i, _), *_, p_total = part
             best = np.full(len(table.views), p_total[0])
             best[i] = p_total[1]  # the best prefill worker decoding: the second best prefills
-            tail_at, tail_step = _remote_start_and_tail(req, fleet.col, slice(None), table.running, fleet.queue, 0, best, fleet, rates)
+            tail_at, tail_step = _remote_start_and_tail(req, fleet.col, slice(None), fleet.queue, 0, best, fleet, rates)
             keys.append(tail_at + tail_step)
         decode = _can_win(decode, held, keys, limit)
     rows = decode.rows
@@ -583,7 +589,7 @@ def _price_group(
         is_first = rows == i
         best = np.where(is_first, p_total[1], p_total[0])
         # `transfer` is all that comes after the prefill.
-        tail_at, tail_step = _remote_start_and_tail(req, col, rows, table.running[rows], queue_s, col.matched, best, fleet, rates)
+        tail_at, tail_step = _remote_start_and_tail(req, col, rows, queue_s, col.matched, best, fleet, rates)
         remote_ttft = tail_at + tail_step + offsets[1]
         use = remote_ttft < ttft
         if use.any():
@@ -615,17 +621,16 @@ def _price_group(
     return Priced(decode, ttft, tpot, cached_tok, np.zeros(len(rows)) + work, computed, placed)
 
 
-def _remote_start_and_tail(req: Request, col: Columns, rows, running, queue_s, matched, best, fleet: _Fleet, rates: Rates):
+def _remote_start_and_tail(req: Request, col: Columns, rows, queue_s, matched, best, fleet: _Fleet, rates: Rates):
     """(when the prompt's tail step starts, that step's seconds) on decode workers `rows` (col's
-    positions; running, queue_s and matched per position) of a prompt prefilled elsewhere by
+    positions; queue_s and matched per position) of a prompt prefilled elsewhere by
     `best` seconds: the full blocks the decode worker lacks move, while its queue drains, then its
     step computing the tail. The step in flight when the KV is in (on a busy worker) and the
     tail's step may carry a chunk of the prefill arriving there (next_step)."""
     P, bs = req.num_prompt_tokens, req.block_size
     tail = P - (P - 1) // bs * bs
     kv_in = best + np.maximum(P // bs - matched, 0) * col.nbytes / rates.link_bytes_per_s
-    busy = (running > 0) | (col.queued > 0)
-    in_flight = fleet.next_step(np.where(busy, col.per_step, 0.0), rows) / 2
+    in_flight = fleet.next_step(fleet.busy_step[rows], rows) / 2
     tail_step = fleet.next_step(chunked_seconds(col, tail, P - tail), rows)
     return np.maximum(kv_in + in_flight, queue_s), tail_step
 
