@@ -302,10 +302,11 @@ def _worker_seconds(table: WorkerTable, rows, col: Columns) -> np.ndarray:
     KV waits for, half of it on average)."""
     running = table.running[rows]
     in_flight = col.c0 + col.c3 * running + col.c4 * table.context[rows]
-    steps, queued_work = chunked_parts(col, col.queued, 0)
+    # The queued prefill and a full chunk in one pass (a row each: broadcast over the rows).
+    steps, (queued_work, chunk_work) = chunked_parts(col, np.stack((col.queued, col.chunk)), 0)
     busy = (running > 0) | (col.queued > 0)
-    queue = np.where(busy, in_flight / 2, 0.0) + steps + queued_work
-    return np.stack((queue, queued_work, chunked_parts(col, col.chunk, 0)[1], np.where(busy, col.per_step, 0.0)))
+    queue = np.where(busy, in_flight / 2, 0.0) + steps[0] + queued_work
+    return np.stack((queue, queued_work, chunk_work, np.where(busy, col.per_step, 0.0)))
 
 
 def chunked_seconds(col: Columns, num_tokens, num_cached) -> np.ndarray:
