@@ -53,6 +53,11 @@ def _load_row(w: WorkerView) -> tuple[int, ...]:
     )
 
 
+def _model_of(w: WorkerView) -> tuple:
+    """What the model columns are made of (_step_row, chunk)."""
+    return w.latency, w.chunk_tokens
+
+
 def _step_row(w: WorkerView) -> tuple[float, ...]:
     return (*w.latency.coefficients, w.latency.free_prefill_tokens) if w.latency is not None else _NO_MODEL
 
@@ -152,12 +157,17 @@ class WorkerTable:
         (and pending blocks): the planner's corrections for what this replica routed."""
         if not rows:
             return self
-        t = self._copy(_LOAD_COLUMNS + _MODEL_COLUMNS)
-        views = list(self.views)
+        # The step-time model and chunk columns (7 numbers a row) are copied only when a row's
+        # change: a report rarely brings a new model, and at 10,000 workers they are 560 KB.
+        old = self.views
+        new_models = any(_model_of(w) != _model_of(old[i]) for i, w in rows.items())
+        t = self._copy(_LOAD_COLUMNS + _MODEL_COLUMNS if new_models else _LOAD_COLUMNS)
+        views = list(old)
         for i, w in rows.items():
             views[i] = w
-            t.step[i] = _step_row(w)
-            t.chunk[i] = max(w.chunk_tokens, 1)
+            if new_models:
+                t.step[i] = _step_row(w)
+                t.chunk[i] = max(w.chunk_tokens, 1)
         t.views = tuple(views)
         if len(rows) <= _FEW_ROWS:  # item by item: cheaper than building index arrays for a few
             columns = _load_columns_of(t)

@@ -92,6 +92,23 @@ def test_load_updates_equal_a_table_built_from_the_new_views_for_few_rows_and_ma
         assert updated.views == rebuilt.views
 
 
+def test_a_report_with_a_new_step_model_or_chunk_rewrites_the_model_columns_else_they_are_shared():
+    from kvplane.latency import StepTimeModel
+
+    views = [dataclasses.replace(w, latency=StepTimeModel((0.01, 1e-4, 0.0, 1e-3, 0.0), 50, 0.1)) for w in _fleet(12)]
+    t = WorkerTable(views)
+    same_model = {3: dataclasses.replace(views[3], load=dataclasses.replace(views[3].load, num_running=7))}
+    loads = t.with_loads(same_model)
+    assert loads.step is t.step and loads.chunk is t.chunk and loads.running[3] == 7  # nothing of the model to copy
+    refit = StepTimeModel((0.02, 2e-4, 0.0, 1e-3, 0.0), 80, 0.1)
+    for new in ({4: dataclasses.replace(views[4], latency=refit)}, {5: dataclasses.replace(views[5], chunk_tokens=1024)}):
+        updated = t.with_loads({**same_model, **new})
+        rebuilt = WorkerTable([{**same_model, **new}.get(i, w) for i, w in enumerate(views)])
+        assert np.array_equal(updated.step, rebuilt.step) and np.array_equal(updated.chunk, rebuilt.chunk)
+        assert np.array_equal(t.step, WorkerTable(views).step) and np.array_equal(t.chunk, WorkerTable(views).chunk)  # untouched
+    assert t.with_loads({4: dataclasses.replace(views[4], latency=refit)}).step[4, 0] == 0.02
+
+
 def test_updates_in_place_write_only_a_private_copy_and_count_versions():
     views = _fleet(30)
     shared = WorkerTable(views)
