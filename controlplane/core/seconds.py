@@ -513,7 +513,8 @@ def _kth_least(values: np.ndarray, k: int) -> float:
     disjoint slices are k values, so the k-th least is at most the largest of them."""
     if len(values) > 512:
         bound = values[: len(values) // k * k].reshape(k, -1).min(axis=1).max()
-        values = values[values <= bound]
+        if bound == bound:  # NaN where a slice holds one: partition all (it sorts NaN last)
+            values = values[values <= bound]
     return np.partition(values, k - 1)[k - 1]
 
 

@@ -263,7 +263,7 @@ def test_fleet_columns_kept_across_updates_equal_columns_made_from_scratch(worke
 @pytest.mark.parametrize("n", [20, 513, 1000, 4099])
 def test_the_kth_least_is_exactly_the_partitions_whatever_the_order(n):
     """_kth_least bounds the search by slices' minima past 512 values: any order (sorted either
-    way, ties, infinities) gives np.partition's k-th value."""
+    way, ties, infinities, NaN) gives np.partition's k-th value."""
     import numpy as np
 
     from kvplane.controlplane.core.seconds import _kth_least
@@ -273,6 +273,9 @@ def test_the_kth_least_is_exactly_the_partitions_whatever_the_order(n):
     with_inf = rng.random(n)
     with_inf[rng.random(n) < 0.5] = np.inf
     draws.append(with_inf)
+    with_nan = rng.random(n)
+    with_nan[rng.random(n) < 0.01] = np.nan
+    draws.append(with_nan)
     for values in draws:
         for k in (1, 2, 16, min(n, 64)):
-            assert _kth_least(values, k) == np.partition(values, k - 1)[k - 1]
+            assert np.array_equal(_kth_least(values, k), np.partition(values, k - 1)[k - 1], equal_nan=True)
