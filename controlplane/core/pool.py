@@ -157,8 +157,9 @@ class WorkerTable:
         (and pending blocks): the planner's corrections for what this replica routed."""
         if not rows:
             return self
-        # The step-time model and chunk columns (7 numbers a row) are copied only when a row's
-        # change: a report rarely brings a new model, and at 10,000 workers they are 560 KB.
+        # The step-time model and chunk columns (7 numbers a row) are copied only when some row's
+        # model or chunk changes: a report rarely brings a new one, and at 10,000 workers they
+        # are 560 KB.
         old = self.views
         new_models = any(_model_of(w) != _model_of(old[i]) for i, w in rows.items())
         t = self._copy(_LOAD_COLUMNS + _MODEL_COLUMNS if new_models else _LOAD_COLUMNS)
