@@ -7,14 +7,14 @@ STAMP := $(VENV)/.installed
 .PHONY: demo test test-fast chaos test-engines engines-env lint format env test-env etcd nats rdma kubectl prometheus protos clean
 
 # The tests need every extra (`[test]` names them); the demo only a control plane and reference-engine agents.
-$(STAMP): pyproject.toml setup.py
+$(STAMP): pyproject.toml setup.py kvplane/_pricing.c
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test]'
 	touch $(STAMP)
 
 DEMO_STAMP := $(VENV)/.installed-demo
-$(DEMO_STAMP): pyproject.toml setup.py
+$(DEMO_STAMP): pyproject.toml setup.py kvplane/_pricing.c
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[server,reference]'
@@ -121,4 +121,4 @@ protos: env
 	$(PY) -m kvplane.apps.protogen
 
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache build
+	rm -rf $(VENV) *.egg-info .pytest_cache build kvplane/_pricing.*.so

@@ -78,16 +78,16 @@ are kept, all the choice of the best and second best prefill worker needs.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from itertools import chain
 
 import numpy as np
 
+from kvplane import _pricing
 from kvplane.controlplane.core.index import OverlapScore
 from kvplane.controlplane.core.inflow import Inflow
 from kvplane.controlplane.core.pool import WorkerPool, WorkerTable
-from kvplane.controlplane.core.predictor import next_step_with_prefill, shared_step_seconds
 from kvplane.types import WorkerId
 
 LOCAL, FETCH, REMOTE = 0, 1, 2
@@ -177,58 +177,49 @@ class Held:
 
 @dataclass(slots=True)
 class Columns:
-    """The per-worker numbers of some rows of a table that predictions read."""
+    """The per-worker numbers of some rows of a table that predictions read: one (10, rows) array
+    `m`, a row per quantity (the views named below), what kvplane._pricing reads. Counts (chunk,
+    queued, nbytes) are floats there: whole numbers below 2**53, so exact."""
 
-    c0: np.ndarray  # the step-time model's coefficients (kvplane.latency), one column each
-    c1: np.ndarray
-    c2: np.ndarray
-    c3: np.ndarray
-    c4: np.ndarray
-    free: np.ndarray  # the model's kink: prefill tokens per step c1 does not price (StepTimeModel.free_prefill_tokens)
-    chunk: np.ndarray
-    queued: np.ndarray
-    per_step: np.ndarray  # what every step carries: c0 + c3 x batch sequences + c4 x batch context
-    nbytes: np.ndarray
+    m: np.ndarray
     one_chunk: int  # the chunk size when every worker has the same (the usual fleet), else 0
-    # The prompt's blocks matched on each worker, of them on host and on disk (Held).
-    matched: np.ndarray | None = None
-    host: np.ndarray | None = None
-    disk: np.ndarray | None = None
+    c0: np.ndarray = field(init=False)  # the step-time model's coefficients (kvplane.latency), one row each
+    c1: np.ndarray = field(init=False)
+    c2: np.ndarray = field(init=False)
+    c3: np.ndarray = field(init=False)
+    c4: np.ndarray = field(init=False)
+    free: np.ndarray = field(init=False)  # the model's kink: prefill tokens per step c1 does not price (StepTimeModel.free_prefill_tokens)
+    chunk: np.ndarray = field(init=False)
+    queued: np.ndarray = field(init=False)
+    per_step: np.ndarray = field(init=False)  # what every step carries: c0 + c3 x batch sequences + c4 x batch context
+    nbytes: np.ndarray = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.c0, self.c1, self.c2, self.c3, self.c4, self.free, self.chunk, self.queued, self.per_step, self.nbytes = self.m
 
     @staticmethod
     def of(table: WorkerTable, rows, rates: Rates) -> Columns:
-        """Of `rows` (an index array, or slice(None): the whole table); no held blocks."""
+        """Of `rows` (an index array, or slice(None): the whole table)."""
         c = table.step[rows]
         missing = np.isnan(c[:, 0])
         if missing.any():
             c = c.copy()
             c[missing] = _borrowed_models(table, np.arange(len(table.views))[rows][missing], rates)
-        c = np.ascontiguousarray(c.T)
+        m = np.empty((10, len(c)))
+        m[:6] = c.T
         decodes = table.can_decode[rows]
         queued = table.queued[rows]
         seqs = table.running[rows] + np.where(decodes, table.waiting[rows], 0)
         context = table.context[rows] + np.where(decodes, queued, 0)
-        per_step = c[0] + c[3] * seqs + c[4] * context
-        chunk = table.chunk[rows]
-        return Columns(c[0], c[1], c[2], c[3], c[4], c[5], chunk, queued, per_step, table.block_nbytes[rows], _one(chunk))
-
-    def take(self, i: np.ndarray, held: Held | None = None) -> Columns:
-        """These columns at positions `i` (with `held`'s blocks at rows `i`)."""
-        return Columns(
-            self.c0[i], self.c1[i], self.c2[i], self.c3[i], self.c4[i], self.free[i], self.chunk[i], self.queued[i], self.per_step[i],
-            self.nbytes[i], self.one_chunk or _one(self.chunk[i]),
-            *((held.matched[i], held.host[i], held.disk[i]) if held is not None else ()),
-        )  # fmt: skip
+        m[6], m[7], m[9] = table.chunk[rows], queued, table.block_nbytes[rows]
+        m[8] = m[0] + m[3] * seqs + m[4] * context
+        return Columns(m, _one(m[6]))
 
     def put(self, i: np.ndarray, other: Columns) -> None:
         """`other`'s values written at positions `i`, in place."""
-        for name in _COLUMN_NAMES:
-            getattr(self, name)[i] = getattr(other, name)
+        self.m[:, i] = other.m
         if other.one_chunk != self.one_chunk:
             self.one_chunk = _one(self.chunk)
-
-
-_COLUMN_NAMES = ("c0", "c1", "c2", "c3", "c4", "free", "chunk", "queued", "per_step", "nbytes")
 
 
 def _borrowed_models(table: WorkerTable, rows: np.ndarray, rates: Rates) -> np.ndarray:
@@ -267,15 +258,15 @@ class FleetColumns:
         # (the table, its version, the fallback prefill rate, the columns, the per-row seconds)
         self._last: tuple[weakref.ref, int, float, Columns, np.ndarray] | None = None
 
-    def of(self, table: WorkerTable, rates: Rates) -> tuple[Columns, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """(Columns of every row of `table`, and per row: the seconds a request arriving now waits
-        before its prefill, of them the queued prefill's compute, a full chunk's compute, the step
-        in flight on a busy worker)."""
+    def of(self, table: WorkerTable, rates: Rates) -> tuple[Columns, np.ndarray]:
+        """(Columns of every row of `table`, and a (4, rows) array _worker_seconds: per row, the
+        seconds a request arriving now waits before its prefill, of them the queued prefill's
+        compute, a full chunk's compute, the step in flight on a busy worker)."""
         last, fallback = self._last, rates.fallback_prefill_tokens_per_s
         if last is not None and last[2] == fallback:
             before, version, col, seconds = last[0](), last[1], last[3], last[4]
             if before is table and version == table.version:
-                return col, *seconds
+                return col, seconds
             # The table the columns were made for, updated in place once (WorkerTable.updated), or
             # a table made from it (WorkerTable.replaced): both differ from it in changed_rows only.
             derived = table.version == version + 1 if before is table else before is not None and table.parent is before
@@ -285,12 +276,12 @@ class FleetColumns:
                 col.put(rows, changed)
                 seconds[:, rows] = _worker_seconds(table, rows, changed)
                 self._last = (weakref.ref(table), table.version, fallback, col, seconds)
-                return col, *seconds
+                return col, seconds
         every = np.arange(len(table.views))  # fancy indexing: columns of our own, not the table's, to write into
         col = Columns.of(table, every, rates)
         seconds = _worker_seconds(table, every, col)
         self._last = (weakref.ref(table), table.version, fallback, col, seconds)
-        return col, *seconds
+        return col, seconds
 
 
 def _worker_seconds(table: WorkerTable, rows, col: Columns) -> np.ndarray:
@@ -299,60 +290,10 @@ def _worker_seconds(table: WorkerTable, rows, col: Columns) -> np.ndarray:
     of that, the queued prefill's compute, what inflow.Inflow.arriving takes off; a full chunk's
     compute, what a step carrying one adds: c1 x its tokens past the kink + c2 x its attention;
     the step a busy worker has in flight, with everything it carries: what a remote prefill's
-    KV waits for, half of it on average)."""
-    running = table.running[rows]
-    in_flight = col.c0 + col.c3 * running + col.c4 * table.context[rows]
-    # The queued prefill and a full chunk in one pass (a row each: broadcast over the rows).
-    steps, (queued_work, chunk_work) = chunked_parts(col, np.stack((col.queued, col.chunk)), 0)
-    busy = (running > 0) | (col.queued > 0)
-    queue = np.where(busy, in_flight / 2, 0.0) + steps[0] + queued_work
-    return np.stack((queue, queued_work, chunk_work, np.where(busy, col.per_step, 0.0)))
-
-
-def chunked_seconds(col: Columns, num_tokens, num_cached) -> np.ndarray:
-    """Per worker, StepTimeModel.chunked_prefill_seconds(num_tokens, num_cached, chunk, batch)
-    (numbers or arrays)."""
-    steps, compute = chunked_parts(col, num_tokens, num_cached)
-    return steps + compute
-
-
-def chunked_parts(col: Columns, num_tokens, num_cached) -> tuple[np.ndarray, np.ndarray]:
-    """chunked_seconds in two parts: (the steps' own seconds, each carrying the batch, the
-    prefill's compute: c1 x its tokens past each step's kink + c2 x attention). The second is the work the prefill adds to
-    the worker, what it takes from the requests that come after it."""
-    chunk = col.one_chunk
-    if chunk and isinstance(num_tokens, int):  # one prompt, one chunk size: the steps are numbers
-        n = max(num_tokens, 0)
-        steps = -(-n // chunk)
-        before_last = max(steps - 1, 0)
-        last = n - before_last * chunk
-        num_odd = before_last * (chunk % 2) + last % 2
-        attention = (2 * n * num_cached + (n * n - num_odd)) // 2
-        hinge = before_last * np.maximum(chunk - col.free, 0) + np.maximum(last - col.free, 0)
-        return steps * col.per_step, col.c1 * hinge + col.c2 * attention
-    chunk = chunk or col.chunk
-    n = np.maximum(num_tokens, 0)
-    steps = -(-n // chunk)
-    before_last = np.maximum(steps - 1, 0)
-    last = n - before_last * chunk
-    num_odd = before_last * (chunk % 2) + last % 2
-    attention = (2 * n * num_cached + n * n - num_odd) // 2
-    # The tokens c1 prices: each step's past the model's kink (kvplane.latency.chunked_hinge; for
-    # no tokens both terms are 0, the kink being >= 0).
-    hinge = before_last * np.maximum(chunk - col.free, 0) + np.maximum(last - col.free, 0)
-    return steps * col.per_step, col.c1 * hinge + col.c2 * attention
-
-
-def _own_and_load(col: Columns, max_blocks: int, rates: Rates) -> tuple[np.ndarray, np.ndarray | float]:
-    """(blocks counted as cached, seconds loading those held on a slower tier): the matched
-    prefix's device blocks first, then host, then disk."""
-    own = np.minimum(col.matched, max_blocks)
-    if not (col.host.any() or col.disk.any()):
-        return own, 0.0
-    slow = np.maximum(own - (col.matched - col.host - col.disk), 0)
-    from_host = np.minimum(col.host, slow)
-    load_s = col.nbytes * (from_host / rates.host_bytes_per_s + (slow - from_host) / rates.disk_bytes_per_s)
-    return own, load_s
+    KV waits for, half of it on average), computed by kvplane._pricing.worker_seconds."""
+    out = np.empty((4, col.m.shape[1]))
+    _pricing.worker_seconds(col.m, np.ascontiguousarray(table.running[rows]), np.ascontiguousarray(table.context[rows]), out)
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -411,11 +352,28 @@ def price_candidates(
     # objects elsewhere): only those are read again.
     held = real if overlaps is cached else Held.of(table, {w: s for w, s in overlaps.items() if cached.get(w) is not s}, real)
     # Fetch sources: the index's own device blocks (a prediction cannot be pulled yet).
-    device = None
+    device = _NONE
     if req.allow_remote and len(sources) and cached:
         device = np.minimum(real.matched - real.host - real.disk, (req.num_prompt_tokens - 1) // req.block_size)
-    fleet = _Fleet(req, *(fleet or FleetColumns()).of(table, rates), limit > 0 and max(len(decode), len(prefill)) > limit, inflow)  # fmt: skip
-    parts = [_price_group(req, group, held, device, sources, prefill, rates, offsets, limit, fleet) for group in _groups(decode)]
+    col, seconds = (fleet or FleetColumns()).of(table, rates)
+    prune = limit > 0 and max(len(decode), len(prefill)) > limit
+    args = (col.m, seconds, held.numbers, device, _NONE if inflow is None else inflow.rates, table.id_rank, table.can_decode)
+    after = (
+        req.num_prompt_tokens, req.block_size, req.max_tokens, req.allow_local, prune, limit, rates.link_bytes_per_s,
+        rates.fetch_overhead_s, rates.host_bytes_per_s, rates.disk_bytes_per_s, *offsets, 0.0 if inflow is None else inflow.per_work_s,
+    )  # fmt: skip
+    parts = []
+    for group in _groups(decode):
+        first = table.views[int(group.rows[0])] if len(group) else None
+        prefill_rows = source_rows = _NONE
+        if first is not None and req.allow_remote and len(prefill):
+            prefill_rows = prefill.where(table.kv_mask(first)).rows
+        if first is not None and device is not _NONE:
+            nbytes = int(table.block_nbytes[int(group.rows[0])])
+            source_rows = sources.where(table.kv_mask(first, cached_blocks=True) & (table.block_nbytes == nbytes)).rows
+        out_int, out_float = np.empty((7, len(group)), np.int64), np.empty((7, len(group)))
+        count = _pricing.price_group(*args, group.rows, prefill_rows, source_rows, *after, out_int, out_float)
+        parts.append(_priced(table, out_int[:, :count], out_float[:, :count]))
     if len(parts) == 1:
         return parts[0]
     rows = np.concatenate([p.pool.rows for p in parts])
@@ -434,6 +392,23 @@ def price_candidates(
     return Priced(WorkerPool(table, rows[order]), *columns, placed)
 
 
+_NONE = np.empty(0, np.int64)  # kvplane._pricing's "none" for an optional column or set of rows
+
+
+def _priced(table: WorkerTable, out_int: np.ndarray, out_float: np.ndarray) -> Priced:
+    """kvplane._pricing.price_group's answer as Priced."""
+    rows, cached, computed, fetch_blocks, source_row, prefill_row, kind = out_int
+    ttft, tpot, work, queue_s, move_s, prefill_s, transfer_s = out_float
+
+    def placed(k: int) -> Placed:
+        return Placed(
+            int(kind[k]), float(queue_s[k]), float(move_s[k]), float(prefill_s[k]), float(transfer_s[k]), int(fetch_blocks[k]),
+            int(source_row[k]), int(prefill_row[k]),
+        )  # fmt: skip
+
+    return Priced(WorkerPool(table, np.ascontiguousarray(rows)), ttft, tpot, cached, work, computed, placed)
+
+
 def _groups(decode: WorkerPool) -> list[WorkerPool]:
     """The candidates split by (KV transport, block bytes): usually one group, the whole pool."""
     table = decode.table
@@ -444,240 +419,6 @@ def _groups(decode: WorkerPool) -> list[WorkerPool]:
         return [decode]
     keys = transport.astype(np.int64) * (int(nbytes.max()) + 1) + nbytes
     return [decode.where_own(keys == k) for k in np.unique(keys).tolist()]
-
-
-@dataclass(slots=True)
-class _Fleet:
-    """Per table row (FleetColumns) and, when pruning, what it compares (module docstring): the
-    TTFT of each worker prefilling the whole prompt locally (a non-holder's)."""
-
-    req: Request
-    col: Columns
-    queue: np.ndarray
-    queued_work: np.ndarray
-    chunk_work: np.ndarray
-    busy_step: np.ndarray
-    prune: bool
-    inflow: Inflow | None = None  # per table row (price_candidates)
-    local: np.ndarray | None = None
-    _carried: np.ndarray | None = None  # per table row: the prefill a step starting now carries (next_step)
-
-    def __post_init__(self) -> None:
-        if self.prune:
-            self.local = self.queue + chunked_seconds(self.col, self.req.num_prompt_tokens, 0)
-
-    def token_seconds(self, step: np.ndarray, rows) -> np.ndarray:
-        """Time per output token at `rows` of decode steps taking `step` alone, sharing them
-        with the prefill arriving there (predictor.shared_step_seconds)."""
-        if self.inflow is None:
-            return step
-        return shared_step_seconds(step, self.inflow.rates[rows], self.chunk_work[rows])
-
-    def next_step(self, step: np.ndarray, rows) -> np.ndarray:
-        """One step at `rows` starting at some moment, with the prefill arriving there on top of
-        what is queued (predictor.next_step_with_prefill, inflow.Inflow.arriving)."""
-        if self.inflow is None:
-            return step
-        if self._carried is None:  # once per request, for every row: each request asks for it several times
-            self._carried = next_step_with_prefill(0.0, self.inflow.arriving(slice(None), self.queued_work), self.chunk_work)
-        return step + self._carried[rows]
-
-    def fetch(self, num_blocks: int, rates: Rates) -> np.ndarray:
-        """TTFT of a worker holding none of the prompt that pulls num_blocks of it first."""
-        col, cached = self.col, num_blocks * self.req.block_size
-        move = rates.fetch_overhead_s + num_blocks * col.nbytes / rates.link_bytes_per_s
-        return np.maximum(self.queue, move) + chunked_seconds(col, self.req.num_prompt_tokens - cached, cached)
-
-
-def _can_win(pool: WorkerPool, held: Held, keys: Sequence[np.ndarray], limit: int) -> WorkerPool:
-    """The holders of `pool` and, of the others, the `limit` least by each of `keys` (one value
-    per table row) and those tied with them."""
-    rows = pool.rows
-    if limit <= 0 or len(rows) <= limit:
-        return pool
-    keep = held.matched[rows] > 0
-    others = rows[~keep]
-    if len(others) <= limit:
-        return pool
-    wins = np.zeros(len(others), bool)
-    for key in keys:
-        values = key[others]
-        wins |= values <= _kth_least(values, limit)
-    keep[~keep] = wins
-    return WorkerPool(pool.table, rows[keep])
-
-
-def _kth_least(values: np.ndarray, k: int) -> float:
-    """The k-th least of `values` (1 <= k <= len). np.partition costs ~10 ns a value past a few
-    hundred (97 us for 10,000 here); a bound first leaves it a few dozen: the least values of k
-    disjoint slices are k values, so the k-th least is at most the largest of them."""
-    if len(values) > 512:
-        bound = values[: len(values) // k * k].reshape(k, -1).min(axis=1).max()
-        if bound == bound:  # NaN where a slice holds one: partition all (it sorts NaN last)
-            values = values[values <= bound]
-    return np.partition(values, k - 1)[k - 1]
-
-
-def _price_group(
-    req: Request,
-    decode: WorkerPool,
-    held: Held,
-    device: np.ndarray | None,
-    sources: WorkerPool,
-    prefill: WorkerPool,
-    rates: Rates,
-    offsets: tuple[float, float, float],
-    limit: int,
-    fleet: _Fleet,
-) -> Priced:
-    """price_candidates for candidates sharing one KV transport and block layout."""
-    P, bs = req.num_prompt_tokens, req.block_size
-    max_blocks = (P - 1) // bs
-    table = decode.table
-    first = table.views[int(decode.rows[0])]
-    # The fetch sources of this group: same block layout, a kvplane transport both ends share.
-    source = (-1, -1, 0, 0)
-    if device is not None:
-        nbytes = int(table.block_nbytes[int(decode.rows[0])])
-        from_rows = sources.where(table.kv_mask(first, cached_blocks=True) & (table.block_nbytes == nbytes)).rows
-        source = _best_two(from_rows, device[from_rows], table)
-
-    part = None
-    if req.allow_remote and len(prefill):
-        part = _best_prefill(req, prefill.where(table.kv_mask(first)), held, rates, limit, fleet)
-    if fleet.prune:
-        # A non-holder's TTFT prefilling locally or after a fetch, and after the best remote
-        # prefill; its batch's step orders its TPOT.
-        alone = fleet.local if source[0] < 0 else np.minimum(fleet.local, fleet.fetch(source[2], rates))
-        keys = [alone, fleet.col.per_step]
-        if fleet.inflow is not None:
-            keys.append(fleet.token_seconds(fleet.col.per_step, slice(None)))
-        if part is not None:
-            (i, _), *_, p_total = part
-            best = np.full(len(table.views), p_total[0])
-            best[i] = p_total[1]  # the best prefill worker decoding: the second best prefills
-            tail_at, tail_step = _remote_start_and_tail(req, fleet.col, slice(None), fleet.queue, 0, best, fleet, rates)
-            keys.append(tail_at + tail_step)
-        decode = _can_win(decode, held, keys, limit)
-    rows = decode.rows
-    col = fleet.col.take(rows, held)
-    own, load_s = _own_and_load(col, max_blocks, rates)
-    queue_s = fleet.queue[rows]
-    cached_tok = own * bs
-    prefill_steps, work = chunked_parts(col, P - cached_tok, cached_tok)
-    prefill_s = prefill_steps + work
-    local = np.maximum(queue_s, load_s) + prefill_s
-    computed = P - cached_tok
-    fetch = None  # (gain, source row per candidate, move, prefill seconds, better) when a fetch can help
-    if source[0] >= 0:
-        is_first = rows == source[0]
-        d = np.where(is_first, source[3], source[2])
-        gain = np.maximum(d - own, 0)
-        f_move = load_s + np.where(gain > 0, rates.fetch_overhead_s + gain * col.nbytes / rates.link_bytes_per_s, 0.0)
-        f_cached = (own + gain) * bs
-        f_steps, f_work = chunked_parts(col, P - f_cached, f_cached)
-        f_prefill = f_steps + f_work
-        f_ttft = np.maximum(queue_s, f_move) + f_prefill
-        better = (gain > 0) & (f_ttft < local)
-        if better.any():
-            work = np.where(better, f_work, work)
-            computed = np.where(better, P - f_cached, computed)
-            local = np.where(better, f_ttft, local)
-            fetch = (gain, np.where(is_first, source[1], source[0]), f_move, f_prefill, better)
-    ttft = local + offsets[0] if req.allow_local else np.full(len(rows), _INF)
-    remote = None  # (is_first, transfer, use) when a remote prefill is priced
-    if part is not None:
-        (i, j), p_queue, p_move, p_prefill, p_work, p_computed, p_total = part
-        is_first = rows == i
-        best = np.where(is_first, p_total[1], p_total[0])
-        # `transfer` is all that comes after the prefill.
-        tail_at, tail_step = _remote_start_and_tail(req, col, rows, queue_s, col.matched, best, fleet, rates)
-        remote_ttft = tail_at + tail_step + offsets[1]
-        use = remote_ttft < ttft
-        if use.any():
-            k = is_first.astype(np.int64)  # 1: the second best prefill worker
-            ttft = np.where(use, remote_ttft, ttft)
-            work = np.where(use, p_work[k], work)
-            computed = np.where(use, p_computed[k], computed)
-            finite = np.isfinite(best)  # no second prefill worker: best is infinite
-            transfer = np.where(finite, tail_at - np.where(finite, best, 0.0), 0.0) + tail_step
-            remote = (is_first, transfer, use)
-    tpot = fleet.token_seconds(col.per_step + col.c3 + col.c4 * (P + req.max_tokens / 2), rows) + offsets[2]
-    load_at = (lambda k: float(load_s[k])) if isinstance(load_s, np.ndarray) else (lambda k: float(load_s))  # noqa: E731
-
-    def placed(k: int) -> Placed:
-        """The k-th candidate's breakdown: its remote prefill, else its fetch, else local."""
-        if remote is not None and remote[2][k]:
-            second = int(remote[0][k])  # the best prefill worker decodes here: the second best prefills
-            return Placed(
-                REMOTE, float(p_queue[second]), float(p_move[second]), float(p_prefill[second]), float(remote[1][k]), 0, -1, j if second else i
-            )  # fmt: skip
-        kind, move, prefill_k, fetch_blocks, source_row = LOCAL, load_at(k), float(prefill_s[k]), 0, -1
-        if fetch is not None and fetch[4][k]:
-            kind, move, prefill_k = FETCH, float(fetch[2][k]), float(fetch[3][k])
-            fetch_blocks, source_row = int(fetch[0][k]), int(fetch[1][k])
-        if not req.allow_local:
-            kind = REMOTE  # no local placement: priced at infinite TTFT, its remote prefill not possible
-        return Placed(kind, float(queue_s[k]), move, prefill_k, 0.0, fetch_blocks, source_row, -1)
-
-    return Priced(decode, ttft, tpot, cached_tok, np.zeros(len(rows)) + work, computed, placed)
-
-
-def _remote_start_and_tail(req: Request, col: Columns, rows, queue_s, matched, best, fleet: _Fleet, rates: Rates):
-    """(when the prompt's tail step starts, that step's seconds) on decode workers `rows` (col's
-    positions; queue_s and matched per position) of a prompt prefilled elsewhere by
-    `best` seconds: the full blocks the decode worker lacks move, while its queue drains, then its
-    step computing the tail. The step in flight when the KV is in (on a busy worker) and the
-    tail's step may carry a chunk of the prefill arriving there (next_step)."""
-    P, bs = req.num_prompt_tokens, req.block_size
-    tail = P - (P - 1) // bs * bs
-    kv_in = best + np.maximum(P // bs - matched, 0) * col.nbytes / rates.link_bytes_per_s
-    in_flight = fleet.next_step(fleet.busy_step[rows], rows) / 2
-    tail_step = fleet.next_step(chunked_seconds(col, tail, P - tail), rows)
-    return np.maximum(kv_in + in_flight, queue_s), tail_step
-
-
-def _best_two(rows: np.ndarray, device: np.ndarray, table: WorkerTable) -> tuple[int, int, int, int]:
-    """(best row, second best row, their device blocks): the rows holding the most leading
-    device blocks of the prompt, then the lower worker id (-1 and 0: none)."""
-    some = np.flatnonzero(device)  # the holders: usually a few of the fleet
-    if not len(some):
-        return (-1, -1, 0, 0)
-    rows, device = rows[some], device[some]
-    order = np.lexsort((table.id_rank[rows], -device))
-    i = int(order[0])
-    j = int(order[1]) if len(order) > 1 and device[order[1]] > 0 else -1
-    return (int(rows[i]), int(rows[j]) if j >= 0 else -1, int(device[i]), int(device[j]) if j >= 0 else 0)
-
-
-def _best_prefill(req: Request, prefill: WorkerPool, held: Held, rates: Rates, limit: int, fleet: _Fleet):
-    """((best row, second best row), and per one of the two: queue, load, prefill, its compute
-    (the work it adds), the tokens it prefills, total seconds) of the remote prefill workers
-    (second: -1 and infinite seconds when there is one); None when there is none."""
-    P, bs = req.num_prompt_tokens, req.block_size
-    # A worker holding none of the prompt costs its queue + the whole prefill, its local TTFT,
-    # exactly: of those, only the two least (and their ties) can be the best two.
-    if fleet.prune:
-        prefill = _can_win(prefill, held, (fleet.local,), 2)
-    if not len(prefill):
-        return None
-    table = prefill.table
-    col = fleet.col.take(prefill.rows, held)
-    own, load = _own_and_load(col, (P - 1) // bs, rates)
-    queue = fleet.queue[prefill.rows]
-    steps, work = chunked_parts(col, P - own * bs, own * bs)
-    compute = steps + work
-    total = np.maximum(queue, load) + compute
-    load = np.zeros(len(prefill)) + load
-    # Least seconds first; a dedicated prefill worker (cannot decode) before a mixed one; then id.
-    order = np.lexsort((table.id_rank[prefill.rows], table.can_decode[prefill.rows], total))[:2]
-    pad = lambda a, none: np.append(a[order], none) if len(order) < 2 else a[order]  # noqa: E731
-    rows = pad(prefill.rows, -1)
-    computed = P - own * bs
-    return (
-        (int(rows[0]), int(rows[1])), pad(queue, 0.0), pad(load, 0.0), pad(compute, 0.0), pad(work, 0.0), pad(computed, P),
-        pad(total, _INF),
-    )  # fmt: skip
 
 
 def choose(priced: Priced, ttft_target_s: float | None, tpot_target_s: float | None, tie_rank: np.ndarray) -> np.ndarray:

@@ -41,25 +41,20 @@ def test_chunked_prefill_seconds_is_the_sum_of_its_steps():
 
 @pytest.mark.parametrize("free", [0.0, 100.0, 3000.0])
 def test_the_columns_price_a_chunked_prefill_as_the_model_does_kink_included(free):
-    """seconds.py's closed form (numbers for one chunk size, arrays for mixed ones) against
+    """kvplane._pricing's closed form (what routing prices every prefill with) against
     StepTimeModel.chunked_prefill_seconds, which the test above checks step by step; with a kink
     c1 prices only each chunk's tokens past it (StepTimeModel.free_prefill_tokens)."""
     import numpy as np
 
-    from kvplane.controlplane.core.seconds import Columns, chunked_parts
+    from kvplane import _pricing
 
     model = StepTimeModel((0.01, 2e-5, 1e-9, 3e-4, 2e-7), 10, 0.0, free_prefill_tokens=free)
     for n, cached, chunk in ((5000, 300, 2048), (4095, 0, 1023), (90, 17, 64), (0, 5, 16)):
         expected = model.chunked_prefill_seconds(n, cached, chunk)
-        one = lambda v: np.array([v], np.float64)  # noqa: E731
-        col = Columns(
-            *(one(c) for c in model.coefficients), one(free), np.array([chunk]), one(0), one(model.coefficients[0]), one(0), chunk
-        )
-        steps, compute = chunked_parts(col, n, cached)
-        assert float(steps[0] if np.ndim(steps) else steps) + float(compute[0]) == pytest.approx(expected, rel=1e-12)
-        col.one_chunk = 0  # the array path
-        steps, compute = chunked_parts(col, np.array([n]), cached)
-        assert float(steps[0] + compute[0]) == pytest.approx(expected, rel=1e-12)
+        # Columns.m of one worker: c0..c4, free, chunk, queued, per_step (an empty batch: c0), nbytes
+        m = np.array([[*model.coefficients, free, chunk, 0, model.coefficients[0], 0]], np.float64).T.copy()
+        steps, compute = _pricing.prefill_parts(m, 0, n, cached)
+        assert steps + compute == pytest.approx(expected, rel=1e-12)
 
 
 def test_a_kinked_models_steps_are_flat_up_to_the_kink():
@@ -251,31 +246,8 @@ def test_fleet_columns_kept_across_updates_equal_columns_made_from_scratch(worke
     for step in range(60):
         rows = {i: view(i) for i in rng.sample(range(24), rng.randrange(0, 4))}
         table = table.updated(rows) if rng.random() < 0.7 else table.replaced(rows)
-        col, *seconds = kept.of(table, rates)
-        fresh, *want = FleetColumns().of(table, rates)
-        for name in ("c0", "c1", "c2", "c3", "c4", "free", "chunk", "queued", "per_step", "nbytes"):
-            assert np.array_equal(getattr(col, name), getattr(fresh, name)), f"step {step}: {name}"
+        col, seconds = kept.of(table, rates)
+        fresh, want = FleetColumns().of(table, rates)
+        assert np.array_equal(col.m, fresh.m), f"step {step}"
         assert col.one_chunk == fresh.one_chunk
-        for got, expected in zip(seconds, want):
-            assert np.array_equal(got, expected), f"step {step}"
-
-
-@pytest.mark.parametrize("n", [20, 513, 1000, 4099])
-def test_the_kth_least_is_exactly_the_partitions_whatever_the_order(n):
-    """_kth_least bounds the search by slices' minima past 512 values: any order (sorted either
-    way, ties, infinities, NaN) gives np.partition's k-th value."""
-    import numpy as np
-
-    from kvplane.controlplane.core.seconds import _kth_least
-
-    rng = np.random.default_rng(n)
-    draws = [rng.random(n), np.sort(rng.random(n)), np.sort(rng.random(n))[::-1], rng.integers(0, 3, n).astype(float)]
-    with_inf = rng.random(n)
-    with_inf[rng.random(n) < 0.5] = np.inf
-    draws.append(with_inf)
-    with_nan = rng.random(n)
-    with_nan[rng.random(n) < 0.01] = np.nan
-    draws.append(with_nan)
-    for values in draws:
-        for k in (1, 2, 16, min(n, 64)):
-            assert np.array_equal(_kth_least(values, k), np.partition(values, k - 1)[k - 1], equal_nan=True)
+        assert np.array_equal(seconds, want), f"step {step}"

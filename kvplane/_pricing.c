@@ -1,0 +1,550 @@
+/* kvplane._pricing: the routing's prices in predicted seconds, for many workers at once.
+
+   The model, its terms and the choice are documented in controlplane/core/seconds.py, which
+   gathers the inputs (one row per worker of the fleet's table) and calls price_group() here once
+   per group of candidates, and worker_seconds() for the rows a new table changed. This file is
+   the only implementation of that vector pricing: written in numpy it cost ~0.5 ms per request
+   at 1,000 workers, nearly all of it the overhead of a few hundred numpy calls on small arrays
+   (docs/benchmarks.md, "Planning cost"). The scalar predictor admission uses
+   (controlplane/core/predictor.py, kvplane/latency.py) is a separate, per-worker model that the
+   tests hold equal to this one.
+
+   Only the public C API: buffers (PEP 3118) of C-contiguous numpy arrays, whose sizes are checked
+   against the counts passed; no numpy headers, no CPython internals. Arithmetic follows
+   seconds.py's order of operations term by term in IEEE doubles (built with -ffp-contract=off, no
+   fused multiply-add), integer counts in int64. */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+/* The rows of Columns.m (seconds.py) and of FleetColumns' per-row seconds. */
+enum { C0, C1, C2, C3, C4, FREE, CHUNK, QUEUED, PER_STEP, NBYTES, NUM_COLUMNS };
+enum { S_QUEUE, S_QUEUED_WORK, S_CHUNK_WORK, S_BUSY_STEP, NUM_SECONDS };
+/* The rows of price_group's outputs. */
+enum { O_ROW, O_CACHED, O_COMPUTED, O_FETCH_BLOCKS, O_SOURCE_ROW, O_PREFILL_ROW, O_KIND, NUM_INT_OUT };
+enum { O_TTFT, O_TPOT, O_WORK, O_QUEUE, O_MOVE, O_PREFILL, O_TRANSFER, NUM_FLOAT_OUT };
+enum { LOCAL, FETCH, REMOTE }; /* seconds.LOCAL, FETCH, REMOTE */
+
+/* numpy's maximum / minimum: a NaN operand gives NaN. */
+static inline double max_nan(double a, double b) { return a != a ? a : (b != b ? b : (a > b ? a : b)); }
+static inline double min_nan(double a, double b) { return a != a ? a : (b != b ? b : (a < b ? a : b)); }
+static inline int64_t max_i(int64_t a, int64_t b) { return a > b ? a : b; }
+static inline int64_t min_i(int64_t a, int64_t b) { return a < b ? a : b; }
+
+typedef struct {
+    const double *m;      /* NUM_COLUMNS x n */
+    const double *sec;    /* NUM_SECONDS x n */
+    const int64_t *held;  /* 3 x n: matched, host, disk */
+    const int64_t *device;  /* n, or NULL: leading blocks a fetch can pull from each row */
+    const double *inflow; /* n, or NULL: prefill work arriving per second */
+    const int64_t *id_rank;
+    const unsigned char *can_decode;
+    Py_ssize_t n;
+    int64_t P, bs, max_tokens, max_blocks;
+    int allow_local;
+    double link, overhead, host_rate, disk_rate, off[3], per_work_s, tokens_x;
+} Fleet;
+
+#define COL(f, c, r) ((f)->m[(Py_ssize_t)(c) * (f)->n + (r)])
+#define SEC(f, s, r) ((f)->sec[(Py_ssize_t)(s) * (f)->n + (r)])
+#define MATCHED(f, r) ((f)->held[(r)])
+#define HOST(f, r) ((f)->held[(f)->n + (r)])
+#define DISK(f, r) ((f)->held[2 * (f)->n + (r)])
+
+/* chunked_parts: prefilling num_tokens after num_cached on row r, chunk by chunk, each step
+   carrying the row's batch: (the steps' own seconds, the prefill's compute: c1 x each step's
+   tokens past the kink + c2 x attention). */
+static inline void chunked_parts(const double *m, Py_ssize_t n, Py_ssize_t r, int64_t num_tokens, int64_t num_cached,
+                                 double *steps_s, double *work_s) {
+    const int64_t chunk = (int64_t)m[CHUNK * n + r];
+    const double free_tokens = m[FREE * n + r];
+    const int64_t t = num_tokens > 0 ? num_tokens : 0;
+    const int64_t steps = (t + chunk - 1) / chunk;
+    const int64_t before_last = max_i(steps - 1, 0);
+    const int64_t last = t - before_last * chunk;
+    const int64_t num_odd = before_last * (chunk % 2) + last % 2;
+    const int64_t attention = (2 * t * num_cached + t * t - num_odd) / 2;
+    const double hinge = (double)before_last * max_nan((double)chunk - free_tokens, 0.0) + max_nan((double)last - free_tokens, 0.0);
+    *steps_s = (double)steps * m[PER_STEP * n + r];
+    *work_s = m[C1 * n + r] * hinge + m[C2 * n + r] * (double)attention;
+}
+
+static inline double chunked_seconds(const Fleet *f, Py_ssize_t r, int64_t num_tokens, int64_t num_cached) {
+    double steps, work;
+    chunked_parts(f->m, f->n, r, num_tokens, num_cached, &steps, &work);
+    return steps + work;
+}
+
+/* One step at row r starting at some moment: with the prefill arriving there on top of what is
+   queued (predictor.next_step_with_prefill, inflow.Inflow.arriving). */
+static inline double next_step(const Fleet *f, Py_ssize_t r, double step) {
+    if (f->inflow == NULL) return step;
+    const double arriving = max_nan(f->inflow[r] - SEC(f, S_QUEUED_WORK, r) * f->per_work_s, 0.0);
+    return step + (0.0 + min_nan(arriving, 1.0) * SEC(f, S_CHUNK_WORK, r));
+}
+
+/* Time per output token of decode steps taking `step` alone at row r, sharing them with the
+   prefill arriving there (predictor.shared_step_seconds). */
+static inline double token_seconds(const Fleet *f, Py_ssize_t r, double step) {
+    if (f->inflow == NULL) return step;
+    return min_nan(step / max_nan(1.0 - f->inflow[r], 1e-9), step + SEC(f, S_CHUNK_WORK, r));
+}
+
+/* Seconds loading the counted blocks held on a slower tier (seconds' _own_and_load); `slow_any`:
+   whether any of the rows priced together holds blocks off the device (else 0 for all). */
+static inline double load_seconds(const Fleet *f, Py_ssize_t r, int64_t own, int slow_any) {
+    if (!slow_any) return 0.0;
+    const int64_t matched = MATCHED(f, r), host = HOST(f, r), disk = DISK(f, r);
+    const int64_t slow = max_i(own - (matched - host - disk), 0);
+    const int64_t from_host = min_i(host, slow);
+    return COL(f, NBYTES, r) * ((double)from_host / f->host_rate + (double)(slow - from_host) / f->disk_rate);
+}
+
+static int any_slow(const Fleet *f, const int64_t *rows, Py_ssize_t count) {
+    for (Py_ssize_t k = 0; k < count; k++)
+        if (HOST(f, rows[k]) != 0 || DISK(f, rows[k]) != 0) return 1;
+    return 0;
+}
+
+/* The request's TTFT on row r prefilling the whole prompt locally, after its queue (a worker
+   holding none of it). */
+static inline double local_alone(const Fleet *f, Py_ssize_t r) { return SEC(f, S_QUEUE, r) + chunked_seconds(f, r, f->P, 0); }
+
+/* (when the prompt's tail step starts, that step's seconds) on decode row r holding `matched`
+   blocks, of a prompt prefilled elsewhere in `best` seconds (seconds' _remote_start_and_tail). */
+static inline void remote_start_and_tail(const Fleet *f, Py_ssize_t r, int64_t matched, double best, double *tail_at, double *tail_step) {
+    const int64_t tail = f->P - (f->P - 1) / f->bs * f->bs;
+    const double kv_in = best + (double)max_i(f->P / f->bs - matched, 0) * COL(f, NBYTES, r) / f->link;
+    const double in_flight = next_step(f, r, SEC(f, S_BUSY_STEP, r)) / 2;
+    *tail_step = next_step(f, r, chunked_seconds(f, r, tail, f->P - tail));
+    *tail_at = max_nan(kv_in + in_flight, SEC(f, S_QUEUE, r));
+}
+
+/* The k-th least of values[0..count) (1 <= k <= count), NaN ordered last as numpy sorts it:
+   NaN when fewer than k values are numbers. Reorders `values`. */
+static double kth_least(double *values, Py_ssize_t count, Py_ssize_t k) {
+    Py_ssize_t numbers = 0;
+    for (Py_ssize_t i = 0; i < count; i++)
+        if (values[i] == values[i]) values[numbers++] = values[i];
+    if (numbers < k) return NAN;
+    Py_ssize_t lo = 0, hi = numbers - 1, want = k - 1;
+    while (lo < hi) { /* quickselect, median of three */
+        const Py_ssize_t mid = lo + (hi - lo) / 2;
+        double a = values[lo], b = values[mid], c = values[hi];
+        const double pivot = a < b ? (b < c ? b : (a < c ? c : a)) : (a < c ? a : (b < c ? c : b));
+        Py_ssize_t i = lo, j = hi;
+        while (i <= j) {
+            while (values[i] < pivot) i++;
+            while (values[j] > pivot) j--;
+            if (i <= j) {
+                const double t = values[i];
+                values[i] = values[j];
+                values[j] = t;
+                i++;
+                j--;
+            }
+        }
+        if (want <= j) hi = j;
+        else if (want >= i) lo = i;
+        else return values[want];
+    }
+    return values[want];
+}
+
+/* seconds' _can_win: of `rows` (count of them), the holders and, of the others, those with
+   one of the num_keys keys at most its `limit`-th least (ties kept), in their order; returns
+   how many, written over `rows`. keys[key * count + k] is row k's key (read for non-holders). */
+static Py_ssize_t can_win(const Fleet *f, int64_t *rows, Py_ssize_t count, const double *keys, int num_keys, Py_ssize_t limit,
+                          double *scratch, unsigned char *wins) {
+    if (limit <= 0 || count <= limit) return count;
+    Py_ssize_t others = 0;
+    for (Py_ssize_t k = 0; k < count; k++) {
+        wins[k] = MATCHED(f, rows[k]) > 0;
+        others += !wins[k];
+    }
+    if (others <= limit) return count;
+    for (int key = 0; key < num_keys; key++) {
+        const double *values = keys + (Py_ssize_t)key * count;
+        Py_ssize_t o = 0;
+        for (Py_ssize_t k = 0; k < count; k++)
+            if (MATCHED(f, rows[k]) <= 0) scratch[o++] = values[k];
+        const double bound = kth_least(scratch, o, limit);
+        for (Py_ssize_t k = 0; k < count; k++)
+            if (MATCHED(f, rows[k]) <= 0 && values[k] <= bound) wins[k] = 1;
+    }
+    Py_ssize_t kept = 0;
+    for (Py_ssize_t k = 0; k < count; k++)
+        if (wins[k]) rows[kept++] = rows[k];
+    return kept;
+}
+
+/* The best remote prefill worker and the second best (seconds' _best_prefill). */
+typedef struct {
+    int64_t row[2];
+    double queue[2], load[2], compute[2], work[2], total[2];
+    int64_t computed[2];
+} Part;
+
+/* a before b: least total (NaN last), a dedicated prefill worker first, then the worker id. */
+static int prefill_before(const Fleet *f, double ta, int64_t ra, double tb, int64_t rb) {
+    const int a_nan = ta != ta, b_nan = tb != tb;
+    if (a_nan != b_nan) return b_nan;
+    if (!a_nan && ta != tb) return ta < tb;
+    if (f->can_decode[ra] != f->can_decode[rb]) return f->can_decode[ra] < f->can_decode[rb];
+    return f->id_rank[ra] < f->id_rank[rb];
+}
+
+static int best_prefill(const Fleet *f, int64_t *rows, Py_ssize_t count, int prune, double *keys, double *scratch, unsigned char *wins,
+                        Part *part) {
+    if (prune) {
+        for (Py_ssize_t k = 0; k < count; k++) keys[k] = local_alone(f, rows[k]);
+        count = can_win(f, rows, count, keys, 1, 2, scratch, wins);
+    }
+    if (count == 0) return 0;
+    const int slow = any_slow(f, rows, count);
+    Py_ssize_t best[2] = {-1, -1};
+    double queue[2], load[2], compute[2], work[2], total[2];
+    int64_t computed[2];
+    for (Py_ssize_t k = 0; k < count; k++) {
+        const Py_ssize_t r = rows[k];
+        const int64_t own = min_i(MATCHED(f, r), f->max_blocks);
+        const double l = load_seconds(f, r, own, slow), q = SEC(f, S_QUEUE, r);
+        double steps, w;
+        chunked_parts(f->m, f->n, r, f->P - own * f->bs, own * f->bs, &steps, &w);
+        const double c = steps + w;
+        const double t = max_nan(q, l) + c;
+        int slot;
+        if (best[0] < 0 || prefill_before(f, t, r, total[0], best[0])) slot = 0;
+        else if (best[1] < 0 || prefill_before(f, t, r, total[1], best[1])) slot = 1;
+        else continue;
+        if (slot == 0 && best[0] >= 0) {
+            best[1] = best[0], queue[1] = queue[0], load[1] = load[0], compute[1] = compute[0];
+            work[1] = work[0], total[1] = total[0], computed[1] = computed[0];
+        }
+        best[slot] = r, queue[slot] = q, load[slot] = 0.0 + l, compute[slot] = c, work[slot] = w, total[slot] = t;
+        computed[slot] = f->P - own * f->bs;
+    }
+    for (int s = 0; s < 2; s++) {
+        if (best[s] >= 0) {
+            part->row[s] = best[s], part->queue[s] = queue[s], part->load[s] = load[s], part->compute[s] = compute[s];
+            part->work[s] = work[s], part->total[s] = total[s], part->computed[s] = computed[s];
+        } else {
+            part->row[s] = -1, part->queue[s] = 0.0, part->load[s] = 0.0, part->compute[s] = 0.0;
+            part->work[s] = 0.0, part->total[s] = INFINITY, part->computed[s] = f->P;
+        }
+    }
+    return 1;
+}
+
+/* The rows holding the most leading device blocks of the prompt, then the lower worker id:
+   (best row, second row, their blocks); -1 and 0 for none (seconds' _best_two). */
+static void best_two(const Fleet *f, const int64_t *rows, Py_ssize_t count, int64_t source[4]) {
+    source[0] = source[1] = -1;
+    source[2] = source[3] = 0;
+    for (Py_ssize_t k = 0; k < count; k++) {
+        const int64_t r = rows[k], d = f->device[r];
+        if (d == 0) continue;
+        if (source[0] < 0 || d > source[2] || (d == source[2] && f->id_rank[r] < f->id_rank[source[0]])) {
+            source[1] = source[0], source[3] = source[2];
+            source[0] = r, source[2] = d;
+        } else if (source[1] < 0 || d > source[3] || (d == source[3] && f->id_rank[r] < f->id_rank[source[1]])) {
+            source[1] = r, source[3] = d;
+        }
+    }
+    if (source[1] >= 0 && source[3] <= 0) source[1] = -1, source[3] = 0;
+}
+
+typedef struct {
+    Py_buffer b[13];
+    int used;
+} Buffers;
+
+static void release(Buffers *bufs) {
+    for (int i = 0; i < bufs->used; i++) PyBuffer_Release(&bufs->b[i]);
+}
+
+/* Gets obj's buffer (writable when asked), of `count` items of `itemsize` bytes (count < 0: any
+   whole number of items); NULL with ValueError otherwise. */
+static void *buffer_of(Buffers *bufs, PyObject *obj, Py_ssize_t itemsize, Py_ssize_t count, int writable, const char *name,
+                       Py_ssize_t *got) {
+    Py_buffer *view = &bufs->b[bufs->used];
+    if (PyObject_GetBuffer(obj, view, writable ? PyBUF_WRITABLE : PyBUF_SIMPLE) < 0) return NULL;
+    bufs->used++;
+    if (view->len % itemsize != 0 || (count >= 0 && view->len != count * itemsize)) {
+        PyErr_Format(PyExc_ValueError, "%s: %zd bytes, expected %zd items of %zd bytes", name, view->len, count, itemsize);
+        return NULL;
+    }
+    if (got != NULL) *got = view->len / itemsize;
+    return view->buf;
+}
+
+static int rows_in_range(const int64_t *rows, Py_ssize_t count, Py_ssize_t n, const char *name) {
+    for (Py_ssize_t k = 0; k < count; k++)
+        if (rows[k] < 0 || rows[k] >= n) {
+            PyErr_Format(PyExc_ValueError, "%s: row %lld outside the table's %zd rows", name, (long long)rows[k], n);
+            return 0;
+        }
+    return 1;
+}
+
+PyDoc_STRVAR(price_group_doc,
+             "price_group(m, seconds, held, device, inflow, id_rank, can_decode, decode_rows, prefill_rows, source_rows,\n"
+             "            P, block_size, max_tokens, allow_local, prune, limit, link, fetch_overhead, host_rate, disk_rate,\n"
+             "            offset_local, offset_remote, offset_tpot, per_work_s, out_int, out_float) -> count\n\n"
+             "seconds.price_candidates for one group of candidates (seconds.py's docstring). Per table row: m (10 x n\n"
+             "float64, Columns.m), seconds (4 x n float64, FleetColumns), held (3 x n int64), device (n int64, or empty:\n"
+             "no fetch), inflow (n float64, or empty: none), id_rank (n int64), can_decode (n bool). decode_rows,\n"
+             "prefill_rows (empty: no remote prefill), source_rows: int64 table rows. Writes the candidates that can\n"
+             "win, in decode_rows' order, into the first `count` columns of out_int (7 x len(decode_rows) int64: row,\n"
+             "cached tokens, computed tokens, fetch blocks, fetch source row, prefill row, placement) and out_float\n"
+             "(7 x len(decode_rows) float64: TTFT, TPOT, work, queue, move, prefill, transfer seconds).");
+
+static PyObject *price_group(PyObject *self, PyObject *args) {
+    PyObject *o_m, *o_sec, *o_held, *o_device, *o_inflow, *o_rank, *o_decodes, *o_decode, *o_prefill, *o_source, *o_out_i, *o_out_f;
+    long long P, bs, max_tokens;
+    int allow_local, prune;
+    Py_ssize_t limit;
+    Fleet f;
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOOLLLppnddddddddOO:price_group", &o_m, &o_sec, &o_held, &o_device, &o_inflow, &o_rank,
+                          &o_decodes, &o_decode, &o_prefill, &o_source, &P, &bs, &max_tokens, &allow_local, &prune, &limit, &f.link,
+                          &f.overhead, &f.host_rate, &f.disk_rate, &f.off[0], &f.off[1], &f.off[2], &f.per_work_s, &o_out_i, &o_out_f))
+        return NULL;
+    if (P < 1 || bs < 1 || max_tokens < 0) return PyErr_Format(PyExc_ValueError, "price_group: prompt %lld, block size %lld", P, bs);
+    Buffers bufs = {.used = 0};
+    PyObject *result = NULL;
+    double *keys = NULL, *scratch = NULL;
+    unsigned char *wins = NULL;
+    int64_t *rows = NULL, *prefill = NULL;
+    Py_ssize_t n, num_decode = 0, num_prefill = 0, num_source = 0, num_device = 0, num_inflow = 0;
+    const double *m = buffer_of(&bufs, o_m, 8, -1, 0, "m", &n);
+    if (m == NULL) goto done;
+    if (n % NUM_COLUMNS != 0) {
+        PyErr_SetString(PyExc_ValueError, "m: not 10 rows");
+        goto done;
+    }
+    n /= NUM_COLUMNS;
+    f.m = m, f.n = n;
+    if (!(f.sec = buffer_of(&bufs, o_sec, 8, NUM_SECONDS * n, 0, "seconds", NULL))) goto done;
+    if (!(f.held = buffer_of(&bufs, o_held, 8, 3 * n, 0, "held", NULL))) goto done;
+    if (!(f.device = buffer_of(&bufs, o_device, 8, -1, 0, "device", &num_device))) goto done;
+    if (!(f.inflow = buffer_of(&bufs, o_inflow, 8, -1, 0, "inflow", &num_inflow))) goto done;
+    if (!(f.id_rank = buffer_of(&bufs, o_rank, 8, n, 0, "id_rank", NULL))) goto done;
+    if (!(f.can_decode = buffer_of(&bufs, o_decodes, 1, n, 0, "can_decode", NULL))) goto done;
+    const int64_t *decode = buffer_of(&bufs, o_decode, 8, -1, 0, "decode_rows", &num_decode);
+    const int64_t *prefill_in = decode ? buffer_of(&bufs, o_prefill, 8, -1, 0, "prefill_rows", &num_prefill) : NULL;
+    const int64_t *source_rows = prefill_in ? buffer_of(&bufs, o_source, 8, -1, 0, "source_rows", &num_source) : NULL;
+    if (source_rows == NULL) goto done;
+    int64_t *out_i = buffer_of(&bufs, o_out_i, 8, NUM_INT_OUT * num_decode, 1, "out_int", NULL);
+    double *out_f = out_i ? buffer_of(&bufs, o_out_f, 8, NUM_FLOAT_OUT * num_decode, 1, "out_float", NULL) : NULL;
+    if (out_f == NULL) goto done;
+    if ((num_device != 0 && num_device != n) || (num_inflow != 0 && num_inflow != n)) {
+        PyErr_SetString(PyExc_ValueError, "device and inflow: one value per table row, or none");
+        goto done;
+    }
+    if (!rows_in_range(decode, num_decode, n, "decode_rows") || !rows_in_range(prefill_in, num_prefill, n, "prefill_rows") ||
+        !rows_in_range(source_rows, num_source, n, "source_rows"))
+        goto done;
+    if (num_device == 0) f.device = NULL;
+    if (num_inflow == 0) f.inflow = NULL;
+    f.P = P, f.bs = bs, f.max_tokens = max_tokens, f.max_blocks = (P - 1) / bs, f.allow_local = allow_local;
+    f.tokens_x = (double)P + (double)max_tokens / 2;
+
+    const Py_ssize_t most = num_decode > num_prefill ? num_decode : num_prefill;
+    keys = malloc(sizeof(double) * 4 * (most + 1));
+    scratch = malloc(sizeof(double) * (most + 1));
+    wins = malloc(most + 1);
+    rows = malloc(sizeof(int64_t) * (num_decode + 1));
+    prefill = malloc(sizeof(int64_t) * (num_prefill + 1));
+    if (!keys || !scratch || !wins || !rows || !prefill) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t k = 0; k < num_decode; k++) rows[k] = decode[k];
+    for (Py_ssize_t k = 0; k < num_prefill; k++) prefill[k] = prefill_in[k];
+
+    int64_t source[4] = {-1, -1, 0, 0};
+    if (f.device != NULL) best_two(&f, source_rows, num_source, source);
+    Part part;
+    const int has_part = num_prefill > 0 && best_prefill(&f, prefill, num_prefill, prune, keys, scratch, wins, &part);
+
+    Py_ssize_t count = num_decode;
+    if (prune) {
+        /* A non-holder's TTFT prefilling locally or after a fetch, and after the best remote
+           prefill; its batch's step orders its TPOT (seconds.py's docstring). */
+        int num_keys = 0;
+        double *alone = keys, *step = keys + count, *stretched = keys + 2 * count, *remote = keys + 3 * count;
+        for (Py_ssize_t k = 0; k < count; k++) {
+            const Py_ssize_t r = rows[k];
+            if (MATCHED(&f, r) > 0) continue; /* holders are kept whatever their keys */
+            double a = local_alone(&f, r);
+            if (source[0] >= 0) {
+                const int64_t cached = source[2] * bs;
+                const double move = f.overhead + (double)source[2] * COL(&f, NBYTES, r) / f.link;
+                a = min_nan(a, max_nan(SEC(&f, S_QUEUE, r), move) + chunked_seconds(&f, r, P - cached, cached));
+            }
+            alone[k] = a;
+            step[k] = COL(&f, PER_STEP, r);
+            if (f.inflow != NULL) stretched[k] = token_seconds(&f, r, step[k]);
+            if (has_part) {
+                double tail_at, tail_step;
+                remote_start_and_tail(&f, r, 0, r == part.row[0] ? part.total[1] : part.total[0], &tail_at, &tail_step);
+                remote[k] = tail_at + tail_step;
+            }
+        }
+        num_keys = 2;
+        if (f.inflow != NULL) num_keys = 3;
+        if (has_part) {
+            if (f.inflow == NULL) /* the remote key follows the ones in use */
+                for (Py_ssize_t k = 0; k < count; k++) stretched[k] = remote[k];
+            num_keys++;
+        }
+        count = can_win(&f, rows, count, keys, num_keys, limit, scratch, wins);
+    }
+
+    const int slow = any_slow(&f, rows, count);
+    const int64_t tail_blocks_all = P / bs;
+    for (Py_ssize_t k = 0; k < count; k++) {
+        const Py_ssize_t r = rows[k];
+        const int64_t matched = MATCHED(&f, r), own = min_i(matched, f.max_blocks);
+        const double load_s = load_seconds(&f, r, own, slow), queue_s = SEC(&f, S_QUEUE, r);
+        const int64_t cached_tok = own * bs;
+        double steps, work;
+        chunked_parts(m, n, r, P - cached_tok, cached_tok, &steps, &work);
+        const double prefill_s = steps + work;
+        double local = max_nan(queue_s, load_s) + prefill_s;
+        int64_t computed = P - cached_tok, fetch_blocks = 0, source_row = -1, prefill_row = -1, kind = LOCAL;
+        double move = load_s, prefill_k = prefill_s, transfer = 0.0, queue_k = queue_s;
+        if (source[0] >= 0) {
+            const int is_first = r == source[0];
+            const int64_t gain = max_i((is_first ? source[3] : source[2]) - own, 0);
+            const double f_move = load_s + (gain > 0 ? f.overhead + (double)gain * COL(&f, NBYTES, r) / f.link : 0.0);
+            const int64_t f_cached = (own + gain) * bs;
+            double f_steps, f_work;
+            chunked_parts(m, n, r, P - f_cached, f_cached, &f_steps, &f_work);
+            const double f_prefill = f_steps + f_work;
+            const double f_ttft = max_nan(queue_s, f_move) + f_prefill;
+            if (gain > 0 && f_ttft < local) {
+                work = f_work, computed = P - f_cached, local = f_ttft;
+                kind = FETCH, move = f_move, prefill_k = f_prefill, fetch_blocks = gain;
+                source_row = is_first ? source[1] : source[0];
+            }
+        }
+        if (!allow_local) kind = REMOTE; /* no local placement: priced at infinite TTFT */
+        double ttft = allow_local ? local + f.off[0] : INFINITY;
+        if (has_part) {
+            const int second = r == part.row[0]; /* the best prefill worker decoding: the second best prefills */
+            const double best = part.total[second];
+            const double kv_in = best + (double)max_i(tail_blocks_all - matched, 0) * COL(&f, NBYTES, r) / f.link;
+            const double in_flight = next_step(&f, r, SEC(&f, S_BUSY_STEP, r)) / 2;
+            const int64_t tail = P - (P - 1) / bs * bs;
+            const double tail_step = next_step(&f, r, chunked_seconds(&f, r, tail, P - tail));
+            const double tail_at = max_nan(kv_in + in_flight, queue_s);
+            const double remote_ttft = tail_at + tail_step + f.off[1];
+            if (remote_ttft < ttft) {
+                ttft = remote_ttft, work = part.work[second], computed = part.computed[second];
+                transfer = (isfinite(best) ? tail_at - best : 0.0) + tail_step;
+                kind = REMOTE, queue_k = part.queue[second], move = part.load[second], prefill_k = part.compute[second];
+                fetch_blocks = 0, source_row = -1, prefill_row = part.row[second];
+            }
+        }
+        const double tpot = token_seconds(&f, r, COL(&f, PER_STEP, r) + COL(&f, C3, r) + COL(&f, C4, r) * f.tokens_x) + f.off[2];
+        out_i[O_ROW * num_decode + k] = r;
+        out_i[O_CACHED * num_decode + k] = cached_tok;
+        out_i[O_COMPUTED * num_decode + k] = computed;
+        out_i[O_FETCH_BLOCKS * num_decode + k] = fetch_blocks;
+        out_i[O_SOURCE_ROW * num_decode + k] = source_row;
+        out_i[O_PREFILL_ROW * num_decode + k] = prefill_row;
+        out_i[O_KIND * num_decode + k] = kind;
+        out_f[O_TTFT * num_decode + k] = ttft;
+        out_f[O_TPOT * num_decode + k] = tpot;
+        out_f[O_WORK * num_decode + k] = 0.0 + work;
+        out_f[O_QUEUE * num_decode + k] = queue_k;
+        out_f[O_MOVE * num_decode + k] = move;
+        out_f[O_PREFILL * num_decode + k] = prefill_k;
+        out_f[O_TRANSFER * num_decode + k] = transfer;
+    }
+    result = PyLong_FromSsize_t(count);
+done:
+    free(keys), free(scratch), free(wins), free(rows), free(prefill);
+    release(&bufs);
+    return result;
+}
+
+PyDoc_STRVAR(worker_seconds_doc,
+             "worker_seconds(m, running, context, out)\n\n"
+             "FleetColumns' per-row seconds of k rows: m (10 x k float64, Columns.m), running and context (k int64),\n"
+             "out (4 x k float64): what a request arriving now waits before its prefill, of it the queued prefill's\n"
+             "compute, a full chunk's compute, the step a busy worker has in flight.");
+
+static PyObject *worker_seconds(PyObject *self, PyObject *args) {
+    PyObject *o_m, *o_running, *o_context, *o_out;
+    if (!PyArg_ParseTuple(args, "OOOO:worker_seconds", &o_m, &o_running, &o_context, &o_out)) return NULL;
+    Buffers bufs = {.used = 0};
+    PyObject *result = NULL;
+    Py_ssize_t k;
+    const int64_t *running = buffer_of(&bufs, o_running, 8, -1, 0, "running", &k);
+    const double *m = running ? buffer_of(&bufs, o_m, 8, NUM_COLUMNS * k, 0, "m", NULL) : NULL;
+    const int64_t *context = m ? buffer_of(&bufs, o_context, 8, k, 0, "context", NULL) : NULL;
+    double *out = context ? buffer_of(&bufs, o_out, 8, NUM_SECONDS * k, 1, "out", NULL) : NULL;
+    if (out == NULL) goto done;
+    for (Py_ssize_t r = 0; r < k; r++) {
+        const double in_flight = m[C0 * k + r] + m[C3 * k + r] * (double)running[r] + m[C4 * k + r] * (double)context[r];
+        const int64_t queued = (int64_t)m[QUEUED * k + r];
+        double steps, queued_work, chunk_steps, chunk_work;
+        chunked_parts(m, k, r, queued, 0, &steps, &queued_work);
+        chunked_parts(m, k, r, (int64_t)m[CHUNK * k + r], 0, &chunk_steps, &chunk_work);
+        const int busy = running[r] > 0 || queued > 0;
+        out[S_QUEUE * k + r] = (busy ? in_flight / 2 : 0.0) + steps + queued_work;
+        out[S_QUEUED_WORK * k + r] = queued_work;
+        out[S_CHUNK_WORK * k + r] = chunk_work;
+        out[S_BUSY_STEP * k + r] = busy ? m[PER_STEP * k + r] : 0.0;
+    }
+    result = Py_NewRef(Py_None);
+done:
+    release(&bufs);
+    return result;
+}
+
+PyDoc_STRVAR(prefill_parts_doc,
+             "prefill_parts(m, row, num_tokens, num_cached) -> (steps seconds, compute seconds)\n\n"
+             "Prefilling num_tokens after num_cached on `row` of m (10 x n float64, Columns.m), chunk by chunk with\n"
+             "the row's batch riding along: the steps' own seconds and the prefill's compute (what price_group and\n"
+             "worker_seconds use for every prefill).");
+
+static PyObject *prefill_parts(PyObject *self, PyObject *args) {
+    PyObject *o_m;
+    Py_ssize_t row;
+    long long num_tokens, num_cached;
+    if (!PyArg_ParseTuple(args, "OnLL:prefill_parts", &o_m, &row, &num_tokens, &num_cached)) return NULL;
+    Buffers bufs = {.used = 0};
+    Py_ssize_t n;
+    const double *m = buffer_of(&bufs, o_m, 8, -1, 0, "m", &n);
+    PyObject *result = NULL;
+    if (m == NULL) goto done;
+    n /= NUM_COLUMNS;
+    if (row < 0 || row >= n) {
+        PyErr_Format(PyExc_ValueError, "row %zd outside %zd rows", row, n);
+        goto done;
+    }
+    double steps, work;
+    chunked_parts(m, n, row, num_tokens, num_cached, &steps, &work);
+    result = Py_BuildValue("(dd)", steps, work);
+done:
+    release(&bufs);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"price_group", price_group, METH_VARARGS, price_group_doc},
+    {"worker_seconds", worker_seconds, METH_VARARGS, worker_seconds_doc},
+    {"prefill_parts", prefill_parts, METH_VARARGS, prefill_parts_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "kvplane._pricing", "Routing's prices in predicted seconds (see the C file).", -1,
+                                    methods};
+
+PyMODINIT_FUNC PyInit__pricing(void) { return PyModule_Create(&module); }
