@@ -20,7 +20,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-/* The rows of Columns.m (seconds.py) and of FleetColumns' per-row seconds. */
+/* The rows of seconds._columns and of FleetColumns' per-row seconds. */
 enum { C0, C1, C2, C3, C4, FREE, CHUNK, QUEUED, PER_STEP, NBYTES, NUM_COLUMNS };
 enum { S_QUEUE, S_QUEUED_WORK, S_CHUNK_WORK, S_BUSY_STEP, NUM_SECONDS };
 /* The rows of price_group's outputs. */
@@ -79,7 +79,7 @@ static inline double chunked_seconds(const Fleet *f, Py_ssize_t r, int64_t num_t
 }
 
 /* One step at row r starting at some moment: with the prefill arriving there on top of what is
-   queued (predictor.next_step_with_prefill, inflow.Inflow.arriving). */
+   queued: the rate less the work queued there (inflow.py; predictor.next_step_with_prefill). */
 static inline double next_step(const Fleet *f, Py_ssize_t r, double step) {
     if (f->inflow == NULL) return step;
     const double arriving = max_nan(f->inflow[r] - SEC(f, S_QUEUED_WORK, r) * f->per_work_s, 0.0);
@@ -295,7 +295,7 @@ PyDoc_STRVAR(price_group_doc,
              "            P, block_size, max_tokens, allow_local, prune, limit, link, fetch_overhead, host_rate, disk_rate,\n"
              "            offset_local, offset_remote, offset_tpot, per_work_s, out_int, out_float) -> count\n\n"
              "seconds.price_candidates for one group of candidates (seconds.py's docstring). Per table row: m (10 x n\n"
-             "float64, Columns.m), seconds (4 x n float64, FleetColumns), held (3 x n int64), device (n int64, or empty:\n"
+             "float64, seconds._columns), seconds (4 x n float64, FleetColumns), held (3 x n int64), device (n int64, or empty:\n"
              "no fetch), inflow (n float64, or empty: none), id_rank (n int64), can_decode (n bool). decode_rows,\n"
              "prefill_rows (empty: no remote prefill), source_rows: int64 table rows. Writes the candidates that can\n"
              "win, in decode_rows' order, into the first `count` columns of out_int (7 x len(decode_rows) int64: row,\n"
@@ -475,7 +475,7 @@ done:
 
 PyDoc_STRVAR(worker_seconds_doc,
              "worker_seconds(m, running, context, out)\n\n"
-             "FleetColumns' per-row seconds of k rows: m (10 x k float64, Columns.m), running and context (k int64),\n"
+             "FleetColumns' per-row seconds of k rows: m (10 x k float64, seconds._columns), running and context (k int64),\n"
              "out (4 x k float64): what a request arriving now waits before its prefill, of it the queued prefill's\n"
              "compute, a full chunk's compute, the step a busy worker has in flight.");
 
@@ -508,39 +508,9 @@ done:
     return result;
 }
 
-PyDoc_STRVAR(prefill_parts_doc,
-             "prefill_parts(m, row, num_tokens, num_cached) -> (steps seconds, compute seconds)\n\n"
-             "Prefilling num_tokens after num_cached on `row` of m (10 x n float64, Columns.m), chunk by chunk with\n"
-             "the row's batch riding along: the steps' own seconds and the prefill's compute (what price_group and\n"
-             "worker_seconds use for every prefill).");
-
-static PyObject *prefill_parts(PyObject *self, PyObject *args) {
-    PyObject *o_m;
-    Py_ssize_t row;
-    long long num_tokens, num_cached;
-    if (!PyArg_ParseTuple(args, "OnLL:prefill_parts", &o_m, &row, &num_tokens, &num_cached)) return NULL;
-    Buffers bufs = {.used = 0};
-    Py_ssize_t n;
-    const double *m = buffer_of(&bufs, o_m, 8, -1, 0, "m", &n);
-    PyObject *result = NULL;
-    if (m == NULL) goto done;
-    n /= NUM_COLUMNS;
-    if (row < 0 || row >= n) {
-        PyErr_Format(PyExc_ValueError, "row %zd outside %zd rows", row, n);
-        goto done;
-    }
-    double steps, work;
-    chunked_parts(m, n, row, num_tokens, num_cached, &steps, &work);
-    result = Py_BuildValue("(dd)", steps, work);
-done:
-    release(&bufs);
-    return result;
-}
-
 static PyMethodDef methods[] = {
     {"price_group", price_group, METH_VARARGS, price_group_doc},
     {"worker_seconds", worker_seconds, METH_VARARGS, worker_seconds_doc},
-    {"prefill_parts", prefill_parts, METH_VARARGS, prefill_parts_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -17,7 +17,7 @@ learnt the difference from decodes already under way.
 A request prefilled elsewhere comes to its decode worker when its KV is in, and waits for the
 step in flight there and then its own step, which computes its prompt's tail: each of those
 carries a chunk of prefill with the chance that the worker is prefilling then
-(predictor.next_step_with_prefill), for which the arriving rate counts (`Inflow.arriving`): the
+(predictor.next_step_with_prefill), for which the arriving rate counts (kvplane/_pricing.c's next_step): the
 rate less the work still queued there. The queued work is known and priced as the queue the
 request waits out; the rate counts it too, as it was dispatched recently, and counted twice it
 made a decode worker that had just taken one long prompt of a burst look busy for the next
@@ -61,11 +61,6 @@ class Inflow:
 
     rates: np.ndarray  # per row: seconds of prefill work arriving per second
     per_work_s: float  # what one second of work dispatched now counts for in a rate
-
-    def arriving(self, rows, queued_work_s: np.ndarray) -> np.ndarray:
-        """The rate at `rows` less the work still queued there (`queued_work_s`, per row of
-        `rows`): the prefill that will come on top of what is queued (module docstring)."""
-        return np.maximum(self.rates[rows] - queued_work_s * self.per_work_s, 0.0)
 
 
 class PrefillInflow:

@@ -93,7 +93,7 @@ class WorkerPerf:
 
     def next_step_seconds(self, step_s: float) -> float:
         """One step starting at some moment, `step_s` alone, with the prefill arriving here on top
-        of what is queued (next_step_with_prefill; inflow.Inflow.arriving)."""
+        of what is queued (next_step_with_prefill; the rate less the queued work, inflow.py)."""
         if self.prefill_inflow <= 0:
             return step_s
         model = self.model

@@ -34,7 +34,7 @@ its corrected load (queued prefill tokens Q, running R, waiting W, running conte
 
 Choice (Mooncake's conductor, against the objectives, with what a placement spends): of the
 candidates whose predicted TTFT and TPOT meet the request's objectives, the least TTFT + work,
-where work is the compute its prefill adds (c1 x tokens + c2 x attention, chunked_parts: the
+where work is the compute its prefill adds (c1 x tokens + c2 x attention, _pricing.c's chunked_parts: the
 seconds later requests will wait for); when none meets them, the least TTFT, the miss the
 placement decides. A TPOT that misses on every candidate comes from the prefill arriving
 everywhere (an overloaded fleet; core/inflow.py), which follows the requests: ordered by it, the
@@ -73,13 +73,18 @@ columns, batch step and queue seconds) is kept from one request to the next (Fle
 redone only for the rows a new table changed. A remote prefill worker that holds
 none of the prompt costs exactly its local TTFT, so the two least of those (and their ties)
 are kept, all the choice of the best and second best prefill worker needs.
+
+Where it is computed: kvplane/_pricing.c, the only implementation of these predictions for many
+workers at once (in numpy they cost ~0.5 ms per request at 1,000 workers, the overhead of a few
+hundred calls on small arrays; docs/benchmarks.md). This module gathers its inputs (Held,
+_columns, FleetColumns, the groups) and makes the choice.
 """
 
 from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import chain
 
 import numpy as np
@@ -175,51 +180,25 @@ class Held:
         return Held(out)
 
 
-@dataclass(slots=True)
-class Columns:
-    """The per-worker numbers of some rows of a table that predictions read: one (10, rows) array
-    `m`, a row per quantity (the views named below), what kvplane._pricing reads. Counts (chunk,
-    queued, nbytes) are floats there: whole numbers below 2**53, so exact."""
-
-    m: np.ndarray
-    one_chunk: int  # the chunk size when every worker has the same (the usual fleet), else 0
-    c0: np.ndarray = field(init=False)  # the step-time model's coefficients (kvplane.latency), one row each
-    c1: np.ndarray = field(init=False)
-    c2: np.ndarray = field(init=False)
-    c3: np.ndarray = field(init=False)
-    c4: np.ndarray = field(init=False)
-    free: np.ndarray = field(init=False)  # the model's kink: prefill tokens per step c1 does not price (StepTimeModel.free_prefill_tokens)
-    chunk: np.ndarray = field(init=False)
-    queued: np.ndarray = field(init=False)
-    per_step: np.ndarray = field(init=False)  # what every step carries: c0 + c3 x batch sequences + c4 x batch context
-    nbytes: np.ndarray = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.c0, self.c1, self.c2, self.c3, self.c4, self.free, self.chunk, self.queued, self.per_step, self.nbytes = self.m
-
-    @staticmethod
-    def of(table: WorkerTable, rows, rates: Rates) -> Columns:
-        """Of `rows` (an index array, or slice(None): the whole table)."""
-        c = table.step[rows]
-        missing = np.isnan(c[:, 0])
-        if missing.any():
-            c = c.copy()
-            c[missing] = _borrowed_models(table, np.arange(len(table.views))[rows][missing], rates)
-        m = np.empty((10, len(c)))
-        m[:6] = c.T
-        decodes = table.can_decode[rows]
-        queued = table.queued[rows]
-        seqs = table.running[rows] + np.where(decodes, table.waiting[rows], 0)
-        context = table.context[rows] + np.where(decodes, queued, 0)
-        m[6], m[7], m[9] = table.chunk[rows], queued, table.block_nbytes[rows]
-        m[8] = m[0] + m[3] * seqs + m[4] * context
-        return Columns(m, _one(m[6]))
-
-    def put(self, i: np.ndarray, other: Columns) -> None:
-        """`other`'s values written at positions `i`, in place."""
-        self.m[:, i] = other.m
-        if other.one_chunk != self.one_chunk:
-            self.one_chunk = _one(self.chunk)
+def _columns(table: WorkerTable, rows, rates: Rates) -> np.ndarray:
+    """The per-worker numbers of `rows` (an index array) that kvplane._pricing reads: a (10, rows)
+    array of c0..c4 (the step-time model, kvplane.latency), its kink (prefill tokens per step c1
+    does not price), the prefill chunk, the queued prefill tokens, what every step carries (c0 + c3
+    x batch sequences + c4 x batch context) and KV bytes per block. Counts are whole floats (exact)."""
+    c = table.step[rows]
+    missing = np.isnan(c[:, 0])
+    if missing.any():
+        c = c.copy()
+        c[missing] = _borrowed_models(table, rows[missing], rates)
+    m = np.empty((10, len(c)))
+    m[:6] = c.T
+    decodes = table.can_decode[rows]
+    queued = table.queued[rows]
+    seqs = table.running[rows] + np.where(decodes, table.waiting[rows], 0)
+    context = table.context[rows] + np.where(decodes, queued, 0)
+    m[6], m[7], m[9] = table.chunk[rows], queued, table.block_nbytes[rows]
+    m[8] = m[0] + m[3] * seqs + m[4] * context
+    return m
 
 
 def _borrowed_models(table: WorkerTable, rows: np.ndarray, rates: Rates) -> np.ndarray:
@@ -241,12 +220,8 @@ def _borrowed_models(table: WorkerTable, rows: np.ndarray, rates: Rates) -> np.n
     return out
 
 
-def _one(chunk: np.ndarray) -> int:
-    return int(chunk[0]) if len(chunk) and chunk.min() == chunk.max() else 0
-
-
 class FleetColumns:
-    """The whole table's Columns and each worker's seconds that do not depend on the request
+    """The whole table's _columns and each worker's seconds that do not depend on the request
     (_worker_seconds), kept from one request to the next. A table updated in place since (the
     planner's corrected view: WorkerTable.updated) or made from the last one (WorkerTable.replaced)
     has only its changed rows redone, in place, so a request pays for what changed, not for the fleet.
@@ -256,43 +231,40 @@ class FleetColumns:
 
     def __init__(self) -> None:
         # (the table, its version, the fallback prefill rate, the columns, the per-row seconds)
-        self._last: tuple[weakref.ref, int, float, Columns, np.ndarray] | None = None
+        self._last: tuple[weakref.ref, int, float, np.ndarray, np.ndarray] | None = None
 
-    def of(self, table: WorkerTable, rates: Rates) -> tuple[Columns, np.ndarray]:
-        """(Columns of every row of `table`, and a (4, rows) array _worker_seconds: per row, the
-        seconds a request arriving now waits before its prefill, of them the queued prefill's
-        compute, a full chunk's compute, the step in flight on a busy worker)."""
+    def of(self, table: WorkerTable, rates: Rates) -> tuple[np.ndarray, np.ndarray]:
+        """(_columns of every row of `table`, and _worker_seconds of every row)."""
         last, fallback = self._last, rates.fallback_prefill_tokens_per_s
         if last is not None and last[2] == fallback:
-            before, version, col, seconds = last[0](), last[1], last[3], last[4]
+            before, version, columns, seconds = last[0](), last[1], last[3], last[4]
             if before is table and version == table.version:
-                return col, seconds
+                return columns, seconds
             # The table the columns were made for, updated in place once (WorkerTable.updated), or
             # a table made from it (WorkerTable.replaced): both differ from it in changed_rows only.
             derived = table.version == version + 1 if before is table else before is not None and table.parent is before
             if derived and len(table.changed_rows) < len(table.views) // 4:
                 rows = np.fromiter(table.changed_rows, np.int64, len(table.changed_rows))
-                changed = Columns.of(table, rows, rates)
-                col.put(rows, changed)
+                columns[:, rows] = changed = _columns(table, rows, rates)
                 seconds[:, rows] = _worker_seconds(table, rows, changed)
-                self._last = (weakref.ref(table), table.version, fallback, col, seconds)
-                return col, seconds
-        every = np.arange(len(table.views))  # fancy indexing: columns of our own, not the table's, to write into
-        col = Columns.of(table, every, rates)
-        seconds = _worker_seconds(table, every, col)
-        self._last = (weakref.ref(table), table.version, fallback, col, seconds)
-        return col, seconds
+                self._last = (weakref.ref(table), table.version, fallback, columns, seconds)
+                return columns, seconds
+        every = np.arange(len(table.views))
+        columns = _columns(table, every, rates)
+        seconds = _worker_seconds(table, every, columns)
+        self._last = (weakref.ref(table), table.version, fallback, columns, seconds)
+        return columns, seconds
 
 
-def _worker_seconds(table: WorkerTable, rows, col: Columns) -> np.ndarray:
+def _worker_seconds(table: WorkerTable, rows: np.ndarray, columns: np.ndarray) -> np.ndarray:
     """Per row, (what a request arriving now waits before its own prefill: the rest of the step in
     flight on a busy worker, half a step of its running batch on average, and the queued prefill;
-    of that, the queued prefill's compute, what inflow.Inflow.arriving takes off; a full chunk's
+    of that, the queued prefill's compute, what the inflow less the queued work takes off; a full chunk's
     compute, what a step carrying one adds: c1 x its tokens past the kink + c2 x its attention;
     the step a busy worker has in flight, with everything it carries: what a remote prefill's
     KV waits for, half of it on average), computed by kvplane._pricing.worker_seconds."""
-    out = np.empty((4, col.m.shape[1]))
-    _pricing.worker_seconds(col.m, np.ascontiguousarray(table.running[rows]), np.ascontiguousarray(table.context[rows]), out)
+    out = np.empty((4, len(rows)))
+    _pricing.worker_seconds(columns, table.running[rows], table.context[rows], out)
     return out
 
 
@@ -320,7 +292,7 @@ class Priced:
     ttft: np.ndarray
     tpot: np.ndarray
     cached_tokens: np.ndarray  # on the decode worker (its own blocks)
-    work: np.ndarray  # of prefill: the compute it adds (chunked_parts), what the choice spends
+    work: np.ndarray  # of prefill: the compute it adds (_pricing.c's chunked_parts), what the choice spends
     computed: np.ndarray  # prompt tokens the placement prefills (the rest are cached or fetched)
     placed: Callable[[int], Placed]  # the i-th candidate's breakdown
 
@@ -355,9 +327,9 @@ def price_candidates(
     device = _NONE
     if req.allow_remote and len(sources) and cached:
         device = np.minimum(real.matched - real.host - real.disk, (req.num_prompt_tokens - 1) // req.block_size)
-    col, seconds = (fleet or FleetColumns()).of(table, rates)
+    columns, seconds = (fleet or FleetColumns()).of(table, rates)
     prune = limit > 0 and max(len(decode), len(prefill)) > limit
-    args = (col.m, seconds, held.numbers, device, _NONE if inflow is None else inflow.rates, table.id_rank, table.can_decode)
+    args = (columns, seconds, held.numbers, device, _NONE if inflow is None else inflow.rates, table.id_rank, table.can_decode)
     after = (
         req.num_prompt_tokens, req.block_size, req.max_tokens, req.allow_local, prune, limit, rates.link_bytes_per_s,
         rates.fetch_overhead_s, rates.host_bytes_per_s, rates.disk_bytes_per_s, *offsets, 0.0 if inflow is None else inflow.per_work_s,

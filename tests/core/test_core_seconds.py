@@ -40,21 +40,27 @@ def test_chunked_prefill_seconds_is_the_sum_of_its_steps():
 
 
 @pytest.mark.parametrize("free", [0.0, 100.0, 3000.0])
-def test_the_columns_price_a_chunked_prefill_as_the_model_does_kink_included(free):
-    """kvplane._pricing's closed form (what routing prices every prefill with) against
-    StepTimeModel.chunked_prefill_seconds, which the test above checks step by step; with a kink
-    c1 prices only each chunk's tokens past it (StepTimeModel.free_prefill_tokens)."""
-    import numpy as np
+def test_an_idle_workers_ttft_is_the_models_chunked_prefill_kink_included(free, worker_view):
+    """kvplane._pricing's closed form, through seconds.price_candidates: an idle worker holding
+    `cached` tokens of the prompt (block size 1) is predicted StepTimeModel.chunked_prefill_seconds
+    of the rest, which the test above checks step by step; with a kink c1 prices only each chunk's
+    tokens past it (StepTimeModel.free_prefill_tokens)."""
+    import dataclasses
 
-    from kvplane import _pricing
+    from kvplane.controlplane.core.index import overlap_score
+    from kvplane.controlplane.core.pool import WorkerPool, WorkerTable
+    from kvplane.controlplane.core.seconds import Rates, Request, price_candidates
 
     model = StepTimeModel((0.01, 2e-5, 1e-9, 3e-4, 2e-7), 10, 0.0, free_prefill_tokens=free)
-    for n, cached, chunk in ((5000, 300, 2048), (4095, 0, 1023), (90, 17, 64), (0, 5, 16)):
-        expected = model.chunked_prefill_seconds(n, cached, chunk)
-        # Columns.m of one worker: c0..c4, free, chunk, queued, per_step (an empty batch: c0), nbytes
-        m = np.array([[*model.coefficients, free, chunk, 0, model.coefficients[0], 0]], np.float64).T.copy()
-        steps, compute = _pricing.prefill_parts(m, 0, n, cached)
-        assert steps + compute == pytest.approx(expected, rel=1e-12)
+    for n, cached, chunk in ((5000, 300, 2048), (4095, 0, 1023), (90, 17, 64), (1, 5, 16)):
+        view = dataclasses.replace(worker_view("w", Role.BOTH, block_size=1, latency=model), chunk_tokens=chunk)
+        table = WorkerTable([view])
+        pool, none = table.pool(), WorkerPool(table, table.pool().rows[:0])
+        req = Request(n + cached, 1, 1, allow_local=True, allow_remote=False)
+        held = {view.worker_id: overlap_score(cached)} if cached else {}
+        priced = price_candidates(req, pool, held, held, none, none, Rates(1e9, 0.0, 1e9, 1e9, 1e4))
+        assert priced.ttft[0] == pytest.approx(model.chunked_prefill_seconds(n, cached, chunk), rel=1e-12)
+        assert priced.computed[0] == n and priced.cached_tokens[0] == cached
 
 
 def test_a_kinked_models_steps_are_flat_up_to_the_kink():
@@ -246,8 +252,7 @@ def test_fleet_columns_kept_across_updates_equal_columns_made_from_scratch(worke
     for step in range(60):
         rows = {i: view(i) for i in rng.sample(range(24), rng.randrange(0, 4))}
         table = table.updated(rows) if rng.random() < 0.7 else table.replaced(rows)
-        col, seconds = kept.of(table, rates)
+        columns, seconds = kept.of(table, rates)
         fresh, want = FleetColumns().of(table, rates)
-        assert np.array_equal(col.m, fresh.m), f"step {step}"
-        assert col.one_chunk == fresh.one_chunk
+        assert np.array_equal(columns, fresh), f"step {step}"
         assert np.array_equal(seconds, want), f"step {step}"
