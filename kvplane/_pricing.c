@@ -54,27 +54,39 @@ typedef struct {
 #define HOST(f, r) ((f)->held[(f)->n + (r)])
 #define DISK(f, r) ((f)->held[2 * (f)->n + (r)])
 
+/* A prefill's steps for one chunk size: what depends on the tokens and the chunk alone, kept for
+   the next row asking the same (rows of a fleet mostly share their chunk, and a request's prompt
+   is the same for every row: integer division costs more than the rest). */
+typedef struct {
+    int64_t chunk, tokens, cached; /* the question (chunk -1: none yet) */
+    int64_t steps, before_last, last, attention;
+} Steps;
+#define NO_STEPS {.chunk = -1}
+
 /* chunked_parts: prefilling num_tokens after num_cached on row r, chunk by chunk, each step
    carrying the row's batch: (the steps' own seconds, the prefill's compute: c1 x each step's
    tokens past the kink + c2 x attention). */
-static inline void chunked_parts(const double *m, Py_ssize_t n, Py_ssize_t r, int64_t num_tokens, int64_t num_cached,
+static inline void chunked_parts(const double *m, Py_ssize_t n, Py_ssize_t r, int64_t num_tokens, int64_t num_cached, Steps *s,
                                  double *steps_s, double *work_s) {
     const int64_t chunk = (int64_t)m[CHUNK * n + r];
+    if (s->chunk != chunk || s->tokens != num_tokens || s->cached != num_cached) {
+        const int64_t t = num_tokens > 0 ? num_tokens : 0;
+        s->chunk = chunk, s->tokens = num_tokens, s->cached = num_cached;
+        s->steps = (t + chunk - 1) / chunk;
+        s->before_last = max_i(s->steps - 1, 0);
+        s->last = t - s->before_last * chunk;
+        const int64_t num_odd = s->before_last * (chunk % 2) + s->last % 2;
+        s->attention = (2 * t * num_cached + t * t - num_odd) / 2;
+    }
     const double free_tokens = m[FREE * n + r];
-    const int64_t t = num_tokens > 0 ? num_tokens : 0;
-    const int64_t steps = (t + chunk - 1) / chunk;
-    const int64_t before_last = max_i(steps - 1, 0);
-    const int64_t last = t - before_last * chunk;
-    const int64_t num_odd = before_last * (chunk % 2) + last % 2;
-    const int64_t attention = (2 * t * num_cached + t * t - num_odd) / 2;
-    const double hinge = (double)before_last * max_nan((double)chunk - free_tokens, 0.0) + max_nan((double)last - free_tokens, 0.0);
-    *steps_s = (double)steps * m[PER_STEP * n + r];
-    *work_s = m[C1 * n + r] * hinge + m[C2 * n + r] * (double)attention;
+    const double hinge = (double)s->before_last * max_nan((double)chunk - free_tokens, 0.0) + max_nan((double)s->last - free_tokens, 0.0);
+    *steps_s = (double)s->steps * m[PER_STEP * n + r];
+    *work_s = m[C1 * n + r] * hinge + m[C2 * n + r] * (double)s->attention;
 }
 
-static inline double chunked_seconds(const Fleet *f, Py_ssize_t r, int64_t num_tokens, int64_t num_cached) {
+static inline double chunked_seconds(const Fleet *f, Py_ssize_t r, int64_t num_tokens, int64_t num_cached, Steps *s) {
     double steps, work;
-    chunked_parts(f->m, f->n, r, num_tokens, num_cached, &steps, &work);
+    chunked_parts(f->m, f->n, r, num_tokens, num_cached, s, &steps, &work);
     return steps + work;
 }
 
@@ -111,47 +123,46 @@ static int any_slow(const Fleet *f, const int64_t *rows, Py_ssize_t count) {
 
 /* The request's TTFT on row r prefilling the whole prompt locally, after its queue (a worker
    holding none of it). */
-static inline double local_alone(const Fleet *f, Py_ssize_t r) { return SEC(f, S_QUEUE, r) + chunked_seconds(f, r, f->P, 0); }
+static inline double local_alone(const Fleet *f, Py_ssize_t r, Steps *s) { return SEC(f, S_QUEUE, r) + chunked_seconds(f, r, f->P, 0, s); }
 
 /* (when the prompt's tail step starts, that step's seconds) on decode row r holding `matched`
    blocks, of a prompt prefilled elsewhere in `best` seconds (seconds' _remote_start_and_tail). */
-static inline void remote_start_and_tail(const Fleet *f, Py_ssize_t r, int64_t matched, double best, double *tail_at, double *tail_step) {
+static inline void remote_start_and_tail(const Fleet *f, Py_ssize_t r, int64_t matched, double best, Steps *s, double *tail_at,
+                                         double *tail_step) {
     const int64_t tail = f->P - (f->P - 1) / f->bs * f->bs;
     const double kv_in = best + (double)max_i(f->P / f->bs - matched, 0) * COL(f, NBYTES, r) / f->link;
     const double in_flight = next_step(f, r, SEC(f, S_BUSY_STEP, r)) / 2;
-    *tail_step = next_step(f, r, chunked_seconds(f, r, tail, f->P - tail));
+    *tail_step = next_step(f, r, chunked_seconds(f, r, tail, f->P - tail, s));
     *tail_at = max_nan(kv_in + in_flight, SEC(f, S_QUEUE, r));
 }
 
-/* The k-th least of values[0..count) (1 <= k <= count), NaN ordered last as numpy sorts it:
-   NaN when fewer than k values are numbers. Reorders `values`. */
-static double kth_least(double *values, Py_ssize_t count, Py_ssize_t k) {
-    Py_ssize_t numbers = 0;
-    for (Py_ssize_t i = 0; i < count; i++)
-        if (values[i] == values[i]) values[numbers++] = values[i];
-    if (numbers < k) return NAN;
-    Py_ssize_t lo = 0, hi = numbers - 1, want = k - 1;
-    while (lo < hi) { /* quickselect, median of three */
-        const Py_ssize_t mid = lo + (hi - lo) / 2;
-        double a = values[lo], b = values[mid], c = values[hi];
-        const double pivot = a < b ? (b < c ? b : (a < c ? c : a)) : (a < c ? a : (b < c ? c : b));
-        Py_ssize_t i = lo, j = hi;
-        while (i <= j) {
-            while (values[i] < pivot) i++;
-            while (values[j] > pivot) j--;
-            if (i <= j) {
-                const double t = values[i];
-                values[i] = values[j];
-                values[j] = t;
-                i++;
-                j--;
+/* The k-th least of the values of the rows holding none of the prompt (k >= 1), NaN ordered last
+   as numpy sorts it: NaN when fewer than k of them are numbers. One pass keeping the k least in
+   a max-heap (`heap`: room for k): a value not under the k-th least so far costs one comparison. */
+static double kth_least(const Fleet *f, const int64_t *rows, const double *values, Py_ssize_t count, Py_ssize_t k, double *heap) {
+    Py_ssize_t size = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        double v = values[i];
+        if (v != v || MATCHED(f, rows[i]) > 0) continue;
+        Py_ssize_t at;
+        if (size < k) { /* sift up */
+            at = size++;
+            while (at > 0 && heap[(at - 1) / 2] < v) heap[at] = heap[(at - 1) / 2], at = (at - 1) / 2;
+        } else if (v < heap[0]) { /* replace the largest, sift down */
+            at = 0;
+            for (;;) {
+                Py_ssize_t child = 2 * at + 1;
+                if (child >= k) break;
+                if (child + 1 < k && heap[child + 1] > heap[child]) child++;
+                if (heap[child] <= v) break;
+                heap[at] = heap[child], at = child;
             }
+        } else {
+            continue;
         }
-        if (want <= j) hi = j;
-        else if (want >= i) lo = i;
-        else return values[want];
+        heap[at] = v;
     }
-    return values[want];
+    return size < k ? NAN : heap[0];
 }
 
 /* seconds' _can_win: of `rows` (count of them), the holders and, of the others, those with
@@ -168,10 +179,7 @@ static Py_ssize_t can_win(const Fleet *f, int64_t *rows, Py_ssize_t count, const
     if (others <= limit) return count;
     for (int key = 0; key < num_keys; key++) {
         const double *values = keys + (Py_ssize_t)key * count;
-        Py_ssize_t o = 0;
-        for (Py_ssize_t k = 0; k < count; k++)
-            if (MATCHED(f, rows[k]) <= 0) scratch[o++] = values[k];
-        const double bound = kth_least(scratch, o, limit);
+        const double bound = kth_least(f, rows, values, count, limit, scratch);
         for (Py_ssize_t k = 0; k < count; k++)
             if (MATCHED(f, rows[k]) <= 0 && values[k] <= bound) wins[k] = 1;
     }
@@ -200,11 +208,13 @@ static int prefill_before(const Fleet *f, double ta, int64_t ra, double tb, int6
 static int best_prefill(const Fleet *f, int64_t *rows, Py_ssize_t count, int prune, double *keys, double *scratch, unsigned char *wins,
                         Part *part) {
     if (prune) {
-        for (Py_ssize_t k = 0; k < count; k++) keys[k] = local_alone(f, rows[k]);
+        Steps s = NO_STEPS;
+        for (Py_ssize_t k = 0; k < count; k++) keys[k] = local_alone(f, rows[k], &s);
         count = can_win(f, rows, count, keys, 1, 2, scratch, wins);
     }
     if (count == 0) return 0;
     const int slow = any_slow(f, rows, count);
+    Steps s = NO_STEPS;
     Py_ssize_t best[2] = {-1, -1};
     double queue[2], load[2], compute[2], work[2], total[2];
     int64_t computed[2];
@@ -213,7 +223,7 @@ static int best_prefill(const Fleet *f, int64_t *rows, Py_ssize_t count, int pru
         const int64_t own = min_i(MATCHED(f, r), f->max_blocks);
         const double l = load_seconds(f, r, own, slow), q = SEC(f, S_QUEUE, r);
         double steps, w;
-        chunked_parts(f->m, f->n, r, f->P - own * f->bs, own * f->bs, &steps, &w);
+        chunked_parts(f->m, f->n, r, f->P - own * f->bs, own * f->bs, &s, &steps, &w);
         const double c = steps + w;
         const double t = max_nan(q, l) + c;
         int slot;
@@ -376,21 +386,22 @@ static PyObject *price_group(PyObject *self, PyObject *args) {
            prefill; its batch's step orders its TPOT (seconds.py's docstring). */
         int num_keys = 0;
         double *alone = keys, *step = keys + count, *stretched = keys + 2 * count, *remote = keys + 3 * count;
+        Steps s_local = NO_STEPS, s_fetch = NO_STEPS, s_tail = NO_STEPS;
         for (Py_ssize_t k = 0; k < count; k++) {
             const Py_ssize_t r = rows[k];
             if (MATCHED(&f, r) > 0) continue; /* holders are kept whatever their keys */
-            double a = local_alone(&f, r);
+            double a = local_alone(&f, r, &s_local);
             if (source[0] >= 0) {
                 const int64_t cached = source[2] * bs;
                 const double move = f.overhead + (double)source[2] * COL(&f, NBYTES, r) / f.link;
-                a = min_nan(a, max_nan(SEC(&f, S_QUEUE, r), move) + chunked_seconds(&f, r, P - cached, cached));
+                a = min_nan(a, max_nan(SEC(&f, S_QUEUE, r), move) + chunked_seconds(&f, r, P - cached, cached, &s_fetch));
             }
             alone[k] = a;
             step[k] = COL(&f, PER_STEP, r);
             if (f.inflow != NULL) stretched[k] = token_seconds(&f, r, step[k]);
             if (has_part) {
                 double tail_at, tail_step;
-                remote_start_and_tail(&f, r, 0, r == part.row[0] ? part.total[1] : part.total[0], &tail_at, &tail_step);
+                remote_start_and_tail(&f, r, 0, r == part.row[0] ? part.total[1] : part.total[0], &s_tail, &tail_at, &tail_step);
                 remote[k] = tail_at + tail_step;
             }
         }
@@ -406,13 +417,14 @@ static PyObject *price_group(PyObject *self, PyObject *args) {
 
     const int slow = any_slow(&f, rows, count);
     const int64_t tail_blocks_all = P / bs;
+    Steps s_own = NO_STEPS, s_fetched = NO_STEPS, s_tail = NO_STEPS;
     for (Py_ssize_t k = 0; k < count; k++) {
         const Py_ssize_t r = rows[k];
         const int64_t matched = MATCHED(&f, r), own = min_i(matched, f.max_blocks);
         const double load_s = load_seconds(&f, r, own, slow), queue_s = SEC(&f, S_QUEUE, r);
         const int64_t cached_tok = own * bs;
         double steps, work;
-        chunked_parts(m, n, r, P - cached_tok, cached_tok, &steps, &work);
+        chunked_parts(m, n, r, P - cached_tok, cached_tok, &s_own, &steps, &work);
         const double prefill_s = steps + work;
         double local = max_nan(queue_s, load_s) + prefill_s;
         int64_t computed = P - cached_tok, fetch_blocks = 0, source_row = -1, prefill_row = -1, kind = LOCAL;
@@ -423,7 +435,7 @@ static PyObject *price_group(PyObject *self, PyObject *args) {
             const double f_move = load_s + (gain > 0 ? f.overhead + (double)gain * COL(&f, NBYTES, r) / f.link : 0.0);
             const int64_t f_cached = (own + gain) * bs;
             double f_steps, f_work;
-            chunked_parts(m, n, r, P - f_cached, f_cached, &f_steps, &f_work);
+            chunked_parts(m, n, r, P - f_cached, f_cached, &s_fetched, &f_steps, &f_work);
             const double f_prefill = f_steps + f_work;
             const double f_ttft = max_nan(queue_s, f_move) + f_prefill;
             if (gain > 0 && f_ttft < local) {
@@ -440,7 +452,7 @@ static PyObject *price_group(PyObject *self, PyObject *args) {
             const double kv_in = best + (double)max_i(tail_blocks_all - matched, 0) * COL(&f, NBYTES, r) / f.link;
             const double in_flight = next_step(&f, r, SEC(&f, S_BUSY_STEP, r)) / 2;
             const int64_t tail = P - (P - 1) / bs * bs;
-            const double tail_step = next_step(&f, r, chunked_seconds(&f, r, tail, P - tail));
+            const double tail_step = next_step(&f, r, chunked_seconds(&f, r, tail, P - tail, &s_tail));
             const double tail_at = max_nan(kv_in + in_flight, queue_s);
             const double remote_ttft = tail_at + tail_step + f.off[1];
             if (remote_ttft < ttft) {
@@ -490,12 +502,13 @@ static PyObject *worker_seconds(PyObject *self, PyObject *args) {
     const int64_t *context = m ? buffer_of(&bufs, o_context, 8, k, 0, "context", NULL) : NULL;
     double *out = context ? buffer_of(&bufs, o_out, 8, NUM_SECONDS * k, 1, "out", NULL) : NULL;
     if (out == NULL) goto done;
+    Steps s_queued = NO_STEPS, s_chunk = NO_STEPS;
     for (Py_ssize_t r = 0; r < k; r++) {
         const double in_flight = m[C0 * k + r] + m[C3 * k + r] * (double)running[r] + m[C4 * k + r] * (double)context[r];
         const int64_t queued = (int64_t)m[QUEUED * k + r];
         double steps, queued_work, chunk_steps, chunk_work;
-        chunked_parts(m, k, r, queued, 0, &steps, &queued_work);
-        chunked_parts(m, k, r, (int64_t)m[CHUNK * k + r], 0, &chunk_steps, &chunk_work);
+        chunked_parts(m, k, r, queued, 0, &s_queued, &steps, &queued_work);
+        chunked_parts(m, k, r, (int64_t)m[CHUNK * k + r], 0, &s_chunk, &chunk_steps, &chunk_work);
         const int busy = running[r] > 0 || queued > 0;
         out[S_QUEUE * k + r] = (busy ? in_flight / 2 : 0.0) + steps + queued_work;
         out[S_QUEUED_WORK * k + r] = queued_work;
