@@ -28,6 +28,18 @@ from kvplane.controlplane.core.index import CacheIndex, OverlapScore, overlap_sc
 from kvplane.types import BlockHash, Tier, WorkerId
 
 
+class Extended(dict):
+    """The index's overlaps with predicted prefixes added or extended; `extended` holds those
+    entries alone, so a reader of what predictions changed need not compare every holder's
+    (a hot prefix's thousands)."""
+
+    __slots__ = ("extended",)
+
+    def __init__(self, cached: Mapping[WorkerId, OverlapScore]) -> None:
+        super().__init__(cached)
+        self.extended: dict[WorkerId, OverlapScore] = {}
+
+
 @dataclass(slots=True, eq=False)
 class _Record:
     """One routed prompt on one worker."""
@@ -120,7 +132,7 @@ class PrefixPredictions:
         predicted = self._predicted_prefixes(block_hashes)
         if not predicted:
             return cached
-        result = dict(cached)
+        result = Extended(cached)
         for bit, num_predicted_prefix in sorted(predicted.items()):
             worker_id = self._bit_to_worker[bit]
             known = cached.get(worker_id)
@@ -135,7 +147,9 @@ class PrefixPredictions:
                 if tier is not Tier.DEVICE:
                     slower[tier] += 1
                 num_blocks += 1
-            result[worker_id] = overlap_score(num_blocks, slower[Tier.HOST], slower[Tier.DISK], num_predicted_prefix - num_indexed)
+            result[worker_id] = result.extended[worker_id] = overlap_score(
+                num_blocks, slower[Tier.HOST], slower[Tier.DISK], num_predicted_prefix - num_indexed
+            )
         return result
 
     # -- internals -------------------------------------------------------------------------------

@@ -93,6 +93,7 @@ from kvplane import _pricing
 from kvplane.controlplane.core.index import OverlapScore
 from kvplane.controlplane.core.inflow import Inflow
 from kvplane.controlplane.core.pool import WorkerPool, WorkerTable
+from kvplane.controlplane.core.predictions import Extended
 from kvplane.types import WorkerId
 
 LOCAL, FETCH, REMOTE = 0, 1, 2
@@ -321,8 +322,12 @@ def price_candidates(
     table = decode.table
     real = Held.of(table, cached)
     # The policy's overlaps are the index's with predicted prefixes added or extended (same
-    # objects elsewhere): only those are read again.
-    held = real if overlaps is cached else Held.of(table, {w: s for w, s in overlaps.items() if cached.get(w) is not s}, real)
+    # objects elsewhere, predictions.Extended lists them): only those are read again.
+    if overlaps is cached:
+        held = real
+    else:
+        changed = overlaps.extended if isinstance(overlaps, Extended) else {w: s for w, s in overlaps.items() if cached.get(w) is not s}
+        held = Held.of(table, changed, real)
     # Fetch sources: the index's own device blocks (a prediction cannot be pulled yet).
     device = _NONE
     if req.allow_remote and len(sources) and cached:
