@@ -6,8 +6,9 @@
    the only implementation of that vector pricing: written in numpy it cost ~0.5 ms per request
    at 1,000 workers, nearly all of it the overhead of a few hundred numpy calls on small arrays
    (docs/benchmarks.md, "Planning cost"). The scalar predictor admission uses
-   (controlplane/core/predictor.py, kvplane/latency.py) is a separate, per-worker model that the
-   tests hold equal to this one.
+   (controlplane/core/predictor.py, kvplane/latency.py) prices one placement of one worker with the
+   same step-time model, as it did beside the numpy version; tests/core/test_core_seconds.py holds
+   this file's chunked prefill equal to StepTimeModel.chunked_prefill_seconds.
 
    Only the public C API: buffers (PEP 3118) of C-contiguous numpy arrays, whose sizes are checked
    against the counts passed; no numpy headers, no CPython internals. Arithmetic follows

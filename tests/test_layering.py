@@ -7,7 +7,8 @@ may import its own floor and those below, never above):
   imports only the shared floor;
 - `kvplane.controlplane.core` (the plain-Python planner and its algorithms): the standard library,
   numpy (the fleet's columns, core/pool.py: arithmetic, no I/O) and `kvplane.types`,
-  `kvplane.block_hash`, `kvplane.latency`, `kvplane.stats` only (no grpc, store client or torch);
+  `kvplane.block_hash`, `kvplane._pricing` (the compiled pricing), `kvplane.latency`,
+  `kvplane.stats` only (no grpc, store client or torch);
 - the planes: `kvplane.controlplane` (its core and the shared floor) and `kvplane.dataplane` (the
   shared floor); neither imports the other: they meet over gRPC;
 - the applications, `kvplane.apps` (CLI, benchmarks, sim, local cluster launcher, demo), and
@@ -30,7 +31,7 @@ CORE_LIBRARIES = ("numpy",)  # third-party packages the core may use: computatio
 CORE = "kvplane.controlplane.core"
 PLANES = ("kvplane.controlplane", "kvplane.dataplane")
 TOP = ("kvplane.apps", "kvplane.__main__")
-CORE_MAY_IMPORT = ("kvplane.types", "kvplane.block_hash", "kvplane.latency", "kvplane.stats")
+CORE_MAY_IMPORT = ("kvplane.types", "kvplane.block_hash", "kvplane._pricing", "kvplane.latency", "kvplane.stats")
 # The benchmarks' doors into the data plane: package entry points, not their modules.
 BENCH_DATAPLANE_DOORS = tuple(f"kvplane.dataplane.{door}" for door in ("engines", "engines.reference", "engines.sim", "transport"))
 
@@ -47,7 +48,7 @@ def _shared(module: str) -> bool:
 def project_modules(root: Path = ROOT) -> dict[str, Path]:
     modules = {}
     for prefix, folder in SOURCES.items():
-        for path in (root / folder).rglob("*.py"):
+        for path in [*(root / folder).rglob("*.py"), *(root / folder).rglob("*.c")]:  # .c: compiled modules (kvplane._pricing)
             parts = path.relative_to(root / folder).with_suffix("").parts
             name = ".".join((prefix, *(parts[:-1] if parts[-1] == "__init__" else parts)))
             modules[name] = path
@@ -79,7 +80,7 @@ def floor_violation(importer: str, imported: str) -> str | None:
     if _under(importer, CORE):
         if _under(imported, (CORE, *CORE_MAY_IMPORT)):
             return None
-        return "kvplane.controlplane.core is plain Python: stdlib and kvplane.types/block_hash/latency/stats only"
+        return "kvplane.controlplane.core is plain Python: stdlib and kvplane.types/block_hash/_pricing/latency/stats only"
     for plane in PLANES:
         if _under(importer, plane):
             return None if _under(imported, plane) or _shared(imported) else f"{plane} imports itself and the shared floor"
