@@ -12,8 +12,9 @@
 
    Only the public C API: buffers (PEP 3118) of C-contiguous numpy arrays, whose sizes are checked
    against the counts passed; no numpy headers, no CPython internals. Arithmetic follows
-   seconds.py's order of operations term by term in IEEE doubles (built with -ffp-contract=off, no
-   fused multiply-add), integer counts in int64. */
+   the order of operations of the numpy version it replaced (1ca9238's seconds.py) term by term in
+   IEEE doubles (built with -ffp-contract=off, no fused multiply-add), integer counts in int64, so
+   its decisions are those to the bit. */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -69,7 +70,7 @@ typedef struct {
    tokens past the kink + c2 x attention). */
 static inline void chunked_parts(const double *m, Py_ssize_t n, Py_ssize_t r, int64_t num_tokens, int64_t num_cached, Steps *s,
                                  double *steps_s, double *work_s) {
-    const int64_t chunk = (int64_t)m[CHUNK * n + r];
+    const int64_t chunk = max_i((int64_t)m[CHUNK * n + r], 1); /* the table keeps >= 1: never a division by 0 */
     if (s->chunk != chunk || s->tokens != num_tokens || s->cached != num_cached) {
         const int64_t t = num_tokens > 0 ? num_tokens : 0;
         s->chunk = chunk, s->tokens = num_tokens, s->cached = num_cached;
@@ -106,7 +107,7 @@ static inline double token_seconds(const Fleet *f, Py_ssize_t r, double step) {
     return min_nan(step / max_nan(1.0 - f->inflow[r], 1e-9), step + SEC(f, S_CHUNK_WORK, r));
 }
 
-/* Seconds loading the counted blocks held on a slower tier (seconds' _own_and_load); `slow_any`:
+/* Seconds loading the counted blocks held on a slower tier (`load` in seconds.py); `slow_any`:
    whether any of the rows priced together holds blocks off the device (else 0 for all). */
 static inline double load_seconds(const Fleet *f, Py_ssize_t r, int64_t own, int slow_any) {
     if (!slow_any) return 0.0;
@@ -127,7 +128,7 @@ static int any_slow(const Fleet *f, const int64_t *rows, Py_ssize_t count) {
 static inline double local_alone(const Fleet *f, Py_ssize_t r, Steps *s) { return SEC(f, S_QUEUE, r) + chunked_seconds(f, r, f->P, 0, s); }
 
 /* (when the prompt's tail step starts, that step's seconds) on decode row r holding `matched`
-   blocks, of a prompt prefilled elsewhere in `best` seconds (seconds' _remote_start_and_tail). */
+   blocks, of a prompt prefilled elsewhere in `best` seconds (`remote TTFT` in seconds.py). */
 static inline void remote_start_and_tail(const Fleet *f, Py_ssize_t r, int64_t matched, double best, Steps *s, double *tail_at,
                                          double *tail_step) {
     const int64_t tail = f->P - (f->P - 1) / f->bs * f->bs;
@@ -166,9 +167,10 @@ static double kth_least(const Fleet *f, const int64_t *rows, const double *value
     return size < k ? NAN : heap[0];
 }
 
-/* seconds' _can_win: of `rows` (count of them), the holders and, of the others, those with
-   one of the num_keys keys at most its `limit`-th least (ties kept), in their order; returns
-   how many, written over `rows`. keys[key * count + k] is row k's key (read for non-holders). */
+/* The candidates that can win (seconds.py): of `rows` (count of them), the holders and, of the
+   others, those with one of the num_keys keys at most its `limit`-th least (ties kept), in their
+   order; returns how many, written over `rows`. keys[key * count + k] is row k's key (read for
+   non-holders). */
 static Py_ssize_t can_win(const Fleet *f, int64_t *rows, Py_ssize_t count, const double *keys, int num_keys, Py_ssize_t limit,
                           double *scratch, unsigned char *wins) {
     if (limit <= 0 || count <= limit) return count;
@@ -190,7 +192,7 @@ static Py_ssize_t can_win(const Fleet *f, int64_t *rows, Py_ssize_t count, const
     return kept;
 }
 
-/* The best remote prefill worker and the second best (seconds' _best_prefill). */
+/* The best remote prefill worker and the second best (`part(p)` in seconds.py). */
 typedef struct {
     int64_t row[2];
     double queue[2], load[2], compute[2], work[2], total[2];
@@ -251,7 +253,7 @@ static int best_prefill(const Fleet *f, int64_t *rows, Py_ssize_t count, int pru
 }
 
 /* The rows holding the most leading device blocks of the prompt, then the lower worker id:
-   (best row, second row, their blocks); -1 and 0 for none (seconds' _best_two). */
+   (best row, second row, their blocks); -1 and 0 for none (`fetch` in seconds.py). */
 static void best_two(const Fleet *f, const int64_t *rows, Py_ssize_t count, int64_t source[4]) {
     source[0] = source[1] = -1;
     source[2] = source[3] = 0;
@@ -277,18 +279,26 @@ static void release(Buffers *bufs) {
     for (int i = 0; i < bufs->used; i++) PyBuffer_Release(&bufs->b[i]);
 }
 
-/* Gets obj's buffer (writable when asked), of `count` items of `itemsize` bytes (count < 0: any
-   whole number of items); NULL with ValueError otherwise. */
-static void *buffer_of(Buffers *bufs, PyObject *obj, Py_ssize_t itemsize, Py_ssize_t count, int writable, const char *name,
-                       Py_ssize_t *got) {
+/* Gets obj's buffer (writable when asked): C-contiguous items of `type` ('d' float64, 'q' int64,
+   '?' bool, as numpy formats them), `count` of them (count < 0: any number); NULL with ValueError
+   otherwise. */
+static void *buffer_of(Buffers *bufs, PyObject *obj, char type, Py_ssize_t count, int writable, const char *name, Py_ssize_t *got) {
     Py_buffer *view = &bufs->b[bufs->used];
-    if (PyObject_GetBuffer(obj, view, writable ? PyBUF_WRITABLE : PyBUF_SIMPLE) < 0) return NULL;
+    if (PyObject_GetBuffer(obj, view, PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0)) < 0) return NULL;
     bufs->used++;
-    if (view->len % itemsize != 0 || (count >= 0 && view->len != count * itemsize)) {
-        PyErr_Format(PyExc_ValueError, "%s: %zd bytes, expected %zd items of %zd bytes", name, view->len, count, itemsize);
+    const char *format = view->format ? view->format : "B";
+    if (*format == '@' || *format == '=' || *format == '<') format++;
+    const int ok = type == 'q' ? (format[0] == 'q' || format[0] == 'l') && format[1] == 0 && view->itemsize == 8
+                               : format[0] == type && format[1] == 0 && view->itemsize == (type == '?' ? 1 : 8);
+    if (!ok) {
+        PyErr_Format(PyExc_ValueError, "%s: items of format '%s' (%zd bytes), expected '%c'", name, view->format, view->itemsize, type);
         return NULL;
     }
-    if (got != NULL) *got = view->len / itemsize;
+    if (count >= 0 && view->len != count * view->itemsize) {
+        PyErr_Format(PyExc_ValueError, "%s: %zd items, expected %zd", name, view->len / view->itemsize, count);
+        return NULL;
+    }
+    if (got != NULL) *got = view->len / view->itemsize;
     return view->buf;
 }
 
@@ -330,26 +340,26 @@ static PyObject *price_group(PyObject *self, PyObject *args) {
     unsigned char *wins = NULL;
     int64_t *rows = NULL, *prefill = NULL;
     Py_ssize_t n, num_decode = 0, num_prefill = 0, num_source = 0, num_device = 0, num_inflow = 0;
-    const double *m = buffer_of(&bufs, o_m, 8, -1, 0, "m", &n);
+    const double *m = buffer_of(&bufs, o_m, 'd', -1, 0, "m", &n);
     if (m == NULL) goto done;
     if (n % NUM_COLUMNS != 0) {
-        PyErr_SetString(PyExc_ValueError, "m: not 10 rows");
+        PyErr_SetString(PyExc_ValueError, "m: not 10 rows of the table's rows");
         goto done;
     }
     n /= NUM_COLUMNS;
     f.m = m, f.n = n;
-    if (!(f.sec = buffer_of(&bufs, o_sec, 8, NUM_SECONDS * n, 0, "seconds", NULL))) goto done;
-    if (!(f.held = buffer_of(&bufs, o_held, 8, 3 * n, 0, "held", NULL))) goto done;
-    if (!(f.device = buffer_of(&bufs, o_device, 8, -1, 0, "device", &num_device))) goto done;
-    if (!(f.inflow = buffer_of(&bufs, o_inflow, 8, -1, 0, "inflow", &num_inflow))) goto done;
-    if (!(f.id_rank = buffer_of(&bufs, o_rank, 8, n, 0, "id_rank", NULL))) goto done;
-    if (!(f.can_decode = buffer_of(&bufs, o_decodes, 1, n, 0, "can_decode", NULL))) goto done;
-    const int64_t *decode = buffer_of(&bufs, o_decode, 8, -1, 0, "decode_rows", &num_decode);
-    const int64_t *prefill_in = decode ? buffer_of(&bufs, o_prefill, 8, -1, 0, "prefill_rows", &num_prefill) : NULL;
-    const int64_t *source_rows = prefill_in ? buffer_of(&bufs, o_source, 8, -1, 0, "source_rows", &num_source) : NULL;
+    if (!(f.sec = buffer_of(&bufs, o_sec, 'd', NUM_SECONDS * n, 0, "seconds", NULL))) goto done;
+    if (!(f.held = buffer_of(&bufs, o_held, 'q', 3 * n, 0, "held", NULL))) goto done;
+    if (!(f.device = buffer_of(&bufs, o_device, 'q', -1, 0, "device", &num_device))) goto done;
+    if (!(f.inflow = buffer_of(&bufs, o_inflow, 'd', -1, 0, "inflow", &num_inflow))) goto done;
+    if (!(f.id_rank = buffer_of(&bufs, o_rank, 'q', n, 0, "id_rank", NULL))) goto done;
+    if (!(f.can_decode = buffer_of(&bufs, o_decodes, '?', n, 0, "can_decode", NULL))) goto done;
+    const int64_t *decode = buffer_of(&bufs, o_decode, 'q', -1, 0, "decode_rows", &num_decode);
+    const int64_t *prefill_in = decode ? buffer_of(&bufs, o_prefill, 'q', -1, 0, "prefill_rows", &num_prefill) : NULL;
+    const int64_t *source_rows = prefill_in ? buffer_of(&bufs, o_source, 'q', -1, 0, "source_rows", &num_source) : NULL;
     if (source_rows == NULL) goto done;
-    int64_t *out_i = buffer_of(&bufs, o_out_i, 8, NUM_INT_OUT * num_decode, 1, "out_int", NULL);
-    double *out_f = out_i ? buffer_of(&bufs, o_out_f, 8, NUM_FLOAT_OUT * num_decode, 1, "out_float", NULL) : NULL;
+    int64_t *out_i = buffer_of(&bufs, o_out_i, 'q', NUM_INT_OUT * num_decode, 1, "out_int", NULL);
+    double *out_f = out_i ? buffer_of(&bufs, o_out_f, 'd', NUM_FLOAT_OUT * num_decode, 1, "out_float", NULL) : NULL;
     if (out_f == NULL) goto done;
     if ((num_device != 0 && num_device != n) || (num_inflow != 0 && num_inflow != n)) {
         PyErr_SetString(PyExc_ValueError, "device and inflow: one value per table row, or none");
@@ -498,10 +508,10 @@ static PyObject *worker_seconds(PyObject *self, PyObject *args) {
     Buffers bufs = {.used = 0};
     PyObject *result = NULL;
     Py_ssize_t k;
-    const int64_t *running = buffer_of(&bufs, o_running, 8, -1, 0, "running", &k);
-    const double *m = running ? buffer_of(&bufs, o_m, 8, NUM_COLUMNS * k, 0, "m", NULL) : NULL;
-    const int64_t *context = m ? buffer_of(&bufs, o_context, 8, k, 0, "context", NULL) : NULL;
-    double *out = context ? buffer_of(&bufs, o_out, 8, NUM_SECONDS * k, 1, "out", NULL) : NULL;
+    const int64_t *running = buffer_of(&bufs, o_running, 'q', -1, 0, "running", &k);
+    const double *m = running ? buffer_of(&bufs, o_m, 'd', NUM_COLUMNS * k, 0, "m", NULL) : NULL;
+    const int64_t *context = m ? buffer_of(&bufs, o_context, 'q', k, 0, "context", NULL) : NULL;
+    double *out = context ? buffer_of(&bufs, o_out, 'd', NUM_SECONDS * k, 1, "out", NULL) : NULL;
     if (out == NULL) goto done;
     Steps s_queued = NO_STEPS, s_chunk = NO_STEPS;
     for (Py_ssize_t r = 0; r < k; r++) {

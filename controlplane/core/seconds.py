@@ -334,7 +334,7 @@ def price_candidates(
         device = np.minimum(real.matched - real.host - real.disk, (req.num_prompt_tokens - 1) // req.block_size)
     columns, seconds = (fleet or FleetColumns()).of(table, rates)
     prune = limit > 0 and max(len(decode), len(prefill)) > limit
-    args = (columns, seconds, held.numbers, device, _NONE if inflow is None else inflow.rates, table.id_rank, table.can_decode)
+    args = (columns, seconds, held.numbers, device, _NO_VALUES if inflow is None else inflow.rates, table.id_rank, table.can_decode)
     after = (
         req.num_prompt_tokens, req.block_size, req.max_tokens, req.allow_local, prune, limit, rates.link_bytes_per_s,
         rates.fetch_overhead_s, rates.host_bytes_per_s, rates.disk_bytes_per_s, *offsets, 0.0 if inflow is None else inflow.per_work_s,
@@ -369,7 +369,8 @@ def price_candidates(
     return Priced(WorkerPool(table, rows[order]), *columns, placed)
 
 
-_NONE = np.empty(0, np.int64)  # kvplane._pricing's "none" for an optional column or set of rows
+# kvplane._pricing's "none" for an optional column or set of rows (int64), or of values (float64)
+_NONE, _NO_VALUES = np.empty(0, np.int64), np.empty(0)
 
 
 def _priced(table: WorkerTable, out_int: np.ndarray, out_float: np.ndarray) -> Priced:

@@ -256,3 +256,35 @@ def test_fleet_columns_kept_across_updates_equal_columns_made_from_scratch(worke
         fresh, want = FleetColumns().of(table, rates)
         assert np.array_equal(columns, fresh), f"step {step}"
         assert np.array_equal(seconds, want), f"step {step}"
+
+
+def test_the_compiled_pricing_refuses_columns_of_the_wrong_type_size_or_rows():
+    """kvplane._pricing reads numpy buffers by pointer: a column of another dtype, of the wrong
+    length or a row outside the table is a ValueError naming it, never a read out of bounds."""
+    import numpy as np
+
+    from kvplane import _pricing
+
+    n = 4
+    good = dict(
+        m=np.ones((10, n)), seconds=np.zeros((4, n)), held=np.zeros((3, n), np.int64), device=np.empty(0, np.int64),
+        inflow=np.empty(0), id_rank=np.arange(n), can_decode=np.ones(n, bool), decode_rows=np.arange(n),
+        prefill_rows=np.empty(0, np.int64), source_rows=np.empty(0, np.int64),
+    )  # fmt: skip
+    numbers = (64, 16, 8, True, False, 0, 1e9, 0.006, 25e9, 3e9, 0.0, 0.0, 0.0, 0.0)
+
+    def price(**changes):
+        columns = {**good, **changes}
+        return _pricing.price_group(*columns.values(), *numbers, np.empty((7, n), np.int64), np.empty((7, n)))
+
+    assert price() == n
+    for name, bad, says in (
+        ("m", np.ones((10, n), np.float32), "m: items of format 'f'"),
+        ("held", np.zeros((3, n)), "held: items of format 'd'"),
+        ("seconds", np.zeros((4, n - 1)), "seconds: 12 items, expected 16"),
+        ("decode_rows", np.array([0, 1, 2, n]), "decode_rows: row 4 outside the table's 4 rows"),
+        ("inflow", np.zeros(n - 1), "device and inflow: one value per table row"),
+        ("m", np.ones((n, 10)).T, "not C-contiguous"),
+    ):
+        with pytest.raises((ValueError, BufferError), match=says):
+            price(**{name: bad})
