@@ -181,7 +181,7 @@ class Held:
         return Held(out)
 
 
-def _columns(table: WorkerTable, rows, rates: Rates) -> np.ndarray:
+def _columns(table: WorkerTable, rows: np.ndarray, rates: Rates) -> np.ndarray:
     """The per-worker numbers of `rows` (an index array) that kvplane._pricing reads: a (10, rows)
     array of c0..c4 (the step-time model, kvplane.latency), its kink (prefill tokens per step c1
     does not price), the prefill chunk, the queued prefill tokens, what every step carries (c0 + c3
