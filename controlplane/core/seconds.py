@@ -89,7 +89,13 @@ from itertools import chain
 
 import numpy as np
 
-from kvplane import _pricing
+try:
+    from kvplane import _pricing
+except ImportError as error:  # setup.py builds it where a C compiler and the Python headers exist
+    raise ImportError(
+        "kvplane._pricing, the control plane's routing pricing (kvplane/_pricing.c), is not built: install a C compiler and the "
+        "Python headers (Debian/Ubuntu: gcc python3-dev), then reinstall kvplane"
+    ) from error
 from kvplane.controlplane.core.index import OverlapScore
 from kvplane.controlplane.core.inflow import Inflow
 from kvplane.controlplane.core.pool import WorkerPool, WorkerTable

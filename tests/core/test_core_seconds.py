@@ -288,3 +288,19 @@ def test_the_compiled_pricing_refuses_columns_of_the_wrong_type_size_or_rows():
     ):
         with pytest.raises((ValueError, BufferError), match=says):
             price(**{name: bad})
+
+
+def test_without_the_compiled_pricing_routing_says_what_to_install(monkeypatch):
+    """setup.py builds kvplane._pricing as optional (an install without a C compiler still gets
+    the SDK and the agents); the control plane's routing then fails to import with an error that
+    names the fix."""
+    import importlib
+    import sys
+
+    import kvplane
+
+    monkeypatch.delattr(kvplane, "_pricing")
+    monkeypatch.setitem(sys.modules, "kvplane._pricing", None)  # None in sys.modules: the import fails
+    monkeypatch.delitem(sys.modules, "kvplane.controlplane.core.seconds")  # restored after the test
+    with pytest.raises(ImportError, match="kvplane._pricing, the control plane's routing pricing .* install a C compiler"):
+        importlib.import_module("kvplane.controlplane.core.seconds")
