@@ -45,8 +45,7 @@ typedef struct {
     const int64_t *id_rank;
     const unsigned char *can_decode;
     Py_ssize_t n;
-    int64_t P, bs, max_tokens, max_blocks;
-    int allow_local;
+    int64_t P, bs, max_blocks;
     double link, overhead, host_rate, disk_rate, off[3], per_work_s, tokens_x;
 } Fleet;
 
@@ -192,12 +191,12 @@ static Py_ssize_t can_win(const Fleet *f, int64_t *rows, Py_ssize_t count, const
     return kept;
 }
 
-/* The best remote prefill worker and the second best (`part(p)` in seconds.py). */
+/* A remote prefill worker's prediction (`part(p)` in seconds.py); row -1: none. */
 typedef struct {
-    int64_t row[2];
-    double queue[2], load[2], compute[2], work[2], total[2];
-    int64_t computed[2];
-} Part;
+    int64_t row;
+    double queue, load, compute, work, total;
+    int64_t computed;
+} Prefiller;
 
 /* a before b: least total (NaN last), a dedicated prefill worker first, then the worker id. */
 static int prefill_before(const Fleet *f, double ta, int64_t ra, double tb, int64_t rb) {
@@ -208,46 +207,32 @@ static int prefill_before(const Fleet *f, double ta, int64_t ra, double tb, int6
     return f->id_rank[ra] < f->id_rank[rb];
 }
 
+/* The best remote prefill worker and the second best of `rows` (count of them) into part[0] and
+   part[1] (row -1, no tokens cached and infinite seconds for none); 0 when there is none. */
 static int best_prefill(const Fleet *f, int64_t *rows, Py_ssize_t count, int prune, double *keys, double *scratch, unsigned char *wins,
-                        Part *part) {
+                        Prefiller part[2]) {
     if (prune) {
         Steps s = NO_STEPS;
         for (Py_ssize_t k = 0; k < count; k++) keys[k] = local_alone(f, rows[k], &s);
         count = can_win(f, rows, count, keys, 1, 2, scratch, wins);
     }
     if (count == 0) return 0;
+    const Prefiller none = {.row = -1, .total = INFINITY, .computed = f->P};
+    part[0] = part[1] = none;
     const int slow = any_slow(f, rows, count);
     Steps s = NO_STEPS;
-    Py_ssize_t best[2] = {-1, -1};
-    double queue[2], load[2], compute[2], work[2], total[2];
-    int64_t computed[2];
     for (Py_ssize_t k = 0; k < count; k++) {
         const Py_ssize_t r = rows[k];
         const int64_t own = min_i(MATCHED(f, r), f->max_blocks);
         const double l = load_seconds(f, r, own, slow), q = SEC(f, S_QUEUE, r);
         double steps, w;
         chunked_parts(f->m, f->n, r, f->P - own * f->bs, own * f->bs, &s, &steps, &w);
-        const double c = steps + w;
-        const double t = max_nan(q, l) + c;
+        const double c = steps + w, t = max_nan(q, l) + c;
         int slot;
-        if (best[0] < 0 || prefill_before(f, t, r, total[0], best[0])) slot = 0;
-        else if (best[1] < 0 || prefill_before(f, t, r, total[1], best[1])) slot = 1;
+        if (part[0].row < 0 || prefill_before(f, t, r, part[0].total, part[0].row)) slot = 0, part[1] = part[0];
+        else if (part[1].row < 0 || prefill_before(f, t, r, part[1].total, part[1].row)) slot = 1;
         else continue;
-        if (slot == 0 && best[0] >= 0) {
-            best[1] = best[0], queue[1] = queue[0], load[1] = load[0], compute[1] = compute[0];
-            work[1] = work[0], total[1] = total[0], computed[1] = computed[0];
-        }
-        best[slot] = r, queue[slot] = q, load[slot] = 0.0 + l, compute[slot] = c, work[slot] = w, total[slot] = t;
-        computed[slot] = f->P - own * f->bs;
-    }
-    for (int s = 0; s < 2; s++) {
-        if (best[s] >= 0) {
-            part->row[s] = best[s], part->queue[s] = queue[s], part->load[s] = load[s], part->compute[s] = compute[s];
-            part->work[s] = work[s], part->total[s] = total[s], part->computed[s] = computed[s];
-        } else {
-            part->row[s] = -1, part->queue[s] = 0.0, part->load[s] = 0.0, part->compute[s] = 0.0;
-            part->work[s] = 0.0, part->total[s] = INFINITY, part->computed[s] = f->P;
-        }
+        part[slot] = (Prefiller){.row = r, .queue = q, .load = 0.0 + l, .compute = c, .work = w, .total = t, .computed = f->P - own * f->bs};
     }
     return 1;
 }
@@ -271,7 +256,7 @@ static void best_two(const Fleet *f, const int64_t *rows, Py_ssize_t count, int6
 }
 
 typedef struct {
-    Py_buffer b[13];
+    Py_buffer b[12]; /* price_group takes 12 buffers, worker_seconds 4 */
     int used;
 } Buffers;
 
@@ -370,7 +355,7 @@ static PyObject *price_group(PyObject *self, PyObject *args) {
         goto done;
     if (num_device == 0) f.device = NULL;
     if (num_inflow == 0) f.inflow = NULL;
-    f.P = P, f.bs = bs, f.max_tokens = max_tokens, f.max_blocks = (P - 1) / bs, f.allow_local = allow_local;
+    f.P = P, f.bs = bs, f.max_blocks = (P - 1) / bs;
     f.tokens_x = (double)P + (double)max_tokens / 2;
 
     const Py_ssize_t most = num_decode > num_prefill ? num_decode : num_prefill;
@@ -388,15 +373,16 @@ static PyObject *price_group(PyObject *self, PyObject *args) {
 
     int64_t source[4] = {-1, -1, 0, 0};
     if (f.device != NULL) best_two(&f, source_rows, num_source, source);
-    Part part;
-    const int has_part = num_prefill > 0 && best_prefill(&f, prefill, num_prefill, prune, keys, scratch, wins, &part);
+    Prefiller part[2];
+    const int has_part = num_prefill > 0 && best_prefill(&f, prefill, num_prefill, prune, keys, scratch, wins, part);
 
     Py_ssize_t count = num_decode;
     if (prune) {
         /* A non-holder's TTFT prefilling locally or after a fetch, and after the best remote
            prefill; its batch's step orders its TPOT (seconds.py's docstring). */
-        int num_keys = 0;
-        double *alone = keys, *step = keys + count, *stretched = keys + 2 * count, *remote = keys + 3 * count;
+        double *alone = keys, *step = keys + count, *next = keys + 2 * count;
+        double *stretched = f.inflow != NULL ? next : NULL, *remote = has_part ? next + (f.inflow != NULL) * count : NULL;
+        const int num_keys = 2 + (stretched != NULL) + (remote != NULL);
         Steps s_local = NO_STEPS, s_fetch = NO_STEPS, s_tail = NO_STEPS;
         for (Py_ssize_t k = 0; k < count; k++) {
             const Py_ssize_t r = rows[k];
@@ -409,19 +395,12 @@ static PyObject *price_group(PyObject *self, PyObject *args) {
             }
             alone[k] = a;
             step[k] = COL(&f, PER_STEP, r);
-            if (f.inflow != NULL) stretched[k] = token_seconds(&f, r, step[k]);
-            if (has_part) {
+            if (stretched != NULL) stretched[k] = token_seconds(&f, r, step[k]);
+            if (remote != NULL) {
                 double tail_at, tail_step;
-                remote_start_and_tail(&f, r, 0, r == part.row[0] ? part.total[1] : part.total[0], &s_tail, &tail_at, &tail_step);
+                remote_start_and_tail(&f, r, 0, part[r == part[0].row].total, &s_tail, &tail_at, &tail_step);
                 remote[k] = tail_at + tail_step;
             }
-        }
-        num_keys = 2;
-        if (f.inflow != NULL) num_keys = 3;
-        if (has_part) {
-            if (f.inflow == NULL) /* the remote key follows the ones in use */
-                for (Py_ssize_t k = 0; k < count; k++) stretched[k] = remote[k];
-            num_keys++;
         }
         count = can_win(&f, rows, count, keys, num_keys, limit, scratch, wins);
     }
@@ -458,8 +437,8 @@ static PyObject *price_group(PyObject *self, PyObject *args) {
         if (!allow_local) kind = REMOTE; /* no local placement: priced at infinite TTFT */
         double ttft = allow_local ? local + f.off[0] : INFINITY;
         if (has_part) {
-            const int second = r == part.row[0]; /* the best prefill worker decoding: the second best prefills */
-            const double best = part.total[second];
+            const Prefiller *p = &part[r == part[0].row]; /* the best prefill worker decoding: the second best prefills */
+            const double best = p->total;
             const double kv_in = best + (double)max_i(tail_blocks_all - matched, 0) * COL(&f, NBYTES, r) / f.link;
             const double in_flight = next_step(&f, r, SEC(&f, S_BUSY_STEP, r)) / 2;
             const int64_t tail = P - (P - 1) / bs * bs;
@@ -467,10 +446,10 @@ static PyObject *price_group(PyObject *self, PyObject *args) {
             const double tail_at = max_nan(kv_in + in_flight, queue_s);
             const double remote_ttft = tail_at + tail_step + f.off[1];
             if (remote_ttft < ttft) {
-                ttft = remote_ttft, work = part.work[second], computed = part.computed[second];
+                ttft = remote_ttft, work = p->work, computed = p->computed;
                 transfer = (isfinite(best) ? tail_at - best : 0.0) + tail_step;
-                kind = REMOTE, queue_k = part.queue[second], move = part.load[second], prefill_k = part.compute[second];
-                fetch_blocks = 0, source_row = -1, prefill_row = part.row[second];
+                kind = REMOTE, queue_k = p->queue, move = p->load, prefill_k = p->compute;
+                fetch_blocks = 0, source_row = -1, prefill_row = p->row;
             }
         }
         const double tpot = token_seconds(&f, r, COL(&f, PER_STEP, r) + COL(&f, C3, r) + COL(&f, C4, r) * f.tokens_x) + f.off[2];
