@@ -62,7 +62,7 @@ from kvplane.controlplane.observe import (
 )
 from kvplane.controlplane.relay import WorkerFailed, agent_stream, coalesced
 from kvplane.controlplane.store.base import Store, StoreError
-from kvplane.controlplane.tokenizer import PromptTokenizer, TokenizerError
+from kvplane.controlplane.tokenizer import ModelTokenizer, PromptTokenizer, TokenizerError
 from kvplane.convert import disagg_from_pb
 from kvplane.errors import ERROR_KIND_KEY, UNKNOWN_MODEL, component_trailers, rejection_trailers
 from kvplane.grpc_util import aio_channel
@@ -90,6 +90,8 @@ class Validated:
     request_id: str
     route: RouteRequest  # its cache_salt is the tenant-derived one
     tenant: str
+    # The model's tokenizer here, which detokenizes a relayed answer; None: the agent does.
+    tokenizer: ModelTokenizer | None = None
 
 
 @dataclass(slots=True)
@@ -203,7 +205,11 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
         problem = sampling_problem(s.temperature, s.top_p, s.top_k)
         if problem is not None:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"sampling.{problem}")
-        token_ids = await self._prompt_tokens(request, model, workers, context)
+        try:
+            tokenizer: ModelTokenizer | TokenizerError = self._tokenizer.for_model(model, (e.info for e in workers.values()))
+        except TokenizerError as e:
+            tokenizer = e  # token ids still work; the agent detokenizes
+        token_ids = await self._prompt_tokens(request, model, tokenizer, context)
         if token_ids and max(token_ids) >= limits.vocab_size:  # max() in C; the generator only to name the id
             bad = next(t for t in token_ids if t >= limits.vocab_size)
             await context.abort(
@@ -231,7 +237,10 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
             model=model, prompt_token_ids=token_ids, max_tokens=s.max_tokens, disagg=disagg,
             cache_salt=tenant_cache_salt(identity, request.cache_salt, key=self._cache_salt_key), priority=priority,
         )  # fmt: skip
-        return Validated(request.request_id or uuid.uuid4().hex, route, identity.cache_tenant)
+        return Validated(
+            request.request_id or uuid.uuid4().hex, route, identity.cache_tenant,
+            None if isinstance(tokenizer, TokenizerError) else tokenizer,
+        )  # fmt: skip
 
     async def _check_prompt_size(self, text: str, context) -> None:
         """Bounds prompt text before any work: len() is free, and UTF-8 bytes >= characters."""
@@ -239,16 +248,18 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
         if len(text) > limit or (len(text) * 4 > limit and len(text.encode("utf-8", "surrogatepass")) > limit):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"the prompt text is larger than this cluster's limit of {limit} bytes")
 
-    async def _prompt_tokens(self, request, model: str, workers, context) -> list[int]:
-        """The prompt's token ids, tokenized here (controlplane/tokenizer.py): no worker is sent
-        client text, so none sees a prompt that is not routed to it, nor can rewrite one."""
+    async def _prompt_tokens(self, request, model: str, tokenizer: ModelTokenizer | TokenizerError, context) -> list[int]:
+        """The prompt's token ids, tokenized here (controlplane/tokenizer.py) with `tokenizer`, or
+        refused with why there is none: no worker is sent client text, so none sees a prompt that
+        is not routed to it, nor can rewrite one."""
         kind = request.WhichOneof("prompt")
         ids: list[int] = []
         if kind == "token_ids":
             ids = list(request.token_ids.ids)
         elif (kind == "text" and request.text) or (kind == "chat" and request.chat.messages):
             try:
-                tokenizer = self._tokenizer.for_model(model, (e.info for e in workers.values()))
+                if isinstance(tokenizer, TokenizerError):
+                    raise tokenizer
                 if kind == "text":
                     ids = await self._tokenizer.encode_text(tokenizer, request.text)
                 else:
@@ -363,6 +374,11 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
             # The caller has every token; only the end was lost with the replica that relayed it.
             yield client_pb2.GenerateResponse(finished=True, finish_reason="length", request_id=v.request_id)
             return
+        # The answer's text, made here from its tokens when this replica has the model's
+        # tokenizer (the agents then send ids only); else the agent's text is relayed.
+        text = v.tokenizer.text_stream() if v.tokenizer is not None else None
+        if text is not None and sent:
+            await text.prime(sent)
         exclude: set[str] = set()
         num_attempts = num_migrations = 0
         queued_s = 0.0
@@ -374,7 +390,7 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
             if time_left is not None and time_left <= 0:
                 await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "the request's deadline passed while it was being moved")
             num_attempts += 1
-            attempt = await self._dispatch(v, request, sent, exclude, migrating, observation, context)
+            attempt = await self._dispatch(v, request, sent, exclude, migrating, observation, context, tokens_only=text is not None)
             plan, fetch, dispatch = attempt.plan, attempt.fetch, attempt.dispatch_id
             if not migrating:
                 queued_s = attempt.queued_s
@@ -406,7 +422,7 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
                     observation.on_reply(len(reply.token_ids))
                     out = client_pb2.GenerateResponse(
                         token_ids=reply.token_ids,
-                        text=reply.text,
+                        text=reply.text if text is None else await text.push(reply.token_ids, final=reply.finished),
                         finished=reply.finished,
                         finish_reason=reply.finish_reason,
                         request_id=v.request_id,
@@ -456,7 +472,8 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
                     migrating = True
                     record_migration(e.failure.value)
                     if len(sent) >= v.route.max_tokens:  # the last token arrived, the end did not
-                        yield client_pb2.GenerateResponse(finished=True, finish_reason="length", request_id=v.request_id)
+                        rest = "" if text is None else await text.push((), final=True)
+                        yield client_pb2.GenerateResponse(text=rest, finished=True, finish_reason="length", request_id=v.request_id)
                         return
             finally:
                 # Failed, moved, or the caller went away: release what it was charged with (idempotent).
@@ -464,11 +481,11 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
 
     async def _dispatch(
         self, v: Validated, request: client_pb2.GenerateRequest, sent: list[int], exclude: set[str], migrating: bool,
-        observation: RequestObservation, context,
+        observation: RequestObservation, context, *, tokens_only: bool = False,
     ) -> Attempt:  # fmt: skip
         """Plans one attempt of the request after the tokens `sent` (admitted, unless migrating:
         it was admitted already), charges its workers and builds its agent request with a fresh
-        ticket. Aborts the call when no worker can take it."""
+        ticket (`tokens_only`: the agent sends no text). Aborts the call when no worker can take it."""
         route = failover.resumed(v.route, sent) if sent else v.route
         while True:
             queued_s = 0.0
@@ -487,12 +504,13 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
         observation.routed(v.request_id, v.route.model, plan)
         dispatch_id = self.planner.dispatched(plan, self._clock())
         self._state.routed(plan)  # the index credits these workers with the prompt's blocks
-        agent_request = self._agent_request(v, request, plan, route, prefill, fetch, num_resumed=len(sent))
+        agent_request = self._agent_request(v, request, plan, route, prefill, fetch, num_resumed=len(sent), tokens_only=tokens_only)
         return Attempt(plan, decode.info.endpoint, fetch, dispatch_id, agent_request, queued_s)
 
     def _agent_request(
-        self, v: Validated, request: client_pb2.GenerateRequest, plan: Plan, route: RouteRequest, prefill, fetch, num_resumed: int
-    ) -> agent_pb2.AgentGenerateRequest:
+        self, v: Validated, request: client_pb2.GenerateRequest, plan: Plan, route: RouteRequest, prefill, fetch, num_resumed: int,
+        tokens_only: bool,
+    ) -> agent_pb2.AgentGenerateRequest:  # fmt: skip
         agent_request = agent_pb2.AgentGenerateRequest(
             request_id=v.request_id,
             prompt_token_ids=route.prompt_token_ids,
@@ -500,6 +518,7 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
             cache_salt=route.cache_salt,
             num_resumed_tokens=num_resumed,
             stream_interval=request.stream_interval,
+            tokens_only=tokens_only,
         )
         agent_request.sampling.max_tokens = route.max_tokens  # what is left of it after a resume
         if prefill is not None:

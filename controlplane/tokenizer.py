@@ -12,7 +12,10 @@ Why the operator's files and not the workers': a worker's claim is what issue 28
 trusting. A tokenizer sent by the first worker of a model would let a compromised one choose how
 every tenant's prompts are read; the byte tokenizer is the one claim taken, because it has no
 files to substitute and workers that disagree about it leave the model with no tokenizer (rule 3).
-So no worker sees text: each sees only the token ids of the requests routed to it.
+So no worker sees text: each sees only the token ids of the requests routed to it. Answers are
+detokenized here too, as they are relayed (ModelTokenizer.text_stream; the agents send ids only),
+except for a lookaside caller, whose tokens never cross the control plane: its decode agent sends
+the text, through its engine's tokenizer.
 
 Directories are read once, at start (a missing file or package fails the start, not a request);
 encoding runs in a thread, so that a megabyte prompt does not hold the event loop.
@@ -26,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvplane.chat import ChatTemplate, ChatTemplateError, load_chat_template
+from kvplane.text_stream import TextStream
 from kvplane.tokenizer import BYTE_TOKENIZER, ByteTokenizer, HFTokenizer, Tokenizer
 from kvplane.v1 import common_pb2
 
@@ -41,6 +45,16 @@ class ModelTokenizer:
     tokenizer: Tokenizer
     chat_template: ChatTemplate | None
     source: str  # where it came from, for messages: a directory or "builtin byte tokenizer"
+
+    def text_stream(self) -> TextStream:
+        """An answer's token ids to text as they are relayed. Decoded on the event loop: a stream
+        decodes a window of a few dozen tokens per message (kvplane/text_stream.py), microseconds."""
+        decode = self.tokenizer.decode
+
+        async def decoded(token_ids: Sequence[int]) -> str:
+            return decode(token_ids)
+
+        return TextStream(decoded)
 
 
 BYTE = ModelTokenizer(ByteTokenizer(), None, "the builtin byte tokenizer")

@@ -29,7 +29,8 @@ class Tokenizer(Protocol):
 
 
 class ByteTokenizer:
-    """Ids 0..255 are the UTF-8 bytes; then bos, eos, pad."""
+    """Ids 0..255 are the UTF-8 bytes; then bos, eos, pad. The sim engine reports it too, and
+    samples its answers from its model's vocabulary: an id beyond this one's decodes as <id>."""
 
     __slots__ = ()
     bos_token_id = 256
@@ -42,7 +43,16 @@ class ByteTokenizer:
         return [self.bos_token_id, *ids] if add_special_tokens else ids
 
     def decode(self, token_ids: Sequence[int]) -> str:
-        return bytes(t for t in token_ids if 0 <= t < 256).decode("utf-8", errors="replace")
+        out, pending = [], bytearray()
+        for t in token_ids:
+            if t < 256:
+                pending.append(t)
+            elif t >= self.vocab_size:
+                out.append(pending.decode("utf-8", errors="replace"))
+                out.append(f"<{t}>")
+                pending.clear()
+        out.append(pending.decode("utf-8", errors="replace"))
+        return "".join(out)
 
 
 class HFTokenizer:

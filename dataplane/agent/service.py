@@ -51,7 +51,7 @@ import grpc
 from kvplane import tickets
 from kvplane.convert import layout_from_pb, layout_to_pb, role_to_pb
 from kvplane.dataplane.agent import profile
-from kvplane.dataplane.agent.bridge import TextStream, sampling_from_pb
+from kvplane.dataplane.agent.bridge import sampling_from_pb
 from kvplane.dataplane.agent.config import AgentConfig
 from kvplane.dataplane.agent.observe import PHASE_GENERATE, PHASE_PREFILL, EngineTimer, record_transfer
 from kvplane.dataplane.engines.base import EngineAdapter, KVImportExport, NativeKVTransfer
@@ -66,6 +66,7 @@ from kvplane.security.credentials import Credentials
 from kvplane.security.identity import Identity, Role
 from kvplane.security.limits import MAX_ID_CHARS, clip
 from kvplane.telemetry import tracing
+from kvplane.text_stream import TextStream
 from kvplane.types import BlockHash
 from kvplane.v1 import agent_pb2, agent_pb2_grpc, common_pb2
 
@@ -334,8 +335,10 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         finally:
             self._num_importing_blocks -= len(held)  # the engine (or the unpin) has them now
         started = time.monotonic()
-        text = TextStream(self._engine.detokenize)
-        if request.num_resumed_tokens:
+        # A relaying control plane detokenizes itself (request.tokens_only); a lookaside caller
+        # gets the text from here.
+        text = None if request.tokens_only else TextStream(self._engine.detokenize)
+        if text is not None and request.num_resumed_tokens:
             # The caller has the text of the resumed tokens already: continue after it.
             await text.prime(prompt[len(prompt) - request.num_resumed_tokens :])
         finished = False
@@ -351,7 +354,8 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                 if out.error:
                     await context.abort(grpc.StatusCode.INTERNAL, f"engine failed on this request: {out.error}")
                 held_tokens += out.new_token_ids
-                held_text.append(await text.push(out.new_token_ids, final=finished))
+                if text is not None:
+                    held_text.append(await text.push(out.new_token_ids, final=finished))
                 if not finished and (len(held_tokens) < interval if sent_first else not held_tokens):
                     continue
                 sent_first = sent_first or bool(held_tokens)

@@ -20,7 +20,7 @@ class PrefillSource(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., endpoint: _Optional[str] = ..., transport: _Optional[str] = ..., cached_only: _Optional[bool] = ...) -> None: ...
 
 class AgentGenerateRequest(_message.Message):
-    __slots__ = ("ticket", "request_id", "prompt_token_ids", "sampling", "cache_salt", "prefill_from", "num_resumed_tokens", "stream_interval")
+    __slots__ = ("ticket", "request_id", "prompt_token_ids", "sampling", "cache_salt", "prefill_from", "num_resumed_tokens", "stream_interval", "tokens_only")
     TICKET_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -29,6 +29,7 @@ class AgentGenerateRequest(_message.Message):
     PREFILL_FROM_FIELD_NUMBER: _ClassVar[int]
     NUM_RESUMED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     STREAM_INTERVAL_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_ONLY_FIELD_NUMBER: _ClassVar[int]
     ticket: _common_pb2.Ticket
     request_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -37,7 +38,8 @@ class AgentGenerateRequest(_message.Message):
     prefill_from: PrefillSource
     num_resumed_tokens: int
     stream_interval: int
-    def __init__(self, ticket: _Optional[_Union[_common_pb2.Ticket, _Mapping]] = ..., request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., cache_salt: _Optional[str] = ..., prefill_from: _Optional[_Union[PrefillSource, _Mapping]] = ..., num_resumed_tokens: _Optional[int] = ..., stream_interval: _Optional[int] = ...) -> None: ...
+    tokens_only: bool
+    def __init__(self, ticket: _Optional[_Union[_common_pb2.Ticket, _Mapping]] = ..., request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., cache_salt: _Optional[str] = ..., prefill_from: _Optional[_Union[PrefillSource, _Mapping]] = ..., num_resumed_tokens: _Optional[int] = ..., stream_interval: _Optional[int] = ..., tokens_only: _Optional[bool] = ...) -> None: ...
 
 class AgentGenerateResponse(_message.Message):
     __slots__ = ("token_ids", "text", "finished", "finish_reason", "metrics")

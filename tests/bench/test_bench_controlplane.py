@@ -1,5 +1,5 @@
 """`kvplane bench controlplane`, tiny: one replica, 8 sim workers in one process, short requests,
-relay and lookaside, 2 steps each."""
+relay and lookaside, 2 steps each; text prompts in the first."""
 
 from __future__ import annotations
 
@@ -16,12 +16,12 @@ def test_a_tiny_run_reports_consistent_rates_routing_times_and_cpu_shares():
     done = run_kvplane(
         "bench", "controlplane", "--replicas", "1", "--workers", "8", "--shapes", "short", "--duration-s", "2",
         "--max-steps", "2", "--start-rps", "6", "--speedup", "8", "--sim-num-blocks", "1024", "--modes", "relay,lookaside", "--buses", "nats",
-        "--json", timeout=240,
+        "--text", "--json", timeout=240,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert "1 x relay short" in done.stderr and "bus nats" in done.stderr  # progress on stderr while it runs
     result = json.loads(done.stdout)
-    assert result["config"]["workers"] == 8 and result["config"]["security"] == "mutual TLS"
+    assert result["config"]["workers"] == 8 and result["config"]["security"] == "mutual TLS" and result["config"]["prompts"] == "text"
     assert "generators connected to 8/8 agents" in done.stderr  # lookaside callers dial the agents first
     relay, lookaside = result["rows"]
     assert [(r["replicas"], r["mode"], r["shape"]) for r in (relay, lookaside)] == [(1, "relay", "short"), (1, "lookaside", "short")]
@@ -56,6 +56,8 @@ def _check_row(row):
         assert sum(shares.values()) == pytest.approx(1.0, abs=0.01)
         assert shares["route"] > 0 and shares["admit"] > 0  # both modes route and admit every request
         assert step["cp_cores"] > 0 and step["agents_cores"] > 0 and step["generator_cores_max"] > 0
+        # The agents' CPU per request, net of their idle background: at most their gross CPU per request.
+        assert 0 <= step["agents_cpu_ms_per_request_net"] <= step["agents_cores"] * step["wall_s"] / step["ok"] * 1000 + 0.01
 
 
 @pytest.mark.cluster

@@ -23,10 +23,12 @@ from kvplane.dataplane.engines.sim.config import SimConfig
 from kvplane.dataplane.engines.sim.engine import SimEngine
 from kvplane.dataplane.transport.modeled import ModeledLink
 from kvplane.latency import StepSample
+from kvplane.tokenizer import ByteTokenizer
 
 log = logging.getLogger(__name__)
 
 IDLE_POLL_S = 0.01  # how often a blocked queue is looked at again (a peer's pull frees blocks silently)
+_BYTES = ByteTokenizer()
 
 
 class SimAdapter(PagedEngineAdapter):
@@ -76,17 +78,7 @@ class SimAdapter(PagedEngineAdapter):
         self._wake.set()
 
     async def detokenize(self, token_ids: Sequence[int]) -> str:
-        """Ids below 256 are bytes (the control plane's byte tokenizer); a generated id above is shown as <id>."""
-        out, pending = [], bytearray()
-        for t in token_ids:
-            if t < 256:
-                pending.append(t)
-                continue
-            out.append(pending.decode(errors="replace"))
-            pending.clear()
-            out.append(f"<{t}>")
-        out.append(pending.decode(errors="replace"))
-        return "".join(out)
+        return _BYTES.decode(token_ids)  # the tokenizer the sim engine reports (WorkerInfo.tokenizer "byte")
 
     @property
     def profiling(self) -> StepProfiling:

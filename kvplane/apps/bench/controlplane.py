@@ -124,6 +124,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stream-interval", type=int, default=0, metavar="N",
                         help="tokens per streamed message after the first that the generators ask for (GenerateRequest."
                         "stream_interval; 0: every token) (default %(default)s)")  # fmt: skip
+    parser.add_argument("--text", action="store_true",
+                        help="send text prompts of the shape's length (the control plane tokenizes them with the sim "
+                        "workers' byte tokenizer, and detokenizes relayed answers) instead of token ids")  # fmt: skip
     parser.add_argument("--idle-only", action="store_true", help="measure the replicas' idle CPU, store writes and bus messages only")
     parser.add_argument("--insecure", action="store_true", help="plaintext gRPC with tokens instead of mutual TLS")
     parser.add_argument("--seed", type=int, default=0)
@@ -225,6 +228,7 @@ class Bench:
             self.metrics_urls.append(url)
         self.limits = Limits(args.min_ratio, args.max_routing_p99_ms).validate()
         self.background_cores = 0.0
+        self.hosts_background_cores = 0.0  # the agents' (load reports, KV snapshots)
         self._seed = args.seed
 
     def _cpu(self, names: list[str]) -> float:
@@ -234,10 +238,11 @@ class Bench:
         """The replicas' CPU with no request running (reports, keep-alives, the store's watch, the
         bus), and the store writes and bus messages per second meanwhile."""
         counts = self.counters()
-        before, started = self._cpu(self.replicas), time.monotonic()
+        before, hosts_before, started = self._cpu(self.replicas), self._cpu(self.hosts), time.monotonic()
         time.sleep(seconds)
         elapsed = time.monotonic() - started
         self.background_cores = (self._cpu(self.replicas) - before) / elapsed
+        self.hosts_background_cores = (self._cpu(self.hosts) - hosts_before) / elapsed
         after = self.counters()
         per_s = {name: (after[name] - counts[name]) / elapsed for name in counts}
         num_workers = sum(len(w) for w in self.cluster.hosted_workers.values()) or len(self.cluster.worker_endpoints)
@@ -262,7 +267,8 @@ class Bench:
         self._seed += 1
         commands = [
             {"shape": shape, "mode": mode, "rate_rps": rate_rps / num, "duration_s": duration_s,
-             "grace_s": self.args.grace_s, "seed": self._seed * 1000 + i, "stream_interval": self.args.stream_interval}
+             "grace_s": self.args.grace_s, "seed": self._seed * 1000 + i, "stream_interval": self.args.stream_interval,
+             "text": self.args.text}
             for i in range(num)
         ]  # fmt: skip
         metrics_before = [scrape(url) for url in self.metrics_urls]
@@ -306,6 +312,7 @@ class Bench:
             "cp_cores": round(cp_cpu / wall, 3),
             "phase_shares": {k: round(v, 4) for k, v in phase_shares(phase_cpu, cp_cpu).items()},
             "agents_cores": round(hosts_cpu / wall, 3),
+            "agents_cpu_ms_per_request_net": round(max(0.0, hosts_cpu - self.hosts_background_cores * wall) / ok * 1000, 3) if ok else None,
             "generator_cores_max": round(generator_cores, 3),
             "machine_busy_cores": round(machine_cpu / wall, 3),
             "ttft_p50_ms": None if not ttfts else round(percentile(ttfts, 50) * 1000, 2),
@@ -407,7 +414,7 @@ def run_replicas(args: argparse.Namespace, num_replicas: int, bus: str, log_dir:
 
 def format_table(result: dict[str, Any]) -> str:
     headers = ("replicas", "bus", "mode", "shape", "req/s", "req/s, p99 < limit", "route p50 ms", "route p99 ms", "CP CPU ms/req", "net",
-               *PHASES, "other", "CP cores", "agents", "gen")  # fmt: skip
+               *PHASES, "other", "CP cores", "agents", "agent CPU ms/req", "gen")  # fmt: skip
     lines = [" | ".join(headers), " | ".join("---" for _ in headers)]
 
     def num(value: Any, digits: int = 2) -> str:
@@ -420,7 +427,8 @@ def format_table(result: dict[str, Any]) -> str:
             str(row["replicas"]), row.get("bus", "store"), row["mode"], row["shape"], num(row["kept_up_rps"], 1), num(row["sustained_rps"], 1), num(s.get("routing_p50_ms")),
             num(s.get("routing_p99_ms")), num(s.get("cp_cpu_ms_per_request")), num(s.get("cp_cpu_ms_per_request_net")),
             *(f"{shares[p] * 100:.0f}%" if p in shares else "-" for p in (*PHASES, "other")),
-            num(s.get("cp_cores")), num(s.get("agents_cores")), num(s.get("generator_cores_max")),
+            num(s.get("cp_cores")), num(s.get("agents_cores")), num(s.get("agents_cpu_ms_per_request_net")),
+            num(s.get("generator_cores_max")),
         )))  # fmt: skip
     return "\n".join(f"| {line} |" for line in lines)
 
@@ -455,7 +463,7 @@ def run(args: argparse.Namespace) -> int:
             "security": "plaintext + tokens" if args.insecure else "mutual TLS", "admission": "none", "rate_limit": "off",
             "speedup": args.speedup, "load_report_interval_s": args.load_report_interval, "duration_s": args.duration_s,
             "min_ratio": args.min_ratio, "max_routing_p99_ms": args.max_routing_p99_ms, "cpu_count": os.cpu_count(),
-            "stream_interval": args.stream_interval,
+            "stream_interval": args.stream_interval, "prompts": "text" if args.text else "token ids",
         },
         "rows": rows,
         "idle": idle,
@@ -466,7 +474,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(result))
         return 0
     c = result["config"]
-    print(f"{c['workers']} sim workers in {c['hosts']} processes, {c['security']}, admission none, "
+    print(f"{c['workers']} sim workers in {c['hosts']} processes, {c['security']}, admission none, {c['prompts']} prompts, "
           f"{c['cpu_count']} cores shared by everything; highest sustained rate per row:")  # fmt: skip
     if rows:
         print(format_table(result))
@@ -476,7 +484,8 @@ def run(args: argparse.Namespace) -> int:
         f"{args.max_routing_p99_ms:g} ms"
     )
     print("CP CPU = the replicas' CPU per completed request (net: without their idle background); route/admit/relay/report/other = "
-          "shares of it; CP cores, agents, gen = cores used by the replicas, the agent processes and the busiest generator")  # fmt: skip
+          "shares of it; CP cores, agents, gen = cores used by the replicas, the agent processes and the busiest generator; "
+          "agent CPU = the agent processes' CPU per completed request, without their idle background")  # fmt: skip
     print()
     print(format_idle(result, args.load_report_interval))
     return 0

@@ -24,6 +24,7 @@ import argparse
 import asyncio
 import json
 import random
+import string
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -120,15 +121,22 @@ Mode = Callable[[Target, client_pb2.GenerateRequest, Sample], Awaitable[None]]
 MODES: dict[str, Mode] = {"relay": relay, "lookaside": lookaside}
 
 
-def build_requests(shape: Shape, count: int, rng: random.Random, stream_interval: int = 0) -> list[client_pb2.GenerateRequest]:
-    body = [rng.randrange(VOCAB) for _ in range(shape.prompt_tokens)]
+def build_requests(
+    shape: Shape, count: int, rng: random.Random, stream_interval: int = 0, text: bool = False
+) -> list[client_pb2.GenerateRequest]:
+    """`text`: prompts of ASCII letters, one token each for the sim workers' byte tokenizer."""
+    letters = [ord(c) for c in string.ascii_letters]
+
+    def token() -> int:
+        return rng.choice(letters) if text else rng.randrange(VOCAB)
+
+    body = [token() for _ in range(shape.prompt_tokens)]
     sampling = common_pb2.SamplingParams(max_tokens=shape.max_tokens, ignore_eos=True)
     requests = []
     for _ in range(count):
-        ids = [rng.randrange(VOCAB) for _ in range(BLOCK)] + body[BLOCK:]
-        requests.append(
-            client_pb2.GenerateRequest(token_ids=client_pb2.TokenIds(ids=ids), sampling=sampling, stream_interval=stream_interval)
-        )
+        ids = [token() for _ in range(BLOCK)] + body[BLOCK:]
+        prompt = {"text": bytes(ids).decode()} if text else {"token_ids": client_pb2.TokenIds(ids=ids)}
+        requests.append(client_pb2.GenerateRequest(**prompt, sampling=sampling, stream_interval=stream_interval))
     return requests
 
 
@@ -137,7 +145,7 @@ async def run_step(target: Target, command: dict) -> dict:
     shape = SHAPES[command["shape"]]
     rng = random.Random(command.get("seed", 0))
     arrivals = poisson_arrivals(command["rate_rps"], command["duration_s"], rng)
-    requests = build_requests(shape, len(arrivals), rng, command.get("stream_interval", 0))
+    requests = build_requests(shape, len(arrivals), rng, command.get("stream_interval", 0), command.get("text", False))
     loop = asyncio.get_running_loop()
     cpu_started = time.process_time()
     start = loop.time()

@@ -1,0 +1,142 @@
+"""The incremental detokenizer (kvplane/text_stream.py): deltas joined are the whole answer's text,
+whatever the pushes, with a window of bounded length, for the tokenizers kvplane decodes with."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from kvplane.text_stream import MAX_WINDOW, REPLACEMENT, TextStream
+from kvplane.tokenizer import ByteTokenizer, HFTokenizer
+
+from .helpers import write_tokenizer
+
+WORDS = ["the", "quick", "brown", "fox", "café", "naïve", "日本語", "😀", "-", "\n", "  ", "jumps", "über"]
+
+
+def _text(rng: random.Random, num_words: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(num_words))
+
+
+def _stream(decode, ids: Sequence[int], rng: random.Random, primed: int = 0) -> tuple[list[str], list[int]]:
+    """Pushes ids[primed:] in random pieces; the deltas and the length of every decoded window."""
+    windows: list[int] = []
+
+    async def decoded(token_ids: Sequence[int]) -> str:
+        windows.append(len(token_ids))
+        return decode(token_ids)
+
+    async def run() -> list[str]:
+        stream = TextStream(decoded)
+        if primed:
+            await stream.prime(ids[:primed])
+        deltas, i = [], primed
+        while i < len(ids):
+            n = rng.randint(1, 7)
+            deltas.append(await stream.push(ids[i : i + n], final=i + n >= len(ids)))
+            i += n
+        return deltas
+
+    return asyncio.run(run()), windows
+
+
+@pytest.fixture(scope="module")
+def hf(tmp_path_factory: pytest.TempPathFactory) -> HFTokenizer:
+    directory = tmp_path_factory.mktemp("tok")
+    write_tokenizer(directory)
+    return HFTokenizer(directory)
+
+
+@pytest.fixture(scope="module")
+def metaspace(tmp_path_factory: pytest.TempPathFactory) -> HFTokenizer:
+    """A SentencePiece-style tokenizer (Metaspace: a token's leading space is its own '▁'), whose
+    decoder drops the first token's leading space: the case the window's context tokens are for."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE(byte_fallback=True))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Sequence([decoders.ByteFallback(), decoders.Metaspace()])
+    trainer = trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<unk>", "<s>", "</s>"], initial_alphabet=[f"<0x{b:02X}>" for b in range(256)]
+    )
+    tok.train_from_iterator([_text(random.Random(i), 40) for i in range(50)], trainer)
+    path = tmp_path_factory.mktemp("metaspace") / "tokenizer.json"
+    tok.save(str(path))
+    return HFTokenizer(path)
+
+
+@pytest.mark.parametrize("name", ["byte", "hf", "metaspace"])
+def test_deltas_joined_are_the_answers_text(name: str, hf: HFTokenizer, metaspace: HFTokenizer) -> None:
+    tok = {"byte": ByteTokenizer(), "hf": hf, "metaspace": metaspace}[name]
+    rng = random.Random(7)
+    for case in range(60):
+        ids = tok.encode(_text(rng, rng.randint(1, 120)))
+        deltas, windows = _stream(tok.decode, ids, rng)
+        assert "".join(deltas) == tok.decode(ids), (name, case)
+        # Held back until complete: no delta ends in a split character (the text has none).
+        assert not any(d.endswith(REPLACEMENT) for d in deltas)
+        # Each decode reads a window, never the whole answer again.
+        assert max(windows) <= 2 * MAX_WINDOW + 7, (name, case)
+
+
+@pytest.mark.parametrize("name", ["byte", "hf", "metaspace"])
+def test_a_primed_stream_continues_after_the_callers_text(name: str, hf: HFTokenizer, metaspace: HFTokenizer) -> None:
+    tok = {"byte": ByteTokenizer(), "hf": hf, "metaspace": metaspace}[name]
+    rng = random.Random(11)
+    for case in range(40):
+        ids = tok.encode(_text(rng, rng.randint(2, 80)))
+        primed = rng.randint(1, len(ids) - 1)
+        deltas, _ = _stream(tok.decode, ids, rng, primed=primed)
+        had = tok.decode(ids[:primed]).rstrip(REPLACEMENT)
+        assert had + "".join(deltas) == tok.decode(ids), (name, case)
+
+
+def test_long_answer_decodes_in_windows() -> None:
+    """2,000 tokens one at a time: the work is linear in the answer, not quadratic."""
+    tok = ByteTokenizer()
+    ids = tok.encode(_text(random.Random(3), 600))[:2000]
+    windows: list[int] = []
+
+    async def decoded(token_ids: Sequence[int]) -> str:
+        windows.append(len(token_ids))
+        return tok.decode(token_ids)
+
+    async def run() -> str:
+        stream = TextStream(decoded)
+        return "".join([await stream.push([t], final=i == len(ids) - 1) for i, t in enumerate(ids)])
+
+    assert asyncio.run(run()) == tok.decode(ids)
+    assert max(windows) <= 2 * MAX_WINDOW + 1
+    assert sum(windows) <= len(ids) * MAX_WINDOW  # decoding it all each time: ~1,000 per token
+
+
+def test_invalid_bytes_and_ids_beyond_the_byte_vocabulary() -> None:
+    tok = ByteTokenizer()
+    ids = [104, 0xFF, 105, 300, 195, 169, 257, 40000]  # 'h', a stray byte, 'i', <300>, 'é', eos, <40000>
+    assert tok.decode(ids) == "h\ufffdi<300>é<40000>"
+    for seed in range(20):
+        deltas, _ = _stream(tok.decode, ids, random.Random(seed))
+        assert "".join(deltas) == tok.decode(ids)
+
+
+def test_a_stream_cut_mid_character_sends_the_replacement_at_the_end() -> None:
+    tok = ByteTokenizer()
+
+    async def decoded(token_ids: Sequence[int]) -> str:
+        return tok.decode(token_ids)
+
+    async def run() -> list[str]:
+        stream = TextStream(decoded)
+        return [await stream.push([104, 195]), await stream.push([], final=True)]
+
+    assert asyncio.run(run()) == ["h", REPLACEMENT]
+
+
+def test_write_tokenizer_is_byte_level(hf: HFTokenizer, tmp_path: Path) -> None:
+    # The window's context matters for tokenizers whose pieces split characters: this one does.
+    pieces = hf.encode("😀")
+    assert len(pieces) > 1 and hf.decode(pieces[:1]).endswith(REPLACEMENT)
