@@ -48,7 +48,7 @@ class ModelTokenizer:
 
     def text_stream(self) -> TextStream:
         """An answer's token ids to text as they are relayed. Decoded on the event loop: a stream
-        decodes a window of a few dozen tokens per message (kvplane/text_stream.py), microseconds."""
+        decodes a window of a few tokens per message (kvplane/text_stream.py): microseconds."""
         decode = self.tokenizer.decode
 
         async def decoded(token_ids: Sequence[int]) -> str:

@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 REPLACEMENT = "\ufffd"
 CONTEXT_TOKENS = 4  # tokens before the window's new ones, decoded again for context
-MAX_WINDOW = 32  # a window longer, its text all sent, moves forward to its last CONTEXT_TOKENS
+MAX_WINDOW = 16  # a window longer, its text all sent, moves forward to its last CONTEXT_TOKENS
 
 
 class TextStream:

@@ -43,6 +43,8 @@ class ByteTokenizer:
         return [self.bos_token_id, *ids] if add_special_tokens else ids
 
     def decode(self, token_ids: Sequence[int]) -> str:
+        if max(token_ids, default=0) < 256:  # bytes only (most of a byte model's answer): all in C
+            return bytes(token_ids).decode("utf-8", errors="replace")
         out, pending = [], bytearray()
         for t in token_ids:
             if t < 256:
