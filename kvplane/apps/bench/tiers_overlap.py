@@ -11,9 +11,14 @@ each in the host tier and evicted from the small device pool since its last use 
 load). A loader request computes one token after its prefix, so it adds one step of attention over
 its prefix to the stream's steps, with or without a load. Host -> device copies are paced at
 --host-gbs (a PCIe link modelled on a CPU, where the "device" pool is host memory too). Reported
-per path: the stream's inter-token latency p50/p99 per condition, the p99 ratio host/alone (the
-issue's target: at most 1.2 on the copy-thread path) and host/device (the copy's own share), and
-the loads completed with their latency (submit to finish).
+per path: the stream's inter-token latency p50/p99 per condition, the p99 ratios host/alone (the
+loader's co-batched steps and the copy together) and host/device (what the copy adds: the target,
+at most 1.2 on the copy-thread path), and the loads completed with their latency (submit to finish).
+
+The target's baseline is "device", not "alone": the loader's own step (attention over its 1,024
+cached tokens) lengthens the stream's steps with or without a copy, in any engine that batches
+them, so only host/device measures whether the stream waits for another request's copy (issue
+24's "within 1.2x of its value with no load running"; the host/alone ratio is printed beside it).
 """
 
 from __future__ import annotations
@@ -229,7 +234,7 @@ def run(args: argparse.Namespace) -> int:
         "decode_tokens": args.decode_tokens,
         "rounds": args.rounds,
         "target_ratio": TARGET_RATIO,
-        "target_met": copy_thread["p99_ratio"] <= TARGET_RATIO,
+        "target_met": copy_thread["p99_ratio_to_device"] <= TARGET_RATIO,
         "rows": rows,
     }
     if any(row["blocks_per_load"] < runs[0].prefix_blocks for row in rows):
@@ -250,5 +255,5 @@ def run(args: argparse.Namespace) -> int:
               f"{row['itl_device_p99_ms']:>8.2f} {row['itl_host_p50_ms']:>8.2f} {row['itl_host_p99_ms']:>8.2f}  "
               f"{row['p99_ratio']:>6.2f} {row['p99_ratio_to_device']:>6.2f}")  # fmt: skip
     verdict = "met" if summary["target_met"] else "not met"
-    print(f"target: copy-thread p99 ratio <= {TARGET_RATIO}: {verdict}")
+    print(f"target: copy-thread p99 ratio to the prefix on device (no load running) <= {TARGET_RATIO}: {verdict}")
     return 0
