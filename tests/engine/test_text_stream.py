@@ -69,30 +69,31 @@ def metaspace(tmp_path_factory: pytest.TempPathFactory) -> HFTokenizer:
     return HFTokenizer(path)
 
 
-@pytest.mark.parametrize("name", ["byte", "hf", "metaspace"])
-def test_deltas_joined_are_the_answers_text(name: str, hf: HFTokenizer, metaspace: HFTokenizer) -> None:
-    tok = {"byte": ByteTokenizer(), "hf": hf, "metaspace": metaspace}[name]
+@pytest.fixture(params=["byte", "hf", "metaspace"])
+def tok(request: pytest.FixtureRequest, hf: HFTokenizer, metaspace: HFTokenizer):  # type: ignore[no-untyped-def]
+    return {"byte": ByteTokenizer(), "hf": hf, "metaspace": metaspace}[request.param]
+
+
+def test_deltas_joined_are_the_answers_text(tok) -> None:  # type: ignore[no-untyped-def]
     rng = random.Random(7)
     for case in range(60):
         ids = tok.encode(_text(rng, rng.randint(1, 120)))
         deltas, windows = _stream(tok.decode, ids, rng)
-        assert "".join(deltas) == tok.decode(ids), (name, case)
+        assert "".join(deltas) == tok.decode(ids), case
         # Held back until complete: no delta ends in a split character (the text has none).
         assert not any(d.endswith(REPLACEMENT) for d in deltas)
         # Each decode reads a window, never the whole answer again.
-        assert max(windows) <= 2 * MAX_WINDOW + 7, (name, case)
+        assert max(windows) <= 2 * MAX_WINDOW + 7, case
 
 
-@pytest.mark.parametrize("name", ["byte", "hf", "metaspace"])
-def test_a_primed_stream_continues_after_the_callers_text(name: str, hf: HFTokenizer, metaspace: HFTokenizer) -> None:
-    tok = {"byte": ByteTokenizer(), "hf": hf, "metaspace": metaspace}[name]
+def test_a_primed_stream_continues_after_the_callers_text(tok) -> None:  # type: ignore[no-untyped-def]
     rng = random.Random(11)
     for case in range(40):
         ids = tok.encode(_text(rng, rng.randint(2, 80)))
         primed = rng.randint(1, len(ids) - 1)
         deltas, _ = _stream(tok.decode, ids, rng, primed=primed)
         had = tok.decode(ids[:primed]).rstrip(REPLACEMENT)
-        assert had + "".join(deltas) == tok.decode(ids), (name, case)
+        assert had + "".join(deltas) == tok.decode(ids), case
 
 
 def test_long_answer_decodes_in_windows() -> None:
