@@ -102,6 +102,9 @@ class ClusterState:
         self.pauses.on_pause.append(self._after_pause)
         self._trust_store_after = 0.0
         self.workers: dict[WorkerId, WorkerEntry] = {}
+        # Bumped when a worker joins, leaves or registers again with other info: what a reader
+        # derives from every worker's info (ClientService's per-model facts) is redone only then.
+        self.workers_generation = 0
         # The step-time model each worker is priced with: its kind's (core/step_pool.py).
         self.step_models = StepModelPool()
         self._views: dict[WorkerId, tuple] = {}  # worker -> (entry, state, load_at, priced model it was built from, its WorkerView)
@@ -253,6 +256,7 @@ class ClusterState:
         if event.type is EventType.DELETE:
             if self.workers.pop(worker_id, None) is not None:
                 self._membership_changed = True
+                self.workers_generation += 1
                 self._stated_link = None
             self._changed |= self.step_models.remove(worker_id)
             self._views.pop(worker_id, None)
@@ -281,6 +285,7 @@ class ClusterState:
             info=info, load=common_pb2.WorkerLoad(), state=info.state, load_at=time.monotonic(), kind=worker_kind(info), lease=lease
         )
         self.workers[worker_id] = entry
+        self.workers_generation += 1
         self._changed |= self.step_models.update(worker_id, entry.kind, None)
         log.info("worker %s joined: %s at %s", worker_id, common_pb2.Role.Name(info.role), info.endpoint)
         self._release_pending(worker_id, lease)

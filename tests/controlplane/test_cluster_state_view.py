@@ -35,6 +35,7 @@ def test_views_are_reused_until_a_report_a_state_change_or_a_departure_changes_t
                 info = common_pb2.WorkerInfo(worker_id=w, role=common_pb2.ROLE_BOTH, endpoint=f"{w}:1", model="m")
                 await store.put(keys.worker_key(w), info.SerializeToString())
             await _settle(lambda: len(state.workers) == 2, "both workers")
+            generation = state.workers_generation
             first = _views(state)
             assert _views(state)["a"] is first["a"] and _views(state)["b"] is first["b"]
 
@@ -51,8 +52,18 @@ def test_views_are_reused_until_a_report_a_state_change_or_a_departure_changes_t
             assert view.table is not None and [w.worker_id for w in view.table.views] == [w.worker_id for w in view.workers]
             assert list(view.table.active) == [w.active for w in view.workers]
 
+            assert state.workers_generation == generation  # reports and states are not membership
+            info = common_pb2.WorkerInfo(worker_id="a", role=common_pb2.ROLE_BOTH, endpoint="a:1", model="m")
+            await store.put(keys.worker_key("a"), info.SerializeToString())  # registered again, the same
+            await store.put(keys.worker_key("a"), info.SerializeToString())
+            info.tokenizer = "byte"
+            await store.put(keys.worker_key("a"), info.SerializeToString())  # and with other info
+            await _settle(lambda: state.workers["a"].info.tokenizer == "byte", "a's new info")
+            assert state.workers_generation == generation + 1
+
             await store.delete(keys.worker_key("b"))
             await _settle(lambda: "b" not in _views(state), "b's departure")
+            assert state.workers_generation == generation + 2
         finally:
             await state.stop()
 

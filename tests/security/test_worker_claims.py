@@ -19,6 +19,7 @@ import pytest
 from kvplane import Client
 from kvplane.apps.cluster import LocalCluster
 from kvplane.block_hash import hash_blocks
+from kvplane.errors import FailedPreconditionError
 from kvplane.security.identity import Identity, Role
 from kvplane.v1 import agent_pb2_grpc, common_pb2, registry_pb2
 
@@ -38,7 +39,7 @@ def cluster(tmp_path_factory) -> LocalCluster:
 class EvilAgent(agent_pb2_grpc.AgentServicer):
     """Registers as `worker_id`, reports itself idle every 0.2 s, records (and rewrites) what it is sent."""
 
-    def __init__(self, cluster: LocalCluster, worker_id: str, role: int) -> None:
+    def __init__(self, cluster: LocalCluster, worker_id: str, role: int, tokenizer: str | None = None) -> None:
         self.worker_id = worker_id
         self.methods: list[str] = []  # every RPC the control plane called on it, whatever the method
         self.generated: list[list[int]] = []  # the prompts of the Generate calls it got
@@ -51,6 +52,8 @@ class EvilAgent(agent_pb2_grpc.AgentServicer):
         self.registry = self._as.registry()
         info = worker_info(cluster, worker_id)
         info.endpoint, info.role = f"127.0.0.1:{port}", role
+        if tokenizer is not None:
+            info.tokenizer = tokenizer
         self.reply = self.registry.Register(registry_pb2.RegisterRequest(info=info), timeout=10)
         self.block_size = info.layout.block_size
         self.model = info.model
@@ -132,6 +135,27 @@ def test_a_worker_that_logs_and_rewrites_tokenize_requests_sees_no_text_and_chan
         assert evil.generated == [] and not {m.rsplit("/", 1)[-1] for m in evil.methods} - {"GetStatus"}
     finally:
         evil.close()
+
+
+def test_a_worker_claiming_another_tokenizer_leaves_its_model_without_one_until_it_leaves(cluster):
+    """Rule 3 of controlplane/tokenizer.py, and the control plane noticing the claim come and go
+    (it derives each model's tokenizer once per change of its workers, not per request)."""
+    with Client(cluster.endpoint, credentials=cluster.credentials.client("bob"), timeout=60) as bob:
+        before = bob.generate("hello there", max_tokens=4, ignore_eos=True)
+        evil = EvilAgent(cluster, "evil-tokenizer-claim", common_pb2.ROLE_PREFILL, tokenizer="")  # "its engine's own"
+        try:
+            _wait_for(lambda: "evil-tokenizer-claim" in {w.worker_id for w in bob.workers()}, "the claiming worker")
+            with pytest.raises(FailedPreconditionError, match="its workers disagree on the tokenizer"):
+                bob.generate("hello there", max_tokens=4, ignore_eos=True)
+            # Token ids still work; with no tokenizer here the decode agent makes the text.
+            by_ids = bob.generate(list(b"hello there"), max_tokens=4, ignore_eos=True)
+            assert by_ids.token_ids == before.token_ids and by_ids.text == before.text
+        finally:
+            evil.close()
+        _wait_for(lambda: "evil-tokenizer-claim" not in {w.worker_id for w in bob.workers()}, "the claiming worker to leave")
+        after = bob.generate("hello there", max_tokens=4, ignore_eos=True)
+        assert after.token_ids == before.token_ids and after.text == before.text
+    assert evil.generated == []
 
 
 def test_a_worker_advertising_another_tenants_blocks_and_reporting_idle_does_not_pull_its_requests(cluster):
