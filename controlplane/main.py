@@ -59,7 +59,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="tokenize MODEL's prompts here with DIR's tokenizer.json and chat template (repeatable; without "
                         "MODEL=, every model without its own); needs `pip install 'kvplane[tokenizers]'`. Models whose "
                         "workers use the builtin byte tokenizer need none. Workers never see prompt text (docs/architecture.md, "
-                        "Tokenization)")  # fmt: skip
+                        "Tokenization); relayed answers are detokenized here too, so a model without a tokenizer here has its "
+                        "answers' text made by its agents")  # fmt: skip
     parser.add_argument("--trust-worker-cache-claims", action="store_true",
                         help="credit every block a worker's KV events announce, not only those this replica routed to it: "
                         "keeps cache routing across replica restarts, and lets a compromised worker draw traffic with false "
