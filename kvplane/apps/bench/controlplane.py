@@ -19,7 +19,8 @@ etcd_mvcc_put_total + etcd_mvcc_delete_total), NATS's messages in per second (it
 publishes, acks and flow control) and the replicas' CPU per worker per second of reports.
 `--idle-only` stops there (no rate search).
 
-Then per request shape (short: 128 tokens in / 32 out; long: 4,096 / 256) and mode (`relay`:
+Then per request shape (short: 128 tokens in / 32 out; long: 4,096 / 256; token ids, or with
+`--text` as many ASCII letters, one token each for the sim workers' byte tokenizer) and mode (`relay`:
 Kvplane.Generate streamed through the control plane; `lookaside`: Route places the request, the
 generator streams from the decode agent and reports first token and end), a rate search (kvplane/apps/bench/ratesearch.py):
 steps of `--duration-s` at an offered Poisson rate, doubled while sustained, then bisected.
@@ -31,7 +32,7 @@ completed request (/proc/PID/stat over the step; `net` leaves out the idle backg
 shares of that CPU spent routing, admitting, relaying and taking lookaside reports
 (kvplane_controlplane_cpu_seconds_total)
 and the rest (gRPC, asyncio, validation, tickets, registry and store work), plus the CPU the
-agents and generators used. Everything shares this machine's cores: the rates are partly a
+agents (also per request, less their idle background) and generators used. Everything shares this machine's cores: the rates are partly a
 measure of contention, the CPU per request is the portable number.
 """
 
