@@ -394,8 +394,8 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
         # The answer's text, made here from its tokens when this replica has the model's
         # tokenizer (the agents then send ids only); else the agent's text is relayed.
         text = v.tokenizer.text_stream() if v.tokenizer is not None else None
-        if text is not None and sent:
-            await text.prime(sent)
+        if text is not None:
+            await text.start_after(v.route.prompt_token_ids, sent)
         exclude: set[str] = set()
         num_attempts = num_migrations = 0
         queued_s = 0.0

@@ -34,6 +34,13 @@ class TextStream:
         self._start = 0  # the window's first token
         self._num_sent_chars = 0  # of the window's text
 
+    async def start_after(self, prompt: Sequence[int], generated: Sequence[int] = ()) -> None:
+        """Starts after `prompt` and the tokens of the answer the caller has already (a resumed
+        request). The prompt's last tokens are decoded as context, as vLLM and SGLang decode: a
+        SentencePiece decoder drops the leading space of the first token it decodes, which would
+        take the space off the answer's first word."""
+        await self.prime([*prompt[-CONTEXT_TOKENS:], *generated])
+
     async def prime(self, token_ids: Sequence[int]) -> None:
         """Starts after `token_ids` whose stable text the caller already has (a resumed request)."""
         self._token_ids = list(token_ids)

@@ -338,9 +338,10 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         # A relaying control plane detokenizes itself (request.tokens_only); a lookaside caller
         # gets the text from here.
         text = None if request.tokens_only else TextStream(self._engine.detokenize)
-        if text is not None and request.num_resumed_tokens:
-            # The caller has the text of the resumed tokens already: continue after it.
-            await text.prime(prompt[len(prompt) - request.num_resumed_tokens :])
+        if text is not None:
+            # After the prompt, and after the resumed tokens, whose text the caller has already.
+            resumed_at = len(prompt) - request.num_resumed_tokens
+            await text.start_after(prompt[:resumed_at], prompt[resumed_at:])
         finished = False
         # Tokens per message after the first (the caller's stream_interval): held ones go out with
         # the N-th, or the last.

@@ -96,6 +96,34 @@ def test_a_primed_stream_continues_after_the_callers_text(tok) -> None:  # type:
         assert had + "".join(deltas) == tok.decode(ids), case
 
 
+def test_an_answer_after_its_prompt_keeps_its_first_words_leading_space(tok) -> None:  # type: ignore[no-untyped-def]
+    """Started after the prompt, the deltas are what the answer adds to the prompt's text: with a
+    SentencePiece-style decoder the answer's first word keeps its space (decoded alone, it loses
+    it), and a character split between prompt and answer comes whole."""
+
+    async def decoded(token_ids: Sequence[int]) -> str:
+        return tok.decode(token_ids)
+
+    async def answer(prompt: list[int], generated: list[int], rest: list[int]) -> str:
+        stream = TextStream(decoded)
+        await stream.start_after(prompt, generated)
+        return "".join([await stream.push([t], final=i == len(rest) - 1) for i, t in enumerate(rest)])
+
+    rng = random.Random(13)
+    for case in range(40):
+        ids = tok.encode(_text(rng, rng.randint(2, 60)))
+        cut = rng.randint(1, len(ids) - 1)
+        had = rng.randint(cut, len(ids) - 1)  # the caller has the answer's tokens up to here (resumed)
+        text = asyncio.run(answer(ids[:cut], ids[cut:had], ids[had:]))
+        assert tok.decode(ids[:had]).rstrip(REPLACEMENT) + text == tok.decode(ids), case
+
+
+def test_the_metaspace_decoder_drops_a_leading_space_without_context(metaspace: HFTokenizer) -> None:
+    # What the test above guards against: the first token decoded alone loses its space.
+    ids = metaspace.encode("the quick brown fox")
+    assert metaspace.decode(ids[1:]) != metaspace.decode(ids)[len(metaspace.decode(ids[:1])) :]
+
+
 def test_long_answer_decodes_in_windows() -> None:
     """2,000 tokens one at a time: the work is linear in the answer, not quadratic."""
     tok = ByteTokenizer()
