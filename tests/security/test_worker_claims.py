@@ -137,27 +137,6 @@ def test_a_worker_that_logs_and_rewrites_tokenize_requests_sees_no_text_and_chan
         evil.close()
 
 
-def test_a_worker_claiming_another_tokenizer_leaves_its_model_without_one_until_it_leaves(cluster):
-    """Rule 3 of controlplane/tokenizer.py, and the control plane noticing the claim come and go
-    (it derives each model's tokenizer once per change of its workers, not per request)."""
-    with Client(cluster.endpoint, credentials=cluster.credentials.client("bob"), timeout=60) as bob:
-        before = bob.generate("hello there", max_tokens=4, ignore_eos=True)
-        evil = EvilAgent(cluster, "evil-tokenizer-claim", common_pb2.ROLE_PREFILL, tokenizer="")  # "its engine's own"
-        try:
-            _wait_for(lambda: "evil-tokenizer-claim" in {w.worker_id for w in bob.workers()}, "the claiming worker")
-            with pytest.raises(FailedPreconditionError, match="its workers disagree on the tokenizer"):
-                bob.generate("hello there", max_tokens=4, ignore_eos=True)
-            # Token ids still work; with no tokenizer here the decode agent makes the text.
-            by_ids = bob.generate(list(b"hello there"), max_tokens=4, ignore_eos=True)
-            assert by_ids.token_ids == before.token_ids and by_ids.text == before.text
-        finally:
-            evil.close()
-        _wait_for(lambda: "evil-tokenizer-claim" not in {w.worker_id for w in bob.workers()}, "the claiming worker to leave")
-        after = bob.generate("hello there", max_tokens=4, ignore_eos=True)
-        assert after.token_ids == before.token_ids and after.text == before.text
-    assert evil.generated == []
-
-
 def test_a_worker_advertising_another_tenants_blocks_and_reporting_idle_does_not_pull_its_requests(cluster):
     prompt = [(11 * i) % 250 + 3 for i in range(640)]  # 40 blocks of 16
     bob_credentials = cluster.credentials.client("bob")
@@ -184,3 +163,24 @@ def test_a_worker_advertising_another_tenants_blocks_and_reporting_idle_does_not
             assert placed == ["decode-0"] * 5 and evil.generated == []
         finally:
             evil.close()
+
+
+def test_a_worker_claiming_another_tokenizer_leaves_its_model_without_one_until_it_leaves(cluster):
+    """Rule 3 of controlplane/tokenizer.py, and the control plane noticing the claim come and go
+    (it derives each model's tokenizer once per change of its workers, not per request)."""
+    with Client(cluster.endpoint, credentials=cluster.credentials.client("bob"), timeout=60) as bob:
+        before = bob.generate("hello there", max_tokens=4, ignore_eos=True)
+        evil = EvilAgent(cluster, "evil-tokenizer-claim", common_pb2.ROLE_PREFILL, tokenizer="")  # "its engine's own"
+        try:
+            _wait_for(lambda: "evil-tokenizer-claim" in {w.worker_id for w in bob.workers()}, "the claiming worker")
+            with pytest.raises(FailedPreconditionError, match="its workers disagree on the tokenizer"):
+                bob.generate("hello there", max_tokens=4, ignore_eos=True)
+            # Token ids still work; with no tokenizer here the decode agent makes the text.
+            by_ids = bob.generate(list(b"hello there"), max_tokens=4, ignore_eos=True)
+            assert by_ids.token_ids == before.token_ids and by_ids.text == before.text
+        finally:
+            evil.close()
+        _wait_for(lambda: "evil-tokenizer-claim" not in {w.worker_id for w in bob.workers()}, "the claiming worker to leave")
+        after = bob.generate("hello there", max_tokens=4, ignore_eos=True)
+        assert after.token_ids == before.token_ids and after.text == before.text
+    assert evil.generated == []
