@@ -236,26 +236,27 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
         )  # fmt: skip
         return Validated(
             request.request_id or uuid.uuid4().hex, route, identity.cache_tenant,
-            None if isinstance(tokenizer, TokenizerError) else tokenizer,
+            tokenizer if isinstance(tokenizer, ModelTokenizer) else None,
         )  # fmt: skip
 
-    def _served_models(self) -> dict[str, tuple[common_pb2.WorkerInfo, ModelTokenizer | TokenizerError]]:
+    def _served_models(self) -> dict[str, tuple[common_pb2.WorkerInfo, ModelTokenizer | str]]:
         """model -> (the info of its first worker: the model's limits; its tokenizer here, or why
         it has none: token ids still work, and the agent detokenizes). Derived from every worker's
         info, so redone only when workers join, leave or change (ClusterState.workers_generation),
-        not per request: a pass over 1,000 workers' infos costs ~0.2 ms."""
+        not per request: a pass over 1,000 workers' infos costs ~0.2 ms. The why is kept as text:
+        an exception object raised again per request would keep every raise's frames alive."""
         generation = self._state.workers_generation
         if self._served[0] != generation:
             infos = [e.info for e in self._state.workers.values()]
             first: dict[str, common_pb2.WorkerInfo] = {}
             for info in infos:
                 first.setdefault(info.model, info)
-            served: dict[str, tuple[common_pb2.WorkerInfo, ModelTokenizer | TokenizerError]] = {}
+            served: dict[str, tuple[common_pb2.WorkerInfo, ModelTokenizer | str]] = {}
             for model, info in first.items():
                 try:
                     served[model] = (info, self._tokenizer.for_model(model, infos))
                 except TokenizerError as e:
-                    served[model] = (info, e)
+                    served[model] = (info, str(e))
             self._served = (generation, served)
         return self._served[1]
 
@@ -265,7 +266,7 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
         if len(text) > limit or (len(text) * 4 > limit and len(text.encode("utf-8", "surrogatepass")) > limit):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"the prompt text is larger than this cluster's limit of {limit} bytes")
 
-    async def _prompt_tokens(self, request, model: str, tokenizer: ModelTokenizer | TokenizerError, context) -> list[int]:
+    async def _prompt_tokens(self, request, model: str, tokenizer: ModelTokenizer | str, context) -> list[int]:
         """The prompt's token ids, tokenized here (controlplane/tokenizer.py) with `tokenizer`, or
         refused with why there is none: no worker is sent client text, so none sees a prompt that
         is not routed to it, nor can rewrite one."""
@@ -275,8 +276,8 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
             ids = list(request.token_ids.ids)
         elif (kind == "text" and request.text) or (kind == "chat" and request.chat.messages):
             try:
-                if isinstance(tokenizer, TokenizerError):
-                    raise tokenizer
+                if not isinstance(tokenizer, ModelTokenizer):
+                    raise TokenizerError(tokenizer)
                 if kind == "text":
                     ids = await self._tokenizer.encode_text(tokenizer, request.text)
                 else:
