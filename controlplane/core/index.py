@@ -36,8 +36,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import accumulate, compress, repeat
-from operator import and_, ne
+from itertools import repeat
 from types import MappingProxyType
 
 import numpy as np
@@ -93,7 +92,6 @@ class OverlapScore:
 
 
 _TIER_SLOT = {tier: slot for slot, tier in enumerate(TIERS_FASTEST_FIRST)}
-_FIRST_CHUNK = 8  # blocks a lookup reads before it checks whether anyone still matches
 
 
 class _Uncredited(dict):
@@ -413,44 +411,6 @@ class CacheIndex:
             for block_hash in list(block_hashes):
                 self._discard(worker_id, block_hash, tier)
         tier_blocks.clear()
-
-
-def running_and(masks: Mapping[BlockHash, int], block_hashes: Sequence[BlockHash]) -> list[int]:
-    """matching[i]: the bits set in the masks of every block up to i, while any is: the
-    workers holding all of a prompt's first i + 1 blocks. Computed by itertools in C (a few
-    Python steps per chunk, not per block) in chunks of doubling length, so that a short match
-    in a long prompt stops early."""
-    n = len(block_hashes)
-    matching: list[int] = []
-    get, running, start, chunk = masks.get, -1, 0, _FIRST_CHUNK
-    while start < n and running:
-        part = block_hashes[start : start + chunk]
-        matching += accumulate(map(get, part, repeat(0, len(part))), and_, initial=running)
-        del matching[start]  # the initial value
-        running, start, chunk = matching[-1], start + chunk, chunk * 2
-    if matching and not matching[-1]:
-        del matching[matching.index(0) :]
-    return matching
-
-
-def prefix_groups(masks: Mapping[BlockHash, int], block_hashes: Sequence[BlockHash]) -> list[tuple[int, list[int]]]:
-    """(length, the bits holding exactly `length` leading blocks), shortest first."""
-    return drop_outs(running_and(masks, block_hashes))
-
-
-def prefix_lengths(groups: Sequence[tuple[int, Sequence[int]]]) -> dict[int, int]:
-    """bit -> how many leading blocks it matched, from prefix_groups' answer."""
-    return {bit: length for length, bits in groups for bit in bits}
-
-
-def drop_outs(matching: Sequence[int]) -> list[tuple[int, list[int]]]:
-    """(length, the bits that matched exactly `length` leading blocks), shortest first, from
-    where bits drop out of running_and's answer: a hot prefix's thousand holders are one entry."""
-    end = len(matching)
-    out = [(i, set_bits(matching[i - 1] ^ matching[i])) for i in compress(range(1, end), map(ne, matching[1:end], matching))]
-    if end:
-        out.append((end, set_bits(matching[end - 1])))
-    return out
 
 
 def set_bits(mask: int) -> list[int]:

@@ -12,9 +12,13 @@ shares blocks with it (credited as device: the worker is computing them now), th
 index holds the following blocks; when the index alone matches further, the index's match
 stands. The blocks past the index's own prefix are the ones being computed (`num_predicted`).
 
-Like the index, every block keeps a bitmask of the workers predicted to hold it, so a lookup is
-one integer AND per prompt block whatever the number of predicted workers (a hot prompt routed
-to hundreds of workers within the TTL), plus a few steps per predicted worker.
+Like the index, every block keeps a bitmask of the workers predicted to hold it. A record is a
+prompt from its first block and block hashes are chained (a block's hash names its whole prefix),
+so a worker predicted to hold a prompt's block i is predicted to hold every block before it:
+along a prompt the masks only lose bits, and equal masks are consecutive. A lookup therefore
+binary-searches where the mask changes: O(distinct predicted lengths x log blocks) lookups, not
+one per block, whatever the number of predicted workers (a hot prompt routed to hundreds of
+workers within the TTL), plus a few steps per predicted worker.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from kvplane.controlplane.core.index import CacheIndex, OverlapScore, overlap_score, prefix_groups, prefix_lengths
+from kvplane.controlplane.core.index import CacheIndex, OverlapScore, overlap_score, set_bits
 from kvplane.types import BlockHash, Tier, WorkerId
 
 
@@ -156,7 +160,7 @@ class PrefixPredictions:
 
     def _predicted_prefixes(self, block_hashes: Sequence[BlockHash]) -> dict[int, int]:
         """bit -> how many leading blocks of `block_hashes` a live record there shares."""
-        return prefix_lengths(prefix_groups(self._block_to_mask, block_hashes))
+        return predicted_lengths(self._block_to_mask, block_hashes)
 
     def _expire(self, now: float) -> None:
         expiries = self._expiries
@@ -209,3 +213,23 @@ def _count_out(mask: dict[BlockHash, int], refs: dict[BlockHash, int], block_has
             mask[h] = remaining
         else:
             del mask[h]
+
+
+def predicted_lengths(masks: Mapping[BlockHash, int], block_hashes: Sequence[BlockHash]) -> dict[int, int]:
+    """bit -> how many leading blocks of `block_hashes` carry it in `masks`, for masks that only
+    lose bits along the prompt (module docstring): each run of one mask is found by a binary
+    search for its end."""
+    get, n, out = masks.get, len(block_hashes), {}
+    start, mask = 0, get(block_hashes[0], 0) if block_hashes else 0
+    while mask:
+        lo, hi = start + 1, n  # the run's end (the first block with another mask) lies in [lo, hi]
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if get(block_hashes[mid], 0) == mask:
+                lo = mid + 1
+            else:
+                hi = mid
+        after = get(block_hashes[lo], 0) & mask if lo < n else 0  # (& mask: a bit never comes back)
+        out.update(dict.fromkeys(set_bits(mask & ~after), lo))
+        start, mask = lo, after
+    return out

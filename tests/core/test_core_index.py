@@ -13,9 +13,6 @@ from kvplane.controlplane.core.index import (
     OverlapScore,
     RemovedEvent,
     StoredEvent,
-    drop_outs,
-    prefix_groups,
-    prefix_lengths,
     set_bits,
 )
 from kvplane.types import BlockHash, Tier, WorkerId
@@ -249,29 +246,11 @@ def test_num_blocks_counts_a_workers_blocks_over_its_tiers():
     assert index.num_blocks(WorkerId("w")) == 3 and index.num_blocks(WorkerId("other")) == 0
 
 
-def test_set_bits_and_drop_outs_on_sparse_and_dense_masks():
+def test_set_bits_on_sparse_and_dense_masks():
     rng = random.Random(3)
     for num_bits in (0, 1, 5, 16, 17, 300, 1000):  # both sides of the unpacking path
         positions = sorted(rng.sample(range(1200), num_bits))
         assert set_bits(sum(1 << p for p in positions)) == positions
-    # Bits 0-999 match 3 blocks, 1000-1002 one more, bit 1003 all five.
-    hot, few, one = (1 << 1000) - 1, 0b111 << 1000, 1 << 1003
-    matching = [hot | few | one] * 3 + [few | one, one]
-    assert drop_outs(matching) == [(3, list(range(1000))), (4, [1000, 1001, 1002]), (5, [1003])]
-    assert prefix_lengths(drop_outs(matching)) == {**dict.fromkeys(range(1000), 3), 1000: 4, 1001: 4, 1002: 4, 1003: 5}
-
-
-def test_prefix_groups_on_the_edge_cases_of_a_walk():
-    a, b, c = b"a", b"b", b"c"
-    assert prefix_groups({}, []) == []
-    assert prefix_groups({a: 0}, [a, b]) == []  # a block held by nobody
-    assert prefix_groups({a: 0b101}, [a]) == [(1, [0, 2])]
-    assert prefix_groups({a: 0b111, b: 0b110, c: 0b1100}, [a, b, c]) == [(1, [0]), (2, [1]), (3, [2])]
-    # Later masks wider than the first: bits past the first mask's width never matched block 0.
-    assert prefix_groups({a: 1, b: (1 << 200) | 1}, [a, b]) == [(2, [0])]
-    # A long prompt whose match ends early: the walk reads in chunks and stops at the first empty set.
-    long = [bytes([i % 256, i // 256]) for i in range(5000)]
-    assert prefix_groups(dict.fromkeys(long[:37], 0b10), long) == [(37, [1])]
 
 
 def _snapshot_by_clearing(index: CacheIndex, worker_id: WorkerId, seq: int, by_tier) -> None:

@@ -130,3 +130,40 @@ def test_a_prompt_predicted_on_many_workers_is_found_on_every_one():
         predictions.record(w, prompt[: 1 + i % len(prompt)], now=0.0)  # each a different length
     found = predictions.overlaps(index, prompt, now=1.0)
     assert {w: o.num_blocks for w, o in found.items()} == {w: 1 + i % len(prompt) for i, w in enumerate(workers)}
+
+
+def test_predicted_lengths_equal_the_longest_shared_prefix_of_each_workers_live_records():
+    """The binary search over masks against a dict of recorded prefixes: random chained prompts
+    (a tree: prompts branch off each other's blocks), recorded on random workers at random
+    lengths, dropped by expiry and by stored events, queried at random lengths."""
+    rng = random.Random(5)
+    bs = 2
+    trunks = [[rng.randrange(1000) for _ in range(bs * 40)] for _ in range(3)]
+    prompts = []
+    for _ in range(30):  # each a random prefix of a trunk or of an earlier prompt, then its own tokens
+        base = rng.choice(trunks + prompts)
+        prompts.append(base[: bs * rng.randrange(0, len(base) // bs + 1)] + [rng.randrange(1000) for _ in range(bs * rng.randrange(1, 20))])
+    hashed = [hash_blocks(p, bs, model_salt=MODEL, tenant_salt="") for p in prompts]
+    workers = [WorkerId(f"w{i}") for i in range(70)]  # past 16 and 64 bits: both set_bits paths
+    predictions, live, now = PrefixPredictions(ttl_s=5.0), [], 0.0
+    index = CacheIndex()
+    for step in range(400):
+        now += rng.random() * 0.2
+        worker, blocks = rng.choice(workers), rng.choice(hashed)
+        blocks = blocks[: rng.randrange(1, len(blocks) + 1)]
+        if rng.random() < 0.8:
+            predictions.record(worker, blocks, now)
+            live.append((worker, tuple(blocks), now + 5.0))
+        else:  # the worker stored a recorded prompt's last block: its records ending there go
+            predictions.confirm(worker, blocks[-1:])
+            live = [r for r in live if not (r[0] == worker and r[1][-1] == blocks[-1])]
+        live = [r for r in live if r[2] > now]
+        query = rng.choice(hashed)
+        query = query[: rng.randrange(1, len(query) + 1)]
+        expected = {}
+        for w, recorded, _ in live:
+            shared = next((i for i, (a, b) in enumerate(zip(recorded, query)) if a != b), min(len(recorded), len(query)))
+            if shared:
+                expected[w] = max(expected.get(w, 0), shared)
+        found = predictions.overlaps(index, query, now)
+        assert {w: s.num_blocks for w, s in found.items()} == expected, step
