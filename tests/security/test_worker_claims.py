@@ -39,8 +39,11 @@ def cluster(tmp_path_factory) -> LocalCluster:
 class EvilAgent(agent_pb2_grpc.AgentServicer):
     """Registers as `worker_id`, reports itself idle every 0.2 s, records (and rewrites) what it is sent."""
 
-    def __init__(self, cluster: LocalCluster, worker_id: str, role: int, tokenizer: str | None = None) -> None:
+    def __init__(
+        self, cluster: LocalCluster, worker_id: str, role: int, tokenizer: str | None = None, latency: common_pb2.LatencyModel | None = None
+    ) -> None:
         self.worker_id = worker_id
+        self._latency = latency  # the step-time model its load reports claim (None: none, so it borrows its peers')
         self.methods: list[str] = []  # every RPC the control plane called on it, whatever the method
         self.generated: list[list[int]] = []  # the prompts of the Generate calls it got
         credentials = cluster.credentials.for_identity(worker(worker_id))
@@ -76,7 +79,8 @@ class EvilAgent(agent_pb2_grpc.AgentServicer):
         while not self._stop.wait(0.2):
             self.registry.ReportLoad(
                 registry_pb2.ReportLoadRequest(worker_id=self.worker_id, lease_id=r.lease_id, session_token=r.session_token,
-                                               load=idle, state=common_pb2.WORKER_STATE_ACTIVE, kv_seq=self._seq),
+                                               load=idle, state=common_pb2.WORKER_STATE_ACTIVE, kv_seq=self._seq,
+                                               latency=self._latency),
                 timeout=10,
             )  # fmt: skip
             self.registry.KeepAlive(
@@ -142,7 +146,14 @@ def test_a_worker_advertising_another_tenants_blocks_and_reporting_idle_does_not
     bob_credentials = cluster.credentials.client("bob")
     with Client(cluster.endpoint, credentials=bob_credentials, timeout=60) as bob:
         bob.generate(prompt, max_tokens=2)  # bob's prompt, computed on decode-0 (the only worker)
-        evil = EvilAgent(cluster, "evil-claims", common_pb2.ROLE_DECODE)
+        # Evil claims a step time that is tiny for a prompt it holds (16 tokens to compute, within
+        # the step's free prefill tokens) and hours for one it must compute (624 tokens past them):
+        # believed, the claim would make it the fastest worker by far; not believed, it can never
+        # win on load alone (an idle worker otherwise may, when decode-0 looks slower for a moment
+        # under the suite's load, which says nothing about the claim).
+        claimed = common_pb2.LatencyModel(coefficients=[1e-4, 10.0, 0.0, 1e-4, 0.0], num_samples=100, mean_abs_pct_error=0.01,
+                                          free_prefill_tokens=64)  # fmt: skip
+        evil = EvilAgent(cluster, "evil-claims", common_pb2.ROLE_DECODE, latency=claimed)
         try:
             # The attacker knows bob's salt, as any worker that once ran a request of bob's does.
             as_bob = As(cluster, BOB)
@@ -154,8 +165,8 @@ def test_a_worker_advertising_another_tenants_blocks_and_reporting_idle_does_not
             with cluster.client(timeout=30) as admin:
                 _wait_for(lambda: any(c.worker_id == "evil-claims" and sum(c.blocks_by_tier.values()) == 40 for c in admin.cache()),
                           "the advertised blocks in the index")  # fmt: skip
-            # Both workers idle: with the claim believed, the two would tie on cache and the one
-            # reporting the emptier pool (evil) would win; uncredited, decode-0's real hit wins.
+            # With the claim believed, evil would tie on cache and win on its claimed step time;
+            # uncredited, decode-0's real hit wins.
             route = bob.route(prompt, max_tokens=2)
             cached = {c.worker_id: c.cached_tokens for c in route.candidates}
             assert cached.get("evil-claims", 0) == 0, cached  # its claim earns no cache credit
