@@ -41,8 +41,6 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-import numpy as np
-
 from kvplane.controlplane.core.views import WorkerView
 from kvplane.latency import StepTimeModel
 from kvplane.types import WorkerId
@@ -89,7 +87,7 @@ class WorkerPerf:
         the prefill arriving here (shared_step_seconds)."""
         if self.prefill_inflow <= 0:
             return step_s
-        return float(shared_step_seconds(step_s, self.prefill_inflow, self._chunk_work_s()))
+        return shared_step_seconds(step_s, self.prefill_inflow, self._chunk_work_s())
 
     def next_step_seconds(self, step_s: float) -> float:
         """One step starting at some moment, `step_s` alone, with the prefill arriving here on top
@@ -100,7 +98,7 @@ class WorkerPerf:
         assert model is not None
         queued_work_s = model.prefill_work_seconds(self.num_queued_prefill_tokens, 0, max(self.chunk_tokens, 1))
         arriving = max(self.prefill_inflow - queued_work_s * self.inflow_per_work_s, 0.0)
-        return float(next_step_with_prefill(step_s, arriving, self._chunk_work_s()))
+        return next_step_with_prefill(step_s, arriving, self._chunk_work_s())
 
     def _chunk_work_s(self) -> float:
         model = self.model
@@ -140,20 +138,21 @@ class Prediction:
         return self.tpot_s * 1000
 
 
-def shared_step_seconds(step_s, inflow, chunk_work_s):
+def shared_step_seconds(step_s: float, inflow: float, chunk_work_s: float) -> float:
     """A decode step's time per output token when prefill work arrives at `inflow` seconds per
     second and rides along in its steps: step / (1 - inflow), at most step + `chunk_work_s` (a
-    step carries one chunk at most; inflow >= 1 is that bound). Numbers or arrays (seconds.py)."""
-    return np.minimum(step_s / np.maximum(1.0 - inflow, 1e-9), step_s + chunk_work_s)
+    step carries one chunk at most; inflow >= 1 is that bound). kvplane/_pricing.c computes the
+    same for every candidate."""
+    return min(step_s / max(1.0 - inflow, 1e-9), step_s + chunk_work_s)
 
 
-def next_step_with_prefill(step_s, inflow, chunk_work_s):
+def next_step_with_prefill(step_s: float, inflow: float, chunk_work_s: float) -> float:
     """One step at a moment that has nothing to do with the worker's steps (a request's KV comes
     in; its tail is computed in the next step): it carries a chunk of prefill with the chance
     that the worker is prefilling then, its inflow (the share of its time spent on prefill work),
     so step + min(inflow, 1) x a chunk's work. Not the mean step of shared_step_seconds: a
-    moment falls in a long step more often than steps are long. Numbers or arrays."""
-    return step_s + np.minimum(inflow, 1.0) * chunk_work_s
+    moment falls in a long step more often than steps are long."""
+    return step_s + min(inflow, 1.0) * chunk_work_s
 
 
 def _in_flight_s(perf: WorkerPerf) -> float:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import pytest
 
 from kvplane.controlplane.core.inflow import PrefillInflow
@@ -88,8 +87,6 @@ def test_a_decode_shares_its_steps_with_the_prefill_arriving():
     assert shared_step_seconds(0.020, 0.5, 0.3) == pytest.approx(0.040)  # half of every second is prefill
     assert shared_step_seconds(0.020, 0.99, 0.3) == pytest.approx(0.320)  # at most one chunk per step
     assert shared_step_seconds(0.020, 3.0, 0.3) == pytest.approx(0.320)  # beyond capacity: every step carries a chunk
-    steps = np.array([0.02, 0.02])
-    assert shared_step_seconds(steps, np.array([0.0, 0.75]), np.array([0.3, 0.3])).tolist() == pytest.approx([0.02, 0.08])
 
 
 def test_tpot_predictions_count_the_workers_inflow_and_dispatches_record_their_work():
