@@ -33,6 +33,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from kvplane.block_hash import chain_hash, root_hash
+from kvplane.bus import mac_valid
 from kvplane.controlplane import keys
 from kvplane.controlplane.bus import Bus, BusError, BusMessage, StoreBus
 from kvplane.controlplane.core.index import NO_SEQ, CacheIndex, ClearedEvent, RemovedEvent, StoredEvent
@@ -45,6 +46,7 @@ from kvplane.controlplane.pause import PauseDetector
 from kvplane.controlplane.store.base import EventType, Store, StoreCompacted, StoreError, WatchEvent
 from kvplane.convert import layout_from_pb, role_from_pb, tier_from_pb
 from kvplane.latency import MIN_ONLINE_SAMPLES, StepTimeModel
+from kvplane.security.limits import MAX_RUNNING_LISTED
 from kvplane.types import BlockHash, Tier, WorkerId
 from kvplane.v1 import common_pb2, registry_pb2
 
@@ -60,6 +62,7 @@ class WorkerEntry:
     latency: StepTimeModel | None = None  # the worker's step-time model, from its load reports
     kind: tuple = ()  # worker_kind(info): the workers priced with one step-time model (core/step_pool.py)
     lease: int = 0  # the registration's lease: bus messages naming another are not this registration's
+    report_seq: int = 0  # the last numbered load report applied for this lease (ReportLoadRequest.report_seq)
 
 
 def events_from_pb(events: Sequence[common_pb2.KVEvent]) -> list[StoredEvent | RemovedEvent | ClearedEvent]:
@@ -83,14 +86,26 @@ KV_LATE_S = 1.0  # on an unordered bus, a batch a load report names is missing o
 
 
 class ClusterState:
-    def __init__(self, store: Store, *, bus: Bus | None = None, credit_routed_only: bool = True) -> None:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        bus: Bus | None = None,
+        credit_routed_only: bool = True,
+        bus_mac_key: Callable[[str, str, int], bytes] | None = None,
+    ) -> None:
+        """`bus_mac_key(kind, worker id, lease)`: when given, a bus message applies only with a valid
+        MAC (kvplane/bus.py): for a bus that workers can publish on themselves."""
         self._store = store
         self.bus = bus if bus is not None else StoreBus(store)
+        self._bus_mac_key = bus_mac_key
         self._bus_task: asyncio.Task | None = None
         # Bus messages of registrations not seen yet: (worker, lease) -> (first held at, messages).
         self._pending: dict[tuple[WorkerId, int], tuple[float, list[BusMessage]]] = {}
         self._awaited: dict[WorkerId, tuple[int, float]] = {}  # a KV batch a report named: (seq, when first named)
         self.bus_messages = {"load": 0, "kv": 0}  # applied from the bus (not the store bus), by kind
+        # Bus messages dropped: a missing or wrong MAC, a load report numbered at or below the last applied, a malformed one.
+        self.bus_rejected = {"mac": 0, "replayed": 0, "invalid": 0}
         self.bus_ok = True  # the last bus probe answered
         self._drop_bus_until = 0.0
         # Monotonic time a probe of the store, and of the bus the reports travel on, last succeeded.
@@ -271,7 +286,8 @@ class ClusterState:
         lease = int(event.lease or 0)
         old = self.workers.get(worker_id)
         if old is not None and old.info == info:
-            old.lease = lease  # the same worker registered again; its next snapshot refreshes the index
+            if old.lease != lease:  # the same worker registered again; its next snapshot refreshes the index
+                old.lease, old.report_seq = lease, 0
             self._release_pending(worker_id, lease)
             return
         self._stated_link = None
@@ -304,6 +320,14 @@ class ClusterState:
         parsed = (registry_pb2.ReportLoadRequest if message.kind == "load" else registry_pb2.PublishKVEventsRequest).FromString(
             message.payload
         )
+        if self._bus_mac_key is not None:
+            key = self._bus_mac_key(message.kind, parsed.worker_id, parsed.lease_id)
+            if not mac_valid(key, message.kind, message.payload, message.mac):
+                self._reject("mac", message.kind, parsed.worker_id)
+                return
+            if message.kind == "load" and len(parsed.load.running_remaining_tokens) > MAX_RUNNING_LISTED:
+                self._reject("invalid", message.kind, parsed.worker_id)  # what the registry refuses from a call
+                return
         worker_id = WorkerId(parsed.worker_id)
         entry = self.workers.get(worker_id)
         if entry is None or entry.lease != parsed.lease_id:
@@ -314,6 +338,11 @@ class ClusterState:
             self._apply_load(worker_id, parsed)
         else:
             self._apply_kv(worker_id, parsed.seq, parsed)
+
+    def _reject(self, reason: str, kind: str, worker_id: str) -> None:
+        self.bus_rejected[reason] += 1
+        if sum(self.bus_rejected.values()) % 100 == 1:  # a flood logs one line in a hundred
+            log.warning("dropped a %s message for worker %r from the bus (%s); %s so far", kind, worker_id[:64], reason, self.bus_rejected)
 
     def _hold(self, worker_id: WorkerId, lease: int, message: BusMessage) -> None:
         """A message of a registration the store watch has not shown (yet, or ever: a dead one)."""
@@ -335,6 +364,11 @@ class ClusterState:
         entry = self.workers.get(worker_id)
         if entry is None:
             return
+        if report.report_seq:
+            if report.report_seq <= entry.report_seq:  # applied already: a copy, or the bus replaying its latest
+                self.bus_rejected["replayed"] += 1
+                return
+            entry.report_seq = report.report_seq
         self._check_named_batch(worker_id, report.kv_seq)
         entry.load = report.load
         entry.state = report.state or entry.state

@@ -77,6 +77,9 @@ class ControlPlaneConfig:
     bus_cert: str = ""
     bus_key: str = ""
     bus_stream_replicas: int = 1  # copies of each JetStream stream in a NATS cluster (at most 5)
+    # The NATS URL agents publish their load reports to themselves ("" = they report over gRPC).
+    # Then every bus message must carry a valid MAC (kvplane/bus.py): workers can reach the bus.
+    bus_for_agents: str = ""
 
     @property
     def store_options(self) -> dict:
@@ -159,6 +162,11 @@ class ControlPlaneConfig:
             raise ValueError("--bus-cert and --bus-key go together")
         if (self.bus_ca or self.bus_cert) and not self.bus.startswith("tls://"):
             raise ValueError("--bus-ca and --bus-cert are for a tls://HOST:PORT bus")
+        if self.bus_for_agents:
+            if check_bus_url(self.bus, self.store) != "nats":
+                raise ValueError("--bus-for-agents needs a NATS bus (--bus nats://HOST:PORT or tls://HOST:PORT): agents publish to NATS")
+            if check_bus_url(self.bus_for_agents, self.store) != "nats":
+                raise ValueError(f"--bus-for-agents must be nats://HOST:PORT[,...] or tls://HOST:PORT[,...], got {self.bus_for_agents!r}")
         if bool(self.etcd_user) != bool(self.etcd_password_file):
             raise ValueError("--etcd-user needs --etcd-password-file (a file holding the password)")
         self.planner.validate()

@@ -77,6 +77,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     bus.add_argument("--bus-ca", default="", metavar="FILE", help="CA of NATS's server certificate (default: the system's)")
     bus.add_argument("--bus-cert", default="", metavar="FILE", help="client certificate, where NATS verifies clients")
     bus.add_argument("--bus-key", default="", metavar="FILE", help="its private key")
+    bus.add_argument("--bus-for-agents", default="", metavar="nats://HOST:PORT[,...]|tls://HOST:PORT[,...]",
+                     help="the same NATS as the agents reach it: registered agents publish their load reports there themselves "
+                          "instead of through a replica (a replica then only reads them), and every bus message must carry its "
+                          "MAC (docs/security.md); needs a NATS that admits the workers (default: agents report over gRPC)")  # fmt: skip
     bus.add_argument("--bus-stream-replicas", type=int, default=d.bus_stream_replicas, metavar="N",
                      help="copies of the bus's JetStream streams in a NATS cluster, set by the first replica that creates "
                      "them (1..5; default %(default)s)")  # fmt: skip
@@ -137,7 +141,7 @@ def config_from_args(args: argparse.Namespace) -> ControlPlaneConfig:
         grpc_max_connections=args.grpc_max_connections,
         etcd_ca=args.etcd_ca, etcd_cert=args.etcd_cert, etcd_key=args.etcd_key, etcd_user=args.etcd_user,
         etcd_password_file=args.etcd_password_file, bus_ca=args.bus_ca, bus_cert=args.bus_cert, bus_key=args.bus_key,
-        bus_stream_replicas=args.bus_stream_replicas,
+        bus_stream_replicas=args.bus_stream_replicas, bus_for_agents=args.bus_for_agents,
         fault_injection=args.fault_injection,
     ).validate()  # fmt: skip
 

@@ -65,6 +65,7 @@ def register_cluster_gauges(state) -> None:
     inst.observe_counters({
         "kvplane.kv_events.gaps": lambda: [(state.num_gaps_detected, {})],
         "kvplane.bus.messages": lambda: [(n, {"kvplane.bus.kind": kind}) for kind, n in state.bus_messages.items()],
+        "kvplane.bus.rejected": lambda: [(n, {"kvplane.bus.reason": reason}) for reason, n in state.bus_rejected.items()],
     })  # fmt: skip
 
 

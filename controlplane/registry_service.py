@@ -31,7 +31,7 @@ from kvplane.controlplane.store.base import Compare, Delete, LeaseNotFound, Put,
 from kvplane.errors import component_trailers
 from kvplane.security.auth import caller
 from kvplane.security.identity import ANY_WORKER, IdentityError, Role, check_name
-from kvplane.security.limits import BLOCK_HASH_MAX_BYTES, clip
+from kvplane.security.limits import BLOCK_HASH_MAX_BYTES, MAX_RUNNING_LISTED, clip
 from kvplane.types import LeaseId, WorkerId
 from kvplane.v1 import common_pb2, registry_pb2, registry_pb2_grpc
 
@@ -143,7 +143,7 @@ class RegistryService(registry_pb2_grpc.RegistryServicer):
         log.info("registered %s as %s (lease %x, ttl %ds)", worker_id, identity or "unauthenticated", lease, ttl)
         reply = registry_pb2.RegisterResponse(
             worker_id=worker_id, lease_id=lease, ttl_seconds=ttl, ticket_public_key=self._public_key,
-            session_token=self._secrets.session_token(worker_id, lease),
+            session_token=self._secrets.session_token(worker_id, lease), bus_url=self._config.bus_for_agents,
         )  # fmt: skip
         if stored_profile is not None:
             reply.profile.ParseFromString(stored_profile.value)
@@ -178,7 +178,8 @@ class RegistryService(registry_pb2_grpc.RegistryServicer):
             ttl = await self._store.lease_keepalive(LeaseId(request.lease_id))
         except StoreError as e:
             await _store_unavailable(context, e)
-        return registry_pb2.KeepAliveResponse(ttl_seconds=max(int(ttl), 0))
+        # A worker publishing its reports to the bus gets no answer there: snapshot requests come here.
+        return registry_pb2.KeepAliveResponse(ttl_seconds=max(int(ttl), 0), snapshot_requested=self._snapshot_requested(request.worker_id))
 
     async def ReportLoad(self, request: registry_pb2.ReportLoadRequest, context: grpc.aio.ServicerContext):
         return await self._report(request, context)
@@ -189,8 +190,10 @@ class RegistryService(registry_pb2_grpc.RegistryServicer):
 
     async def _report(self, request: registry_pb2.ReportLoadRequest, context: grpc.aio.ServicerContext):
         await self._check_session(context, request.worker_id, request.lease_id, request.session_token)
-        if len(request.load.running_remaining_tokens) > 65536:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "running_remaining_tokens lists more than 65,536 requests")
+        if len(request.load.running_remaining_tokens) > MAX_RUNNING_LISTED:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"running_remaining_tokens lists more than {MAX_RUNNING_LISTED:,} requests"
+            )
         request.ClearField("session_token")  # the bus carries what replicas need, not the credential
         await self._publish(context, self._bus.publish_load, request)
         return registry_pb2.ReportLoadResponse(snapshot_requested=self._snapshot_requested(request.worker_id))

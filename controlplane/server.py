@@ -77,9 +77,13 @@ class ControlPlane:
             kv_compact_every_s=config.kv_compact_every_s,
             tls=config.bus_tls,
             stream_replicas=config.bus_stream_replicas,
+            mac_key=cluster_secrets.bus_key,
         )
         await self._bus.start()
-        self._state = ClusterState(self._store, bus=self._bus, credit_routed_only=not config.trust_worker_cache_claims)
+        self._state = ClusterState(
+            self._store, bus=self._bus, credit_routed_only=not config.trust_worker_cache_claims,
+            bus_mac_key=cluster_secrets.bus_key if config.bus_for_agents else None,
+        )  # fmt: skip
         await self._state.start()
         observe.register_cluster_gauges(self._state)
         authenticator = Authenticator(

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import ssl
+from collections.abc import Callable
 
 from kvplane.controlplane.store.base import Store
 
@@ -44,7 +45,9 @@ def open_bus(
     kv_compact_every_s: float = 10.0,
     tls: ssl.SSLContext | None = None,
     stream_replicas: int = 1,
+    mac_key: Callable[[str, str, int], bytes] | None = None,
 ) -> Bus:
+    """`mac_key(kind, worker id, lease)`: the key of the MAC a NATS message carries (kvplane/bus.py)."""
     kind = check_bus_url(url, store_url)
     if kind == "memory":
         return MemoryBus()
@@ -52,4 +55,4 @@ def open_bus(
         return StoreBus(store, kv_compact_every_s=kv_compact_every_s)
     from .nats import NatsBus  # imported here so the other backends never need nats-py
 
-    return NatsBus(url, tls=tls, kv_compact_every_s=kv_compact_every_s, replicas=stream_replicas)
+    return NatsBus(url, tls=tls, kv_compact_every_s=kv_compact_every_s, replicas=stream_replicas, mac_key=mac_key)

@@ -41,6 +41,7 @@ class BusUnavailable(BusError):
 class BusMessage:
     kind: Kind
     payload: bytes  # a serialized ReportLoadRequest ("load") or PublishKVEventsRequest ("kv"), without the session token
+    mac: str = ""  # kvplane/bus.py's MAC, where the bus carries one (NATS)
 
 
 @dataclass(slots=True)

@@ -1,16 +1,17 @@
 """NATS JetStream as the bus: the choice for several replicas, as Dynamo runs it.
 
-Two streams, because the two kinds of message are kept differently:
+Two streams, because the two kinds of message are kept differently (subjects: kvplane/bus.py):
   KVPLANE_LOAD  kvplane.load.<worker id, hex>  one message per subject: each worker's latest report
   KVPLANE_KV    kvplane.kv.<worker id, hex>    every KV batch; below a worker's snapshot purged (at
                                                most every `kv_compact_every_s`), the rest bounded
                                                by age and bytes
-(hex because a worker id may hold '.', NATS's subject separator). Every replica reads both with
+Every replica reads both with
 ordered consumers: ephemeral, flow-controlled and heartbeated, restarted by the client at the next
 stream sequence after a gap, a reconnect or a server restart. Two streams deliver independently,
 so a load report may overtake the batch it names (`ordered` is False: cluster_state.py waits a
 little before calling that a gap). The streams are created by the first replica to start, with
-file storage, so a restarted nats-server with its storage directory loses nothing.
+file storage, so a restarted nats-server with its storage directory loses nothing. Given `mac_key`,
+every message published carries its MAC (kvplane/bus.py), and every message received hands it on.
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ import asyncio
 import contextlib
 import logging
 import ssl
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
+from kvplane.bus import MAC_HEADER, mac, subject
 from kvplane.v1 import registry_pb2
 
 from .base import BusMessage, BusUnavailable, PerWorkerThrottle
@@ -30,11 +32,8 @@ log = logging.getLogger(__name__)
 LOAD_STREAM = "KVPLANE_LOAD"
 KV_STREAM = "KVPLANE_KV"
 STREAMS = {"load": LOAD_STREAM, "kv": KV_STREAM}
+_NO_HEADERS: dict[str, str] = {}
 QUEUE_LIMIT = 100_000  # messages received and not yet applied; beyond it the bus drops (a KV gap: a snapshot is asked for)
-
-
-def subject(kind: str, worker_id: str) -> str:
-    return f"kvplane.{kind}.{worker_id.encode().hex()}"
 
 
 def server_urls(url: str) -> list[str]:
@@ -59,8 +58,10 @@ class NatsBus:
         kv_max_age_s: float = 3600.0,
         kv_max_bytes: int = 1 << 30,
         replicas: int = 1,
+        mac_key: Callable[[str, str, int], bytes] | None = None,
     ) -> None:
         self._servers = server_urls(url)
+        self._mac_key = mac_key  # (kind, worker id, lease) -> the key of the MAC each message carries
         self._tls = tls
         self._timeout_s = timeout_s
         self._compaction = PerWorkerThrottle(kv_compact_every_s)
@@ -140,14 +141,15 @@ class NatsBus:
         # more CPU than the rest of the report's handling.
         if not self._nc.is_connected:
             raise BusUnavailable("not connected to NATS (reconnecting); try again")
+        payload = report.SerializeToString()
         try:
-            await self._nc.publish(subject("load", report.worker_id), report.SerializeToString())
+            await self._nc.publish(subject("load", report.worker_id), payload, headers=self._headers("load", report, payload))
         except Exception as e:
             raise BusUnavailable(f"NATS did not take a load report ({e!r}); try again") from e
 
     async def publish_kv(self, batch: registry_pb2.PublishKVEventsRequest) -> None:
-        kv_subject = subject("kv", batch.worker_id)
-        ack = await self._publish(kv_subject, batch.SerializeToString(), KV_STREAM)
+        kv_subject, payload = subject("kv", batch.worker_id), batch.SerializeToString()
+        ack = await self._publish(kv_subject, payload, KV_STREAM, self._headers("kv", batch, payload))
         if batch.snapshot:
             await self._maybe_compact(batch.worker_id, kv_subject, ack.seq)
 
@@ -158,18 +160,23 @@ class NatsBus:
             except Exception as e:
                 raise BusUnavailable(f"NATS did not purge {worker_id}'s earlier messages ({e!r})") from e
 
-    async def _publish(self, subj: str, payload: bytes, stream: str):
+    def _headers(self, kind: str, message, payload: bytes) -> dict[str, str] | None:
+        if self._mac_key is None:
+            return None
+        return {MAC_HEADER: mac(self._mac_key(kind, message.worker_id, message.lease_id), kind, payload)}
+
+    async def _publish(self, subj: str, payload: bytes, stream: str, headers: dict[str, str] | None):
         from nats.errors import NoRespondersError
 
         if not self._nc.is_connected:  # fail at once: the agent's call has a deadline of its own
             raise BusUnavailable("not connected to NATS (reconnecting); try again")
         try:
             try:
-                return await self._js.publish(subj, payload, stream=stream, timeout=self._timeout_s)
+                return await self._js.publish(subj, payload, stream=stream, timeout=self._timeout_s, headers=headers)
             except NoRespondersError:
                 # Nobody serves the stream: a nats-server restarted without its storage. Create it again, once.
                 await self._ensure_streams()
-                return await self._js.publish(subj, payload, stream=stream, timeout=self._timeout_s)
+                return await self._js.publish(subj, payload, stream=stream, timeout=self._timeout_s, headers=headers)
         except BusUnavailable:
             raise
         except Exception as e:
@@ -201,7 +208,7 @@ class NatsBus:
 
         async def receive(msg) -> None:
             try:
-                queue.put_nowait(BusMessage(kind, msg.data))
+                queue.put_nowait(BusMessage(kind, msg.data, (msg.headers or _NO_HEADERS).get(MAC_HEADER, "")))
             except asyncio.QueueFull:
                 self.num_dropped += 1
                 if self.num_dropped % 1000 == 1:  # a KV batch among them is a gap: a snapshot is asked for

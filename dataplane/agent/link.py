@@ -36,6 +36,7 @@ import grpc
 
 from kvplane import tickets
 from kvplane.convert import tier_to_pb
+from kvplane.dataplane.agent.bus_reports import DirectReports
 from kvplane.dataplane.agent.config import AgentConfig
 from kvplane.dataplane.agent.observe import record_lease_loss
 from kvplane.dataplane.engines.events import AllCleared, BlockRemoved, BlockStored, KVCacheEvent
@@ -137,6 +138,7 @@ class ControlPlaneLink:
         self._latency = latency
         self._on_profile = on_profile
         self.endpoints = tuple(e.strip() for e in config.controlplane.split(","))
+        self._credentials = credentials
         self._channels = [aio_channel(e, credentials) for e in self.endpoints]
         self._stubs = [registry_pb2_grpc.RegistryStub(c) for c in self._channels]
         self._current = 0  # the replica every loop talks to
@@ -154,6 +156,8 @@ class ControlPlaneLink:
         self._reports: grpc.aio.StreamStreamCall | None = None  # the report stream, on replica `_reports_on`
         self._reports_on = -1
         self._unary_reports = False  # the control plane has no ReportLoadStream
+        self._direct: DirectReports | None = None  # load reports straight to the bus (RegisterResponse.bus_url)
+        self._report_seq = 0  # this registration's reports so far (ReportLoadRequest.report_seq)
 
     @property
     def _stub(self) -> registry_pb2_grpc.RegistryStub:
@@ -214,6 +218,8 @@ class ControlPlaneLink:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._end_reports()
+        if self._direct is not None:
+            await self._direct.close()
         if deregister and self.lease_id:
             try:
                 await self._stub.Deregister(
@@ -235,6 +241,7 @@ class ControlPlaneLink:
                 registry_pb2.RegisterRequest(info=self._info(), ttl_seconds=self._config.lease_ttl_s), timeout=REGISTER_TIMEOUT_S
             )
             self.lease_id, self.ttl_s, self.session_token = reply.lease_id, reply.ttl_seconds, reply.session_token
+            self._report_seq = 0
             self.verifier = tickets.TicketVerifier(reply.ticket_public_key)
             if reply.HasField("profile") and reply.profile.samples:
                 self._on_profile(reply.profile)
@@ -244,6 +251,7 @@ class ControlPlaneLink:
             await self._publish(snapshot_to_pb(self._snapshot()), snapshot=True)
             self._registered.set()
             log.info("registered as %s (lease %x, ttl %ds)", self.worker_id, self.lease_id, self.ttl_s)
+            await self._use_bus(reply.bus_url)
 
     async def _reregister(self, why: str, lost_lease: int) -> None:
         """Registers again after `lost_lease` was lost, unless another loop already did."""
@@ -303,6 +311,7 @@ class ControlPlaneLink:
                 )
                 if reply.ttl_seconds == 0:
                     raise LeaseLost("the store no longer has our lease")
+                self._snapshot_asked(reply.snapshot_requested)
 
             ok = await self._guarded("keep-alive", step)
             # A keep-alive that timed out on a hung replica has used a third of the TTL: the next
@@ -323,18 +332,37 @@ class ControlPlaneLink:
                     load=load,
                     state=state,
                     kv_seq=self._published_seq,
-                    session_token=self.session_token,
                 )
                 latency = self._latency()
                 if latency is not None:
                     report.latency.CopyFrom(latency)
+                self._report_seq += 1
+                report.report_seq = self._report_seq
+                if self._direct is not None and await self._direct.publish(report, self.session_token):
+                    return  # snapshot requests come with keep-alives
+                report.session_token = self.session_token
                 reply = await self._send_report(report)
-                if reply.snapshot_requested and not self._snapshot_due:
-                    log.info("a control-plane replica asked for a KV snapshot (it saw a gap in our event numbers)")
-                    self._snapshot_due = True
+                self._snapshot_asked(reply.snapshot_requested)
 
             await self._guarded("load report", step)
             await asyncio.sleep(self._config.load_report_interval_s)
+
+    def _snapshot_asked(self, requested: bool) -> None:
+        if requested and not self._snapshot_due:
+            log.info("a control-plane replica asked for a KV snapshot (it saw a gap in our event numbers)")
+            self._snapshot_due = True
+
+    async def _use_bus(self, url: str) -> None:
+        """Load reports go to the bus at `url` from now on ("": through a replica), if it can be reached."""
+        if self._direct is not None and self._direct.url == url:
+            return
+        if self._direct is not None:
+            await self._direct.close()
+            self._direct = None
+        if url:
+            direct = DirectReports(url, self._credentials, self.worker_id)
+            if await direct.start():
+                self._direct = direct
 
     async def _send_report(self, report: registry_pb2.ReportLoadRequest) -> registry_pb2.ReportLoadResponse:
         """One report and its answer, on the replica's report stream (opened on first use, again

@@ -23,6 +23,7 @@ MAX_PROMPT_BYTES = 1024 * 1024  # prompt text, checked before tokenization
 CERT_DAYS = 365  # validity of the certificates `kvplane certs` makes
 MAX_ID_CHARS = 128  # request ids, transfer ids, worker ids in requests
 MAX_STREAM_INTERVAL = 4096  # tokens per streamed message (GenerateRequest.stream_interval)
+MAX_RUNNING_LISTED = 65536  # requests a load report lists (WorkerLoad.running_remaining_tokens)
 CLIP_CHARS = 64
 # The HTTP API's request bodies (controlplane/http/guard.py): a 128k-token prompt as JSON ids is
 # about 1 MiB, so is the largest text prompt; the parse of a body this size stays near 100 ms.

@@ -93,6 +93,10 @@ SPECS: tuple[MetricSpec, ...] = (
     MetricSpec("kvplane.bus.messages", "counter", "{message}", "controlplane",
                "Load reports and KV-event batches this replica applied from the bus (not the store bus), by kind.",
                ("kvplane.bus.kind",), observed=True),
+    MetricSpec("kvplane.bus.rejected", "counter", "{message}", "controlplane",
+               "Bus messages this replica dropped: reason mac (missing or wrong MAC, checked with --bus-for-agents), replayed "
+               "(a load report numbered at or below the last applied), invalid (a report the registry would refuse).",
+               ("kvplane.bus.reason",), observed=True),
     MetricSpec("kvplane.bus.held", "gauge", "{message}", "controlplane",
                "Bus messages held for a registration this replica's store watch has not shown yet (at most 10 s)."),
     MetricSpec("kvplane.kv_events.gaps", "counter", "{gap}", "controlplane",

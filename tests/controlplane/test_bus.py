@@ -285,3 +285,76 @@ def test_on_an_unordered_bus_a_named_batch_is_lost_only_once_it_is_late(monkeypa
             await state.stop()
 
     asyncio.run(body())
+
+
+# -- workers publishing on the bus themselves (--bus-for-agents) ----------------------------------
+
+
+@pytest.mark.cluster
+def test_with_workers_on_the_bus_only_messages_with_their_registrations_mac_apply_and_copies_change_nothing(nats_factory):
+    """kvplane/bus.py's rule on a real nats-server: a worker's own report (MAC keyed by its session
+    token) applies; one without a MAC, with another worker's key or a copy of an applied one does
+    not; a KV batch MAC'd with a worker's token (only replicas may make one) does not either."""
+    from nats.aio.client import Client as Nats
+
+    from kvplane import bus as wire
+    from kvplane.controlplane.secrets import ClusterSecrets
+
+    server = nats_factory()
+    secrets = ClusterSecrets(b"s" * 32, b"k" * 32, b"c" * 32)
+
+    async def body():
+        store = MemoryStore()
+        replica_bus = open_bus(server.url, store, mac_key=secrets.bus_key)
+        await replica_bus.start()
+        state = ClusterState(store, bus=replica_bus, credit_routed_only=False, bus_mac_key=secrets.bus_key)
+        await state.start()
+        worker = Nats()
+        await worker.connect(servers=[server.url])
+        try:
+            lease, other = await _register(store), await _register(store, "w.2")
+            await _settle(lambda: state.lease_of(W) == lease and state.lease_of("w.2") == other, "both registrations")
+            token = secrets.session_token(W, lease)
+
+            async def publish(kind: str, message, key: bytes | None) -> None:
+                payload = message.SerializeToString()
+                headers = {wire.MAC_HEADER: wire.mac(key, kind, payload)} if key is not None else None
+                await worker.publish(wire.subject(kind, message.worker_id), payload, headers=headers)
+                await worker.flush()
+
+            def running() -> int:
+                return state.workers[WorkerId(W)].load.num_running
+
+            first = _report(0, lease=lease, running=3)
+            first.report_seq = 1
+            await publish("load", first, token)
+            await _settle(lambda: running() == 3, "the worker's own report")
+            forged = _report(0, lease=lease, running=50)
+            forged.report_seq = 2
+            # One at a time: the stream keeps a subject's latest report only, so one published right
+            # after another may replace it before the replica reads it.
+            refusals = [
+                ("load", forged, None, "mac"),  # no MAC
+                ("load", forged, secrets.session_token("w.2", other), "mac"),  # the other worker's key
+                ("load", first, token, "replayed"),  # the applied report again, MAC and all
+                ("kv", _batch(1, [b"a"], lease=lease, snapshot=True), token, "mac"),  # a batch only a replica may make
+            ]
+            for kind, message, key, reason in refusals:
+                before = state.bus_rejected[reason]
+                await publish(kind, message, key)
+                await _settle(lambda reason=reason, before=before: state.bus_rejected[reason] == before + 1, f"a refusal ({reason})")
+            assert state.bus_rejected == {"mac": 3, "replayed": 1, "invalid": 0}
+            assert running() == 3 and _device_blocks(state) == 0
+            # What a replica publishes for a worker (its gRPC report, its batch) carries the MAC itself.
+            second = _report(0, lease=lease, running=7)
+            second.report_seq = 2
+            await replica_bus.publish_load(second)
+            await replica_bus.publish_kv(_batch(1, [b"a", b"b"], lease=lease, snapshot=True))
+            await _settle(lambda: running() == 7 and _device_blocks(state) == 2, "the replica's messages")
+            assert state.bus_rejected == {"mac": 3, "replayed": 1, "invalid": 0}
+        finally:
+            await worker.close()
+            await state.stop()
+            await replica_bus.close()
+
+    asyncio.run(body())

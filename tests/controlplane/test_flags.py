@@ -90,3 +90,12 @@ def test_the_peers_policies_are_selectable_on_a_control_plane_with_their_own_fla
     assert config_from_args(parse("--routing-policy", "llm-d")).planner.router.policy == LlmDParams()
     sglang = config_from_args(parse("--routing-policy", "sglang", "--sglang-cache-threshold", "0.5")).planner.router.policy
     assert sglang == SglangParams(sglang_cache_threshold=0.5)
+
+
+def test_bus_for_agents_needs_a_nats_bus_and_a_nats_url():
+    config = config_from_args(parse("--bus", "nats://127.0.0.1:4222", "--bus-for-agents", "nats://10.0.0.1:4222"))
+    assert config.validate().bus_for_agents == "nats://10.0.0.1:4222"
+    with pytest.raises(ValueError, match="needs a NATS bus"):
+        config_from_args(parse("--bus-for-agents", "nats://127.0.0.1:4222")).validate()
+    with pytest.raises(ValueError, match="must be nats://HOST:PORT"):
+        config_from_args(parse("--bus", "nats://127.0.0.1:4222", "--bus-for-agents", "store")).validate()

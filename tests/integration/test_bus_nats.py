@@ -5,18 +5,21 @@ worker computed through one replica is routed to by the other. nats-server is SI
 steady greedy traffic (every output checked against a clean run): requests keep succeeding on the
 replicas' last known state, also once the reports have stopped for longer than --silent-after-s
 (the replicas tell a silent bus from silent workers), and once it is back the workers report again
-and new KV events reach both replicas' indexes.
+and new KV events reach both replicas' indexes. With --bus-for-agents the agents publish their
+load reports on NATS themselves, or through a replica when they cannot reach it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
+import urllib.request
 
 import pytest
 
 from kvplane import Client
-from kvplane.apps.cluster import LocalCluster
+from kvplane.apps.cluster import LocalCluster, free_port
 from kvplane.controlplane import keys
 from kvplane.controlplane.store import open_store
 
@@ -92,3 +95,42 @@ def test_two_replicas_share_load_and_kv_events_through_nats_and_ride_out_its_res
         assert traffic.wrong == [], f"outputs differed from the clean run for prompts {traffic.wrong}"
         assert not traffic.failures, traffic.failures[:3]
         assert_nothing_pinned(cluster, client)
+
+
+def _agent_publishes(nats) -> dict[str, int]:
+    """Messages each agent's own NATS connection published (nats-server's monitoring, /connz)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{nats.monitor_port}/connz", timeout=5) as reply:
+        connections = json.load(reply)["connections"]
+    return {c["name"].removeprefix("kvplane-agent "): c["in_msgs"] for c in connections if c.get("name", "").startswith("kvplane-agent ")}
+
+
+def test_agents_publish_their_load_reports_on_the_bus_themselves_and_both_replicas_read_them(etcd_factory, nats_factory, tmp_path):
+    etcd, nats = etcd_factory(), nats_factory()
+    with LocalCluster(
+        num_prefill=0, num_decode=0, num_both=2, store=etcd.url, num_controlplanes=2, log_dir=tmp_path, bus=nats.url,
+        controlplane_args=("--bus-for-agents", nats.url, "--trust-worker-cache-claims"),  # each replica credits what it applies
+    ) as cluster, Client(cluster.endpoint, timeout=60) as client:  # fmt: skip
+        for replica in cluster.controlplane_endpoints.values():
+            wait_for(lambda replica=replica: _reporting(replica) == WORKERS, timeout=30, what=f"both workers' reports at {replica}")
+        wait_for(lambda: set(_agent_publishes(nats)) == WORKERS and min(_agent_publishes(nats).values()) >= 5, timeout=20,
+                 what="reports published by the agents' own NATS connections")  # fmt: skip
+        # KV batches still go through a replica (it checks their limits); routing works on both.
+        first = prompt_ids(seed=130, length=5 * BLOCK_SIZE)
+        assert len(client.generate(first, max_tokens=4, ignore_eos=True).token_ids) == 4
+        _prefix_known_everywhere(cluster, first, 4)
+        for replica in cluster.controlplane_endpoints.values():
+            with Client(replica, timeout=20) as one:
+                metrics = scrape(one.stats().metrics_url)
+            assert metric_sum(metrics, "kvplane_bus_messages_total", kvplane_bus_kind="load") > 0
+        assert_nothing_pinned(cluster, client)
+
+
+def test_agents_that_cannot_reach_the_bus_they_are_given_report_through_a_replica(etcd_factory, nats_factory, tmp_path):
+    etcd, nats = etcd_factory(), nats_factory()
+    unreachable = f"nats://127.0.0.1:{free_port()}"  # nothing listens there
+    with LocalCluster(
+        num_prefill=0, num_decode=0, num_both=2, store=etcd.url, log_dir=tmp_path, bus=nats.url,
+        controlplane_args=("--bus-for-agents", unreachable),
+    ) as cluster:  # fmt: skip
+        wait_for(lambda: _reporting(cluster.endpoint) == WORKERS, timeout=30, what="both workers' reports, through the replica")
+        assert _agent_publishes(nats) == {}

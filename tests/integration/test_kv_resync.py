@@ -26,20 +26,37 @@ def test_dropped_kv_batches_trigger_a_resync_and_the_index_converges(tmp_path):
     with LocalCluster(
         num_prefill=0, num_decode=0, num_both=1, log_dir=tmp_path, agent_args=("--fault-injection",),
     ) as cluster, Client(cluster.endpoint, timeout=60) as client:  # fmt: skip
-        client.generate(prompt_ids(seed=90, length=4 * BLOCK_SIZE), max_tokens=2)
-        wait_for(lambda: _index_matches_worker(cluster, client, "both-0"), timeout=10, what="the index to hold the first prompt")
-        for round_ in range(2):  # twice: the second gap must be found as well as the first
-            cluster.kill("both-0", signal.SIGUSR1)
-            time.sleep(0.3)
-            lost = prompt_ids(seed=91 + round_, length=6 * BLOCK_SIZE)
-            client.generate(lost, max_tokens=2)  # its events go in the dropped batch
-            time.sleep(0.3)
-            client.generate(prompt_ids(seed=95 + round_, length=3 * BLOCK_SIZE), max_tokens=2)  # the next batch shows the gap
-            started = time.monotonic()
-            wait_for(lambda: _index_matches_worker(cluster, client, "both-0"), timeout=8, what="the index to converge")
-            assert time.monotonic() - started < 8
-            assert client.route(lost + [1, 2, 3], max_tokens=2).cached_tokens == len(lost)
-        agent_log = cluster.log_paths["both-0"].read_text()
-        assert agent_log.count("fault injection: dropped KV event batch") == 2
-        assert agent_log.count("asked for a KV snapshot") >= 2
-        assert cluster.log_paths["controlplane"].read_text().count("gap in the KV events of both-0") >= 2
+        _lose_two_batches_and_converge(cluster, client)
+
+
+def test_an_agent_publishing_its_reports_on_the_bus_learns_of_the_gap_from_its_keep_alive(nats_factory, tmp_path):
+    """No answer comes back to a report published on the bus (--bus-for-agents): the snapshot
+    request rides on the keep-alive's answer (every third of the lease TTL, 1 s here)."""
+    nats = nats_factory()
+    with LocalCluster(
+        num_prefill=0, num_decode=0, num_both=1, log_dir=tmp_path, agent_args=("--fault-injection",), bus=nats.url,
+        controlplane_args=("--bus-for-agents", nats.url, "--lease-ttl", "3"),
+    ) as cluster, Client(cluster.endpoint, timeout=60) as client:  # fmt: skip
+        wait_for(lambda: "publishing load reports to the bus" in cluster.log_paths["both-0"].read_text(), timeout=10,
+                 what="the agent on the bus")  # fmt: skip
+        _lose_two_batches_and_converge(cluster, client)
+
+
+def _lose_two_batches_and_converge(cluster: LocalCluster, client: Client) -> None:
+    client.generate(prompt_ids(seed=90, length=4 * BLOCK_SIZE), max_tokens=2)
+    wait_for(lambda: _index_matches_worker(cluster, client, "both-0"), timeout=10, what="the index to hold the first prompt")
+    for round_ in range(2):  # twice: the second gap must be found as well as the first
+        cluster.kill("both-0", signal.SIGUSR1)
+        time.sleep(0.3)
+        lost = prompt_ids(seed=91 + round_, length=6 * BLOCK_SIZE)
+        client.generate(lost, max_tokens=2)  # its events go in the dropped batch
+        time.sleep(0.3)
+        client.generate(prompt_ids(seed=95 + round_, length=3 * BLOCK_SIZE), max_tokens=2)  # the next batch shows the gap
+        started = time.monotonic()
+        wait_for(lambda: _index_matches_worker(cluster, client, "both-0"), timeout=8, what="the index to converge")
+        assert time.monotonic() - started < 8
+        assert client.route(lost + [1, 2, 3], max_tokens=2).cached_tokens == len(lost)
+    agent_log = cluster.log_paths["both-0"].read_text()
+    assert agent_log.count("fault injection: dropped KV event batch") == 2
+    assert agent_log.count("asked for a KV snapshot") >= 2
+    assert cluster.log_paths["controlplane"].read_text().count("gap in the KV events of both-0") >= 2

@@ -14,7 +14,8 @@ reports, keep-alives, the store's watch (`background_cores`).
 
 With `--buses store,nats` every replica count runs once per bus (controlplane/bus/): `store`
 carries load reports and KV events as etcd keys, `nats` through a nats-server with JetStream
-started beside etcd. The idle measurement also gives etcd's key writes per second (its
+started beside etcd, `nats-agents` the same with the agents publishing their load reports on it
+themselves (`kvplane controlplane --bus-for-agents`). The idle measurement also gives etcd's key writes per second (its
 etcd_mvcc_put_total + etcd_mvcc_delete_total), NATS's messages in per second (its /varz in_msgs:
 publishes, acks and flow control) and the replicas' CPU per worker per second of reports.
 `--idle-only` stops there (no rate search).
@@ -120,8 +121,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="agents' load report interval (the agent default 0.2 s costs 128 workers ~0.4 core on each side); "
                         "the replicas take reports as fresh for 3x this (--stale-report-s) (default %(default)s)")  # fmt: skip
     parser.add_argument("--sim-num-blocks", type=int, default=8192, metavar="N", help="KV blocks per sim worker (default %(default)s)")
-    parser.add_argument("--buses", type=_csv(str, ("store", "nats")), default=["store", "nats"], metavar="B,...",
-                        help="how load reports and KV events reach the replicas, each measured in turn (default store,nats)")  # fmt: skip
+    parser.add_argument("--buses", type=_csv(str, ("store", "nats", "nats-agents")), default=["store", "nats"], metavar="B,...",
+                        help="how load reports and KV events reach the replicas, each measured in turn: store, nats, nats-agents "
+                        "(NATS, the agents publishing their load reports there themselves) (default store,nats)")  # fmt: skip
     parser.add_argument("--stream-interval", type=int, default=0, metavar="N",
                         help="tokens per streamed message after the first that the generators ask for (GenerateRequest."
                         "stream_interval; 0: every token) (default %(default)s)")  # fmt: skip
@@ -363,7 +365,7 @@ def run_replicas(args: argparse.Namespace, num_replicas: int, bus: str, log_dir:
     hosts = args.hosts or max(1, math.ceil(args.workers / AGENTS_PER_HOST))
     per_host = math.ceil(args.workers / hosts)
     etcd = start_etcd(log_dir / f"etcd-{num_replicas}-{bus}")
-    nats = start_nats(log_dir / f"nats-{num_replicas}") if bus == "nats" else None
+    nats = start_nats(log_dir / f"nats-{num_replicas}-{bus}") if bus.startswith("nats") else None
     tag = f"[{num_replicas} replica(s), bus {bus}]"
     try:
         log(f"{tag} starting: etcd at {etcd.endpoint}, {hosts} x {per_host} sim agents, "
@@ -376,7 +378,8 @@ def run_replicas(args: argparse.Namespace, num_replicas: int, bus: str, log_dir:
             agent_args=("--engine", "sim", "--speedup", repr(args.speedup), "--sim-num-blocks", str(args.sim_num_blocks),
                         "--load-report-interval", repr(args.load_report_interval), "--metrics-port", "-1", "--log-level", "WARNING"),
             controlplane_args=("--admission", "none", "--rate-limit", "0", "--log-level", "WARNING",
-                               "--stale-report-s", repr(max(1.0, 3 * args.load_report_interval))),
+                               "--stale-report-s", repr(max(1.0, 3 * args.load_report_interval)),
+                               *(("--bus-for-agents", nats.url) if bus == "nats-agents" else ())),
         )  # fmt: skip
         with cluster:
             log(f"{tag} {hosts * per_host} workers registered in {time.monotonic() - started:.0f} s")

@@ -1,0 +1,39 @@
+"""What travels on the control plane's NATS bus, shared by its replicas and by the agents that
+publish their load reports there themselves (`kvplane controlplane --bus-for-agents`).
+
+Subjects: `kvplane.<kind>.<worker id, hex>` (hex because a worker id may hold '.', NATS's subject
+separator), kind "load" (load reports) or "kv" (KV event batches).
+
+Message authentication. Once workers can reach the bus, any of them could publish on another's
+subject, so every message carries a MAC in the `Kvplane-Mac` header: HMAC-SHA256 over the kind and
+the payload, keyed per registration (worker id and lease, both in the payload). A load report's key
+is that registration's session token, which the control plane derives from its session key and
+gives to that worker alone (controlplane/secrets.py), so a worker can publish its own reports and
+nobody else's. A KV batch's key is derived from the session key and the token, so only replicas,
+which check a batch's limits before they publish it, can make one. A replica recomputes the key
+from the message's worker id and lease and drops a message whose MAC does not match before it
+applies it. The payload never carries the token. A copied message published again is caught by
+the numbers inside: load reports by `report_seq`, KV batches by `seq` (a replica applies each only
+above the last it applied).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+
+MAC_HEADER = "Kvplane-Mac"
+KINDS = ("load", "kv")
+
+
+def subject(kind: str, worker_id: str) -> str:
+    return f"kvplane.{kind}.{worker_id.encode().hex()}"
+
+
+def mac(key: bytes, kind: str, payload: bytes) -> str:
+    """The message's MAC, as the header carries it (hex)."""
+    return hmac.digest(key, b"kvplane-bus\x00" + kind.encode() + b"\x00" + payload, hashlib.sha256).hex()
+
+
+def mac_valid(key: bytes, kind: str, payload: bytes, carried: str) -> bool:
+    return bool(carried) and hmac.compare_digest(mac(key, kind, payload), carried)
