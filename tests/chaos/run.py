@@ -13,8 +13,9 @@ fixed set, random max_tokens and disaggregation, a 20 s deadline) through both r
 completed output is compared with a clean run before the faults. Faults (tests/chaos/schedule.py):
 SIGKILL and SIGSTOP+SIGCONT of agents and replicas, etcd member stop/start, dropped KV event
 batches, a KV transfer cut mid-way, bursts of client cancellations, and with the NATS bus (the
-default; `--bus store` for the store) nats-server SIGKILLed and restarted, and a replica that
-misses the bus's messages for a while.
+default; `--bus store` for the store, `--bus nats-agents` with the agents publishing their load
+reports on it) nats-server SIGKILLed and restarted, and a replica that misses the bus's messages
+for a while.
 
 After each step the fault heals, then:
 - the cluster serves again (a probe request succeeds) within lease TTL + 5 s of the heal;
@@ -201,11 +202,13 @@ class Chaos:
     def run(self) -> int:
         started = time.monotonic()
         self.etcd = start_etcd_cluster(self.log_dir / "etcd")
-        if self.bus == "nats":
+        if self.bus.startswith("nats"):
             self.nats = start_nats(self.log_dir / "nats")
+        # nats-agents: the agents publish their load reports on NATS themselves (--bus-for-agents).
+        on_bus = ("--bus-for-agents", self.nats.url) if self.bus == "nats-agents" else ()
         self.cluster = LocalCluster(
             num_prefill=1, num_decode=2, store=self.etcd.url, num_controlplanes=2, log_dir=self.log_dir,
-            agent_args=AGENT_ARGS, controlplane_args=CONTROLPLANE_ARGS, startup_timeout=180,
+            agent_args=AGENT_ARGS, controlplane_args=(*CONTROLPLANE_ARGS, *on_bus), startup_timeout=180,
             bus=self.nats.url if self.nats else "store",
         )  # fmt: skip
         try:
@@ -440,8 +443,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=7, help="seed of the fault schedule and the traffic (default %(default)s)")
     parser.add_argument("--steps", type=int, default=16, help="faults to inject, one per step (default %(default)s)")
     parser.add_argument("--log-dir", default=None, help="where process logs go (default: a temp dir, kept)")
-    parser.add_argument("--bus", choices=("nats", "store"), default="nats",
-                        help="how load reports and KV events reach the replicas; nats adds the bus's faults (default %(default)s)")  # fmt: skip
+    parser.add_argument("--bus", choices=("nats", "nats-agents", "store"), default="nats",
+                        help="how load reports and KV events reach the replicas; nats adds the bus's faults; nats-agents has the "
+                        "agents publish their load reports on it themselves (default %(default)s)")  # fmt: skip
     args = parser.parse_args(argv)
     log_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="kvplane-chaos-"))
     return Chaos(args.seed, args.steps, log_dir, args.bus).run()
