@@ -13,6 +13,10 @@ CA, presenting a client certificate when given (with etcd's --client-cert-auth a
 the certificate's CN is the etcd user); `username`/`password` use etcd's password auth. aetcd
 opens only plaintext channels, so `_TlsClient` opens a secure one in its place.
 
+Lease keep-alives share one LeaseKeepAlive stream per member (`_KeepAlives`), as etcd's own
+client keeps one: aetcd's `refresh_lease` opens a new stream per call, and a replica renews every
+worker's lease (one call per worker every third of its TTL).
+
 Every gRPC failure becomes a StoreError; an unreachable server (UNAVAILABLE, deadline) becomes
 StoreUnavailable, with the endpoint in the message.
 
@@ -29,6 +33,7 @@ register = delete + put of the same keys).
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import AsyncGenerator, Sequence
 
 import aetcd
@@ -162,6 +167,7 @@ class EtcdStore:
         # Each member gets a share of a call's time, so that one hung member leaves time for the others.
         self._attempt_timeout_s = max(timeout_s / len(members), min(timeout_s, 1.0))
         self._watch_calls: set = set()
+        self._keepalives = [_KeepAlives(client, endpoint) for client, endpoint in zip(self._clients, self._endpoints)]
         self._closed = False
 
     @property
@@ -298,7 +304,8 @@ class EtcdStore:
         return LeaseId(response.ID)
 
     async def lease_keepalive(self, lease: LeaseId) -> int:
-        reply = await self._on_members("lease_keepalive", lambda client: client.refresh_lease(lease))
+        keepalives = {id(k.client): k for k in self._keepalives}
+        reply = await self._on_members("lease_keepalive", lambda client: keepalives[id(client)].renew(lease))
         return reply.TTL if reply is not None else 0  # etcd answers TTL 0 for a dead lease
 
     async def lease_revoke(self, lease: LeaseId) -> None:
@@ -313,6 +320,8 @@ class EtcdStore:
         self._closed = True
         for call in list(self._watch_calls):
             call.cancel()
+        for keepalives in self._keepalives:
+            keepalives.close()
         for client in self._clients:
             await client.close()
 
@@ -392,3 +401,77 @@ class EtcdStore:
                 f"etcd at {endpoint}: lease not found (expired or revoked) during {what}; grant a new lease and write the keys again"
             )
         return StoreError(f"etcd at {endpoint} failed {what}: {detail}")
+
+
+class _KeepAlives:
+    """Lease renewals on one member over one long-lived LeaseKeepAlive stream: each renewal writes
+    the lease's id and waits for etcd's answer naming it (answers to one lease come in the order
+    asked). A stream that fails or ends fails the renewals waiting on it and is opened again by
+    the next one; a renewal that times out leaves the stream as it is."""
+
+    def __init__(self, client: aetcd.Client, endpoint: str) -> None:
+        self.client = client
+        self._endpoint = endpoint
+        self._call = None
+        self._reader: asyncio.Task | None = None
+        self._waiting: dict[int, deque[asyncio.Future]] = {}
+        self._writing = asyncio.Lock()  # grpc.aio takes one write at a time on a stream
+
+    async def renew(self, lease: LeaseId):
+        """etcd's LeaseKeepAliveResponse (TTL 0: the lease is gone)."""
+        if self._call is None:  # (EtcdStore._on_members connected the client)
+            self._call = self.client.leasestub.LeaseKeepAlive(metadata=self.client.metadata)
+            self._reader = asyncio.get_running_loop().create_task(self._read(self._call), name=f"etcd-keepalive-{self._endpoint}")
+        waiter = asyncio.get_running_loop().create_future()
+        queue = self._waiting.setdefault(lease, deque())
+        queue.append(waiter)
+        try:
+            call = self._call
+            async with self._writing:
+                try:
+                    await call.write(rpc.LeaseKeepAliveRequest(ID=lease))
+                except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as e:  # the stream ended meanwhile
+                    raise StoreUnavailable(f"etcd at {self._endpoint}: lease keep-alive stream failed: {e!r}") from None
+            return await waiter
+        finally:
+            if not waiter.done():  # timed out or cancelled: its answer, if it comes, goes to nobody
+                waiter.cancel()
+            if waiter in queue:
+                queue.remove(waiter)
+            if not queue and self._waiting.get(lease) is queue:
+                del self._waiting[lease]
+
+    async def _read(self, call) -> None:
+        code, detail = grpc.StatusCode.UNAVAILABLE, "the stream ended"
+        try:
+            while True:
+                reply = await call.read()
+                if reply is grpc.aio.EOF:
+                    break
+                queue = self._waiting.get(reply.ID)
+                while queue:
+                    waiter = queue.popleft()
+                    if not waiter.done():
+                        waiter.set_result(reply)
+                        break
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            code, detail = (e.code(), e.details()) if isinstance(e, grpc.aio.AioRpcError) else (None, repr(e))
+        finally:
+            if self._call is call:
+                self._call = self._reader = None
+            call.cancel()
+            # A new exception for each waiter (one raised in many places would keep every traceback).
+            kind = StoreUnavailable if code in _UNAVAILABLE_CODES else StoreError
+            for queue in self._waiting.values():
+                for waiter in queue:
+                    if not waiter.done():
+                        waiter.set_exception(kind(f"etcd at {self._endpoint}: lease keep-alive stream failed: {detail}"))
+
+    def close(self) -> None:
+        if self._call is not None:
+            self._call.cancel()
+        if self._reader is not None:
+            self._reader.cancel()
+        self._call = self._reader = None

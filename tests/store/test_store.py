@@ -468,3 +468,19 @@ def test_lease_grant_rejects_bad_ttl(store):
                 await s.lease_grant(ttl)  # type: ignore[arg-type]
 
     store.run(body)
+
+
+def test_concurrent_keepalives_of_many_leases_each_get_their_own_answer(store):
+    """A replica renews every worker's lease (etcd: all on one keep-alive stream per member)."""
+
+    async def body(s: Store, p: str) -> None:
+        live = [await s.lease_grant(30) for _ in range(20)]
+        dead = await s.lease_grant(30)
+        await s.lease_revoke(dead)
+        leases = live * 3 + [dead] * 3  # the same lease several times at once, too
+        answers = await asyncio.gather(*(s.lease_keepalive(lease) for lease in leases))
+        assert answers == [30] * len(live) * 3 + [0] * 3
+        for lease in live:
+            await s.lease_revoke(lease)
+
+    store.run(body)
