@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -63,6 +64,7 @@ class WorkerEntry:
     kind: tuple = ()  # worker_kind(info): the workers priced with one step-time model (core/step_pool.py)
     lease: int = 0  # the registration's lease: bus messages naming another are not this registration's
     report_seq: int = 0  # the last numbered load report applied for this lease (ReportLoadRequest.report_seq)
+    latency_pb: common_pb2.LatencyModel | None = None  # the step-time model the last report carried, as sent
 
 
 def events_from_pb(events: Sequence[common_pb2.KVEvent]) -> list[StoredEvent | RemovedEvent | ClearedEvent]:
@@ -98,7 +100,8 @@ class ClusterState:
         MAC (kvplane/bus.py): for a bus that workers can publish on themselves."""
         self._store = store
         self.bus = bus if bus is not None else StoreBus(store)
-        self._bus_mac_key = bus_mac_key
+        # A registration's key is derived once, not per message (an HMAC each).
+        self._bus_mac_key = functools.lru_cache(maxsize=1 << 16)(bus_mac_key) if bus_mac_key is not None else None
         self._bus_task: asyncio.Task | None = None
         # Bus messages of registrations not seen yet: (worker, lease) -> (first held at, messages).
         self._pending: dict[tuple[WorkerId, int], tuple[float, list[BusMessage]]] = {}
@@ -374,7 +377,8 @@ class ClusterState:
         entry.state = report.state or entry.state
         entry.load_at = time.monotonic()
         self._changed.add(worker_id)
-        if report.HasField("latency"):
+        if report.HasField("latency") and report.latency != entry.latency_pb:  # most reports repeat the last one's model
+            entry.latency_pb = report.latency
             model = StepTimeModel.from_pb(report.latency)
             if model is not None and (model.seeded_from_profile or model.num_samples >= MIN_ONLINE_SAMPLES):
                 entry.latency = model  # (a model from a handful of live steps prices noise: kvplane/latency.py)

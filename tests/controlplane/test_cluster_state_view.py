@@ -139,3 +139,30 @@ def test_the_view_carries_the_median_link_rate_the_workers_state():
             await state.stop()
 
     asyncio.run(body())
+
+
+def test_a_report_repeating_the_last_model_keeps_it_and_a_new_model_replaces_it():
+    """Reports carry the worker's model every time; one equal to the last is not parsed again, one
+    that differs (a refit) is priced from at once."""
+
+    def report(c1: float, running: int) -> registry_pb2.ReportLoadRequest:
+        latency = common_pb2.LatencyModel(coefficients=[0.01, c1, 0.0, 1e-4, 1e-7], num_samples=50, mean_abs_pct_error=0.05)
+        return registry_pb2.ReportLoadRequest(worker_id="a", load=common_pb2.WorkerLoad(num_running=running), latency=latency)
+
+    async def body():
+        store = MemoryStore()
+        state = ClusterState(store)
+        await state.start()
+        try:
+            info = common_pb2.WorkerInfo(worker_id="a", role=common_pb2.ROLE_BOTH, endpoint="a:1", model="m")
+            await store.put(keys.worker_key("a"), info.SerializeToString())
+            await _settle(lambda: "a" in state.workers, "the worker")
+            for c1, running in ((2e-5, 1), (2e-5, 2), (7e-5, 3), (7e-5, 4)):
+                await store.put(keys.load_key("a"), report(c1, running).SerializeToString())
+                await _settle(lambda running=running: state.workers["a"].load.num_running == running, f"report {running}")
+                assert state.workers["a"].latency.coefficients[1] == pytest.approx(c1)
+                assert state.view().table.step[0, 1] == pytest.approx(c1)
+        finally:
+            await state.stop()
+
+    asyncio.run(body())
