@@ -155,3 +155,47 @@ def test_the_shipped_nats_config_lets_only_the_control_plane_connect_and_only_na
     finally:
         for server in servers:
             server.stop()
+
+
+def test_an_agent_publishes_its_reports_over_tls_with_its_own_certificate(tmp_path):
+    """--bus-for-agents tls://...: the agent dials NATS with its own certificate and the cluster's
+    CA (dataplane/agent/bus_reports.py), its report arrives without the session token and with
+    its MAC; without a client certificate NATS refuses it and the agent says it cannot publish."""
+    from kvplane import bus as wire
+    from kvplane.dataplane.agent.bus_reports import DirectReports
+    from kvplane.security.credentials import Credentials
+
+    ca = certs.create_ca()
+    ca_file = tmp_path / "ca.crt"
+    ca_file.write_bytes(ca.cert_pem)
+    server_cert, server_key = certs.write_pair(tmp_path, "nats", certs.issue_server(ca, "nats", ("127.0.0.1",)))
+    cp_cert, cp_key = certs.write_pair(tmp_path, "cp", certs.issue(ca, Identity(Role.CONTROLPLANE, "controlplane")))
+    worker = certs.issue(ca, Identity(Role.WORKER, "w.1"))
+    tls_args = ("--tls", "--tlscert", str(server_cert), "--tlskey", str(server_key), "--tlscacert", str(ca_file), "--tlsverify")
+    server = start_nats(tmp_path / "nats", extra_args=tls_args)
+    token = b"t" * 32
+    try:
+        replica_tls = ControlPlaneConfig(bus=server.url, bus_ca=str(ca_file), bus_cert=str(cp_cert), bus_key=str(cp_key)).validate().bus_tls
+
+        async def body():
+            bus = NatsBus(server.url, tls=replica_tls)
+            await bus.start()
+            messages = await bus.subscribe()
+            direct = DirectReports(server.url, Credentials(ca_pem=ca.cert_pem, cert_pem=worker.cert_pem, key_pem=worker.key_pem), "w.1")
+            try:
+                assert await direct.start()
+                report = registry_pb2.ReportLoadRequest(worker_id="w.1", lease_id=7, report_seq=1, session_token=token)
+                assert await direct.publish(report, token)
+                message = await asyncio.wait_for(anext(messages), 10)
+                assert message.kind == "load" and wire.mac_valid(token, "load", message.payload, message.mac)
+                sent = registry_pb2.ReportLoadRequest.FromString(message.payload)
+                assert (sent.worker_id, sent.report_seq, sent.session_token) == ("w.1", 1, b"")
+            finally:
+                await direct.close()
+                await bus.close()
+            without = DirectReports(server.url, Credentials(ca_pem=ca.cert_pem), "w.2")  # the CA alone: no client certificate
+            assert not await without.start()
+
+        asyncio.run(body())
+    finally:
+        server.stop()
