@@ -15,7 +15,11 @@ plane several times the CPU); a control plane without it (UNIMPLEMENTED) gets `R
 
 KV events are numbered batches. A replica that sees a gap in the numbers (a lost batch, a store
 blip) asks for a snapshot; the answer to a load report carries the request (`snapshot_requested`)
-and the next KV step publishes the whole cache instead of a batch. `drop_next_batch()` loses one
+and the next KV step publishes the whole cache instead of a batch. The periodic snapshot (every
+`kv_snapshot_interval_s`) is skipped when it would repeat the last one published exactly, with no
+batch since, for at most SNAPSHOT_REPEAT_MAX_S: an idle worker's snapshots cost every replica a
+call, a bus round trip and a comparison with what it holds, and at a thousand workers they were a
+large part of the replicas' idle work. `drop_next_batch()` loses one
 batch on purpose (fault injection, `kvplane agent --fault-injection`).
 
 Security: the link dials with the worker's credentials (its certificate, or the join token over
@@ -28,6 +32,7 @@ stored batches (the same content once applied), so it is never too large for the
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -73,6 +78,9 @@ def snapshot_to_pb(hashes: Mapping[Tier, list[BlockHash]] | list[BlockHash]) -> 
 
 
 REPORT_TIMEOUT_S = 1.0
+# An unchanged cache is published again at least this often all the same: well within what the bus
+# retains (NATS keeps a worker's batches for an hour), and a repair for anything an index lost.
+SNAPSHOT_REPEAT_MAX_S = 600.0
 # A Register that takes longer is given up on (and, at start, tried on the next replica): the
 # replica may have stored the registration and hung before replying.
 REGISTER_TIMEOUT_S = 10.0
@@ -153,6 +161,8 @@ class ControlPlaneLink:
         self._snapshot_due = False  # a replica asked for one (a gap in our KV event numbers)
         self._published_seq = 0  # the last batch the control plane acknowledged (what reports carry)
         self._drop_next_batch = False  # fault injection: lose the next batch
+        # The last snapshot published: the batch number it ended at, a digest of it, when.
+        self._snapshot_seq, self._snapshot_digest, self._snapshot_at = -1, b"", 0.0
         self._reports: grpc.aio.StreamStreamCall | None = None  # the report stream, on replica `_reports_on`
         self._reports_on = -1
         self._unary_reports = False  # the control plane has no ReportLoadStream
@@ -280,6 +290,8 @@ class ControlPlaneLink:
             )  # fmt: skip
             # Only now: a report must never announce a batch the store may not hold yet.
             self._published_seq = self._seq
+        if snapshot:
+            self._snapshot_seq, self._snapshot_digest, self._snapshot_at = self._seq, _digest(events), time.monotonic()
 
     async def _guarded(self, what: str, call) -> bool:
         """Runs one loop step; a lost lease triggers re-registration, other failures are retried.
@@ -347,6 +359,15 @@ class ControlPlaneLink:
             await self._guarded("load report", step)
             await asyncio.sleep(self._config.load_report_interval_s)
 
+    def _repeats_last_snapshot(self, snapshot: list[common_pb2.KVEvent]) -> bool:
+        """Whether `snapshot` is the last one published again: no batch since, the same content,
+        and that one recent enough (SNAPSHOT_REPEAT_MAX_S)."""
+        return (
+            self._seq == self._snapshot_seq
+            and time.monotonic() - self._snapshot_at < SNAPSHOT_REPEAT_MAX_S
+            and _digest(snapshot) == self._snapshot_digest
+        )
+
     def _snapshot_asked(self, requested: bool) -> None:
         if requested and not self._snapshot_due:
             log.info("a control-plane replica asked for a KV snapshot (it saw a gap in our event numbers)")
@@ -410,12 +431,15 @@ class ControlPlaneLink:
                 nonlocal last_snapshot
                 async with self._lock:
                     events = self._take_events()
-                    due = self._snapshot_due or time.monotonic() - last_snapshot >= self._config.kv_snapshot_interval_s
+                    requested = self._snapshot_due
+                    due = requested or time.monotonic() - last_snapshot >= self._config.kv_snapshot_interval_s
                     try:
                         if due:
                             # Taken after draining the events, so it includes them.
                             self._snapshot_due = False
-                            await self._publish(snapshot_to_pb(self._snapshot()), snapshot=True)
+                            snapshot = snapshot_to_pb(self._snapshot())
+                            if requested or not self._repeats_last_snapshot(snapshot):
+                                await self._publish(snapshot, snapshot=True)
                             last_snapshot = time.monotonic()
                         elif events and self._drop_next_batch:
                             self._drop_next_batch = False
@@ -430,6 +454,10 @@ class ControlPlaneLink:
                         raise
 
             await self._guarded("KV event publish", step)
+
+
+def _digest(events: list[common_pb2.KVEvent]) -> bytes:
+    return hashlib.blake2b(b"".join(e.SerializeToString() for e in events), digest_size=16).digest()
 
 
 def _rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
