@@ -47,7 +47,7 @@ from kvplane.controlplane.pause import PauseDetector
 from kvplane.controlplane.store.base import EventType, Store, StoreCompacted, StoreError, WatchEvent
 from kvplane.convert import layout_from_pb, role_from_pb, tier_from_pb
 from kvplane.latency import MIN_ONLINE_SAMPLES, StepTimeModel
-from kvplane.security.limits import MAX_RUNNING_LISTED
+from kvplane.security.limits import MAX_RUNNING_LISTED, clip
 from kvplane.types import BlockHash, Tier, WorkerId
 from kvplane.v1 import common_pb2, registry_pb2
 
@@ -345,7 +345,7 @@ class ClusterState:
     def _reject(self, reason: str, kind: str, worker_id: str) -> None:
         self.bus_rejected[reason] += 1
         if sum(self.bus_rejected.values()) % 100 == 1:  # a flood logs one line in a hundred
-            log.warning("dropped a %s message for worker %r from the bus (%s); %s so far", kind, worker_id[:64], reason, self.bus_rejected)
+            log.warning("dropped a %s message for worker %s from the bus (%s); %s so far", kind, clip(worker_id), reason, self.bus_rejected)
 
     def _hold(self, worker_id: WorkerId, lease: int, message: BusMessage) -> None:
         """A message of a registration the store watch has not shown (yet, or ever: a dead one)."""

@@ -23,11 +23,17 @@ import hashlib
 import hmac
 
 MAC_HEADER = "Kvplane-Mac"
-KINDS = ("load", "kv")
 
 
 def subject(kind: str, worker_id: str) -> str:
     return f"kvplane.{kind}.{worker_id.encode().hex()}"
+
+
+def server_urls(url: str) -> list[str]:
+    """'nats://h1:4222,h2:4222' -> ['nats://h1:4222', 'nats://h2:4222'] (the first item's scheme for the rest)."""
+    items = [item.strip() for item in url.split(",") if item.strip()]
+    scheme = items[0].split("://", 1)[0]
+    return [item if "://" in item else f"{scheme}://{item}" for item in items]
 
 
 def mac(key: bytes, kind: str, payload: bytes) -> str:

@@ -22,7 +22,7 @@ import logging
 import ssl
 from collections.abc import AsyncIterator, Callable
 
-from kvplane.bus import MAC_HEADER, mac, subject
+from kvplane.bus import MAC_HEADER, mac, server_urls, subject
 from kvplane.v1 import registry_pb2
 
 from .base import BusMessage, BusUnavailable, PerWorkerThrottle
@@ -34,13 +34,6 @@ KV_STREAM = "KVPLANE_KV"
 STREAMS = {"load": LOAD_STREAM, "kv": KV_STREAM}
 _NO_HEADERS: dict[str, str] = {}
 QUEUE_LIMIT = 100_000  # messages received and not yet applied; beyond it the bus drops (a KV gap: a snapshot is asked for)
-
-
-def server_urls(url: str) -> list[str]:
-    """'nats://h1:4222,h2:4222' -> ['nats://h1:4222', 'nats://h2:4222'] (the first item's scheme for the rest)."""
-    items = [item.strip() for item in url.split(",") if item.strip()]
-    scheme = items[0].split("://", 1)[0]
-    return [item if "://" in item else f"{scheme}://{item}" for item in items]
 
 
 class NatsBus:

@@ -167,7 +167,7 @@ class EtcdStore:
         # Each member gets a share of a call's time, so that one hung member leaves time for the others.
         self._attempt_timeout_s = max(timeout_s / len(members), min(timeout_s, 1.0))
         self._watch_calls: set = set()
-        self._keepalives = [_KeepAlives(client, endpoint) for client, endpoint in zip(self._clients, self._endpoints)]
+        self._keepalives = {id(client): _KeepAlives(client, endpoint) for client, endpoint in zip(self._clients, self._endpoints)}
         self._closed = False
 
     @property
@@ -304,8 +304,7 @@ class EtcdStore:
         return LeaseId(response.ID)
 
     async def lease_keepalive(self, lease: LeaseId) -> int:
-        keepalives = {id(k.client): k for k in self._keepalives}
-        reply = await self._on_members("lease_keepalive", lambda client: keepalives[id(client)].renew(lease))
+        reply = await self._on_members("lease_keepalive", lambda client: self._keepalives[id(client)].renew(lease))
         return reply.TTL if reply is not None else 0  # etcd answers TTL 0 for a dead lease
 
     async def lease_revoke(self, lease: LeaseId) -> None:
@@ -320,7 +319,7 @@ class EtcdStore:
         self._closed = True
         for call in list(self._watch_calls):
             call.cancel()
-        for keepalives in self._keepalives:
+        for keepalives in self._keepalives.values():
             keepalives.close()
         for client in self._clients:
             await client.close()

@@ -45,7 +45,7 @@ class DirectReports:
             )
             return False
         client = Client()
-        servers = [u if "://" in u else f"{self.url.split('://', 1)[0]}://{u}" for u in (s.strip() for s in self.url.split(",")) if u]
+        servers = bus.server_urls(self.url)
         try:
             tls = self._tls() if self.url.startswith("tls://") else None
             await asyncio.wait_for(

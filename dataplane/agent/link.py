@@ -18,8 +18,8 @@ blip) asks for a snapshot; the answer to a load report carries the request (`sna
 and the next KV step publishes the whole cache instead of a batch. The periodic snapshot (every
 `kv_snapshot_interval_s`) is skipped when it would repeat the last one published exactly, with no
 batch since, for at most SNAPSHOT_REPEAT_MAX_S: an idle worker's snapshots cost the replica it
-calls a call and a bus round trip and every replica a comparison with what it holds, about 3 ms of
-a replica each (docs/benchmarks.md). `drop_next_batch()` loses one
+calls a call and a bus round trip and every replica a comparison with what it holds, 2-4 ms of a
+replica each (docs/benchmarks.md). `drop_next_batch()` loses one
 batch on purpose (fault injection, `kvplane agent --fault-injection`).
 
 Security: the link dials with the worker's credentials (its certificate, or the join token over

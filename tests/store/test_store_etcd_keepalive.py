@@ -20,11 +20,11 @@ def test_keepalives_share_one_stream_and_a_restarted_etcd_gets_a_new_one(etcd_fa
         try:
             lease = await store.lease_grant(60)
             assert await store.lease_keepalive(lease) == 60
-            stream = store._keepalives[0]._call
+            stream = _first(store)._call
             assert stream is not None
             for _ in range(5):
                 assert await store.lease_keepalive(lease) == 60
-            assert store._keepalives[0]._call is stream  # no stream per renewal
+            assert _first(store)._call is stream  # no stream per renewal
             await asyncio.to_thread(etcd.restart)  # same data: the lease survives
             for _ in range(50):  # the first renewals may still meet the old stream or a reconnecting channel
                 try:
@@ -35,9 +35,15 @@ def test_keepalives_share_one_stream_and_a_restarted_etcd_gets_a_new_one(etcd_fa
                 await asyncio.sleep(0.2)
             else:
                 raise AssertionError("no renewal succeeded after etcd restarted")
-            assert store._keepalives[0]._call is not stream
-            assert store._keepalives[0]._waiting == {}  # nothing left waiting
+            assert _first(store)._call is not stream
+            assert _first(store)._waiting == {}  # nothing left waiting
         finally:
             await store.close()
 
     asyncio.run(body())
+
+
+def _first(store):
+    """The keep-alive streams of the store's only member."""
+    (keepalives,) = store._keepalives.values()
+    return keepalives
