@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from kvplane.block_hash import chain_hash, root_hash
 from kvplane.bus import mac_valid
 from kvplane.controlplane import keys
+from kvplane.controlplane.batch_limits import BatchLimits, batch_problem
 from kvplane.controlplane.bus import Bus, BusError, BusMessage, StoreBus
 from kvplane.controlplane.core.index import NO_SEQ, CacheIndex, ClearedEvent, RemovedEvent, StoredEvent
 from kvplane.controlplane.core.planner import Plan
@@ -44,6 +45,7 @@ from kvplane.controlplane.core.settings import ClusterSettings
 from kvplane.controlplane.core.step_pool import StepModelPool
 from kvplane.controlplane.core.views import DEFAULT_CHUNK_TOKENS, ClusterView, WorkerLoadView, WorkerView
 from kvplane.controlplane.pause import PauseDetector
+from kvplane.controlplane.secrets import ClusterSecrets
 from kvplane.controlplane.store.base import EventType, Store, StoreCompacted, StoreError, WatchEvent
 from kvplane.convert import layout_from_pb, role_from_pb, tier_from_pb
 from kvplane.latency import MIN_ONLINE_SAMPLES, StepTimeModel
@@ -84,6 +86,7 @@ STORE_PROBE_INTERVAL_S = 0.5  # how often the replica checks that the store answ
 TRUST_AFTER_PAUSE_S = 1.0  # after this replica was itself paused, the store's health counts again only this much later
 PENDING_MAX_AGE_S = 10.0  # bus messages of a registration the store has not shown yet are kept this long
 PENDING_MAX_MESSAGES = 256  # and at most this many per registration
+DEFAULT_BATCH_LIMITS = BatchLimits()
 KV_LATE_S = 1.0  # on an unordered bus, a batch a load report names is missing only once it is this late
 
 
@@ -94,14 +97,20 @@ class ClusterState:
         *,
         bus: Bus | None = None,
         credit_routed_only: bool = True,
-        bus_mac_key: Callable[[str, str, int], bytes] | None = None,
+        bus_keys: ClusterSecrets | None = None,
+        batch_limits: BatchLimits = DEFAULT_BATCH_LIMITS,
     ) -> None:
-        """`bus_mac_key(kind, worker id, lease)`: when given, a bus message applies only with a valid
-        MAC (kvplane/bus.py): for a bus that workers can publish on themselves."""
+        """`bus_keys`: when given, a bus message applies only with a valid MAC (kvplane/bus.py), for
+        a bus that workers can publish on themselves; a KV batch signed by its worker then only
+        within `batch_limits`, as a replica checks one it is given by a call."""
         self._store = store
         self.bus = bus if bus is not None else StoreBus(store)
         # A registration's key is derived once, not per message (an HMAC each).
-        self._bus_mac_key = functools.lru_cache(maxsize=1 << 16)(bus_mac_key) if bus_mac_key is not None else None
+        self._macs_checked = bus_keys is not None
+        if bus_keys is not None:
+            self._worker_key = functools.lru_cache(maxsize=1 << 16)(bus_keys.session_token)
+            self._replica_key = functools.lru_cache(maxsize=1 << 16)(bus_keys.replica_bus_key)
+        self._batch_limits = batch_limits
         self._bus_task: asyncio.Task | None = None
         # Bus messages of registrations not seen yet: (worker, lease) -> (first held at, messages).
         self._pending: dict[tuple[WorkerId, int], tuple[float, list[BusMessage]]] = {}
@@ -323,13 +332,10 @@ class ClusterState:
         parsed = (registry_pb2.ReportLoadRequest if message.kind == "load" else registry_pb2.PublishKVEventsRequest).FromString(
             message.payload
         )
-        if self._bus_mac_key is not None:
-            key = self._bus_mac_key(message.kind, parsed.worker_id, parsed.lease_id)
-            if not mac_valid(key, message.kind, message.payload, message.mac):
-                self._reject("mac", message.kind, parsed.worker_id)
-                return
-            if message.kind == "load" and len(parsed.load.running_remaining_tokens) > MAX_RUNNING_LISTED:
-                self._reject("invalid", message.kind, parsed.worker_id)  # what the registry refuses from a call
+        if self._macs_checked:
+            refusal = self._bus_refusal(message, parsed)
+            if refusal is not None:
+                self._reject(refusal, message.kind, parsed.worker_id)
                 return
         worker_id = WorkerId(parsed.worker_id)
         entry = self.workers.get(worker_id)
@@ -341,6 +347,19 @@ class ClusterState:
             self._apply_load(worker_id, parsed)
         else:
             self._apply_kv(worker_id, parsed.seq, parsed)
+
+    def _bus_refusal(self, message: BusMessage, parsed) -> str | None:
+        """Why a message on a bus that workers publish on must not apply (None: it may): no valid
+        MAC, or what the registry would refuse from the worker's call."""
+        worker_id, lease, payload = parsed.worker_id, parsed.lease_id, message.payload
+        signed_by_worker = mac_valid(self._worker_key(worker_id, lease), message.kind, payload, message.mac)
+        if message.kind == "load":
+            if not signed_by_worker:
+                return "mac"
+            return "invalid" if len(parsed.load.running_remaining_tokens) > MAX_RUNNING_LISTED else None
+        if not signed_by_worker:  # a replica's, which checked the batch before it published it
+            return None if mac_valid(self._replica_key(worker_id, lease), "kv", payload, message.mac) else "mac"
+        return "invalid" if batch_problem(parsed, self._batch_limits, self.index.num_blocks(WorkerId(worker_id))) else None
 
     def _reject(self, reason: str, kind: str, worker_id: str) -> None:
         self.bus_rejected[reason] += 1

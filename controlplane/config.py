@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kvplane import tickets
+from kvplane.controlplane.batch_limits import BatchLimits
 from kvplane.controlplane.bus import check_bus_url
 from kvplane.controlplane.core.failover import FailoverLimits
 from kvplane.controlplane.core.planner import PlannerConfig
@@ -54,7 +55,7 @@ class ControlPlaneConfig:
     max_lease_ttl_s: int = 60  # a worker asking for a longer lease gets this one
     max_workers: int = 1024  # registered workers in the cluster
     max_hashes_per_batch: int = limits.KV_BATCH_MAX_HASHES  # block hashes in one KV event batch
-    max_blocks_per_worker: int = 1 << 20  # blocks the cache index keeps for one worker
+    max_blocks_per_worker: int = limits.MAX_BLOCKS_PER_WORKER  # blocks the cache index keeps for one worker
     max_prompt_bytes: int = limits.MAX_PROMPT_BYTES  # prompt text, before tokenization
     rate_limit_rps: float = 200.0  # client-API calls per second per identity (0 = no limit)
     rate_limit_burst: int = 400
@@ -77,7 +78,7 @@ class ControlPlaneConfig:
     bus_cert: str = ""
     bus_key: str = ""
     bus_stream_replicas: int = 1  # copies of each JetStream stream in a NATS cluster (at most 5)
-    # The NATS URL agents publish their load reports to themselves ("" = they report over gRPC).
+    # The NATS URL agents publish their load reports and KV batches to themselves ("" = they report over gRPC).
     # Then every bus message must carry a valid MAC (kvplane/bus.py): workers can reach the bus.
     bus_for_agents: str = ""
 
@@ -115,6 +116,10 @@ class ControlPlaneConfig:
             idle_timeout_s=self.grpc_idle_timeout_s,
             max_connections=self.grpc_max_connections,
         )
+
+    @property
+    def batch_limits(self) -> BatchLimits:
+        return BatchLimits(self.max_hashes_per_batch, self.max_blocks_per_worker)
 
     @property
     def failover(self) -> FailoverLimits:

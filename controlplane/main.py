@@ -78,7 +78,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     bus.add_argument("--bus-cert", default="", metavar="FILE", help="client certificate, where NATS verifies clients")
     bus.add_argument("--bus-key", default="", metavar="FILE", help="its private key")
     bus.add_argument("--bus-for-agents", default="", metavar="nats://HOST:PORT[,...]|tls://HOST:PORT[,...]",
-                     help="the same NATS as the agents reach it: registered agents publish their load reports there themselves "
+                     help="the same NATS as the agents reach it: registered agents publish their load reports and KV batches there themselves "
                           "instead of through a replica (a replica then only reads them), and every bus message must carry its "
                           "MAC (docs/security.md); needs a NATS that admits the workers (default: agents report over gRPC)")  # fmt: skip
     bus.add_argument("--bus-stream-replicas", type=int, default=d.bus_stream_replicas, metavar="N",

@@ -24,6 +24,7 @@ import grpc
 
 from kvplane import tickets
 from kvplane.controlplane import keys, registration
+from kvplane.controlplane.batch_limits import batch_problem
 from kvplane.controlplane.bus import Bus, BusUnavailable, StoreBus
 from kvplane.controlplane.config import ControlPlaneConfig
 from kvplane.controlplane.secrets import ClusterSecrets
@@ -31,7 +32,7 @@ from kvplane.controlplane.store.base import Compare, Delete, LeaseNotFound, Put,
 from kvplane.errors import component_trailers
 from kvplane.security.auth import caller
 from kvplane.security.identity import ANY_WORKER, IdentityError, Role, check_name
-from kvplane.security.limits import BLOCK_HASH_MAX_BYTES, MAX_RUNNING_LISTED, clip
+from kvplane.security.limits import MAX_RUNNING_LISTED, clip
 from kvplane.types import LeaseId, WorkerId
 from kvplane.v1 import common_pb2, registry_pb2, registry_pb2_grpc
 
@@ -200,36 +201,12 @@ class RegistryService(registry_pb2_grpc.RegistryServicer):
 
     async def PublishKVEvents(self, request: registry_pb2.PublishKVEventsRequest, context: grpc.aio.ServicerContext):
         await self._check_session(context, request.worker_id, request.lease_id, request.session_token)
-        if request.seq == 0:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "seq must be >= 1")
-        await self._check_batch(request, context)
+        problem = batch_problem(request, self._config.batch_limits, self._blocks_of(WorkerId(request.worker_id)))
+        if problem is not None:
+            await context.abort(*problem)
         request.ClearField("session_token")
         await self._publish(context, self._bus.publish_kv, request)
         return registry_pb2.PublishKVEventsResponse()
-
-    async def _check_batch(self, request: registry_pb2.PublishKVEventsRequest, context) -> None:
-        num_hashes = num_stored = 0
-        for event in request.events:
-            kind = event.WhichOneof("event")
-            hashes = event.stored.block_hashes if kind == "stored" else event.removed.block_hashes if kind == "removed" else ()
-            num_hashes += len(hashes)
-            if kind == "stored":
-                num_stored += len(hashes)
-            if hashes and not 0 < min(map(len, hashes)) <= max(map(len, hashes)) <= BLOCK_HASH_MAX_BYTES:
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"block hashes must be 1..{BLOCK_HASH_MAX_BYTES} bytes")
-        limit = self._config.max_hashes_per_batch
-        if num_hashes > limit:
-            await context.abort(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"a KV event batch carries at most {limit} block hashes, this one {num_hashes}: split it (snapshots too)",
-            )
-        held = 0 if request.snapshot else self._blocks_of(WorkerId(request.worker_id))
-        if held + num_stored > self._config.max_blocks_per_worker:
-            await context.abort(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"worker {request.worker_id} would hold more than {self._config.max_blocks_per_worker} blocks in the cache index; "
-                "publish a snapshot of what it really holds",
-            )
 
     async def Deregister(self, request: registry_pb2.DeregisterRequest, context: grpc.aio.ServicerContext):
         await self._check_session(context, request.worker_id, request.lease_id, request.session_token)

@@ -10,8 +10,8 @@ every replica derives the same salt, and nobody outside the replicas can compute
 
 A worker's session token is HMAC-SHA256(session key, worker id, lease id): any replica can check
 it without a store read, and it names exactly one registration, so a worker can renew, report for
-and deregister only its own. It also keys the MAC of the load reports a worker publishes on the
-bus itself (bus_key, kvplane/bus.py).
+and deregister only its own. It also keys the MAC of the messages a worker publishes on the bus
+itself; what a replica publishes after checking it carries one keyed by replica_bus_key (kvplane/bus.py).
 """
 
 from __future__ import annotations
@@ -40,11 +40,13 @@ class ClusterSecrets:
         return bool(token) and hmac.compare_digest(self.session_token(worker_id, lease_id), token)
 
     def bus_key(self, kind: str, worker_id: str, lease_id: int) -> bytes:
-        """The key of a bus message's MAC (kvplane/bus.py): a load report's is the registration's
-        session token (its worker may publish it), a KV batch's one that only replicas can derive."""
+        """The key a replica signs a bus message with (kvplane/bus.py): a load report's is the
+        registration's session token (its worker may publish one too), a KV batch's the replicas' key."""
+        return self.session_token(worker_id, lease_id) if kind == "load" else self.replica_bus_key(worker_id, lease_id)
+
+    def replica_bus_key(self, worker_id: str, lease_id: int) -> bytes:
+        """The key of a bus message only a replica can sign: one whose limits a replica checked."""
         token = self.session_token(worker_id, lease_id)
-        if kind == "load":
-            return token
         return hmac.digest(self.session_key, b"kvplane-bus-kv\x00" + token, "sha256")
 
 

@@ -82,7 +82,7 @@ class ControlPlane:
         await self._bus.start()
         self._state = ClusterState(
             self._store, bus=self._bus, credit_routed_only=not config.trust_worker_cache_claims,
-            bus_mac_key=cluster_secrets.bus_key if config.bus_for_agents else None,
+            bus_keys=cluster_secrets if config.bus_for_agents else None, batch_limits=config.batch_limits,
         )  # fmt: skip
         await self._state.start()
         observe.register_cluster_gauges(self._state)

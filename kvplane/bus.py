@@ -1,20 +1,24 @@
 """What travels on the control plane's NATS bus, shared by its replicas and by the agents that
-publish their load reports there themselves (`kvplane controlplane --bus-for-agents`).
+publish their load reports and KV event batches there themselves (`kvplane controlplane
+--bus-for-agents`).
 
 Subjects: `kvplane.<kind>.<worker id, hex>` (hex because a worker id may hold '.', NATS's subject
 separator), kind "load" (load reports) or "kv" (KV event batches).
 
 Message authentication. Once workers can reach the bus, any of them could publish on another's
 subject, so every message carries a MAC in the `Kvplane-Mac` header: HMAC-SHA256 over the kind and
-the payload, keyed per registration (worker id and lease, both in the payload). A load report's key
-is that registration's session token, which the control plane derives from its session key and
-gives to that worker alone (controlplane/secrets.py), so a worker can publish its own reports and
-nobody else's. A KV batch's key is derived from the session key and the token, so only replicas,
-which check a batch's limits before they publish it, can make one. A replica recomputes the key
-from the message's worker id and lease and drops a message whose MAC does not match before it
-applies it. The payload never carries the token. A copied message published again is caught by
-the numbers inside: load reports by `report_seq`, KV batches by `seq` (a replica applies each only
-above the last it applied).
+the payload, keyed per registration (worker id and lease, both in the payload). A worker signs
+with its registration's session token, which the control plane derives from its session key and
+gives to that worker alone (controlplane/secrets.py), so a worker can publish its own messages and
+nobody else's; every replica applies a KV batch so signed only within the limits a replica checks
+on a PublishKVEvents call (controlplane/batch_limits.py), and a load report only with its running
+list within MAX_RUNNING_LISTED. What a replica publishes for a worker that called it carries the
+worker's key for a load report and, for a KV batch it has checked, a key derived from the session
+key and the token, which only replicas can derive. A replica recomputes the keys from the
+message's worker id and lease and drops a message whose MAC matches neither before it applies it.
+The payload never carries the token. A copied message published again is caught by the numbers
+inside: load reports by `report_seq`, KV batches by `seq` (a replica applies each only above the
+last it applied; a snapshot, the worker's whole truth, is applied again).
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ import hashlib
 import hmac
 
 MAC_HEADER = "Kvplane-Mac"
+LOAD_STREAM = "KVPLANE_LOAD"  # the JetStream streams the replicas create (controlplane/bus/nats.py)
+KV_STREAM = "KVPLANE_KV"
 
 
 def subject(kind: str, worker_id: str) -> str:

@@ -2,9 +2,10 @@
 
 Two streams, because the two kinds of message are kept differently (subjects: kvplane/bus.py):
   KVPLANE_LOAD  kvplane.load.<worker id, hex>  one message per subject: each worker's latest report
-  KVPLANE_KV    kvplane.kv.<worker id, hex>    every KV batch; below a worker's snapshot purged (at
-                                               most every `kv_compact_every_s`), the rest bounded
-                                               by age and bytes
+  KVPLANE_KV    kvplane.kv.<worker id, hex>    every KV batch; below a worker's snapshot purged (by
+                                               the replica that published it, at most every
+                                               `kv_compact_every_s`, or by the agent that did), the
+                                               rest bounded by age and bytes
 Every replica reads both with
 ordered consumers: ephemeral, flow-controlled and heartbeated, restarted by the client at the next
 stream sequence after a gap, a reconnect or a server restart. Two streams deliver independently,
@@ -22,15 +23,13 @@ import logging
 import ssl
 from collections.abc import AsyncIterator, Callable
 
-from kvplane.bus import MAC_HEADER, mac, server_urls, subject
+from kvplane.bus import KV_STREAM, LOAD_STREAM, MAC_HEADER, mac, server_urls, subject
 from kvplane.v1 import registry_pb2
 
 from .base import BusMessage, BusUnavailable, PerWorkerThrottle
 
 log = logging.getLogger(__name__)
 
-LOAD_STREAM = "KVPLANE_LOAD"
-KV_STREAM = "KVPLANE_KV"
 STREAMS = {"load": LOAD_STREAM, "kv": KV_STREAM}
 _NO_HEADERS: dict[str, str] = {}
 QUEUE_LIMIT = 100_000  # messages received and not yet applied; beyond it the bus drops (a KV gap: a snapshot is asked for)

@@ -12,6 +12,8 @@ replica renews it).
 
 Load reports go on one long-lived `ReportLoadStream` per replica (a call each cost the control
 plane several times the CPU); a control plane without it (UNIMPLEMENTED) gets `ReportLoad` calls.
+When registration names the control plane's bus (`--bus-for-agents`), reports and KV batches are
+published there instead (bus_publish.py), and through a replica only while the bus does not take them.
 
 KV events are numbered batches. A replica that sees a gap in the numbers (a lost batch, a store
 blip) asks for a snapshot; the answer to a load report carries the request (`snapshot_requested`)
@@ -41,7 +43,7 @@ import grpc
 
 from kvplane import tickets
 from kvplane.convert import tier_to_pb
-from kvplane.dataplane.agent.bus_reports import DirectReports
+from kvplane.dataplane.agent.bus_publish import BusPublisher
 from kvplane.dataplane.agent.config import AgentConfig
 from kvplane.dataplane.agent.observe import record_lease_loss
 from kvplane.dataplane.engines.events import AllCleared, BlockRemoved, BlockStored, KVCacheEvent
@@ -166,7 +168,7 @@ class ControlPlaneLink:
         self._reports: grpc.aio.StreamStreamCall | None = None  # the report stream, on replica `_reports_on`
         self._reports_on = -1
         self._unary_reports = False  # the control plane has no ReportLoadStream
-        self._direct: DirectReports | None = None  # load reports straight to the bus (RegisterResponse.bus_url)
+        self._direct: BusPublisher | None = None  # load reports and KV batches straight to the bus (RegisterResponse.bus_url)
         self._report_seq = 0  # this registration's reports so far (ReportLoadRequest.report_seq)
 
     @property
@@ -279,15 +281,15 @@ class ControlPlaneLink:
 
     async def _publish(self, events: list[common_pb2.KVEvent], snapshot: bool) -> None:
         """Publishes in batches the control plane accepts; a snapshot's first batch replaces the rest."""
-        for number, batch in enumerate(split_batches(events)):
+        for number, events_in_batch in enumerate(split_batches(events)):
             self._seq += 1
-            await self._stub.PublishKVEvents(
-                registry_pb2.PublishKVEventsRequest(
-                    worker_id=self.worker_id, lease_id=self.lease_id, seq=self._seq, events=batch,
-                    snapshot=snapshot and number == 0, session_token=self.session_token,
-                ),
-                timeout=10,
+            batch = registry_pb2.PublishKVEventsRequest(
+                worker_id=self.worker_id, lease_id=self.lease_id, seq=self._seq, events=events_in_batch,
+                snapshot=snapshot and number == 0,
             )  # fmt: skip
+            if self._direct is None or not await self._direct.publish_kv(batch, self.session_token):
+                batch.session_token = self.session_token
+                await self._stub.PublishKVEvents(batch, timeout=10)
             # Only now: a report must never announce a batch the store may not hold yet.
             self._published_seq = self._seq
         if snapshot:
@@ -350,7 +352,7 @@ class ControlPlaneLink:
                     report.latency.CopyFrom(latency)
                 self._report_seq += 1
                 report.report_seq = self._report_seq
-                if self._direct is not None and await self._direct.publish(report, self.session_token):
+                if self._direct is not None and await self._direct.publish_load(report, self.session_token):
                     return  # snapshot requests come with keep-alives
                 report.session_token = self.session_token
                 reply = await self._send_report(report)
@@ -374,14 +376,14 @@ class ControlPlaneLink:
             self._snapshot_due = True
 
     async def _use_bus(self, url: str) -> None:
-        """Load reports go to the bus at `url` from now on ("": through a replica), if it can be reached."""
+        """Load reports and KV batches go to the bus at `url` from now on ("": through a replica), if it can be reached."""
         if self._direct is not None and self._direct.url == url:
             return
         if self._direct is not None:
             await self._direct.close()
             self._direct = None
         if url:
-            direct = DirectReports(url, self._credentials, self.worker_id)
+            direct = BusPublisher(url, self._credentials, self.worker_id)
             if await direct.start():
                 self._direct = direct
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 SERVER_MAX_RECEIVE_BYTES = 8 * 1024 * 1024  # a request message; KV flows server -> client, so pulls are not bound by it
 KV_BATCH_MAX_HASHES = 8192  # block hashes in one PublishKVEvents batch (about 300 KB in the store, far under etcd's 1.5 MiB)
+MAX_BLOCKS_PER_WORKER = 1 << 20  # blocks the cache index keeps for one worker
 BLOCK_HASH_MAX_BYTES = 64  # a block hash is a digest: 32 bytes for kvplane's SHA-256 chain
 MAX_PROMPT_BYTES = 1024 * 1024  # prompt text, checked before tokenization
 CERT_DAYS = 365  # validity of the certificates `kvplane certs` makes

@@ -204,7 +204,7 @@ class Chaos:
         self.etcd = start_etcd_cluster(self.log_dir / "etcd")
         if self.bus.startswith("nats"):
             self.nats = start_nats(self.log_dir / "nats")
-        # nats-agents: the agents publish their load reports on NATS themselves (--bus-for-agents).
+        # nats-agents: the agents publish their load reports and KV batches on NATS themselves (--bus-for-agents).
         on_bus = ("--bus-for-agents", self.nats.url) if self.bus == "nats-agents" else ()
         self.cluster = LocalCluster(
             num_prefill=1, num_decode=2, store=self.etcd.url, num_controlplanes=2, log_dir=self.log_dir,
@@ -445,7 +445,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log-dir", default=None, help="where process logs go (default: a temp dir, kept)")
     parser.add_argument("--bus", choices=("nats", "nats-agents", "store"), default="nats",
                         help="how load reports and KV events reach the replicas; nats adds the bus's faults; nats-agents has the "
-                        "agents publish their load reports on it themselves (default %(default)s)")  # fmt: skip
+                        "agents publish their load reports and KV batches on it themselves (default %(default)s)")  # fmt: skip
     args = parser.parse_args(argv)
     log_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="kvplane-chaos-"))
     return Chaos(args.seed, args.steps, log_dir, args.bus).run()

@@ -292,12 +292,15 @@ def test_on_an_unordered_bus_a_named_batch_is_lost_only_once_it_is_late(monkeypa
 
 @pytest.mark.cluster
 def test_with_workers_on_the_bus_only_messages_with_their_registrations_mac_apply_and_copies_change_nothing(nats_factory):
-    """kvplane/bus.py's rule on a real nats-server: a worker's own report (MAC keyed by its session
-    token) applies; one without a MAC, with another worker's key or a copy of an applied one does
-    not; a KV batch MAC'd with a worker's token (only replicas may make one) does not either."""
+    """kvplane/bus.py's rule on a real nats-server: a worker's own report and KV batch (MAC keyed by
+    its session token) apply; one without a MAC, with another worker's key or a copy of an applied
+    one does not; nor does a batch of its own beyond what the registry takes from a call (a hash
+    too long, too many hashes, more blocks than a worker may hold). What a replica publishes for a
+    worker carries the MAC itself."""
     from nats.aio.client import Client as Nats
 
     from kvplane import bus as wire
+    from kvplane.controlplane.batch_limits import BatchLimits
     from kvplane.controlplane.secrets import ClusterSecrets
 
     server = nats_factory()
@@ -307,14 +310,15 @@ def test_with_workers_on_the_bus_only_messages_with_their_registrations_mac_appl
         store = MemoryStore()
         replica_bus = open_bus(server.url, store, mac_key=secrets.bus_key)
         await replica_bus.start()
-        state = ClusterState(store, bus=replica_bus, credit_routed_only=False, bus_mac_key=secrets.bus_key)
+        limits = BatchLimits(max_hashes=4, max_blocks=6)
+        state = ClusterState(store, bus=replica_bus, credit_routed_only=False, bus_keys=secrets, batch_limits=limits)
         await state.start()
         worker = Nats()
         await worker.connect(servers=[server.url])
         try:
             lease, other = await _register(store), await _register(store, "w.2")
             await _settle(lambda: state.lease_of(W) == lease and state.lease_of("w.2") == other, "both registrations")
-            token = secrets.session_token(W, lease)
+            token, other_token = secrets.session_token(W, lease), secrets.session_token("w.2", other)
 
             async def publish(kind: str, message, key: bytes | None) -> None:
                 payload = message.SerializeToString()
@@ -335,23 +339,33 @@ def test_with_workers_on_the_bus_only_messages_with_their_registrations_mac_appl
             # after another may replace it before the replica reads it.
             refusals = [
                 ("load", forged, None, "mac"),  # no MAC
-                ("load", forged, secrets.session_token("w.2", other), "mac"),  # the other worker's key
+                ("load", forged, other_token, "mac"),  # the other worker's key
                 ("load", first, token, "replayed"),  # the applied report again, MAC and all
-                ("kv", _batch(1, [b"a"], lease=lease, snapshot=True), token, "mac"),  # a batch only a replica may make
+                ("kv", _batch(1, [b"a"], lease=lease, snapshot=True), other_token, "mac"),
+                ("kv", _batch(1, [b"a" * 65], lease=lease, snapshot=True), token, "invalid"),  # a hash is 1..64 bytes
+                ("kv", _batch(1, [b"a", b"b", b"c", b"d", b"e"], lease=lease, snapshot=True), token, "invalid"),  # 5 > 4 hashes
             ]
             for kind, message, key, reason in refusals:
                 before = state.bus_rejected[reason]
                 await publish(kind, message, key)
                 await _settle(lambda reason=reason, before=before: state.bus_rejected[reason] == before + 1, f"a refusal ({reason})")
-            assert state.bus_rejected == {"mac": 3, "replayed": 1, "invalid": 0}
+            assert state.bus_rejected == {"mac": 3, "replayed": 1, "invalid": 2}
             assert running() == 3 and _device_blocks(state) == 0
+            # The worker's own batches, within the limits: 2 blocks, then 4 more (6, as many as it may hold) ...
+            await publish("kv", _batch(1, [b"a", b"b"], lease=lease, snapshot=True), token)
+            await publish("kv", _batch(2, [b"c", b"d", b"e", b"f"], lease=lease), token)
+            await _settle(lambda: _device_blocks(state) == 6, "the worker's own batches")
+            # ... and one more block is beyond what a worker may hold: the batch is dropped.
+            await publish("kv", _batch(3, [b"g"], lease=lease), token)
+            await _settle(lambda: state.bus_rejected["invalid"] == 3, "a batch beyond the blocks a worker may hold")
+            assert _device_blocks(state) == 6
             # What a replica publishes for a worker (its gRPC report, its batch) carries the MAC itself.
             second = _report(0, lease=lease, running=7)
             second.report_seq = 2
             await replica_bus.publish_load(second)
-            await replica_bus.publish_kv(_batch(1, [b"a", b"b"], lease=lease, snapshot=True))
+            await replica_bus.publish_kv(_batch(4, [b"a", b"b"], lease=lease, snapshot=True))
             await _settle(lambda: running() == 7 and _device_blocks(state) == 2, "the replica's messages")
-            assert state.bus_rejected == {"mac": 3, "replayed": 1, "invalid": 0}
+            assert state.bus_rejected == {"mac": 3, "replayed": 1, "invalid": 3}
         finally:
             await worker.close()
             await state.stop()

@@ -30,16 +30,19 @@ def test_dropped_kv_batches_trigger_a_resync_and_the_index_converges(tmp_path):
 
 
 def test_an_agent_publishing_its_reports_on_the_bus_learns_of_the_gap_from_its_keep_alive(nats_factory, tmp_path):
-    """No answer comes back to a report published on the bus (--bus-for-agents): the snapshot
-    request rides on the keep-alive's answer (every third of the lease TTL, 1 s here)."""
+    """No answer comes back to a report or a batch published on the bus (--bus-for-agents): the
+    snapshot request rides on the keep-alive's answer (every third of the lease TTL, 1 s here), and
+    the snapshot goes on the bus too."""
     nats = nats_factory()
     with LocalCluster(
         num_prefill=0, num_decode=0, num_both=1, log_dir=tmp_path, agent_args=("--fault-injection",), bus=nats.url,
         controlplane_args=("--bus-for-agents", nats.url, "--lease-ttl", "3"),
     ) as cluster, Client(cluster.endpoint, timeout=60) as client:  # fmt: skip
-        wait_for(lambda: "publishing load reports to the bus" in cluster.log_paths["both-0"].read_text(), timeout=10,
-                 what="the agent on the bus")  # fmt: skip
+        wait_for(lambda: "publishing load reports and KV event batches to the bus" in cluster.log_paths["both-0"].read_text(),
+                 timeout=10, what="the agent on the bus")  # fmt: skip
         _lose_two_batches_and_converge(cluster, client)
+        # Its batches and the snapshots asked for went on the bus, none through a replica.
+        assert "sending it through a replica" not in cluster.log_paths["both-0"].read_text()
 
 
 def _lose_two_batches_and_converge(cluster: LocalCluster, client: Client) -> None:

@@ -71,16 +71,18 @@ def test_admin_calls(server: ScriptedServer) -> None:
 
 
 def test_early_exit_cancels(server: ScriptedServer) -> None:
-    async def scenario() -> None:
+    async def scenario() -> bool:
         async with AsyncClient(server.endpoint) as client:
             stream = client.stream("long")
             async for chunk in stream:
                 assert chunk.text == "x"
                 break
             await stream.aclose()
+            # Waited for here, with the client and its loop still running: the cancel must come
+            # from aclose itself, not from the channel's teardown (which races the loop's end).
+            return await asyncio.to_thread(server.servicer.cancelled.wait, 5)
 
-    asyncio.run(scenario())
-    assert server.servicer.cancelled.wait(timeout=5)
+    assert asyncio.run(scenario())
 
 
 def test_env_endpoint_and_close_without_use(monkeypatch: pytest.MonkeyPatch, server: ScriptedServer) -> None:

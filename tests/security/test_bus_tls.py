@@ -157,12 +157,12 @@ def test_the_shipped_nats_config_lets_only_the_control_plane_connect_and_only_na
             server.stop()
 
 
-def test_an_agent_publishes_its_reports_over_tls_with_its_own_certificate(tmp_path):
+def test_an_agent_publishes_its_reports_and_batches_over_tls_with_its_own_certificate(tmp_path):
     """--bus-for-agents tls://...: the agent dials NATS with its own certificate and the cluster's
-    CA (dataplane/agent/bus_reports.py), its report arrives without the session token and with
-    its MAC; without a client certificate NATS refuses it and the agent says it cannot publish."""
+    CA (dataplane/agent/bus_publish.py), its report and its KV batch arrive without the session
+    token and with their MACs; without a client certificate NATS refuses it and the agent says it cannot publish."""
     from kvplane import bus as wire
-    from kvplane.dataplane.agent.bus_reports import DirectReports
+    from kvplane.dataplane.agent.bus_publish import BusPublisher
     from kvplane.security.credentials import Credentials
 
     ca = certs.create_ca()
@@ -181,19 +181,24 @@ def test_an_agent_publishes_its_reports_over_tls_with_its_own_certificate(tmp_pa
             bus = NatsBus(server.url, tls=replica_tls)
             await bus.start()
             messages = await bus.subscribe()
-            direct = DirectReports(server.url, Credentials(ca_pem=ca.cert_pem, cert_pem=worker.cert_pem, key_pem=worker.key_pem), "w.1")
+            direct = BusPublisher(server.url, Credentials(ca_pem=ca.cert_pem, cert_pem=worker.cert_pem, key_pem=worker.key_pem), "w.1")
             try:
                 assert await direct.start()
                 report = registry_pb2.ReportLoadRequest(worker_id="w.1", lease_id=7, report_seq=1, session_token=token)
-                assert await direct.publish(report, token)
+                assert await direct.publish_load(report, token)
                 message = await asyncio.wait_for(anext(messages), 10)
                 assert message.kind == "load" and wire.mac_valid(token, "load", message.payload, message.mac)
                 sent = registry_pb2.ReportLoadRequest.FromString(message.payload)
                 assert (sent.worker_id, sent.report_seq, sent.session_token) == ("w.1", 1, b"")
+                batch = registry_pb2.PublishKVEventsRequest(worker_id="w.1", lease_id=7, seq=1, snapshot=True, session_token=token)
+                assert await direct.publish_kv(batch, token)  # the stream acknowledged it
+                message = await asyncio.wait_for(anext(messages), 10)
+                assert message.kind == "kv" and wire.mac_valid(token, "kv", message.payload, message.mac)
+                assert registry_pb2.PublishKVEventsRequest.FromString(message.payload).session_token == b""
             finally:
                 await direct.close()
                 await bus.close()
-            without = DirectReports(server.url, Credentials(ca_pem=ca.cert_pem), "w.2")  # the CA alone: no client certificate
+            without = BusPublisher(server.url, Credentials(ca_pem=ca.cert_pem), "w.2")  # the CA alone: no client certificate
             assert not await without.start()
 
         asyncio.run(body())

@@ -123,7 +123,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sim-num-blocks", type=int, default=8192, metavar="N", help="KV blocks per sim worker (default %(default)s)")
     parser.add_argument("--buses", type=_csv(str, ("store", "nats", "nats-agents")), default=["store", "nats"], metavar="B,...",
                         help="how load reports and KV events reach the replicas, each measured in turn: store, nats, nats-agents "
-                        "(NATS, the agents publishing their load reports there themselves) (default store,nats)")  # fmt: skip
+                        "(NATS, the agents publishing their load reports and KV batches there themselves) (default store,nats)")  # fmt: skip
     parser.add_argument("--stream-interval", type=int, default=0, metavar="N",
                         help="tokens per streamed message after the first that the generators ask for (GenerateRequest."
                         "stream_interval; 0: every token) (default %(default)s)")  # fmt: skip

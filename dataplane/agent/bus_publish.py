@@ -1,12 +1,16 @@
-"""Load reports published straight to the control plane's NATS bus, when registration names one
-(RegisterResponse.bus_url, `kvplane controlplane --bus-for-agents`).
+"""Load reports and KV event batches published straight to the control plane's NATS bus, when
+registration names one (RegisterResponse.bus_url, `kvplane controlplane --bus-for-agents`).
 
-A report through a replica costs that replica a gRPC message, a publish and its own copy coming
-back (about 0.5 ms of its CPU at 128 workers); published here, every replica only reads it from
-the bus. Each carries its MAC, keyed by this registration's session token (kvplane/bus.py), and
-its number (`report_seq`), so no other worker can publish one in its name or replay one. Fire and
-forget, as the replicas' own publishes of reports are: the next report supersedes a lost one.
-While NATS cannot be reached the link reports through its replica (`publish` answers False).
+A message through a replica costs that replica a gRPC call, a publish and its own copy coming back
+(about 0.5 ms of its CPU for a load report at 128 workers); published here, every replica only
+reads it from the bus. Each carries its MAC, keyed by this registration's session token
+(kvplane/bus.py), and its number (`report_seq`, a batch's `seq`), so no other worker can publish
+one in its name or replay one; every replica checks a batch's limits before it applies it, as the
+replica answering a PublishKVEvents call does. Load reports are fire and forget, as the replicas'
+own are: the next supersedes a lost one. A KV batch waits for JetStream's acknowledgement (a
+report must never name a batch the stream may not hold), and after a snapshot the batches before
+it are purged from the stream, as a replica publishing one does. While NATS cannot be reached, or
+does not take a batch, the link sends it through its replica (the publish methods answer False).
 """
 
 from __future__ import annotations
@@ -25,14 +29,16 @@ from kvplane.v1 import registry_pb2
 log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_S = 2.0
+ACK_TIMEOUT_S = 2.0  # JetStream's acknowledgement of a KV batch; longer, and the batch goes through a replica
 
 
-class DirectReports:
+class BusPublisher:
     def __init__(self, url: str, credentials: Credentials, worker_id: str) -> None:
         self.url = url
         self._credentials = credentials
         self._name = f"kvplane-agent {worker_id}"  # how NATS lists the connection (its monitoring, `nats server report`)
         self._nc = None
+        self._js = None
 
     async def start(self) -> bool:
         """Connects; False (said in the log) when nats-py is missing or NATS cannot be reached."""
@@ -62,14 +68,14 @@ class DirectReports:
         except Exception as e:
             with contextlib.suppress(Exception):
                 await client.close()
-            log.warning("cannot reach the bus at %s for load reports (%r); reporting through a replica", self.url, e)
+            log.warning("cannot reach the bus at %s (%r); reporting through a replica", self.url, e)
             return False
         client.options["max_reconnect_attempts"] = -1  # connected once: from now on, reconnect for ever
-        self._nc = client
-        log.info("publishing load reports to the bus at %s", self.url)
+        self._nc, self._js = client, client.jetstream(timeout=ACK_TIMEOUT_S)
+        log.info("publishing load reports and KV event batches to the bus at %s", self.url)
         return True
 
-    async def publish(self, report: registry_pb2.ReportLoadRequest, session_token: bytes) -> bool:
+    async def publish_load(self, report: registry_pb2.ReportLoadRequest, session_token: bytes) -> bool:
         """Publishes `report` (without its session token) with its MAC; False while disconnected."""
         nc = self._nc
         if nc is None or not nc.is_connected:
@@ -77,16 +83,34 @@ class DirectReports:
         report.ClearField("session_token")
         payload = report.SerializeToString()
         try:
-            await nc.publish(
-                bus.subject("load", report.worker_id), payload, headers={bus.MAC_HEADER: bus.mac(session_token, "load", payload)}
-            )
+            await nc.publish(bus.subject("load", report.worker_id), payload, headers=_signed(session_token, "load", payload))
         except Exception as e:
             log.debug("publishing a load report to the bus failed: %r", e)
             return False
         return True
 
+    async def publish_kv(self, batch: registry_pb2.PublishKVEventsRequest, session_token: bytes) -> bool:
+        """Publishes `batch` (without its session token) with its MAC and waits for the stream to
+        take it; False when it did not (disconnected, no answer in time, no stream)."""
+        nc = self._nc
+        if nc is None or not nc.is_connected:
+            return False
+        batch.ClearField("session_token")
+        payload, subject = batch.SerializeToString(), bus.subject("kv", batch.worker_id)
+        try:
+            ack = await self._js.publish(subject, payload, stream=bus.KV_STREAM, headers=_signed(session_token, "kv", payload))
+        except Exception as e:
+            log.info("the bus did not take KV batch %d (%r); sending it through a replica", batch.seq, e)
+            return False
+        if batch.snapshot:
+            try:
+                await self._js.purge_stream(bus.KV_STREAM, subject=subject, seq=ack.seq)
+            except Exception as e:  # they stay until age or size drops them: a replica replays more, nothing is lost
+                log.warning("purging the KV batches before our snapshot failed: %r", e)
+        return True
+
     async def close(self) -> None:
-        nc, self._nc = self._nc, None
+        nc, self._nc, self._js = self._nc, None, None
         if nc is not None:
             with contextlib.suppress(Exception):
                 await nc.close()
@@ -104,3 +128,7 @@ class DirectReports:
                         f.write(data)
                 context.load_cert_chain(cert, key)
         return context
+
+
+def _signed(session_token: bytes, kind: str, payload: bytes) -> dict[str, str]:
+    return {bus.MAC_HEADER: bus.mac(session_token, kind, payload)}
