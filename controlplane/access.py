@@ -18,7 +18,7 @@ _REGISTRY = registry_pb2.DESCRIPTOR.services_by_name["Registry"].full_name
 
 CLIENT_METHODS = ("Generate", "Route", "ListWorkers")
 ADMIN_METHODS = ("GetCache", "GetStats", "GetConfig", "SetConfig", "DrainWorker", "UndrainWorker", "ProfileWorker")
-REGISTRY_METHODS = ("Register", "KeepAlive", "ReportLoad", "ReportLoadStream", "PublishKVEvents", "Deregister")
+REGISTRY_METHODS = ("Register", "KeepAlive", "KeepAliveStream", "ReportLoad", "ReportLoadStream", "PublishKVEvents", "Deregister")
 
 
 def policy() -> dict[str, Rule]:

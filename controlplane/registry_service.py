@@ -174,6 +174,13 @@ class RegistryService(registry_pb2_grpc.RegistryServicer):
             )
 
     async def KeepAlive(self, request: registry_pb2.KeepAliveRequest, context: grpc.aio.ServicerContext):
+        return await self._keep_alive(request, context)
+
+    async def KeepAliveStream(self, request_iterator, context: grpc.aio.ServicerContext):
+        async for request in request_iterator:
+            yield await self._keep_alive(request, context)
+
+    async def _keep_alive(self, request: registry_pb2.KeepAliveRequest, context: grpc.aio.ServicerContext):
         await self._check_session(context, request.worker_id, request.lease_id, request.session_token)
         try:
             ttl = await self._store.lease_keepalive(LeaseId(request.lease_id))

@@ -10,8 +10,9 @@ Replicas: `controlplane` may list several ("a:50051,b:50051"); a call that canno
 or times out there, moves every loop to the next one (the lease lives in the shared store, so any
 replica renews it).
 
-Load reports go on one long-lived `ReportLoadStream` per replica (a call each cost the control
-plane several times the CPU); a control plane without it (UNIMPLEMENTED) gets `ReportLoad` calls.
+Load reports and keep-alives go on long-lived streams to the current replica (`ReportLoadStream`,
+`KeepAliveStream`: a call each costs the control plane several times the CPU, call_stream.py); a
+control plane without them (UNIMPLEMENTED) gets a call each.
 When registration names the control plane's bus (`--bus-for-agents`), reports and KV batches are
 published there instead (bus_publish.py), and through a replica only while the bus does not take them.
 
@@ -44,6 +45,7 @@ import grpc
 from kvplane import tickets
 from kvplane.convert import tier_to_pb
 from kvplane.dataplane.agent.bus_publish import BusPublisher
+from kvplane.dataplane.agent.call_stream import CallStream
 from kvplane.dataplane.agent.config import AgentConfig
 from kvplane.dataplane.agent.observe import record_lease_loss
 from kvplane.dataplane.engines.events import AllCleared, BlockRemoved, BlockStored, KVCacheEvent
@@ -165,9 +167,16 @@ class ControlPlaneLink:
         self._drop_next_batch = False  # fault injection: lose the next batch
         # The last snapshot published: the batch number it ended at, a digest of it, when.
         self._snapshot_seq, self._snapshot_digest, self._snapshot_at = -1, b"", 0.0
-        self._reports: grpc.aio.StreamStreamCall | None = None  # the report stream, on replica `_reports_on`
-        self._reports_on = -1
-        self._unary_reports = False  # the control plane has no ReportLoadStream
+        # Load reports and keep-alives each on one stream to the current replica (call_stream.py).
+        self._reports = CallStream(
+            "load report", lambda: self._stub.ReportLoadStream(), lambda r, t: self._stub.ReportLoad(r, timeout=t), lambda: REPORT_TIMEOUT_S
+        )
+        self._keepalives = CallStream(
+            "keep-alive",
+            lambda: self._stub.KeepAliveStream(),
+            lambda r, t: self._stub.KeepAlive(r, timeout=t),
+            lambda: max(self.ttl_s / 3, 1),
+        )
         self._direct: BusPublisher | None = None  # load reports and KV batches straight to the bus (RegisterResponse.bus_url)
         self._report_seq = 0  # this registration's reports so far (ReportLoadRequest.report_seq)
 
@@ -229,7 +238,8 @@ class ControlPlaneLink:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._end_reports()
+        self._reports.end()
+        self._keepalives.end()
         if self._direct is not None:
             await self._direct.close()
         if deregister and self.lease_id:
@@ -319,9 +329,9 @@ class ControlPlaneLink:
             tried = self._current
 
             async def step():
-                reply = await self._stub.KeepAlive(
+                reply = await self._keepalives.call(
                     registry_pb2.KeepAliveRequest(worker_id=self.worker_id, lease_id=self.lease_id, session_token=self.session_token),
-                    timeout=max(self.ttl_s / 3, 1),
+                    self._current,
                 )
                 if reply.ttl_seconds == 0:
                     raise LeaseLost("the store no longer has our lease")
@@ -355,7 +365,7 @@ class ControlPlaneLink:
                 if self._direct is not None and await self._direct.publish_load(report, self.session_token):
                     return  # snapshot requests come with keep-alives
                 report.session_token = self.session_token
-                reply = await self._send_report(report)
+                reply = await self._reports.call(report, self._current)
                 self._snapshot_asked(reply.snapshot_requested)
 
             await self._guarded("load report", step)
@@ -386,43 +396,6 @@ class ControlPlaneLink:
             direct = BusPublisher(url, self._credentials, self.worker_id)
             if await direct.start():
                 self._direct = direct
-
-    async def _send_report(self, report: registry_pb2.ReportLoadRequest) -> registry_pb2.ReportLoadResponse:
-        """One report and its answer, on the replica's report stream (opened on first use, again
-        after it ended or the link moved). Short: a replica that cannot take a report in a second
-        is stuck, and the next goes elsewhere."""
-        if self._unary_reports:
-            return await self._stub.ReportLoad(report, timeout=REPORT_TIMEOUT_S)
-        if self._reports is None or self._reports_on != self._current or self._reports.done():
-            self._end_reports()
-            self._reports, self._reports_on = self._stub.ReportLoadStream(), self._current
-        call = self._reports
-        try:
-            async with asyncio.timeout(REPORT_TIMEOUT_S):
-                await call.write(report)
-                reply = await call.read()
-        except TimeoutError:
-            self._end_reports()
-            raise _rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, "no answer to a load report in time") from None
-        except grpc.aio.AioRpcError as e:
-            self._end_reports()
-            if e.code() == grpc.StatusCode.UNIMPLEMENTED:
-                log.info("the control plane has no report stream; reporting with one call each")
-                self._unary_reports = True
-                return await self._send_report(report)
-            raise
-        except asyncio.InvalidStateError:  # written to a stream that had just ended
-            self._end_reports()
-            raise _rpc_error(grpc.StatusCode.UNAVAILABLE, "the report stream ended") from None
-        if reply is grpc.aio.EOF:
-            self._end_reports()
-            raise _rpc_error(grpc.StatusCode.UNAVAILABLE, "the report stream ended")
-        return reply
-
-    def _end_reports(self) -> None:
-        if self._reports is not None:
-            self._reports.cancel()
-            self._reports = None
 
     async def _kv_loop(self) -> None:
         last_snapshot = time.monotonic()
@@ -460,8 +433,3 @@ class ControlPlaneLink:
 
 def _digest(events: list[common_pb2.KVEvent]) -> bytes:
     return hashlib.blake2b(b"".join(e.SerializeToString() for e in events), digest_size=16).digest()
-
-
-def _rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
-    """A failure of the report stream as the loops' failover judges calls (`_guarded`)."""
-    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details)

@@ -44,6 +44,11 @@ class RegistryStub:
                 request_serializer=kvplane_dot_v1_dot_registry__pb2.KeepAliveRequest.SerializeToString,
                 response_deserializer=kvplane_dot_v1_dot_registry__pb2.KeepAliveResponse.FromString,
                 _registered_method=True)
+        self.KeepAliveStream = channel.stream_stream(
+                '/kvplane.v1.Registry/KeepAliveStream',
+                request_serializer=kvplane_dot_v1_dot_registry__pb2.KeepAliveRequest.SerializeToString,
+                response_deserializer=kvplane_dot_v1_dot_registry__pb2.KeepAliveResponse.FromString,
+                _registered_method=True)
         self.ReportLoad = channel.unary_unary(
                 '/kvplane.v1.Registry/ReportLoad',
                 request_serializer=kvplane_dot_v1_dot_registry__pb2.ReportLoadRequest.SerializeToString,
@@ -77,6 +82,14 @@ class RegistryServicer:
 
     def KeepAlive(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def KeepAliveStream(self, request_iterator, context):
+        """The same keep-alives and answers on one long-lived stream, an answer per keep-alive: what
+        agents use (with a thousand workers a call each was most of an idle replica's CPU).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -117,6 +130,11 @@ def add_RegistryServicer_to_server(servicer, server):
             ),
             'KeepAlive': grpc.unary_unary_rpc_method_handler(
                     servicer.KeepAlive,
+                    request_deserializer=kvplane_dot_v1_dot_registry__pb2.KeepAliveRequest.FromString,
+                    response_serializer=kvplane_dot_v1_dot_registry__pb2.KeepAliveResponse.SerializeToString,
+            ),
+            'KeepAliveStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.KeepAliveStream,
                     request_deserializer=kvplane_dot_v1_dot_registry__pb2.KeepAliveRequest.FromString,
                     response_serializer=kvplane_dot_v1_dot_registry__pb2.KeepAliveResponse.SerializeToString,
             ),
@@ -193,6 +211,33 @@ class Registry:
             request,
             target,
             '/kvplane.v1.Registry/KeepAlive',
+            kvplane_dot_v1_dot_registry__pb2.KeepAliveRequest.SerializeToString,
+            kvplane_dot_v1_dot_registry__pb2.KeepAliveResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def KeepAliveStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/kvplane.v1.Registry/KeepAliveStream',
             kvplane_dot_v1_dot_registry__pb2.KeepAliveRequest.SerializeToString,
             kvplane_dot_v1_dot_registry__pb2.KeepAliveResponse.FromString,
             options,

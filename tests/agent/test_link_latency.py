@@ -56,7 +56,9 @@ async def serve_registry(registry: FakeRegistry) -> tuple[grpc.aio.Server, str]:
     return server, f"127.0.0.1:{port}"
 
 
-async def run_link(profile: common_pb2.LatencyProfile | None, registry: FakeRegistry | None = None, num_reports: int = 3):
+async def run_link(
+    profile: common_pb2.LatencyProfile | None, registry: FakeRegistry | None = None, num_reports: int = 3, until=None, what: str = ""
+):
     registry = registry or FakeRegistry(profile)
     server, address = await serve_registry(registry)
     online = OnlineStepModel()
@@ -79,6 +81,8 @@ async def run_link(profile: common_pb2.LatencyProfile | None, registry: FakeRegi
     try:
         await link.start(timeout_s=5)
         await wait_until(lambda: len(registry.reports) >= num_reports, f"{num_reports} load reports have arrived")
+        if until is not None:
+            await wait_until(lambda: until(registry), what)
     finally:
         await link.stop()
         await server.stop(0)
@@ -136,3 +140,44 @@ def test_a_control_plane_without_the_report_stream_gets_a_call_per_report():
     registry = FakeRegistry(None)  # no ReportLoadStream: UNIMPLEMENTED
     registry, _ = asyncio.run(run_link(None, registry))
     assert len(registry.reports) >= 3
+
+
+class KeepAliveCounter(FakeRegistry):
+    """Counts keep-alives by the way they came; a short lease (ttl 2: one every 0.67 s)."""
+
+    def __init__(self) -> None:
+        super().__init__(None)
+        self.num_unary = self.num_streamed = self.num_streams = 0
+
+    async def Register(self, request, context):
+        return registry_pb2.RegisterResponse(lease_id=7, ttl_seconds=2, session_token=b"s")
+
+    async def KeepAlive(self, request, context):
+        self.num_unary += 1
+        return registry_pb2.KeepAliveResponse(ttl_seconds=2)
+
+
+class StreamingKeepAlives(KeepAliveCounter):
+    """Takes keep-alives on KeepAliveStream, and ends each stream after 2 of them."""
+
+    async def KeepAliveStream(self, request_iterator, context):
+        self.num_streams += 1
+        taken = 0
+        async for request in request_iterator:
+            assert (request.lease_id, request.session_token) == (7, b"s")
+            self.num_streamed += 1
+            yield registry_pb2.KeepAliveResponse(ttl_seconds=2)
+            taken += 1
+            if taken == 2:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, "stream ended by the test")
+
+
+def test_keep_alives_go_on_one_stream_which_is_opened_again_when_it_ends():
+    registry, _ = asyncio.run(run_link(None, StreamingKeepAlives(), until=lambda r: r.num_streamed >= 4, what="4 keep-alives"))
+    assert registry.num_unary == 0
+    assert registry.num_streams >= 2  # 2 keep-alives each, then a fresh stream for the next
+
+
+def test_a_control_plane_without_the_keep_alive_stream_gets_a_call_per_keep_alive():
+    registry, _ = asyncio.run(run_link(None, KeepAliveCounter(), until=lambda r: r.num_unary >= 2, what="2 keep-alive calls"))
+    assert registry.num_streamed == 0

@@ -14,8 +14,8 @@ reports, keep-alives, the store's watch (`background_cores`).
 
 With `--buses store,nats` every replica count runs once per bus (controlplane/bus/): `store`
 carries load reports and KV events as etcd keys, `nats` through a nats-server with JetStream
-started beside etcd, `nats-agents` the same with the agents publishing their load reports on it
-themselves (`kvplane controlplane --bus-for-agents`). The idle measurement also gives etcd's key writes per second (its
+started beside etcd, `nats-agents` the same with the agents publishing their load reports and KV
+batches on it themselves (`kvplane controlplane --bus-for-agents`). The idle measurement also gives etcd's key writes per second (its
 etcd_mvcc_put_total + etcd_mvcc_delete_total), NATS's messages in per second (its /varz in_msgs:
 publishes, acks and flow control) and the replicas' CPU per worker per second of reports.
 `--idle-only` stops there (no rate search).
@@ -131,6 +131,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="send text prompts of the shape's length (the control plane tokenizes them with the sim "
                         "workers' byte tokenizer, and detokenizes relayed answers) instead of token ids")  # fmt: skip
     parser.add_argument("--idle-only", action="store_true", help="measure the replicas' idle CPU, store writes and bus messages only")
+    parser.add_argument("--idle-s", type=float, default=3.0, metavar="S",
+                        help="how long the idle measurement lasts (default %(default)s; keep-alives come every 3.3 s, "
+                        "snapshots every 10 s)")  # fmt: skip
     parser.add_argument("--insecure", action="store_true", help="plaintext gRPC with tokens instead of mutual TLS")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--log-dir", default="", metavar="DIR", help="keep the servers' logs here (default: a temporary directory)")
@@ -397,7 +400,7 @@ def run_replicas(args: argparse.Namespace, num_replicas: int, bus: str, log_dir:
                 warm = bench.step("short", args.modes[0], max(8.0, 2 * hosts * per_host / 4), 4.0)
                 log(f"{tag} warm-up: {warm['ok']}/{warm['sent']} ok")
                 time.sleep(2 * args.load_report_interval)  # the warm-up's last reports and KV events land first
-                idle = {"replicas": num_replicas, "bus": bus, "workers": hosts * per_host, **bench.measure_background()}
+                idle = {"replicas": num_replicas, "bus": bus, "workers": hosts * per_host, **bench.measure_background(args.idle_s)}
                 log(f"{tag} idle: {idle['replica_cores']:.3f} cores per replica, {idle['store_writes_per_s']:.0f} store writes/s, "
                     f"{idle['bus_messages_per_s']:.0f} NATS messages in/s")  # fmt: skip
                 rows = [] if args.idle_only else [bench.search(shape, mode) for shape in args.shapes for mode in args.modes]
