@@ -131,6 +131,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="send text prompts of the shape's length (the control plane tokenizes them with the sim "
                         "workers' byte tokenizer, and detokenizes relayed answers) instead of token ids")  # fmt: skip
     parser.add_argument("--idle-only", action="store_true", help="measure the replicas' idle CPU, store writes and bus messages only")
+    parser.add_argument("--lease-ttl", type=int, default=0, metavar="S",
+                        help="the agents' lease TTL (keep-alives every third of it; default: the control plane's, 10 s)")  # fmt: skip
     parser.add_argument("--idle-s", type=float, default=3.0, metavar="S",
                         help="how long the idle measurement lasts (default %(default)s; keep-alives come every 3.3 s, "
                         "snapshots every 10 s)")  # fmt: skip
@@ -379,7 +381,8 @@ def run_replicas(args: argparse.Namespace, num_replicas: int, bus: str, log_dir:
             num_controlplanes=num_replicas, insecure=args.insecure, log_dir=log_dir / f"cluster-{num_replicas}-{bus}",
             startup_timeout=180.0, bus=nats.url if nats else "store",
             agent_args=("--engine", "sim", "--speedup", repr(args.speedup), "--sim-num-blocks", str(args.sim_num_blocks),
-                        "--load-report-interval", repr(args.load_report_interval), "--metrics-port", "-1", "--log-level", "WARNING"),
+                        "--load-report-interval", repr(args.load_report_interval), "--lease-ttl", str(args.lease_ttl),
+                        "--metrics-port", "-1", "--log-level", "WARNING"),
             controlplane_args=("--admission", "none", "--rate-limit", "0", "--log-level", "WARNING",
                                "--stale-report-s", repr(max(1.0, 3 * args.load_report_interval)),
                                *(("--bus-for-agents", nats.url) if bus == "nats-agents" else ())),
@@ -494,13 +497,14 @@ def run(args: argparse.Namespace) -> int:
           "shares of it; CP cores, agents, gen = cores used by the replicas, the agent processes and the busiest generator; "
           "agent CPU = the agent processes' CPU per completed request, without their idle background")  # fmt: skip
     print()
-    print(format_idle(result, args.load_report_interval))
+    print(format_idle(result, args.load_report_interval, args.lease_ttl))
     return 0
 
 
-def format_idle(result: dict[str, Any], report_interval_s: float) -> str:
+def format_idle(result: dict[str, Any], report_interval_s: float, lease_ttl_s: int = 0) -> str:
+    lease = f", lease TTL {lease_ttl_s} s" if lease_ttl_s else ""
     lines = [
-        f"idle (every worker reporting every {report_interval_s:g} s, no request):",
+        f"idle (every worker reporting every {report_interval_s:g} s{lease}, no request):",
         "| replicas | bus | workers | cores per replica | ms per worker-second | store writes/s | NATS messages in/s |",
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
