@@ -289,7 +289,7 @@ class ControlPlaneLink:
                 self._fail_over(e, tried)
                 await asyncio.sleep(1.0)
 
-    async def _publish(self, events: list[common_pb2.KVEvent], snapshot: bool) -> None:
+    async def _publish(self, events: list[common_pb2.KVEvent], snapshot: bool, digest: bytes | None = None) -> None:
         """Publishes in batches the control plane accepts; a snapshot's first batch replaces the rest."""
         for number, events_in_batch in enumerate(split_batches(events)):
             self._seq += 1
@@ -303,7 +303,8 @@ class ControlPlaneLink:
             # Only now: a report must never announce a batch the store may not hold yet.
             self._published_seq = self._seq
         if snapshot:
-            self._snapshot_seq, self._snapshot_digest, self._snapshot_at = self._seq, _digest(events), time.monotonic()
+            digest = digest if digest is not None else _digest(events)  # `events`' digest, when the caller made it
+            self._snapshot_seq, self._snapshot_digest, self._snapshot_at = self._seq, digest, time.monotonic()
 
     async def _guarded(self, what: str, call) -> bool:
         """Runs one loop step; a lost lease triggers re-registration, other failures are retried.
@@ -371,13 +372,13 @@ class ControlPlaneLink:
             await self._guarded("load report", step)
             await asyncio.sleep(self._config.load_report_interval_s)
 
-    def _repeats_last_snapshot(self, snapshot: list[common_pb2.KVEvent]) -> bool:
-        """Whether `snapshot` is the last one published again: no batch since, the same content,
-        and that one recent enough (SNAPSHOT_REPEAT_MAX_S)."""
+    def _repeats_last_snapshot(self, digest: bytes) -> bool:
+        """Whether the snapshot of `digest` is the last one published again: no batch since, the
+        same content, and that one recent enough (SNAPSHOT_REPEAT_MAX_S)."""
         return (
             self._seq == self._snapshot_seq
             and time.monotonic() - self._snapshot_at < SNAPSHOT_REPEAT_MAX_S
-            and _digest(snapshot) == self._snapshot_digest
+            and digest == self._snapshot_digest
         )
 
     def _snapshot_asked(self, requested: bool) -> None:
@@ -413,8 +414,9 @@ class ControlPlaneLink:
                             # Taken after draining the events, so it includes them.
                             self._snapshot_due = False
                             snapshot = snapshot_to_pb(self._snapshot())
-                            if requested or not self._repeats_last_snapshot(snapshot):
-                                await self._publish(snapshot, snapshot=True)
+                            digest = _digest(snapshot)
+                            if requested or not self._repeats_last_snapshot(digest):
+                                await self._publish(snapshot, snapshot=True, digest=digest)
                             last_snapshot = time.monotonic()
                         elif events and self._drop_next_batch:
                             self._drop_next_batch = False
