@@ -106,7 +106,7 @@ class ClusterState:
         self._store = store
         self.bus = bus if bus is not None else StoreBus(store)
         # A registration's key is derived once, not per message (an HMAC each).
-        self._macs_checked = bus_keys is not None
+        self._worker_key = self._replica_key = None  # (worker id, lease) -> key; None: MACs are not checked
         if bus_keys is not None:
             self._worker_key = functools.lru_cache(maxsize=1 << 16)(bus_keys.session_token)
             self._replica_key = functools.lru_cache(maxsize=1 << 16)(bus_keys.replica_bus_key)
@@ -332,7 +332,7 @@ class ClusterState:
         parsed = (registry_pb2.ReportLoadRequest if message.kind == "load" else registry_pb2.PublishKVEventsRequest).FromString(
             message.payload
         )
-        if self._macs_checked:
+        if self._worker_key is not None:
             refusal = self._bus_refusal(message, parsed)
             if refusal is not None:
                 self._reject(refusal, message.kind, parsed.worker_id)

@@ -82,6 +82,7 @@ class RegistryService(registry_pb2_grpc.RegistryServicer):
         self._lease_of = lease_of  # the lease this replica's view has for a worker (cluster_state.py)
         self._snapshot_requested = snapshot_requested  # a replica found a gap in this worker's KV events
         self._config = config
+        self._batch_limits = config.batch_limits  # built once: every PublishKVEvents call checks against it
         self._secrets = secrets
         self._public_key = tickets.public_key_of(secrets.signing_key)
         self._num_workers = num_workers  # registered workers, as this replica sees them
@@ -208,7 +209,7 @@ class RegistryService(registry_pb2_grpc.RegistryServicer):
 
     async def PublishKVEvents(self, request: registry_pb2.PublishKVEventsRequest, context: grpc.aio.ServicerContext):
         await self._check_session(context, request.worker_id, request.lease_id, request.session_token)
-        problem = batch_problem(request, self._config.batch_limits, self._blocks_of(WorkerId(request.worker_id)))
+        problem = batch_problem(request, self._batch_limits, self._blocks_of(WorkerId(request.worker_id)))
         if problem is not None:
             await context.abort(*problem)
         request.ClearField("session_token")
