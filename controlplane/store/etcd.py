@@ -13,9 +13,9 @@ CA, presenting a client certificate when given (with etcd's --client-cert-auth a
 the certificate's CN is the etcd user); `username`/`password` use etcd's password auth. aetcd
 opens only plaintext channels, so `_TlsClient` opens a secure one in its place.
 
-Lease keep-alives share one LeaseKeepAlive stream per member (`_KeepAlives`), as etcd's own
-client keeps one: aetcd's `refresh_lease` opens a new stream per call, and a replica renews every
-worker's lease (one call per worker every third of its TTL).
+Lease keep-alives share a few long-lived LeaseKeepAlive streams per member (`_KeepAlives`), as
+etcd's own client keeps one: aetcd's `refresh_lease` opens a new stream per call, and a replica
+renews every worker's lease (one call per worker every third of its TTL).
 
 Every gRPC failure becomes a StoreError; an unreachable server (UNAVAILABLE, deadline) becomes
 StoreUnavailable, with the endpoint in the message.
@@ -402,52 +402,111 @@ class EtcdStore:
         return StoreError(f"etcd at {endpoint} failed {what}: {detail}")
 
 
+KEEPALIVE_STREAMS = 4  # per member at most; each has one write in flight, so they renew in parallel
+
+
 class _KeepAlives:
-    """Lease renewals on one member over one long-lived LeaseKeepAlive stream: each renewal writes
-    the lease's id and waits for etcd's answer naming it (answers to one lease come in the order
-    asked). A stream that fails or ends fails the renewals waiting on it and is opened again by
-    the next one; a renewal that times out leaves the stream as it is."""
+    """Lease renewals on one member over a few long-lived LeaseKeepAlive streams. A renewal goes
+    to the stream with the least waiting to be written; another stream is opened (up to
+    KEEPALIVE_STREAMS) only when every open one is busy: a write takes a turn of the event loop,
+    so one stream alone renews too few leases a second on a busy replica. A stream that fails or
+    ends fails the renewals waiting on it and is dropped; the next renewal opens another."""
 
     def __init__(self, client: aetcd.Client, endpoint: str) -> None:
         self.client = client
         self._endpoint = endpoint
-        self._call = None
-        self._reader: asyncio.Task | None = None
-        self._waiting: dict[int, deque[asyncio.Future]] = {}
-        self._writing = asyncio.Lock()  # grpc.aio takes one write at a time on a stream
+        self.streams: list[_KeepAliveStream] = []
 
     async def renew(self, lease: LeaseId):
         """etcd's LeaseKeepAliveResponse (TTL 0: the lease is gone)."""
-        if self._call is None:  # (EtcdStore._on_members connected the client)
-            self._call = self.client.leasestub.LeaseKeepAlive(metadata=self.client.metadata)
-            self._reader = asyncio.get_running_loop().create_task(self._read(self._call), name=f"etcd-keepalive-{self._endpoint}")
-        waiter = asyncio.get_running_loop().create_future()
-        queue = self._waiting.setdefault(lease, deque())
-        queue.append(waiter)
+        self.streams = [s for s in self.streams if not s.ended]
+        stream = min(self.streams, key=_KeepAliveStream.backlog, default=None)
+        if stream is None or (stream.backlog() and len(self.streams) < KEEPALIVE_STREAMS):
+            stream = _KeepAliveStream(self.client, self._endpoint)  # (EtcdStore._on_members connected the client)
+            self.streams.append(stream)
+        waiter = stream.renew(lease)
         try:
-            call = self._call
-            async with self._writing:
-                try:
-                    await call.write(rpc.LeaseKeepAliveRequest(ID=lease))
-                except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as e:  # the stream ended meanwhile
-                    raise StoreUnavailable(f"etcd at {self._endpoint}: lease keep-alive stream failed: {e!r}") from None
             return await waiter
         finally:
-            if not waiter.done():  # timed out or cancelled: its answer, if it comes, goes to nobody
-                waiter.cancel()
+            stream.forget(lease, waiter)
+
+    def close(self) -> None:
+        for stream in self.streams:
+            stream.end()
+        self.streams = []
+
+
+class _KeepAliveStream:
+    """One LeaseKeepAlive stream. Its own task writes the lease ids asked for, one at a time, and
+    a reader gives each answer to the renewal of that lease waiting longest (etcd answers one
+    lease's renewals in the order asked). A renewal never writes itself: grpc.aio cancels the
+    whole call when a write is cancelled, so a caller that gave up (a worker's deadline) would
+    fail every renewal on the stream, and their leases would lapse with it."""
+
+    def __init__(self, client: aetcd.Client, endpoint: str) -> None:
+        self._endpoint = endpoint
+        self.call = client.leasestub.LeaseKeepAlive(metadata=client.metadata)
+        self.waiting: dict[int, deque[asyncio.Future]] = {}
+        self._unwritten: deque[int] = deque()
+        self._writing = False
+        self._wake = asyncio.Event()
+        self.ended = False
+        loop = asyncio.get_running_loop()
+        self._writer = loop.create_task(self._write(), name=f"etcd-keepalive-write-{endpoint}")
+        self._reader = loop.create_task(self._read(), name=f"etcd-keepalive-read-{endpoint}")
+
+    def backlog(self) -> int:
+        """Renewals not written yet, counting the one being written."""
+        return len(self._unwritten) + self._writing
+
+    def renew(self, lease: LeaseId) -> asyncio.Future:
+        waiter = asyncio.get_running_loop().create_future()
+        self.waiting.setdefault(lease, deque()).append(waiter)
+        self._unwritten.append(lease)
+        self._wake.set()
+        return waiter
+
+    def forget(self, lease: LeaseId, waiter: asyncio.Future) -> None:
+        """The renewal's caller stopped waiting (answered, failed, timed out or cancelled). Its
+        write is still made if it was not yet: an answer nobody waits for is dropped."""
+        if not waiter.done():
+            waiter.cancel()
+        elif not waiter.cancelled():
+            waiter.exception()  # retrieved: a failure its caller did not await is not logged as lost
+        queue = self.waiting.get(lease)
+        if queue is not None:
             if waiter in queue:
                 queue.remove(waiter)
-            if not queue and self._waiting.get(lease) is queue:
-                del self._waiting[lease]
+            if not queue:
+                del self.waiting[lease]
 
-    async def _read(self, call) -> None:
+    def end(self) -> None:
+        self.ended = True
+        self.call.cancel()
+        self._writer.cancel()
+        self._reader.cancel()
+
+    async def _write(self) -> None:
+        try:
+            while True:
+                while not self._unwritten:
+                    self._wake.clear()
+                    await self._wake.wait()
+                lease = self._unwritten.popleft()
+                self._writing = True
+                await self.call.write(rpc.LeaseKeepAliveRequest(ID=lease))
+                self._writing = False
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError):  # the stream ended: the reader fails the waiters
+            self.call.cancel()
+
+    async def _read(self) -> None:
         code, detail = grpc.StatusCode.UNAVAILABLE, "the stream ended"
         try:
             while True:
-                reply = await call.read()
+                reply = await self.call.read()
                 if reply is grpc.aio.EOF:
                     break
-                queue = self._waiting.get(reply.ID)
+                queue = self.waiting.get(reply.ID)
                 while queue:
                     waiter = queue.popleft()
                     if not waiter.done():
@@ -458,19 +517,12 @@ class _KeepAlives:
         except Exception as e:
             code, detail = (e.code(), e.details()) if isinstance(e, grpc.aio.AioRpcError) else (None, repr(e))
         finally:
-            if self._call is call:
-                self._call = self._reader = None
-            call.cancel()
+            self.ended = True
+            self.call.cancel()
+            self._writer.cancel()
             # A new exception for each waiter (one raised in many places would keep every traceback).
             kind = StoreUnavailable if code in _UNAVAILABLE_CODES else StoreError
-            for queue in self._waiting.values():
+            for queue in self.waiting.values():
                 for waiter in queue:
                     if not waiter.done():
                         waiter.set_exception(kind(f"etcd at {self._endpoint}: lease keep-alive stream failed: {detail}"))
-
-    def close(self) -> None:
-        if self._call is not None:
-            self._call.cancel()
-        if self._reader is not None:
-            self._reader.cancel()
-        self._call = self._reader = None

@@ -59,6 +59,28 @@ from kvplane.v1 import common_pb2, registry_pb2, registry_pb2_grpc
 log = logging.getLogger(__name__)
 
 
+KEEPALIVE_RETRY_S = 0.5  # after a failed keep-alive, while the lease may still be alive
+
+
+def keepalive_pace(ttl_s: float) -> float:
+    return max(ttl_s / 3, 0.5)
+
+
+def next_keepalive_delay(ttl_s: float, *, ok: bool, first_failure_after_move: bool, since_renewed_s: float) -> float:
+    """How long the link waits before its next keep-alive. A keep-alive may take a third of the TTL
+    to time out, and the next at the pace would come another third later: one slow answer from a
+    busy replica would let the lease lapse. So a failed one is tried again soon while the lease may
+    still be alive, and at once (once per failure streak) when the link moved to another replica;
+    once it surely lapsed, or every replica keeps failing past the TTL, at the pace again."""
+    if ok:
+        return keepalive_pace(ttl_s)
+    if first_failure_after_move:
+        return 0.0
+    if since_renewed_s < ttl_s:
+        return min(KEEPALIVE_RETRY_S, keepalive_pace(ttl_s))
+    return keepalive_pace(ttl_s)
+
+
 def events_to_pb(events: list[KVCacheEvent]) -> list[common_pb2.KVEvent]:
     out = []
     for ev in events:
@@ -324,10 +346,10 @@ class ControlPlaneLink:
         return False
 
     async def _keepalive_loop(self) -> None:
-        delay, last_ok = max(self.ttl_s / 3, 0.5), True
+        delay, last_ok, renewed_at = keepalive_pace(self.ttl_s), True, time.monotonic()
         while True:
             await asyncio.sleep(delay)
-            tried = self._current
+            tried, lease = self._current, self.lease_id
 
             async def step():
                 reply = await self._keepalives.call(
@@ -339,11 +361,14 @@ class ControlPlaneLink:
                 self._snapshot_asked(reply.snapshot_requested)
 
             ok = await self._guarded("keep-alive", step)
-            # A keep-alive that timed out on a hung replica has used a third of the TTL: the next
-            # goes at once to the replica the link moved to, or the lease could run out first.
-            # Once per failure streak: with every replica down, keep-alives keep their pace.
-            retry_now = not ok and last_ok and self._current != tried
-            delay, last_ok = (0.0 if retry_now else max(self.ttl_s / 3, 0.5)), ok
+            renewed = ok or self.lease_id != lease  # (or registered again)
+            if renewed:
+                renewed_at = time.monotonic()
+            moved = last_ok and self._current != tried
+            delay = next_keepalive_delay(
+                self.ttl_s, ok=renewed, first_failure_after_move=moved, since_renewed_s=time.monotonic() - renewed_at
+            )
+            last_ok = ok
 
     async def _report_loop(self) -> None:
         while True:

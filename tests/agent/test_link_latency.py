@@ -5,11 +5,12 @@ A fake Registry over loopback gRPC plays the control plane."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import grpc
 
 from kvplane.dataplane.agent.config import AgentConfig
-from kvplane.dataplane.agent.link import ControlPlaneLink
+from kvplane.dataplane.agent.link import KEEPALIVE_RETRY_S, ControlPlaneLink, keepalive_pace, next_keepalive_delay
 from kvplane.grpc_util import make_server
 from kvplane.latency import OnlineStepModel, StepSample, samples_from_pb, samples_to_pb
 from kvplane.security.credentials import Credentials
@@ -181,3 +182,43 @@ def test_keep_alives_go_on_one_stream_which_is_opened_again_when_it_ends():
 def test_a_control_plane_without_the_keep_alive_stream_gets_a_call_per_keep_alive():
     registry, _ = asyncio.run(run_link(None, KeepAliveCounter(), until=lambda r: r.num_unary >= 2, what="2 keep-alive calls"))
     assert registry.num_streamed == 0
+
+
+def test_a_failed_keep_alive_is_tried_again_soon_while_the_lease_may_live():
+    """At the pace alone, a keep-alive that times out (a third of the TTL) and the next one (a third
+    later) let the lease lapse on one slow answer from a busy replica."""
+    ttl = 30.0
+    pace = keepalive_pace(ttl)
+    assert pace == 10.0
+    assert next_keepalive_delay(ttl, ok=True, first_failure_after_move=False, since_renewed_s=10.0) == pace
+    assert next_keepalive_delay(ttl, ok=False, first_failure_after_move=True, since_renewed_s=20.0) == 0.0  # to the new replica
+    for since in (10.0, 20.0, 29.0):
+        assert next_keepalive_delay(ttl, ok=False, first_failure_after_move=False, since_renewed_s=since) == KEEPALIVE_RETRY_S
+    # Lapsed by now, or every replica failing: no faster than the pace.
+    assert next_keepalive_delay(ttl, ok=False, first_failure_after_move=False, since_renewed_s=31.0) == pace
+    assert next_keepalive_delay(1.0, ok=False, first_failure_after_move=False, since_renewed_s=0.2) == keepalive_pace(1.0) == 0.5
+
+
+class FailsFirstKeepAlive(KeepAliveCounter):
+    """A lease of 9 s (keep-alives every 3 s) whose first keep-alive is answered UNAVAILABLE (a
+    replica that had no time for it); notes when each keep-alive came."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.arrivals: list[float] = []
+
+    async def Register(self, request, context):
+        return registry_pb2.RegisterResponse(lease_id=7, ttl_seconds=9, session_token=b"s")
+
+    async def KeepAlive(self, request, context):
+        self.arrivals.append(time.monotonic())
+        self.num_unary += 1
+        if self.num_unary == 1:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "busy")
+        return registry_pb2.KeepAliveResponse(ttl_seconds=9)
+
+
+def test_the_link_tries_a_failed_keep_alive_again_before_its_pace():
+    registry, _ = asyncio.run(run_link(None, FailsFirstKeepAlive(), until=lambda r: r.num_unary >= 2, what="2 keep-alive calls"))
+    first, second = registry.arrivals[:2]
+    assert second - first < keepalive_pace(9)  # retried after KEEPALIVE_RETRY_S, not a whole pace (3 s) later
