@@ -737,10 +737,11 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
 
     async def ListWorkers(self, request, context):
         now = time.monotonic()
+        out = self.planner.health.excluded(self._state.view(), self._clock())
         reply = client_pb2.ListWorkersResponse()
         for worker_id in sorted(self._state.workers):
             e = self._state.workers[worker_id]
-            status = reply.workers.add()
+            status = reply.workers.add(out_of_routing=out.get(worker_id, ""))
             status.info.CopyFrom(e.info)
             status.info.state = e.state
             status.load.CopyFrom(e.load)

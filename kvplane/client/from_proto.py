@@ -147,6 +147,7 @@ def worker_from_proto(status: client_pb2.WorkerStatus) -> WorkerStatus:
         ),
         load_age_s=status.load_age_s,
         metrics_url=info.metrics_url,
+        out_of_routing=status.out_of_routing,
     )
 
 

@@ -117,6 +117,9 @@ class WorkerStatus:
     load: WorkerLoad
     load_age_s: float
     metrics_url: str = ""  # the agent's Prometheus endpoint
+    # Why the replica that answered routes nothing to the worker now ("" = it does): it failed or
+    # stalled a request, or its load reports stopped. Each replica judges from what it saw.
+    out_of_routing: str = ""
 
 
 @dataclass(frozen=True, slots=True)

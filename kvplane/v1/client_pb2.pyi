@@ -179,14 +179,16 @@ class ListWorkersResponse(_message.Message):
     def __init__(self, workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ...) -> None: ...
 
 class WorkerStatus(_message.Message):
-    __slots__ = ("info", "load", "load_age_s")
+    __slots__ = ("info", "load", "load_age_s", "out_of_routing")
     INFO_FIELD_NUMBER: _ClassVar[int]
     LOAD_FIELD_NUMBER: _ClassVar[int]
     LOAD_AGE_S_FIELD_NUMBER: _ClassVar[int]
+    OUT_OF_ROUTING_FIELD_NUMBER: _ClassVar[int]
     info: _common_pb2.WorkerInfo
     load: _common_pb2.WorkerLoad
     load_age_s: float
-    def __init__(self, info: _Optional[_Union[_common_pb2.WorkerInfo, _Mapping]] = ..., load: _Optional[_Union[_common_pb2.WorkerLoad, _Mapping]] = ..., load_age_s: _Optional[float] = ...) -> None: ...
+    out_of_routing: str
+    def __init__(self, info: _Optional[_Union[_common_pb2.WorkerInfo, _Mapping]] = ..., load: _Optional[_Union[_common_pb2.WorkerLoad, _Mapping]] = ..., load_age_s: _Optional[float] = ..., out_of_routing: _Optional[str] = ...) -> None: ...
 
 class GetCacheRequest(_message.Message):
     __slots__ = ()

@@ -81,9 +81,12 @@ def test_workers_json_and_table(server: ScriptedServer) -> None:
     }  # fmt: skip
     assert prefill["load"]["num_running"] == 1 and prefill["load"]["num_total_blocks"] == 512
     assert (decode["role"], decode["state"], decode["layout"]) == ("decode", "draining", None)
+    assert (prefill["out_of_routing"], decode["out_of_routing"]) == ("", "stalled a request 3.0 s ago")
     table = run_kvplane("workers", "--endpoint", server.endpoint).stdout.splitlines()
-    assert table[0].split() == ["ID", "ROLE", "STATE", "ENDPOINT", "MODEL", "RUNNING", "WAITING", "BLOCKS", "LOAD", "AGE"]
-    assert table[1].split() == ["prefill-0", "prefill", "active", "127.0.0.1:7001", "builtin-tiny", "1", "2", "10/512", "0.2s"]
+    header = ["ID", "ROLE", "STATE", "ENDPOINT", "MODEL", "RUNNING", "WAITING", "BLOCKS", "LOAD", "AGE", "OUT", "OF", "ROUTING"]
+    assert table[0].split() == header
+    assert table[1].split() == ["prefill-0", "prefill", "active", "127.0.0.1:7001", "builtin-tiny", "1", "2", "10/512", "0.2s", "-"]
+    assert table[2].endswith("stalled a request 3.0 s ago")
 
 
 def test_cache_json_and_table(server: ScriptedServer) -> None:

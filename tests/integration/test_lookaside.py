@@ -111,10 +111,16 @@ def test_a_stopped_decode_worker_stalls_the_lookaside_stream_which_moves(cluster
     prompt = prompt_ids(seed=83, length=40)
     with Client(cluster.endpoint, timeout=120) as client:
         reference = client.generate(prompt, max_tokens=MAX_TOKENS, ignore_eos=True)
+        # The stream needs a worker to move to. On a loaded machine a request here (the reference,
+        # an earlier test's) can miss the module's 2 s token timeout, and its worker is then out of
+        # routing for --stalled-for-s: wait until this replica routes to both again.
+        wait_for(lambda: not any(w.out_of_routing for w in client.workers()), timeout=45, what="both workers back in routing")
         tokens, text, metrics, victim = interrupted_stream(client, cluster, prompt, signal.SIGSTOP, MAX_TOKENS, lookaside=True)
         try:
             assert tuple(tokens) == reference.token_ids and text == reference.text
             assert metrics.num_migrations == 1 and metrics.decode_worker != victim
+            out = {w.worker_id: w.out_of_routing for w in client.workers()}
+            assert out[victim].startswith(("stalled a request", "no load report for")), out  # whichever the replica saw first
         finally:
             cluster.kill(victim, signal.SIGCONT)
         assert_nothing_pinned(cluster, client)

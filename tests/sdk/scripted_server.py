@@ -59,6 +59,7 @@ WORKERS = (
             worker_id="decode-0", role=common_pb2.ROLE_DECODE, endpoint="127.0.0.1:7002",
             model="builtin-tiny", state=common_pb2.WORKER_STATE_DRAINING,
         ),
+        out_of_routing="stalled a request 3.0 s ago",
     ),
 )  # fmt: skip
 

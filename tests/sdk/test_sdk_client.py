@@ -124,6 +124,7 @@ def test_workers(server: ScriptedServer) -> None:
     assert (prefill.load.num_running, prefill.load.num_waiting, prefill.load.num_total_blocks) == (1, 2, 512)
     assert prefill.transports == ("grpc",) and prefill.load_age_s == 0.25
     assert (decode.role, decode.state, decode.layout) == (Role.DECODE, WorkerState.DRAINING, None)
+    assert (prefill.out_of_routing, decode.out_of_routing) == ("", "stalled a request 3.0 s ago")
 
 
 def test_cache_and_drain(server: ScriptedServer) -> None:

@@ -76,11 +76,11 @@ def run_workers(args: argparse.Namespace) -> int:
         (
             w.worker_id, w.role.value if w.role else "?", w.state.value, w.endpoint, w.model or "-",
             w.load.num_running, w.load.num_waiting, f"{w.load.num_used_blocks}/{w.load.num_total_blocks}",
-            f"{w.load_age_s:.1f}s",
+            f"{w.load_age_s:.1f}s", w.out_of_routing or "-",
         )
         for w in workers
     ]  # fmt: skip
-    print(format_table(("ID", "ROLE", "STATE", "ENDPOINT", "MODEL", "RUNNING", "WAITING", "BLOCKS", "LOAD AGE"), rows))
+    print(format_table(("ID", "ROLE", "STATE", "ENDPOINT", "MODEL", "RUNNING", "WAITING", "BLOCKS", "LOAD AGE", "OUT OF ROUTING"), rows))
     return 0
 
 
@@ -119,6 +119,7 @@ def worker_to_json(w: WorkerStatus) -> dict[str, Any]:
         "load": dataclasses.asdict(w.load),
         "load_age_s": w.load_age_s,
         "metrics_url": w.metrics_url,
+        "out_of_routing": w.out_of_routing,
     }
 
 
