@@ -23,6 +23,8 @@ def test_a_tiny_run_reports_consistent_rates_routing_times_and_cpu_shares():
     result = json.loads(done.stdout)
     assert result["config"]["workers"] == 8 and result["config"]["security"] == "mutual TLS" and result["config"]["prompts"] == "text"
     assert "generators connected to 8/8 agents" in done.stderr  # lookaside callers dial the agents first
+    # Idle is measured once the store is quiet (no worker registering again after the warm-up).
+    assert "no store write for 3 s" in done.stderr and result["idle"][0]["settled_s"] >= 3
     relay, lookaside = result["rows"]
     assert [(r["replicas"], r["mode"], r["shape"]) for r in (relay, lookaside)] == [(1, "relay", "short"), (1, "lookaside", "short")]
     for row in (relay, lookaside):

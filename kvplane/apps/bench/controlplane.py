@@ -10,7 +10,9 @@ for three times that, `--stale-report-s`), plus `--generators` load
 generator processes (kvplane/apps/bench/openloop.py), generator g sending to replica g mod R. Security
 is what `kvplane up` runs: mutual TLS with throw-away certificates (`--insecure`: plaintext with
 tokens). After a warm-up (every agent dialled once) the replicas' idle CPU is measured: load
-reports, keep-alives, the store's watch (`background_cores`).
+reports, keep-alives, the store's watch (`background_cores`); on a NATS bus once the store has
+taken no write for 3 s (at most 90 s: a warm-up that overloads the replicas lets leases lapse, and
+workers registering again are not idle work; `settled_s` says how long that took).
 
 With `--buses store,nats` every replica count runs once per bus (controlplane/bus/): `store`
 carries load reports and KV events as etcd keys, `nats` through a nats-server with JetStream
@@ -260,6 +262,26 @@ class Bench:
             "store_writes_per_s": round(per_s["store_writes"], 1), "bus_messages_per_s": round(per_s["bus_messages"], 1),
         }  # fmt: skip
 
+    def settle(self, quiet_s: float = 3.0, max_s: float = 90.0) -> tuple[float, float]:
+        """Waits until the store has taken no write for `quiet_s`, for at most `max_s`: a warm-up
+        that overloaded the replicas lets leases lapse, and the workers registering again would
+        be measured as idle work. Returns the seconds waited and the store's writes per second
+        over the last `quiet_s` (0 once settled)."""
+        started = time.monotonic()
+        samples = [(started, self.counters()["store_writes"])]  # (when, writes so far)
+        quiet_since = started
+        while True:
+            time.sleep(0.5)
+            now, writes = time.monotonic(), self.counters()["store_writes"]
+            if writes != samples[-1][1]:
+                quiet_since = now
+            samples.append((now, writes))
+            if now - quiet_since >= quiet_s:
+                return now - started, 0.0
+            if now - started >= max_s:
+                then, before = next((t, w) for t, w in samples if t >= now - quiet_s)
+                return now - started, (writes - before) / max(now - then, 0.5)
+
     def counters(self) -> dict[str, float]:
         etcd = _read_metrics(f"http://{self.etcd.endpoint}/metrics", ("etcd_mvcc_put_total", "etcd_mvcc_delete_total"))
         bus = 0.0
@@ -403,7 +425,16 @@ def run_replicas(args: argparse.Namespace, num_replicas: int, bus: str, log_dir:
                 warm = bench.step("short", args.modes[0], max(8.0, 2 * hosts * per_host / 4), 4.0)
                 log(f"{tag} warm-up: {warm['ok']}/{warm['sent']} ok")
                 time.sleep(2 * args.load_report_interval)  # the warm-up's last reports and KV events land first
-                idle = {"replicas": num_replicas, "bus": bus, "workers": hosts * per_host, **bench.measure_background(args.idle_s)}
+                settled_s = 0.0
+                if bus != "store":  # (on the store bus every report is a store write)
+                    settled_s, still_writing = bench.settle()
+                    if still_writing:
+                        log(f"{tag} the store still takes {still_writing:.0f} writes/s {settled_s:.0f} s after the warm-up "
+                            "(workers registering again): the idle numbers include that")  # fmt: skip
+                    else:
+                        log(f"{tag} no store write for 3 s ({settled_s:.0f} s after the warm-up)")
+                idle = {"replicas": num_replicas, "bus": bus, "workers": hosts * per_host, "settled_s": round(settled_s, 1),
+                        **bench.measure_background(args.idle_s)}  # fmt: skip
                 log(f"{tag} idle: {idle['replica_cores']:.3f} cores per replica, {idle['store_writes_per_s']:.0f} store writes/s, "
                     f"{idle['bus_messages_per_s']:.0f} NATS messages in/s")  # fmt: skip
                 rows = [] if args.idle_only else [bench.search(shape, mode) for shape in args.shapes for mode in args.modes]
