@@ -59,26 +59,27 @@ from kvplane.v1 import common_pb2, registry_pb2, registry_pb2_grpc
 log = logging.getLogger(__name__)
 
 
-KEEPALIVE_RETRY_S = 0.5  # after a failed keep-alive, while the lease may still be alive
+KEEPALIVE_RETRY_S = 0.5  # after a failed keep-alive, while the lease may still be alive; doubled per failure in a row
 
 
 def keepalive_pace(ttl_s: float) -> float:
     return max(ttl_s / 3, 0.5)
 
 
-def next_keepalive_delay(ttl_s: float, *, ok: bool, first_failure_after_move: bool, since_renewed_s: float) -> float:
-    """How long the link waits before its next keep-alive. A keep-alive may take a third of the TTL
-    to time out, and the next at the pace would come another third later: one slow answer from a
-    busy replica would let the lease lapse. So a failed one is tried again soon while the lease may
-    still be alive, and at once (once per failure streak) when the link moved to another replica;
-    once it surely lapsed, or every replica keeps failing past the TTL, at the pace again."""
-    if ok:
-        return keepalive_pace(ttl_s)
+def next_keepalive_delay(ttl_s: float, *, failures: int, first_failure_after_move: bool, since_renewed_s: float) -> float:
+    """How long the link waits before its next keep-alive, after `failures` failed in a row (0: the
+    last one went through). A keep-alive may take a third of the TTL to time out, and the next at
+    the pace would come another third later: one slow answer from a busy replica would let the
+    lease lapse. So a failed one is tried again soon while the lease may still be alive (0.5 s,
+    doubling per failure up to the pace, so that a fleet whose replicas are all down does not
+    come back at them at once), and at once (once per failure streak) when the link moved to
+    another replica; once the lease surely lapsed, at the pace."""
+    pace = keepalive_pace(ttl_s)
+    if failures == 0 or since_renewed_s >= ttl_s:
+        return pace
     if first_failure_after_move:
         return 0.0
-    if since_renewed_s < ttl_s:
-        return min(KEEPALIVE_RETRY_S, keepalive_pace(ttl_s))
-    return keepalive_pace(ttl_s)
+    return min(KEEPALIVE_RETRY_S * 2 ** (failures - 1), pace)
 
 
 def events_to_pb(events: list[KVCacheEvent]) -> list[common_pb2.KVEvent]:
@@ -346,7 +347,7 @@ class ControlPlaneLink:
         return False
 
     async def _keepalive_loop(self) -> None:
-        delay, last_ok, renewed_at = keepalive_pace(self.ttl_s), True, time.monotonic()
+        delay, failures, renewed_at = keepalive_pace(self.ttl_s), 0, time.monotonic()
         while True:
             await asyncio.sleep(delay)
             tried, lease = self._current, self.lease_id
@@ -361,14 +362,14 @@ class ControlPlaneLink:
                 self._snapshot_asked(reply.snapshot_requested)
 
             ok = await self._guarded("keep-alive", step)
-            renewed = ok or self.lease_id != lease  # (or registered again)
-            if renewed:
-                renewed_at = time.monotonic()
-            moved = last_ok and self._current != tried
+            moved = failures == 0 and self._current != tried
+            if ok or self.lease_id != lease:  # renewed, or registered again
+                failures, renewed_at = 0, time.monotonic()
+            else:
+                failures += 1
             delay = next_keepalive_delay(
-                self.ttl_s, ok=renewed, first_failure_after_move=moved, since_renewed_s=time.monotonic() - renewed_at
+                self.ttl_s, failures=failures, first_failure_after_move=moved, since_renewed_s=time.monotonic() - renewed_at
             )
-            last_ok = ok
 
     async def _report_loop(self) -> None:
         while True:

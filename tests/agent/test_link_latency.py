@@ -190,13 +190,16 @@ def test_a_failed_keep_alive_is_tried_again_soon_while_the_lease_may_live():
     ttl = 30.0
     pace = keepalive_pace(ttl)
     assert pace == 10.0
-    assert next_keepalive_delay(ttl, ok=True, first_failure_after_move=False, since_renewed_s=10.0) == pace
-    assert next_keepalive_delay(ttl, ok=False, first_failure_after_move=True, since_renewed_s=20.0) == 0.0  # to the new replica
-    for since in (10.0, 20.0, 29.0):
-        assert next_keepalive_delay(ttl, ok=False, first_failure_after_move=False, since_renewed_s=since) == KEEPALIVE_RETRY_S
-    # Lapsed by now, or every replica failing: no faster than the pace.
-    assert next_keepalive_delay(ttl, ok=False, first_failure_after_move=False, since_renewed_s=31.0) == pace
-    assert next_keepalive_delay(1.0, ok=False, first_failure_after_move=False, since_renewed_s=0.2) == keepalive_pace(1.0) == 0.5
+
+    def delay(failures, since, moved=False):
+        return next_keepalive_delay(ttl, failures=failures, first_failure_after_move=moved, since_renewed_s=since)
+
+    assert delay(0, 10.0) == pace
+    assert delay(1, 12.0, moved=True) == 0.0  # at once to the replica the link moved to
+    # Soon, then backing off (a fleet whose replicas are all down does not come back at them at once).
+    assert [delay(n, 12.0) for n in (1, 2, 3, 4, 5, 6)] == [KEEPALIVE_RETRY_S, 1.0, 2.0, 4.0, 8.0, pace]
+    assert delay(1, 31.0) == pace  # lapsed by now: no faster than the pace
+    assert next_keepalive_delay(1.0, failures=1, first_failure_after_move=False, since_renewed_s=0.2) == keepalive_pace(1.0) == 0.5
 
 
 class FailsFirstKeepAlive(KeepAliveCounter):
