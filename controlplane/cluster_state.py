@@ -202,9 +202,12 @@ class ClusterState:
             await asyncio.sleep(STORE_PROBE_INTERVAL_S)
             sent_at = time.monotonic()
             try:
-                await self._store.get(keys.TICKET_KEY)
+                await self._store.get(keys.TICKET_SIGNING_KEY)
             except StoreError as e:
                 log.debug("store probe failed: %s", e)
+                continue
+            except Exception:  # a bug here would silently stop every silent-worker judgement: say so, and go on
+                log.exception("store probe failed")
                 continue
             try:
                 await self.bus.probe()

@@ -166,3 +166,24 @@ def test_a_report_repeating_the_last_model_keeps_it_and_a_new_model_replaces_it(
             await state.stop()
 
     asyncio.run(body())
+
+
+def test_the_store_probe_keeps_store_ok_at_current():
+    """store_ok_at (when the store and the bus last answered) is what lets routing take a worker
+    whose reports stopped out of routing, and what kvplane_store_up shows. The probe once read a
+    key constant that no longer existed: its task died at its first pass and store_ok_at stayed at
+    the start, so no worker was ever judged silent."""
+
+    async def body():
+        state = ClusterState(MemoryStore())
+        await state.start()
+        try:
+            started = state.store_ok_at
+            assert started is not None
+            await _settle(lambda: state.store_ok_at > started, "the first probe")
+            probed = state.store_ok_at
+            await _settle(lambda: state.store_ok_at > probed, "the probe after that")
+        finally:
+            await state.stop()
+
+    asyncio.run(body())

@@ -119,11 +119,27 @@ def test_a_stopped_decode_worker_stalls_the_lookaside_stream_which_moves(cluster
         try:
             assert tuple(tokens) == reference.token_ids and text == reference.text
             assert metrics.num_migrations == 1 and metrics.decode_worker != victim
-            out = {w.worker_id: w.out_of_routing for w in client.workers()}
-            assert out[victim].startswith(("stalled a request", "no load report for")), out  # whichever the replica saw first
         finally:
             cluster.kill(victim, signal.SIGCONT)
         assert_nothing_pinned(cluster, client)
+
+
+def test_a_stopped_worker_is_shown_out_of_routing_until_it_reports_again(cluster):
+    """ListWorkers says why the replica routes a worker nothing: here its load reports stopped
+    (--silent-after-s 1.5 in this module) while its lease (10 s) still holds."""
+    victim = sorted(cluster.worker_endpoints)[0]
+    with Client(cluster.endpoint, timeout=60) as client:
+        wait_for(lambda: not any(w.out_of_routing for w in client.workers()), timeout=45, what="every worker in routing")
+        cluster.kill(victim, signal.SIGSTOP)
+        try:
+            why = wait_for(
+                lambda: next((w.out_of_routing for w in client.workers() if w.worker_id == victim), None),
+                timeout=8, interval=0.1, what=f"{victim} out of routing",
+            )  # fmt: skip
+            assert why.startswith("no load report for"), why
+        finally:
+            cluster.kill(victim, signal.SIGCONT)
+        wait_for(lambda: not any(w.out_of_routing for w in client.workers()), timeout=10, what=f"{victim} back in routing")
 
 
 def _place(stub, seed: int) -> client_pb2.Placement:
