@@ -165,6 +165,9 @@ class ClusterState:
             messages = await self.bus.subscribe()
             self._bus_task = asyncio.create_task(self._read_bus(messages), name="bus-reader")
         self._probe_task = asyncio.create_task(self._probe(), name="store-probe")
+        for task in (self._watch_task, self._bus_task, self._probe_task):
+            if task is not None:
+                task.add_done_callback(_log_if_it_died)
         self.pauses.start()
         self._synced.set()
 
@@ -584,3 +587,11 @@ def _worker_view(worker_id: WorkerId, e: WorkerEntry, model: StepTimeModel | Non
         reported_at=e.load_at,
         transports=tuple(info.transports),
     )
+
+
+def _log_if_it_died(task: asyncio.Task) -> None:
+    """The view's tasks run as long as the replica: one that ends with an error stops what it keeps
+    current, so say so at once (asyncio tells only when the task is collected, if ever)."""
+    if not task.cancelled() and task.exception() is not None:
+        log.error("background task %s died, so what it keeps current no longer changes: %r", task.get_name(), task.exception(),
+                  exc_info=task.exception())  # fmt: skip

@@ -4,6 +4,7 @@ The embedded memory store and a real ClusterState; no processes."""
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 
@@ -185,5 +186,23 @@ def test_the_store_probe_keeps_store_ok_at_current():
             await _settle(lambda: state.store_ok_at > probed, "the probe after that")
         finally:
             await state.stop()
+
+    asyncio.run(body())
+
+
+def test_a_background_task_that_dies_is_logged_at_once(caplog):
+    async def body():
+        state = ClusterState(MemoryStore())
+
+        async def broken_probe():
+            raise RuntimeError("a bug in the probe")
+
+        state._probe = broken_probe
+        with caplog.at_level(logging.ERROR, logger="kvplane.controlplane.cluster_state"):
+            await state.start()
+            try:
+                await _settle(lambda: any("store-probe died" in r.getMessage() for r in caplog.records), "the error log")
+            finally:
+                await state.stop()
 
     asyncio.run(body())
