@@ -119,9 +119,13 @@ class ClusterState:
         # Bus messages dropped: a missing or wrong MAC, a load report numbered at or below the last applied, a malformed one.
         self.bus_rejected = {"mac": 0, "replayed": 0, "invalid": 0}
         self.bus_ok = True  # the last bus probe answered
+        self.store_ok = True  # the last store probe answered
         self._drop_bus_until = 0.0
         # Monotonic time a probe of the store, and of the bus the reports travel on, last succeeded.
         self.store_ok_at: float | None = None
+        # ... and the latest load report applied, from any worker: the probes answering does not
+        # show that reports get through (a watch that broke or lags, a bus subscription that did).
+        self.last_report_at: float | None = None
         self._probe_task: asyncio.Task | None = None
         # This replica's own pauses: afterwards every report looks old until the watch catches up,
         # so silence is not judged until the store has been heard from again a while later.
@@ -206,7 +210,9 @@ class ClusterState:
             sent_at = time.monotonic()
             try:
                 await self._store.get(keys.TICKET_SIGNING_KEY)
+                self.store_ok = True
             except StoreError as e:
+                self.store_ok = False
                 log.debug("store probe failed: %s", e)
                 continue
             except Exception:  # a bug here would silently stop every silent-worker judgement: say so, and go on
@@ -400,7 +406,7 @@ class ClusterState:
         self._check_named_batch(worker_id, report.kv_seq)
         entry.load = report.load
         entry.state = report.state or entry.state
-        entry.load_at = time.monotonic()
+        entry.load_at = self.last_report_at = time.monotonic()
         self._changed.add(worker_id)
         if report.HasField("latency") and report.latency != entry.latency_pb:  # most reports repeat the last one's model
             entry.latency_pb = report.latency
@@ -518,6 +524,15 @@ class ClusterState:
             entry.state = state
             self._changed.add(worker_id)
 
+    def heard_at(self) -> float | None:
+        """Until when reports demonstrably got through (the view's store_ok_at: core/health.py judges
+        a worker silent against it): the store and the bus answered probes, and some worker's report
+        arrived. An outage of the store, the bus or this replica's watch stops every report at once;
+        none is then silent, and routing goes on with the last known loads."""
+        if self.store_ok_at is None or self.last_report_at is None:
+            return None
+        return min(self.store_ok_at, self.last_report_at)
+
     def view(self) -> ClusterView:
         """Every worker as it last reported, and the cache index (the planner corrects the loads
         for what this replica routed since). Built from the last view: only workers whose entry
@@ -527,13 +542,14 @@ class ClusterState:
         workers (measured by `kvplane bench controlplane`), and even reusing them a pass over
         every worker per request, which a thousand workers notice."""
         last = self._last_view
+        heard_at = self.heard_at()
         if last is None or self._membership_changed:
             workers = tuple(self._worker_view(worker_id, e) for worker_id, e in self.workers.items())
-            view = ClusterView(workers, self.index, self.store_ok_at, table=WorkerTable(workers))
+            view = ClusterView(workers, self.index, heard_at, table=WorkerTable(workers))
         elif self._changed:
-            view = cluster_with(last, {w: self._worker_view(w, self.workers[w]) for w in self._changed}, self.store_ok_at)
-        elif last.store_ok_at != self.store_ok_at:
-            view = dataclasses.replace(last, store_ok_at=self.store_ok_at)  # the same workers and columns
+            view = cluster_with(last, {w: self._worker_view(w, self.workers[w]) for w in self._changed}, heard_at)
+        elif last.store_ok_at != heard_at:
+            view = dataclasses.replace(last, store_ok_at=heard_at)  # the same workers and columns
         else:
             return last
         if self._stated_link is None:  # a registration changed since

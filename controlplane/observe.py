@@ -58,7 +58,7 @@ def register_cluster_gauges(state) -> None:
     inst = instruments()
     inst.observe_gauges({
         "kvplane.controlplane.workers": workers,
-        "kvplane.store.up": lambda: [(0 if state.store_ok_at is None else 1, {})],
+        "kvplane.store.up": lambda: [(1 if state.store_ok else 0, {})],
         "kvplane.bus.up": lambda: [(1 if state.bus_ok else 0, {})],
         "kvplane.bus.held": lambda: [(state.num_bus_held, {})],
     })  # fmt: skip

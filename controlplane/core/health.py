@@ -10,11 +10,12 @@ Three rules, all about progress:
   (a wedged engine beside a live event loop still reports); if it is still stuck when it comes
   back, the next request stalls again and puts it out again.
 - **silent**: the worker's load reports (every 0.2 s from a live agent) stopped `silent_after_s`
-  ago while the store and the bus (controlplane/bus/) demonstrably kept working since: a stopped
-  or wedged agent keeps its lease until the TTL runs out, but must not get new requests meanwhile.
-  Both must have answered at least `silent_after_s` after the worker's last report, so that a store
-  or bus outage, which stops every report at once, never empties the cluster: routing then goes on
-  with the last known state.
+  ago while reports demonstrably kept getting through since (the store and the bus,
+  controlplane/bus/, answered, and other workers' reports arrived: the view's `store_ok_at`): a
+  stopped or wedged agent keeps its lease until the TTL runs out, but must not get new requests
+  meanwhile. That must hold at least `silent_after_s` after the worker's last report, so that an
+  outage of the store, the bus or the replica's watch, which stops every report at once, never
+  empties the cluster: routing then goes on with the last known state.
 
 Plain data in, plain data out: `now` and the store's last success are passed in (monotonic seconds).
 """

@@ -79,8 +79,9 @@ class ClusterView:
 
     workers: tuple[WorkerView, ...]
     index: CacheIndex
-    # When the store and the bus reports travel on last answered (monotonic s; None = unknown): a
-    # report missing while both work means the worker is silent, not that they are down (core/health.py).
+    # Until when reports demonstrably got through (monotonic s; None = unknown): the store and the
+    # bus they travel on answered, and some worker's report arrived. A report missing while others
+    # arrive means the worker is silent, not that the store or bus is down (core/health.py).
     store_ok_at: float | None = None
     # The workers as columns (a pool.WorkerTable of exactly `workers`), when the builder keeps
     # one up to date (controlplane/cluster_state.py); otherwise pool.table_of builds it once.

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 import pytest
 
 from kvplane.controlplane import keys
 from kvplane.controlplane.cluster_state import ClusterState
+from kvplane.controlplane.core.health import HealthConfig, WorkerHealth
 from kvplane.controlplane.store import MemoryStore
 from kvplane.v1 import common_pb2, registry_pb2
 
@@ -204,5 +206,39 @@ def test_a_background_task_that_dies_is_logged_at_once(caplog):
                 await _settle(lambda: any("store-probe died" in r.getMessage() for r in caplog.records), "the error log")
             finally:
                 await state.stop()
+
+    asyncio.run(body())
+
+
+def test_a_worker_is_silent_only_while_others_reports_get_through():
+    """When every report stops at once (the store's watch or the bus broke, not the workers) nobody
+    is judged silent; when one worker's stop and another's keep arriving, that one is."""
+
+    async def report(store, worker_id: str) -> None:
+        load = common_pb2.WorkerLoad(num_running=1)
+        await store.put(keys.load_key(worker_id), registry_pb2.ReportLoadRequest(worker_id=worker_id, load=load).SerializeToString())
+
+    async def body():
+        store = MemoryStore()
+        state = ClusterState(store)
+        health = WorkerHealth(HealthConfig(silent_after_s=0.3))
+        await state.start()
+        try:
+            for w in ("a", "b"):
+                info = common_pb2.WorkerInfo(worker_id=w, role=common_pb2.ROLE_BOTH, endpoint=f"{w}:1", model="m")
+                await store.put(keys.worker_key(w), info.SerializeToString())
+                await report(store, w)
+            await _settle(lambda: state.last_report_at is not None and len(state.workers) == 2, "both workers' reports")
+            last = state.last_report_at
+            await asyncio.sleep(1.0)  # the probes go on answering; no report arrives
+            assert state.heard_at() == last
+            assert health.excluded(state.view(), time.monotonic()) == {}
+            for _ in range(8):  # b goes on reporting, a does not
+                await report(store, "b")
+                await asyncio.sleep(0.1)
+            out = health.excluded(state.view(), time.monotonic())
+            assert list(out) == ["a"] and out["a"].startswith("no load report for"), out
+        finally:
+            await state.stop()
 
     asyncio.run(body())

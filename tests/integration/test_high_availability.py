@@ -18,7 +18,7 @@ import pytest
 from kvplane import Client
 from kvplane.apps.cluster import LocalCluster
 
-from .helpers import BLOCK_SIZE, Traffic, assert_nothing_pinned, cached_blocks, prompt_ids, wait_for
+from .helpers import BLOCK_SIZE, Traffic, assert_nothing_pinned, cached_blocks, metric_sum, prompt_ids, scrape, wait_for
 
 pytestmark = pytest.mark.cluster  # starts processes
 
@@ -36,18 +36,29 @@ def test_replicas_on_a_three_member_etcd_ride_out_member_loss_quorum_loss_and_a_
         controlplane_args=("--lease-ttl", "6", "--trust-worker-cache-claims"),
     ) as cluster, Client(cluster.endpoint, timeout=60) as client:  # fmt: skip
         reference = [client.generate(p, max_tokens=MAX_TOKENS, ignore_eos=True).token_ids for p in prompts]
+        metrics_urls = []
+        for replica in cluster.controlplane_endpoints.values():
+            with Client(replica, timeout=30) as one:
+                metrics_urls.append(one.stats().metrics_url)
+
+        def store_up() -> list[float]:  # kvplane_store_up of each replica (the KvplaneStoreDown alert's input)
+            return [metric_sum(scrape(url), "kvplane_store_up") for url in metrics_urls]
+
         with Traffic(cluster.endpoint, prompts, reference, MAX_TOKENS) as traffic:
             assert traffic.count(2.0) > 0
+            assert store_up() == [1.0, 1.0]
 
             etcd.members[0].kill()
             assert traffic.count(3.0) > 0, "no request completed with one etcd member down"
             etcd.members[1].kill()  # no quorum: the store is down
             assert traffic.count(6.0) > 0, "no request completed without etcd quorum"
             assert not traffic.failures, traffic.failures[:3]
+            wait_for(lambda: store_up() == [0.0, 0.0], timeout=20, what="kvplane_store_up 0 on both replicas without quorum")
 
             etcd.members[0].restart()
             etcd.members[1].restart()
             etcd.wait_healthy()
+            wait_for(lambda: store_up() == [1.0, 1.0], timeout=30, what="kvplane_store_up 1 again on both replicas")
             # Converged: both workers still registered (their leases outlived the outage) and
             # reporting, and new KV events reach the index of both replicas.
             wait_for(lambda: {w.worker_id for w in client.workers() if w.load_age_s < 1.0} == {"both-0", "both-1"},
