@@ -35,7 +35,10 @@ from kvplane.types import WorkerId
 
 @dataclass(frozen=True, slots=True)
 class HealthConfig:
-    silent_after_s: float = param(3.0, "a worker whose load reports stop this long (while the store answers) is taken out of routing")
+    silent_after_s: float = param(
+        3.0,
+        "a worker whose load reports stop this long (while the store answers and other workers' reports arrive) is taken out of routing",
+    )
     stalled_for_s: float = param(30.0, "a worker that stalled a request (no first or next token in time) stays out of routing this long")
 
     def __post_init__(self) -> None:
