@@ -215,9 +215,6 @@ class ClusterState:
                 self.store_ok = False
                 log.debug("store probe failed: %s", e)
                 continue
-            except Exception:  # a bug here would silently stop every silent-worker judgement: say so, and go on
-                log.exception("store probe failed")
-                continue
             try:
                 await self.bus.probe()
                 self.bus_ok = True
