@@ -47,3 +47,15 @@ def test_the_environment_gives_the_range_to_draw_from(monkeypatch):
         monkeypatch.setenv(FREE_PORTS_ENV, bad)
         with pytest.raises(ValueError, match=FREE_PORTS_ENV):
             free_port()
+
+
+def test_a_cluster_never_hands_out_a_port_it_gave_before(monkeypatch):
+    """`kvplane up --port P` drew P again for an agent before the control plane had bound it (the
+    agent failed to bind): LocalCluster skips the ports it was given and the ones it drew."""
+    from kvplane.apps import cluster
+
+    given = free_port()
+    draws = iter([given, given, given + 1, given + 1, given + 2])
+    monkeypatch.setattr(cluster, "free_port", lambda: next(draws))
+    local = cluster.LocalCluster(num_prefill=1, num_decode=1, port=given)
+    assert [local._free_port(), local._free_port()] == [given + 1, given + 2]

@@ -245,6 +245,7 @@ class LocalCluster:
         self._agent_argv: dict[str, list[str]] = {}
         self._argv: dict[str, tuple[list[str], dict[str, str] | None]] = {}  # every child's command, for respawn()
         self._started = False
+        self._ports_given: set[int] = {p for p in (port, http_port) if p}  # see _free_port
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -255,12 +256,12 @@ class LocalCluster:
         atexit.register(self.stop)  # a crashing caller must not leave orphan servers behind
         try:
             self._prepare_log_dir()
-            ports = [self._port or free_port()] + [free_port() for _ in range(self._num_controlplanes - 1)]
+            ports = [self._port or self._free_port()] + [self._free_port() for _ in range(self._num_controlplanes - 1)]
             for i, port in enumerate(ports):
                 self.controlplane_endpoints[controlplane_name(i)] = f"{LOCALHOST}:{port}"
             self.endpoint = ",".join(self.controlplane_endpoints.values())
             if self._http_port is not None:
-                http_port = self._http_port or free_port()
+                http_port = self._http_port or self._free_port()
                 self.http_url = f"{'http' if self._insecure else 'https'}://{LOCALHOST}:{http_port}/v1"
                 self._http_args = ["--http-port", str(http_port)]
             self._make_credentials()
@@ -356,7 +357,7 @@ class LocalCluster:
         Agents started before it do not know it; clients may name it."""
         if not self._store.startswith("etcd://"):
             raise ValueError("replicas share state through etcd: start the cluster with store='etcd://HOST:PORT'")
-        endpoint = f"{LOCALHOST}:{free_port()}"
+        endpoint = f"{LOCALHOST}:{self._free_port()}"
         self.controlplane_endpoints[name] = endpoint
         assert self.credentials is not None
         self.credentials.publish(endpoint)
@@ -477,12 +478,20 @@ class LocalCluster:
             self.log_dir = self._log_dir_arg
             self.log_dir.mkdir(parents=True, exist_ok=True)
 
+    def _free_port(self) -> int:
+        """free_port(), never a port this cluster gave out before: a child may not have bound its
+        port yet when the next is drawn (seen: an agent handed the port given for the control plane)."""
+        while (port := free_port()) in self._ports_given:
+            pass
+        self._ports_given.add(port)
+        return port
+
     def _start_agent(self, role: str, index: int = 0, worker_id: str = "", extra_args: tuple[str, ...] | list[str] = ()) -> None:
         worker_id = worker_id or f"{role}-{index}"
         if self._agents_per_process > 1:
             self._start_agent_host(role, worker_id)
             return
-        port = free_port()
+        port = self._free_port()
         self.worker_endpoints[worker_id] = f"{LOCALHOST}:{port}"
         self._agent_argv[worker_id] = [
             "agent", "--role", role, "--host", LOCALHOST, "--port", str(port),
