@@ -35,6 +35,16 @@ def subject(kind: str, worker_id: str) -> str:
     return f"kvplane.{kind}.{worker_id.encode().hex()}"
 
 
+async def purge_before_snapshot(js, kv_subject: str, snapshot_seq: int) -> None:
+    """Drops a worker's KV batches older than its snapshot at stream sequence `snapshot_seq`
+    (`js`: a nats-py JetStream context). nats-server reads a purge's `seq` of 0 or 1 as no bound
+    at all and drops the subject's every message, so a snapshot that is the stream's first
+    message (a fresh or emptied server) would itself be dropped before replicas read it (seen:
+    a replica never got an agent's first snapshot); nothing precedes sequence 1 anyway."""
+    if snapshot_seq > 1:
+        await js.purge_stream(KV_STREAM, subject=kv_subject, seq=snapshot_seq)
+
+
 def server_urls(url: str) -> list[str]:
     """'nats://h1:4222,h2:4222' -> ['nats://h1:4222', 'nats://h2:4222'] (the first item's scheme for the rest)."""
     items = [item.strip() for item in url.split(",") if item.strip()]

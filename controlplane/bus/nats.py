@@ -23,7 +23,7 @@ import logging
 import ssl
 from collections.abc import AsyncIterator, Callable
 
-from kvplane.bus import KV_STREAM, LOAD_STREAM, MAC_HEADER, mac, server_urls, subject
+from kvplane.bus import KV_STREAM, LOAD_STREAM, MAC_HEADER, mac, purge_before_snapshot, server_urls, subject
 from kvplane.v1 import registry_pb2
 
 from .base import BusMessage, BusUnavailable, PerWorkerThrottle
@@ -178,7 +178,7 @@ class NatsBus:
         if not self._compaction.due(worker_id):
             return
         try:
-            await self._js.purge_stream(KV_STREAM, subject=kv_subject, seq=snapshot_stream_seq)
+            await purge_before_snapshot(self._js, kv_subject, snapshot_stream_seq)
         except Exception as e:  # the batches stay until age or size drops them: a replica replays more, nothing is lost
             log.warning("purging %s's KV batches before its snapshot failed: %r", worker_id, e)
 

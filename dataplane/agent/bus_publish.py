@@ -104,7 +104,7 @@ class BusPublisher:
             return False
         if batch.snapshot:
             try:
-                await self._js.purge_stream(bus.KV_STREAM, subject=subject, seq=ack.seq)
+                await bus.purge_before_snapshot(self._js, subject, ack.seq)
             except Exception as e:  # they stay until age or size drops them: a replica replays more, nothing is lost
                 log.warning("purging the KV batches before our snapshot failed: %r", e)
         return True
