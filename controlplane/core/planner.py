@@ -426,7 +426,7 @@ class Planner:
         if outcome.ttft_s is not None:
             self.calibration.observe(ttft_kind(plan.disaggregated), p.ttft_s - p.ttft_offset_s, outcome.ttft_s, now)
             if discount_s is not None:  # prefilled where it decoded: the decode worker's reports alone predicted it
-                self.trust.observe(plan.decode_worker, p.ttft_s, outcome.ttft_s, now, discount_s)
+                self.trust.observe(plan.decode_worker, p.ttft_s, outcome.ttft_s, now, discount_s, p.ttft_offset_s)
         if outcome.tpot_s is not None:
             self.calibration.observe(TPOT, p.tpot_s - p.tpot_offset_s, outcome.tpot_s, now)
 

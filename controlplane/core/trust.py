@@ -9,7 +9,13 @@ Rule: per worker, over the requests this replica prefilled there (a disaggregate
 first token also waits on another worker, so those do not count), exponentially weighted means
 (`weight` for the newest) of the predicted and the measured TTFT. The worker's reports are
 *contradicted* when the measured mean exceeds `ratio` x the predicted mean and exceeds it by at
-least `min_excess_s` (small predictions jitter by more than their ratio). While contradicted, and
+least `min_excess_s` (small predictions jitter by more than their ratio), and at least
+`min_requests` of the last RECENT requests there each ran past both bounds. One slow request
+is not evidence (a restarted worker's first, its warm-up; a pause of the machine): discounting
+on one moved every reader of a prefix holder's prefix elsewhere for `hold_s` (seen on a loaded
+machine: a test's restarted worker, a holder losing a loop of agent steps). A worker that
+understates its load is caught at its second late request, also one that serves every other
+request fast. While contradicted, and
 for `hold_s` after the last request that showed it, the worker's view gets the excess (measured -
 predicted mean) as queued prefill work, priced in tokens with the worker's own step-time model:
 the queue its latency shows, which the cost, the load guard and the predictions then all see.
@@ -34,6 +40,9 @@ from kvplane.controlplane.core.views import WorkerView
 from kvplane.latency import prefill_attention
 from kvplane.types import WorkerId
 
+RECENT = 8  # the requests whose lateness is remembered per worker
+_RECENT_MASK = (1 << RECENT) - 1
+
 
 @dataclass(frozen=True, slots=True)
 class TrustConfig:
@@ -43,12 +52,21 @@ class TrustConfig:
     report_contradiction_min_s: float = param(0.25, "... and above the predicted by at least this many seconds")
     report_contradiction_weight: float = param(0.3, "weight of the newest request in those TTFT averages")
     report_contradiction_hold_s: float = param(30.0, "a discount lasts this long after the last request that showed it")
+    report_contradiction_min_requests: int = param(
+        2, f"... and only once this many of the worker's last {RECENT} requests each ran past both bounds (one slow request is no evidence)"
+    )
 
     def __post_init__(self) -> None:
         self.validate()
 
     def validate(self) -> None:
-        check_numbers(self, positive=("report_contradiction_hold_s",))
+        check_numbers(
+            self,
+            integers=("report_contradiction_min_requests",),
+            positive=("report_contradiction_hold_s", "report_contradiction_min_requests"),
+        )
+        if self.report_contradiction_min_requests > RECENT:
+            raise ValueError(f"report_contradiction_min_requests must be <= {RECENT}, got {self.report_contradiction_min_requests}")
         if self.report_contradiction_ratio < 1:
             raise ValueError(f"report_contradiction_ratio must be >= 1, got {self.report_contradiction_ratio}")
         if not 0 < self.report_contradiction_weight <= 1:
@@ -60,6 +78,7 @@ class _Means:
     predicted_s: float
     measured_s: float
     at: float  # when the last request was measured
+    recent: int  # bit i: the i-th request before the last ran past both bounds (RECENT of them)
 
 
 class ReportTrust:
@@ -69,29 +88,42 @@ class ReportTrust:
         self.config = config
         self._means: dict[WorkerId, _Means] = {}
 
-    def observe(self, worker_id: WorkerId, predicted_s: float, measured_s: float, now: float, discount_s: float = 0.0) -> None:
+    def observe(
+        self, worker_id: WorkerId, predicted_s: float, measured_s: float, now: float, discount_s: float = 0.0, calibration_s: float = 0.0
+    ) -> None:
         """A request prefilled on `worker_id` was predicted `predicted_s` (with `discount_s` of
-        this module's discount in it) and took `measured_s` to its first token."""
+        this module's discount and `calibration_s` of the planner's calibration in it) and took
+        `measured_s` to its first token. Whether the request itself was late is judged against the
+        prediction from the report alone: the calibration learns from the same requests, and after
+        one late request it predicts the next as late (on every worker), so a worker late on every
+        request would never be late again against it."""
         predicted_s = max(predicted_s - discount_s, 0.0)
+        late = self._past_bounds(max(predicted_s - calibration_s, 0.0), measured_s)
         means = self._means.get(worker_id)
         if means is None:
-            self._means[worker_id] = _Means(predicted_s, measured_s, now)
+            self._means[worker_id] = _Means(predicted_s, measured_s, now, int(late))
             return
         w = self.config.report_contradiction_weight
         means.predicted_s += w * (predicted_s - means.predicted_s)
         means.measured_s += w * (measured_s - means.measured_s)
         means.at = now
+        means.recent = (means.recent << 1 | late) & _RECENT_MASK
 
     def excess_s(self, worker_id: WorkerId, now: float) -> float:
         """Seconds of queue the worker's reports leave out (0 while they are believed)."""
         means = self._means.get(worker_id)
         c = self.config
-        if means is None or now - means.at > c.report_contradiction_hold_s:
+        if (
+            means is None
+            or now - means.at > c.report_contradiction_hold_s
+            or means.recent.bit_count() < c.report_contradiction_min_requests
+        ):
             return 0.0
-        excess = means.measured_s - means.predicted_s
-        if means.measured_s > c.report_contradiction_ratio * means.predicted_s and excess >= c.report_contradiction_min_s:
-            return excess
-        return 0.0
+        return means.measured_s - means.predicted_s if self._past_bounds(means.predicted_s, means.measured_s) else 0.0
+
+    def _past_bounds(self, predicted_s: float, measured_s: float) -> bool:
+        c = self.config
+        return measured_s > c.report_contradiction_ratio * predicted_s and measured_s - predicted_s >= c.report_contradiction_min_s
 
     def forget(self, worker_id: WorkerId) -> None:
         self._means.pop(worker_id, None)
