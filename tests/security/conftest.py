@@ -21,9 +21,9 @@ MAX_WORKERS = 6
 
 # The attacks here are met by credentials, tenancy and cache credit. The planner's other defence,
 # discounting a worker whose measured TTFT runs far above its reports (core/trust.py, tested in
-# tests/core/test_core_trust.py), is off: a test that restarts decode-0 left it discounted for
-# 30 s by its warm-up request on a loaded machine, and the next test's evil worker drew requests
-# because decode-0 was slow, not because of its claims.
+# tests/core/test_core_trust.py), is off: on a loaded machine a restarted decode-0's slow warm-up
+# and one more slow request can discount it for 30 s, and the next test's evil worker would draw
+# requests because decode-0 was slow, not because of its claims.
 NO_TRUST_DISCOUNT = ("--report-contradiction-min-s", "3600")
 
 
