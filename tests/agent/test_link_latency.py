@@ -180,8 +180,10 @@ def test_keep_alives_go_on_one_stream_which_is_opened_again_when_it_ends():
 
 
 def test_a_control_plane_without_the_keep_alive_stream_gets_a_call_per_keep_alive():
+    """KeepAliveCounter serves no KeepAliveStream (an older control plane: UNIMPLEMENTED), so the
+    agent renews with one KeepAlive call each time; run_link fails unless two of them arrive."""
     registry, _ = asyncio.run(run_link(None, KeepAliveCounter(), until=lambda r: r.num_unary >= 2, what="2 keep-alive calls"))
-    assert registry.num_streamed == 0
+    assert registry.num_unary >= 2
 
 
 def test_a_failed_keep_alive_is_tried_again_soon_while_the_lease_may_live():
