@@ -127,3 +127,40 @@ def test_wait_returns_once_enough_workers_are_active(server: ScriptedServer) -> 
     result = run_kvplane("wait", "--workers", "2", "--within", "0.5", "--endpoint", server.endpoint)
     assert result.returncode == 5
     assert result.stderr.strip() == "kvplane: error: not ready after 0.5 s: 1 of 2 workers active"
+
+
+def test_top_ends_on_ctrl_c_after_the_grpc_call_in_flight() -> None:
+    """SIGINT while `kvplane top` waits for ListWorkers: the call is answered (not cancelled by a
+    KeyboardInterrupt inside gRPC, whose channel close can then hang: grpc/grpc#19973), no refresh
+    follows, and top exits 130 as a Ctrl-C does."""
+    import os
+    import signal
+    import time
+
+    from tests.cli.conftest import REPO_ROOT
+
+    scripted = ScriptedServer().start()
+    scripted.servicer.list_workers_delay_s = 1.0
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+    top = subprocess.Popen([sys.executable, "-m", "kvplane", "top", "--interval", "0.1", "--endpoint", scripted.endpoint],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO_ROOT)  # fmt: skip
+    try:
+        shown = ""
+        for row in iter(top.stdout.readline, ""):  # the first refresh
+            shown += row
+            if "DEVICE/HOST/DISK" in row:
+                break
+        deadline = time.monotonic() + 30
+        while scripted.servicer.list_workers_started < 2 and time.monotonic() < deadline:  # the second refresh's call
+            time.sleep(0.02)
+        assert scripted.servicer.list_workers_started == 2, shown
+        top.send_signal(signal.SIGINT)
+        rest, err = top.communicate(timeout=30)
+    finally:
+        if top.poll() is None:
+            top.kill()
+            top.wait()
+        scripted.stop()
+    assert top.returncode == 130 and "kvplane: interrupted" in err, (top.returncode, err)
+    assert scripted.servicer.list_workers_answered == 2  # the call in flight ended as a call, not cancelled
+    assert "DEVICE/HOST/DISK" not in rest  # and no refresh after the interrupt

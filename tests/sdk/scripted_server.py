@@ -87,6 +87,8 @@ class ScriptedKvplane(client_pb2_grpc.KvplaneServicer):
         self.profile_requests: list[client_pb2.ProfileWorkerRequest] = []
         self.stats_windows: list[float] = []
         self.cancelled = threading.Event()  # set when a "long" generation is cancelled by its client
+        self.list_workers_delay_s = 0.0  # how long ListWorkers takes
+        self.list_workers_started = self.list_workers_answered = 0  # calls begun; answered (not cancelled)
 
     async def Generate(self, request, context):  # noqa: N802 - gRPC method name
         self._record(request)
@@ -133,6 +135,9 @@ class ScriptedKvplane(client_pb2_grpc.KvplaneServicer):
         )  # fmt: skip
 
     async def ListWorkers(self, request, context):  # noqa: N802
+        self.list_workers_started += 1
+        await asyncio.sleep(self.list_workers_delay_s)  # a cancelled call ends here
+        self.list_workers_answered += 1
         return client_pb2.ListWorkersResponse(workers=WORKERS)
 
     async def GetCache(self, request, context):  # noqa: N802
