@@ -69,6 +69,11 @@ def register_cluster_gauges(state) -> None:
     })  # fmt: skip
 
 
+def register_planner_gauges(planner, clock) -> None:
+    """What this replica's planner holds against workers, read at each scrape."""
+    instruments().observe_gauges({"kvplane.workers.discounted": lambda: [(planner.trust.num_discounted(clock()), {})]})
+
+
 def record_planning(seconds: float) -> None:
     """One request's route + admit wall time."""
     instruments().kvplane_routing_duration.record(seconds)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import time
 from dataclasses import dataclass, field
 
 import grpc
@@ -96,6 +97,7 @@ class ControlPlane:
             self._state, self._store, config, signer, self._stubs, prompt_tokenizer, cache_salt_key=cluster_secrets.cache_salt_key
         )
         service.metrics_url = telemetry.metrics_url(config.host)
+        observe.register_planner_gauges(service.planner, time.monotonic)  # the service's clock (its default)
         client_pb2_grpc.add_KvplaneServicer_to_server(service, server)
         state = self._state
         registry = RegistryService(

@@ -32,6 +32,7 @@ calibration takes up what all workers share), far inside a 3x ratio and a 0.25 s
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass
 
 from kvplane.controlplane.core.params import check_numbers, param
@@ -39,6 +40,8 @@ from kvplane.controlplane.core.pool import WorkerTable
 from kvplane.controlplane.core.views import WorkerView
 from kvplane.latency import prefill_attention
 from kvplane.types import WorkerId
+
+log = logging.getLogger(__name__)
 
 RECENT = 8  # the requests whose lateness is remembered per worker
 _RECENT_MASK = (1 << RECENT) - 1
@@ -103,11 +106,20 @@ class ReportTrust:
         if means is None:
             self._means[worker_id] = _Means(predicted_s, measured_s, now, int(late))
             return
+        was_discounted = self.excess_s(worker_id, now) > 0
         w = self.config.report_contradiction_weight
         means.predicted_s += w * (predicted_s - means.predicted_s)
         means.measured_s += w * (measured_s - means.measured_s)
         means.at = now
         means.recent = (means.recent << 1 | late) & _RECENT_MASK
+        excess = self.excess_s(worker_id, now)
+        if excess > 0 and not was_discounted:  # an operator's only other sign is where traffic goes
+            log.warning(
+                "worker %s: its load reports are discounted (+%.2f s of queue): %d of its last %d requests here took 3x and "
+                "%.2f s longer than predicted from them (mean %.3f s measured vs %.3f s predicted); for %.0f s after the last",
+                worker_id, excess, means.recent.bit_count(), RECENT, self.config.report_contradiction_min_s,
+                means.measured_s, means.predicted_s, self.config.report_contradiction_hold_s,
+            )  # fmt: skip
 
     def excess_s(self, worker_id: WorkerId, now: float) -> float:
         """Seconds of queue the worker's reports leave out (0 while they are believed)."""
@@ -124,6 +136,10 @@ class ReportTrust:
     def _past_bounds(self, predicted_s: float, measured_s: float) -> bool:
         c = self.config
         return measured_s > c.report_contradiction_ratio * predicted_s and measured_s - predicted_s >= c.report_contradiction_min_s
+
+    def num_discounted(self, now: float) -> int:
+        """Workers whose reports are discounted now (the kvplane.workers.discounted gauge)."""
+        return sum(self.excess_s(worker_id, now) > 0 for worker_id in self._means)
 
     def forget(self, worker_id: WorkerId) -> None:
         self._means.pop(worker_id, None)

@@ -97,6 +97,9 @@ SPECS: tuple[MetricSpec, ...] = (
                "Bus messages this replica dropped: reason mac (missing or wrong MAC, checked with --bus-for-agents), replayed "
                "(a load report numbered at or below the last applied), invalid (a report the registry would refuse).",
                ("kvplane.bus.reason",), observed=True),
+    MetricSpec("kvplane.workers.discounted", "gauge", "{worker}", "controlplane",
+               "Workers whose load reports this replica's planner discounts now: 2 of their last 8 requests took far longer than "
+               "predicted from them (--report-contradiction-*); each is logged when it starts."),
     MetricSpec("kvplane.bus.held", "gauge", "{message}", "controlplane",
                "Bus messages held for a registration this replica's store watch has not shown yet (at most 10 s)."),
     MetricSpec("kvplane.kv_events.gaps", "counter", "{gap}", "controlplane",

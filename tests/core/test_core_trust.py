@@ -155,6 +155,20 @@ def test_one_late_request_is_no_evidence_but_two_of_the_last_eight_are():
         TrustConfig(report_contradiction_min_requests=0)
 
 
+def test_a_discount_is_logged_when_it_starts_and_counted_while_it_lasts(caplog):
+    trust = ReportTrust(TrustConfig())
+    with caplog.at_level("WARNING", logger="kvplane.controlplane.core.trust"):
+        for i in range(3):  # late, late (discounted from here), late again
+            trust.observe(A, predicted_s=0.02, measured_s=1.5, now=float(i))
+        trust.observe(B, predicted_s=0.02, measured_s=0.02, now=2.0)
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1 and warnings[0].startswith("worker a: its load reports are discounted (+1.48 s of queue): 2 of its last 8")
+    assert trust.num_discounted(2.0) == 1 and trust.num_discounted(32.01) == 0
+    with caplog.at_level("WARNING", logger="kvplane.controlplane.core.trust"):
+        trust.observe(A, predicted_s=0.02, measured_s=1.5, now=40.0)  # after the hold: a discount again, logged again
+    assert len(caplog.records) == 2 and trust.num_discounted(40.0) == 1
+
+
 def test_a_restarted_workers_slow_first_request_does_not_cost_it_the_next_ones():
     """Two idle workers; b's first request takes 1.5 s (its warm-up), every later request on either
     is as predicted. b is never discounted: it keeps its share of the next requests."""
