@@ -26,6 +26,7 @@ no message echoes unbounded input.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import time
@@ -371,7 +372,9 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
         routed, verdict = await self._decide(v, context)
         if isinstance(verdict, Reject):
             await self._reject(context, verdict)
-        return _route_response(v, verdict, self.planner.admissible(routed, self._state.settings))
+        now = self._clock()
+        discount_of = functools.partial(self.planner.trust.excess_s, now=now)
+        return _route_response(v, verdict, self.planner.admissible(routed, self._state.settings), discount_of)
 
     async def Generate(self, request: client_pb2.GenerateRequest, context):
         """Plans and relays the request. A decode worker that fails (dies, stalls, drains) before
@@ -851,12 +854,18 @@ def _decision_fields(plan: Plan) -> dict:
     )  # fmt: skip
 
 
-def _route_response(v: Validated, plan: Plan, admissible: dict[WorkerId, bool]) -> client_pb2.RouteResponse:
+def _route_response(
+    v: Validated, plan: Plan, admissible: dict[WorkerId, bool], discount_of: Callable[[WorkerId], float]
+) -> client_pb2.RouteResponse:
+    """`discount_of`: seconds of queue the planner adds to a worker's reports (core/trust.py), said in its note."""
     d = plan.decision
     reply = client_pb2.RouteResponse(request_id=v.request_id, **_decision_fields(plan))
     for c in d.candidates:
+        note, discount_s = c.note, discount_of(c.worker_id)
+        if discount_s > 0:
+            note += f"; its load reports discounted (+{discount_s:.2f} s of queue: its requests ran far past them)"
         reply.candidates.add(
-            worker_id=c.worker_id, cost=c.cost, cached_tokens=c.cached_tokens, admissible=admissible.get(c.worker_id, False), note=c.note
+            worker_id=c.worker_id, cost=c.cost, cached_tokens=c.cached_tokens, admissible=admissible.get(c.worker_id, False), note=note
         )
     return reply
 

@@ -24,9 +24,12 @@ gets traffic back (and is measured again).
 
 The prediction a request is measured against is the one made from the report alone: the
 discount in force at dispatch is taken out of it (`observe(..., discount_s)`), or the discount
-would explain away the excess that caused it and flip on and off.
-Honest workers are unaffected: their measured times track the predictions (the planner's global
-calibration takes up what all workers share), far inside a 3x ratio and a 0.25 s margin.
+would explain away the excess that caused it and flip on and off; and so is the planner's
+calibration (`calibration_s`), which learns from the same requests: when one worker's late
+requests are most of what it saw (a holder serving a loop, a liar drawing the traffic) it
+predicts them late, on every worker, and against it the worker was late once and then never.
+Honest workers are unaffected: their measured times track the predictions from their reports
+(the step-time model each fits from its own steps), far inside a 3x ratio and a 0.25 s margin.
 """
 
 from __future__ import annotations
@@ -96,12 +99,12 @@ class ReportTrust:
     ) -> None:
         """A request prefilled on `worker_id` was predicted `predicted_s` (with `discount_s` of
         this module's discount and `calibration_s` of the planner's calibration in it) and took
-        `measured_s` to its first token. Whether the request itself was late is judged against the
-        prediction from the report alone: the calibration learns from the same requests, and after
-        one late request it predicts the next as late (on every worker), so a worker late on every
-        request would never be late again against it."""
-        predicted_s = max(predicted_s - discount_s, 0.0)
-        late = self._past_bounds(max(predicted_s - calibration_s, 0.0), measured_s)
+        `measured_s` to its first token. It is judged against the prediction from the report
+        alone, without either: the calibration learns from the same requests, and once a worker's
+        late requests are most of what it saw it predicts them late (on every worker), so against
+        it a worker late on every request was late once and then never again."""
+        predicted_s = max(predicted_s - discount_s - calibration_s, 0.0)
+        late = self._past_bounds(predicted_s, measured_s)
         means = self._means.get(worker_id)
         if means is None:
             self._means[worker_id] = _Means(predicted_s, measured_s, now, int(late))

@@ -8,7 +8,8 @@
 - two tenants with the same prompt share no blocks;
 - an agent loop (each step sent right after the previous one finished, extending its prompt) stays
   on the worker holding its prefix (issue #8: the control plane releases what it routed when the
-  request finishes, not at the worker's next load report), also after the holder paused once.
+  request finishes, not at the worker's next load report), also after the holder paused once;
+  paused twice, it is discounted, and `kvplane route` and the replica's log say so.
 """
 
 from __future__ import annotations
@@ -118,33 +119,64 @@ def test_agent_loop_steps_stay_on_the_prefix_holder():
         assert cached >= previous_len // BLOCK_SIZE * BLOCK_SIZE
 
 
+def _agent_loop(cluster, client, prompt, num_paused: int) -> tuple[list, list[str]]:
+    """An agent loop on a fresh cluster: steps until the holder's requests are predicted (its
+    step-time model is published: before that nothing is measured against a prediction), then
+    `num_paused` steps each waiting out a 1.5 s SIGSTOP of the holder, then two more. Returns the
+    paused steps' results and every step's decode worker."""
+    workers, paused, step = [], [], 0
+
+    def run_step(pause: bool):
+        nonlocal prompt, step
+        timer = None
+        if pause:
+            cluster.kill(workers[0], signal.SIGSTOP)
+            timer = threading.Timer(1.5, cluster.kill, (workers[0], signal.SIGCONT))
+            timer.start()
+        try:
+            result = client.generate(prompt, max_tokens=8, disagg="never", ignore_eos=True)
+        finally:
+            if timer is not None:
+                timer.join()
+        workers.append(result.metrics.decode_worker)
+        prompt = prompt + list(result.token_ids) + prompt_ids(seed=500 + step, length=8)
+        step += 1
+        return result
+
+    while step < 30:
+        if run_step(False).metrics.predicted_ttft_ms > 0 and step >= 2:
+            break
+    for _ in range(num_paused):
+        paused.append(run_step(True))
+    for _ in range(2):
+        run_step(False)
+    assert all(r.metrics.predicted_ttft_ms > 0 for r in paused), "a paused step was not predicted: nothing was tested"
+    assert all(r.metrics.ttft_ms >= 1000 for r in paused), [r.metrics.ttft_ms for r in paused]
+    return paused, workers
+
+
 def test_an_agent_loop_stays_on_a_prefix_holder_that_paused_once():
-    """The holder is stopped (SIGSTOP) for 1.5 s while a step runs there: that step's first token
-    comes ~1.5 s after a prediction of milliseconds. One late request is not evidence that the
-    holder's load reports lie (core/trust.py); the next steps stay with their prefix. (When one
-    was, the holder was discounted for 30 s and the loop left its prefix: seen on a loaded machine.)"""
-    prompt = prompt_ids(seed=17, length=4 * BLOCK_SIZE + 5)
-    # Not earlier: the holder's latency shows as queued prefill only once it publishes a step-time
-    # model (core/trust.py's with_excess), after a few steps.
-    paused_step = 6
-    workers, paused_ttft_ms = [], 0.0
+    """A step waits out a 1.5 s SIGSTOP of the holder: its first token comes ~1.5 s after a
+    prediction of milliseconds. One late request is not evidence that the holder's load reports
+    lie (core/trust.py); the next steps stay with their prefix. (When one was, the holder was
+    discounted for 30 s and the loop left its prefix: seen on a loaded machine.)"""
     with LocalCluster(num_prefill=0, num_decode=0, num_both=3, controlplane_args=("--silent-after-s", "30")) as cluster:
         with Client(cluster.endpoint, timeout=60) as client:
-            for step in range(10):
-                pause = None
-                if step == paused_step:
-                    holder = workers[0]
-                    cluster.kill(holder, signal.SIGSTOP)
-                    pause = threading.Timer(1.5, cluster.kill, (holder, signal.SIGCONT))
-                    pause.start()
-                try:
-                    result = client.generate(prompt, max_tokens=8, disagg="never", ignore_eos=True)
-                finally:
-                    if pause is not None:
-                        pause.join()
-                workers.append(result.metrics.decode_worker)
-                if step == paused_step:
-                    paused_ttft_ms = result.metrics.ttft_ms
-                prompt = prompt + list(result.token_ids) + prompt_ids(seed=500 + step, length=8)
-    assert paused_ttft_ms >= 1000, f"the paused step was not slow ({paused_ttft_ms:.0f} ms): the test did not test"
+            _, workers = _agent_loop(cluster, client, prompt_ids(seed=17, length=4 * BLOCK_SIZE + 5), num_paused=1)
     assert workers == [workers[0]] * len(workers), f"steps left the prefix holder after it paused: {workers}"
+
+
+def test_a_holder_late_twice_is_discounted_and_route_explain_and_the_log_say_so(tmp_path):
+    """Two steps each wait out a 1.5 s SIGSTOP of the holder: its load reports are discounted
+    (core/trust.py); a route's candidates name the discount and the replica logs it once."""
+    prompt = prompt_ids(seed=19, length=4 * BLOCK_SIZE + 5)
+    with LocalCluster(num_prefill=0, num_decode=0, num_both=2, controlplane_args=("--silent-after-s", "30"), log_dir=tmp_path) as cluster:
+        with Client(cluster.endpoint, timeout=60) as client:
+            _, workers = _agent_loop(cluster, client, prompt, num_paused=2)
+            holder = workers[0]
+            notes = {c.worker_id: c.note for c in client.route(prompt, max_tokens=8, disagg="never").candidates}
+    assert "its load reports discounted (+" in notes[holder], notes
+    assert not any("discounted" in note for worker, note in notes.items() if worker != holder), notes
+    assert workers[-1] != holder  # the steps after the discount went to the other worker
+    logged = (tmp_path / "controlplane.log").read_text()
+    assert logged.count(f"worker {holder}: its load reports are discounted") == 1, logged[-3000:]
