@@ -118,9 +118,9 @@ class ReportTrust:
         excess = self.excess_s(worker_id, now)
         if excess > 0 and not was_discounted:  # an operator's only other sign is where traffic goes
             log.warning(
-                "worker %s: its load reports are discounted (+%.2f s of queue): %d of its last %d requests here took 3x and "
-                "%.2f s longer than predicted from them (mean %.3f s measured vs %.3f s predicted); for %.0f s after the last",
-                worker_id, excess, means.recent.bit_count(), RECENT, self.config.report_contradiction_min_s,
+                "worker %s: its load reports are discounted (+%.2f s of queue): %d of its last %d requests here took over %gx the TTFT "
+                "predicted from them and %.2f s more (mean %.3f s measured vs %.3f s predicted); for %.0f s after the last",
+                worker_id, excess, means.recent.bit_count(), RECENT, self.config.report_contradiction_ratio, self.config.report_contradiction_min_s,
                 means.measured_s, means.predicted_s, self.config.report_contradiction_hold_s,
             )  # fmt: skip
 
