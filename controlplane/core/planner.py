@@ -422,11 +422,12 @@ class Planner:
         p = plan.prediction
         if p is None:
             return
-        # Learnt against the raw model: what was predicted before calibration.
+        # Learnt against the raw model: what was predicted before calibration (trust too: core/trust.py).
         if outcome.ttft_s is not None:
-            self.calibration.observe(ttft_kind(plan.disaggregated), p.ttft_s - p.ttft_offset_s, outcome.ttft_s, now)
+            raw_ttft_s = p.ttft_s - p.ttft_offset_s
+            self.calibration.observe(ttft_kind(plan.disaggregated), raw_ttft_s, outcome.ttft_s, now)
             if discount_s is not None:  # prefilled where it decoded: the decode worker's reports alone predicted it
-                self.trust.observe(plan.decode_worker, p.ttft_s, outcome.ttft_s, now, discount_s, p.ttft_offset_s)
+                self.trust.observe(plan.decode_worker, raw_ttft_s, outcome.ttft_s, now, discount_s)
         if outcome.tpot_s is not None:
             self.calibration.observe(TPOT, p.tpot_s - p.tpot_offset_s, outcome.tpot_s, now)
 

@@ -24,8 +24,8 @@ gets traffic back (and is measured again).
 
 The prediction a request is measured against is the one made from the report alone: the
 discount in force at dispatch is taken out of it (`observe(..., discount_s)`), or the discount
-would explain away the excess that caused it and flip on and off; and so is the planner's
-calibration (`calibration_s`), which learns from the same requests: when one worker's late
+would explain away the excess that caused it and flip on and off; and the planner passes the
+prediction before its calibration, which learns from the same requests: when one worker's late
 requests are most of what it saw (a holder serving a loop, a liar drawing the traffic) it
 predicts them late, on every worker, and against it the worker was late once and then never.
 Honest workers are unaffected: their measured times track the predictions from their reports
@@ -94,16 +94,11 @@ class ReportTrust:
         self.config = config
         self._means: dict[WorkerId, _Means] = {}
 
-    def observe(
-        self, worker_id: WorkerId, predicted_s: float, measured_s: float, now: float, discount_s: float = 0.0, calibration_s: float = 0.0
-    ) -> None:
-        """A request prefilled on `worker_id` was predicted `predicted_s` (with `discount_s` of
-        this module's discount and `calibration_s` of the planner's calibration in it) and took
-        `measured_s` to its first token. It is judged against the prediction from the report
-        alone, without either: the calibration learns from the same requests, and once a worker's
-        late requests are most of what it saw it predicts them late (on every worker), so against
-        it a worker late on every request was late once and then never again."""
-        predicted_s = max(predicted_s - discount_s - calibration_s, 0.0)
+    def observe(self, worker_id: WorkerId, predicted_s: float, measured_s: float, now: float, discount_s: float = 0.0) -> None:
+        """A request prefilled on `worker_id` was predicted `predicted_s` before the planner's
+        calibration (with `discount_s` of this module's discount in it) and took `measured_s` to
+        its first token."""
+        predicted_s = max(predicted_s - discount_s, 0.0)
         late = self._past_bounds(predicted_s, measured_s)
         means = self._means.get(worker_id)
         if means is None:
