@@ -114,7 +114,11 @@ REGISTER_TIMEOUT_S = 10.0
 # What a first registration tries again (on the next replica, but ALREADY_EXISTS): ALREADY_EXISTS
 # means our previous incarnation's lease is still alive, or the one a hung replica stored without
 # replying (DEADLINE_EXCEEDED); it ends within its TTL.
-_START_RETRIED = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.ALREADY_EXISTS, grpc.StatusCode.DEADLINE_EXCEEDED)
+# NOT_FOUND at start: the first snapshot reached a replica after the new lease had lapsed (a
+# replica too busy to answer within the TTL, seen with 1,000 agents starting on 2 cores): register again.
+_START_RETRIED = (
+    grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.ALREADY_EXISTS, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.NOT_FOUND,
+)  # fmt: skip
 
 
 def _num_hashes(event: common_pb2.KVEvent) -> int:
@@ -246,7 +250,7 @@ class ControlPlaneLink:
                     raise RuntimeError(
                         f"cannot register with the control plane at {self._config.controlplane}: {e.code().name}: {e.details()}"
                     ) from None
-                if e.code() == grpc.StatusCode.ALREADY_EXISTS:
+                if e.code() in (grpc.StatusCode.ALREADY_EXISTS, grpc.StatusCode.NOT_FOUND):
                     log.warning("%s; retrying", e.details())
                 else:
                     self._fail_over(e, tried)
