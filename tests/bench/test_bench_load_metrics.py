@@ -54,8 +54,8 @@ def test_prediction_error_skips_requests_without_a_prediction() -> None:
 
 def test_summarize_counts_goodput_attainment_and_percentiles() -> None:
     outcomes = [
-        Outcome("interactive", True, ttft_s=0.050, tpot_s=0.005, num_tokens=8, predicted_ttft_ms=40.0),  # met
-        Outcome("interactive", True, ttft_s=0.200, tpot_s=0.005, num_tokens=8, predicted_ttft_ms=100.0),  # TTFT miss
+        Outcome("interactive", True, ttft_s=0.050, tpot_s=0.005, num_tokens=8, predicted_ttft_ms=40.0, predicted_tpot_ms=4.0),  # met
+        Outcome("interactive", True, ttft_s=0.200, tpot_s=0.020, num_tokens=8, predicted_ttft_ms=100.0),  # both missed
         Outcome("batch", True, ttft_s=0.500, tpot_s=0.050, num_tokens=8),  # met its batch objective
         Outcome("interactive", True, ttft_s=2.0, failed=True),  # deadline: a miss, counted at 2 s
         Outcome("interactive", False),
@@ -64,8 +64,9 @@ def test_summarize_counts_goodput_attainment_and_percentiles() -> None:
     row = summarize(outcomes, duration_s=2.0, objectives=OBJECTIVES)
     assert row == {
         "offered_rps": 3.0, "admitted": 4, "rejected": 2, "goodput_rps": 1.0, "attainment": 0.5,
-        "ttft_p50_ms": 350.0, "ttft_p99_ms": pytest.approx(1955.0), "tpot_p50_ms": 5.0, "tpot_p99_ms": pytest.approx(49.1),
-        "ttft_prediction_error": pytest.approx((0.2 + 0.5) / 2),
+        "ttft_p50_ms": 350.0, "ttft_p99_ms": pytest.approx(1955.0), "tpot_p50_ms": 20.0, "tpot_p99_ms": pytest.approx(49.4),
+        "missed_ttft": 2, "missed_tpot": 1,  # the deadline's miss is TTFT's; a batch objective is its own
+        "ttft_prediction_error": pytest.approx((0.2 + 0.5) / 2), "tpot_prediction_error": pytest.approx(0.2),
     }  # fmt: skip
     assert set(row) | {"policy", "load_factor"} == set(ROW_KEYS)
 
@@ -94,15 +95,15 @@ def test_parse_floats() -> None:
 def _result() -> dict:
     row = {"policy": "none", "load_factor": 1.0, "offered_rps": 2.0, "admitted": 4, "rejected": 0, "goodput_rps": 1.0,
            "attainment": 0.5, "ttft_p50_ms": 12.0, "ttft_p99_ms": 40.0, "tpot_p50_ms": 3.0, "tpot_p99_ms": 5.0,
-           "ttft_prediction_error": None}  # fmt: skip
+           "missed_ttft": 1, "missed_tpot": 2, "ttft_prediction_error": None, "tpot_prediction_error": 0.5}  # fmt: skip
     return {"capacity_rps": 2.0, "rows": [row, dict(row, policy="predictive", attainment=None, ttft_prediction_error=0.25)]}
 
 
 def test_format_rows_is_a_markdown_table() -> None:
     lines = format_rows(_result()).splitlines()
     assert lines[0].startswith("| policy | load | offered/s |")
-    assert lines[2] == "| none | 1.00 | 2.00 | 4 | 0 | 1.00 | 50.0% | 12.0 | 40.0 | 3.00 | 5.00 | - |"
-    assert lines[3].endswith("| - | 12.0 | 40.0 | 3.00 | 5.00 | 25% |")
+    assert lines[2] == "| none | 1.00 | 2.00 | 4 | 0 | 1.00 | 50.0% | 12.0 | 40.0 | 3.00 | 5.00 | 1 | 2 | - | 50% |"
+    assert lines[3].endswith("| - | 12.0 | 40.0 | 3.00 | 5.00 | 1 | 2 | 25% | 50% |")
     json.dumps(_result())  # the --json shape serialises as is
 
 

@@ -20,8 +20,11 @@ Per cell, over the requests that arrived in it (`summarize`):
   admission counts as missing its objectives, with the time it waited as its TTFT (a lower bound).
 - goodput_rps = requests that met both objectives of their priority / the cell's duration;
   attainment = met / admitted (None with nothing admitted).
+- missed_ttft / missed_tpot: admitted requests that missed that objective (one may miss both; a
+  failed one misses TTFT).
 - ttft_prediction_error = mean |predicted - measured| / measured over admitted requests whose
   metrics carry a prediction (RequestMetrics.predicted_ttft_ms > 0); None without predictions.
+  tpot_prediction_error: the same for TPOT (RequestMetrics.predicted_tpot_ms).
 """
 
 from __future__ import annotations
@@ -58,7 +61,8 @@ DEFAULT_POLICIES = "none,threshold,predictive"
 BATCH_OBJECTIVE_FACTOR = 4.0
 ROW_KEYS = (
     "policy", "load_factor", "offered_rps", "admitted", "rejected", "goodput_rps", "attainment",
-    "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "ttft_prediction_error",
+    "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "missed_ttft", "missed_tpot", "ttft_prediction_error",
+    "tpot_prediction_error",
 )  # fmt: skip
 
 # ---------------------------------------------------------------------------------------------
@@ -75,6 +79,7 @@ class Outcome:
     tpot_s: float | None = None  # None with fewer than 2 tokens
     num_tokens: int = 0
     predicted_ttft_ms: float = 0.0  # 0 = no prediction
+    predicted_tpot_ms: float = 0.0
     failed: bool = False  # admitted, then an error or the deadline
 
 
@@ -85,12 +90,16 @@ def tpot_seconds(first_token_s: float, last_token_s: float, num_tokens: int) -> 
     return (last_token_s - first_token_s) / (num_tokens - 1)
 
 
+def missed_ttft(outcome: Outcome, objective: Objective) -> bool:
+    return outcome.failed or outcome.ttft_s is None or outcome.ttft_s * 1000 > objective.ttft_ms
+
+
+def missed_tpot(outcome: Outcome, objective: Objective) -> bool:
+    return outcome.tpot_s is not None and outcome.tpot_s * 1000 > objective.tpot_ms
+
+
 def meets_objective(outcome: Outcome, objective: Objective) -> bool:
-    if not outcome.admitted or outcome.failed or outcome.ttft_s is None:
-        return False
-    if outcome.ttft_s * 1000 > objective.ttft_ms:
-        return False
-    return outcome.tpot_s is None or outcome.tpot_s * 1000 <= objective.tpot_ms
+    return outcome.admitted and not missed_ttft(outcome, objective) and not missed_tpot(outcome, objective)
 
 
 def prediction_error(pairs: Sequence[tuple[float, float]]) -> float | None:
@@ -111,7 +120,9 @@ def summarize(outcomes: Sequence[Outcome], duration_s: float, objectives: dict[s
     def ms(value: float | None) -> float | None:
         return None if value is None else round(value, 3)
 
-    error = prediction_error([(o.predicted_ttft_ms, o.ttft_s * 1000) for o in admitted if o.ttft_s and not o.failed])
+    completed = [o for o in admitted if not o.failed]
+    ttft_error = prediction_error([(o.predicted_ttft_ms, o.ttft_s * 1000) for o in completed if o.ttft_s])
+    tpot_error = prediction_error([(o.predicted_tpot_ms, o.tpot_s * 1000) for o in completed if o.tpot_s])
     return {
         "offered_rps": round(len(outcomes) / duration_s, 4) if duration_s > 0 else 0.0,
         "admitted": len(admitted),
@@ -122,7 +133,10 @@ def summarize(outcomes: Sequence[Outcome], duration_s: float, objectives: dict[s
         "ttft_p99_ms": ms(percentile(ttfts, 99)),
         "tpot_p50_ms": ms(percentile(tpots, 50)),
         "tpot_p99_ms": ms(percentile(tpots, 99)),
-        "ttft_prediction_error": None if error is None else round(error, 4),
+        "missed_ttft": sum(missed_ttft(o, objectives[o.priority]) for o in admitted),
+        "missed_tpot": sum(missed_tpot(o, objectives[o.priority]) for o in admitted),
+        "ttft_prediction_error": None if ttft_error is None else round(ttft_error, 4),
+        "tpot_prediction_error": None if tpot_error is None else round(tpot_error, 4),
     }
 
 
@@ -157,7 +171,7 @@ async def run_request(client: Any, spec: RequestSpec) -> Outcome:
     sent = loop.time()
     first = last = None
     num_tokens = 0
-    predicted = 0.0
+    predicted = predicted_tpot = 0.0
     try:
         async for chunk in client.stream(spec.prompt, max_tokens=spec.max_tokens, ignore_eos=True, priority=spec.priority):
             if chunk.token_ids:
@@ -166,7 +180,7 @@ async def run_request(client: Any, spec: RequestSpec) -> Outcome:
                 last = now
                 num_tokens += len(chunk.token_ids)
             if chunk.metrics is not None:
-                predicted = chunk.metrics.predicted_ttft_ms
+                predicted, predicted_tpot = chunk.metrics.predicted_ttft_ms, chunk.metrics.predicted_tpot_ms
     except RejectedError:
         return Outcome(spec.priority, admitted=False)
     except KvplaneError:
@@ -176,7 +190,7 @@ async def run_request(client: Any, spec: RequestSpec) -> Outcome:
         return Outcome(spec.priority, admitted=True, ttft_s=loop.time() - sent, predicted_ttft_ms=predicted)
     return Outcome(
         spec.priority, admitted=True, ttft_s=first - sent, tpot_s=tpot_seconds(first, last, num_tokens),
-        num_tokens=num_tokens, predicted_ttft_ms=predicted,
+        num_tokens=num_tokens, predicted_ttft_ms=predicted, predicted_tpot_ms=predicted_tpot,
     )  # fmt: skip
 
 
@@ -355,16 +369,18 @@ def format_rows(result: dict[str, Any]) -> str:
             return "-"
         return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
 
-    headers = ("policy", "load", "offered/s", "admitted", "rejected", "goodput/s", "attain",
-               "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "pred err")  # fmt: skip
+    def percent(value: float | None, digits: int = 0) -> str:
+        return "-" if value is None else f"{value * 100:.{digits}f}%"
+
+    headers = ("policy", "load", "offered/s", "admitted", "rejected", "goodput/s", "attain", "TTFT p50", "TTFT p99",
+               "TPOT p50", "TPOT p99", "missed TTFT", "missed TPOT", "TTFT pred err", "TPOT pred err")  # fmt: skip
     lines = [" | ".join(headers), " | ".join("---" for _ in headers)]
     for r in result["rows"]:
-        attain = "-" if r["attainment"] is None else f"{r['attainment'] * 100:.1f}%"
-        error = "-" if r["ttft_prediction_error"] is None else f"{r['ttft_prediction_error'] * 100:.0f}%"
         lines.append(" | ".join((
             r["policy"], f"{r['load_factor']:.2f}", f"{r['offered_rps']:.2f}", str(r["admitted"]), str(r["rejected"]),
-            f"{r['goodput_rps']:.2f}", attain, cell(r["ttft_p50_ms"]), cell(r["ttft_p99_ms"]),
-            cell(r["tpot_p50_ms"], 2), cell(r["tpot_p99_ms"], 2), error,
+            f"{r['goodput_rps']:.2f}", percent(r["attainment"], 1), cell(r["ttft_p50_ms"]), cell(r["ttft_p99_ms"]),
+            cell(r["tpot_p50_ms"], 2), cell(r["tpot_p99_ms"], 2), cell(r.get("missed_ttft")), cell(r.get("missed_tpot")),
+            percent(r["ttft_prediction_error"]), percent(r.get("tpot_prediction_error")),
         )))  # fmt: skip
     return "\n".join(f"| {line} |" for line in lines)
 
