@@ -1,5 +1,5 @@
 """What routing policies and the router share: the request, candidate costs, the decision, the
-policy Protocol and its no-op hooks. Policies import this module and never the router, so every
+policy base class (its hooks no-ops). Policies import this module and never the router, so every
 import points one way: router -> policies -> routing.
 """
 
@@ -131,23 +131,25 @@ class RoutingPolicyParams(Protocol):
     def validate(self) -> None: ...
 
 
-class RoutingPolicy(Protocol):
+class RoutingPolicy:
+    """What a routing policy does; every hook but `costs` defaults to nothing."""
+
     def costs(self, ctx: RouteContext, workers: Sequence[WorkerView]) -> Sequence[CandidateCost]:
         """Candidate costs in any order: a list, or cost.Priced columns."""
-        ...
+        raise NotImplementedError
 
     def overlaps(
         self, index: CacheIndex, block_hashes: Sequence[BlockHash], now: float, cached: Mapping[WorkerId, OverlapScore]
     ) -> Mapping[WorkerId, OverlapScore]:
         """The overlaps the policy prices with; `cached` is index.overlaps(block_hashes)."""
-        ...
+        return cached
 
     def fetch(
         self, ctx: RouteContext, decode: WorkerView, decode_cost: CandidateCost, sources: Callable[[], Sequence[WorkerView]]
     ) -> FetchPlan | None:
         """Whether the decode worker should pull a cached prefix from one of `sources()` (the other
         active workers KV can move from; made only when called) instead of computing it."""
-        ...
+        return None
 
     def place(
         self,
@@ -160,36 +162,6 @@ class RoutingPolicy(Protocol):
         """The decode worker, prefill placement and fetch at once (`prefill`: every active worker
         that can prefill the prompt; `sources()`: workers KV can be fetched from), or None to let
         the router place by `costs`, its prefill threshold and `fetch`."""
-        ...
-
-    def on_routed(self, decision: RouteDecision, now: float) -> None: ...
-
-    def on_stored(self, worker_id: WorkerId, block_hashes: Sequence[BlockHash]) -> None: ...
-
-    def on_worker_removed(self, worker_id: WorkerId) -> None: ...
-
-
-class PolicyHooks:
-    """No-op defaults for the optional hooks."""
-
-    def overlaps(
-        self, index: CacheIndex, block_hashes: Sequence[BlockHash], now: float, cached: Mapping[WorkerId, OverlapScore]
-    ) -> Mapping[WorkerId, OverlapScore]:
-        return cached
-
-    def fetch(
-        self, ctx: RouteContext, decode: WorkerView, decode_cost: CandidateCost, sources: Callable[[], Sequence[WorkerView]]
-    ) -> FetchPlan | None:
-        return None
-
-    def place(
-        self,
-        ctx: RouteContext,
-        decode: Sequence[WorkerView],
-        prefill: Sequence[WorkerView],
-        sources: Callable[[], Sequence[WorkerView]],
-        rng,
-    ) -> Placement | None:
         return None
 
     def on_routed(self, decision: RouteDecision, now: float) -> None:

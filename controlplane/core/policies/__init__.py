@@ -1,4 +1,4 @@
-"""Routing policies: which decode worker takes a request. One Protocol (routing.RoutingPolicy),
+"""Routing policies: which decode worker takes a request. One base class (routing.RoutingPolicy),
 one module per policy, and this registry, the one list of them.
 
 Each policy module holds a params dataclass whose `name` selects the policy (RouterConfig.policy,
@@ -6,7 +6,7 @@ Each policy module holds a params dataclass whose `name` selects the policy (Rou
 A policy prices the decode candidates (lowest cost wins; the Router breaks ties with its seeded
 rng) and may hook the rest of a request's life: which cached prefix it sees (`overlaps`), whether
 to fetch a cached prefix from another worker (`fetch`), what was routed (`on_routed`) and what the
-workers reported (`on_stored`, `on_worker_removed`). Hooks default to no-ops in routing.PolicyHooks.
+workers reported (`on_stored`, `on_worker_removed`). Hooks default to no-ops in routing.RoutingPolicy.
 
 Besides kvplane's own policy and three baselines (round-robin, least-load, prefix-only), the
 peers' rules with their defaults: `dynamo`, `sglang`, `llm-d` (each module says which source

@@ -36,7 +36,7 @@ from typing import ClassVar
 from kvplane.controlplane.core.cost import CostConfig, cached_prefix_tokens
 from kvplane.controlplane.core.params import check_numbers, param
 from kvplane.controlplane.core.pool import WorkerPool
-from kvplane.controlplane.core.routing import CandidateCost, PolicyHooks, RouteContext
+from kvplane.controlplane.core.routing import CandidateCost, RouteContext, RoutingPolicy
 from kvplane.controlplane.core.views import WorkerView
 from kvplane.types import Tier
 
@@ -57,7 +57,7 @@ class DynamoParams:
         check_numbers(self)
 
 
-class DynamoPolicy(PolicyHooks):
+class DynamoPolicy(RoutingPolicy):
     def __init__(self, params: DynamoParams, cost: CostConfig) -> None:
         del cost  # Dynamo's own weights, not kvplane's
         self._params = params

@@ -28,7 +28,7 @@ from kvplane.controlplane.core.index import CacheIndex, OverlapScore
 from kvplane.controlplane.core.params import check_numbers, param
 from kvplane.controlplane.core.pool import WorkerPool
 from kvplane.controlplane.core.predictions import PrefixPredictions
-from kvplane.controlplane.core.routing import FetchPlan, Placement, PolicyHooks, RouteContext, RouteDecision
+from kvplane.controlplane.core.routing import FetchPlan, Placement, RouteContext, RouteDecision, RoutingPolicy
 from kvplane.controlplane.core.views import WorkerView
 from kvplane.types import BlockHash, DisaggMode, Objective, WorkerId
 
@@ -53,7 +53,7 @@ class KvplaneParams:
         check_numbers(self, positive=("host_load_gb_per_s", "disk_load_gb_per_s", "prefill_tokens_per_s"))
 
 
-class KvplanePolicy(PolicyHooks):
+class KvplanePolicy(RoutingPolicy):
     def __init__(self, params: KvplaneParams, cost: CostConfig) -> None:
         self._params = params
         self._cost = cost  # prices only the Protocol's `costs` (a caller without placement)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from kvplane.controlplane.core.cost import CostConfig, cached_prefix_tokens, cheapest_uncached, price
-from kvplane.controlplane.core.routing import CandidateCost, PolicyHooks, RouteContext
+from kvplane.controlplane.core.routing import CandidateCost, RouteContext, RoutingPolicy
 from kvplane.controlplane.core.views import WorkerView
 
 
@@ -21,7 +21,7 @@ class LeastLoadParams:
         pass
 
 
-class LeastLoadPolicy(PolicyHooks):
+class LeastLoadPolicy(RoutingPolicy):
     def __init__(self, params: LeastLoadParams, cost: CostConfig) -> None:
         self._cost = cost
 

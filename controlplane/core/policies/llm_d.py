@@ -37,7 +37,7 @@ from typing import ClassVar
 from kvplane.controlplane.core.cost import CostConfig, cached_prefix_tokens
 from kvplane.controlplane.core.params import check_numbers, param
 from kvplane.controlplane.core.policies.routed_cache import RoutedCache
-from kvplane.controlplane.core.routing import CandidateCost, PolicyHooks, RouteContext, RouteDecision
+from kvplane.controlplane.core.routing import CandidateCost, RouteContext, RouteDecision, RoutingPolicy
 from kvplane.controlplane.core.views import WorkerView
 from kvplane.types import WorkerId
 
@@ -72,7 +72,7 @@ class LlmDScore:
         return f"score {self.total:.3f} = queue {self.queue:.3f}, kv {self.kv:.3f}, prefix {self.prefix:.3f} (weighted)"
 
 
-class LlmDPolicy(PolicyHooks):
+class LlmDPolicy(RoutingPolicy):
     def __init__(self, params: LlmDParams, cost: CostConfig) -> None:
         del cost  # scores, not costs
         self._params = params

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from kvplane.controlplane.core.cost import CostConfig, cached_prefix_tokens
-from kvplane.controlplane.core.routing import CandidateCost, PolicyHooks, RouteContext
+from kvplane.controlplane.core.routing import CandidateCost, RouteContext, RoutingPolicy
 from kvplane.controlplane.core.views import WorkerView
 
 
@@ -21,7 +21,7 @@ class PrefixOnlyParams:
         pass
 
 
-class PrefixOnlyPolicy(PolicyHooks):
+class PrefixOnlyPolicy(RoutingPolicy):
     def __init__(self, params: PrefixOnlyParams, cost: CostConfig) -> None:
         del params, cost  # nothing to configure; same constructor shape as every policy
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from kvplane.controlplane.core.cost import CostConfig, cached_prefix_tokens
-from kvplane.controlplane.core.routing import CandidateCost, PolicyHooks, RouteContext, RouteDecision
+from kvplane.controlplane.core.routing import CandidateCost, RouteContext, RouteDecision, RoutingPolicy
 from kvplane.controlplane.core.views import WorkerView
 
 
@@ -20,7 +20,7 @@ class RoundRobinParams:
         pass
 
 
-class RoundRobinPolicy(PolicyHooks):
+class RoundRobinPolicy(RoutingPolicy):
     def __init__(self, params: RoundRobinParams, cost: CostConfig) -> None:
         del params, cost  # nothing to configure; same constructor shape as every policy
         self._num_routed = 0

@@ -39,7 +39,7 @@ from kvplane.controlplane.core.cost import CostConfig, cached_prefix_tokens
 from kvplane.controlplane.core.params import check_numbers, param
 from kvplane.controlplane.core.policies.routed_cache import RoutedCache
 from kvplane.controlplane.core.pool import WorkerPool
-from kvplane.controlplane.core.routing import CandidateCost, PolicyHooks, RouteContext, RouteDecision
+from kvplane.controlplane.core.routing import CandidateCost, RouteContext, RouteDecision, RoutingPolicy
 from kvplane.controlplane.core.views import WorkerView
 from kvplane.types import WorkerId
 
@@ -61,7 +61,7 @@ class SglangParams:
             raise ValueError(f"SglangParams.sglang_cache_threshold must be <= 1, got {self.sglang_cache_threshold!r}")
 
 
-class SglangPolicy(PolicyHooks):
+class SglangPolicy(RoutingPolicy):
     def __init__(self, params: SglangParams, cost: CostConfig) -> None:
         del cost  # thresholds, not costs
         self._params = params
