@@ -238,7 +238,7 @@ class Planner:
         self.inflow = PrefillInflow(config.prefill_inflow_window_s)
         self._stated_link_bytes_per_s = 0.0  # the workers' stated rate, as the last routed view said
         self.trust = ReportTrust(config.trust)
-        self._discount_at_dispatch: dict[int, float] = {}  # local-prefill dispatch -> trust's discount then
+        self._discount_at_dispatch: dict[int, tuple[float, float]] = {}  # dispatch -> trust's discounts then (decode, prefill)
         self._admission: dict[str, AdmissionPolicy] = {}
         self._dispatched: dict[int, Plan] = {}
         self._next_dispatch_id = 1
@@ -404,8 +404,8 @@ class Planner:
         if plan.prediction is not None:
             self.inflow.add(plan.prefill_worker or plan.decode_worker, plan.prediction.prefill_work_s, now)
         self._dispatched[dispatch_id] = plan
-        if not plan.disaggregated:
-            self._discount_at_dispatch[dispatch_id] = self.trust.excess_s(plan.decode_worker, now)
+        prefill_discount_s = self.trust.excess_s(plan.prefill_worker, now) if plan.prefill_worker is not None else 0.0
+        self._discount_at_dispatch[dispatch_id] = (self.trust.excess_s(plan.decode_worker, now), prefill_discount_s)
         return dispatch_id
 
     def prefill_ended(self, dispatch_id: int, now: float) -> None:
@@ -415,7 +415,7 @@ class Planner:
         """The request ended (outcome None: failed or cancelled, nothing learnt). Idempotent."""
         self.ledger.finished(dispatch_id, now)
         plan = self._dispatched.pop(dispatch_id, None)
-        discount_s = self._discount_at_dispatch.pop(dispatch_id, None)
+        discounts_s = self._discount_at_dispatch.pop(dispatch_id, (0.0, 0.0))
         if plan is None or outcome is None:
             return
         self.link.observe(outcome.kv_transfer_bytes, outcome.kv_transfer_s, self._stated_link_bytes_per_s)
@@ -425,9 +425,14 @@ class Planner:
         # Learnt against the raw model: what was predicted before calibration (trust too: core/trust.py).
         if outcome.ttft_s is not None:
             raw_ttft_s = p.ttft_s - p.ttft_offset_s
-            self.calibration.observe(ttft_kind(plan.disaggregated), raw_ttft_s, outcome.ttft_s, now)
-            if discount_s is not None:  # prefilled where it decoded: the decode worker's reports alone predicted it
-                self.trust.observe(plan.decode_worker, raw_ttft_s, outcome.ttft_s, now, discount_s)
+            # The calibration learns what the model misses on every worker; a prediction that carried
+            # a worker's discount misses by that discount (stale once its queue drained), which is
+            # trust's to learn: calibrated with it, every worker's TTFT was predicted at 0 s after an
+            # overload and predictive admission let the next one in (kvplane bench load).
+            if not any(discounts_s):
+                self.calibration.observe(ttft_kind(plan.disaggregated), raw_ttft_s, outcome.ttft_s, now)
+            if not plan.disaggregated:  # prefilled where it decoded: the decode worker's reports alone predicted it
+                self.trust.observe(plan.decode_worker, raw_ttft_s, outcome.ttft_s, now, discounts_s[0])
         if outcome.tpot_s is not None:
             self.calibration.observe(TPOT, p.tpot_s - p.tpot_offset_s, outcome.tpot_s, now)
 

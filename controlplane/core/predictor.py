@@ -267,13 +267,15 @@ class Calibration:
         return offset * 0.5 ** ((now - at) / self.half_life_s)
 
     def apply(self, prediction: Prediction, ttft_kind: str, tpot_kind: str, now: float) -> Prediction:
-        ttft_offset, tpot_offset = self.offset(ttft_kind, now), self.offset(tpot_kind, now)
+        """`prediction` with the offsets added, never below zero; the `*_offset_s` fields say what
+        was added, so that `ttft_s - ttft_offset_s` is the raw prediction again. (They held the
+        whole offset: where it was clamped, the raw prediction taken back from them was the
+        offset's size, the next residual taught that size again, and a calibration pushed to
+        -300 s by an overload's queue stayed there while requests kept coming.)"""
+        ttft_s = max(prediction.ttft_s + self.offset(ttft_kind, now), 0.0)
+        tpot_s = max(prediction.tpot_s + self.offset(tpot_kind, now), 0.0)
         return dataclasses.replace(
-            prediction,
-            ttft_s=max(prediction.ttft_s + ttft_offset, 0.0),
-            tpot_s=max(prediction.tpot_s + tpot_offset, 0.0),
-            ttft_offset_s=ttft_offset,
-            tpot_offset_s=tpot_offset,
+            prediction, ttft_s=ttft_s, tpot_s=tpot_s, ttft_offset_s=ttft_s - prediction.ttft_s, tpot_offset_s=tpot_s - prediction.tpot_s
         )
 
 

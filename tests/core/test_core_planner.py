@@ -139,6 +139,26 @@ def test_a_finished_request_calibrates_the_next_prediction(index, worker_view, r
     assert second.prediction.tpot_s == pytest.approx(first.prediction.tpot_s)
 
 
+def test_a_calibration_pushed_below_zero_by_an_overload_comes_back_with_the_next_requests(index, worker_view, route_request):
+    """One request predicted over 10 s behind a queue that drained fast (an overload whose callers
+    gave up) took 0.1 s: the offset falls below -10 s and idle predictions clamp to 0. The next
+    requests, each 10 ms over the model, bring it back: it learns from their raw predictions, not
+    from the clamped ones (which made it keep that offset for as long as requests came)."""
+    p = planner(admission_policy="none")
+    queued = ClusterView((worker_view("w", latency=STEP_MODEL, num_queued_prefill_tokens=1_000_000),), index)
+    first = p.plan(route_request(PROMPT_40, max_tokens=4), queued, NO_SETTINGS, now=1.0)
+    assert first.prediction.ttft_s > 10.0
+    p.finished(p.dispatched(first, now=1.0), now=1.0, outcome=Outcome(ttft_s=0.1, tpot_s=None))
+    assert p.calibration.offset(ttft_kind(False), now=1.0) == pytest.approx(0.1 - first.prediction.ttft_s)
+    idle = ClusterView((worker_view("w", latency=STEP_MODEL),), index)
+    for i in range(40):
+        plan = p.plan(route_request([1000 + i] * 40, max_tokens=4), idle, NO_SETTINGS, now=1.0)
+        raw_s = plan.prediction.ttft_s - plan.prediction.ttft_offset_s
+        assert raw_s == pytest.approx(0.0014)  # the model's own prediction, clamped or not
+        p.finished(p.dispatched(plan, now=1.0), now=1.0, outcome=Outcome(ttft_s=raw_s + 0.010, tpot_s=None))
+    assert p.calibration.offset(ttft_kind(False), now=1.0) == pytest.approx(0.010, abs=0.002)
+
+
 def test_slow_local_requests_do_not_make_an_unmeasured_remote_prefill_look_faster(index, worker_view, route_request):
     workers = tuple(worker_view(w, latency=STEP_MODEL, block_nbytes=1000) for w in ("a", "b"))
     cluster = ClusterView(workers, index)

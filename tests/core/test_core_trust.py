@@ -9,7 +9,7 @@ import pytest
 
 from kvplane.block_hash import hash_blocks
 from kvplane.controlplane.core.index import CacheIndex, ClearedEvent, RemovedEvent, StoredEvent
-from kvplane.controlplane.core.planner import Outcome, Plan, Planner, PlannerConfig
+from kvplane.controlplane.core.planner import Outcome, Plan, Planner, PlannerConfig, ttft_kind
 from kvplane.controlplane.core.pool import WorkerTable
 from kvplane.controlplane.core.settings import ClusterSettings
 from kvplane.controlplane.core.trust import ReportTrust, TrustConfig, with_excess
@@ -219,3 +219,25 @@ def test_a_worker_reporting_idle_while_its_requests_run_late_loses_the_next_requ
     # 2 s measured against 5 ms predicted from its reports (1 ms + 40 x 0.1 ms), without the
     # calibration the planner learnt from its first late request (~2 s on every worker by the second).
     assert planner.trust.excess_s(WorkerId(slow), now) == pytest.approx(2.0 - 0.005)
+
+
+def test_a_request_priced_with_a_discount_does_not_calibrate_the_fleet():
+    """`a` is discounted (two 2 s requests against 5 ms predicted), then its queue drains: its next
+    request, priced with ~2 s of discount, takes 5 ms. That miss is the discount's (trust.py
+    learns from it), not something the model misses on every worker: the calibration must not
+    learn -2 s from it and predict `b`'s next TTFT at 0 (seen in `kvplane bench load`: every TTFT
+    predicted 0 s after an overload, and predictive admission let a 3x overload in)."""
+    index = CacheIndex()
+    planner = Planner(PlannerConfig(), rng=random.Random(0))
+    settings = ClusterSettings()
+    for i in range(2):
+        planner.trust.observe(A, 0.005, 2.0, now=0.1 * i)
+    a, b = make_worker_view("a", latency=STEP, reported_at=1.0), make_worker_view("b", latency=STEP, reported_at=1.0)
+    plan = planner.plan(make_request([100] * 40), ClusterView((a,), index), settings, 1.0)
+    assert isinstance(plan, Plan) and plan.prediction.ttft_s > 1.5  # the discount priced in
+    dispatch = planner.dispatched(plan, 1.0)
+    planner.finished(dispatch, 1.005, Outcome(ttft_s=0.005))
+    assert planner.calibration.offset(ttft_kind(False), 1.005) == 0.0
+    on_b = planner.plan(make_request([200] * 40), ClusterView((b,), index), settings, 1.01)
+    assert isinstance(on_b, Plan) and on_b.prediction.ttft_s == pytest.approx(0.005)
+    assert planner.trust.excess_s(A, 1.005) < 2.0 - 0.005  # trust did learn from it
