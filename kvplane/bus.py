@@ -27,6 +27,11 @@ import hashlib
 import hmac
 
 MAC_HEADER = "Kvplane-Mac"
+# Where JetStream answers an agent (a KV batch's acknowledgement, a purge's reply): an agent's own
+# inbox prefix, so that NATS permissions can let agents subscribe there and nowhere else, as the
+# nats-agents overlay does (deploy/k8s/overlays/nats/nats.conf). Under the default `_INBOX` they
+# would also receive what the replicas' consumers are sent: every worker's reports and batches.
+AGENT_INBOX_PREFIX = "_KVPLANE_AGENT_INBOX"
 LOAD_STREAM = "KVPLANE_LOAD"  # the JetStream streams the replicas create (controlplane/bus/nats.py)
 KV_STREAM = "KVPLANE_KV"
 

@@ -59,6 +59,7 @@ class BusPublisher:
                     servers=servers,
                     tls=tls,
                     name=self._name,
+                    inbox_prefix=bus.AGENT_INBOX_PREFIX,
                     connect_timeout=CONNECT_TIMEOUT_S,
                     max_reconnect_attempts=2,
                     reconnect_time_wait=0.5,

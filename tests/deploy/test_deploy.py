@@ -39,7 +39,7 @@ def _containers(docs: list[dict], name: str) -> list[dict]:
 
 
 def test_the_overlays_are_there():
-    assert {o.name for o in OVERLAYS} == {"dev", "production", "vllm", "sglang", "monitoring", "autoscaling", "nats"}
+    assert {o.name for o in OVERLAYS} == {"dev", "production", "vllm", "sglang", "monitoring", "autoscaling", "nats", "nats-agents"}
 
 
 def test_every_kvplane_command_line_in_deploy_is_accepted():
@@ -47,7 +47,7 @@ def test_every_kvplane_command_line_in_deploy_is_accepted():
     for _where, argv, environ in lines:
         check.parse(argv, environ)
     where = {w.split(":")[0] for w, _, _ in lines}
-    assert {f"k8s/overlays/{o}" for o in ("dev", "production", "vllm", "sglang", "autoscaling", "nats")} <= where
+    assert {f"k8s/overlays/{o}" for o in ("dev", "production", "vllm", "sglang", "autoscaling", "nats", "nats-agents")} <= where
     engines = {a for _, argv, _ in lines for a in argv if a.startswith("--engine=")}
     assert engines == {"--engine=vllm", "--engine=sglang"}
 
@@ -178,9 +178,45 @@ def test_the_nats_overlay_puts_the_bus_behind_tls_and_the_control_plane_only(ren
     (volume,) = [v for v in by_kind["StatefulSet"]["kvplane-nats"]["spec"]["template"]["spec"]["volumes"] if v["name"] == "config"]
     conf = by_kind["ConfigMap"][volume["configMap"]["name"]]["data"]["nats.conf"]
     assert conf.count("verify_and_map: true") == 2 and "verify:" not in conf
-    users = re.findall(r'\{user: "([^"]+)"\}', conf)
-    assert users == by_kind["Certificate"]["kvplane-controlplane"]["spec"]["uris"]
+    users = re.findall(r'\{user: "([^"]+)"(\}|, permissions)', conf)
+    assert users == [(by_kind["Certificate"]["kvplane-controlplane"]["spec"]["uris"][0], "}"), (WORKERS_SUBJECT, ", permissions")]
+    # Workers' certificates here carry no subject: the workers' user admits none of them.
+    for name in ("kvplane-prefill", "kvplane-decode"):
+        assert "csi.cert-manager.io/common-name" not in _csi_attributes(docs, name)
     (route_user,) = re.findall(r'authorization \{\s*user: "([^"]+)"\s*\}', conf)
     assert route_user in cert["dnsNames"] and "client auth" in cert["usages"]  # a node dials its peers with it
     for host in re.findall(r'"nats://([^:"]+):6222"', conf):  # each route's host is a name of the certificate
         assert any(host == name or (name.startswith("*.") and host.split(".", 1)[1] == name[2:]) for name in cert["dnsNames"]), host
+
+
+WORKERS_SUBJECT = "CN=kvplane-worker,O=worker"
+
+
+def _csi_attributes(docs: list[dict], name: str) -> dict[str, str]:
+    (doc,) = [d for d in docs if d["kind"] in check.WORKLOADS and d["metadata"]["name"] == name]
+    (volume,) = [v for v in doc["spec"]["template"]["spec"]["volumes"] if v["name"] == "tls"]
+    return volume["csi"]["volumeAttributes"]
+
+
+def test_the_nats_agents_overlay_admits_the_workers_to_the_bus_by_their_subject_only(rendered):
+    """nats-agents: the replicas hand agents the bus (--bus-for-agents), each worker's certificate
+    keeps its own URI SAN and gains the subject nats.conf maps to the workers' user (what that
+    user may do: tests/security/test_bus_tls.py), and workers may reach NATS's client port."""
+    docs = rendered["nats-agents"]
+    env = {e["name"]: e.get("value") for e in _containers(docs, "kvplane-controlplane")[0]["env"]}
+    assert env["KVPLANE_BUS_FOR_AGENTS"] == env["KVPLANE_BUS"]  # the agents reach the same NATS by the same name
+    for name in ("kvplane-prefill", "kvplane-decode"):
+        attributes = _csi_attributes(docs, name)
+        assert (attributes["csi.cert-manager.io/common-name"], attributes["csi.cert-manager.io/organizations"]) == (
+            "kvplane-worker",
+            "worker",
+        )
+        assert attributes["csi.cert-manager.io/uri-sans"] == "spiffe://kvplane/worker/${POD_NAME}"
+        assert WORKERS_SUBJECT == f"CN={attributes['csi.cert-manager.io/common-name']},O={attributes['csi.cert-manager.io/organizations']}"
+    (policy,) = [d for d in docs if d["kind"] == "NetworkPolicy" and d["metadata"]["name"] == "kvplane-nats"]
+    client = [rule for rule in policy["spec"]["ingress"] if {"port": "client", "protocol": "TCP"} in rule.get("ports", [])]
+    assert [p["podSelector"]["matchLabels"] for rule in client for p in rule["from"]] == [
+        {"app.kubernetes.io/name": "kvplane", "app.kubernetes.io/component": "controlplane"},
+        {"app.kubernetes.io/name": "kvplane", "app.kubernetes.io/part-of": "kvplane-workers"},
+    ]
+    assert any({"port": "cluster", "protocol": "TCP"} in rule.get("ports", []) for rule in policy["spec"]["ingress"])

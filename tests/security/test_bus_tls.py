@@ -12,6 +12,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.x509.oid import NameOID
 
 from kvplane.apps.cluster import free_port
 from kvplane.controlplane.bus import BusUnavailable
@@ -96,6 +99,51 @@ def _meta_leader(server) -> str:
         return (json.load(reply).get("meta_cluster") or {}).get("leader", "")
 
 
+class _ShippedPair:
+    """Two nats-server nodes on loopback with the nats overlay's nats.conf and the NATS server
+    certificate, routed to each other, with a JetStream meta leader: `a`'s client URL is `url`."""
+
+    def __init__(self, tmp_path: Path, ca: certs.KeyPair) -> None:
+        self.tmp_path = tmp_path
+        self.ca_file = tmp_path / "ca.crt"
+        self.ca_file.write_bytes(ca.cert_pem)
+        # As cert-manager issues it (nats.yaml): the route user's DNS name, server and client usage.
+        issued = certs.issue_server(ca, "kvplane-nats", ("kvplane-nats", "127.0.0.1"))
+        self.server_cert, self.server_key = certs.write_pair(tmp_path, "nats", issued)
+        self.route_a = free_port()
+        self.servers = []
+
+    def node(self, name, cert, key, route, peer):
+        config = _shipped_nats_config(self.tmp_path, name, cert, key, self.ca_file, route, peer)
+        try:
+            server = start_nats(self.tmp_path / name, extra_args=("-c", str(config), "--name", name))
+        except FileNotFoundError as e:  # pragma: no cover - make nats installs it
+            pytest.fail(str(e))
+        self.servers.append(server)
+        return server
+
+    def __enter__(self) -> _ShippedPair:
+        route_b = free_port()
+        self.a = self.node("a", self.server_cert, self.server_key, self.route_a, route_b)
+        self.node("b", self.server_cert, self.server_key, route_b, self.route_a)
+        deadline = time.monotonic() + 15
+        while _routes(self.a) < 1 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _routes(self.a) == 1, "the two nodes with the NATS server certificate did not form a route"
+        while not _meta_leader(self.a):  # JetStream streams can be created once a and b elect a leader
+            assert time.monotonic() < deadline, "nodes a and b elected no JetStream meta leader"
+            time.sleep(0.1)
+        self.url = f"tls://127.0.0.1:{self.a.client_port}"
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for server in self.servers:
+            server.stop()
+
+    def tls(self, cert, key):
+        return ControlPlaneConfig(bus=self.url, bus_ca=str(self.ca_file), bus_cert=str(cert), bus_key=str(key)).validate().bus_tls
+
+
 def test_the_shipped_nats_config_lets_only_the_control_plane_connect_and_only_nats_nodes_route(tmp_path):
     """Every certificate is signed by kvplane-ca, a worker's too. With the overlay's nats.conf
     (certificates mapped to users) the control plane's certificate connects and publishes, a
@@ -103,58 +151,115 @@ def test_the_shipped_nats_config_lets_only_the_control_plane_connect_and_only_na
     the NATS server certificate form a route, and a node presenting a worker's certificate does
     not join them."""
     ca = certs.create_ca()
-    ca_file = tmp_path / "ca.crt"
-    ca_file.write_bytes(ca.cert_pem)
-    # As cert-manager issues it (nats.yaml): the route user's DNS name, server and client usage.
-    server_cert, server_key = certs.write_pair(tmp_path, "nats", certs.issue_server(ca, "kvplane-nats", ("kvplane-nats", "127.0.0.1")))
     cp_cert, cp_key = certs.write_pair(tmp_path, "cp", certs.issue(ca, Identity(Role.CONTROLPLANE, "controlplane")))
     worker_cert, worker_key = certs.write_pair(tmp_path, "worker", certs.issue(ca, Identity(Role.WORKER, "worker-0")))
-    route_a, route_b, route_c = free_port(), free_port(), free_port()
-
-    def node(name, cert, key, route, peer):
-        config = _shipped_nats_config(tmp_path, name, cert, key, ca_file, route, peer)
-        try:
-            return start_nats(tmp_path / name, extra_args=("-c", str(config), "--name", name))
-        except FileNotFoundError as e:  # pragma: no cover - make nats installs it
-            pytest.fail(str(e))
-
-    servers = []
-    try:
-        a = node("a", server_cert, server_key, route_a, route_b)
-        servers.append(a)
-        servers.append(node("b", server_cert, server_key, route_b, route_a))
-        deadline = time.monotonic() + 15
-        while _routes(a) < 1 and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert _routes(a) == 1, "the two nodes with the NATS server certificate did not form a route"
-        c = node("c", worker_cert, worker_key, route_c, route_a)  # a node presenting a worker's certificate
-        servers.append(c)
+    with _ShippedPair(tmp_path, ca) as pair:
+        c = pair.node("c", worker_cert, worker_key, free_port(), pair.route_a)  # a node presenting a worker's certificate
         # c dials a's route port once a second and a refuses it every time. The refusal is read
         # in a's log: c's own log says "Authorization Violation" or, when a closes first, only
         # "Write Error" (seen in CI).
         deadline = time.monotonic() + 15
-        while "Router connection closed: Authentication Failure" not in a.log_path.read_text(errors="replace"):
+        while "Router connection closed: Authentication Failure" not in pair.a.log_path.read_text(errors="replace"):
             assert time.monotonic() < deadline, "node a never refused the route of the node with a worker's certificate"
             time.sleep(0.1)
-        assert _routes(a) == 1 and _routes(c) == 0
-        while not _meta_leader(a):  # JetStream streams can be created once a and b elect a leader
-            assert time.monotonic() < deadline, "nodes a and b elected no JetStream meta leader"
-            time.sleep(0.1)
-        url = f"tls://127.0.0.1:{a.client_port}"
-
-        def tls(cert, key):
-            return ControlPlaneConfig(bus=url, bus_ca=str(ca_file), bus_cert=str(cert), bus_key=str(key)).validate().bus_tls
+        assert _routes(pair.a) == 1 and _routes(c) == 0
 
         async def body():
-            await _a_batch_comes_back(url, tls(cp_cert, cp_key))
+            await _a_batch_comes_back(pair.url, pair.tls(cp_cert, cp_key))
             # A worker's certificate, signed by the same CA: no user maps to it.
             with pytest.raises(BusUnavailable, match="refused this replica's certificate .*spiffe://kvplane/controlplane/NAME"):
-                await NatsBus(url, tls=tls(worker_cert, worker_key), timeout_s=1.0).start()
+                await NatsBus(pair.url, tls=pair.tls(worker_cert, worker_key), timeout_s=1.0).start()
 
         asyncio.run(body())
-    finally:
-        for server in servers:
-            server.stop()
+
+
+def _with_subject(ca: certs.KeyPair, issued: certs.KeyPair, subject: x509.Name) -> certs.KeyPair:
+    """`issued` signed again by `ca` with `subject` instead of its own (its key, names and usages
+    kept): a worker's certificate as cert-manager's csi-driver issues it in the nats-agents
+    overlay, whose common-name and organizations attributes give every worker one subject."""
+    cert = x509.load_pem_x509_certificate(issued.cert_pem)
+    ca_cert = x509.load_pem_x509_certificate(ca.cert_pem)
+    builder = x509.CertificateBuilder().subject_name(subject).issuer_name(ca_cert.subject).public_key(cert.public_key())
+    builder = builder.serial_number(x509.random_serial_number()).not_valid_before(cert.not_valid_before_utc)
+    builder = builder.not_valid_after(cert.not_valid_after_utc)
+    for extension in cert.extensions:
+        builder = builder.add_extension(extension.value, extension.critical)
+    resigned = builder.sign(serialization.load_pem_private_key(ca.key_pem, password=None), hashes.SHA256())
+    return certs.KeyPair(resigned.public_bytes(serialization.Encoding.PEM), issued.key_pem)
+
+
+def test_with_the_nats_agents_overlay_a_worker_publishes_its_own_messages_and_nothing_else(tmp_path):
+    """deploy/k8s/overlays/nats-agents: a worker's certificate carries the subject nats.conf maps
+    to the workers' user (issued as cert-manager does it there: O, then CN). Its agent publishes
+    a load report and a KV snapshot (acknowledged, then the batches before it purged) and the
+    replica receives both; the same certificate may not read every worker's reports, nor the
+    replicas' consumer deliveries under the default inbox, nor delete a stream, which stays.
+    A worker certificate without that subject (the nats overlay's) is still refused."""
+    from nats.aio.client import Client
+
+    from kvplane import bus as wire
+    from kvplane.dataplane.agent.bus_publish import BusPublisher
+    from kvplane.security.credentials import Credentials
+
+    ca = certs.create_ca()
+    cp_cert, cp_key = certs.write_pair(tmp_path, "cp", certs.issue(ca, Identity(Role.CONTROLPLANE, "controlplane")))
+    subject = x509.Name(
+        [x509.NameAttribute(NameOID.ORGANIZATION_NAME, "worker"), x509.NameAttribute(NameOID.COMMON_NAME, "kvplane-worker")]
+    )
+    worker = _with_subject(ca, certs.issue(ca, Identity(Role.WORKER, "prefill-0")), subject)
+    other = certs.issue(ca, Identity(Role.WORKER, "prefill-1"))  # its own subject, CN=prefill-1,O=worker
+    token = b"t" * 32
+    with _ShippedPair(tmp_path, ca) as pair:
+
+        async def body():
+            replica = NatsBus(pair.url, tls=pair.tls(cp_cert, cp_key))
+            await replica.start()
+            messages = await replica.subscribe()
+            agent = BusPublisher(pair.url, Credentials(ca_pem=ca.cert_pem, cert_pem=worker.cert_pem, key_pem=worker.key_pem), "prefill-0")
+            try:
+                assert await agent.start()
+                report = registry_pb2.ReportLoadRequest(worker_id="prefill-0", lease_id=7, report_seq=1)
+                assert await agent.publish_load(report, token)
+                assert (await asyncio.wait_for(anext(messages), 10)).kind == "load"
+                for seq in (1, 2):  # the second snapshot purges the first (a purge above sequence 1)
+                    batch = registry_pb2.PublishKVEventsRequest(worker_id="prefill-0", lease_id=7, seq=seq, snapshot=True)
+                    assert await agent.publish_kv(batch, token)  # acknowledged on the agents' inbox
+                    assert (await asyncio.wait_for(anext(messages), 10)).kind == "kv"
+                deadline = time.monotonic() + 10
+                while (await replica._js.stream_info(wire.KV_STREAM)).state.messages != 1:  # the purge went through
+                    assert time.monotonic() < deadline, "the agent's purge before its snapshot was not allowed"
+                    await asyncio.sleep(0.1)
+            finally:
+                await agent.close()
+
+            # The same certificate, anything else: NATS answers each with a permissions violation.
+            violations: list[str] = []
+
+            async def on_error(e: Exception) -> None:
+                violations.append(str(e))
+
+            nosy = Client()
+            await nosy.connect(servers=[pair.url], tls=pair.tls(*certs.write_pair(tmp_path, "nosy", worker)), error_cb=on_error,
+                               allow_reconnect=False)  # fmt: skip
+            try:
+                await nosy.subscribe("kvplane.>")  # every worker's reports and batches
+                await nosy.subscribe("_INBOX.>")  # what the replicas' consumers are sent
+                await nosy.publish(f"$JS.API.STREAM.DELETE.{wire.KV_STREAM}", b"")
+                await nosy.flush()
+                deadline = time.monotonic() + 10
+                while len(violations) < 3:
+                    assert time.monotonic() < deadline, violations
+                    await asyncio.sleep(0.1)
+            finally:
+                await nosy.close()
+            assert all("permissions violation" in v.lower() for v in violations), violations
+            assert any("kvplane.>" in v for v in violations) and any("_INBOX.>" in v for v in violations), violations
+            assert (await replica._js.stream_info(wire.KV_STREAM)).state.messages == 1  # not deleted
+            await replica.close()
+            with pytest.raises(BusUnavailable, match="refused"):
+                await NatsBus(pair.url, tls=pair.tls(*certs.write_pair(tmp_path, "other", other)), timeout_s=1.0).start()
+
+        asyncio.run(body())
 
 
 def test_an_agent_publishes_its_reports_and_batches_over_tls_with_its_own_certificate(tmp_path):
