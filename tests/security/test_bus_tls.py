@@ -252,8 +252,12 @@ def test_with_the_nats_agents_overlay_a_worker_publishes_its_own_messages_and_no
                     await asyncio.sleep(0.1)
             finally:
                 await nosy.close()
-            assert all("permissions violation" in v.lower() for v in violations), violations
-            assert any("kvplane.>" in v for v in violations) and any("_INBOX.>" in v for v in violations), violations
+            # (nats-py writes the server's -ERR in lower case.)
+            assert sorted(v.lower() for v in violations) == [
+                'nats: permissions violation for publish to "$js.api.stream.delete.kvplane_kv"',
+                'nats: permissions violation for subscription to "_inbox.>"',
+                'nats: permissions violation for subscription to "kvplane.>"',
+            ]
             assert (await replica._js.stream_info(wire.KV_STREAM)).state.messages == 1  # not deleted
             await replica.close()
             with pytest.raises(BusUnavailable, match="refused"):
