@@ -18,6 +18,21 @@ from kvplane.v1 import common_pb2, registry_pb2
 from .test_link_latency import FakeRegistry, serve_registry
 
 
+def _idle_link(controlplane: str) -> ControlPlaneLink:
+    """Worker w1's link to `controlplane` (comma-separated replicas): idle, no cache, no model."""
+    load = common_pb2.WorkerLoad()
+    return ControlPlaneLink(
+        AgentConfig(worker_id="w1", controlplane=controlplane).validate(),
+        info=lambda: common_pb2.WorkerInfo(worker_id="w1"),
+        load=lambda: (load, common_pb2.WORKER_STATE_ACTIVE),
+        take_events=lambda: [],
+        snapshot=lambda: [],
+        latency=lambda: None,
+        on_profile=lambda stored: None,
+        credentials=Credentials.plaintext(source="test"),
+    )
+
+
 class HungRegistry(FakeRegistry):
     """Takes the Register call and never answers it (a replica stopped mid-call)."""
 
@@ -36,17 +51,7 @@ def test_a_register_that_hangs_on_one_replica_is_retried_on_the_next(monkeypatch
     async def scenario() -> tuple[HungRegistry, int, bool]:
         hung, healthy = HungRegistry(), FakeRegistry(None)
         (hung_server, hung_at), (healthy_server, healthy_at) = await serve_registry(hung), await serve_registry(healthy)
-        load = common_pb2.WorkerLoad()
-        link = ControlPlaneLink(
-            AgentConfig(worker_id="w1", controlplane=f"{hung_at},{healthy_at}").validate(),
-            info=lambda: common_pb2.WorkerInfo(worker_id="w1"),
-            load=lambda: (load, common_pb2.WORKER_STATE_ACTIVE),
-            take_events=lambda: [],
-            snapshot=lambda: [],
-            latency=lambda: None,
-            on_profile=lambda stored: None,
-            credentials=Credentials.plaintext(source="test"),
-        )
+        link = _idle_link(f"{hung_at},{healthy_at}")
         try:
             await link.start(timeout_s=20)
             return hung, link.lease_id, link.endpoint == healthy_at
@@ -83,17 +88,7 @@ def test_a_start_whose_first_lease_lapsed_before_its_snapshot_registers_again():
     async def scenario() -> tuple[LapsedFirstLeaseRegistry, int]:
         registry = LapsedFirstLeaseRegistry()
         server, address = await serve_registry(registry)
-        load = common_pb2.WorkerLoad()
-        link = ControlPlaneLink(
-            AgentConfig(worker_id="w1", controlplane=address).validate(),
-            info=lambda: common_pb2.WorkerInfo(worker_id="w1"),
-            load=lambda: (load, common_pb2.WORKER_STATE_ACTIVE),
-            take_events=lambda: [],
-            snapshot=lambda: [],
-            latency=lambda: None,
-            on_profile=lambda stored: None,
-            credentials=Credentials.plaintext(source="test"),
-        )
+        link = _idle_link(address)
         try:
             await link.start(timeout_s=20)
             return registry, link.lease_id
