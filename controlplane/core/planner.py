@@ -120,6 +120,7 @@ class Routed:
     options: Sequence[PlacementOption]  # the router's placement first, then by cost (LazyOptions)
     objective: Objective
     block_size: int
+    now: float = 0.0  # when it was routed
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +134,7 @@ class Plan:
     block_size: int
     fetch_from: WorkerId | None = None  # pull the cached prefix from this worker before prefilling
     fetch_tokens: int = 0
+    probe: bool = False  # admitted only to measure a discounted worker again (Planner._probe)
 
     @property
     def disaggregated(self) -> bool:
@@ -241,6 +243,7 @@ class Planner:
         self._discount_at_dispatch: dict[int, tuple[float, float]] = {}  # dispatch -> trust's discounts then (decode, prefill)
         self._admission: dict[str, AdmissionPolicy] = {}
         self._dispatched: dict[int, Plan] = {}
+        self._probing: dict[WorkerId, int] = {}  # a discounted worker -> the dispatch measuring it again
         self._next_dispatch_id = 1
 
     # -- planning --------------------------------------------------------------------------------
@@ -286,7 +289,7 @@ class Planner:
         options = LazyOptions(first, _ids(decision.candidates), predicted)
         decode_view = pool.get(decision.decode_worker)
         assert decode_view is not None
-        return Routed(request, decision, candidates, options, objective, decode_view.block_size)
+        return Routed(request, decision, candidates, options, objective, decode_view.block_size, now)
 
     def place(self, request: RouteRequest, cluster: ClusterView, settings: ClusterSettings, now: float) -> Plan:
         """The router's placement without admission: for a request admitted already whose
@@ -305,9 +308,12 @@ class Planner:
 
     def admit(self, routed: Routed, settings: ClusterSettings) -> Plan | Reject:
         verdict = self.admission_policy(settings).decide(routed.request, routed.candidates, routed.options, routed.objective)
+        probe = None
         if isinstance(verdict, Reject):
-            return verdict
-        chosen = verdict.option or routed.options[0]
+            probe = self._probe(routed) if self.admission_policy_name(settings) == "predictive" else None
+            if probe is None:
+                return verdict
+        chosen = probe or verdict.option or routed.options[0]
         d = routed.decision
         plan = Plan(
             request=routed.request,
@@ -317,10 +323,31 @@ class Planner:
             prediction=chosen.prediction,
             options=routed.options,
             block_size=routed.block_size,
+            probe=probe is not None,
         )
         if d.fetch_from is not None and plan.follows_router:
             plan = dataclasses.replace(plan, fetch_from=d.fetch_from, fetch_tokens=d.fetch_tokens)
         return plan
+
+    def _probe(self, routed: Routed) -> PlacementOption | None:
+        """A placement to admit although predictive admission rejected the request: prefilling on
+        a worker whose load reports are discounted (trust.py), which only the discount keeps from
+        meeting the objectives, while no other request measures it. A discount lasts until requests
+        there show it gone, and a rejected request shows nothing: without a probe, one worker
+        serving alone was refused everything for the whole hold (30 s) after two slow requests
+        (a pause, a warm-up). A worker that does run late gets one request at a time."""
+        objective = routed.objective
+        if objective is None:
+            return None
+        for option in routed.options:
+            worker = option.decode_worker
+            p = option.prediction
+            if p is None or option.disaggregated or worker in self._probing:
+                continue
+            excess_s = self.trust.excess_s(worker, routed.now)
+            if excess_s > 0 and p.ttft_ms - excess_s * 1000 <= objective.ttft_ms and p.tpot_ms <= objective.tpot_ms:
+                return option
+        return None
 
     def admissible(self, routed: Routed, settings: ClusterSettings) -> dict[WorkerId, bool]:
         """Per decode candidate, whether the admission policy alone would take it (what
@@ -404,6 +431,8 @@ class Planner:
         if plan.prediction is not None:
             self.inflow.add(plan.prefill_worker or plan.decode_worker, plan.prediction.prefill_work_s, now)
         self._dispatched[dispatch_id] = plan
+        if plan.probe:
+            self._probing[plan.decode_worker] = dispatch_id
         prefill_discount_s = self.trust.excess_s(plan.prefill_worker, now) if plan.prefill_worker is not None else 0.0
         self._discount_at_dispatch[dispatch_id] = (self.trust.excess_s(plan.decode_worker, now), prefill_discount_s)
         return dispatch_id
@@ -416,6 +445,8 @@ class Planner:
         self.ledger.finished(dispatch_id, now)
         plan = self._dispatched.pop(dispatch_id, None)
         discounts_s = self._discount_at_dispatch.pop(dispatch_id, (0.0, 0.0))
+        if plan is not None and self._probing.get(plan.decode_worker) == dispatch_id:
+            del self._probing[plan.decode_worker]
         if plan is None or outcome is None:
             return
         self.link.observe(outcome.kv_transfer_bytes, outcome.kv_transfer_s, self._stated_link_bytes_per_s)
@@ -468,3 +499,4 @@ class Planner:
         self.inflow.forget(worker_id)
         self.health.forget(worker_id)
         self.trust.forget(worker_id)
+        self._probing.pop(worker_id, None)

@@ -20,7 +20,9 @@ for `hold_s` after the last request that showed it, the worker's view gets the e
 predicted mean) as queued prefill work, priced in tokens with the worker's own step-time model:
 the queue its latency shows, which the cost, the load guard and the predictions then all see.
 After `hold_s` without a new request there the report stands again, so a worker that recovered
-gets traffic back (and is measured again).
+gets traffic back (and is measured again). Where predictive admission would refuse a request
+only because of a discount, the planner admits one request at a time there to measure it again
+(planner.Planner._probe): otherwise a worker serving alone is refused everything for `hold_s`.
 
 The prediction a request is measured against is the one made from the report alone: the
 discount in force at dispatch is taken out of it (`observe(..., discount_s)`), or the discount

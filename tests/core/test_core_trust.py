@@ -8,6 +8,7 @@ import random
 import pytest
 
 from kvplane.block_hash import hash_blocks
+from kvplane.controlplane.core.admission_base import Reject
 from kvplane.controlplane.core.index import CacheIndex, ClearedEvent, RemovedEvent, StoredEvent
 from kvplane.controlplane.core.planner import Outcome, Plan, Planner, PlannerConfig, ttft_kind
 from kvplane.controlplane.core.pool import WorkerTable
@@ -241,3 +242,59 @@ def test_a_request_priced_with_a_discount_does_not_calibrate_the_fleet():
     on_b = planner.plan(make_request([200] * 40), ClusterView((b,), index), settings, 1.01)
     assert isinstance(on_b, Plan) and on_b.prediction.ttft_s == pytest.approx(0.005)
     assert planner.trust.excess_s(A, 1.005) < 2.0 - 0.005  # trust did learn from it
+
+
+def _hiccups(planner: Planner, worker: str, index: CacheIndex, ttft_s: float) -> float:
+    """Two requests on `worker` alone (admission `none`) taking `ttft_s` against 5 ms predicted:
+    its reports are discounted from the second. Returns the time after them."""
+    now = 0.0
+    for i in range(2):
+        view = make_worker_view(worker, latency=STEP, reported_at=now)
+        plan = planner.plan(make_request([100 + i] * 40), ClusterView((view,), index), ClusterSettings({"admission.policy": "none"}), now)
+        planner.finished(planner.dispatched(plan, now), now + ttft_s, Outcome(ttft_s=ttft_s))
+        now += ttft_s + 0.1
+    assert planner.trust.excess_s(WorkerId(worker), now) > 1.0
+    return now
+
+
+PREDICTIVE_500_MS = ClusterSettings({"admission.policy": "predictive", "objectives.*.interactive.ttft_ms": "500"})
+
+
+def test_a_worker_serving_alone_is_probed_back_after_a_pause_instead_of_refused_for_the_hold():
+    """One worker, two requests held up 1.5 s (a pause): its reports are discounted for up to 30 s.
+    Predictive admission would refuse everything meanwhile, as the discount alone puts every
+    prediction over the 500 ms objective and a refused request measures nothing. One request at
+    a time is admitted to measure it again (a probe); as they come back on time the discount ends
+    and requests are admitted as usual."""
+    index, planner = CacheIndex(), Planner(PlannerConfig(), rng=random.Random(0))
+    now = _hiccups(planner, "a", index, 1.5) + 10.0  # the calibration's share of the pause has faded below the objective
+    probes = 0
+    while True:
+        cluster = ClusterView((make_worker_view("a", latency=STEP, reported_at=now),), index)
+        plan = planner.plan(make_request([200 + probes] * 40), cluster, PREDICTIVE_500_MS, now)
+        assert isinstance(plan, Plan), plan  # refused before the probes
+        if not plan.probe:
+            break
+        assert plan.prediction.ttft_s > 0.5  # the discount priced in: only a probe is admitted
+        dispatch = planner.dispatched(plan, now)
+        # While the probe runs, the next request is refused: one at a time.
+        assert isinstance(planner.plan(make_request([999] * 40), cluster, PREDICTIVE_500_MS, now), Reject)
+        planner.finished(dispatch, now + 0.005, Outcome(ttft_s=0.005))  # on time
+        probes += 1
+        now += 0.01
+        assert probes <= 8
+    assert planner.trust.excess_s(A, now) == 0.0 and probes >= 1
+
+
+def test_a_worker_that_stays_late_gets_one_probe_at_a_time():
+    index, planner = CacheIndex(), Planner(PlannerConfig(), rng=random.Random(0))
+    now = _hiccups(planner, "a", index, 1.5) + 10.0
+    for i in range(5):
+        cluster = ClusterView((make_worker_view("a", latency=STEP, reported_at=now),), index)
+        plan = planner.plan(make_request([300 + i] * 40), cluster, PREDICTIVE_500_MS, now)
+        assert isinstance(plan, Plan) and plan.probe
+        dispatch = planner.dispatched(plan, now)
+        assert isinstance(planner.plan(make_request([999] * 40), cluster, PREDICTIVE_500_MS, now), Reject)
+        now += 1.5
+        planner.finished(dispatch, now, Outcome(ttft_s=1.5))  # late again
+        assert planner.trust.excess_s(A, now) > 1.0
