@@ -120,7 +120,7 @@ class Routed:
     options: Sequence[PlacementOption]  # the router's placement first, then by cost (LazyOptions)
     objective: Objective
     block_size: int
-    now: float = 0.0  # when it was routed
+    now: float  # when it was routed (what trust.excess_s is asked at, for a probe)
 
 
 @dataclass(frozen=True, slots=True)
