@@ -111,7 +111,7 @@ class ClusterState:
             self._worker_key = functools.lru_cache(maxsize=1 << 16)(bus_keys.session_token)
             self._replica_key = functools.lru_cache(maxsize=1 << 16)(bus_keys.replica_bus_key)
         self._batch_limits = batch_limits
-        self._bus_task: asyncio.Task | None = None
+        self._stopped = False
         # Bus messages of registrations not seen yet: (worker, lease) -> (first held at, messages).
         self._pending: dict[tuple[WorkerId, int], tuple[float, list[BusMessage]]] = {}
         self._awaited: dict[WorkerId, tuple[int, float]] = {}  # a KV batch a report named: (seq, when first named)
@@ -166,10 +166,9 @@ class ClusterState:
         self.store_ok_at = time.monotonic()
         self._watch_task = asyncio.create_task(self._watch(self.revision + 1), name="cluster-watch")
         if not self.bus.carried_by_store:
-            messages = await self.bus.subscribe()
-            self._bus_task = asyncio.create_task(self._read_bus(messages), name="bus-reader")
+            await self.bus.subscribe(self._on_bus_message)
         self._probe_task = asyncio.create_task(self._probe(), name="store-probe")
-        for task in (self._watch_task, self._bus_task, self._probe_task):
+        for task in (self._watch_task, self._probe_task):
             if task is not None:
                 task.add_done_callback(_log_if_it_died)
         self.pauses.start()
@@ -194,7 +193,8 @@ class ClusterState:
 
     async def stop(self) -> None:
         await self.pauses.stop()
-        for task in (self._watch_task, self._probe_task, self._bus_task):
+        self._stopped = True  # what the bus still delivers is not applied
+        for task in (self._watch_task, self._probe_task):
             if task:
                 task.cancel()
                 try:
@@ -256,14 +256,13 @@ class ClusterState:
         self._drop_bus_until = time.monotonic() + seconds
         log.warning("fault injection: dropping bus messages for %.1f s", seconds)
 
-    async def _read_bus(self, messages) -> None:
-        async for message in messages:
-            if self._drop_bus_until and time.monotonic() < self._drop_bus_until:
-                continue
-            try:
-                self._apply_bus(message)
-            except Exception:
-                log.exception("ignoring a malformed %s message from the bus", message.kind)
+    def _on_bus_message(self, message: BusMessage) -> None:
+        if self._stopped or (self._drop_bus_until and time.monotonic() < self._drop_bus_until):
+            return
+        try:
+            self._apply_bus(message)
+        except Exception:
+            log.exception("ignoring a malformed %s message from the bus", message.kind)
 
     # -- applying store events and bus messages --------------------------------------------
 

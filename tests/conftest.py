@@ -10,6 +10,7 @@ fresh nats-server with JetStream (kvplane/apps/local_nats.py), the bus of severa
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 from pathlib import Path
@@ -20,7 +21,7 @@ from kvplane.apps.cluster import FREE_PORTS_ENV, free_port_range
 from kvplane.apps.local_etcd import EtcdCluster, EtcdNotFound, EtcdServer, start_etcd, start_etcd_cluster
 from kvplane.apps.local_nats import NatsNotFound, NatsServer, start_nats
 
-__all__ = ["EtcdCluster", "EtcdServer", "start_etcd", "start_etcd_cluster", "start_nats"]
+__all__ = ["EtcdCluster", "EtcdServer", "bus_messages", "start_etcd", "start_etcd_cluster", "start_nats"]
 
 
 @pytest.fixture(autouse=True)
@@ -128,3 +129,10 @@ def nats_factory(tmp_path_factory: pytest.TempPathFactory):
     yield start
     for server in servers:
         server.stop()
+
+
+async def bus_messages(bus) -> asyncio.Queue:
+    """Subscribes to `bus` (controlplane/bus/): what it delivers, in a queue to await."""
+    messages: asyncio.Queue = asyncio.Queue()
+    await bus.subscribe(messages.put_nowait)
+    return messages

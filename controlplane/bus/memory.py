@@ -1,14 +1,14 @@
 """The in-process bus: one replica (`kvplane up`, `kvplane controlplane --store memory`).
 
-Load reports and KV batches go from the registry service to the replica's cluster view through a
-queue, never through the store. It retains nothing: its one subscriber (the replica's view)
+Load reports and KV batches go from the registry service to the replica's cluster view on the
+event loop, never through the store. It retains nothing: its one subscriber (the replica's view)
 subscribes before the replica serves, and everything dies with the process, like the embedded store.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import Callable
 
 from kvplane.v1 import registry_pb2
 
@@ -21,8 +21,7 @@ class MemoryBus:
     ordered = True
 
     def __init__(self) -> None:
-        self._subscribers: set[asyncio.Queue[BusMessage | None]] = set()
-        self._closed = False
+        self._subscribers: list[Callable[[BusMessage], None]] = []
 
     async def start(self) -> None:
         pass
@@ -36,29 +35,17 @@ class MemoryBus:
     async def forget_worker(self, worker_id: str) -> None:
         pass  # nothing retained
 
-    async def subscribe(self) -> AsyncIterator[BusMessage]:
-        queue: asyncio.Queue[BusMessage | None] = asyncio.Queue()
-        self._subscribers.add(queue)
-        return self._read(queue)
-
-    async def _read(self, queue: asyncio.Queue[BusMessage | None]) -> AsyncIterator[BusMessage]:
-        try:
-            while not self._closed:
-                message = await queue.get()
-                if message is None:
-                    return
-                yield message
-        finally:
-            self._subscribers.discard(queue)
+    async def subscribe(self, deliver: Callable[[BusMessage], None]) -> None:
+        self._subscribers.append(deliver)
 
     async def probe(self) -> None:
         pass  # in-process: it works while the process does
 
     async def close(self) -> None:
-        self._closed = True
-        for queue in self._subscribers:
-            queue.put_nowait(None)
+        self._subscribers.clear()
 
     def _deliver(self, message: BusMessage) -> None:
-        for queue in self._subscribers:
-            queue.put_nowait(message)
+        # Soon, not now: applied after the publisher's call returns, in the order published.
+        loop = asyncio.get_running_loop()
+        for deliver in self._subscribers:
+            loop.call_soon(deliver, message)

@@ -6,11 +6,15 @@ Two streams, because the two kinds of message are kept differently (subjects: kv
                                                the replica that published it, at most every
                                                `kv_compact_every_s`, or by the agent that did), the
                                                rest bounded by age and bytes
-Every replica reads both with
-ordered consumers: ephemeral, flow-controlled and heartbeated, restarted by the client at the next
-stream sequence after a gap, a reconnect or a server restart. Two streams deliver independently,
-so a load report may overtake the batch it names (`ordered` is False: cluster_state.py waits a
-little before calling that a gap). The streams are created by the first replica to start, with
+Every replica reads the KV
+stream with an ordered consumer: ephemeral, flow-controlled and heartbeated, restarted by the
+client at the next stream sequence after a gap, a reconnect or a server restart. Load reports,
+of which only each worker's latest matters, come by a plain subscription to their subjects (the
+stream still keeps the latest per worker, which a replica reads once when it subscribes). The two
+arrive independently, so a load report may overtake the batch it names (`ordered` is False:
+cluster_state.py waits a little before calling that a gap). Messages are handed to the
+subscriber in nats-py's callback; beyond nats-py's pending limits it drops them (for a KV batch,
+a gap: a snapshot is asked for). The streams are created by the first replica to start, with
 file storage, so a restarted nats-server with its storage directory loses nothing. Given `mac_key`,
 every message published carries its MAC (kvplane/bus.py), and every message received hands it on.
 """
@@ -21,7 +25,7 @@ import asyncio
 import contextlib
 import logging
 import ssl
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 
 from kvplane.bus import KV_STREAM, LOAD_STREAM, MAC_HEADER, mac, purge_before_snapshot, server_urls, subject
 from kvplane.v1 import registry_pb2
@@ -32,7 +36,6 @@ log = logging.getLogger(__name__)
 
 STREAMS = {"load": LOAD_STREAM, "kv": KV_STREAM}
 _NO_HEADERS: dict[str, str] = {}
-QUEUE_LIMIT = 100_000  # messages received and not yet applied; beyond it the bus drops (a KV gap: a snapshot is asked for)
 
 
 class NatsBus:
@@ -62,11 +65,10 @@ class NatsBus:
         self._replicas = replicas  # stream replicas in a NATS cluster
         self._nc = None
         self._js = None
-        self._subscriptions: dict[str, object] = {}  # kind -> its ordered consumer's subscription
-        self._queue: asyncio.Queue[BusMessage | None] | None = None
+        self._subscriptions: dict[str, object] = {}  # kind -> its subscription
+        self._deliver: Callable[[BusMessage], None] | None = None  # the subscriber's
         self._resubscribing: asyncio.Task | None = None
         self._closing = False
-        self.num_dropped = 0  # messages received while this replica's queue was full
         self._refused = False  # nats-server refused our certificate on some attempt (Authorization Violation)
 
     async def start(self) -> None:
@@ -182,37 +184,65 @@ class NatsBus:
         except Exception as e:  # the batches stay until age or size drops them: a replica replays more, nothing is lost
             log.warning("purging %s's KV batches before its snapshot failed: %r", worker_id, e)
 
-    async def subscribe(self) -> AsyncIterator[BusMessage]:
-        if self._queue is not None:
+    async def subscribe(self, deliver: Callable[[BusMessage], None]) -> None:
+        if self._deliver is not None:
             raise RuntimeError("a NatsBus has one subscriber (the replica's view); open another bus for another")
-        self._queue = asyncio.Queue(QUEUE_LIMIT)
-        # KV first: its retained batches are queued before the load reports that name them.
+        self._deliver = deliver
+        # KV first: its retained batches come before the load reports that name them.
         for kind in ("kv", "load"):
             await self._subscribe(kind)
-        return self._read(self._queue)
 
     async def _subscribe(self, kind: str) -> None:
-        """An ordered consumer of one stream from its start (each subject's latest, for load reports)."""
+        """KV batches: an ordered consumer of their stream from its start. Load reports: a plain
+        subscription, then each worker's latest from the stream (_replay_latest_loads)."""
         from nats.js import api
 
-        policy = api.DeliverPolicy.ALL if kind == "kv" else api.DeliverPolicy.LAST_PER_SUBJECT
-        queue = self._queue
+        deliver = self._deliver
+        assert deliver is not None
 
-        async def receive(msg) -> None:
-            try:
-                queue.put_nowait(BusMessage(kind, msg.data, (msg.headers or _NO_HEADERS).get(MAC_HEADER, "")))
-            except asyncio.QueueFull:
-                self.num_dropped += 1
-                if self.num_dropped % 1000 == 1:  # a KV batch among them is a gap: a snapshot is asked for
-                    log.warning("this replica applies bus messages slower than they come: %d dropped", self.num_dropped)
+        async def receive(msg) -> None:  # nats-py's callback: applied here, without a queue between
+            deliver(BusMessage(kind, msg.data, (msg.headers or _NO_HEADERS).get(MAC_HEADER, "")))
 
         try:
-            self._subscriptions[kind] = await self._js.subscribe(
-                f"kvplane.{kind}.*", stream=STREAMS[kind], cb=receive, ordered_consumer=True, deliver_policy=policy,
-                idle_heartbeat=1.0,
-            )  # fmt: skip
+            if kind == "kv":
+                self._subscriptions[kind] = await self._js.subscribe(
+                    "kvplane.kv.*", stream=KV_STREAM, cb=receive, ordered_consumer=True, deliver_policy=api.DeliverPolicy.ALL,
+                    idle_heartbeat=1.0,
+                )  # fmt: skip
+                return
+            # No acknowledgement, flow control or sequence check per report, a fifth of reading
+            # one (docs/benchmarks.md): only each worker's latest matters, and a report missed is
+            # superseded by the next.
+            self._subscriptions[kind] = await self._nc.subscribe("kvplane.load.*", cb=receive)
         except Exception as e:
             raise BusUnavailable(f"cannot subscribe to {STREAMS[kind]} on NATS ({e!r})") from e
+        try:
+            await self._replay_latest_loads(receive)
+        except Exception as e:  # the subscription brings every worker's next report all the same
+            log.warning("reading the workers' latest load reports from %s failed (%r); waiting for their next", LOAD_STREAM, e)
+
+    async def _replay_latest_loads(self, receive: Callable) -> None:
+        """Each worker's latest report as the stream holds it now, read once (an ephemeral pull
+        consumer), so that a replica that starts knows every worker's load at once instead of a
+        report interval later. Reports published meanwhile come by the subscription as well; a
+        copy, or an older report after a newer one, is dropped by its report_seq (cluster_state.py)."""
+        from nats.js import api
+
+        config = api.ConsumerConfig(
+            deliver_policy=api.DeliverPolicy.LAST_PER_SUBJECT, ack_policy=api.AckPolicy.NONE, inactive_threshold=60.0
+        )
+        pull = await self._js.pull_subscribe("kvplane.load.*", stream=LOAD_STREAM, config=config)
+        try:
+            left = (await pull.consumer_info()).num_pending  # what the stream holds now; later reports come by the subscription
+            while left > 0:
+                for msg in await pull.fetch(min(left, 1024), timeout=self._timeout_s):
+                    await receive(msg)
+                    left -= 1
+        finally:
+            with contextlib.suppress(Exception):
+                await pull.unsubscribe()
+            with contextlib.suppress(Exception):
+                await self._js.delete_consumer(LOAD_STREAM, config.name)  # pull_subscribe named it
 
     async def _resubscribe(self) -> None:
         """After a reconnect: new consumers that replay what the streams retain. The client's own
@@ -235,13 +265,6 @@ class NatsBus:
                     log.warning("NATS: %s; retrying", e)
                     await asyncio.sleep(0.5)
 
-    async def _read(self, queue: asyncio.Queue[BusMessage | None]) -> AsyncIterator[BusMessage]:
-        while True:
-            message = await queue.get()
-            if message is None:
-                return
-            yield message
-
     async def probe(self) -> None:
         if not self._nc.is_connected:
             raise BusUnavailable("not connected to NATS (reconnecting)")
@@ -261,10 +284,6 @@ class NatsBus:
                 await sub.unsubscribe()
             except Exception:
                 pass
-        if self._queue is not None:
-            if self._queue.full():
-                self._queue.get_nowait()  # the reader is ending anyway: room for the end mark
-            self._queue.put_nowait(None)
         if self._nc is not None:
             await self._nc.close()
 
@@ -281,7 +300,7 @@ class NatsBus:
 
     async def _on_reconnected(self) -> None:
         log.info("NATS: reconnected to %s", self._nc.connected_url.netloc if self._nc and self._nc.connected_url else "?")
-        if self._queue is not None and not self._closing and (self._resubscribing is None or self._resubscribing.done()):
+        if self._deliver is not None and not self._closing and (self._resubscribing is None or self._resubscribing.done()):
             self._resubscribing = asyncio.get_running_loop().create_task(self._resubscribe(), name="nats-resubscribe")
 
 

@@ -10,7 +10,7 @@ a fleet on it (docs/operations.md: choosing a bus). The replica's store watch de
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import Callable
 
 from kvplane.controlplane import keys
 from kvplane.controlplane.store.base import Store
@@ -46,7 +46,7 @@ class StoreBus:
     async def forget_worker(self, worker_id: str) -> None:
         pass  # Register's own transaction deletes the worker's KV keys with its old registration
 
-    async def subscribe(self) -> AsyncIterator[BusMessage]:
+    async def subscribe(self, deliver: Callable[[BusMessage], None]) -> None:
         raise BusError("the store bus is read through the replica's store watch")
 
     async def probe(self) -> None:

@@ -23,7 +23,7 @@ from kvplane.controlplane.config import ControlPlaneConfig
 from kvplane.security import certs
 from kvplane.security.identity import Identity, Role
 from kvplane.v1 import registry_pb2
-from tests.conftest import start_nats
+from tests.conftest import bus_messages, start_nats
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 
@@ -34,9 +34,9 @@ async def _a_batch_comes_back(url: str, tls) -> None:
     """A replica's bus at `url` starts, and a KV batch it publishes is delivered back to it."""
     bus = NatsBus(url, tls=tls)
     await bus.start()
-    messages = await bus.subscribe()
+    messages = await bus_messages(bus)
     await bus.publish_kv(registry_pb2.PublishKVEventsRequest(worker_id="w", seq=1, snapshot=True))
-    message = await asyncio.wait_for(anext(messages), 10)
+    message = await asyncio.wait_for(messages.get(), 10)
     assert registry_pb2.PublishKVEventsRequest.FromString(message.payload).seq == 1
     await bus.close()
 
@@ -214,17 +214,17 @@ def test_with_the_nats_agents_overlay_a_worker_publishes_its_own_messages_and_no
         async def body():
             replica = NatsBus(pair.url, tls=pair.tls(cp_cert, cp_key))
             await replica.start()
-            messages = await replica.subscribe()
+            messages = await bus_messages(replica)
             agent = BusPublisher(pair.url, Credentials(ca_pem=ca.cert_pem, cert_pem=worker.cert_pem, key_pem=worker.key_pem), "prefill-0")
             try:
                 assert await agent.start()
                 report = registry_pb2.ReportLoadRequest(worker_id="prefill-0", lease_id=7, report_seq=1)
                 assert await agent.publish_load(report, token)
-                assert (await asyncio.wait_for(anext(messages), 10)).kind == "load"
+                assert (await asyncio.wait_for(messages.get(), 10)).kind == "load"
                 for seq in (1, 2):  # the second snapshot purges the first (a purge above sequence 1)
                     batch = registry_pb2.PublishKVEventsRequest(worker_id="prefill-0", lease_id=7, seq=seq, snapshot=True)
                     assert await agent.publish_kv(batch, token)  # acknowledged on the agents' inbox
-                    assert (await asyncio.wait_for(anext(messages), 10)).kind == "kv"
+                    assert (await asyncio.wait_for(messages.get(), 10)).kind == "kv"
                 deadline = time.monotonic() + 10
                 while (await replica._js.stream_info(wire.KV_STREAM)).state.messages != 1:  # the purge went through
                     assert time.monotonic() < deadline, "the agent's purge before its snapshot was not allowed"
@@ -289,19 +289,19 @@ def test_an_agent_publishes_its_reports_and_batches_over_tls_with_its_own_certif
         async def body():
             bus = NatsBus(server.url, tls=replica_tls)
             await bus.start()
-            messages = await bus.subscribe()
+            messages = await bus_messages(bus)
             direct = BusPublisher(server.url, Credentials(ca_pem=ca.cert_pem, cert_pem=worker.cert_pem, key_pem=worker.key_pem), "w.1")
             try:
                 assert await direct.start()
                 report = registry_pb2.ReportLoadRequest(worker_id="w.1", lease_id=7, report_seq=1, session_token=token)
                 assert await direct.publish_load(report, token)
-                message = await asyncio.wait_for(anext(messages), 10)
+                message = await asyncio.wait_for(messages.get(), 10)
                 assert message.kind == "load" and wire.mac_valid(token, "load", message.payload, message.mac)
                 sent = registry_pb2.ReportLoadRequest.FromString(message.payload)
                 assert (sent.worker_id, sent.report_seq, sent.session_token) == ("w.1", 1, b"")
                 batch = registry_pb2.PublishKVEventsRequest(worker_id="w.1", lease_id=7, seq=1, snapshot=True, session_token=token)
                 assert await direct.publish_kv(batch, token)  # the stream acknowledged it
-                message = await asyncio.wait_for(anext(messages), 10)
+                message = await asyncio.wait_for(messages.get(), 10)
                 assert message.kind == "kv" and wire.mac_valid(token, "kv", message.payload, message.mac)
                 assert registry_pb2.PublishKVEventsRequest.FromString(message.payload).session_token == b""
             finally:
