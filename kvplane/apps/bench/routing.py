@@ -7,7 +7,8 @@ load every `--report-interval` seconds of it, in turn (the store's watch; not ti
 updated with those reports (core/pool.cluster_with, as ClusterState.view() does) and
 `Planner.plan` (hash, index lookup, pricing, placement, admission). Each request is then
 dispatched, so predicted prefixes and ledger entries build up as in a running control plane;
-requests finish after `--in-flight` later ones. Timing starts after `--warm-up` seconds of the
+requests finish after `--in-flight` later ones, each having measured what was predicted (honest
+workers: the calibration and every worker's report trust learn from it, as on a control plane). Timing starts after `--warm-up` seconds of the
 planner's clock (6 s: predicted prefixes, 5 s TTL, have begun to expire, one per request, and
 the ledger holds what reports have not shown yet): the steady state of a busy control plane,
 which costs ~15-20 % more per request than the first few hundred requests do. The garbage
@@ -37,7 +38,7 @@ import tracemalloc
 from kvplane.block_hash import hash_blocks
 from kvplane.controlplane import gc_tuning
 from kvplane.controlplane.core.index import CacheIndex
-from kvplane.controlplane.core.planner import Plan, Planner, PlannerConfig
+from kvplane.controlplane.core.planner import Outcome, Plan, Planner, PlannerConfig
 from kvplane.controlplane.core.pool import cluster_with
 from kvplane.controlplane.core.router import RouterConfig
 from kvplane.controlplane.core.routing import RouteRequest
@@ -128,7 +129,7 @@ def measure(workers, index, prompts, admission: str, max_uncached: int, args, rn
     workers = staggered(workers, now, args.report_interval)
     cluster = ClusterView(tuple(workers), index)
     settings = ClusterSettings()
-    in_flight: list[int] = []
+    in_flight: list[tuple[int, Outcome]] = []
     seconds = []
     reporting = 0  # workers report in turn, each every report_interval
     warm_up = num_warm_up(args)
@@ -151,10 +152,19 @@ def measure(workers, index, prompts, admission: str, max_uncached: int, args, rn
         if n >= warm_up:
             seconds.append(elapsed)
         if isinstance(plan, Plan):  # not a Reject
-            in_flight.append(planner.dispatched(plan, now))
+            in_flight.append((planner.dispatched(plan, now), as_predicted(plan)))
         if len(in_flight) > args.in_flight:
-            planner.finished(in_flight.pop(0), now)
+            dispatch_id, outcome = in_flight.pop(0)
+            planner.finished(dispatch_id, now, outcome)
     return seconds
+
+
+def as_predicted(plan: Plan) -> Outcome:
+    """What an honest worker measures: the prediction before the planner's calibration."""
+    p = plan.prediction
+    if p is None:
+        return Outcome()
+    return Outcome(ttft_s=p.ttft_s - p.ttft_offset_s, tpot_s=p.tpot_s - p.tpot_offset_s)
 
 
 def staggered(workers: list[WorkerView], now: float, interval: float) -> list[WorkerView]:
