@@ -70,7 +70,8 @@ class WorkerHealth:
 
     def excluded(self, cluster: ClusterView, now: float) -> Mapping[WorkerId, str]:
         """Workers out of routing at `now`, each with the reason in words. Only the workers that
-        stalled or failed a request, or whose reports stopped, are looked at one by one."""
+        stalled or failed a request, or whose reports stopped, are looked at one by one; a stall
+        or failure that is over is forgotten then (`now` does not go back: the planner's clock)."""
         table = table_of(cluster)
         silent_after, store_ok_at = self.config.silent_after_s, cluster.store_ok_at
         rows = {table.row_of[w] for w in (*self._stalled_until, *self._failed_at) if w in table.row_of}
@@ -82,9 +83,14 @@ class WorkerHealth:
             w = table.views[row]
             until = self._stalled_until.get(w.worker_id)
             failed_at = self._failed_at.get(w.worker_id)
+            if until is not None and now >= until:  # over: forgotten, so that requests do not walk every worker that ever stalled
+                del self._stalled_until[w.worker_id]
+            if failed_at is not None and w.reported_at is not None and w.reported_at > failed_at:  # reported since: over too
+                del self._failed_at[w.worker_id]
+                failed_at = None
             if until is not None and now < until:
                 out[w.worker_id] = f"stalled a request {self.config.stalled_for_s - (until - now):.1f} s ago"
-            elif failed_at is not None and (w.reported_at is None or w.reported_at <= failed_at):
+            elif failed_at is not None:
                 out[w.worker_id] = f"failed a request {now - failed_at:.1f} s ago and has not reported since"
             elif (
                 w.reported_at is not None

@@ -58,3 +58,22 @@ def test_a_failed_worker_is_out_until_it_reports_again(index, worker_view):
     # A report after the failure (a restarted agent) brings it back at once.
     after = ClusterView((worker_view("a", reported_at=51.2), worker_view("b", reported_at=51.2)), index, store_ok_at=51.2)
     assert health.excluded(after, now=51.3) == {}
+
+
+def test_stalls_and_failures_that_are_over_are_forgotten(index, worker_view):
+    """Every request walks the workers that stalled or failed: without forgetting those that are
+    over, a long-lived fleet would walk nearly every worker per request (the internal maps read
+    here are that walk)."""
+    health = WorkerHealth(CONFIG)
+    names = [f"w{i}" for i in range(50)]
+    for i, name in enumerate(names):
+        (health.stalled if i % 2 else health.failed)(WorkerId(name), now=100.0)
+    during = ClusterView(tuple(worker_view(n, reported_at=99.0) for n in names), index, store_ok_at=100.0)
+    assert len(health.excluded(during, now=101.0)) == 50
+    # Every failed worker reported since; the stalls last until 130.
+    reported = ClusterView(tuple(worker_view(n, reported_at=120.0) for n in names), index, store_ok_at=120.0)
+    assert len(health.excluded(reported, now=120.0)) == 25 and not health._failed_at
+    later = ClusterView(tuple(worker_view(n, reported_at=130.0) for n in names), index, store_ok_at=130.0)
+    assert health.excluded(later, now=130.0) == {} and not health._stalled_until
+    health.stalled(WorkerId("w0"), now=131.0)  # a new stall counts again
+    assert list(health.excluded(later, now=131.0)) == ["w0"]
