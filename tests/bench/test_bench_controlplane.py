@@ -4,6 +4,7 @@ relay and lookaside, 2 steps each; text prompts in the first."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -65,11 +66,12 @@ def _check_row(row):
 @pytest.mark.cluster
 def test_idle_only_compares_the_store_bus_with_nats_in_store_writes_and_bus_messages():
     done = run_kvplane(
-        "bench", "controlplane", "--replicas", "1", "--workers", "8", "--buses", "store,nats", "--idle-only",
+        "bench", "controlplane", "--replicas", "1", "--workers", "8", "--buses", "store,nats", "--idle-only", "--pin",
         "--load-report-interval", "0.2", "--speedup", "8", "--sim-num-blocks", "1024", "--modes", "relay", "--json", timeout=240,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert "[1 replica(s), bus nats] idle:" in done.stderr
+    assert f"[1 replica(s), bus nats] pinned: replicas on cores {min(os.sched_getaffinity(0))}, the rest on" in done.stderr
     result = json.loads(done.stdout)
     assert result["rows"] == []  # no rate search
     store, nats = result["idle"]

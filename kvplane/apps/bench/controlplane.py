@@ -54,6 +54,7 @@ import urllib.request
 from pathlib import Path
 from typing import IO, Any
 
+from kvplane.apps.bench.cores import pin, split_cores
 from kvplane.apps.bench.openloop import MODES, SHAPES
 from kvplane.apps.bench.ratesearch import (
     Limits,
@@ -139,6 +140,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="how long the idle measurement lasts (default %(default)s; keep-alives come every 3.3 s, "
                         "snapshots every 10 s)")  # fmt: skip
     parser.add_argument("--insecure", action="store_true", help="plaintext gRPC with tokens instead of mutual TLS")
+    parser.add_argument("--pin", action="store_true",
+                        help="each replica alone on a core of its own, everything else on the cores left (needs replicas + 1 "
+                        "cores; Linux): replicas compared without sharing a core")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--log-dir", default="", metavar="DIR", help="keep the servers' logs here (default: a temporary directory)")
     parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
@@ -415,6 +419,8 @@ def run_replicas(args: argparse.Namespace, num_replicas: int, bus: str, log_dir:
             num_generators = args.generators or max(2, num_replicas)
             generators = Generators([replicas[g % num_replicas] for g in range(num_generators)], log_dir, args.grace_s + 60)
             try:
+                if args.pin:
+                    _pin(cluster, generators, etcd, nats, split_cores(num_replicas, args.cores), tag, log)
                 bench = Bench(args, cluster, generators, log, etcd, nats)
                 if "lookaside" in args.modes:  # lookaside callers dial the agents: each generator opens its pool first
                     with cluster.client(timeout=30) as admin:
@@ -447,6 +453,18 @@ def run_replicas(args: argparse.Namespace, num_replicas: int, bus: str, log_dir:
         etcd.stop()
         if nats is not None:
             nats.stop()
+
+
+def _pin(cluster, generators: Generators, etcd, nats, cores: tuple[list[set[int]], set[int]], tag: str, log) -> None:
+    """--pin: each replica on its own core, every other process of the bench on the rest."""
+    own, rest = cores
+    names = list(cluster.controlplane_endpoints)
+    for name, cores in zip(names, own, strict=True):
+        pin(cluster.processes[name].pid, cores)
+    others = [p.pid for name, p in cluster.processes.items() if name not in names] + [p.pid for p in generators.processes]
+    for pid in [os.getpid(), etcd.process.pid, *([nats.process.pid] if nats else []), *others]:
+        pin(pid, rest)
+    log(f"{tag} pinned: replicas on cores {', '.join(str(min(c)) for c in own)}, the rest on {sorted(rest)}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -485,6 +503,13 @@ def run(args: argparse.Namespace) -> int:
     if min(args.duration_s, args.grace_s, args.speedup, args.load_report_interval) <= 0 or args.hosts < 0 or args.generators < 0:
         log("kvplane bench controlplane: --duration-s, --grace-s, --speedup and --load-report-interval must be positive")
         return 2
+    if args.pin:
+        args.cores = os.sched_getaffinity(0)  # before the bench pins itself to the rest
+        try:
+            split_cores(max(args.replicas), args.cores)
+        except ValueError as e:
+            log(f"kvplane bench controlplane: {e}")
+            return 2
     # A SIGTERM unwinds like Ctrl-C, so the etcd, replicas, agents and generators are stopped too.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     started = time.monotonic()
