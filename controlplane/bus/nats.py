@@ -224,20 +224,39 @@ class NatsBus:
     async def _replay_latest_loads(self, receive: Callable) -> None:
         """Each worker's latest report as the stream holds it now, read once (an ephemeral pull
         consumer), so that a replica that starts knows every worker's load at once instead of a
-        report interval later. Reports published meanwhile come by the subscription as well; a
-        copy, or an older report after a newer one, is dropped by its report_seq (cluster_state.py)."""
+        report interval later. It stops at the first message published after it began (the
+        subscription, opened before, brings those) or when none is left. While reports keep
+        coming, nats-server 2.9 hands out some of them more than once (seen: one 659 times in
+        1,500): each is passed on once. A report read twice anyway, or an older one after a newer,
+        is dropped by its report_seq (cluster_state.py)."""
+        from nats.errors import TimeoutError as NatsTimeoutError
         from nats.js import api
 
+        last = (await self._js.stream_info(LOAD_STREAM)).state.last_seq
+        if last == 0:
+            return
         config = api.ConsumerConfig(
             deliver_policy=api.DeliverPolicy.LAST_PER_SUBJECT, ack_policy=api.AckPolicy.NONE, inactive_threshold=60.0
         )
         pull = await self._js.pull_subscribe("kvplane.load.*", stream=LOAD_STREAM, config=config)
         try:
-            left = (await pull.consumer_info()).num_pending  # what the stream holds now; later reports come by the subscription
-            while left > 0:
-                for msg in await pull.fetch(min(left, 1024), timeout=self._timeout_s):
-                    await receive(msg)
-                    left -= 1
+            seen: set[int] = set()
+            budget = 2 * (await pull.consumer_info()).num_pending + 1024  # repeats included: a bound whatever the server does
+            while budget > 0:
+                try:
+                    batch = await pull.fetch(1024, timeout=self._timeout_s)
+                except NatsTimeoutError:
+                    return
+                for msg in batch:
+                    budget -= 1
+                    meta = msg.metadata
+                    if meta.sequence.stream > last:
+                        return
+                    if meta.sequence.stream not in seen:
+                        seen.add(meta.sequence.stream)
+                        await receive(msg)
+                    if meta.num_pending == 0:
+                        return
         finally:
             with contextlib.suppress(Exception):
                 await pull.unsubscribe()

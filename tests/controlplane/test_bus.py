@@ -141,6 +141,37 @@ def test_nats_retains_the_latest_report_and_the_batches_since_the_snapshot_and_f
 
 
 @pytest.mark.cluster
+def test_a_replica_that_starts_reads_every_workers_latest_report_once_then_new_ones(nats_factory):
+    """Load reports come by a plain subscription; a replica that subscribes first reads each
+    worker's latest from the stream, in pulls of at most 1,024: 1,500 workers take two."""
+    from kvplane.controlplane.bus.nats import NatsBus
+
+    server = nats_factory()
+    workers = [f"w{i}" for i in range(1500)]
+
+    async def body():
+        publisher = NatsBus(server.url)
+        await publisher.start()
+        for running in (1, 2):  # the stream keeps each worker's latest: running=2
+            for worker in workers:
+                await publisher.publish_load(_report(0, running=running, worker=worker))
+        while (await publisher._js.stream_info("KVPLANE_LOAD")).state.last_seq < 2 * len(workers):
+            await asyncio.sleep(0.05)  # the stream has them all: none reaches the late replica live
+        late = NatsBus(server.url)
+        await late.start()
+        messages = await bus_messages(late)
+        got = await _take(messages, len(workers))
+        assert sorted(got) == sorted(("load", w, 2) for w in workers)
+        await publisher.publish_load(_report(0, running=3, worker="w7"))
+        assert await _take(messages, 1) == [("load", "w7", 3)]  # then by the subscription, once
+        assert messages.empty()
+        await late.close()
+        await publisher.close()
+
+    asyncio.run(body())
+
+
+@pytest.mark.cluster
 def test_a_snapshot_that_is_the_streams_first_message_is_kept(nats_factory):
     """nats-server reads a purge's seq 1 as no bound: purging "before" a snapshot at stream
     sequence 1 dropped the snapshot itself, and a replica that had not read it yet never did
