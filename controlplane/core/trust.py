@@ -152,15 +152,9 @@ class ReportTrust:
         return measured_s > c.report_contradiction_ratio * predicted_s and measured_s - predicted_s >= c.report_contradiction_min_s
 
     def num_discounted(self, now: float) -> int:
-        """Workers whose reports are discounted now (the kvplane.workers.discounted gauge)."""
-        return len(self._current(now))
-
-    def _current(self, now: float) -> dict[WorkerId, float]:
-        """The discounted workers and their excess now; those whose discount lapsed are dropped
-        (`now` does not go back from one call to the next: the planner's clock)."""
-        excess = {worker_id: self.excess_s(worker_id, now) for worker_id in self._contradicted}
-        self._contradicted = {worker_id for worker_id, e in excess.items() if e > 0}
-        return {worker_id: e for worker_id, e in excess.items() if e > 0}
+        """Workers whose reports are discounted now (the kvplane.workers.discounted gauge). Read
+        at a metrics scrape, on another thread: it only reads (`list` copies the set at once)."""
+        return sum(self.excess_s(worker_id, now) > 0 for worker_id in list(self._contradicted))
 
     def forget(self, worker_id: WorkerId) -> None:
         self._means.pop(worker_id, None)
@@ -171,7 +165,11 @@ class ReportTrust:
         if not self._contradicted:
             return table
         rows = {}
-        for worker_id, excess in self._current(now).items():
+        for worker_id in list(self._contradicted):
+            excess = self.excess_s(worker_id, now)
+            if excess <= 0:  # lapsed: `now` does not go back (the planner's clock), so for good
+                self._contradicted.discard(worker_id)
+                continue
             row = table.row_of.get(worker_id)
             if row is not None:
                 rows[row] = with_excess(table.views[row], excess)
