@@ -258,8 +258,7 @@ class NatsBus:
                     if meta.num_pending == 0:
                         return
         finally:
-            with contextlib.suppress(Exception):
-                await pull.unsubscribe()
+            await _unsubscribe(pull)
             with contextlib.suppress(Exception):
                 await self._js.delete_consumer(LOAD_STREAM, config.name)  # pull_subscribe named it
 
@@ -268,14 +267,13 @@ class NatsBus:
         ordered-consumer recovery can die when it runs while the connection is down, and a server
         that lost messages (killed before it wrote them) numbers new ones where the lost ones
         were, so resuming after the last sequence seen could skip them. A replay is harmless: a
-        snapshot is the worker's whole truth and batches already applied are skipped (core/index.py)."""
+        snapshot is the worker's whole truth and batches already applied are skipped (core/index.py).
+        The load reports' subscription (which nats-py restores on its own) is dropped only once the
+        new one is open, so no report falls between them; one read twice is dropped by its report_seq."""
         for kind in ("kv", "load"):
             old = self._subscriptions.pop(kind, None)
-            if old is not None:
-                try:
-                    await old.unsubscribe()
-                except Exception:
-                    pass
+            if old is not None and kind == "kv":
+                await _unsubscribe(old)
             while not self._closing:
                 try:
                     await self._subscribe(kind)
@@ -283,6 +281,8 @@ class NatsBus:
                 except BusUnavailable as e:
                     log.warning("NATS: %s; retrying", e)
                     await asyncio.sleep(0.5)
+            if old is not None and kind == "load":
+                await _unsubscribe(old)
 
     async def probe(self) -> None:
         if not self._nc.is_connected:
@@ -299,10 +299,7 @@ class NatsBus:
     async def close(self) -> None:
         self._closing = True
         for sub in self._subscriptions.values():
-            try:
-                await sub.unsubscribe()
-            except Exception:
-                pass
+            await _unsubscribe(sub)
         if self._nc is not None:
             await self._nc.close()
 
@@ -321,6 +318,11 @@ class NatsBus:
         log.info("NATS: reconnected to %s", self._nc.connected_url.netloc if self._nc and self._nc.connected_url else "?")
         if self._deliver is not None and not self._closing and (self._resubscribing is None or self._resubscribing.done()):
             self._resubscribing = asyncio.get_running_loop().create_task(self._resubscribe(), name="nats-resubscribe")
+
+
+async def _unsubscribe(subscription) -> None:
+    with contextlib.suppress(Exception):  # gone with the connection already
+        await subscription.unsubscribe()
 
 
 def _refused(e: BaseException) -> bool:

@@ -337,7 +337,7 @@ class Planner:
         serving alone was refused everything for the whole hold (30 s) after two slow requests
         (a pause, a warm-up). A worker that does run late gets one request at a time."""
         objective = routed.objective
-        if objective is None:
+        if objective is None or not self.trust.may_discount:  # a rejection in an overload: no walk of every option again
             return None
         for option in routed.options:
             worker = option.decode_worker

@@ -97,7 +97,7 @@ class ReportTrust:
         self._means: dict[WorkerId, _Means] = {}
         # The workers discounted after their last request: a discount starts only there and ends
         # there or hold_s later, so a request looks at these, not at every worker measured (at
-        # 1,000 workers that walk cost 0.4-0.7 ms per request).
+        # 1,000 workers that walk cost 0.23-0.27 ms per request).
         self._contradicted: set[WorkerId] = set()
 
     def observe(self, worker_id: WorkerId, predicted_s: float, measured_s: float, now: float, discount_s: float = 0.0) -> None:
@@ -156,13 +156,18 @@ class ReportTrust:
         at a metrics scrape, on another thread: it only reads (`list` copies the set at once)."""
         return sum(self.excess_s(worker_id, now) > 0 for worker_id in list(self._contradicted))
 
+    @property
+    def may_discount(self) -> bool:
+        """Some worker may be discounted now (False: none is, without looking at any)."""
+        return bool(self._contradicted)
+
     def forget(self, worker_id: WorkerId) -> None:
         self._means.pop(worker_id, None)
         self._contradicted.discard(worker_id)
 
     def discounted(self, table: WorkerTable, now: float) -> WorkerTable:
         """`table` with every contradicted worker's view carrying its excess as queued prefill work."""
-        if not self._contradicted:
+        if not self.may_discount:
             return table
         rows = {}
         for worker_id in list(self._contradicted):

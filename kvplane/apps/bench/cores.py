@@ -11,10 +11,11 @@ import os
 from pathlib import Path
 
 
-def split_cores(num_replicas: int, available: set[int] | None = None) -> tuple[list[set[int]], set[int]]:
-    """One core per replica and the rest for everything else; raises ValueError (its message says
-    what to do) when there are not enough cores for that."""
-    cores = sorted(available if available is not None else os.sched_getaffinity(0))
+def split_cores(num_replicas: int, available: set[int]) -> tuple[list[set[int]], set[int]]:
+    """One core of `available` (the bench's own, read before it pins itself) per replica and the
+    rest for everything else; raises ValueError (its message says what to do) when there are not
+    enough cores for that."""
+    cores = sorted(available)
     if len(cores) < num_replicas + 1:
         raise ValueError(
             f"--pin needs a core per replica and at least one more for the rest: {num_replicas} replica(s) need "
