@@ -26,7 +26,7 @@ def policy() -> dict[str, Rule]:
     # The HTTP face's own calls without a caller token (/v1/models, /health) list workers as the replica.
     table[f"/{_KVPLANE}/ListWorkers"] = rule(Role.CLIENT, Role.ADMIN, Role.CONTROLPLANE, rate_limited=True)
     # Lookaside reports follow a Route that was already counted: not rate-limited again.
-    table[f"/{_KVPLANE}/Report"] = rule(Role.CLIENT, Role.ADMIN)
+    table[f"/{_KVPLANE}/Report"] = table[f"/{_KVPLANE}/ReportStream"] = rule(Role.CLIENT, Role.ADMIN)
     table |= {f"/{_KVPLANE}/{m}": rule(Role.ADMIN, rate_limited=True) for m in ADMIN_METHODS}
     table |= {f"/{_REGISTRY}/{m}": rule(Role.WORKER) for m in REGISTRY_METHODS}
     return table

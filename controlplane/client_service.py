@@ -72,7 +72,7 @@ from kvplane.security.auth import caller
 from kvplane.security.credentials import Credentials
 from kvplane.security.identity import ANONYMOUS, Identity, Role, tenant_cache_salt
 from kvplane.security.limits import MAX_ID_CHARS, MAX_STREAM_INTERVAL, clip
-from kvplane.telemetry import instruments, tracing
+from kvplane.telemetry import grpc_tracing, instruments, tracing
 from kvplane.telemetry.window import StatsWindow
 from kvplane.types import PRIORITIES, Tier, WorkerId
 from kvplane.v1 import agent_pb2, agent_pb2_grpc, client_pb2, client_pb2_grpc, common_pb2
@@ -80,6 +80,7 @@ from kvplane.v1 import agent_pb2, agent_pb2_grpc, client_pb2, client_pb2_grpc, c
 log = logging.getLogger(__name__)
 
 LOOKASIDE_OUTCOME = "kvplane.lookaside.outcome"
+REPORT_METHOD = "/kvplane.v1.Kvplane/Report"  # what a report on ReportStream is traced as
 LOOKASIDE_OUTCOMES = ("finished", "cancelled", "failed", "moved", "expired")
 DEADLINE_SLACK_S = 0.05  # an agent call failing this close to the caller's deadline failed because of it
 
@@ -605,11 +606,45 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
         finally:
             cpu_seconds[PHASE_REPORT] += time.thread_time() - cpu  # a failure's re-planning included
 
+    async def ReportStream(self, request_iterator, context):
+        """Report's FIRST_TOKEN, FINISHED and CANCELLED on one stream, an answer each, in order;
+        a report's error is its answer's, and the stream goes on."""
+        owner = (caller() or ANONYMOUS).key
+        async for request in request_iterator:
+            cpu = time.thread_time()
+            with grpc_tracing.message_span(REPORT_METHOD, request.traceparent) as status:
+                if request.event == client_pb2.ReportRequest.FAILED:
+                    code, message = (
+                        grpc.StatusCode.FAILED_PRECONDITION,
+                        "send FAILED with Report: its answer is where the request continues",
+                    )
+                else:
+                    code, message = self._settle(request, owner)
+                status(code)
+            cpu_seconds[PHASE_REPORT] += time.thread_time() - cpu
+            yield client_pb2.ReportAnswer(placement_id=request.placement_id, code=code.value[0], message=message)
+
     async def _report(self, request: client_pb2.ReportRequest, context) -> client_pb2.ReportResponse:
+        owner = (caller() or ANONYMOUS).key
+        if request.event != client_pb2.ReportRequest.FAILED:
+            code, message = self._settle(request, owner)
+            if code is not grpc.StatusCode.OK:
+                await context.abort(code, message)
+            return client_pb2.ReportResponse()
         self._expire_lookaside()
-        placed = self._lookaside.take(request.placement_id, (caller() or ANONYMOUS).key)
+        placed = self._lookaside.take(request.placement_id, owner)
         if placed is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, unknown_placement(request.placement_id))
+        self._lookaside.pop(placed.placement_id)
+        self.planner.finished(placed.dispatch_id, self._clock())
+        return await self._lookaside_failed(placed, request, context)
+
+    def _settle(self, request: client_pb2.ReportRequest, owner: str) -> tuple[grpc.StatusCode, str]:
+        """A report other than FAILED: never waits, so a stream can answer its reports in order."""
+        self._expire_lookaside()
+        placed = self._lookaside.take(request.placement_id, owner)
+        if placed is None:
+            return grpc.StatusCode.NOT_FOUND, unknown_placement(request.placement_id)
         now = self._clock()
         events = client_pb2.ReportRequest
         if request.event == events.FIRST_TOKEN:
@@ -618,19 +653,17 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
                 self.planner.prefill_ended(placed.dispatch_id, now)
                 placed.observation.on_reply(1)
                 placed.expires_at = now + self._config.token_timeout_s * max(placed.validated.route.max_tokens - len(placed.sent), 1)
-            return client_pb2.ReportResponse()
-        if request.event not in (events.FINISHED, events.CANCELLED, events.FAILED):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "event must be FIRST_TOKEN, FINISHED, FAILED or CANCELLED")
+            return grpc.StatusCode.OK, ""
+        if request.event not in (events.FINISHED, events.CANCELLED):
+            return grpc.StatusCode.INVALID_ARGUMENT, "event must be FIRST_TOKEN, FINISHED, FAILED or CANCELLED"
         self._lookaside.pop(placed.placement_id)
         if request.event == events.FINISHED:
             self._lookaside_finished(placed, request, now)
-            return client_pb2.ReportResponse()
+            return grpc.StatusCode.OK, ""
         self.planner.finished(placed.dispatch_id, now)
-        if request.event == events.CANCELLED:
-            placed.observation.failed("CANCELLED")
-            instruments().kvplane_lookaside_placements.add(1, {LOOKASIDE_OUTCOME: "cancelled"})
-            return client_pb2.ReportResponse()
-        return await self._lookaside_failed(placed, request, context)
+        placed.observation.failed("CANCELLED")
+        instruments().kvplane_lookaside_placements.add(1, {LOOKASIDE_OUTCOME: "cancelled"})
+        return grpc.StatusCode.OK, ""
 
     def _lookaside_finished(self, placed: Placed, request: client_pb2.ReportRequest, now: float) -> None:
         outcome = None

@@ -43,9 +43,9 @@ from collections.abc import Callable, Mapping
 import grpc
 
 from kvplane import tickets
+from kvplane.call_stream import CallStream
 from kvplane.convert import tier_to_pb
 from kvplane.dataplane.agent.bus_publish import BusPublisher
-from kvplane.dataplane.agent.call_stream import CallStream
 from kvplane.dataplane.agent.config import AgentConfig
 from kvplane.dataplane.agent.observe import record_lease_loss
 from kvplane.dataplane.engines.events import AllCleared, BlockRemoved, BlockStored, KVCacheEvent

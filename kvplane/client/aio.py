@@ -14,6 +14,7 @@ from typing import TypeVar, Unpack
 import grpc
 
 from kvplane import grpc_util
+from kvplane.call_stream import CallStream
 from kvplane.client import calls
 from kvplane.client.core import ClientCore
 from kvplane.client.from_proto import StreamAssembler
@@ -30,7 +31,7 @@ from kvplane.client.results import (
     WorkerStatus,
 )
 from kvplane.errors import KvplaneError, NotFoundError
-from kvplane.v1 import agent_pb2_grpc, client_pb2_grpc
+from kvplane.v1 import agent_pb2_grpc, client_pb2, client_pb2_grpc
 
 T = TypeVar("T")
 
@@ -97,6 +98,9 @@ class AsyncClient(ClientCore):
     async def close(self) -> None:
         if self._pending:
             await asyncio.wait(set(self._pending), timeout=REPORT_TIMEOUT_S)
+        for reports in self._report_streams.values():
+            reports.end()
+        self._report_streams = {}
         channels, self._channels, self._stubs = self._channels, {}, {}
         agents, self._agent_channels, self._agent_stubs = self._agent_channels, {}, {}
         for channel in (*channels.values(), *agents.values()):
@@ -117,6 +121,7 @@ class AsyncClient(ClientCore):
         self._agent_channels: dict[str, grpc.aio.Channel] = {}  # lookaside mode: decode agents, opened on first use
         self._agent_stubs: dict[str, agent_pb2_grpc.AgentStub] = {}
         self._pending: set[asyncio.Future] = set()  # background reports in flight
+        self._report_streams: dict[str, CallStream] = {}  # lookaside reports, one stream per replica
 
     def _stub(self, endpoint: str) -> client_pb2_grpc.KvplaneStub:
         stub = self._stubs.get(endpoint)
@@ -195,9 +200,7 @@ class AsyncClient(ClientCore):
                             break
                         chunk, report = run.chunk(response)
                         if report is not None:
-                            self._background(
-                                self._stub(self.endpoints[self._preferred]).Report(report, timeout=REPORT_TIMEOUT_S, metadata=run.metadata)
-                            )
+                            self._background(self._report(report))
                         if response.finished:
                             await self._finished(run, response)
                         yield chunk
@@ -216,16 +219,36 @@ class AsyncClient(ClientCore):
             report = run.cancelled_report()
             if report is not None:
                 try:
-                    await self._stub(self.endpoints[self._preferred]).Report(report, timeout=REPORT_TIMEOUT_S, metadata=run.metadata)
+                    await self._report(report)
                 except grpc.RpcError:
                     pass  # the replica is gone, and with it the charge; its placement expires otherwise
             run.end(error)
 
     async def _finished(self, run: LookasideRun, response) -> None:
+        report = run.finished_report(response)
         try:
-            await self._unary(run.report_call(run.finished_report(response)))
-        except KvplaneError:
-            pass  # the request completed; a replica that forgot it holds no charge for it
+            await self._report(report)
+        except grpc.RpcError:  # the stream broke: the call, with its retries, releases the worker
+            try:
+                await self._unary(run.report_call(report))
+            except KvplaneError:
+                pass  # the request completed; a replica that forgot it holds no charge for it
+
+    async def _report(self, report: client_pb2.ReportRequest) -> None:
+        """A FIRST_TOKEN, FINISHED or CANCELLED report on the preferred replica's report stream.
+        Its answer is not read: a replica that forgot the placement (NOT_FOUND) holds no charge
+        for it. Raises grpc.RpcError when the stream fails."""
+        endpoint = self.endpoints[self._preferred]
+        reports = self._report_streams.get(endpoint)
+        if reports is None:
+            stub = self._stub(endpoint)
+
+            def unary(request: client_pb2.ReportRequest, timeout_s: float):  # a control plane without ReportStream
+                metadata = (("traceparent", request.traceparent),) if request.traceparent else None
+                return stub.Report(request, timeout=timeout_s, metadata=metadata)
+
+            reports = self._report_streams[endpoint] = CallStream("lookaside report", stub.ReportStream, unary, lambda: REPORT_TIMEOUT_S)
+        await reports.call(report)
 
     async def _moved(self, run: LookasideRun, call: calls.GenerateCall, failure: tuple[str, str, bool]):
         """Reports a failed attempt; the next placement's agent request (None: nothing left to run)."""

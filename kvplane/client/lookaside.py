@@ -5,7 +5,10 @@
 calls `Agent.Generate` on the placed worker with the agent request and single-use ticket it got,
 and reports back (`Kvplane.Report`): the first token (in the background), the end with the
 measured TTFT/TPOT and the agent's metrics (before the caller sees the last chunk, so its next
-request finds the worker free, as in relay mode), a cancel when the caller stops early.
+request finds the worker free, as in relay mode), a cancel when the caller stops early. The
+asyncio client sends those three on one `ReportStream` per replica (a message costs the control
+plane a fraction of a call), the end again as a call if the stream fails; the blocking client
+makes a call for each.
 
 Failures are handled as in relay mode, by the control plane: when the agent's call fails, or no
 first token (next token) comes within the placement's progress timeouts, the client cancels the
@@ -197,7 +200,9 @@ class LookasideRun:
         client_spans.end_generate(self._span, self._last_chunk, len(self._token_ids), failure)
 
     def _report(self, event: int) -> client_pb2.ReportRequest:
-        return client_pb2.ReportRequest(placement_id=self.placement.placement_id, event=event)
+        # The trace context rides in the report too: on a stream, metadata is the stream's.
+        traceparent = next((v for k, v in self.metadata or () if k == "traceparent"), "")
+        return client_pb2.ReportRequest(placement_id=self.placement.placement_id, event=event, traceparent=traceparent)
 
 
 class _Status:

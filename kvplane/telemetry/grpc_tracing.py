@@ -15,8 +15,9 @@ when tracing is on.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import grpc
 from opentelemetry import context as otel_context
@@ -75,6 +76,28 @@ class ServerTracingInterceptor(grpc.aio.ServerInterceptor):
                 response_serializer=handler.response_serializer,
             )
         return handler  # kvplane has no client-streaming RPCs
+
+
+@contextlib.contextmanager
+def message_span(method: str, traceparent: str) -> Iterator[Callable[[grpc.StatusCode], None]]:
+    """The SERVER span of one message on a stream that carries each message's trace context in
+    the message (ReportRequest.traceparent), named as the unary method it stands for; yields
+    what records the message's status. No span without a context or with tracing off."""
+    if not traceparent or not tracing.enabled():
+        yield _no_status
+        return
+    span = _server_span(_names(method)[0], _rpc_attributes(method), {"traceparent": traceparent})
+    codes: list[grpc.StatusCode] = []
+    try:
+        with trace.use_span(span, end_on_exit=False, record_exception=False, set_status_on_exception=False):
+            yield codes.append
+    finally:
+        _set_status(span, codes[-1] if codes else grpc.StatusCode.UNKNOWN)
+        span.end()
+
+
+def _no_status(code: grpc.StatusCode) -> None:
+    pass
 
 
 def _server_span(name, attributes, metadata):

@@ -113,7 +113,7 @@ class Placement(_message.Message):
     def __init__(self, placement_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., endpoint: _Optional[str] = ..., agent_request: _Optional[bytes] = ..., ticket_expires_in_s: _Optional[float] = ..., first_token_timeout_s: _Optional[float] = ..., token_timeout_s: _Optional[float] = ..., metrics: _Optional[_Union[_common_pb2.RequestMetrics, _Mapping]] = ..., num_resumed_tokens: _Optional[int] = ...) -> None: ...
 
 class ReportRequest(_message.Message):
-    __slots__ = ("placement_id", "event", "metrics", "ttft_ms", "tpot_ms", "num_tokens", "token_ids", "failure_code", "failure_details", "stalled")
+    __slots__ = ("placement_id", "event", "metrics", "ttft_ms", "tpot_ms", "num_tokens", "token_ids", "failure_code", "failure_details", "stalled", "traceparent")
     class Event(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         EVENT_UNSPECIFIED: _ClassVar[ReportRequest.Event]
@@ -136,6 +136,7 @@ class ReportRequest(_message.Message):
     FAILURE_CODE_FIELD_NUMBER: _ClassVar[int]
     FAILURE_DETAILS_FIELD_NUMBER: _ClassVar[int]
     STALLED_FIELD_NUMBER: _ClassVar[int]
+    TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
     placement_id: str
     event: ReportRequest.Event
     metrics: _common_pb2.RequestMetrics
@@ -146,7 +147,18 @@ class ReportRequest(_message.Message):
     failure_code: str
     failure_details: str
     stalled: bool
-    def __init__(self, placement_id: _Optional[str] = ..., event: _Optional[_Union[ReportRequest.Event, str]] = ..., metrics: _Optional[_Union[_common_pb2.RequestMetrics, _Mapping]] = ..., ttft_ms: _Optional[float] = ..., tpot_ms: _Optional[float] = ..., num_tokens: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., failure_code: _Optional[str] = ..., failure_details: _Optional[str] = ..., stalled: _Optional[bool] = ...) -> None: ...
+    traceparent: str
+    def __init__(self, placement_id: _Optional[str] = ..., event: _Optional[_Union[ReportRequest.Event, str]] = ..., metrics: _Optional[_Union[_common_pb2.RequestMetrics, _Mapping]] = ..., ttft_ms: _Optional[float] = ..., tpot_ms: _Optional[float] = ..., num_tokens: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., failure_code: _Optional[str] = ..., failure_details: _Optional[str] = ..., stalled: _Optional[bool] = ..., traceparent: _Optional[str] = ...) -> None: ...
+
+class ReportAnswer(_message.Message):
+    __slots__ = ("placement_id", "code", "message")
+    PLACEMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    placement_id: str
+    code: int
+    message: str
+    def __init__(self, placement_id: _Optional[str] = ..., code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
 
 class ReportResponse(_message.Message):
     __slots__ = ("next",)

@@ -49,6 +49,11 @@ class KvplaneStub:
                 request_serializer=kvplane_dot_v1_dot_client__pb2.ReportRequest.SerializeToString,
                 response_deserializer=kvplane_dot_v1_dot_client__pb2.ReportResponse.FromString,
                 _registered_method=True)
+        self.ReportStream = channel.stream_stream(
+                '/kvplane.v1.Kvplane/ReportStream',
+                request_serializer=kvplane_dot_v1_dot_client__pb2.ReportRequest.SerializeToString,
+                response_deserializer=kvplane_dot_v1_dot_client__pb2.ReportAnswer.FromString,
+                _registered_method=True)
         self.ListWorkers = channel.unary_unary(
                 '/kvplane.v1.Kvplane/ListWorkers',
                 request_serializer=kvplane_dot_v1_dot_client__pb2.ListWorkersRequest.SerializeToString,
@@ -113,6 +118,17 @@ class KvplaneServicer:
     def Report(self, request, context):
         """Lookaside mode: what became of a placed request (first token, finished, failed, cancelled).
         A failure answers with where the request continues, as Generate would have moved it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReportStream(self, request_iterator, context):
+        """The same reports on one long-lived stream, an answer per report in the order sent (a call
+        each costs the control plane several times the CPU of a message): what the SDK uses for
+        FIRST_TOKEN, FINISHED and CANCELLED. A report's error is its answer's code, and the stream
+        goes on. FAILED is answered FAILED_PRECONDITION here: send it with Report, whose answer is
+        where the request continues.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -188,6 +204,11 @@ def add_KvplaneServicer_to_server(servicer, server):
                     servicer.Report,
                     request_deserializer=kvplane_dot_v1_dot_client__pb2.ReportRequest.FromString,
                     response_serializer=kvplane_dot_v1_dot_client__pb2.ReportResponse.SerializeToString,
+            ),
+            'ReportStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.ReportStream,
+                    request_deserializer=kvplane_dot_v1_dot_client__pb2.ReportRequest.FromString,
+                    response_serializer=kvplane_dot_v1_dot_client__pb2.ReportAnswer.SerializeToString,
             ),
             'ListWorkers': grpc.unary_unary_rpc_method_handler(
                     servicer.ListWorkers,
@@ -311,6 +332,33 @@ class Kvplane:
             '/kvplane.v1.Kvplane/Report',
             kvplane_dot_v1_dot_client__pb2.ReportRequest.SerializeToString,
             kvplane_dot_v1_dot_client__pb2.ReportResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/kvplane.v1.Kvplane/ReportStream',
+            kvplane_dot_v1_dot_client__pb2.ReportRequest.SerializeToString,
+            kvplane_dot_v1_dot_client__pb2.ReportAnswer.FromString,
             options,
             channel_credentials,
             insecure,

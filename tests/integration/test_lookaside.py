@@ -151,6 +151,30 @@ def _place(stub, seed: int) -> client_pb2.Placement:
     return stub.Route(request, timeout=30).placement
 
 
+def test_reports_on_the_stream_are_answered_in_order_and_an_error_does_not_end_it(cluster):
+    """ReportStream: an answer per report, in order; a report's error is its answer's code."""
+    with Client(cluster.endpoint, timeout=60) as client:
+        stub = client_pb2_grpc.KvplaneStub(channel(cluster.endpoint, client.credentials))
+        first, second = _place(stub, 90), _place(stub, 91)
+        metrics_url = client.stats().metrics_url
+        before = metric_sum(scrape(metrics_url), PLACEMENTS, **{OUTCOME: "cancelled"})
+        report = client_pb2.ReportRequest
+        sent = [
+            (first.placement_id, report.FIRST_TOKEN, grpc.StatusCode.OK),
+            ("no-such-placement", report.FINISHED, grpc.StatusCode.NOT_FOUND),
+            (second.placement_id, report.FAILED, grpc.StatusCode.FAILED_PRECONDITION),  # needs Report: its answer is the next placement
+            (first.placement_id, report.EVENT_UNSPECIFIED, grpc.StatusCode.INVALID_ARGUMENT),
+            (first.placement_id, report.CANCELLED, grpc.StatusCode.OK),
+            (second.placement_id, report.CANCELLED, grpc.StatusCode.OK),
+            (first.placement_id, report.CANCELLED, grpc.StatusCode.NOT_FOUND),  # it ended
+        ]
+        answers = list(stub.ReportStream(iter(report(placement_id=p, event=e) for p, e, _ in sent), timeout=30))
+        assert [(a.placement_id, a.code) for a in answers] == [(p, code.value[0]) for p, _, code in sent]
+        assert "route the request again" in answers[1].message and "send FAILED with Report" in answers[2].message
+        assert metric_sum(scrape(metrics_url), PLACEMENTS, **{OUTCOME: "cancelled"}) == before + 2
+        assert_nothing_pinned(cluster, client)
+
+
 def test_a_placement_is_charged_until_reported_or_expired(tmp_path):
     """One worker that takes at most one waiting request: two outstanding placements fill it, a
     third is rejected; a report (or the expiry of a silent caller's placement) frees the room."""

@@ -6,6 +6,7 @@ batched every 50 ms); the SDK exports to OpenTelemetry's in-memory exporter in t
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import ssl
@@ -18,7 +19,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from kvplane import Client
+from kvplane import AsyncClient, Client
 from kvplane.apps.cluster import LocalCluster
 from kvplane.telemetry.metrics import SPECS
 
@@ -146,9 +147,22 @@ def test_one_disaggregated_request_is_one_trace_across_all_processes(traced):
     assert event["output_tokens"] == 5 and "prompt" not in json.dumps(event).replace("prompt_tokens", "")
 
 
-def test_a_lookaside_request_is_one_trace_from_the_client_through_the_control_plane_and_the_agent(traced):
+@pytest.mark.parametrize("client_kind", ["blocking", "asyncio"])
+def test_a_lookaside_request_is_one_trace_from_the_client_through_the_control_plane_and_the_agent(traced, client_kind):
     cluster, client, exporter, spans_file = traced
-    result = client.generate(prompt_ids(seed=43, length=3 * BLOCK_SIZE), max_tokens=4, ignore_eos=True, lookaside=True)
+    prompt = prompt_ids(seed=43 if client_kind == "blocking" else 44, length=3 * BLOCK_SIZE)
+    if client_kind == "blocking":  # reports by Report calls, the context in their metadata
+        result = client.generate(prompt, max_tokens=4, ignore_eos=True, lookaside=True)
+    else:  # reports on ReportStream, the context in each report
+        exporter = InMemorySpanExporter()
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+
+        async def run():
+            async with AsyncClient(cluster.endpoint, timeout=60, tracer_provider=provider) as aclient:
+                return await aclient.generate(prompt, max_tokens=4, ignore_eos=True, lookaside=True)
+
+        result = asyncio.run(run())
     [root] = [s for s in exporter.get_finished_spans() if s.attributes.get("kvplane.request_id") == result.request_id]
     assert root.attributes["gen_ai.usage.output_tokens"] == 4 and root.attributes["rpc.grpc.status_code"] == 0
     trace_id, root_id = format(root.context.trace_id, "032x"), format(root.context.span_id, "016x")
@@ -169,6 +183,14 @@ def test_a_lookaside_request_is_one_trace_from_the_client_through_the_control_pl
     )
     assert run["instance"] == result.metrics.decode_worker
     assert any(s["name"] == "kvplane.engine.decode" and s["parent_span_id"] == run["span_id"] for s in spans)
+    reports = wait_for(
+        lambda: (lambda got: got if len(got) == 2 else None)(
+            [s for s in _file_spans(spans_file, trace_id) if s["name"] == "kvplane.v1.Kvplane/Report"]
+        ),
+        timeout=10,
+        what="both lookaside reports' spans",
+    )
+    assert all(s["parent_span_id"] == root_id and s["kind"] == "SERVER" for s in reports)  # first token, end
 
 
 def test_prometheus_endpoints_serve_documented_metrics_that_move(traced):

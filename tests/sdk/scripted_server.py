@@ -4,8 +4,10 @@ The prompt text picks the behaviour (see `ScriptedKvplane.Generate`); "reject-th
 is rejected (retry-after 50 ms) the first K times the server sees that exact text, then echoed;
 "reject-fast" is always rejected with a 50 ms hint; draining worker "slow" takes 5 s. Every other
 prompt is echoed back: its characters become token ids (ord), streamed two per message, and the last
-message carries fixed metrics. It runs on its own event loop in a background thread so that
-both the blocking client and the asyncio client (and CLI subprocesses) can call it.
+message carries fixed metrics. A lookaside Route places the request on this same server, whose
+Agent.Generate echoes it the same way; its reports are recorded (`reports`: which method, which
+event). It runs on its own event loop in a background thread so that both the blocking client and
+the asyncio client (and CLI subprocesses) can call it.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import grpc
 
 from kvplane.errors import REASON_KEY, RETRY_AFTER_MS_KEY
 from kvplane.security.local import CONTROLPLANE, LocalCredentials
-from kvplane.v1 import client_pb2, client_pb2_grpc, common_pb2
+from kvplane.v1 import agent_pb2, agent_pb2_grpc, client_pb2, client_pb2_grpc, common_pb2
 
 METRICS = common_pb2.RequestMetrics(
     prefill_worker="prefill-0",
@@ -89,6 +91,11 @@ class ScriptedKvplane(client_pb2_grpc.KvplaneServicer):
         self.cancelled = threading.Event()  # set when a "long" generation is cancelled by its client
         self.list_workers_delay_s = 0.0  # how long ListWorkers takes
         self.list_workers_started = self.list_workers_answered = 0  # calls begun; answered (not cancelled)
+        self.endpoint = ""  # where lookaside placements send the caller (this server's Agent service)
+        self.reports: list[tuple[str, int]] = []  # ("stream" or "call", ReportRequest.event) per lookaside report
+        self.num_report_streams = 0
+        self.report_stream = True  # False: ReportStream is UNIMPLEMENTED, as on an older control plane
+        self.break_stream_on: int | None = None  # an event that ends the report stream (once) instead of being answered
 
     async def Generate(self, request, context):  # noqa: N802 - gRPC method name
         self._record(request)
@@ -127,12 +134,35 @@ class ScriptedKvplane(client_pb2_grpc.KvplaneServicer):
         self._record(request)
         if await self._reject_if_scripted(request.text, context) or await _abort_if_scripted(request.text, context):
             return client_pb2.RouteResponse()
+        if request.lookaside:
+            agent_request = agent_pb2.AgentGenerateRequest(request_id="req-l", prompt_token_ids=[ord(c) for c in request.text])
+            agent_request.sampling.CopyFrom(request.sampling)
+            placement = client_pb2.Placement(
+                placement_id=f"p{len(self.requests)}", worker_id="decode-0", endpoint=self.endpoint,
+                agent_request=agent_request.SerializeToString(), ticket_expires_in_s=30, first_token_timeout_s=10, token_timeout_s=10,
+            )  # fmt: skip
+            return client_pb2.RouteResponse(request_id="req-l", decode_worker="decode-0", placement=placement)
         return client_pb2.RouteResponse(
             request_id="req-r", decode_worker="decode-0", prefill_worker="prefill-0", disaggregated=True,
             reason="long uncached prompt", prompt_tokens=40, cached_tokens=16,
             candidates=[client_pb2.CandidateScore(worker_id="decode-0", cost=1.5, cached_tokens=16,
                                                   admissible=True, note="best")],
         )  # fmt: skip
+
+    async def Report(self, request, context):  # noqa: N802
+        self.reports.append(("call", request.event))
+        return client_pb2.ReportResponse()
+
+    async def ReportStream(self, request_iterator, context):  # noqa: N802
+        if not self.report_stream:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "Method not found!")
+        self.num_report_streams += 1
+        async for request in request_iterator:
+            if request.event == self.break_stream_on:
+                self.break_stream_on = None
+                await context.abort(grpc.StatusCode.UNAVAILABLE, "the replica is shutting down")
+            self.reports.append(("stream", request.event))
+            yield client_pb2.ReportAnswer(placement_id=request.placement_id)
 
     async def ListWorkers(self, request, context):  # noqa: N802
         self.list_workers_started += 1
@@ -194,6 +224,17 @@ class ScriptedKvplane(client_pb2_grpc.KvplaneServicer):
         return False
 
 
+class EchoAgent(agent_pb2_grpc.AgentServicer):
+    """The decode agent of scripted lookaside placements: echoes the prompt, two tokens a message."""
+
+    async def Generate(self, request, context):  # noqa: N802
+        ids = list(request.prompt_token_ids)[: request.sampling.max_tokens or None]
+        for start in range(0, len(ids), 2):
+            part = ids[start : start + 2]
+            yield agent_pb2.AgentGenerateResponse(token_ids=part, text="".join(map(chr, part)))
+        yield agent_pb2.AgentGenerateResponse(finished=True, finish_reason="length", metrics=METRICS)
+
+
 async def _abort_if_scripted(text: str, context) -> bool:
     if text == "reject":
         context.set_trailing_metadata(((RETRY_AFTER_MS_KEY, "1500"), (REASON_KEY, "ttft_slo")))
@@ -236,10 +277,11 @@ class ScriptedServer:
     async def _start(self) -> None:
         self._server = grpc.aio.server()
         client_pb2_grpc.add_KvplaneServicer_to_server(self.servicer, self._server)
+        agent_pb2_grpc.add_AgentServicer_to_server(EchoAgent(), self._server)
         server_side = self.credentials.for_identity(CONTROLPLANE)
         port = self._server.add_secure_port("127.0.0.1:0", server_side.server_credentials())
         await self._server.start()
-        self.endpoint = f"127.0.0.1:{port}"
+        self.endpoint = self.servicer.endpoint = f"127.0.0.1:{port}"
         self.credentials.publish(self.endpoint)
 
     def stop(self) -> None:

@@ -43,14 +43,17 @@ class Clock:
 
 
 def test_every_rpc_of_the_service_has_exactly_one_builder() -> None:
-    unary = {m.name: m for m in KVPLANE.methods if not m.server_streaming}
+    unary = {m.name: m for m in KVPLANE.methods if not m.server_streaming and not m.client_streaming}
     assert sorted(call.method for call in UNARY_CALLS.values()) == sorted(unary)
     # Route has a second builder, for lookaside placements (same method and message, another reader).
     place = calls.place(REQUEST, 1)
     assert (place.method, place.request.DESCRIPTOR) == ("Route", unary["Route"].input_type)
     for call in UNARY_CALLS.values():  # each builder sends the message type its method takes
         assert call.request.DESCRIPTOR is unary[call.method].input_type
-    assert [m.name for m in KVPLANE.methods if m.server_streaming] == ["Generate"]
+    # Generate streams answers; ReportStream carries Report's messages (the asyncio client's lookaside reports).
+    assert [m.name for m in KVPLANE.methods if m.server_streaming] == ["Generate", "ReportStream"]
+    [report_stream] = [m for m in KVPLANE.methods if m.client_streaming]
+    assert report_stream.name == "ReportStream" and report_stream.input_type is unary["Report"].input_type
     assert calls.generate(REQUEST, 1) == calls.GenerateCall(REQUEST, 1)
 
 

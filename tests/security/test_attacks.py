@@ -307,6 +307,8 @@ def test_a_lookaside_placement_runs_once_for_its_own_tenant_and_only_as_placed(c
     assert error.code() == grpc.StatusCode.PERMISSION_DENIED and "another tenant" in error.details(), error.details()
     report = client_pb2.ReportRequest(placement_id=placement.placement_id, event=client_pb2.ReportRequest.CANCELLED)
     assert rpc_error(mallory.kvplane().Report, report, timeout=10).code() == grpc.StatusCode.NOT_FOUND
+    [answer] = mallory.kvplane().ReportStream(iter([report]), timeout=10)  # nor on the report stream
+    assert answer.code == grpc.StatusCode.NOT_FOUND.value[0]
     # Tampered with (another prompt, or another salt: another tenant's cache), it is refused.
     for field, value in (("prompt_token_ids", [*PROMPT[:-1], 7]), ("cache_salt", "tenant/bob")):
         tampered = agent_pb2.AgentGenerateRequest()

@@ -97,8 +97,9 @@ def _csv(kind: type, choices: tuple[str, ...] = ()):
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--replicas", type=_csv(int), default=[1, 2, 4], metavar="N,N,...",
                         help="control-plane replica counts, each on one etcd (default 1,2,4)")  # fmt: skip
-    parser.add_argument("--modes", type=_csv(str, tuple(MODES)), default=list(MODES), metavar="M,...",
-                        help=f"request modes (default {','.join(MODES)})")  # fmt: skip
+    parser.add_argument("--modes", type=_csv(str, tuple(MODES)), default=["relay", "lookaside"], metavar="M,...",
+                        help="request modes: relay, lookaside (reports on one stream, as the asyncio SDK), "
+                             "lookaside-calls (a Report call each, as the blocking SDK) (default relay,lookaside)")  # fmt: skip
     parser.add_argument("--shapes", type=_csv(str, tuple(SHAPES)), default=list(SHAPES), metavar="S,...",
                         help="request shapes: short (128 in / 32 out), long (4,096 in / 256 out) (default both)")  # fmt: skip
     parser.add_argument("--workers", type=int, default=128, help="simulated workers (default %(default)s)")
@@ -422,7 +423,9 @@ def run_replicas(args: argparse.Namespace, num_replicas: int, bus: str, log_dir:
                 if args.pin:
                     _pin(cluster, generators, etcd, nats, split_cores(num_replicas, args.cores), tag, log)
                 bench = Bench(args, cluster, generators, log, etcd, nats)
-                if "lookaside" in args.modes:  # lookaside callers dial the agents: each generator opens its pool first
+                if any(
+                    m.startswith("lookaside") for m in args.modes
+                ):  # lookaside callers dial the agents: each generator opens its pool first
                     with cluster.client(timeout=30) as admin:
                         agents = [w.endpoint for w in admin.workers()]
                     pools = generators.step([{"connect": agents}] * num_generators)

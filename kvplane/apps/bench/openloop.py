@@ -11,7 +11,9 @@ Requests are token ids (no tokenizer), built before the step's clock starts so t
 spends its step only on sending and reading: a random first block per request (so no two share
 a cached prefix) then a fixed body, `max_tokens` with ignore_eos. A request "mode" is one async
 function (MODES): `relay` streams Kvplane.Generate through the control plane; `lookaside` gets a
-placement (Route with lookaside), streams from the decode agent and reports back, as the SDK does. A mode raises on
+placement (Route with lookaside), streams from the decode agent and reports back on one
+ReportStream, as the asyncio SDK does; `lookaside-calls` the same with a Report call per report,
+as the blocking SDK does (the baseline of the stream). A mode raises on
 failure and sets the sample's first-token time; it must receive exactly max_tokens tokens.
 
 The answer carries, per request, arrival / completion times from the step's start and the time
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import random
 import string
@@ -33,6 +36,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from kvplane.apps.bench.workload import poisson_arrivals
+from kvplane.call_stream import CallStream
 from kvplane.grpc_util import aio_channel
 from kvplane.security.credentials import Credentials, resolve_client
 from kvplane.v1 import agent_pb2, agent_pb2_grpc, client_pb2, client_pb2_grpc, common_pb2
@@ -58,6 +62,15 @@ class Target:
     credentials: Credentials
     timeout_s: float
     channels: dict[str, grpc.aio.Channel] = field(default_factory=dict)  # other endpoints a mode dialled
+    report_stream: CallStream | None = None  # lookaside reports, opened on first use
+
+    def reports(self) -> CallStream:
+        if self.report_stream is None:
+            stub = self.kvplane
+            self.report_stream = CallStream(
+                "lookaside report", stub.ReportStream, lambda r, t: stub.Report(r, timeout=t), lambda: self.timeout_s
+            )
+        return self.report_stream
 
 
 @dataclass(slots=True)
@@ -69,6 +82,10 @@ class Sample:
 
 
 class ShortStream(Exception):
+    pass
+
+
+class ReportRefused(Exception):
     pass
 
 
@@ -85,9 +102,10 @@ async def relay(target: Target, request: client_pb2.GenerateRequest, sample: Sam
         raise ShortStream(f"{num_tokens} of {request.sampling.max_tokens} tokens")
 
 
-async def lookaside(target: Target, request: client_pb2.GenerateRequest, sample: Sample) -> None:
+async def lookaside(target: Target, request: client_pb2.GenerateRequest, sample: Sample, streamed: bool = True) -> None:
     """The request placed by the control plane and streamed from the decode agent (lookaside
-    mode), with the reports the SDK sends: the first token in the background, the end awaited."""
+    mode), with the reports the SDK sends: the first token in the background, the end awaited;
+    on the report stream, or (`streamed` False) a Report call each."""
     loop = asyncio.get_running_loop()
     placed = client_pb2.GenerateRequest()
     placed.CopyFrom(request)
@@ -97,13 +115,14 @@ async def lookaside(target: Target, request: client_pb2.GenerateRequest, sample:
     if channel is None:
         channel = target.channels[placement.endpoint] = aio_channel(placement.endpoint, target.credentials, traced=False)
     agent = agent_pb2_grpc.AgentStub(channel)
+    report = target.reports().call if streamed else functools.partial(target.kvplane.Report, timeout=target.timeout_s)
     num_tokens, final, first_report = 0, None, None
     async for reply in agent.Generate(agent_pb2.AgentGenerateRequest.FromString(placement.agent_request), timeout=target.timeout_s):
         if reply.token_ids:
             if sample.first_token is None:
                 sample.first_token = loop.time()
                 event = client_pb2.ReportRequest(placement_id=placement.placement_id, event=client_pb2.ReportRequest.FIRST_TOKEN)
-                first_report = asyncio.ensure_future(target.kvplane.Report(event, timeout=target.timeout_s))
+                first_report = asyncio.ensure_future(report(event))
             num_tokens += len(reply.token_ids)
         if reply.finished:
             final = reply
@@ -112,13 +131,15 @@ async def lookaside(target: Target, request: client_pb2.GenerateRequest, sample:
     end = client_pb2.ReportRequest(placement_id=placement.placement_id, event=client_pb2.ReportRequest.FINISHED, num_tokens=num_tokens)
     end.metrics.CopyFrom(final.metrics)
     end.ttft_ms = (sample.first_token - sample.sent) * 1000
-    await target.kvplane.Report(end, timeout=target.timeout_s)
+    answer = await report(end)
+    if isinstance(answer, client_pb2.ReportAnswer) and answer.code:
+        raise ReportRefused(f"the end's report was answered {answer.code}: {answer.message}")
     if first_report is not None:
-        await asyncio.gather(first_report, return_exceptions=True)  # NOT_FOUND when the end overtook it
+        await asyncio.gather(first_report, return_exceptions=True)  # a call's NOT_FOUND when the end overtook it
 
 
 Mode = Callable[[Target, client_pb2.GenerateRequest, Sample], Awaitable[None]]
-MODES: dict[str, Mode] = {"relay": relay, "lookaside": lookaside}
+MODES: dict[str, Mode] = {"relay": relay, "lookaside": lookaside, "lookaside-calls": functools.partial(lookaside, streamed=False)}
 
 
 def build_requests(
@@ -219,6 +240,8 @@ async def serve(endpoint: str, timeout_s: float) -> None:
             answer = await connect(target, command["connect"]) if "connect" in command else await run_step(target, command)
             print(json.dumps(answer), flush=True)
     finally:
+        if target.report_stream is not None:
+            target.report_stream.end()
         for other in target.channels.values():
             await other.close()
         await channel.close()

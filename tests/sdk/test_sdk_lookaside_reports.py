@@ -1,0 +1,68 @@
+"""Where the SDK's lookaside reports go: the asyncio client sends them on one ReportStream per
+replica (answers matched to reports in order, any number in flight), falls back to Report calls
+on a control plane without the stream, and sends the end again as a call when the stream breaks;
+the blocking client makes a call per report. Against the scripted server (real gRPC, mutual TLS),
+which places lookaside requests on its own echoing Agent service."""
+
+from __future__ import annotations
+
+import asyncio
+
+from kvplane import AsyncClient, Client
+from kvplane.call_stream import CallStream
+from kvplane.client.lookaside import REPORT_TIMEOUT_S
+from kvplane.grpc_util import aio_channel
+from kvplane.v1 import client_pb2, client_pb2_grpc
+from tests.sdk.scripted_server import ScriptedServer
+
+FIRST, FINISHED = client_pb2.ReportRequest.FIRST_TOKEN, client_pb2.ReportRequest.FINISHED
+
+
+async def _generate(server: ScriptedServer, prompts: list[str]) -> list[str]:
+    async with AsyncClient(server.endpoint) as client:
+        results = await asyncio.gather(*(client.generate(p, max_tokens=8, lookaside=True) for p in prompts))
+    return [r.text for r in results]
+
+
+def test_the_async_client_reports_on_one_stream(server: ScriptedServer) -> None:
+    prompts = [f"req{i}" for i in range(6)]
+    assert asyncio.run(_generate(server, prompts)) == prompts
+    reports = server.servicer.reports
+    assert sorted(reports) == sorted([("stream", FIRST)] * 6 + [("stream", FINISHED)] * 6)
+    assert server.servicer.num_report_streams == 1  # six requests in flight together, one stream
+
+
+def test_without_the_stream_the_async_client_reports_by_calls(server: ScriptedServer) -> None:
+    server.servicer.report_stream = False  # an older control plane: UNIMPLEMENTED
+    assert asyncio.run(_generate(server, ["abc", "defg"])) == ["abc", "defg"]
+    assert sorted(server.servicer.reports) == sorted([("call", FIRST)] * 2 + [("call", FINISHED)] * 2)
+
+
+def test_an_end_the_broken_stream_did_not_answer_is_sent_again_as_a_call(server: ScriptedServer) -> None:
+    server.servicer.break_stream_on = FINISHED
+    assert asyncio.run(_generate(server, ["abcdef"])) == ["abcdef"]
+    assert server.servicer.reports == [("stream", FIRST), ("call", FINISHED)]
+
+
+def test_the_blocking_client_reports_by_calls(server: ScriptedServer) -> None:
+    with Client(server.endpoint) as client:
+        assert client.generate("abc", max_tokens=8, lookaside=True).text == "abc"
+    assert sorted(server.servicer.reports) == [("call", FIRST), ("call", FINISHED)]
+
+
+def test_many_reports_in_flight_on_one_stream_each_get_their_own_answer(server: ScriptedServer) -> None:
+    async def scenario() -> list[str]:
+        with Client(server.endpoint) as sync:  # the credentials the server published
+            credentials = sync.credentials
+        channel = aio_channel(server.endpoint, credentials, traced=False)
+        stub = client_pb2_grpc.KvplaneStub(channel)
+        stream = CallStream("report", stub.ReportStream, lambda r, t: stub.Report(r, timeout=t), lambda: REPORT_TIMEOUT_S)
+        try:
+            answers = await asyncio.gather(*(stream.call(client_pb2.ReportRequest(placement_id=f"p{i}", event=FIRST)) for i in range(50)))
+            return [a.placement_id for a in answers]
+        finally:
+            stream.end()
+            await channel.close()
+
+    assert asyncio.run(scenario()) == [f"p{i}" for i in range(50)]
+    assert server.servicer.num_report_streams == 1
