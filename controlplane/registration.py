@@ -10,7 +10,8 @@ them against what every worker holds (kvplane/block_hash.py); an external engine
 mapped onto those blocks one engine page to one kvplane block
 (dataplane/engines/external/hash_map.py), so all workers of a model must share one size, and it
 is the engine's own page/block size. A worker re-registering under its own id is not compared
-with its previous record.
+with its previous record. Since this rule holds the workers of a model to one size, the first
+other worker of the model answers for all of them: a registration does not walk the fleet.
 """
 
 from __future__ import annotations
@@ -39,10 +40,13 @@ def mismatch(
             f"block size is {block_size} (kvplane controlplane --block-size); start the engine with that page/block size"
         )
     for other in registered:
-        if other.worker_id != info.worker_id and other.model == info.model and other.layout.block_size != worker_block_size:
-            return (
-                f"block_size: worker {info.worker_id}'s engine uses {worker_block_size}-token KV blocks, but worker "
-                f"{other.worker_id} of model {info.model!r} uses {other.layout.block_size}; workers of one model must "
-                "share one block size so their block hashes match"
-            )
+        if other.worker_id == info.worker_id or other.model != info.model:
+            continue
+        if other.layout.block_size == worker_block_size:
+            return None
+        return (
+            f"block_size: worker {info.worker_id}'s engine uses {worker_block_size}-token KV blocks, but worker "
+            f"{other.worker_id} of model {info.model!r} uses {other.layout.block_size}; workers of one model must "
+            "share one block size so their block hashes match"
+        )
     return None

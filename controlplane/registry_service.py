@@ -18,7 +18,7 @@ block hashes per batch and blocks per worker are bounded, and no message echoes 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 
 import grpc
 
@@ -76,10 +76,14 @@ class RegistryService(registry_pb2_grpc.RegistryServicer):
         snapshot_requested: Callable[[str], bool] = lambda worker_id: False,
         bus: Bus | None = None,
         lease_of: Callable[[str], int | None] = lambda worker_id: None,
+        registered: Callable[[], Iterable[common_pb2.WorkerInfo]] = lambda: (),
     ) -> None:
         self._store = store
         self._bus = bus if bus is not None else StoreBus(store, kv_compact_every_s=config.kv_compact_every_s)
         self._lease_of = lease_of  # the lease this replica's view has for a worker (cluster_state.py)
+        # The registered workers as this replica's view holds them: a registration is checked
+        # against them without listing (and parsing) every worker from the store each time.
+        self._registered = registered
         self._snapshot_requested = snapshot_requested  # a replica found a gap in this worker's KV events
         self._config = config
         self._batch_limits = config.batch_limits  # built once: every PublishKVEvents call checks against it
@@ -101,7 +105,9 @@ class RegistryService(registry_pb2_grpc.RegistryServicer):
             )
         ttl = min(request.ttl_seconds or self._config.lease_ttl_s, self._config.max_lease_ttl_s)
         ttl = max(ttl, 2)
-        await self._check_fits_cluster(request.info, context)
+        problem = registration.mismatch(request.info, self._registered(), self._config.models, self._config.block_size)
+        if problem:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"registration refused: {problem}")
         info = common_pb2.WorkerInfo()
         info.CopyFrom(request.info)
         if info.state == common_pb2.WORKER_STATE_UNSPECIFIED:
@@ -150,16 +156,6 @@ class RegistryService(registry_pb2_grpc.RegistryServicer):
         if stored_profile is not None:
             reply.profile.ParseFromString(stored_profile.value)
         return reply
-
-    async def _check_fits_cluster(self, info: common_pb2.WorkerInfo, context: grpc.aio.ServicerContext) -> None:
-        try:
-            items, _ = await self._store.get_prefix(keys.WORKERS)
-        except StoreError as e:
-            await _store_unavailable(context, e)
-        registered = [common_pb2.WorkerInfo.FromString(kv.value) for kv in items]
-        problem = registration.mismatch(info, registered, self._config.models, self._config.block_size)
-        if problem:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"registration refused: {problem}")
 
     async def _check_session(self, context, worker_id: str, lease_id: int, token: bytes) -> None:
         """Aborts unless the caller holds the session of (worker_id, lease_id)."""

@@ -104,6 +104,7 @@ class ControlPlane:
             self._store, config, cluster_secrets,
             num_workers=lambda: len(state.workers), blocks_of=lambda worker_id: state.index.num_blocks(WorkerId(worker_id)),
             snapshot_requested=state.snapshot_requested, bus=self._bus, lease_of=state.lease_of,
+            registered=lambda: (entry.info for entry in state.workers.values()),
         )  # fmt: skip
         registry_pb2_grpc.add_RegistryServicer_to_server(registry, server)
         self._health = enable_health_and_reflection(server, SERVICE_NAMES)

@@ -30,3 +30,15 @@ def test_without_a_cluster_block_size_workers_of_one_model_must_agree():
     assert problem.startswith("block_size: worker a's engine uses 16-token KV blocks, but worker b of model 'tiny' uses 32")
     # Re-registering under its own id is not a conflict with its old record.
     assert mismatch(worker("a", block_size=16), [worker("a", block_size=32)]) is None
+
+
+def test_the_first_other_worker_of_the_model_answers_for_all():
+    """Workers of one model share one block size (this rule): a registration reads no further."""
+
+    def fleet():
+        yield worker("other-model", model="big", block_size=16)
+        yield worker("b", block_size=32)
+        raise AssertionError("read past the first worker of the model")
+
+    assert mismatch(worker("a"), fleet()) is None
+    assert mismatch(worker("a", block_size=16), fleet()).startswith("block_size: worker a's engine uses 16-token KV blocks, but worker b")

@@ -195,3 +195,20 @@ def test_a_worker_claiming_another_tokenizer_leaves_its_model_without_one_until_
         after = bob.generate("hello there", max_tokens=4, ignore_eos=True)
         assert after.token_ids == before.token_ids and after.text == before.text
     assert evil.generated == []
+
+
+def test_a_worker_claiming_another_block_size_than_its_models_workers_is_refused(cluster):
+    """Checked against the replica's view of the registered workers (no store listing per registration)."""
+    info = worker_info(cluster, "misfit-blocks")
+    info.layout.block_size *= 2
+    misfit = As(cluster, worker("misfit-blocks"))
+    try:
+        with pytest.raises(grpc.RpcError) as refused:
+            misfit.registry().Register(registry_pb2.RegisterRequest(info=info), timeout=10)
+    finally:
+        misfit.close()
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert refused.value.details().startswith(
+        f"registration refused: block_size: worker misfit-blocks's engine uses {info.layout.block_size}"
+    )
+    assert "but worker decode-0 of model" in refused.value.details()
