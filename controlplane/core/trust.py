@@ -90,10 +90,13 @@ class _Means:
 
 
 class ReportTrust:
-    __slots__ = ("config", "_means", "_contradicted")
+    __slots__ = ("config", "enabled", "_means", "_contradicted")
 
     def __init__(self, config: TrustConfig) -> None:
         self.config = config
+        # Off: nothing is learnt, so no worker is discounted (kvplane sim runs the other routing
+        # policies so: their routers take the reports as they come).
+        self.enabled = True
         self._means: dict[WorkerId, _Means] = {}
         # The workers discounted after their last request: a discount starts only there and ends
         # there or hold_s later, so a request looks at these, not at every worker measured (at
@@ -104,6 +107,8 @@ class ReportTrust:
         """A request prefilled on `worker_id` was predicted `predicted_s` before the planner's
         calibration (with `discount_s` of this module's discount in it) and took `measured_s` to
         its first token."""
+        if not self.enabled:
+            return
         predicted_s = max(predicted_s - discount_s, 0.0)
         late = self._past_bounds(predicted_s, measured_s)
         means = self._means.get(worker_id)

@@ -323,3 +323,12 @@ def test_a_worker_that_stays_late_gets_one_probe_at_a_time():
         now += 1.5
         planner.finished(dispatch, now, Outcome(ttft_s=1.5))  # late again
         assert planner.trust.excess_s(A, now) > 1.0
+
+
+def test_trust_switched_off_discounts_no_worker():
+    """What kvplane sim gives the routing policies other than kvplane's own."""
+    off = ReportTrust(TrustConfig())
+    off.enabled = False
+    for i in range(8):
+        off.observe(A, predicted_s=0.02, measured_s=1.5, now=i)
+    assert off.excess_s(A, 8.0) == 0.0 and not off.may_discount

@@ -15,6 +15,7 @@ from kvplane.apps.sim.clock import EventLoop
 from kvplane.apps.sim.fleet import AgentTiming
 from kvplane.apps.sim.simulator import FleetSpec, SimRequest, Simulator
 from kvplane.controlplane.core.planner import PlannerConfig
+from kvplane.controlplane.core.policies import params_type
 from kvplane.controlplane.core.policies.least_load import LeastLoadParams
 from kvplane.controlplane.core.policies.prefix_only import PrefixOnlyParams
 from kvplane.controlplane.core.router import RouterConfig
@@ -195,3 +196,11 @@ def test_a_synthetic_workload_that_does_not_fit_the_model_s_context_is_refused_u
     with pytest.raises(ValueError, match="8192 prompt \\+ 256 output tokens exceed llama-3-70b's context of 8192 tokens"):
         spec.check_fits("llama-3-70b", hardware.model("llama-3-70b").max_context)
     assert spec.check_fits("llama-3.1-70b", hardware.model("llama-3.1-70b").max_context) is spec
+
+
+@pytest.mark.parametrize("policy", ["kvplane", "dynamo", "sglang", "llm-d", "least-load", "prefix-only", "round-robin"])
+def test_only_kvplane_s_rule_discounts_reports_its_measurements_contradict(policy):
+    """core/trust.py is kvplane's; the routers the other policies follow take reports as they come."""
+    config = PlannerConfig(admission_policy="none", router=RouterConfig(policy=params_type(policy)()))
+    sim = Simulator(FleetSpec(ENGINE, num_both=2), config)
+    assert sim.planner.trust.enabled == (policy == "kvplane")

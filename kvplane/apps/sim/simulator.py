@@ -197,6 +197,9 @@ class Simulator:
         self.loop = EventLoop()
         self.settings = settings or ClusterSettings()
         self.planner = Planner(planner_config, random.Random(seed))
+        # Discounting the reports that measurements contradict (core/trust.py) is part of kvplane's
+        # rule; the other policies route on the reports as they come, as the routers they follow do.
+        self.planner.trust.enabled = planner_config.router.policy_name == "kvplane"
         self.index = CacheIndex()
         self.disagg = disagg
         self.measure_cost = measure_cost
