@@ -44,10 +44,13 @@ def test_an_end_the_broken_stream_did_not_answer_is_sent_again_as_a_call(server:
     assert server.servicer.reports == [("stream", FIRST), ("call", FINISHED)]
 
 
-def test_the_blocking_client_reports_by_calls(server: ScriptedServer) -> None:
+def test_the_blocking_client_reports_by_calls_and_loses_no_first_token_report(server: ScriptedServer) -> None:
+    """Each first-token report is a call in the background, held until answered (grpc cancels a
+    call whose future is collected: it lost about 4 in 10 of them) and waited for at close."""
     with Client(server.endpoint) as client:
-        assert client.generate("abc", max_tokens=8, lookaside=True).text == "abc"
-    assert sorted(server.servicer.reports) == [("call", FIRST), ("call", FINISHED)]
+        for i in range(10):
+            assert client.generate(f"abc{i}", max_tokens=8, lookaside=True).text == f"abc{i}"
+    assert sorted(server.servicer.reports) == [("call", FIRST)] * 10 + [("call", FINISHED)] * 10
 
 
 def test_many_reports_in_flight_on_one_stream_each_get_their_own_answer(server: ScriptedServer) -> None:
