@@ -204,3 +204,31 @@ def test_only_kvplane_s_rule_discounts_reports_its_measurements_contradict(polic
     config = PlannerConfig(admission_policy="none", router=RouterConfig(policy=params_type(policy)()))
     sim = Simulator(FleetSpec(ENGINE, num_both=2), config)
     assert sim.planner.trust.enabled == (policy == "kvplane")
+
+
+def test_every_decision_is_written_with_its_candidates_prediction_and_outcome(tmp_path):
+    """`kvplane sim --decisions`: one line per request per run, at its end; kvplane's candidates
+    carry their predicted seconds, a peer's its own cost; an admitted request its prediction and
+    what was measured, a rejected one admission's reason."""
+    path = tmp_path / "decisions.jsonl"
+    parser = argparse.ArgumentParser()
+    sim_main.add_arguments(parser)
+    args = parser.parse_args([*SMALL, "--rate", "400", "--duration", "3", "--compare-routing", "kvplane,dynamo", "--admission", "predictive",
+                              "--decisions", str(path)])  # fmt: skip
+    assert sim_main.run(args) == 0
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    rows = _sweep(*SMALL, "--rate", "400", "--duration", "3", "--compare-routing", "kvplane,dynamo", "--admission", "predictive")["rows"]
+    for row in rows:  # the same runs: one line per request, none twice
+        mine = [d for d in lines if d["run"] == {"level": row["level"], "routing": row["routing"], "admission": "predictive"}]
+        assert sorted(d["request"] for d in mine) == list(range(row["requests"]))
+        assert sum(d["outcome"] == "rejected" for d in mine) == row["rejected"] > 0
+    for d in lines:
+        workers = [c["worker"] for c in d["candidates"]]
+        assert d["router"]["decode_worker"] in workers and d["prompt_tokens"] > 0
+        kvplane = d["run"]["routing"] == "kvplane"
+        assert all(("ttft_ms" in c) == kvplane and c["note"] for c in d["candidates"])
+        if d["outcome"] == "rejected":
+            assert not d["admission"]["admitted"] and d["admission"]["reason"] and "measured" not in d
+        else:
+            assert d["outcome"] == "finished" and d["admission"]["admitted"]
+            assert d["predicted"]["ttft_ms"] >= 0 and d["measured"]["ttft_ms"] > 0 and d["measured"]["output_tokens"] > 0

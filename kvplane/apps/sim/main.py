@@ -23,6 +23,7 @@ from typing import Any
 from kvplane.apps.bench.load import parse_floats
 from kvplane.apps.bench.workload import PRIORITY_INTERACTIVE
 from kvplane.apps.sim import grid, workloads
+from kvplane.apps.sim.decisions import DecisionLog
 from kvplane.apps.sim.fleet import AgentTiming
 from kvplane.apps.sim.sweep import Sweep, level_row
 from kvplane.controlplane.core.admission import admission_policy_names
@@ -117,6 +118,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--grid-groups", type=_names(grid.GROUP_NAMES), default=None, metavar="G,G",
                    help=f"--grid: only these cell groups (of {', '.join(grid.GROUP_NAMES)}; default all)")  # fmt: skip
     p.add_argument("--json", action="store_true", help='print {"config": ..., "rows": [...]} only')
+    p.add_argument("--decisions", default="", metavar="FILE.jsonl",
+                   help="write every decision of every run as a JSON line: each candidate's cost (kvplane's rule: its predicted "
+                        "seconds), the choice and why, admission's verdict and prediction, and what was measured (decisions.py)")  # fmt: skip
     p.add_argument("--plot", default="", metavar="FILE.png", help="write goodput and attainment against offered load (needs matplotlib)")
 
 
@@ -211,6 +215,21 @@ def run(args: argparse.Namespace) -> int:
     def log(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 
+    if not args.decisions:
+        return _run(args, log)
+    try:
+        out = open(args.decisions, "w", encoding="utf-8")  # noqa: SIM115 - closed below, after every run
+    except OSError as e:
+        print(f"kvplane sim: cannot write --decisions {args.decisions}: {e}", file=sys.stderr)
+        return 2
+    with out:
+        args.decision_log = DecisionLog(out)
+        code = _run(args, log)
+    log(f"{args.decision_log.num_lines} decisions written to {args.decisions}")
+    return code
+
+
+def _run(args: argparse.Namespace, log: Callable[[str], None]) -> int:
     if args.grid:
         return grid.run(args, log)
 

@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from kvplane import hardware
+from kvplane.apps.sim import decisions as decision_log
 from kvplane.apps.sim.clock import EventLoop
 from kvplane.apps.sim.fleet import AgentTiming, SimWorker, fitted_step_model
 from kvplane.controlplane.core.admission_base import Reject
@@ -191,6 +192,7 @@ class Simulator:
         measure_cost: bool = False,
         progress: Callable[[Simulator], None] | None = None,
         progress_every: int = 200_000,
+        decisions: decision_log.Sink | None = None,
     ) -> None:
         self.fleet = fleet.validate()
         self.agent = (agent or AgentTiming()).validate()
@@ -205,6 +207,8 @@ class Simulator:
         self.measure_cost = measure_cost
         self._progress = progress
         self._progress_every = progress_every
+        self._decisions = decisions  # each decision with its outcome, when its request ends (decisions.py)
+        self._deciding: dict[int, dict] = {}
         config = fleet.engine
         self.link = hardware.link(config.link)
         timing = config.timing()  # one object shared by every worker (and the profile fit's cache key)
@@ -272,6 +276,8 @@ class Simulator:
                     self._progress(self)
         finally:
             gc.unfreeze()
+        for i in sorted(self._deciding):  # decided, not ended when the run stopped
+            self._decisions(decision_log.ended(self._deciding.pop(i), self._records[i]))
         start = min((r.arrival_s for r in requests), default=0.0)
         index_counts = self.index.blocks_by_tier()
         return RunResult(
@@ -309,6 +315,8 @@ class Simulator:
             self._cost_s.append(time.thread_time() - started)
         rec.oracle_cached_tokens = self.oracle.feed(routed.decision.block_hashes, rec.prompt_tokens)
         rec.infinite_cached_tokens = self.infinite.feed(routed.decision.block_hashes, rec.prompt_tokens)
+        if self._decisions is not None:
+            self._deciding[i] = decision_log.decided(i, spec.arrival_s, now, routed, verdict)
         if isinstance(verdict, Reject):
             rec.rejected = True
             self._end(i)
@@ -447,6 +455,9 @@ class Simulator:
     def _end(self, i: int) -> None:
         """Request i has ended: what waited for it may go (at its own arrival time or now)."""
         self._finished.add(i)
+        entry = self._deciding.pop(i, None)
+        if entry is not None:
+            self._decisions(decision_log.ended(entry, self._records[i]))
         for j in self._waiting_on.pop(i, ()):
             self.loop.at(max(self.loop.now, self._requests[j].arrival_s), self._arrive, j)
 

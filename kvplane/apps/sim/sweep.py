@@ -15,6 +15,7 @@ from kvplane import hardware
 from kvplane.apps.bench.load import BATCH_OBJECTIVE_FACTOR
 from kvplane.apps.bench.workload import PRIORITY_BATCH, PRIORITY_INTERACTIVE, MixConfig
 from kvplane.apps.sim import report, workloads
+from kvplane.apps.sim.decisions import DecisionLog
 from kvplane.apps.sim.fleet import AgentTiming
 from kvplane.apps.sim.simulator import FleetSpec, RunResult, SimRequest, Simulator
 from kvplane.controlplane.core.planner import PlannerConfig
@@ -69,6 +70,7 @@ class Sweep:
         values = {f"objectives.*.{p}.{k}": f"{getattr(o, k):g}" for p, o in self.objectives.items() for k in ("ttft_ms", "tpot_ms")}
         self.settings = ClusterSettings(values)
         self.agent = AgentTiming(hop_s=args.hop_ms / 1000)
+        self.decisions: DecisionLog | None = getattr(args, "decision_log", None)  # --decisions (decisions.py)
         base = planner_from_args(args, PlannerConfig())
         self.routings = args.compare_routing or [base.router.policy_name]
         self.admissions = args.compare_admission or [base.admission_policy]
@@ -93,6 +95,10 @@ class Sweep:
         sim = Simulator(
             fleet or self.fleet, self.planner_config(routing, admission), self.settings, seed=self.args.seed, agent=self.agent,
             measure_cost=self.args.planner_cost, progress=progress,
+            decisions=None if self.decisions is None else self.decisions.sink(
+                level=label, routing=routing, admission=admission,
+                **({"host_gib": f"{fleet.engine.host_gib:g}"} if fleet is not None and len(self.fleets) > 1 else {}),
+            ),
         )  # fmt: skip
         result = sim.run(requests, until_s)
         self.log(f"  [{label} {routing}/{admission}] done: {n} requests, virtual {result.duration_s:.0f} s, {result.num_events} events, "
