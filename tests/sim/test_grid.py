@@ -21,7 +21,7 @@ def parse(*argv: str) -> argparse.Namespace:
     return parser.parse_args(list(argv))
 
 
-def test_a_tiny_grid_runs_every_policy_on_every_cell_and_judges_kvplane(capsys):
+def test_a_tiny_grid_runs_every_policy_on_every_cell_and_judges_kvplane(capsys, tmp_path):
     logged: list[str] = []
     results = grid.run_grid(parse(*TINY), logged.append)
     chat, synthetic = results
@@ -59,8 +59,10 @@ def test_a_tiny_grid_runs_every_policy_on_every_cell_and_judges_kvplane(capsys):
         "TTFT p99 <= 1.02x best peer", "goodput >= 0.98x best peer", "hit >= 0.95x oracle",
     ]  # fmt: skip
     assert [v.row for v in synthetic.verdicts if v.target.startswith("attainment")] == ["kvplane/predictive"]
-    # The command prints one table per group and the count.
-    assert sim_main.run(parse(*TINY)) == 0
+    # The command prints one table per group and the count, and plots them (--plot).
+    plot = tmp_path / "grid.png"
+    assert sim_main.run(parse(*TINY, "--plot", str(plot))) == 0
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and plot.stat().st_size > 20_000
     out = capsys.readouterr().out
     assert "### chat: chat, 8 both workers" in out and "### synthetic:" in out
     met, judged = grid.summary(results)

@@ -29,6 +29,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from kvplane.apps.sim.sweep import Level, Sweep, level_row
@@ -222,6 +223,43 @@ def summary(results: list[GroupResult]) -> tuple[int, int]:
     return sum(v.met for v in judged), len(judged)
 
 
+def write_plot(results: list[GroupResult], path: str) -> None:
+    """Per group, TTFT p99 and goodput per load level and policy (kvplane's rows drawn thick),
+    the misses marked: the grid's tables as one figure."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(results), 2, figsize=(12, 3.2 * len(results)), squeeze=False)
+    for (ttft_ax, goodput_ax), result in zip(axes, results, strict=True):
+        levels = list(dict.fromkeys(r["level"] for r in result.rows))
+        for policy in dict.fromkeys(f"{r['routing']}/{r['admission']}" for r in result.rows):
+            rows = {r["level"]: r for r in result.rows if f"{r['routing']}/{r['admission']}" == policy}
+            style = {"linewidth": 2.8, "zorder": 3} if policy.startswith(f"{JUDGED}/") else {"linewidth": 1.2, "alpha": 0.8}
+            x = [i for i, level in enumerate(levels) if level in rows]
+            ttft_ax.plot(x, [rows[levels[i]]["ttft_p99_ms"] or float("nan") for i in x], marker="o", label=policy, **style)
+            goodput_ax.plot(x, [rows[levels[i]]["goodput_rps"] for i in x], marker="o", label=policy, **style)
+        for v in result.verdicts:
+            if v.met is False:
+                ax = ttft_ax if v.target.startswith("TTFT") else goodput_ax if v.target.startswith("goodput") else None
+                if ax is not None:
+                    ax.plot(levels.index(v.level), v.value, marker="x", color="red", markersize=12, zorder=4)
+        for ax, label in ((ttft_ax, "TTFT p99 (ms)"), (goodput_ax, "goodput (requests/s within objectives)")):
+            ax.set_xticks(range(len(levels)), levels)
+            ax.set_ylabel(label)
+            ax.set_title(f"{result.group.name}: {label.split(' (')[0]}", fontsize=10)
+            ax.grid(alpha=0.3)
+        ttft_ax.set_yscale("log")
+        goodput_ax.legend(fontsize=7, loc="best")
+    met, judged = summary(results)
+    fig.suptitle(f"kvplane sim --grid: kvplane (thick) against the peers and baselines; {met} of {judged} targets met (x: missed)")
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def run(args: argparse.Namespace, log: Callable[[str], None]) -> int:
     started = time.monotonic()
     try:
@@ -230,6 +268,9 @@ def run(args: argparse.Namespace, log: Callable[[str], None]) -> int:
         print(f"kvplane sim --grid: {e}", file=sys.stderr)
         return 2
     log(f"grid done in {time.monotonic() - started:.0f} s")
+    if args.plot:
+        write_plot(results, args.plot)
+        log(f"plot written to {args.plot}")
     met, judged = summary(results)
     if args.json:
         groups = [{"name": r.group.name, "title": r.group.title, "config": r.config, "rows": r.rows,

@@ -121,7 +121,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--decisions", default="", metavar="FILE.jsonl",
                    help="write every decision of every run as a JSON line: each candidate's cost (kvplane's rule: its predicted "
                         "seconds), the choice and why, admission's verdict and prediction, and what was measured (decisions.py)")  # fmt: skip
-    p.add_argument("--plot", default="", metavar="FILE.png", help="write goodput and attainment against offered load (needs matplotlib)")
+    p.add_argument("--plot", default="", metavar="FILE.png",
+                   help="write goodput and attainment against offered load; with --grid, each group's TTFT p99 and goodput per level "
+                        "and policy (needs matplotlib)")  # fmt: skip
 
 
 def _names(known: tuple[str, ...] | list[str]) -> Callable[[str], list[str]]:
