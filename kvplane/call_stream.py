@@ -79,7 +79,7 @@ class CallStream:
             return await self._unary(request, timeout_s)
         stream, first = self._stream(server)
         answer = asyncio.get_running_loop().create_future()
-        written = False
+        queued = written = False
         try:
             async with asyncio.timeout(timeout_s):
                 if not first:
@@ -87,6 +87,7 @@ class CallStream:
                 if stream.error is None:
                     async with stream.writing:
                         stream.waiting.append(answer)
+                        queued = True
                         try:
                             await stream.call.write(request)
                             written = True
@@ -95,7 +96,7 @@ class CallStream:
                 if written:
                     return await answer
         except asyncio.CancelledError:
-            if not written:  # whether it went out is unknown, and with it which answer is whose
+            if queued and not written:  # whether it went out is unknown, and with it which answer is whose
                 self._end(stream)
             raise
         except TimeoutError:

@@ -69,3 +69,30 @@ def test_many_reports_in_flight_on_one_stream_each_get_their_own_answer(server: 
 
     assert asyncio.run(scenario()) == [f"p{i}" for i in range(50)]
     assert server.servicer.num_report_streams == 1
+
+
+def test_a_caller_that_gives_up_before_its_message_is_written_leaves_the_stream_open(server: ScriptedServer) -> None:
+    """Cancelled while the stream's first message is unanswered (its own not yet queued), it
+    takes nothing down: the first message is answered on the same stream, and so is the next."""
+
+    async def scenario() -> tuple[str, str]:
+        with Client(server.endpoint) as sync:
+            credentials = sync.credentials
+        channel = aio_channel(server.endpoint, credentials, traced=False)
+        stub = client_pb2_grpc.KvplaneStub(channel)
+        stream = CallStream("report", stub.ReportStream, lambda r, t: stub.Report(r, timeout=t), lambda: REPORT_TIMEOUT_S)
+        try:
+            first = asyncio.ensure_future(stream.call(client_pb2.ReportRequest(placement_id="first", event=FIRST)))
+            await asyncio.sleep(0)  # the stream is open and its first message on its way
+            waiter = asyncio.ensure_future(stream.call(client_pb2.ReportRequest(placement_id="gave-up", event=FIRST)))
+            await asyncio.sleep(0)
+            waiter.cancel()
+            answer = await first
+            after = await stream.call(client_pb2.ReportRequest(placement_id="after", event=FIRST))
+            return answer.placement_id, after.placement_id
+        finally:
+            stream.end()
+            await channel.close()
+
+    assert asyncio.run(scenario()) == ("first", "after")
+    assert server.servicer.num_report_streams == 1
