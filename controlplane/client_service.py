@@ -613,13 +613,7 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
         async for request in request_iterator:
             cpu = time.thread_time()
             with grpc_tracing.message_span(REPORT_METHOD, request.traceparent) as status:
-                if request.event == client_pb2.ReportRequest.FAILED:
-                    code, message = (
-                        grpc.StatusCode.FAILED_PRECONDITION,
-                        "send FAILED with Report: its answer is where the request continues",
-                    )
-                else:
-                    code, message = self._settle(request, owner)
+                code, message = self._settle(request, owner)
                 status(code)
             cpu_seconds[PHASE_REPORT] += time.thread_time() - cpu
             yield client_pb2.ReportAnswer(placement_id=request.placement_id, code=code.value[0], message=message)
@@ -640,7 +634,8 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
         return await self._lookaside_failed(placed, request, context)
 
     def _settle(self, request: client_pb2.ReportRequest, owner: str) -> tuple[grpc.StatusCode, str]:
-        """A report other than FAILED: never waits, so a stream can answer its reports in order."""
+        """A report that never waits, so that a stream answers its reports in order: FAILED, whose
+        answer is a placement found by planning again, is Report's alone (_report)."""
         self._expire_lookaside()
         placed = self._lookaside.take(request.placement_id, owner)
         if placed is None:
@@ -654,6 +649,8 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
                 placed.observation.on_reply(1)
                 placed.expires_at = now + self._config.token_timeout_s * max(placed.validated.route.max_tokens - len(placed.sent), 1)
             return grpc.StatusCode.OK, ""
+        if request.event == events.FAILED:
+            return grpc.StatusCode.FAILED_PRECONDITION, "send FAILED with Report: its answer is where the request continues"
         if request.event not in (events.FINISHED, events.CANCELLED):
             return grpc.StatusCode.INVALID_ARGUMENT, "event must be FIRST_TOKEN, FINISHED, FAILED or CANCELLED"
         self._lookaside.pop(placed.placement_id)

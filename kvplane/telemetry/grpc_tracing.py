@@ -75,7 +75,7 @@ class ServerTracingInterceptor(grpc.aio.ServerInterceptor):
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
-        return handler  # kvplane has no client-streaming RPCs
+        return handler  # a stream of messages (ReportStream) traces each message itself: message_span
 
 
 @contextlib.contextmanager

@@ -423,9 +423,8 @@ def run_replicas(args: argparse.Namespace, num_replicas: int, bus: str, log_dir:
                 if args.pin:
                     _pin(cluster, generators, etcd, nats, split_cores(num_replicas, args.cores), tag, log)
                 bench = Bench(args, cluster, generators, log, etcd, nats)
-                if any(
-                    m.startswith("lookaside") for m in args.modes
-                ):  # lookaside callers dial the agents: each generator opens its pool first
+                # Lookaside callers dial the agents: each generator opens its pool first.
+                if any(m.startswith("lookaside") for m in args.modes):
                     with cluster.client(timeout=30) as admin:
                         agents = [w.endpoint for w in admin.workers()]
                     pools = generators.step([{"connect": agents}] * num_generators)

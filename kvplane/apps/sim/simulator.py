@@ -37,6 +37,7 @@ from kvplane.apps.sim.fleet import AgentTiming, SimWorker, fitted_step_model
 from kvplane.controlplane.core.admission_base import Reject
 from kvplane.controlplane.core.index import CacheIndex, KVEvent, StoredEvent
 from kvplane.controlplane.core.planner import EARLY_TPOT_TOKENS, Outcome, Plan, Planner, PlannerConfig
+from kvplane.controlplane.core.policies.kvplane import KvplaneParams
 from kvplane.controlplane.core.pool import cluster_with
 from kvplane.controlplane.core.routing import NoCandidateError, RouteRequest
 from kvplane.controlplane.core.settings import ClusterSettings
@@ -201,7 +202,7 @@ class Simulator:
         self.planner = Planner(planner_config, random.Random(seed))
         # Discounting the reports that measurements contradict (core/trust.py) is part of kvplane's
         # rule; the other policies route on the reports as they come, as the routers they follow do.
-        self.planner.trust.enabled = planner_config.router.policy_name == "kvplane"
+        self.planner.trust.enabled = isinstance(planner_config.router.policy, KvplaneParams)
         self.index = CacheIndex()
         self.disagg = disagg
         self.measure_cost = measure_cost
