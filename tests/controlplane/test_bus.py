@@ -112,6 +112,40 @@ def test_nats_delivers_every_message_with_one_workers_batches_in_order(nats_fact
 
 
 @pytest.mark.cluster
+def test_nats_hands_load_reports_from_its_parser_to_the_replica_with_their_mac(nats_factory):
+    """Load reports skip nats-py's message objects, queue and callback task (controlplane/bus/
+    nats.py, _direct_client_class): if nats-py's internals change, this fails instead of every
+    replica quietly paying the slow path."""
+    from kvplane.bus import mac
+    from kvplane.controlplane.bus.nats import NatsBus, carried_mac
+
+    server = nats_factory()
+    key = b"k" * 32
+
+    async def body():
+        publisher = NatsBus(server.url, mac_key=lambda kind, worker, lease: key)
+        subscriber = NatsBus(server.url)
+        await publisher.start()
+        await subscriber.start()
+        messages = await bus_messages(subscriber)
+        load = subscriber._subscriptions["load"]
+        assert set(subscriber._nc.direct) == {load._id}
+        report = _report(0, running=4)
+        await publisher.publish_load(report)
+        message = await asyncio.wait_for(messages.get(), 10)
+        assert (message.kind, message.payload) == ("load", report.SerializeToString())
+        assert message.mac == mac(key, "load", message.payload)
+        assert load._received == 0  # nats-py's own path (a Msg for the callback) never saw it
+        await subscriber.close()
+        assert subscriber._nc.direct == {}
+        await publisher.close()
+
+    asyncio.run(body())
+    assert carried_mac(None) == carried_mac(b"NATS/1.0\r\n\r\n") == ""
+    assert carried_mac(b"NATS/1.0\r\nOther: x\r\nKvplane-Mac: ab12\r\n\r\n") == "ab12"
+
+
+@pytest.mark.cluster
 def test_nats_retains_the_latest_report_and_the_batches_since_the_snapshot_and_forgets_a_reregistered_worker(nats_factory):
     from kvplane.controlplane.bus.nats import NatsBus
 
