@@ -208,6 +208,7 @@ class ClusterState:
         while True:
             await asyncio.sleep(STORE_PROBE_INTERVAL_S)
             sent_at = time.monotonic()
+            self._drop_expired_held(sent_at)
             try:
                 await self._store.get(keys.TICKET_SIGNING_KEY)
                 self.store_ok = True
@@ -379,11 +380,17 @@ class ClusterState:
         now = time.monotonic()
         held = self._pending.get((worker_id, lease))
         if held is None:
-            for key in [k for k, (since, _) in self._pending.items() if now - since > PENDING_MAX_AGE_S]:
-                del self._pending[key]
+            self._drop_expired_held(now)
             held = self._pending[(worker_id, lease)] = (now, [])
         if len(held[1]) < PENDING_MAX_MESSAGES:
             held[1].append(message)  # beyond it a KV batch is lost: a gap, and a snapshot is asked for
+
+    def _drop_expired_held(self, now: float) -> None:
+        """Held messages older than PENDING_MAX_AGE_S go: dropped here and when a registration is
+        first held (after a burst of dead leases' reports they stayed, and `kvplane_bus_held`
+        counted them, until some other registration's message was held)."""
+        for key in [k for k, (since, _) in self._pending.items() if now - since > PENDING_MAX_AGE_S]:
+            del self._pending[key]
 
     def _release_pending(self, worker_id: WorkerId, lease: int) -> None:
         held = self._pending.pop((worker_id, lease), None)

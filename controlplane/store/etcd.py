@@ -33,6 +33,7 @@ register = delete + put of the same keys).
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections import deque
 from collections.abc import AsyncGenerator, Sequence
 
@@ -417,23 +418,27 @@ class _KeepAlives:
         self._endpoint = endpoint
         self.streams: list[_KeepAliveStream] = []
 
-    async def renew(self, lease: LeaseId):
-        """etcd's LeaseKeepAliveResponse (TTL 0: the lease is gone)."""
-        self.streams = [s for s in self.streams if not s.ended]
+    def renew(self, lease: LeaseId) -> asyncio.Future:
+        """A future of etcd's LeaseKeepAliveResponse (TTL 0: the lease is gone). A future, not a
+        coroutine: awaited under a timeout, a coroutine would cost a task per renewal."""
+        if any(s.ended for s in self.streams):
+            self.streams = [s for s in self.streams if not s.ended]
         stream = min(self.streams, key=_KeepAliveStream.backlog, default=None)
         if stream is None or (stream.backlog() and len(self.streams) < KEEPALIVE_STREAMS):
             stream = _KeepAliveStream(self.client, self._endpoint)  # (EtcdStore._on_members connected the client)
             self.streams.append(stream)
         waiter = stream.renew(lease)
-        try:
-            return await waiter
-        finally:
-            stream.forget(lease, waiter)
+        waiter.add_done_callback(functools.partial(_forget_renewal, stream, lease))  # answered, failed, timed out or cancelled
+        return waiter
 
     def close(self) -> None:
         for stream in self.streams:
             stream.end()
         self.streams = []
+
+
+def _forget_renewal(stream: _KeepAliveStream, lease: LeaseId, waiter: asyncio.Future) -> None:
+    stream.forget(lease, waiter)
 
 
 class _KeepAliveStream:

@@ -338,6 +338,27 @@ def test_bus_messages_apply_to_the_registration_they_name_and_wait_for_one_not_s
     asyncio.run(body())
 
 
+def test_held_messages_age_out_though_no_other_registration_is_held(monkeypatch):
+    """Dead leases' reports (a burst of lapsed registrations) are held; they go after
+    PENDING_MAX_AGE_S at the next probe, not only when some other registration is held."""
+    monkeypatch.setattr(cs, "STORE_PROBE_INTERVAL_S", 0.01)
+    monkeypatch.setattr(cs, "PENDING_MAX_AGE_S", 0.2)
+
+    async def body():
+        store, bus = MemoryStore(), MemoryBus()
+        state = ClusterState(store, bus=bus, credit_routed_only=False)
+        await state.start()
+        try:
+            for lease in (101, 102):
+                await bus.publish_load(_report(1, lease=lease, running=1))
+            await _settle(lambda: state.num_bus_held == 2, "two held reports")
+            await _settle(lambda: state.num_bus_held == 0, "the held reports to age out")
+        finally:
+            await state.stop()
+
+    asyncio.run(body())
+
+
 def store_keys_under(store: MemoryStore, prefix: str) -> list[str]:
     return [key for key in store._kvs if key.startswith(prefix)]
 
