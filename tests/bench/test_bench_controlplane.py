@@ -78,6 +78,8 @@ def test_idle_only_compares_the_store_bus_with_nats_in_store_writes_and_bus_mess
     assert (store["bus"], nats["bus"]) == ("store", "nats") and store["workers"] == nats["workers"] == 8
     # 8 workers reporting 5 times a second: ~40 etcd writes/s on the store bus, none on NATS's
     # (keep-alives renew leases without a write), where the reports are NATS messages instead.
-    assert store["store_writes_per_s"] >= 20 and nats["store_writes_per_s"] < 5, (store, nats)
-    assert nats["bus_messages_per_s"] >= 20 and store["bus_messages_per_s"] == 0
+    # The bounds are a quarter of that: beside the parallel suite the agents' report loops run late
+    # (seen: 18.6 writes/s, 38-40 on the idle machine at the same commit).
+    assert store["store_writes_per_s"] >= 10 and nats["store_writes_per_s"] < 5, (store, nats)
+    assert nats["bus_messages_per_s"] >= 10 and store["bus_messages_per_s"] == 0
     assert 0 < store["replica_cores"] < 2 and 0 < nats["replica_cores"] < 2
