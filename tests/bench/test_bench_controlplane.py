@@ -83,3 +83,5 @@ def test_idle_only_compares_the_store_bus_with_nats_in_store_writes_and_bus_mess
     assert store["store_writes_per_s"] >= 10 and nats["store_writes_per_s"] < 5, (store, nats)
     assert nats["bus_messages_per_s"] >= 10 and store["bus_messages_per_s"] == 0
     assert 0 < store["replica_cores"] < 2 and 0 < nats["replica_cores"] < 2
+    for row in (store, nats):  # the event loop's share (its main thread) is part of the whole
+        assert 0 < row["replica_loop_cores"] <= row["replica_cores"] + 0.011, row

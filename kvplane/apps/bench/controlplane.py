@@ -10,7 +10,8 @@ for three times that, `--stale-report-s`), plus `--generators` load
 generator processes (kvplane/apps/bench/openloop.py), generator g sending to replica g mod R. Security
 is what `kvplane up` runs: mutual TLS with throw-away certificates (`--insecure`: plaintext with
 tokens). After a warm-up (every agent dialled once) the replicas' idle CPU is measured: load
-reports, keep-alives, the store's watch (`background_cores`); on a NATS bus once the store has
+reports, keep-alives, the store's watch (`background_cores`; of it the event loop, the main
+thread's, apart from gRPC's C threads); on a NATS bus once the store has
 taken no write for 3 s (at most 90 s: a warm-up that overloads the replicas lets leases lapse, and
 workers registering again are not idle work; `settled_s` says how long that took).
 
@@ -153,9 +154,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 # Processes: CPU, metrics, generators.
 
 
-def process_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process (and its threads) so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+def process_cpu_s(pid: int, thread: int | None = None) -> float:
+    """User + system CPU seconds of a process (and its threads) so far; of one thread, given its id
+    (a Python process's main thread, its event loop, has the process's id)."""
+    stat = Path(f"/proc/{pid}/stat" if thread is None else f"/proc/{pid}/task/{thread}/stat")
+    fields = stat.read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
@@ -249,13 +252,19 @@ class Bench:
     def _cpu(self, names: list[str]) -> float:
         return sum(process_cpu_s(self.cluster.processes[name].pid) for name in names)
 
+    def _loop_cpu(self) -> float:
+        pids = [self.cluster.processes[name].pid for name in self.replicas]
+        return sum(process_cpu_s(pid, thread=pid) for pid in pids)
+
     def measure_background(self, seconds: float = 3.0) -> dict[str, float]:
         """The replicas' CPU with no request running (reports, keep-alives, the store's watch, the
         bus), and the store writes and bus messages per second meanwhile."""
         counts = self.counters()
         before, hosts_before, started = self._cpu(self.replicas), self._cpu(self.hosts), time.monotonic()
+        loop_before = self._loop_cpu()
         time.sleep(seconds)
         elapsed = time.monotonic() - started
+        loop_cores = (self._loop_cpu() - loop_before) / elapsed
         self.background_cores = (self._cpu(self.replicas) - before) / elapsed
         self.hosts_background_cores = (self._cpu(self.hosts) - hosts_before) / elapsed
         after = self.counters()
@@ -263,6 +272,8 @@ class Bench:
         num_workers = sum(len(w) for w in self.cluster.hosted_workers.values()) or len(self.cluster.worker_endpoints)
         return {
             "replica_cores": round(self.background_cores / len(self.replicas), 4),
+            # Of it the event loop (the main thread); the rest is mostly gRPC's C threads.
+            "replica_loop_cores": round(loop_cores / len(self.replicas), 4),
             "replica_ms_per_worker_s": round(1e3 * self.background_cores / len(self.replicas) / max(num_workers, 1), 4),
             "store_writes_per_s": round(per_s["store_writes"], 1), "bus_messages_per_s": round(per_s["bus_messages"], 1),
         }  # fmt: skip
@@ -443,7 +454,8 @@ def run_replicas(args: argparse.Namespace, num_replicas: int, bus: str, log_dir:
                         log(f"{tag} no store write for 3 s ({settled_s:.0f} s after the warm-up)")
                 idle = {"replicas": num_replicas, "bus": bus, "workers": hosts * per_host, "settled_s": round(settled_s, 1),
                         **bench.measure_background(args.idle_s)}  # fmt: skip
-                log(f"{tag} idle: {idle['replica_cores']:.3f} cores per replica, {idle['store_writes_per_s']:.0f} store writes/s, "
+                log(f"{tag} idle: {idle['replica_cores']:.3f} cores per replica ({idle['replica_loop_cores']:.3f} its event loop), "
+                    f"{idle['store_writes_per_s']:.0f} store writes/s, "
                     f"{idle['bus_messages_per_s']:.0f} NATS messages in/s")  # fmt: skip
                 rows = [] if args.idle_only else [bench.search(shape, mode) for shape in args.shapes for mode in args.modes]
                 for row in rows:
@@ -563,10 +575,11 @@ def format_idle(result: dict[str, Any], report_interval_s: float, lease_ttl_s: i
     lease = f", lease TTL {lease_ttl_s} s" if lease_ttl_s else ""
     lines = [
         f"idle (every worker reporting every {report_interval_s:g} s{lease}, no request):",
-        "| replicas | bus | workers | cores per replica | ms per worker-second | store writes/s | NATS messages in/s |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| replicas | bus | workers | cores per replica | of it event loop | ms per worker-second | store writes/s | NATS messages in/s |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for q in result["idle"]:
-        lines.append(f"| {q['replicas']} | {q['bus']} | {q['workers']} | {q['replica_cores']:.3f} | {q['replica_ms_per_worker_s']:.3f} | "
+        lines.append(f"| {q['replicas']} | {q['bus']} | {q['workers']} | {q['replica_cores']:.3f} | {q['replica_loop_cores']:.3f} | "
+                     f"{q['replica_ms_per_worker_s']:.3f} | "
                      f"{q['store_writes_per_s']:.0f} | {q['bus_messages_per_s']:.0f} |")  # fmt: skip
     return "\n".join(lines)
