@@ -374,7 +374,10 @@ def _direct_client_class():
             handler = self.direct.get(sid)
             if handler is None:
                 return await super()._process_msg(sid, subject, reply, data, headers)
-            handler(data, headers)
+            try:
+                handler(data, headers)
+            except Exception:  # raised into nats-py's parser, it would reset the connection
+                log.exception("a load report from the bus could not be handed on")
 
     return DirectClient
 

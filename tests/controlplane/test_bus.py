@@ -146,6 +146,38 @@ def test_nats_hands_load_reports_from_its_parser_to_the_replica_with_their_mac(n
 
 
 @pytest.mark.cluster
+def test_a_report_its_subscriber_fails_on_leaves_the_next_arriving(nats_factory):
+    """A load report's handler runs inside nats-py's parser: an exception there must not reset
+    the connection (nor lose the reports after it)."""
+    from kvplane.controlplane.bus.nats import NatsBus
+
+    server = nats_factory()
+
+    async def body():
+        publisher, subscriber = NatsBus(server.url), NatsBus(server.url)
+        await publisher.start()
+        await subscriber.start()
+        got: asyncio.Queue = asyncio.Queue()
+
+        def deliver(message) -> None:
+            if not got.qsize() and registry_pb2.ReportLoadRequest.FromString(message.payload).load.num_running == 1:
+                got.put_nowait(None)
+                raise RuntimeError("a broken subscriber")
+            got.put_nowait(message)
+
+        await subscriber.subscribe(deliver)
+        await publisher.publish_load(_report(0, running=1))
+        assert await asyncio.wait_for(got.get(), 10) is None
+        await publisher.publish_load(_report(0, running=2))
+        assert _decoded(await asyncio.wait_for(got.get(), 10)) == ("load", W, 2)
+        assert subscriber._nc.is_connected
+        await subscriber.close()
+        await publisher.close()
+
+    asyncio.run(body())
+
+
+@pytest.mark.cluster
 def test_nats_retains_the_latest_report_and_the_batches_since_the_snapshot_and_forgets_a_reregistered_worker(nats_factory):
     from kvplane.controlplane.bus.nats import NatsBus
 
