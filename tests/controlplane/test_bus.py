@@ -146,6 +146,40 @@ def test_nats_hands_load_reports_from_its_parser_to_the_replica_with_their_mac(n
 
 
 @pytest.mark.cluster
+def test_a_nats_py_whose_internals_differ_still_delivers_reports_by_its_callbacks(nats_factory, monkeypatch):
+    """The direct path overrides a private method of nats-py; another signature there means
+    nats-py changed, and the bus falls back to its callbacks instead of guessing."""
+    from nats.aio.client import Client
+
+    from kvplane.controlplane.bus import nats as nats_bus
+
+    original = Client._process_msg
+
+    async def changed(self, sid, subject, reply, data, headers, extra=None):
+        return await original(self, sid, subject, reply, data, headers)
+
+    monkeypatch.setattr(Client, "_process_msg", changed)
+    nats_bus._direct_client_class.cache_clear()
+    server = nats_factory()
+
+    async def body():
+        publisher, subscriber = nats_bus.NatsBus(server.url), nats_bus.NatsBus(server.url)
+        await publisher.start()
+        await subscriber.start()
+        assert type(subscriber._nc) is Client  # no direct path
+        messages = await bus_messages(subscriber)
+        await publisher.publish_load(_report(0, running=5))
+        assert await _take(messages, 1) == [("load", W, 5)]
+        await subscriber.close()
+        await publisher.close()
+
+    try:
+        asyncio.run(body())
+    finally:
+        nats_bus._direct_client_class.cache_clear()
+
+
+@pytest.mark.cluster
 def test_a_report_its_subscriber_fails_on_leaves_the_next_arriving(nats_factory):
     """A load report's handler runs inside nats-py's parser: an exception there must not reset
     the connection (nor lose the reports after it)."""
