@@ -408,9 +408,10 @@ KEEPALIVE_STREAMS = 4  # per member at most; each has one write in flight, so th
 
 class _KeepAlives:
     """Lease renewals on one member over a few long-lived LeaseKeepAlive streams. A renewal goes
-    to the stream with the least waiting to be written; another stream is opened (up to
-    KEEPALIVE_STREAMS) only when every open one is busy: a write takes a turn of the event loop,
-    so one stream alone renews too few leases a second on a busy replica. A stream that fails or
+    to the stream with the fewest waiting to be written; another stream is opened (up to
+    KEEPALIVE_STREAMS) only when every open one has renewals waiting behind its write: a write
+    takes a turn of the event loop, so one stream alone renews too few leases a second on a busy
+    replica. A stream that fails or
     ends fails the renewals waiting on it and is dropped; the next renewal opens another."""
 
     def __init__(self, client: aetcd.Client, endpoint: str) -> None:
@@ -453,7 +454,6 @@ class _KeepAliveStream:
         self.call = client.leasestub.LeaseKeepAlive(metadata=client.metadata)
         self.waiting: dict[int, deque[asyncio.Future]] = {}
         self._unwritten: deque[int] = deque()
-        self._writing = False
         self._wake = asyncio.Event()
         self.ended = False
         loop = asyncio.get_running_loop()
@@ -461,8 +461,10 @@ class _KeepAliveStream:
         self._reader = loop.create_task(self._read(), name=f"etcd-keepalive-read-{endpoint}")
 
     def backlog(self) -> int:
-        """Renewals not written yet, counting the one being written."""
-        return len(self._unwritten) + self._writing
+        """Renewals waiting for the write in flight. Not the write itself: its answer can wake the
+        renewal's caller before the writer task notices the write is done, and a caller renewing
+        again at once would then find the stream busy and open another (seen in a test)."""
+        return len(self._unwritten)
 
     def renew(self, lease: LeaseId) -> asyncio.Future:
         waiter = asyncio.get_running_loop().create_future()
@@ -498,9 +500,7 @@ class _KeepAliveStream:
                     self._wake.clear()
                     await self._wake.wait()
                 lease = self._unwritten.popleft()
-                self._writing = True
                 await self.call.write(rpc.LeaseKeepAliveRequest(ID=lease))
-                self._writing = False
         except (grpc.aio.AioRpcError, asyncio.InvalidStateError):  # the stream ended: the reader fails the waiters
             self.call.cancel()
 
