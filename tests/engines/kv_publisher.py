@@ -14,18 +14,16 @@ from collections import deque
 import msgpack
 import zmq
 
-from kvplane.apps.cluster import free_port
-
 
 class Publisher:
     def __init__(self, buffer_steps: int = 100, topic: bytes = b"") -> None:
-        self.endpoint = f"tcp://127.0.0.1:{free_port()}"
-        self.replay_endpoint = f"tcp://127.0.0.1:{free_port()}"
+        # Bound to ports ZMQ picks: a free_port() another test process took before the bind
+        # failed a run with "Address already in use".
         self._ctx = zmq.Context()
         self._pub = self._ctx.socket(zmq.PUB)
-        self._pub.bind(self.endpoint)
+        self.endpoint = f"tcp://127.0.0.1:{self._pub.bind_to_random_port('tcp://127.0.0.1')}"
         self._router = self._ctx.socket(zmq.ROUTER)
-        self._router.bind(self.replay_endpoint)
+        self.replay_endpoint = f"tcp://127.0.0.1:{self._router.bind_to_random_port('tcp://127.0.0.1')}"
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
         self._topic = topic
         self._seq = 0
