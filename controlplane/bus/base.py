@@ -83,8 +83,8 @@ class Bus(Protocol):
 
     async def subscribe(self, deliver: Callable[[BusMessage], None]) -> None:
         """Subscribes now: `deliver` is called on the event loop with each retained message, then
-        with each new one, until close(); one subscriber per bus. A call, not a queue: nats-py's own
-        queue and task took 7-8 of a replica's 17-20 µs per report (5,000 a second at 1,000 workers;
+        with each new one, until close(); one subscriber per bus. A call, not a queue: nats-py's message
+        objects, queue and task took 7-8 of a replica's 17-20 µs per report (5,000 a second at 1,000 workers;
         docs/benchmarks.md), which NATS now skips for load reports (controlplane/bus/nats.py)."""
         ...
 

@@ -16,7 +16,7 @@ cluster_state.py waits a little before calling that a gap). Messages are handed 
 subscriber in nats-py's callback; beyond nats-py's pending limits it drops them (for a KV batch,
 a gap: a snapshot is asked for). Load reports, 5,000 a second at 1,000 workers, skip nats-py's
 message objects, header parsing, queue and task: its parser hands them to the replica directly
-(_DirectClient). The streams are created by the first replica to start, with
+(_direct_client_class). The streams are created by the first replica to start, with
 file storage, so a restarted nats-server with its storage directory loses nothing. Given `mac_key`,
 every message published carries its MAC (kvplane/bus.py), and every message received hands it on.
 """
@@ -202,7 +202,7 @@ class NatsBus:
         deliver = self._deliver
         assert deliver is not None
 
-        async def receive(msg) -> None:  # nats-py's callback (KV batches; a report before direct delivery starts)
+        async def receive(msg) -> None:  # nats-py's callback: KV batches, the replayed latest reports
             deliver(BusMessage(kind, msg.data, (msg.headers or _NO_HEADERS).get(MAC_HEADER, "")))
 
         def receive_report(data: bytes, headers: bytes | None) -> None:
@@ -357,8 +357,8 @@ def _direct_client_class():
     """nats-py's Client, but a message of a subscription in its `direct` (sid -> function) goes
     from the parser straight to that function: no Msg, header dict, queue or task, 7-8 of 17-20 µs
     of a replica's CPU per load report (a throwaway reader of 4,400 reports a second). It overrides
-    nats-py's private `Client._process_msg`, whose signature is checked here; tests/integration/
-    test_bus_nats.py fails if reports stop arriving this way."""
+    nats-py's private `Client._process_msg`, whose signature is checked here; tests/controlplane/
+    test_bus.py fails if reports stop arriving this way."""
     from nats.aio.client import Client  # the optional dependency, loaded only for this bus
 
     if list(inspect.signature(Client._process_msg).parameters) != ["self", "sid", "subject", "reply", "data", "headers"]:

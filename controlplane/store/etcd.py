@@ -411,8 +411,8 @@ class _KeepAlives:
     to the stream with the fewest waiting to be written; another stream is opened (up to
     KEEPALIVE_STREAMS) only when every open one has renewals waiting behind its write: a write
     takes a turn of the event loop, so one stream alone renews too few leases a second on a busy
-    replica. A stream that fails or
-    ends fails the renewals waiting on it and is dropped; the next renewal opens another."""
+    replica. A stream that fails or ends fails the renewals waiting on it and is dropped; the next
+    renewal opens another."""
 
     def __init__(self, client: aetcd.Client, endpoint: str) -> None:
         self.client = client
@@ -429,17 +429,13 @@ class _KeepAlives:
             stream = _KeepAliveStream(self.client, self._endpoint)  # (EtcdStore._on_members connected the client)
             self.streams.append(stream)
         waiter = stream.renew(lease)
-        waiter.add_done_callback(functools.partial(_forget_renewal, stream, lease))  # answered, failed, timed out or cancelled
+        waiter.add_done_callback(functools.partial(stream.forget, lease))  # answered, failed, timed out or cancelled
         return waiter
 
     def close(self) -> None:
         for stream in self.streams:
             stream.end()
         self.streams = []
-
-
-def _forget_renewal(stream: _KeepAliveStream, lease: LeaseId, waiter: asyncio.Future) -> None:
-    stream.forget(lease, waiter)
 
 
 class _KeepAliveStream:
