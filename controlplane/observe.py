@@ -41,6 +41,13 @@ def register_cpu_counter() -> None:
         inst.observe_counters({"kvplane.controlplane.cpu": lambda: [(s, {"kvplane.phase": p}) for p, s in cpu_seconds.items()]})
 
 
+def register_keepalive_counter(keepalives) -> None:
+    """What became of the agents' keep-alives this replica took from the bus (bus_keepalives.py)."""
+    instruments().observe_counters(
+        {"kvplane.bus.keepalives": lambda: [(n, {"kvplane.bus.outcome": outcome}) for outcome, n in keepalives.outcomes.items()]}
+    )
+
+
 def register_cluster_gauges(state) -> None:
     """The cluster as this replica's ClusterState sees it, read at each scrape: workers by role and
     state, whether the store answers, KV-event gaps found (deploy/monitoring/ alerts on these)."""

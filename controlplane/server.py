@@ -17,6 +17,7 @@ import grpc
 from kvplane import telemetry, tickets
 from kvplane.controlplane import access, gc_tuning, observe, secrets
 from kvplane.controlplane.bus import Bus, open_bus
+from kvplane.controlplane.bus_keepalives import BusKeepAlives
 from kvplane.controlplane.client_service import AgentStubs, ClientService
 from kvplane.controlplane.cluster_state import ClusterState
 from kvplane.controlplane.config import ControlPlaneConfig
@@ -61,6 +62,7 @@ class ControlPlane:
         self._store: Store | None = None
         self._bus: Bus | None = None
         self._state: ClusterState | None = None
+        self._keepalives: BusKeepAlives | None = None  # agents' keep-alives on the bus (--bus-for-agents)
         self._stubs = AgentStubs(security.credentials)
         self._http = None
         self.http_port: int | None = None
@@ -107,6 +109,13 @@ class ControlPlane:
             registered=lambda: (entry.info for entry in state.workers.values()),
         )  # fmt: skip
         registry_pb2_grpc.add_RegistryServicer_to_server(registry, server)
+        if config.bus_for_agents and hasattr(self._bus, "serve_keepalives"):  # agents on the bus renew their leases there too
+            self._keepalives = BusKeepAlives(
+                self._store, cluster_secrets, snapshot_requested=state.snapshot_requested, answer=self._bus.answer,
+                max_ttl_s=config.max_lease_ttl_s,
+            )  # fmt: skip
+            await self._bus.serve_keepalives(self._keepalives.handle)
+            observe.register_keepalive_counter(self._keepalives)
         self._health = enable_health_and_reflection(server, SERVICE_NAMES)
         self.port = add_port(server, f"{config.host}:{config.port}", self.security.credentials)
         if self.port == 0:
@@ -144,6 +153,8 @@ class ControlPlane:
             await self._server.stop(grace)
         if self._state:
             await self._state.stop()
+        if self._keepalives:
+            await self._keepalives.close()
         await self._stubs.close()
         if self._bus:
             await self._bus.close()

@@ -3,7 +3,9 @@ publish their load reports and KV event batches there themselves (`kvplane contr
 --bus-for-agents`).
 
 Subjects: `kvplane.<kind>.<worker id, hex>` (hex because a worker id may hold '.', NATS's subject
-separator), kind "load" (load reports) or "kv" (KV event batches).
+separator), kind "load" (load reports), "kv" (KV event batches) or "keepalive" (an agent's lease
+renewals: NATS requests that one replica of the queue group KEEPALIVE_QUEUE answers, with a
+KeepAliveResponse, or with ERROR_HEADER when it could not renew and the agent should ask over gRPC).
 
 Message authentication. Once workers can reach the bus, any of them could publish on another's
 subject, so every message carries a MAC in the `Kvplane-Mac` header: HMAC-SHA256 over the kind and
@@ -18,7 +20,9 @@ key and the token, which only replicas can derive. A replica recomputes the keys
 message's worker id and lease and drops a message whose MAC matches neither before it applies it.
 The payload never carries the token. A copied message published again is caught by the numbers
 inside: load reports by `report_seq`, KV batches by `seq` (a replica applies each only above the
-last it applied; a snapshot, the worker's whole truth, is applied again).
+last it applied; a snapshot, the worker's whole truth, is applied again), keep-alives by
+`keepalive_seq` (a replica answers each only above the last it answered for that lease; another
+replica of the group may answer a copy once, which renews a lease its worker renewed moments before).
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ import hashlib
 import hmac
 
 MAC_HEADER = "Kvplane-Mac"
+ERROR_HEADER = "Kvplane-Error"  # a replica's answer to a keep-alive it did not renew: why, for the agent's log
+KEEPALIVE_QUEUE = "kvplane-replicas"  # the queue group whose one member answers each keep-alive
 # Where JetStream answers an agent (a KV batch's acknowledgement, a purge's reply): an agent's own
 # inbox prefix, so that NATS permissions can let agents subscribe there and nowhere else, as the
 # nats-agents overlay does (deploy/k8s/overlays/nats/nats.conf). Under the default `_INBOX` they

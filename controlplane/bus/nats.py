@@ -31,7 +31,7 @@ import logging
 import ssl
 from collections.abc import Callable
 
-from kvplane.bus import KV_STREAM, LOAD_STREAM, MAC_HEADER, mac, purge_before_snapshot, server_urls, subject
+from kvplane.bus import ERROR_HEADER, KEEPALIVE_QUEUE, KV_STREAM, LOAD_STREAM, MAC_HEADER, mac, purge_before_snapshot, server_urls, subject
 from kvplane.v1 import registry_pb2
 
 from .base import BusMessage, BusUnavailable, PerWorkerThrottle
@@ -205,7 +205,7 @@ class NatsBus:
         async def receive(msg) -> None:  # nats-py's callback: KV batches, the replayed latest reports
             deliver(BusMessage(kind, msg.data, (msg.headers or _NO_HEADERS).get(MAC_HEADER, "")))
 
-        def receive_report(data: bytes, headers: bytes | None) -> None:
+        def receive_report(data: bytes, headers: bytes | None, reply: bytes) -> None:
             deliver(BusMessage("load", data, carried_mac(headers)))
 
         try:
@@ -228,6 +228,33 @@ class NatsBus:
             await self._replay_latest_loads(receive)
         except Exception as e:  # the subscription brings every worker's next report all the same
             log.warning("reading the workers' latest load reports from %s failed (%r); waiting for their next", LOAD_STREAM, e)
+
+    async def serve_keepalives(self, handle: Callable[[bytes, str, str], None]) -> None:
+        """Agents' keep-alives (kvplane/bus.py): `handle(payload, mac, reply subject)` is called on
+        the event loop with each one this replica is given, one replica of the queue group per
+        message, and answers it with answer(). Straight from the parser where it can, as reports.
+        A core subscription: nats-py restores it, and its sid, after a reconnect."""
+
+        async def receive(msg) -> None:
+            handle(msg.data, (msg.headers or _NO_HEADERS).get(MAC_HEADER, ""), msg.reply)
+
+        def receive_direct(data: bytes, headers: bytes | None, reply: bytes) -> None:
+            handle(data, carried_mac(headers), reply.decode())
+
+        try:
+            subscription = await self._nc.subscribe("kvplane.keepalive.*", queue=KEEPALIVE_QUEUE, cb=receive)
+        except Exception as e:
+            raise BusUnavailable(f"cannot subscribe to the agents' keep-alives on NATS ({e!r})") from e
+        self._subscriptions["keepalive"] = subscription
+        direct = getattr(self._nc, "direct", None)
+        if direct is not None:
+            direct[subscription._id] = receive_direct
+
+    async def answer(self, reply: str, payload: bytes, error: str = "") -> None:
+        """Answers a keep-alive at its reply subject: `payload` (a KeepAliveResponse), or `error`
+        (the agent asks over gRPC instead). Without waiting: an answer lost is a keep-alive the
+        agent sends again over gRPC."""
+        await self._nc.publish(reply, payload, headers={ERROR_HEADER: error} if error else None)
 
     async def _replay_latest_loads(self, receive: Callable) -> None:
         """Each worker's latest report as the stream holds it now, read once (an ephemeral pull
@@ -368,16 +395,16 @@ def _direct_client_class():
     class DirectClient(Client):
         def __init__(self) -> None:
             super().__init__()
-            self.direct: dict[int, Callable[[bytes, bytes | None], None]] = {}
+            self.direct: dict[int, Callable[[bytes, bytes | None, bytes], None]] = {}  # (payload, raw headers, reply subject)
 
         async def _process_msg(self, sid, subject, reply, data, headers) -> None:
             handler = self.direct.get(sid)
             if handler is None:
                 return await super()._process_msg(sid, subject, reply, data, headers)
             try:
-                handler(data, headers)
+                handler(data, headers, reply)
             except Exception:  # raised into nats-py's parser, it would reset the connection
-                log.exception("a load report from the bus could not be handed on")
+                log.exception("a message from the bus (%s) could not be handed on", subject)
 
     return DirectClient
 

@@ -11,6 +11,8 @@ own are: the next supersedes a lost one. A KV batch waits for JetStream's acknow
 report must never name a batch the stream may not hold), and after a snapshot the batches before
 it are purged from the stream, as a replica publishing one does. While NATS cannot be reached, or
 does not take a batch, the link sends it through its replica (the publish methods answer False).
+Lease keep-alives are NATS requests that one replica answers (controlplane/bus_keepalives.py);
+without an answer the link sends the keep-alive as a gRPC call.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import logging
 import os
 import ssl
 import tempfile
+import time
 
 from kvplane import bus
 from kvplane.security.credentials import Credentials
@@ -30,6 +33,7 @@ log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_S = 2.0
 ACK_TIMEOUT_S = 2.0  # JetStream's acknowledgement of a KV batch; longer, and the batch goes through a replica
+NO_RESPONDERS_RETRY_S = 60.0  # no replica took a keep-alive on the bus: gRPC only, for this long
 
 
 class BusPublisher:
@@ -39,6 +43,7 @@ class BusPublisher:
         self._name = f"kvplane-agent {worker_id}"  # how NATS lists the connection (its monitoring, `nats server report`)
         self._nc = None
         self._js = None
+        self._keepalives_off_until = 0.0  # monotonic: until then keep-alives go over gRPC (no replica took one here)
 
     async def start(self) -> bool:
         """Connects; False (said in the log) when nats-py is missing or NATS cannot be reached."""
@@ -109,6 +114,41 @@ class BusPublisher:
             except Exception as e:  # they stay until age or size drops them: a replica replays more, nothing is lost
                 log.warning("purging the KV batches before our snapshot failed: %r", e)
         return True
+
+    def keepalives_off(self) -> bool:
+        """Whether keep-alives go over gRPC for now (no replica took one on the bus lately)."""
+        return time.monotonic() < self._keepalives_off_until
+
+    async def keep_alive(self, request: registry_pb2.KeepAliveRequest, session_token: bytes, timeout_s: float):
+        """Renews the lease through a replica on the bus (kvplane/bus.py): the KeepAliveResponse, or
+        None when none came (disconnected, no replica serves keep-alives there, no answer in time,
+        or a replica's error), and the link asks over gRPC."""
+        nc = self._nc
+        if nc is None or not nc.is_connected or self.keepalives_off():
+            return None
+        from nats.errors import NoRespondersError
+
+        request.ClearField("session_token")
+        payload = request.SerializeToString()
+        try:
+            reply = await nc.request(
+                bus.subject("keepalive", request.worker_id),
+                payload,
+                timeout=timeout_s,
+                headers=_signed(session_token, "keepalive", payload),
+            )
+        except NoRespondersError:  # replicas that do not take keep-alives on the bus (an older version)
+            self._keepalives_off_until = time.monotonic() + NO_RESPONDERS_RETRY_S
+            log.info("no replica takes keep-alives on the bus; sending them over gRPC for %.0f s", NO_RESPONDERS_RETRY_S)
+            return None
+        except Exception as e:
+            log.debug("a keep-alive on the bus got no answer (%r); sending it over gRPC", e)
+            return None
+        error = (reply.headers or {}).get(bus.ERROR_HEADER)
+        if error is not None:
+            log.debug("a replica did not renew our lease on the bus (%s); asking over gRPC", error)
+            return None
+        return registry_pb2.KeepAliveResponse.FromString(reply.data)
 
     async def close(self) -> None:
         nc, self._nc, self._js = self._nc, None, None

@@ -14,7 +14,8 @@ Load reports and keep-alives go on long-lived streams to the current replica (`R
 `KeepAliveStream`: a call each costs the control plane several times the CPU, call_stream.py); a
 control plane without them (UNIMPLEMENTED) gets a call each.
 When registration names the control plane's bus (`--bus-for-agents`), reports and KV batches are
-published there instead (bus_publish.py), and through a replica only while the bus does not take them.
+published there instead (bus_publish.py), and through a replica only while the bus does not take them;
+keep-alives are NATS requests there that one replica answers, and gRPC calls when none answers.
 
 KV events are numbered batches. A replica that sees a gap in the numbers (a lost batch, a store
 blip) asks for a snapshot; the answer to a load report carries the request (`snapshot_requested`)
@@ -64,6 +65,12 @@ KEEPALIVE_RETRY_S = 0.5  # after a failed keep-alive, while the lease may still 
 
 def keepalive_pace(ttl_s: float) -> float:
     return max(ttl_s / 3, 0.5)
+
+
+def bus_keepalive_timeout(ttl_s: float) -> float:
+    """How long a keep-alive on the bus waits for a replica before the link asks over gRPC: short,
+    so that the gRPC call still has its own third of the TTL."""
+    return min(1.0, ttl_s / 6)
 
 
 def next_keepalive_delay(ttl_s: float, *, failures: int, first_failure_after_move: bool, since_renewed_s: float) -> float:
@@ -206,6 +213,7 @@ class ControlPlaneLink:
         )
         self._direct: BusPublisher | None = None  # load reports and KV batches straight to the bus (RegisterResponse.bus_url)
         self._report_seq = 0  # this registration's reports so far (ReportLoadRequest.report_seq)
+        self._keepalive_seq = 0  # and its keep-alives sent on the bus (KeepAliveRequest.keepalive_seq)
 
     @property
     def _stub(self) -> registry_pb2_grpc.RegistryStub:
@@ -290,7 +298,7 @@ class ControlPlaneLink:
                 registry_pb2.RegisterRequest(info=self._info(), ttl_seconds=self._config.lease_ttl_s), timeout=REGISTER_TIMEOUT_S
             )
             self.lease_id, self.ttl_s, self.session_token = reply.lease_id, reply.ttl_seconds, reply.session_token
-            self._report_seq = 0
+            self._report_seq = self._keepalive_seq = 0
             self.verifier = tickets.TicketVerifier(reply.ticket_public_key)
             if reply.HasField("profile") and reply.profile.samples:
                 self._on_profile(reply.profile)
@@ -357,10 +365,18 @@ class ControlPlaneLink:
             tried, lease = self._current, self.lease_id
 
             async def step():
-                reply = await self._keepalives.call(
-                    registry_pb2.KeepAliveRequest(worker_id=self.worker_id, lease_id=self.lease_id, session_token=self.session_token),
-                    self._current,
-                )
+                reply = None
+                if self._direct is not None:  # the bus first: a gRPC call costs the replica several times the CPU
+                    self._keepalive_seq += 1
+                    request = registry_pb2.KeepAliveRequest(
+                        worker_id=self.worker_id, lease_id=self.lease_id, keepalive_seq=self._keepalive_seq
+                    )
+                    reply = await self._direct.keep_alive(request, self.session_token, bus_keepalive_timeout(self.ttl_s))
+                if reply is None:
+                    reply = await self._keepalives.call(
+                        registry_pb2.KeepAliveRequest(worker_id=self.worker_id, lease_id=self.lease_id, session_token=self.session_token),
+                        self._current,
+                    )
                 if reply.ttl_seconds == 0:
                     raise LeaseLost("the store no longer has our lease")
                 self._snapshot_asked(reply.snapshot_requested)

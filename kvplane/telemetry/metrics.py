@@ -97,6 +97,11 @@ SPECS: tuple[MetricSpec, ...] = (
                "Bus messages this replica dropped: reason mac (missing or wrong MAC, checked with --bus-for-agents), replayed "
                "(a load report numbered at or below the last applied), invalid (a report the registry would refuse).",
                ("kvplane.bus.reason",), observed=True),
+    MetricSpec("kvplane.bus.keepalives", "counter", "{request}", "controlplane",
+               "Agents' lease keep-alives this replica took from the bus (--bus-for-agents), by outcome: renewed, lost (the lease "
+               "had ended: the agent registers again), and those answered with an error, for which the agent asks over gRPC: mac "
+               "(missing or wrong MAC), replayed (numbered at or below one answered), malformed, store (the store did not answer); noreply: published without a reply subject.",
+               ("kvplane.bus.outcome",), observed=True),
     MetricSpec("kvplane.workers.discounted", "gauge", "{worker}", "controlplane",
                "Workers whose load reports this replica's planner discounts now: 2 of their last 8 requests took far longer than "
                "predicted from them (--report-contradiction-*); each is logged when it starts."),

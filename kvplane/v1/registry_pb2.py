@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from kvplane.v1 import common_pb2 as kvplane_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19kvplane/v1/registry.proto\x12\nkvplane.v1\x1a\x17kvplane/v1/common.proto\"L\n\x0fRegisterRequest\x12$\n\x04info\x18\x01 \x01(\x0b\x32\x16.kvplane.v1.WorkerInfo\x12\x13\n\x0bttl_seconds\x18\x02 \x01(\r\"\xce\x01\n\x10RegisterResponse\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x10\n\x08lease_id\x18\x02 \x01(\x03\x12\x13\n\x0bttl_seconds\x18\x03 \x01(\r\x12+\n\x07profile\x18\x05 \x01(\x0b\x32\x1a.kvplane.v1.LatencyProfile\x12\x19\n\x11ticket_public_key\x18\x06 \x01(\x0c\x12\x15\n\rsession_token\x18\x07 \x01(\x0c\x12\x0f\n\x07\x62us_url\x18\x08 \x01(\tJ\x04\x08\x04\x10\x05R\nticket_key\"N\n\x10KeepAliveRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x10\n\x08lease_id\x18\x02 \x01(\x03\x12\x15\n\rsession_token\x18\x03 \x01(\x0c\"D\n\x11KeepAliveResponse\x12\x13\n\x0bttl_seconds\x18\x01 \x01(\r\x12\x1a\n\x12snapshot_requested\x18\x02 \x01(\x08\"\xec\x01\n\x11ReportLoadRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x10\n\x08lease_id\x18\x02 \x01(\x03\x12$\n\x04load\x18\x03 \x01(\x0b\x32\x16.kvplane.v1.WorkerLoad\x12&\n\x05state\x18\x04 \x01(\x0e\x32\x17.kvplane.v1.WorkerState\x12)\n\x07latency\x18\x05 \x01(\x0b\x32\x18.kvplane.v1.LatencyModel\x12\x15\n\rsession_token\x18\x06 \x01(\x0c\x12\x0e\n\x06kv_seq\x18\x1e \x01(\x04\x12\x12\n\nreport_seq\x18\x1f \x01(\x04\"0\n\x12ReportLoadResponse\x12\x1a\n\x12snapshot_requested\x18\x1e \x01(\x08\"\x98\x01\n\x16PublishKVEventsRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x10\n\x08lease_id\x18\x02 \x01(\x03\x12\x0b\n\x03seq\x18\x03 \x01(\x04\x12#\n\x06\x65vents\x18\x04 \x03(\x0b\x32\x13.kvplane.v1.KVEvent\x12\x10\n\x08snapshot\x18\x05 \x01(\x08\x12\x15\n\rsession_token\x18\x06 \x01(\x0c\"\x19\n\x17PublishKVEventsResponse\"O\n\x11\x44\x65registerRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x10\n\x08lease_id\x18\x02 \x01(\x03\x12\x15\n\rsession_token\x18\x03 \x01(\x0c\"\x14\n\x12\x44\x65registerResponse2\xbc\x04\n\x08Registry\x12\x45\n\x08Register\x12\x1b.kvplane.v1.RegisterRequest\x1a\x1c.kvplane.v1.RegisterResponse\x12H\n\tKeepAlive\x12\x1c.kvplane.v1.KeepAliveRequest\x1a\x1d.kvplane.v1.KeepAliveResponse\x12R\n\x0fKeepAliveStream\x12\x1c.kvplane.v1.KeepAliveRequest\x1a\x1d.kvplane.v1.KeepAliveResponse(\x01\x30\x01\x12K\n\nReportLoad\x12\x1d.kvplane.v1.ReportLoadRequest\x1a\x1e.kvplane.v1.ReportLoadResponse\x12U\n\x10ReportLoadStream\x12\x1d.kvplane.v1.ReportLoadRequest\x1a\x1e.kvplane.v1.ReportLoadResponse(\x01\x30\x01\x12Z\n\x0fPublishKVEvents\x12\".kvplane.v1.PublishKVEventsRequest\x1a#.kvplane.v1.PublishKVEventsResponse\x12K\n\nDeregister\x12\x1d.kvplane.v1.DeregisterRequest\x1a\x1e.kvplane.v1.DeregisterResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19kvplane/v1/registry.proto\x12\nkvplane.v1\x1a\x17kvplane/v1/common.proto\"L\n\x0fRegisterRequest\x12$\n\x04info\x18\x01 \x01(\x0b\x32\x16.kvplane.v1.WorkerInfo\x12\x13\n\x0bttl_seconds\x18\x02 \x01(\r\"\xce\x01\n\x10RegisterResponse\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x10\n\x08lease_id\x18\x02 \x01(\x03\x12\x13\n\x0bttl_seconds\x18\x03 \x01(\r\x12+\n\x07profile\x18\x05 \x01(\x0b\x32\x1a.kvplane.v1.LatencyProfile\x12\x19\n\x11ticket_public_key\x18\x06 \x01(\x0c\x12\x15\n\rsession_token\x18\x07 \x01(\x0c\x12\x0f\n\x07\x62us_url\x18\x08 \x01(\tJ\x04\x08\x04\x10\x05R\nticket_key\"e\n\x10KeepAliveRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x10\n\x08lease_id\x18\x02 \x01(\x03\x12\x15\n\rsession_token\x18\x03 \x01(\x0c\x12\x15\n\rkeepalive_seq\x18\x04 \x01(\x04\"D\n\x11KeepAliveResponse\x12\x13\n\x0bttl_seconds\x18\x01 \x01(\r\x12\x1a\n\x12snapshot_requested\x18\x02 \x01(\x08\"\xec\x01\n\x11ReportLoadRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x10\n\x08lease_id\x18\x02 \x01(\x03\x12$\n\x04load\x18\x03 \x01(\x0b\x32\x16.kvplane.v1.WorkerLoad\x12&\n\x05state\x18\x04 \x01(\x0e\x32\x17.kvplane.v1.WorkerState\x12)\n\x07latency\x18\x05 \x01(\x0b\x32\x18.kvplane.v1.LatencyModel\x12\x15\n\rsession_token\x18\x06 \x01(\x0c\x12\x0e\n\x06kv_seq\x18\x1e \x01(\x04\x12\x12\n\nreport_seq\x18\x1f \x01(\x04\"0\n\x12ReportLoadResponse\x12\x1a\n\x12snapshot_requested\x18\x1e \x01(\x08\"\x98\x01\n\x16PublishKVEventsRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x10\n\x08lease_id\x18\x02 \x01(\x03\x12\x0b\n\x03seq\x18\x03 \x01(\x04\x12#\n\x06\x65vents\x18\x04 \x03(\x0b\x32\x13.kvplane.v1.KVEvent\x12\x10\n\x08snapshot\x18\x05 \x01(\x08\x12\x15\n\rsession_token\x18\x06 \x01(\x0c\"\x19\n\x17PublishKVEventsResponse\"O\n\x11\x44\x65registerRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x10\n\x08lease_id\x18\x02 \x01(\x03\x12\x15\n\rsession_token\x18\x03 \x01(\x0c\"\x14\n\x12\x44\x65registerResponse2\xbc\x04\n\x08Registry\x12\x45\n\x08Register\x12\x1b.kvplane.v1.RegisterRequest\x1a\x1c.kvplane.v1.RegisterResponse\x12H\n\tKeepAlive\x12\x1c.kvplane.v1.KeepAliveRequest\x1a\x1d.kvplane.v1.KeepAliveResponse\x12R\n\x0fKeepAliveStream\x12\x1c.kvplane.v1.KeepAliveRequest\x1a\x1d.kvplane.v1.KeepAliveResponse(\x01\x30\x01\x12K\n\nReportLoad\x12\x1d.kvplane.v1.ReportLoadRequest\x1a\x1e.kvplane.v1.ReportLoadResponse\x12U\n\x10ReportLoadStream\x12\x1d.kvplane.v1.ReportLoadRequest\x1a\x1e.kvplane.v1.ReportLoadResponse(\x01\x30\x01\x12Z\n\x0fPublishKVEvents\x12\".kvplane.v1.PublishKVEventsRequest\x1a#.kvplane.v1.PublishKVEventsResponse\x12K\n\nDeregister\x12\x1d.kvplane.v1.DeregisterRequest\x1a\x1e.kvplane.v1.DeregisterResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,21 +37,21 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_REGISTERRESPONSE']._serialized_start=145
   _globals['_REGISTERRESPONSE']._serialized_end=351
   _globals['_KEEPALIVEREQUEST']._serialized_start=353
-  _globals['_KEEPALIVEREQUEST']._serialized_end=431
-  _globals['_KEEPALIVERESPONSE']._serialized_start=433
-  _globals['_KEEPALIVERESPONSE']._serialized_end=501
-  _globals['_REPORTLOADREQUEST']._serialized_start=504
-  _globals['_REPORTLOADREQUEST']._serialized_end=740
-  _globals['_REPORTLOADRESPONSE']._serialized_start=742
-  _globals['_REPORTLOADRESPONSE']._serialized_end=790
-  _globals['_PUBLISHKVEVENTSREQUEST']._serialized_start=793
-  _globals['_PUBLISHKVEVENTSREQUEST']._serialized_end=945
-  _globals['_PUBLISHKVEVENTSRESPONSE']._serialized_start=947
-  _globals['_PUBLISHKVEVENTSRESPONSE']._serialized_end=972
-  _globals['_DEREGISTERREQUEST']._serialized_start=974
-  _globals['_DEREGISTERREQUEST']._serialized_end=1053
-  _globals['_DEREGISTERRESPONSE']._serialized_start=1055
-  _globals['_DEREGISTERRESPONSE']._serialized_end=1075
-  _globals['_REGISTRY']._serialized_start=1078
-  _globals['_REGISTRY']._serialized_end=1650
+  _globals['_KEEPALIVEREQUEST']._serialized_end=454
+  _globals['_KEEPALIVERESPONSE']._serialized_start=456
+  _globals['_KEEPALIVERESPONSE']._serialized_end=524
+  _globals['_REPORTLOADREQUEST']._serialized_start=527
+  _globals['_REPORTLOADREQUEST']._serialized_end=763
+  _globals['_REPORTLOADRESPONSE']._serialized_start=765
+  _globals['_REPORTLOADRESPONSE']._serialized_end=813
+  _globals['_PUBLISHKVEVENTSREQUEST']._serialized_start=816
+  _globals['_PUBLISHKVEVENTSREQUEST']._serialized_end=968
+  _globals['_PUBLISHKVEVENTSRESPONSE']._serialized_start=970
+  _globals['_PUBLISHKVEVENTSRESPONSE']._serialized_end=995
+  _globals['_DEREGISTERREQUEST']._serialized_start=997
+  _globals['_DEREGISTERREQUEST']._serialized_end=1076
+  _globals['_DEREGISTERRESPONSE']._serialized_start=1078
+  _globals['_DEREGISTERRESPONSE']._serialized_end=1098
+  _globals['_REGISTRY']._serialized_start=1101
+  _globals['_REGISTRY']._serialized_end=1673
 # @@protoc_insertion_point(module_scope)

@@ -34,14 +34,16 @@ class RegisterResponse(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., lease_id: _Optional[int] = ..., ttl_seconds: _Optional[int] = ..., profile: _Optional[_Union[_common_pb2.LatencyProfile, _Mapping]] = ..., ticket_public_key: _Optional[bytes] = ..., session_token: _Optional[bytes] = ..., bus_url: _Optional[str] = ...) -> None: ...
 
 class KeepAliveRequest(_message.Message):
-    __slots__ = ("worker_id", "lease_id", "session_token")
+    __slots__ = ("worker_id", "lease_id", "session_token", "keepalive_seq")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    KEEPALIVE_SEQ_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     lease_id: int
     session_token: bytes
-    def __init__(self, worker_id: _Optional[str] = ..., lease_id: _Optional[int] = ..., session_token: _Optional[bytes] = ...) -> None: ...
+    keepalive_seq: int
+    def __init__(self, worker_id: _Optional[str] = ..., lease_id: _Optional[int] = ..., session_token: _Optional[bytes] = ..., keepalive_seq: _Optional[int] = ...) -> None: ...
 
 class KeepAliveResponse(_message.Message):
     __slots__ = ("ttl_seconds", "snapshot_requested")

@@ -104,16 +104,47 @@ def _agent_publishes(nats) -> dict[str, int]:
     return {c["name"].removeprefix("kvplane-agent "): c["in_msgs"] for c in connections if c.get("name", "").startswith("kvplane-agent ")}
 
 
+def _keepalives(cluster: LocalCluster) -> dict[str, float]:
+    """Agents' keep-alives the replicas took from the bus, by outcome, summed over the replicas."""
+    totals: dict[str, float] = {}
+    for replica in cluster.controlplane_endpoints.values():
+        with Client(replica, timeout=20) as one:
+            metrics = scrape(one.stats().metrics_url)
+        for outcome in ("renewed", "lost", "mac", "replayed", "store"):
+            totals[outcome] = totals.get(outcome, 0) + metric_sum(metrics, "kvplane_bus_keepalives_total", kvplane_bus_outcome=outcome)
+    return totals
+
+
+def _leases(url: str) -> dict[str, int]:
+    async def read():
+        store = open_store(url)
+        try:
+            items, _ = await store.get_prefix(keys.WORKERS)
+            return {kv.key: kv.lease for kv in items}
+        finally:
+            await store.close()
+
+    return asyncio.run(read())
+
+
 def test_agents_publish_their_load_reports_on_the_bus_themselves_and_both_replicas_read_them(etcd_factory, nats_factory, tmp_path):
+    """And renew their leases there: with 3 s leases, six renewals or more and the same leases
+    after 2.5 TTLs, and every keep-alive a replica took was renewed."""
     etcd, nats = etcd_factory(), nats_factory()
     with LocalCluster(
         num_prefill=0, num_decode=0, num_both=2, store=etcd.url, num_controlplanes=2, log_dir=tmp_path, bus=nats.url,
-        controlplane_args=("--bus-for-agents", nats.url, "--trust-worker-cache-claims"),  # each replica credits what it applies
+        controlplane_args=("--bus-for-agents", nats.url, "--trust-worker-cache-claims", "--lease-ttl", "3"),  # each replica credits what it applies
     ) as cluster, Client(cluster.endpoint, timeout=60) as client:  # fmt: skip
         for replica in cluster.controlplane_endpoints.values():
             wait_for(lambda replica=replica: _reporting(replica) == WORKERS, timeout=30, what=f"both workers' reports at {replica}")
         wait_for(lambda: set(_agent_publishes(nats)) == WORKERS and min(_agent_publishes(nats).values()) >= 5, timeout=20,
                  what="reports published by the agents' own NATS connections")  # fmt: skip
+        leases = _leases(etcd.url)
+        assert len(leases) == 2
+        time.sleep(7.5)
+        assert _leases(etcd.url) == leases
+        keepalives = _keepalives(cluster)
+        assert keepalives["renewed"] >= 6 and keepalives["renewed"] == sum(keepalives.values()), keepalives
         # KV batches still go through a replica (it checks their limits); routing works on both.
         first = prompt_ids(seed=130, length=5 * BLOCK_SIZE)
         assert len(client.generate(first, max_tokens=4, ignore_eos=True).token_ids) == 4

@@ -192,12 +192,15 @@ def test_with_the_nats_agents_overlay_a_worker_publishes_its_own_messages_and_no
     """deploy/k8s/overlays/nats-agents: a worker's certificate carries the subject nats.conf maps
     to the workers' user (issued as cert-manager does it there: O, then CN). Its agent publishes
     a load report and a KV snapshot (acknowledged, then the batches before it purged) and the
-    replica receives both; the same certificate may not read every worker's reports, nor the
+    replica receives both, and a keep-alive that a replica answers; the same certificate may not read every worker's reports, nor the
     replicas' consumer deliveries under the default inbox, nor delete a stream, which stays.
     A worker certificate without that subject (the nats overlay's) is still refused."""
     from nats.aio.client import Client
 
     from kvplane import bus as wire
+    from kvplane.controlplane.bus_keepalives import BusKeepAlives
+    from kvplane.controlplane.secrets import ClusterSecrets
+    from kvplane.controlplane.store import MemoryStore
     from kvplane.dataplane.agent.bus_publish import BusPublisher
     from kvplane.security.credentials import Credentials
 
@@ -215,6 +218,10 @@ def test_with_the_nats_agents_overlay_a_worker_publishes_its_own_messages_and_no
             replica = NatsBus(pair.url, tls=pair.tls(cp_cert, cp_key))
             await replica.start()
             messages = await bus_messages(replica)
+            store, secrets = MemoryStore(), ClusterSecrets(b"s" * 32, b"k" * 32, b"c" * 32)
+            keepalives = BusKeepAlives(store, secrets, snapshot_requested=lambda worker_id: False, answer=replica.answer, max_ttl_s=60)
+            # Early: the node the agent connects to learns of the subscription from its peer a moment later.
+            await replica.serve_keepalives(keepalives.handle)
             agent = BusPublisher(pair.url, Credentials(ca_pem=ca.cert_pem, cert_pem=worker.cert_pem, key_pem=worker.key_pem), "prefill-0")
             try:
                 assert await agent.start()
@@ -229,8 +236,14 @@ def test_with_the_nats_agents_overlay_a_worker_publishes_its_own_messages_and_no
                 while (await replica._js.stream_info(wire.KV_STREAM)).state.messages != 1:  # the purge went through
                     assert time.monotonic() < deadline, "the agent's purge before its snapshot was not allowed"
                     await asyncio.sleep(0.1)
+                # A keep-alive on the bus: the agent may publish it, and a replica's answer reaches its inbox.
+                lease = await store.lease_grant(10)
+                request = registry_pb2.KeepAliveRequest(worker_id="prefill-0", lease_id=lease, keepalive_seq=1)
+                reply = await agent.keep_alive(request, secrets.session_token("prefill-0", lease), 10.0)
+                assert reply is not None and reply.ttl_seconds == 10
             finally:
                 await agent.close()
+                await keepalives.close()
 
             # The same certificate, anything else: NATS answers each with a permissions violation.
             violations: list[str] = []
