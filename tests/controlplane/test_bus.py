@@ -146,6 +146,50 @@ def test_nats_hands_load_reports_from_its_parser_to_the_replica_with_their_mac(n
 
 
 @pytest.mark.cluster
+def test_a_replica_reads_nats_in_windows_and_loses_nothing_meanwhile(nats_factory):
+    """Once a read is parsed, the replica's NATS connection is not read for a window (controlplane/
+    bus/nats.py, WindowedParser: what arrives meanwhile comes in one read), then read again; reports
+    arriving one at a time through windows all arrive, in order."""
+    from nats.aio.client import Client as Nats
+
+    from kvplane import bus as wire
+    from kvplane.controlplane.bus.nats import READ_WINDOW_S, NatsBus
+
+    server = nats_factory()
+
+    async def body():
+        subscriber, publisher = NatsBus(server.url), Nats()  # an agent's plain client: its reads are not windowed
+        await subscriber.start()
+        await publisher.connect(servers=[server.url])
+        loop = asyncio.get_running_loop()
+        transport = subscriber._nc._transport._io_writer.transport
+        reading_after_parse: list[bool] = []
+        messages: asyncio.Queue = asyncio.Queue()
+
+        def deliver(message) -> None:  # during the parse; the check runs once the parse returned
+            loop.call_soon(lambda: reading_after_parse.append(transport.is_reading()))
+            messages.put_nowait(message)
+
+        await subscriber.subscribe(deliver)
+        await publisher.publish(wire.subject("load", W), _report(0, running=1).SerializeToString())
+        await asyncio.wait_for(messages.get(), 10)
+        await asyncio.sleep(0)
+        assert reading_after_parse == [False]
+        await asyncio.sleep(2 * READ_WINDOW_S)
+        assert transport.is_reading()
+        for i in range(100):
+            await publisher.publish(wire.subject("load", W), _report(0, running=i).SerializeToString())
+            await publisher.flush()
+            await asyncio.sleep(0.001)
+        assert [_decoded(await asyncio.wait_for(messages.get(), 10))[2] for _ in range(100)] == list(range(100))
+        assert subscriber._nc._ps.reads < 100, subscriber._nc._ps.reads  # (without windows, about one read each)
+        await subscriber.close()
+        await publisher.close()
+
+    asyncio.run(body())
+
+
+@pytest.mark.cluster
 def test_a_nats_py_whose_internals_differ_still_delivers_reports_by_its_callbacks(nats_factory, monkeypatch):
     """The direct path overrides a private method of nats-py; another signature there means
     nats-py changed, and the bus falls back to its callbacks instead of guessing."""
