@@ -35,6 +35,9 @@ from kvplane.v1 import registry_pb2
 log = logging.getLogger(__name__)
 
 SWEEP_EVERY_S = 60.0  # how often the numbers of leases gone quiet are forgotten
+# What becomes of a keep-alive: renewed, lost (the lease had ended, TTL 0), or answered with an
+# error (the agent asks over gRPC): mac, replayed, malformed, store; noreply: nobody to answer.
+OUTCOMES = ("renewed", "lost", "mac", "replayed", "malformed", "store", "noreply")
 
 
 class BusKeepAlives:
@@ -57,7 +60,7 @@ class BusKeepAlives:
         self._quiet_after_s = 2 * max_ttl_s
         self._swept_at = time.monotonic()
         self._tasks: set[asyncio.Task] = set()  # renewals under way (the loop keeps only weak references)
-        self.outcomes: Counter[str] = Counter()  # renewed, lost (TTL 0), mac, replayed, malformed, store, noreply
+        self.outcomes: Counter[str] = Counter(dict.fromkeys(OUTCOMES, 0))
 
     def handle(self, payload: bytes, carried_mac: str, reply: str) -> None:
         """One keep-alive from the bus (called from the NATS parser: it must not raise or block)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Mapping
 from itertools import repeat
 
 from opentelemetry import trace
@@ -41,10 +42,11 @@ def register_cpu_counter() -> None:
         inst.observe_counters({"kvplane.controlplane.cpu": lambda: [(s, {"kvplane.phase": p}) for p, s in cpu_seconds.items()]})
 
 
-def register_keepalive_counter(keepalives) -> None:
-    """What became of the agents' keep-alives this replica took from the bus (bus_keepalives.py)."""
+def register_keepalive_counter(outcomes: Callable[[], Mapping[str, int]]) -> None:
+    """What became of the agents' keep-alives this replica took from the bus (bus_keepalives.py;
+    every outcome 0 on a replica that takes none)."""
     instruments().observe_counters(
-        {"kvplane.bus.keepalives": lambda: [(n, {"kvplane.bus.outcome": outcome}) for outcome, n in keepalives.outcomes.items()]}
+        {"kvplane.bus.keepalives": lambda: [(n, {"kvplane.bus.outcome": outcome}) for outcome, n in outcomes().items()]}
     )
 
 

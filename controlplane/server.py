@@ -17,7 +17,7 @@ import grpc
 from kvplane import telemetry, tickets
 from kvplane.controlplane import access, gc_tuning, observe, secrets
 from kvplane.controlplane.bus import Bus, open_bus
-from kvplane.controlplane.bus_keepalives import BusKeepAlives
+from kvplane.controlplane.bus_keepalives import OUTCOMES, BusKeepAlives
 from kvplane.controlplane.client_service import AgentStubs, ClientService
 from kvplane.controlplane.cluster_state import ClusterState
 from kvplane.controlplane.config import ControlPlaneConfig
@@ -115,7 +115,8 @@ class ControlPlane:
                 max_ttl_s=config.max_lease_ttl_s,
             )  # fmt: skip
             await self._bus.serve_keepalives(self._keepalives.handle)
-            observe.register_keepalive_counter(self._keepalives)
+        keepalives = self._keepalives
+        observe.register_keepalive_counter(lambda: keepalives.outcomes if keepalives else dict.fromkeys(OUTCOMES, 0))
         self._health = enable_health_and_reflection(server, SERVICE_NAMES)
         self.port = add_port(server, f"{config.host}:{config.port}", self.security.credentials)
         if self.port == 0:
