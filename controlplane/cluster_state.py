@@ -184,7 +184,9 @@ class ClusterState:
         self.resync_requests = {w: s for w, s in self.resync_requests.items() if w in listed}
         # Snapshot requests before load reports, so that a known gap is not found (and asked for) again.
         for kv in sorted(items, key=lambda kv: (not kv.key.startswith(keys.WORKERS), not kv.key.startswith(keys.RESYNC))):
-            self._apply(WatchEvent(EventType.PUT, kv.key, kv.value, kv.mod_revision))
+            # With its lease: bus messages apply only to the registration (lease) they name, and a
+            # replica that started after its workers registered held every one of them until it aged out.
+            self._apply(WatchEvent(EventType.PUT, kv.key, kv.value, kv.mod_revision, kv.lease))
         return revision
 
     def snapshot_requested(self, worker_id: str) -> bool:

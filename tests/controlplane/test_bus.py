@@ -413,6 +413,29 @@ async def _register(store: MemoryStore, worker: str = W) -> int:
     return lease
 
 
+def test_a_replica_that_starts_after_its_workers_registered_applies_their_bus_messages():
+    """The registrations a replica lists at start carry their leases, as the watch's do: a replica
+    restarted under a running fleet applied none of its workers' reports or batches (each named a
+    lease the listing had left out, was held, and aged out; found by the chaos suite, seed 9 on
+    nats-agents, after kill_replica)."""
+
+    async def body():
+        store, bus = MemoryStore(), MemoryBus()
+        lease = await _register(store)  # before the replica starts
+        state = ClusterState(store, bus=bus, credit_routed_only=False)
+        await state.start()
+        try:
+            assert state.lease_of(W) == lease
+            await bus.publish_kv(_batch(1, [b"a", b"b"], lease=lease, snapshot=True))
+            await bus.publish_load(_report(1, lease=lease, running=3))
+            await _settle(lambda: _device_blocks(state) == 2 and state.workers[WorkerId(W)].load.num_running == 3, "the messages")
+            assert state.num_bus_held == 0 and state.bus_messages == {"load": 1, "kv": 1}
+        finally:
+            await state.stop()
+
+    asyncio.run(body())
+
+
 def test_bus_messages_apply_to_the_registration_they_name_and_wait_for_one_not_seen_yet():
     async def body():
         store, bus = MemoryStore(), MemoryBus()
