@@ -367,9 +367,9 @@ class ControlPlaneLink:
             # The bus first (a gRPC call costs the replica several times the CPU), unless the last
             # keep-alive failed: the bus may have handed it to a hung replica, and its timeout
             # would come out of the little of the lease that is left.
-            async def step(on_bus: bool = self._direct is not None and failures == 0):
+            async def step(after_failure: bool = failures > 0):
                 reply = None
-                if on_bus and self._direct is not None:
+                if self._direct is not None and not after_failure:
                     self._keepalive_seq += 1
                     request = registry_pb2.KeepAliveRequest(
                         worker_id=self.worker_id, lease_id=self.lease_id, keepalive_seq=self._keepalive_seq
