@@ -23,7 +23,7 @@
 #include <stdlib.h>
 
 /* The rows of seconds._columns and of FleetColumns' per-row seconds. */
-enum { C0, C1, C2, C3, C4, FREE, CHUNK, QUEUED, PER_STEP, NBYTES, NUM_COLUMNS };
+enum { C0, C1, C2, C3, C4, FREE, CHUNK, QUEUED, PER_STEP, NBYTES, BATCH, NUM_COLUMNS };
 enum { S_QUEUE, S_QUEUED_WORK, S_CHUNK_WORK, S_BUSY_STEP, NUM_SECONDS };
 /* The rows of price_group's outputs. */
 enum { O_ROW, O_CACHED, O_COMPUTED, O_FETCH_BLOCKS, O_SOURCE_ROW, O_PREFILL_ROW, O_KIND, NUM_INT_OUT };
@@ -46,7 +46,7 @@ typedef struct {
     const unsigned char *can_decode;
     Py_ssize_t n;
     int64_t P, bs, max_blocks;
-    double link, overhead, host_rate, disk_rate, off[3], per_work_s, tokens_x;
+    double link, overhead, host_rate, disk_rate, off[3], per_work_s, batch_share, ttft_target, tpot_target, tokens_x;
 } Fleet;
 
 #define COL(f, c, r) ((f)->m[(Py_ssize_t)(c) * (f)->n + (r)])
@@ -91,6 +91,31 @@ static inline double chunked_seconds(const Fleet *f, Py_ssize_t r, int64_t num_t
     return steps + work;
 }
 
+/* What a prefill's compute on row r costs the requests there, per second of it, in seconds of a
+   prompt's wait: the request queued after it waits that long (1), and so does every sequence of
+   the decode batch its chunks ride with (BATCH of them, 0 on a worker that only prefills), each
+   second of theirs worth `batch_share` (seconds.Request.batch_share). */
+static inline double cost_per_work_s(const Fleet *f, Py_ssize_t r) { return 1.0 + COL(f, BATCH, r) * f->batch_share; }
+
+/* What a remote prefill on row p costs per second of its compute, for a decode worker whose own
+   costs `per_work`: on a worker that only prefills, the request after it waits (1); on one that
+   decodes too, the larger of its batch's and the decode worker's. A prefill decoded elsewhere
+   never joins the batch it delays, so priced by that batch alone every prefill went to the worker
+   that last reported the smallest one until its queue showed it (`kvplane sim`, mix on 3 both
+   workers at 800 req/s: 7x the KV moved, goodput -17 %); priced at the decode worker's alone, a
+   decode went to the smallest batch and its prompt to the shortest queue (synthetic at 2x with
+   admission: 279 GB moved, attainment 85 %). */
+static inline double remote_per_work(const Fleet *f, int64_t p, double per_work) { return f->can_decode[p] ? max_nan(per_work, cost_per_work_s(f, p)) : 1.0; }
+
+/* Whether a placement of (ttft, spent) beats one of (ttft_b, spent_b) on a worker whose TPOT is
+   `tpot`, by seconds.choose's rule: meeting the objectives first, then the least spent among those
+   that meet, the least TTFT among those that miss (NaN never beats). */
+static inline int beats(const Fleet *f, double tpot, double ttft, double spent, double ttft_b, double spent_b) {
+    const int tpot_ok = tpot <= f->tpot_target, meets = tpot_ok && ttft <= f->ttft_target, meets_b = tpot_ok && ttft_b <= f->ttft_target;
+    if (meets != meets_b) return meets;
+    return meets ? spent < spent_b : ttft < ttft_b;
+}
+
 /* One step at row r starting at some moment: with the prefill arriving there on top of what is
    queued: the rate less the work queued there (inflow.py; predictor.next_step_with_prefill). */
 static inline double next_step(const Fleet *f, Py_ssize_t r, double step) {
@@ -123,8 +148,13 @@ static int any_slow(const Fleet *f, const int64_t *rows, Py_ssize_t count) {
 }
 
 /* The request's TTFT on row r prefilling the whole prompt locally, after its queue (a worker
-   holding none of it). */
-static inline double local_alone(const Fleet *f, Py_ssize_t r, Steps *s) { return SEC(f, S_QUEUE, r) + chunked_seconds(f, r, f->P, 0, s); }
+   holding none of it), plus its compute: what a remote prefill worker is chosen by (best_prefill's
+   key, to the last bit: the pruning keeps ties). */
+static inline double prefill_alone_spent(const Fleet *f, Py_ssize_t r, Steps *s) {
+    double steps, work;
+    chunked_parts(f->m, f->n, r, f->P, 0, s, &steps, &work);
+    return max_nan(SEC(f, S_QUEUE, r), 0.0) + (steps + work) + work;
+}
 
 /* (when the prompt's tail step starts, that step's seconds) on decode row r holding `matched`
    blocks, of a prompt prefilled elsewhere in `best` seconds (`remote TTFT` in seconds.py). */
@@ -194,11 +224,11 @@ static Py_ssize_t can_win(const Fleet *f, int64_t *rows, Py_ssize_t count, const
 /* A remote prefill worker's prediction (`part(p)` in seconds.py); row -1: none. */
 typedef struct {
     int64_t row;
-    double queue, load, compute, work, total;
+    double queue, load, compute, work, total, spent; /* spent: total + work, what it is chosen by */
     int64_t computed;
 } Prefiller;
 
-/* a before b: least total (NaN last), a dedicated prefill worker first, then the worker id. */
+/* a before b: least spent (NaN last), a dedicated prefill worker first, then the worker id. */
 static int prefill_before(const Fleet *f, double ta, int64_t ra, double tb, int64_t rb) {
     const int a_nan = ta != ta, b_nan = tb != tb;
     if (a_nan != b_nan) return b_nan;
@@ -213,11 +243,11 @@ static int best_prefill(const Fleet *f, int64_t *rows, Py_ssize_t count, int pru
                         Prefiller part[2]) {
     if (prune) {
         Steps s = NO_STEPS;
-        for (Py_ssize_t k = 0; k < count; k++) keys[k] = local_alone(f, rows[k], &s);
+        for (Py_ssize_t k = 0; k < count; k++) keys[k] = prefill_alone_spent(f, rows[k], &s);
         count = can_win(f, rows, count, keys, 1, 2, scratch, wins);
     }
     if (count == 0) return 0;
-    const Prefiller none = {.row = -1, .total = INFINITY, .computed = f->P};
+    const Prefiller none = {.row = -1, .total = INFINITY, .spent = INFINITY, .computed = f->P};
     part[0] = part[1] = none;
     const int slow = any_slow(f, rows, count);
     Steps s = NO_STEPS;
@@ -227,12 +257,13 @@ static int best_prefill(const Fleet *f, int64_t *rows, Py_ssize_t count, int pru
         const double l = load_seconds(f, r, own, slow), q = SEC(f, S_QUEUE, r);
         double steps, w;
         chunked_parts(f->m, f->n, r, f->P - own * f->bs, own * f->bs, &s, &steps, &w);
-        const double c = steps + w, t = max_nan(q, l) + c;
+        const double c = steps + w, t = max_nan(q, l) + c, key = t + w;
         int slot;
-        if (part[0].row < 0 || prefill_before(f, t, r, part[0].total, part[0].row)) slot = 0, part[1] = part[0];
-        else if (part[1].row < 0 || prefill_before(f, t, r, part[1].total, part[1].row)) slot = 1;
+        if (part[0].row < 0 || prefill_before(f, key, r, part[0].spent, part[0].row)) slot = 0, part[1] = part[0];
+        else if (part[1].row < 0 || prefill_before(f, key, r, part[1].spent, part[1].row)) slot = 1;
         else continue;
-        part[slot] = (Prefiller){.row = r, .queue = q, .load = 0.0 + l, .compute = c, .work = w, .total = t, .computed = f->P - own * f->bs};
+        part[slot] = (Prefiller){.row = r, .queue = q, .load = 0.0 + l, .compute = c, .work = w, .total = t, .spent = key,
+                                 .computed = f->P - own * f->bs};
     }
     return 1;
 }
@@ -299,8 +330,9 @@ static int rows_in_range(const int64_t *rows, Py_ssize_t count, Py_ssize_t n, co
 PyDoc_STRVAR(price_group_doc,
              "price_group(m, seconds, held, device, inflow, id_rank, can_decode, decode_rows, prefill_rows, source_rows,\n"
              "            P, block_size, max_tokens, allow_local, prune, limit, link, fetch_overhead, host_rate, disk_rate,\n"
-             "            offset_local, offset_remote, offset_tpot, per_work_s, out_int, out_float) -> count\n\n"
-             "seconds.price_candidates for one group of candidates (seconds.py's docstring). Per table row: m (10 x n\n"
+             "            offset_local, offset_remote, offset_tpot, per_work_s, batch_share, ttft_target, tpot_target, out_int,\n"
+             "            out_float) -> count\n\n"
+             "seconds.price_candidates for one group of candidates (seconds.py's docstring). Per table row: m (11 x n\n"
              "float64, seconds._columns), seconds (4 x n float64, FleetColumns), held (3 x n int64), device (n int64, or empty:\n"
              "no fetch), inflow (n float64, or empty: none), id_rank (n int64), can_decode (n bool). decode_rows,\n"
              "prefill_rows (empty: no remote prefill), source_rows: int64 table rows. Writes the candidates that can\n"
@@ -314,9 +346,9 @@ static PyObject *price_group(PyObject *self, PyObject *args) {
     int allow_local, prune;
     Py_ssize_t limit;
     Fleet f;
-    if (!PyArg_ParseTuple(args, "OOOOOOOOOOLLLppnddddddddOO:price_group", &o_m, &o_sec, &o_held, &o_device, &o_inflow, &o_rank,
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOOLLLppndddddddddddOO:price_group", &o_m, &o_sec, &o_held, &o_device, &o_inflow, &o_rank,
                           &o_decodes, &o_decode, &o_prefill, &o_source, &P, &bs, &max_tokens, &allow_local, &prune, &limit, &f.link,
-                          &f.overhead, &f.host_rate, &f.disk_rate, &f.off[0], &f.off[1], &f.off[2], &f.per_work_s, &o_out_i, &o_out_f))
+                          &f.overhead, &f.host_rate, &f.disk_rate, &f.off[0], &f.off[1], &f.off[2], &f.per_work_s, &f.batch_share, &f.ttft_target, &f.tpot_target, &o_out_i, &o_out_f))
         return NULL;
     if (P < 1 || bs < 1 || max_tokens < 0) return PyErr_Format(PyExc_ValueError, "price_group: prompt %lld, block size %lld", P, bs);
     Buffers bufs = {.used = 0};
@@ -328,7 +360,7 @@ static PyObject *price_group(PyObject *self, PyObject *args) {
     const double *m = buffer_of(&bufs, o_m, 'd', -1, 0, "m", &n);
     if (m == NULL) goto done;
     if (n % NUM_COLUMNS != 0) {
-        PyErr_SetString(PyExc_ValueError, "m: not 10 rows of the table's rows");
+        PyErr_SetString(PyExc_ValueError, "m: not 11 rows of the table's rows");
         goto done;
     }
     n /= NUM_COLUMNS;
@@ -359,7 +391,7 @@ static PyObject *price_group(PyObject *self, PyObject *args) {
     f.tokens_x = (double)P + (double)max_tokens / 2;
 
     const Py_ssize_t most = num_decode > num_prefill ? num_decode : num_prefill;
-    keys = malloc(sizeof(double) * 4 * (most + 1));
+    keys = malloc(sizeof(double) * 6 * (most + 1));
     scratch = malloc(sizeof(double) * (most + 1));
     wins = malloc(most + 1);
     rows = malloc(sizeof(int64_t) * (num_decode + 1));
@@ -378,28 +410,38 @@ static PyObject *price_group(PyObject *self, PyObject *args) {
 
     Py_ssize_t count = num_decode;
     if (prune) {
-        /* A non-holder's TTFT prefilling locally or after a fetch, and after the best remote
-           prefill; its batch's step orders its TPOT (seconds.py's docstring). */
-        double *alone = keys, *step = keys + count, *next = keys + 2 * count;
+        /* A non-holder's TTFT and its TTFT + cost prefilling locally or after a fetch, and after
+           the best remote prefill; its batch's step orders its TPOT (seconds.py's docstring). */
+        double *alone = keys, *alone_ttft = keys + count, *step = keys + 2 * count, *next = keys + 3 * count;
         double *stretched = f.inflow != NULL ? next : NULL, *remote = has_part ? next + (f.inflow != NULL) * count : NULL;
-        const int num_keys = 2 + (stretched != NULL) + (remote != NULL);
+        double *remote_spent = remote != NULL ? remote + count : NULL;
+        const int num_keys = 3 + (stretched != NULL) + 2 * (remote != NULL);
         Steps s_local = NO_STEPS, s_fetch = NO_STEPS, s_tail = NO_STEPS;
         for (Py_ssize_t k = 0; k < count; k++) {
             const Py_ssize_t r = rows[k];
             if (MATCHED(&f, r) > 0) continue; /* holders are kept whatever their keys */
-            double a = local_alone(&f, r, &s_local);
+            /* (each as the loop below computes it, to the last bit: the pruning keeps ties) */
+            const double per_work = cost_per_work_s(&f, r);
+            double steps, work;
+            chunked_parts(m, n, r, P, 0, &s_local, &steps, &work);
+            double t = max_nan(SEC(&f, S_QUEUE, r), 0.0) + (steps + work) + f.off[0], a = t + work * per_work;
             if (source[0] >= 0) {
                 const int64_t cached = source[2] * bs;
-                const double move = f.overhead + (double)source[2] * COL(&f, NBYTES, r) / f.link;
-                a = min_nan(a, max_nan(SEC(&f, S_QUEUE, r), move) + chunked_seconds(&f, r, P - cached, cached, &s_fetch));
+                const double move = 0.0 + (f.overhead + (double)source[2] * COL(&f, NBYTES, r) / f.link);
+                double f_steps, f_work;
+                chunked_parts(m, n, r, P - cached, cached, &s_fetch, &f_steps, &f_work);
+                const double f_ttft = max_nan(SEC(&f, S_QUEUE, r), move) + (f_steps + f_work) + f.off[0];
+                t = min_nan(t, f_ttft), a = min_nan(a, f_ttft + f_work * per_work);
             }
-            alone[k] = a;
+            alone[k] = a, alone_ttft[k] = t;
             step[k] = COL(&f, PER_STEP, r);
             if (stretched != NULL) stretched[k] = token_seconds(&f, r, step[k]);
             if (remote != NULL) {
                 double tail_at, tail_step;
-                remote_start_and_tail(&f, r, 0, part[r == part[0].row].total, &s_tail, &tail_at, &tail_step);
-                remote[k] = tail_at + tail_step;
+                const Prefiller *p = &part[r == part[0].row];
+                remote_start_and_tail(&f, r, 0, p->total, &s_tail, &tail_at, &tail_step);
+                remote[k] = tail_at + tail_step + f.off[1];
+                remote_spent[k] = remote[k] + p->work * remote_per_work(&f, p->row, per_work);
             }
         }
         count = can_win(&f, rows, count, keys, num_keys, limit, scratch, wins);
@@ -415,8 +457,9 @@ static PyObject *price_group(PyObject *self, PyObject *args) {
         const int64_t cached_tok = own * bs;
         double steps, work;
         chunked_parts(m, n, r, P - cached_tok, cached_tok, &s_own, &steps, &work);
-        const double prefill_s = steps + work;
-        double local = max_nan(queue_s, load_s) + prefill_s;
+        const double prefill_s = steps + work, per_work = cost_per_work_s(&f, r);
+        const double tpot = token_seconds(&f, r, COL(&f, PER_STEP, r) + COL(&f, C3, r) + COL(&f, C4, r) * f.tokens_x) + f.off[2];
+        double local = max_nan(queue_s, load_s) + prefill_s, cost = work * per_work;
         int64_t computed = P - cached_tok, fetch_blocks = 0, source_row = -1, prefill_row = -1, kind = LOCAL;
         double move = load_s, prefill_k = prefill_s, transfer = 0.0, queue_k = queue_s;
         if (source[0] >= 0) {
@@ -427,9 +470,9 @@ static PyObject *price_group(PyObject *self, PyObject *args) {
             double f_steps, f_work;
             chunked_parts(m, n, r, P - f_cached, f_cached, &s_fetched, &f_steps, &f_work);
             const double f_prefill = f_steps + f_work;
-            const double f_ttft = max_nan(queue_s, f_move) + f_prefill;
-            if (gain > 0 && f_ttft < local) {
-                work = f_work, computed = P - f_cached, local = f_ttft;
+            const double f_ttft = max_nan(queue_s, f_move) + f_prefill, f_cost = f_work * per_work;
+            if (gain > 0 && beats(&f, tpot, f_ttft + f.off[0], f_ttft + f.off[0] + f_cost, local + f.off[0], local + f.off[0] + cost)) {
+                cost = f_cost, computed = P - f_cached, local = f_ttft;
                 kind = FETCH, move = f_move, prefill_k = f_prefill, fetch_blocks = gain;
                 source_row = is_first ? source[1] : source[0];
             }
@@ -445,14 +488,14 @@ static PyObject *price_group(PyObject *self, PyObject *args) {
             const double tail_step = next_step(&f, r, chunked_seconds(&f, r, tail, P - tail, &s_tail));
             const double tail_at = max_nan(kv_in + in_flight, queue_s);
             const double remote_ttft = tail_at + tail_step + f.off[1];
-            if (remote_ttft < ttft) {
-                ttft = remote_ttft, work = p->work, computed = p->computed;
+            const double remote_cost = p->work * remote_per_work(&f, p->row, per_work);
+            if (beats(&f, tpot, remote_ttft, remote_ttft + remote_cost, ttft, ttft + cost)) {
+                ttft = remote_ttft, cost = remote_cost, computed = p->computed;
                 transfer = (isfinite(best) ? tail_at - best : 0.0) + tail_step;
                 kind = REMOTE, queue_k = p->queue, move = p->load, prefill_k = p->compute;
                 fetch_blocks = 0, source_row = -1, prefill_row = p->row;
             }
         }
-        const double tpot = token_seconds(&f, r, COL(&f, PER_STEP, r) + COL(&f, C3, r) + COL(&f, C4, r) * f.tokens_x) + f.off[2];
         out_i[O_ROW * num_decode + k] = r;
         out_i[O_CACHED * num_decode + k] = cached_tok;
         out_i[O_COMPUTED * num_decode + k] = computed;
@@ -462,7 +505,7 @@ static PyObject *price_group(PyObject *self, PyObject *args) {
         out_i[O_KIND * num_decode + k] = kind;
         out_f[O_TTFT * num_decode + k] = ttft;
         out_f[O_TPOT * num_decode + k] = tpot;
-        out_f[O_WORK * num_decode + k] = 0.0 + work;
+        out_f[O_WORK * num_decode + k] = 0.0 + cost;
         out_f[O_QUEUE * num_decode + k] = queue_k;
         out_f[O_MOVE * num_decode + k] = move;
         out_f[O_PREFILL * num_decode + k] = prefill_k;
@@ -477,7 +520,7 @@ done:
 
 PyDoc_STRVAR(worker_seconds_doc,
              "worker_seconds(m, running, context, out)\n\n"
-             "FleetColumns' per-row seconds of k rows: m (10 x k float64, seconds._columns), running and context (k int64),\n"
+             "FleetColumns' per-row seconds of k rows: m (11 x k float64, seconds._columns), running and context (k int64),\n"
              "out (4 x k float64): what a request arriving now waits before its prefill, of it the queued prefill's\n"
              "compute, a full chunk's compute, the step a busy worker has in flight.");
 

@@ -33,10 +33,19 @@ its corrected load (queued prefill tokens Q, running R, waiting W, running conte
                 step / (1 - inflow), at most step + a chunk's work) (+ offset).
 
 Choice (Mooncake's conductor, against the objectives, with what a placement spends): of the
-candidates whose predicted TTFT and TPOT meet the request's objectives, the least TTFT + work,
-where work is the compute its prefill adds (c1 x tokens + c2 x attention, _pricing.c's chunked_parts: the
-seconds later requests will wait for); when none meets them, the least TTFT, the miss the
-placement decides. A TPOT that misses on every candidate comes from the prefill arriving
+candidates whose predicted TTFT and TPOT meet the request's objectives, the least TTFT + cost,
+where cost is what its prefill costs the requests on the worker that runs it: its compute (c1 x
+tokens + c2 x attention, _pricing.c's chunked_parts) delays the request queued after it and each
+sequence of the decode batch its chunks ride with, a second of a decode's worth
+ttft_target / (tpot_target x max_tokens / 2) of a prompt's (batch_share_of: the share of its
+objective each spends), so cost = compute x (1 + batch x share); when none meets them, the least
+TTFT, the miss the placement decides. A worker that only prefills has no batch to delay: on a
+disaggregated fleet (`kvplane sim`, synthetic 1,024-4,096 in on 4 prefill + 4 decode) counting
+only the compute kept prompts on the decode workers whenever their queue was shorter than a KV
+transfer, tripling TPOT and losing TTFT p99 to llm-d's rule; the batch's share moved them to the
+prefill workers. A remote prefill on a worker that also decodes is charged at the larger of its
+batch and the decode worker's (_pricing.c's remote_per_work: it never wins by a batch it does not
+join). Each candidate's placement (local, fetch, remote) is picked by this same rule. A TPOT that misses on every candidate comes from the prefill arriving
 everywhere (an overloaded fleet; core/inflow.py), which follows the requests: ordered by it, the
 decodes went to the workers that happened to prefill least and were prefilled elsewhere, moving
 312-387 GB of KV in 20 s and losing goodput to llm-d's rule in 5 of 5 draws (`kvplane sim`,
@@ -129,13 +138,14 @@ class SecondsBreakdown:
     ttft_s: float
     tpot_s: float
     meets: bool | None  # both objectives met (None: no objective known)
+    cost_s: float = 0.0  # what its prefill costs the requests where it runs (Priced.work)
 
     def __str__(self) -> str:
         verdict = "" if self.meets is None else ("; meets objectives" if self.meets else "; misses objectives")
         return (
             f"{self.placement}: TTFT {self.ttft_s * 1000:.1f} ms = max(queue {self.queue_s * 1000:.1f}, move "
             f"{self.move_s * 1000:.1f}) + prefill {self.prefill_s * 1000:.1f} + transfer {self.transfer_s * 1000:.1f}; "
-            f"TPOT {self.tpot_s * 1000:.2f} ms{verdict}"
+            f"TPOT {self.tpot_s * 1000:.2f} ms; costs the others {self.cost_s * 1000:.1f} ms{verdict}"
         )
 
 
@@ -146,6 +156,21 @@ class Request:
     block_size: int
     allow_local: bool
     allow_remote: bool  # remote prefill and fetches (disagg not NEVER)
+    # A second of delay to one sequence of a decode batch, in seconds of a prompt's wait: what the
+    # objectives make of it (batch_share_of). 0: only the prompts queued after a prefill count.
+    batch_share: float = 0.0
+    # The objectives `choose` holds the candidates to (inf: none), by which each candidate's
+    # placement (local, fetch, remote) is picked as the candidates are.
+    ttft_target_s: float = float("inf")
+    tpot_target_s: float = float("inf")
+
+
+def batch_share_of(ttft_target_s: float, tpot_target_s: float, max_tokens: int) -> float:
+    """How much a decode's delay weighs against a prompt's, by the share of its objective each
+    spends: a prompt has `ttft_target_s` to its first token; a running decode, with the
+    max_tokens / 2 tokens left that TPOT predictions assume, has that many times `tpot_target_s`.
+    A second of the decode's is worth ttft_target_s / (tpot_target_s x max_tokens / 2) of the prompt's."""
+    return ttft_target_s / (tpot_target_s * max(max_tokens / 2, 1.0))
 
 
 @dataclass(slots=True)
@@ -188,16 +213,16 @@ class Held:
 
 
 def _columns(table: WorkerTable, rows: np.ndarray, rates: Rates) -> np.ndarray:
-    """The per-worker numbers of `rows` (an index array) that kvplane._pricing reads: a (10, rows)
+    """The per-worker numbers of `rows` (an index array) that kvplane._pricing reads: a (11, rows)
     array of c0..c4 (the step-time model, kvplane.latency), its kink (prefill tokens per step c1
     does not price), the prefill chunk, the queued prefill tokens, what every step carries (c0 + c3
-    x batch sequences + c4 x batch context) and KV bytes per block. Counts are whole floats (exact)."""
+    x batch sequences + c4 x batch context), KV bytes per block and the decode batch's sequences (0 where it only prefills). Counts are whole floats (exact). Counts are whole floats (exact)."""
     c = table.step[rows]
     missing = np.isnan(c[:, 0])
     if missing.any():
         c = c.copy()
         c[missing] = _borrowed_models(table, rows[missing], rates)
-    m = np.empty((10, len(c)))
+    m = np.empty((11, len(c)))
     m[:6] = c.T
     decodes = table.can_decode[rows]
     queued = table.queued[rows]
@@ -205,6 +230,7 @@ def _columns(table: WorkerTable, rows: np.ndarray, rates: Rates) -> np.ndarray:
     context = table.context[rows] + np.where(decodes, queued, 0)
     m[6], m[7], m[9] = table.chunk[rows], queued, table.block_nbytes[rows]
     m[8] = m[0] + m[3] * seqs + m[4] * context
+    m[10] = np.where(decodes, seqs, 0)
     return m
 
 
@@ -299,7 +325,10 @@ class Priced:
     ttft: np.ndarray
     tpot: np.ndarray
     cached_tokens: np.ndarray  # on the decode worker (its own blocks)
-    work: np.ndarray  # of prefill: the compute it adds (_pricing.c's chunked_parts), what the choice spends
+    # What the placement's prefill costs the requests on the worker that runs it, in seconds of a
+    # prompt's wait: its compute (_pricing.c's chunked_parts) x (1 + the decode batch there x
+    # Request.batch_share); the choice spends it with the TTFT.
+    work: np.ndarray
     computed: np.ndarray  # prompt tokens the placement prefills (the rest are cached or fetched)
     placed: Callable[[int], Placed]  # the i-th candidate's breakdown
 
@@ -344,6 +373,7 @@ def price_candidates(
     after = (
         req.num_prompt_tokens, req.block_size, req.max_tokens, req.allow_local, prune, limit, rates.link_bytes_per_s,
         rates.fetch_overhead_s, rates.host_bytes_per_s, rates.disk_bytes_per_s, *offsets, 0.0 if inflow is None else inflow.per_work_s,
+        req.batch_share, req.ttft_target_s, req.tpot_target_s,
     )  # fmt: skip
     parts = []
     for group in _groups(decode):

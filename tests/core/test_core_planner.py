@@ -97,13 +97,15 @@ def test_admission_moving_the_request_drops_the_routers_fetch(index, cache_prefi
         index,
     )
     p = planner(admission_policy="predictive", fetch_overhead_ms=1.0)
-    settings = ClusterSettings({"objectives.*.interactive.tpot_ms": "40"})
+    settings = ClusterSettings({"objectives.*.interactive.tpot_ms": "40", "objectives.*.interactive.ttft_ms": "200"})
     routed = p.route(route_request(PROMPT_40, disagg=DisaggMode.AUTO), cluster, settings, now=0.0)
     # The router: both first wait for the rest of the step in flight (half of 1 + 10 + 10 ms:
     # 10.5 ms). idle fetches the holder's 9 blocks meanwhile (1.07 ms) and computes 4 tokens in a
     # step carrying its 20 requests (1 + 20 + 10 ms + 4 ms): 45.5 ms; its TPOT, the batch + this
     # request (21 ms) and their context (10,000 + 40 + 16 / 2 tokens: 10.05 ms) + 1 ms, is 32.05
-    # ms <= 40. The holder waits for its queue too (21.1 + 100 ms), then 25.1 ms.
+    # ms <= 40. The holder waits for its queue too (21.1 + 100 ms), then 25.1 ms. Each computes 4
+    # ms, delaying its decodes, a ms of each worth 200 / (40 x 16 / 2) = 0.625 of a prompt's:
+    # idle spends 45.5 + 4 x (1 + 20 x 0.625) = 99.5 ms, the holder 146.2 + 4 x 7.25 = 175.2.
     assert (routed.decision.decode_worker, routed.decision.fetch_from) == ("idle", "holder")
     idle, holder = routed.decision.candidates
     assert (idle.cost, idle.detail.tpot_s) == (pytest.approx(0.0105 + 0.035, rel=1e-9), pytest.approx(0.032048, rel=1e-9))

@@ -48,15 +48,17 @@ def test_hot_prefix_holder_keeps_its_readers_until_its_queue_costs_more_than_twi
 def test_a_holder_running_too_many_requests_loses_its_readers(index, cache_prefix, worker_view, route_request):
     cache_prefix("hot", PROMPT_40, 10)
     # Every step carries the batch, and a request first waits for the rest of the step in flight
-    # (half a step): on hot, 10 + 2 x 26 = 62 ms a step: 31 + 62 + 4 tokens = 97 ms, spending 4 ms
-    # of compute: 101; on a (one running request), 6 + 12 + 40 tokens = 58 ms + 40 ms of compute:
-    # 98. With 24 running, hot's 29 + 58 + 4 = 91 ms + 4: 95 wins.
+    # (half a step): on hot, 10 + 2 x 16 = 42 ms a step: 21 + 42 + 4 tokens = 67 ms; its 4 ms of
+    # compute delay the next request and its 16 decodes, each ms of theirs worth 2000 / (200 x 16 /
+    # 2) = 1.25 of a prompt's (the default objectives, seconds.batch_share_of): 67 + 4 x 21 = 151;
+    # on a (one running request), 6 + 12 + 40 tokens = 58 ms + 40 x 2.25: 148. With 15 running,
+    # hot's 20 + 40 + 4 = 64 ms + 4 x 19.75: 143 wins.
     others = [worker_view("a", num_running=1, latency=MODEL), worker_view("b", num_running=1, latency=MODEL)]
-    busy = make_router().route(route_request(PROMPT_40), [worker_view("hot", num_running=26, latency=MODEL), *others], index, NOW)
+    busy = make_router().route(route_request(PROMPT_40), [worker_view("hot", num_running=16, latency=MODEL), *others], index, NOW)
     assert busy.decode_worker != "hot"
-    assert (chosen_cost(busy, "hot").cost, busy.candidates[0].cost) == (pytest.approx(0.097), pytest.approx(0.058))
-    calm = make_router().route(route_request(PROMPT_40), [worker_view("hot", num_running=24, latency=MODEL), *others], index, NOW)
-    assert calm.decode_worker == "hot" and calm.candidates[0].cost == pytest.approx(0.091)
+    assert (chosen_cost(busy, "hot").cost, busy.candidates[0].cost) == (pytest.approx(0.067), pytest.approx(0.058))
+    calm = make_router().route(route_request(PROMPT_40), [worker_view("hot", num_running=15, latency=MODEL), *others], index, NOW)
+    assert calm.decode_worker == "hot" and calm.candidates[0].cost == pytest.approx(0.064)
 
 
 def test_miss_goes_to_the_least_loaded_not_the_emptiest_cache(index, cache_prefix, worker_view, route_request):
@@ -137,12 +139,13 @@ def test_a_fetch_pays_only_when_the_pull_costs_less_than_the_prefill_it_saves(
 ):
     cache_prefix("holder", PROMPT_40, held)
     workers = [worker_view("holder", num_queued_prefill_tokens=100, block_nbytes=8192), worker_view("idle", block_nbytes=8192)]
-    router = make_router(fetch_overhead_ms=4.5, prefill_tokens_per_s=1000.0)
+    router = make_router(fetch_overhead_ms=10.0, prefill_tokens_per_s=1000.0)
     d = router.route(route_request(PROMPT_40, disagg=DisaggMode.AUTO), workers, index, NOW, link_bytes_per_s=1e9)
-    # A block saves 4 tokens (4 ms) of prefill; the pull costs 4.5 ms + 8.192 us a block: one block
-    # (40.508 ms against 40) does not pay, two (36.516 ms) do.
+    # A block saves 4 tokens of prefill: 4 ms of the TTFT and 4 ms of compute the next request
+    # waits for; the pull costs 10 ms + 8.192 us a block: one block (TTFT 46.008 ms + 36 of compute
+    # against 40 + 40) does not pay, two (42.016 + 32) do.
     assert (d.decode_worker, d.fetch_from) == ("idle", fetched)
-    assert d.candidates[0].cost == pytest.approx(0.0045 + held * 8192 / 1e9 + (40 - 4 * held) * 0.001 if fetched else 0.040, rel=1e-12)
+    assert d.candidates[0].cost == pytest.approx(0.010 + held * 8192 / 1e9 + (40 - 4 * held) * 0.001 if fetched else 0.040, rel=1e-12)
 
 
 def test_fetch_source_is_the_longest_holder_with_the_same_block_layout(index, cache_prefix, worker_view, route_request):

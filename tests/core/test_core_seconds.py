@@ -144,6 +144,38 @@ def test_remote_prefill_is_chosen_by_seconds_not_a_threshold(worker_view, index)
     assert make_router().route(request, [idle, prefill], index, NOW, link_bytes_per_s=1e5).prefill_worker is None
 
 
+def test_a_decode_batch_sends_its_prompts_to_a_prefill_worker_sooner_or_not(worker_view, index):
+    """A prompt prefilled on a decode worker delays every sequence of its batch by the prefill's
+    compute: a remote prefill on a worker that only prefills delays none (seconds.batch_share_of)."""
+    decode = dataclasses.replace(view(worker_view, "d", Role.DECODE, num_running=2, block_nbytes=100), chunk_tokens=8)
+    prefill = dataclasses.replace(view(worker_view, "p", Role.PREFILL, block_nbytes=100), chunk_tokens=8)
+    request = RouteRequest("m", PROMPT_40, 16, DisaggMode.AUTO)
+    # Local on d (14 ms steps): 7 + 5 x 14 + 40 = 117 ms; remote: p's 90 ms, the KV's 10, d's half
+    # step and its tail step (7 + 18): 125 ms. The 40 ms of compute delay, locally, the next
+    # request and d's 2 decodes, each of whose ms is worth 2000 / (200 x 16 / 2) = 1.25 of a
+    # prompt's (the default objectives): 117 + 40 x 3.5 = 257 against 125 + 40 on p.
+    d = make_router().route(request, [decode, prefill], index, NOW, link_bytes_per_s=1e5)
+    assert (d.decode_worker, d.prefill_worker) == ("d", "p")
+    assert (d.candidates[0].cost, breakdown(d, "d").cost_s) == (pytest.approx(0.125), pytest.approx(0.040))
+    # A 120 ms TTFT objective only local prefill meets: meeting it comes first.
+    d = make_router().route(request, [decode, prefill], index, NOW, link_bytes_per_s=1e5, objective=Objective(120.0, 200.0))
+    assert (d.decode_worker, d.prefill_worker, d.candidates[0].cost) == ("d", None, pytest.approx(0.117))
+
+
+def test_a_prefill_on_a_worker_that_decodes_is_charged_at_the_larger_batch(worker_view, index):
+    """A prompt prefilled on another decoding worker does not join the batch it delays there: its
+    cost is that batch's or the decode worker's, the larger (_pricing.c's remote_per_work), so a
+    worker that reported a small batch does not draw every prompt of the fleet."""
+    busy = dataclasses.replace(view(worker_view, "busy", num_running=6, block_nbytes=100), chunk_tokens=8)
+    calm = dataclasses.replace(view(worker_view, "calm", num_running=2, block_nbytes=100), chunk_tokens=8)
+    request = RouteRequest("m", PROMPT_40, 16, DisaggMode.AUTO)
+    d = make_router().route(request, [busy, calm], index, NOW, link_bytes_per_s=1e5)
+    assert d.decode_worker == "calm"  # 117 ms + 40 x (1 + 2 x 1.25)
+    # busy (22 ms steps) prefilling locally: 11 + 5 x 22 + 40 = 161 ms + 40 x (1 + 6 x 1.25) = 501;
+    # on calm: 117 + 10 + 11 + 26 = 164 ms + 40 x 8.5 (calm's own batch would say 40 x 3.5: 304).
+    assert (breakdown(d, "busy").placement, breakdown(d, "busy").cost_s) == ("local prefill", pytest.approx(0.340))
+
+
 def test_the_objectives_pick_among_the_candidates(worker_view, index, cache_prefix):
     cache_prefix("holder", PROMPT_40, 8)
     # The holder runs 8 requests: steps of 10 + 2 x 8 = 26 ms. It is the fastest to the first
@@ -156,9 +188,19 @@ def test_the_objectives_pick_among_the_candidates(worker_view, index, cache_pref
     holder = breakdown(d, "holder")
     assert (holder.ttft_s, holder.tpot_s, holder.meets) == (pytest.approx(0.047), pytest.approx(0.028), False)
     assert "misses objectives" in d.candidates[1].note
-    # With a TPOT objective both meet: the least TTFT wins.
+    # With a 100 ms TPOT objective both meet: the least TTFT + what the prefill costs the others.
+    # The holder's 8 ms of compute delay the request after it and its 8 decodes, each of whose
+    # milliseconds is worth 2000 / (100 x 16 / 2) = 2.5 of a prompt's (seconds.batch_share_of): 47 +
+    # 8 x (1 + 8 x 2.5) = 215 ms against the idle worker's 50 + 40 = 90. Short decodes have little
+    # TPOT budget to give.
     d = make_router().route(request, workers, index, NOW, objective=Objective(ttft_ms=2000.0, tpot_ms=100.0))
-    assert d.decode_worker == "holder"
+    assert d.decode_worker == "idle"
+    assert breakdown(d, "holder").cost_s == pytest.approx(0.168) and breakdown(d, "idle").cost_s == pytest.approx(0.040)
+    # Decodes of 400 tokens: 2000 / (100 x 200) = 0.1: 47 + 8 x 1.8 = 61.4 ms, the holder's.
+    long = RouteRequest("m", PROMPT_40, 400, DisaggMode.NEVER)
+    d = make_router().route(long, workers, index, NOW, objective=Objective(ttft_ms=2000.0, tpot_ms=100.0))
+    assert d.decode_worker == "holder" and breakdown(d, "holder").cost_s == pytest.approx(0.0144)
+    assert "costs the others 14.4 ms" in d.candidates[0].note
     # Neither meets a 10 ms TTFT objective: the one that misses by the least (47 / 10 < 50 / 10).
     d = make_router().route(request, workers, index, NOW, objective=Objective(ttft_ms=10.0, tpot_ms=100.0))
     assert d.decode_worker == "holder"
@@ -267,11 +309,11 @@ def test_the_compiled_pricing_refuses_columns_of_the_wrong_type_size_or_rows():
 
     n = 4
     good = dict(
-        m=np.ones((10, n)), seconds=np.zeros((4, n)), held=np.zeros((3, n), np.int64), device=np.empty(0, np.int64),
+        m=np.ones((11, n)), seconds=np.zeros((4, n)), held=np.zeros((3, n), np.int64), device=np.empty(0, np.int64),
         inflow=np.empty(0), id_rank=np.arange(n), can_decode=np.ones(n, bool), decode_rows=np.arange(n),
         prefill_rows=np.empty(0, np.int64), source_rows=np.empty(0, np.int64),
     )  # fmt: skip
-    numbers = (64, 16, 8, True, False, 0, 1e9, 0.006, 25e9, 3e9, 0.0, 0.0, 0.0, 0.0)
+    numbers = (64, 16, 8, True, False, 0, 1e9, 0.006, 25e9, 3e9, 0.0, 0.0, 0.0, 0.0, 0.1, np.inf, np.inf)
 
     def price(**changes):
         columns = {**good, **changes}
@@ -279,12 +321,13 @@ def test_the_compiled_pricing_refuses_columns_of_the_wrong_type_size_or_rows():
 
     assert price() == n
     for name, bad, says in (
-        ("m", np.ones((10, n), np.float32), "m: items of format 'f'"),
+        ("m", np.ones((11, n), np.float32), "m: items of format 'f'"),
         ("held", np.zeros((3, n)), "held: items of format 'd'"),
         ("seconds", np.zeros((4, n - 1)), "seconds: 12 items, expected 16"),
         ("decode_rows", np.array([0, 1, 2, n]), "decode_rows: row 4 outside the table's 4 rows"),
         ("inflow", np.zeros(n - 1), "device and inflow: one value per table row"),
-        ("m", np.ones((n, 10)).T, "not C-contiguous"),
+        ("m", np.ones((10, n)), "m: not 11 rows"),
+        ("m", np.ones((n, 11)).T, "not C-contiguous"),
     ):
         with pytest.raises((ValueError, BufferError), match=says):
             price(**{name: bad})

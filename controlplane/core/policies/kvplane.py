@@ -15,6 +15,7 @@ Parameters: KvplaneParams below (the link rate and calibration come from the pla
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from kvplane.controlplane.core.params import check_numbers, param
 from kvplane.controlplane.core.pool import WorkerPool
 from kvplane.controlplane.core.predictions import PrefixPredictions
 from kvplane.controlplane.core.routing import FetchPlan, Placement, RouteContext, RouteDecision, RoutingPolicy
+from kvplane.controlplane.core.settings import DEFAULT_OBJECTIVES
 from kvplane.controlplane.core.views import WorkerView
 from kvplane.types import BlockHash, DisaggMode, Objective, WorkerId
 
@@ -83,13 +85,17 @@ class KvplanePolicy(RoutingPolicy):
         )
 
     def _price(self, ctx: RouteContext, decode: WorkerPool, sources: WorkerPool, prefill: WorkerPool, limit: int) -> seconds.Priced:
-        disagg = ctx.request.disagg
+        disagg, objective = ctx.request.disagg, ctx.objective
+        share_of = objective or DEFAULT_OBJECTIVES["interactive"]  # the default's weights where none is given
         req = seconds.Request(
             ctx.num_prompt_tokens,
             ctx.request.max_tokens,
             ctx.block_size,
             allow_local=disagg is not DisaggMode.ALWAYS,
             allow_remote=disagg is not DisaggMode.NEVER,
+            batch_share=seconds.batch_share_of(share_of.ttft_ms / 1000, share_of.tpot_ms / 1000, ctx.request.max_tokens),
+            ttft_target_s=objective.ttft_ms / 1000 if objective else math.inf,
+            tpot_target_s=objective.tpot_ms / 1000 if objective else math.inf,
         )
         return seconds.price_candidates(
             req,
@@ -178,7 +184,7 @@ def _as_priced(placed: seconds.Priced, ctx: RouteContext, order: np.ndarray, obj
         if objective is not None:
             meets = bool(p.ttft[i] * 1000 <= objective.ttft_ms and p.tpot[i] * 1000 <= objective.tpot_ms)
         return seconds.SecondsBreakdown(
-            where, how.queue_s, how.move_s, how.prefill_s, how.transfer_s, float(p.ttft[i]), float(p.tpot[i]), meets
+            where, how.queue_s, how.move_s, how.prefill_s, how.transfer_s, float(p.ttft[i]), float(p.tpot[i]), meets, float(p.work[i])
         )
 
     cached = p.cached_tokens[order]
