@@ -65,12 +65,15 @@ def test_index_follows_tiers_and_disk_blocks_survive_a_restart(tmp_path):
 def test_burst_sharing_a_new_prefix_lands_on_one_worker_before_events():
     shared = prompt_ids(seed=7, length=24 * BLOCK_SIZE)
     prompts = [shared + prompt_ids(seed=200 + i, length=9) for i in range(6)]
-    # A long KV event interval: no event reaches the index during the burst.
+    # A long KV event interval: no event reaches the index during the burst. Decodes of 8 tokens:
+    # with 2, each of the holder's queued readers is a decode of one token left, whose TPOT
+    # objective makes a ms of delay worth 10 of a prompt's (seconds.batch_share_of), and
+    # recomputing the prefix on an idle worker prices about the same as joining them.
     with LocalCluster(num_prefill=0, num_decode=0, num_both=4, controlplane_args=("--prediction-ttl", "30")) as cluster:
         with Client(cluster.endpoint, timeout=60) as client:
             assert all(sum(_tiers(client, w).values()) == 0 for w in ("both-0", "both-1", "both-2", "both-3"))
             with ThreadPoolExecutor(len(prompts)) as pool:
-                results = list(pool.map(lambda p: client.generate(p, max_tokens=2, disagg="never"), prompts))
+                results = list(pool.map(lambda p: client.generate(p, max_tokens=8, disagg="never"), prompts))
     workers = {r.metrics.decode_worker for r in results}
     reasons = [(r.metrics.decode_worker, r.metrics.route_reason) for r in results]
     assert len(workers) == 1, f"the burst spread over {workers}; route reasons: {reasons}"
