@@ -226,7 +226,7 @@ def test_every_decision_is_written_with_its_candidates_prediction_and_outcome(tm
         workers = [c["worker"] for c in d["candidates"]]
         assert d["router"]["decode_worker"] in workers and d["prompt_tokens"] > 0
         kvplane = d["run"]["routing"] == "kvplane"
-        assert all(("ttft_ms" in c) == kvplane and c["note"] for c in d["candidates"])
+        assert all(("ttft_ms" in c) == ("cost_ms" in c) == kvplane and c["note"] for c in d["candidates"])
         if d["outcome"] == "rejected":
             assert not d["admission"]["admitted"] and d["admission"]["reason"] and "measured" not in d
         else:

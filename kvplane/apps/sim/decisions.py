@@ -30,6 +30,7 @@ def _candidate(c) -> dict[str, Any]:
         entry |= {
             "placement": d.placement, "ttft_ms": _ms(d.ttft_s), "queue_ms": _ms(d.queue_s), "move_ms": _ms(d.move_s),
             "prefill_ms": _ms(d.prefill_s), "transfer_ms": _ms(d.transfer_s), "tpot_ms": _ms(d.tpot_s), "meets_objectives": d.meets,
+            "cost_ms": _ms(d.cost_s),  # what its prefill costs the others (seconds.Priced.work)
         }  # fmt: skip
     return entry
 
