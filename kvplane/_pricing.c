@@ -42,6 +42,7 @@ typedef struct {
     const int64_t *held;  /* 3 x n: matched, host, disk */
     const int64_t *device;  /* n, or NULL: leading blocks a fetch can pull from each row */
     const double *inflow; /* n, or NULL: prefill work arriving per second */
+    const double *carried; /* n, or NULL: the mean prefill work of a prompt arriving there (inflow.mean_work) */
     const int64_t *id_rank;
     const unsigned char *can_decode;
     Py_ssize_t n;
@@ -121,7 +122,8 @@ static inline int beats(const Fleet *f, double tpot, double ttft, double spent, 
 static inline double next_step(const Fleet *f, Py_ssize_t r, double step) {
     if (f->inflow == NULL) return step;
     const double arriving = max_nan(f->inflow[r] - SEC(f, S_QUEUED_WORK, r) * f->per_work_s, 0.0);
-    return step + (0.0 + min_nan(arriving, 1.0) * SEC(f, S_CHUNK_WORK, r));
+    const double carried = f->carried != NULL ? min_nan(SEC(f, S_CHUNK_WORK, r), f->carried[r]) : SEC(f, S_CHUNK_WORK, r);
+    return step + (0.0 + min_nan(arriving, 1.0) * carried);
 }
 
 /* Time per output token of decode steps taking `step` alone at row r, sharing them with the
@@ -287,7 +289,7 @@ static void best_two(const Fleet *f, const int64_t *rows, Py_ssize_t count, int6
 }
 
 typedef struct {
-    Py_buffer b[12]; /* price_group takes 12 buffers, worker_seconds 4 */
+    Py_buffer b[13]; /* price_group takes 13 buffers, worker_seconds 4 */
     int used;
 } Buffers;
 
@@ -328,25 +330,27 @@ static int rows_in_range(const int64_t *rows, Py_ssize_t count, Py_ssize_t n, co
 }
 
 PyDoc_STRVAR(price_group_doc,
-             "price_group(m, seconds, held, device, inflow, id_rank, can_decode, decode_rows, prefill_rows, source_rows,\n"
+             "price_group(m, seconds, held, device, inflow, carried, id_rank, can_decode, decode_rows, prefill_rows, source_rows,\n"
              "            P, block_size, max_tokens, allow_local, prune, limit, link, fetch_overhead, host_rate, disk_rate,\n"
              "            offset_local, offset_remote, offset_tpot, per_work_s, batch_share, ttft_target, tpot_target, out_int,\n"
              "            out_float) -> count\n\n"
              "seconds.price_candidates for one group of candidates (seconds.py's docstring). Per table row: m (11 x n\n"
              "float64, seconds._columns), seconds (4 x n float64, FleetColumns), held (3 x n int64), device (n int64, or empty:\n"
-             "no fetch), inflow (n float64, or empty: none), id_rank (n int64), can_decode (n bool). decode_rows,\n"
+             "no fetch), inflow (n float64, or empty: none), carried (n float64 or empty: the mean work of an arriving prompt),\n"
+             "id_rank (n int64), can_decode (n bool). decode_rows,\n"
              "prefill_rows (empty: no remote prefill), source_rows: int64 table rows. Writes the candidates that can\n"
              "win, in decode_rows' order, into the first `count` columns of out_int (7 x len(decode_rows) int64: row,\n"
              "cached tokens, computed tokens, fetch blocks, fetch source row, prefill row, placement) and out_float\n"
              "(7 x len(decode_rows) float64: TTFT, TPOT, work, queue, move, prefill, transfer seconds).");
 
 static PyObject *price_group(PyObject *self, PyObject *args) {
-    PyObject *o_m, *o_sec, *o_held, *o_device, *o_inflow, *o_rank, *o_decodes, *o_decode, *o_prefill, *o_source, *o_out_i, *o_out_f;
+    PyObject *o_m, *o_sec, *o_held, *o_device, *o_inflow, *o_carried, *o_rank, *o_decodes, *o_decode, *o_prefill, *o_source, *o_out_i,
+        *o_out_f;
     long long P, bs, max_tokens;
     int allow_local, prune;
     Py_ssize_t limit;
     Fleet f;
-    if (!PyArg_ParseTuple(args, "OOOOOOOOOOLLLppndddddddddddOO:price_group", &o_m, &o_sec, &o_held, &o_device, &o_inflow, &o_rank,
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOLLLppndddddddddddOO:price_group", &o_m, &o_sec, &o_held, &o_device, &o_inflow, &o_carried, &o_rank,
                           &o_decodes, &o_decode, &o_prefill, &o_source, &P, &bs, &max_tokens, &allow_local, &prune, &limit, &f.link,
                           &f.overhead, &f.host_rate, &f.disk_rate, &f.off[0], &f.off[1], &f.off[2], &f.per_work_s, &f.batch_share, &f.ttft_target, &f.tpot_target, &o_out_i, &o_out_f))
         return NULL;
@@ -356,7 +360,7 @@ static PyObject *price_group(PyObject *self, PyObject *args) {
     double *keys = NULL, *scratch = NULL;
     unsigned char *wins = NULL;
     int64_t *rows = NULL, *prefill = NULL;
-    Py_ssize_t n, num_decode = 0, num_prefill = 0, num_source = 0, num_device = 0, num_inflow = 0;
+    Py_ssize_t n, num_decode = 0, num_prefill = 0, num_source = 0, num_device = 0, num_inflow = 0, num_carried = 0;
     const double *m = buffer_of(&bufs, o_m, 'd', -1, 0, "m", &n);
     if (m == NULL) goto done;
     if (n % NUM_COLUMNS != 0) {
@@ -369,6 +373,7 @@ static PyObject *price_group(PyObject *self, PyObject *args) {
     if (!(f.held = buffer_of(&bufs, o_held, 'q', 3 * n, 0, "held", NULL))) goto done;
     if (!(f.device = buffer_of(&bufs, o_device, 'q', -1, 0, "device", &num_device))) goto done;
     if (!(f.inflow = buffer_of(&bufs, o_inflow, 'd', -1, 0, "inflow", &num_inflow))) goto done;
+    if (!(f.carried = buffer_of(&bufs, o_carried, 'd', -1, 0, "carried", &num_carried))) goto done;
     if (!(f.id_rank = buffer_of(&bufs, o_rank, 'q', n, 0, "id_rank", NULL))) goto done;
     if (!(f.can_decode = buffer_of(&bufs, o_decodes, '?', n, 0, "can_decode", NULL))) goto done;
     const int64_t *decode = buffer_of(&bufs, o_decode, 'q', -1, 0, "decode_rows", &num_decode);
@@ -378,8 +383,8 @@ static PyObject *price_group(PyObject *self, PyObject *args) {
     int64_t *out_i = buffer_of(&bufs, o_out_i, 'q', NUM_INT_OUT * num_decode, 1, "out_int", NULL);
     double *out_f = out_i ? buffer_of(&bufs, o_out_f, 'd', NUM_FLOAT_OUT * num_decode, 1, "out_float", NULL) : NULL;
     if (out_f == NULL) goto done;
-    if ((num_device != 0 && num_device != n) || (num_inflow != 0 && num_inflow != n)) {
-        PyErr_SetString(PyExc_ValueError, "device and inflow: one value per table row, or none");
+    if ((num_device != 0 && num_device != n) || (num_inflow != 0 && num_inflow != n) || (num_carried != 0 && num_carried != n)) {
+        PyErr_SetString(PyExc_ValueError, "device, inflow and carried: one value per table row, or none");
         goto done;
     }
     if (!rows_in_range(decode, num_decode, n, "decode_rows") || !rows_in_range(prefill_in, num_prefill, n, "prefill_rows") ||
@@ -387,6 +392,7 @@ static PyObject *price_group(PyObject *self, PyObject *args) {
         goto done;
     if (num_device == 0) f.device = NULL;
     if (num_inflow == 0) f.inflow = NULL;
+    if (num_carried == 0 || f.inflow == NULL) f.carried = NULL;
     f.P = P, f.bs = bs, f.max_blocks = (P - 1) / bs;
     f.tokens_x = (double)P + (double)max_tokens / 2;
 

@@ -16,8 +16,8 @@ learnt the difference from decodes already under way.
 
 A request prefilled elsewhere comes to its decode worker when its KV is in, and waits for the
 step in flight there and then its own step, which computes its prompt's tail: each of those
-carries a chunk of prefill with the chance that the worker is prefilling then
-(predictor.next_step_with_prefill), for which the arriving rate counts (kvplane/_pricing.c's next_step): the
+carries the prefill arriving there with the chance that the worker is prefilling then: the mean
+work of the prompts dispatched there, a chunk at most (mean_work; predictor.next_step_with_prefill), for which the arriving rate counts (kvplane/_pricing.c's next_step): the
 rate less the work still queued there. The queued work is known and priced as the queue the
 request waits out; the rate counts it too, as it was dispatched recently, and counted twice it
 made a decode worker that had just taken one long prompt of a burst look busy for the next
@@ -61,13 +61,16 @@ class Inflow:
 
     rates: np.ndarray  # per row: seconds of prefill work arriving per second
     per_work_s: float  # what one second of work dispatched now counts for in a rate
+    # Per row: the mean prefill work of the prompts dispatched there (inf: none), what a step
+    # that carries arriving prefill carries at most besides the chunk bound (mean_work).
+    carried: np.ndarray | None = None
 
 
 class PrefillInflow:
     """Per-worker decayed sums of dispatched prefill work, and the decayed number of dispatches
     to the whole fleet; `now`: seconds on one monotonic clock."""
 
-    __slots__ = ("window_s", "_sums", "_count", "_origin", "_first_at", "_column")
+    __slots__ = ("window_s", "_sums", "_counts", "_count", "_origin", "_first_at", "_column")
 
     def __init__(self, window_s: float = 2.0) -> None:
         if not window_s > 0:
@@ -75,10 +78,11 @@ class PrefillInflow:
         self.window_s = window_s
         # Scaled to `_origin`: the decayed sum at time t is the stored one x exp(-(t - origin) / window).
         self._sums: dict[WorkerId, float] = {}
+        self._counts: dict[WorkerId, float] = {}  # each worker's dispatches, decayed as its sum
         self._count = 0.0
         self._origin = 0.0
         self._first_at: float | None = None
-        self._column: tuple[dict[WorkerId, int], np.ndarray] | None = None  # (a table's row_of, its sums)
+        self._column: tuple[dict[WorkerId, int], np.ndarray, np.ndarray] | None = None  # (a table's row_of, its sums, counts)
 
     def add(self, worker_id: WorkerId, work_s: float, now: float) -> None:
         """A request whose prefill adds `work_s` of compute was dispatched to `worker_id`."""
@@ -90,6 +94,7 @@ class PrefillInflow:
             self._rebase(now)
         growth = math.exp((now - self._origin) / self.window_s)
         self._sums[worker_id] = self._sums.get(worker_id, 0.0) + work_s * growth
+        self._counts[worker_id] = self._counts.get(worker_id, 0.0) + growth
         self._count += growth
         if self._column is not None:
             row = self._column[0].get(worker_id)
@@ -97,8 +102,10 @@ class PrefillInflow:
                 self._column = None
             else:
                 self._column[1][row] += work_s * growth
+                self._column[2][row] += growth
 
     def forget(self, worker_id: WorkerId) -> None:
+        self._counts.pop(worker_id, None)
         if self._sums.pop(worker_id, None) is not None:
             self._column = None
 
@@ -106,17 +113,29 @@ class PrefillInflow:
         """Seconds of prefill work arriving at `worker_id` per second."""
         return self._sums.get(worker_id, 0.0) * self._decay(now) * self.per_work_s(now)
 
+    def mean_work(self, worker_id: WorkerId) -> float:
+        """The mean prefill work of the prompts recently dispatched to `worker_id` (weighed as its
+        rate; inf: none): a step that carries the prefill arriving there carries that much, a
+        chunk at most. Priced as a full chunk, the step a remote request's KV lands in read 100 ms
+        or more long on a worker taking prompts of a few hundred tokens, whose steps carry 15 ms
+        (`kvplane sim`, 128-512-token prompts on 4 prefill + 4 decode workers)."""
+        count = self._counts.get(worker_id, 0.0)
+        return self._sums[worker_id] / count if count > 0 else math.inf
+
     def view(self, table: WorkerTable, now: float) -> Inflow:
         """Every row of `table` (tables of one set of workers share their rows)."""
         if self._column is None or self._column[0] is not table.row_of:
-            sums = np.zeros(len(table.views))
+            sums, counts = np.zeros(len(table.views)), np.zeros(len(table.views))
             for worker_id, total in self._sums.items():
                 row = table.row_of.get(worker_id)
                 if row is not None:
-                    sums[row] = total
-            self._column = (table.row_of, sums)
+                    sums[row], counts[row] = total, self._counts[worker_id]
+            self._column = (table.row_of, sums, counts)
         per_work = self.per_work_s(now)
-        return Inflow(self._column[1] * (self._decay(now) * per_work), per_work)
+        _, sums, counts = self._column
+        with np.errstate(divide="ignore", invalid="ignore"):
+            carried = np.where(counts > 0, sums / counts, np.inf)
+        return Inflow(sums * (self._decay(now) * per_work), per_work, carried)
 
     def _decay(self, now: float) -> float:
         return math.exp(-(now - self._origin) / self.window_s)
@@ -139,6 +158,7 @@ class PrefillInflow:
     def _rebase(self, now: float) -> None:
         factor = self._decay(now)
         self._sums = {w: total * factor for w, total in self._sums.items() if total * factor > 1e-12}
+        self._counts = {w: self._counts[w] * factor for w in self._sums}
         self._count *= factor
         self._origin = now
         self._column = None

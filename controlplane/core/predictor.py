@@ -38,6 +38,7 @@ batch and decode context). Without a model for either worker there is no predict
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -61,9 +62,12 @@ class WorkerPerf:
     decodes: bool = True  # False: a prefill-only worker (its waiting requests leave after prefill)
     prefill_inflow: float = 0.0  # seconds of prefill work arriving per second (inflow.py)
     inflow_per_work_s: float = 0.0  # what one second of work dispatched now counts for in it (Inflow.per_work_s)
+    carried_work_s: float = math.inf  # the mean prefill work of a prompt arriving here (PrefillInflow.mean_work)
 
     @classmethod
-    def of(cls, view: WorkerView, prefill_inflow: float = 0.0, inflow_per_work_s: float = 0.0) -> WorkerPerf:
+    def of(
+        cls, view: WorkerView, prefill_inflow: float = 0.0, inflow_per_work_s: float = 0.0, carried_work_s: float = math.inf
+    ) -> WorkerPerf:
         """What the predictor needs of a worker view (whose load the planner has adjusted)."""
         load = view.load
         return cls(
@@ -80,6 +84,7 @@ class WorkerPerf:
             decodes=view.role.can_decode,
             prefill_inflow=prefill_inflow,
             inflow_per_work_s=inflow_per_work_s,
+            carried_work_s=carried_work_s,
         )
 
     def token_seconds(self, step_s: float) -> float:
@@ -98,7 +103,7 @@ class WorkerPerf:
         assert model is not None
         queued_work_s = model.prefill_work_seconds(self.num_queued_prefill_tokens, 0, max(self.chunk_tokens, 1))
         arriving = max(self.prefill_inflow - queued_work_s * self.inflow_per_work_s, 0.0)
-        return next_step_with_prefill(step_s, arriving, self._chunk_work_s())
+        return next_step_with_prefill(step_s, arriving, min(self._chunk_work_s(), self.carried_work_s))
 
     def _chunk_work_s(self) -> float:
         model = self.model
@@ -148,9 +153,10 @@ def shared_step_seconds(step_s: float, inflow: float, chunk_work_s: float) -> fl
 
 def next_step_with_prefill(step_s: float, inflow: float, chunk_work_s: float) -> float:
     """One step at a moment that has nothing to do with the worker's steps (a request's KV comes
-    in; its tail is computed in the next step): it carries a chunk of prefill with the chance
-    that the worker is prefilling then, its inflow (the share of its time spent on prefill work),
-    so step + min(inflow, 1) x a chunk's work. Not the mean step of shared_step_seconds: a
+    in; its tail is computed in the next step): it carries prefill with the chance that the
+    worker is prefilling then, its inflow (the share of its time spent on prefill work), so
+    step + min(inflow, 1) x `chunk_work_s`: the mean work of the prompts arriving there, a
+    chunk's at most (WorkerPerf.next_step_seconds). Not the mean step of shared_step_seconds: a
     moment falls in a long step more often than steps are long."""
     return step_s + min(inflow, 1.0) * chunk_work_s
 

@@ -24,8 +24,9 @@ its corrected load (queued prefill tokens Q, running R, waiting W, running conte
                 part among those KV can move from to w (a dedicated prefill worker first at
                 equal seconds); the request keeps its place in w's queue while its KV comes
                 (EngineRequest.queued_since), so what is queued there drains meanwhile; the
-                step in flight and the tail's step carry a chunk with the chance that prefill
-                arriving on top of that queue keeps w prefilling (core/inflow.py);
+                step in flight and the tail's step carry the prompts arriving there (their mean
+                work, a chunk at most) with the chance that prefill arriving on top of that
+                queue keeps w prefilling (core/inflow.py);
   TTFT(w)     = the least of the placements the request's disagg mode allows (+ the planner's
                 calibration offset of that kind); TPOT(w) = one decode step of batch(w) + this
                 request, c0 + c3 x (R + W + 1) + c4 x (X + Q + P + max_tokens / 2), stretched by
@@ -369,7 +370,17 @@ def price_candidates(
         device = np.minimum(real.matched - real.host - real.disk, (req.num_prompt_tokens - 1) // req.block_size)
     columns, seconds = (fleet or FleetColumns()).of(table, rates)
     prune = limit > 0 and max(len(decode), len(prefill)) > limit
-    args = (columns, seconds, held.numbers, device, _NO_VALUES if inflow is None else inflow.rates, table.id_rank, table.can_decode)
+    carried = _NO_VALUES if inflow is None or inflow.carried is None else inflow.carried
+    args = (
+        columns,
+        seconds,
+        held.numbers,
+        device,
+        _NO_VALUES if inflow is None else inflow.rates,
+        carried,
+        table.id_rank,
+        table.can_decode,
+    )
     after = (
         req.num_prompt_tokens, req.block_size, req.max_tokens, req.allow_local, prune, limit, rates.link_bytes_per_s,
         rates.fetch_overhead_s, rates.host_bytes_per_s, rates.disk_bytes_per_s, *offsets, 0.0 if inflow is None else inflow.per_work_s,

@@ -3,6 +3,7 @@ does to a decode's predicted time per output token (predictor.shared_step_second
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -72,6 +73,22 @@ def test_the_view_is_the_rate_per_table_row_and_follows_new_dispatches():
     assert inflow.view(table, 7.0).rates[2] == 0.0
 
 
+def test_a_workers_prompts_carry_their_mean_work_weighed_as_its_rate():
+    """What a step carrying the prefill arriving at a worker carries: the mean work of the
+    prompts dispatched there, newer ones weighing more (the rate's decay), none: inf."""
+    inflow = PrefillInflow(window_s=1.0)
+    table = WorkerTable([make_worker_view(w, Role.BOTH) for w in ("a", "b", "c")])
+    inflow.add(WorkerId("a"), 0.010, 1.0)
+    inflow.add(WorkerId("a"), 0.030, 1.0)
+    inflow.add(WorkerId("b"), 0.100, 1.0)
+    assert inflow.view(table, 2.0).carried.tolist() == pytest.approx([0.020, 0.100, math.inf])
+    inflow.add(WorkerId("b"), 0.200, 1.0 + math.log(3))  # weighs 3x the first: (0.1 + 3 x 0.2) / 4
+    assert inflow.mean_work(WorkerId("b")) == pytest.approx(0.175)
+    assert inflow.view(table, 3.0).carried[1] == pytest.approx(0.175)
+    inflow.forget(WorkerId("a"))
+    assert inflow.mean_work(WorkerId("a")) == math.inf and inflow.view(table, 3.0).carried[0] == math.inf
+
+
 def test_sums_stay_finite_over_a_long_run():
     inflow = PrefillInflow(window_s=0.1)
     for i in range(20000):  # 200 s, 2,000 windows: the stored sums are rebased as they go
@@ -79,6 +96,17 @@ def test_sums_stay_finite_over_a_long_run():
     n = decayed_count(20000, 0.01, 0.1)
     assert inflow.rate(WorkerId("a"), 199.99) == pytest.approx(0.5 * (n - 1) / n, rel=0.06)
     assert all(math.isfinite(v) for v in inflow._sums.values()) and math.isfinite(inflow._count)
+    assert inflow.mean_work(WorkerId("a")) == pytest.approx(0.005) and all(math.isfinite(v) for v in inflow._counts.values())
+
+
+def test_admissions_landing_step_carries_the_mean_prompt_as_routing_does():
+    """predictor.WorkerPerf.next_step_seconds, the scalar twin of _pricing.c's next_step: a
+    step carries the arriving prefill's mean prompt work (PrefillInflow.mean_work), a chunk at most."""
+    model = StepTimeModel((0.010, 0.001, 0.0, 0.002, 0.0), num_samples=10, mean_abs_pct_error=0.0)
+    view = dataclasses.replace(make_worker_view("d", Role.DECODE, latency=model), chunk_tokens=8)  # a chunk: 8 ms of work
+    assert WorkerPerf.of(view, 0.5, 0.0).next_step_seconds(0.030) == pytest.approx(0.034)
+    assert WorkerPerf.of(view, 0.5, 0.0, 0.004).next_step_seconds(0.030) == pytest.approx(0.032)
+    assert WorkerPerf.of(view, 0.5, 0.0, 0.050).next_step_seconds(0.030) == pytest.approx(0.034)
 
 
 def test_a_decode_shares_its_steps_with_the_prefill_arriving():

@@ -144,6 +144,31 @@ def test_remote_prefill_is_chosen_by_seconds_not_a_threshold(worker_view, index)
     assert make_router().route(request, [idle, prefill], index, NOW, link_bytes_per_s=1e5).prefill_worker is None
 
 
+def test_a_remote_requests_kv_lands_in_a_step_carrying_the_prompts_arriving_there(worker_view, index):
+    """The step in flight when the KV is in, and the tail's, carry the prefill arriving at the
+    decode worker with the chance it is prefilling then (inflow 0.5): the mean work of the prompts
+    sent there (Inflow.carried), a chunk at most."""
+    import numpy as np
+
+    from kvplane.controlplane.core.inflow import Inflow
+
+    decode = dataclasses.replace(view(worker_view, "d", Role.DECODE, num_running=10, block_nbytes=100), chunk_tokens=8)
+    prefill = dataclasses.replace(view(worker_view, "p", Role.PREFILL, block_nbytes=100), chunk_tokens=8)
+    request = RouteRequest("m", PROMPT_40, 16, DisaggMode.AUTO)
+
+    def remote_ttft(inflow):
+        d = make_router().route(request, [decode, prefill], index, NOW, link_bytes_per_s=1e5, prefill_inflow=inflow)
+        assert d.prefill_worker == "p"
+        return d.candidates[0].cost
+
+    # 90 ms on p, 10 of KV, then half of d's 30 ms step + 0.5 x 4 ms carried, then its tail step
+    # (30 + 4) + 0.5 x 4: 100 + 16 + 36.
+    assert remote_ttft(Inflow(np.array([0.5, 0.0]), 0.0, np.array([0.004, np.inf]))) == pytest.approx(0.152)
+    # Prompts bigger than a chunk (8 ms of work) carry a chunk: 100 + 17 + 38.
+    assert remote_ttft(Inflow(np.array([0.5, 0.0]), 0.0, np.array([0.050, np.inf]))) == pytest.approx(0.155)
+    assert remote_ttft(Inflow(np.array([0.5, 0.0]), 0.0)) == pytest.approx(0.155)
+
+
 def test_a_decode_batch_sends_its_prompts_to_a_prefill_worker_sooner_or_not(worker_view, index):
     """A prompt prefilled on a decode worker delays every sequence of its batch by the prefill's
     compute: a remote prefill on a worker that only prefills delays none (seconds.batch_share_of)."""
@@ -310,7 +335,7 @@ def test_the_compiled_pricing_refuses_columns_of_the_wrong_type_size_or_rows():
     n = 4
     good = dict(
         m=np.ones((11, n)), seconds=np.zeros((4, n)), held=np.zeros((3, n), np.int64), device=np.empty(0, np.int64),
-        inflow=np.empty(0), id_rank=np.arange(n), can_decode=np.ones(n, bool), decode_rows=np.arange(n),
+        inflow=np.empty(0), carried=np.empty(0), id_rank=np.arange(n), can_decode=np.ones(n, bool), decode_rows=np.arange(n),
         prefill_rows=np.empty(0, np.int64), source_rows=np.empty(0, np.int64),
     )  # fmt: skip
     numbers = (64, 16, 8, True, False, 0, 1e9, 0.006, 25e9, 3e9, 0.0, 0.0, 0.0, 0.0, 0.1, np.inf, np.inf)
@@ -325,7 +350,8 @@ def test_the_compiled_pricing_refuses_columns_of_the_wrong_type_size_or_rows():
         ("held", np.zeros((3, n)), "held: items of format 'd'"),
         ("seconds", np.zeros((4, n - 1)), "seconds: 12 items, expected 16"),
         ("decode_rows", np.array([0, 1, 2, n]), "decode_rows: row 4 outside the table's 4 rows"),
-        ("inflow", np.zeros(n - 1), "device and inflow: one value per table row"),
+        ("inflow", np.zeros(n - 1), "device, inflow and carried: one value per table row"),
+        ("carried", np.zeros(n + 1), "device, inflow and carried: one value per table row"),
         ("m", np.ones((10, n)), "m: not 11 rows"),
         ("m", np.ones((n, 11)).T, "not C-contiguous"),
     ):
