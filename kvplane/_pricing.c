@@ -122,7 +122,10 @@ static inline int beats(const Fleet *f, double tpot, double ttft, double spent, 
 static inline double next_step(const Fleet *f, Py_ssize_t r, double step) {
     if (f->inflow == NULL) return step;
     const double arriving = max_nan(f->inflow[r] - SEC(f, S_QUEUED_WORK, r) * f->per_work_s, 0.0);
-    const double carried = f->carried != NULL ? min_nan(SEC(f, S_CHUNK_WORK, r), f->carried[r]) : SEC(f, S_CHUNK_WORK, r);
+    /* With prefill queued there a step fills its chunk from that backlog; without, it carries
+       what arrives: a prompt, the mean of those sent there (inflow.mean_work), a chunk at most. */
+    const double queued = SEC(f, S_QUEUED_WORK, r);
+    const double carried = f->carried != NULL && !(queued > 0.0) ? min_nan(SEC(f, S_CHUNK_WORK, r), f->carried[r]) : SEC(f, S_CHUNK_WORK, r);
     return step + (0.0 + min_nan(arriving, 1.0) * carried);
 }
 

@@ -103,7 +103,10 @@ class WorkerPerf:
         assert model is not None
         queued_work_s = model.prefill_work_seconds(self.num_queued_prefill_tokens, 0, max(self.chunk_tokens, 1))
         arriving = max(self.prefill_inflow - queued_work_s * self.inflow_per_work_s, 0.0)
-        return next_step_with_prefill(step_s, arriving, min(self._chunk_work_s(), self.carried_work_s))
+        # With prefill queued here a step fills its chunk from that backlog; without, it carries
+        # what arrives: a prompt, the mean of those sent here (PrefillInflow.mean_work).
+        carried_s = self._chunk_work_s() if queued_work_s > 0 else min(self._chunk_work_s(), self.carried_work_s)
+        return next_step_with_prefill(step_s, arriving, carried_s)
 
     def _chunk_work_s(self) -> float:
         model = self.model

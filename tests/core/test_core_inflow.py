@@ -107,6 +107,9 @@ def test_admissions_landing_step_carries_the_mean_prompt_as_routing_does():
     assert WorkerPerf.of(view, 0.5, 0.0).next_step_seconds(0.030) == pytest.approx(0.034)
     assert WorkerPerf.of(view, 0.5, 0.0, 0.004).next_step_seconds(0.030) == pytest.approx(0.032)
     assert WorkerPerf.of(view, 0.5, 0.0, 0.050).next_step_seconds(0.030) == pytest.approx(0.034)
+    # Prefill queued there: its steps fill their chunk from that backlog.
+    queued = dataclasses.replace(view, load=dataclasses.replace(view.load, num_queued_prefill_tokens=4))
+    assert WorkerPerf.of(queued, 0.5, 0.0, 0.004).next_step_seconds(0.030) == pytest.approx(0.034)
 
 
 def test_a_decode_shares_its_steps_with_the_prefill_arriving():

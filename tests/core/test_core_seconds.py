@@ -167,6 +167,9 @@ def test_a_remote_requests_kv_lands_in_a_step_carrying_the_prompts_arriving_ther
     # Prompts bigger than a chunk (8 ms of work) carry a chunk: 100 + 17 + 38.
     assert remote_ttft(Inflow(np.array([0.5, 0.0]), 0.0, np.array([0.050, np.inf]))) == pytest.approx(0.155)
     assert remote_ttft(Inflow(np.array([0.5, 0.0]), 0.0)) == pytest.approx(0.155)
+    # With prefill queued on d its steps fill their chunk from that backlog: the mean does not count.
+    decode = dataclasses.replace(decode, load=dataclasses.replace(decode.load, num_queued_prefill_tokens=4))
+    assert remote_ttft(Inflow(np.array([0.5, 0.0]), 0.0, np.array([0.004, np.inf]))) == remote_ttft(Inflow(np.array([0.5, 0.0]), 0.0))
 
 
 def test_a_decode_batch_sends_its_prompts_to_a_prefill_worker_sooner_or_not(worker_view, index):
