@@ -152,13 +152,25 @@ static int any_slow(const Fleet *f, const int64_t *rows, Py_ssize_t count) {
     return 0;
 }
 
-/* The request's TTFT on row r prefilling the whole prompt locally, after its queue (a worker
-   holding none of it), plus its compute: what a remote prefill worker is chosen by (best_prefill's
-   key, to the last bit: the pruning keeps ties). */
-static inline double prefill_alone_spent(const Fleet *f, Py_ssize_t r, Steps *s) {
+/* Prefilling the prompt on row r after `cached` of its tokens, `move` seconds of loading or
+   pulling overlapping the queue. The pruning and the choice both price a placement through these
+   two, so their keys agree to the last bit (the pruning keeps ties). */
+typedef struct {
+    double ttft;    /* without the calibration offset */
+    double prefill; /* the steps' seconds + the prefill's compute */
+    double work;    /* the prefill's compute */
+} Prefill;
+
+static inline Prefill prefill_at(const Fleet *f, Py_ssize_t r, int64_t cached, double move, Steps *s) {
     double steps, work;
-    chunked_parts(f->m, f->n, r, f->P, 0, s, &steps, &work);
-    return max_nan(SEC(f, S_QUEUE, r), 0.0) + (steps + work) + work;
+    chunked_parts(f->m, f->n, r, f->P - cached, cached, s, &steps, &work);
+    const double prefill = steps + work;
+    return (Prefill){.ttft = max_nan(SEC(f, S_QUEUE, r), move) + prefill, .prefill = prefill, .work = work};
+}
+
+/* A fetch's `move`: the tier loads of row r, then pulling `gain` blocks over the link. */
+static inline double fetch_move(const Fleet *f, Py_ssize_t r, double load_s, int64_t gain) {
+    return load_s + (gain > 0 ? f->overhead + (double)gain * COL(f, NBYTES, r) / f->link : 0.0);
 }
 
 /* (when the prompt's tail step starts, that step's seconds) on decode row r holding `matched`
@@ -248,7 +260,10 @@ static int best_prefill(const Fleet *f, int64_t *rows, Py_ssize_t count, int pru
                         Prefiller part[2]) {
     if (prune) {
         Steps s = NO_STEPS;
-        for (Py_ssize_t k = 0; k < count; k++) keys[k] = prefill_alone_spent(f, rows[k], &s);
+        for (Py_ssize_t k = 0; k < count; k++) {
+            const Prefill p = prefill_at(f, rows[k], 0, 0.0, &s); /* a holder is kept whatever its key */
+            keys[k] = p.ttft + p.work;
+        }
         count = can_win(f, rows, count, keys, 1, 2, scratch, wins);
     }
     if (count == 0) return 0;
@@ -260,9 +275,8 @@ static int best_prefill(const Fleet *f, int64_t *rows, Py_ssize_t count, int pru
         const Py_ssize_t r = rows[k];
         const int64_t own = min_i(MATCHED(f, r), f->max_blocks);
         const double l = load_seconds(f, r, own, slow), q = SEC(f, S_QUEUE, r);
-        double steps, w;
-        chunked_parts(f->m, f->n, r, f->P - own * f->bs, own * f->bs, &s, &steps, &w);
-        const double c = steps + w, t = max_nan(q, l) + c, key = t + w;
+        const Prefill here = prefill_at(f, r, own * f->bs, l, &s);
+        const double c = here.prefill, w = here.work, t = here.ttft, key = t + w;
         int slot;
         if (part[0].row < 0 || prefill_before(f, key, r, part[0].spent, part[0].row)) slot = 0, part[1] = part[0];
         else if (part[1].row < 0 || prefill_before(f, key, r, part[1].spent, part[1].row)) slot = 1;
@@ -431,16 +445,12 @@ static PyObject *price_group(PyObject *self, PyObject *args) {
             if (MATCHED(&f, r) > 0) continue; /* holders are kept whatever their keys */
             /* (each as the loop below computes it, to the last bit: the pruning keeps ties) */
             const double per_work = cost_per_work_s(&f, r);
-            double steps, work;
-            chunked_parts(m, n, r, P, 0, &s_local, &steps, &work);
-            double t = max_nan(SEC(&f, S_QUEUE, r), 0.0) + (steps + work) + f.off[0], a = t + work * per_work;
-            if (source[0] >= 0) {
-                const int64_t cached = source[2] * bs;
-                const double move = 0.0 + (f.overhead + (double)source[2] * COL(&f, NBYTES, r) / f.link);
-                double f_steps, f_work;
-                chunked_parts(m, n, r, P - cached, cached, &s_fetch, &f_steps, &f_work);
-                const double f_ttft = max_nan(SEC(&f, S_QUEUE, r), move) + (f_steps + f_work) + f.off[0];
-                t = min_nan(t, f_ttft), a = min_nan(a, f_ttft + f_work * per_work);
+            const Prefill local = prefill_at(&f, r, 0, 0.0, &s_local);
+            double t = local.ttft + f.off[0], a = t + local.work * per_work;
+            if (source[0] >= 0) { /* a non-holder is no fetch source: it pulls the best one's blocks */
+                const Prefill fetched = prefill_at(&f, r, source[2] * bs, fetch_move(&f, r, 0.0, source[2]), &s_fetch);
+                const double f_ttft = fetched.ttft + f.off[0];
+                t = min_nan(t, f_ttft), a = min_nan(a, f_ttft + fetched.work * per_work);
             }
             alone[k] = a, alone_ttft[k] = t;
             step[k] = COL(&f, PER_STEP, r);
@@ -448,7 +458,7 @@ static PyObject *price_group(PyObject *self, PyObject *args) {
             if (remote != NULL) {
                 double tail_at, tail_step;
                 const Prefiller *p = &part[r == part[0].row];
-                remote_start_and_tail(&f, r, 0, p->total, &s_tail, &tail_at, &tail_step);
+                remote_start_and_tail(&f, r, 0, p->total, &s_tail, &tail_at, &tail_step); /* as the loop below */
                 remote[k] = tail_at + tail_step + f.off[1];
                 remote_spent[k] = remote[k] + p->work * remote_per_work(&f, p->row, per_work);
             }
@@ -457,45 +467,37 @@ static PyObject *price_group(PyObject *self, PyObject *args) {
     }
 
     const int slow = any_slow(&f, rows, count);
-    const int64_t tail_blocks_all = P / bs;
     Steps s_own = NO_STEPS, s_fetched = NO_STEPS, s_tail = NO_STEPS;
     for (Py_ssize_t k = 0; k < count; k++) {
         const Py_ssize_t r = rows[k];
         const int64_t matched = MATCHED(&f, r), own = min_i(matched, f.max_blocks);
         const double load_s = load_seconds(&f, r, own, slow), queue_s = SEC(&f, S_QUEUE, r);
         const int64_t cached_tok = own * bs;
-        double steps, work;
-        chunked_parts(m, n, r, P - cached_tok, cached_tok, &s_own, &steps, &work);
-        const double prefill_s = steps + work, per_work = cost_per_work_s(&f, r);
+        const double per_work = cost_per_work_s(&f, r);
         const double tpot = token_seconds(&f, r, COL(&f, PER_STEP, r) + COL(&f, C3, r) + COL(&f, C4, r) * f.tokens_x) + f.off[2];
-        double local = max_nan(queue_s, load_s) + prefill_s, cost = work * per_work;
+        const Prefill here = prefill_at(&f, r, cached_tok, load_s, &s_own);
+        double local = here.ttft + f.off[0], cost = here.work * per_work;
         int64_t computed = P - cached_tok, fetch_blocks = 0, source_row = -1, prefill_row = -1, kind = LOCAL;
-        double move = load_s, prefill_k = prefill_s, transfer = 0.0, queue_k = queue_s;
+        double move = load_s, prefill_k = here.prefill, transfer = 0.0, queue_k = queue_s;
         if (source[0] >= 0) {
             const int is_first = r == source[0];
             const int64_t gain = max_i((is_first ? source[3] : source[2]) - own, 0);
-            const double f_move = load_s + (gain > 0 ? f.overhead + (double)gain * COL(&f, NBYTES, r) / f.link : 0.0);
-            const int64_t f_cached = (own + gain) * bs;
-            double f_steps, f_work;
-            chunked_parts(m, n, r, P - f_cached, f_cached, &s_fetched, &f_steps, &f_work);
-            const double f_prefill = f_steps + f_work;
-            const double f_ttft = max_nan(queue_s, f_move) + f_prefill, f_cost = f_work * per_work;
-            if (gain > 0 && beats(&f, tpot, f_ttft + f.off[0], f_ttft + f.off[0] + f_cost, local + f.off[0], local + f.off[0] + cost)) {
-                cost = f_cost, computed = P - f_cached, local = f_ttft;
-                kind = FETCH, move = f_move, prefill_k = f_prefill, fetch_blocks = gain;
+            const double f_move = fetch_move(&f, r, load_s, gain);
+            const Prefill fetched = prefill_at(&f, r, (own + gain) * bs, f_move, &s_fetched);
+            const double f_ttft = fetched.ttft + f.off[0], f_cost = fetched.work * per_work;
+            if (gain > 0 && beats(&f, tpot, f_ttft, f_ttft + f_cost, local, local + cost)) {
+                cost = f_cost, computed = P - (own + gain) * bs, local = f_ttft;
+                kind = FETCH, move = f_move, prefill_k = fetched.prefill, fetch_blocks = gain;
                 source_row = is_first ? source[1] : source[0];
             }
         }
         if (!allow_local) kind = REMOTE; /* no local placement: priced at infinite TTFT */
-        double ttft = allow_local ? local + f.off[0] : INFINITY;
+        double ttft = allow_local ? local : INFINITY;
         if (has_part) {
             const Prefiller *p = &part[r == part[0].row]; /* the best prefill worker decoding: the second best prefills */
             const double best = p->total;
-            const double kv_in = best + (double)max_i(tail_blocks_all - matched, 0) * COL(&f, NBYTES, r) / f.link;
-            const double in_flight = next_step(&f, r, SEC(&f, S_BUSY_STEP, r)) / 2;
-            const int64_t tail = P - (P - 1) / bs * bs;
-            const double tail_step = next_step(&f, r, chunked_seconds(&f, r, tail, P - tail, &s_tail));
-            const double tail_at = max_nan(kv_in + in_flight, queue_s);
+            double tail_at, tail_step;
+            remote_start_and_tail(&f, r, matched, best, &s_tail, &tail_at, &tail_step);
             const double remote_ttft = tail_at + tail_step + f.off[1];
             const double remote_cost = p->work * remote_per_work(&f, p->row, per_work);
             if (beats(&f, tpot, remote_ttft, remote_ttft + remote_cost, ttft, ttft + cost)) {
