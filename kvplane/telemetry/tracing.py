@@ -121,9 +121,23 @@ def record_span(name: str, start_mono: float, end_mono: float, attributes: Mappi
     s.end(end_time=mono_to_ns(end_mono))
 
 
+# Wall clock minus monotonic clock, in ns, kept per process. Sampling it afresh for every
+# conversion gave one instant (a queue's end, the prefill's start) two readings a few us
+# apart; both clocks are slewed alike by NTP, so the offset changes only when the wall clock
+# is stepped, and it is taken again then.
+_STEP_NS = 1_000_000
+_wall_minus_mono_ns = time.time_ns() - time.monotonic_ns()
+
+
 def mono_to_ns(t: float) -> int:
-    """A time.monotonic() reading as wall-clock nanoseconds since the epoch (what spans carry)."""
-    return time.time_ns() - int((time.monotonic() - t) * 1e9)
+    """A time.monotonic() reading as wall-clock nanoseconds since the epoch (what spans carry).
+
+    One instant converts to one value within a process, whenever it is converted."""
+    global _wall_minus_mono_ns
+    now = time.time_ns() - time.monotonic_ns()
+    if abs(now - _wall_minus_mono_ns) > _STEP_NS:
+        _wall_minus_mono_ns = now
+    return int(t * 1e9) + _wall_minus_mono_ns
 
 
 def current_ids() -> tuple[str, str] | None:

@@ -110,7 +110,7 @@ def test_one_disaggregated_request_is_one_trace_across_all_processes(traced):
     assert {sid: by_id[sid]["parent_span_id"] for sid in parent_of} == parent_of
     assert {s["pid"] for s in spans} >= {cluster.processes[n].pid for n in ("controlplane", "prefill-0", "decode-0")}
     # Time order: queue before prefill, prefill (on the peer) before the transfer, transfer before decode.
-    assert prefill_queue["end_ns"] <= prefill_compute["start_ns"] + 1_000
+    assert prefill_queue["end_ns"] <= prefill_compute["start_ns"]
     assert prefill_compute["end_ns"] <= transfer["start_ns"]
     assert transfer["end_ns"] <= decode["start_ns"]
 

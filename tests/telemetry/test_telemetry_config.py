@@ -54,6 +54,21 @@ def test_tracing_off_costs_no_interceptor_and_no_span():
     assert tracing.current_ids() is None
 
 
+def test_one_monotonic_instant_is_one_span_time_and_follows_the_wall_clock(monkeypatch):
+    """A queue's end and the prefill's start are one reading converted at two moments."""
+    import time
+
+    t = time.monotonic()
+    first = tracing.mono_to_ns(t)
+    for _ in range(1000):
+        assert tracing.mono_to_ns(t) == first
+    assert abs(first - time.time_ns()) < 50_000_000
+    # A stepped wall clock (an hour ahead) moves later conversions with it.
+    real = time.time_ns
+    monkeypatch.setattr(time, "time_ns", lambda: real() + 3600 * 10**9)
+    assert tracing.mono_to_ns(t) - first == pytest.approx(3600 * 10**9, abs=50_000_000)
+
+
 def test_log_levels_parse_and_reject_garbage():
     assert logs.parse_log_levels("kvplane.controlplane=debug, kvplane.dataplane.transport=WARNING") == {
         "kvplane.controlplane": "DEBUG", "kvplane.dataplane.transport": "WARNING",
