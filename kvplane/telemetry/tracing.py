@@ -126,7 +126,22 @@ def record_span(name: str, start_mono: float, end_mono: float, attributes: Mappi
 # apart; both clocks are slewed alike by NTP, so the offset changes only when the wall clock
 # is stepped, and it is taken again then.
 _STEP_NS = 1_000_000
-_wall_minus_mono_ns = time.time_ns() - time.monotonic_ns()
+
+
+def _wall_minus_mono() -> int:
+    """The offset from the tightest of three (monotonic, wall, monotonic) readings: a process
+    preempted between two reads would otherwise keep a skewed offset for its whole life."""
+    best_gap, offset = None, 0
+    for _ in range(3):
+        before = time.monotonic_ns()
+        wall = time.time_ns()
+        after = time.monotonic_ns()
+        if best_gap is None or after - before < best_gap:
+            best_gap, offset = after - before, wall - (before + after) // 2
+    return offset
+
+
+_wall_minus_mono_ns = _wall_minus_mono()
 
 
 def mono_to_ns(t: float) -> int:
@@ -134,9 +149,9 @@ def mono_to_ns(t: float) -> int:
 
     One instant converts to one value within a process, whenever it is converted."""
     global _wall_minus_mono_ns
-    now = time.time_ns() - time.monotonic_ns()
-    if abs(now - _wall_minus_mono_ns) > _STEP_NS:
-        _wall_minus_mono_ns = now
+    if abs(time.time_ns() - time.monotonic_ns() - _wall_minus_mono_ns) > _STEP_NS:
+        # Stepped, or this reading was preempted: a careful reading decides.
+        _wall_minus_mono_ns = _wall_minus_mono()
     return int(t * 1e9) + _wall_minus_mono_ns
 
 
