@@ -184,14 +184,14 @@ static inline void remote_start_and_tail(const Fleet *f, Py_ssize_t r, int64_t m
     *tail_at = max_nan(kv_in + in_flight, SEC(f, S_QUEUE, r));
 }
 
-/* The k-th least of the values of the rows holding none of the prompt (k >= 1), NaN ordered last
-   as numpy sorts it: NaN when fewer than k of them are numbers. One pass keeping the k least in
-   a max-heap (`heap`: room for k): a value not under the k-th least so far costs one comparison. */
-static double kth_least(const Fleet *f, const int64_t *rows, const double *values, Py_ssize_t count, Py_ssize_t k, double *heap) {
+/* The k-th least of values[at[i]] for the `count` positions `at` (k >= 1), NaN ordered last as
+   numpy sorts it: NaN when fewer than k of them are numbers. One pass keeping the k least in a
+   max-heap (`heap`: room for k): a value not under the k-th least so far costs one comparison. */
+static double kth_least(const double *values, const Py_ssize_t *at_positions, Py_ssize_t count, Py_ssize_t k, double *heap) {
     Py_ssize_t size = 0;
     for (Py_ssize_t i = 0; i < count; i++) {
-        double v = values[i];
-        if (v != v || MATCHED(f, rows[i]) > 0) continue;
+        double v = values[at_positions[i]];
+        if (v != v) continue;
         Py_ssize_t at;
         if (size < k) { /* sift up */
             at = size++;
@@ -213,28 +213,74 @@ static double kth_least(const Fleet *f, const int64_t *rows, const double *value
     return size < k ? NAN : heap[0];
 }
 
-/* The candidates that can win (seconds.py): of `rows` (count of them), the holders and, of the
-   others, those with one of the num_keys keys at most its `limit`-th least (ties kept), in their
-   order; returns how many, written over `rows`. keys[key * count + k] is row k's key (read for
-   non-holders). */
-static Py_ssize_t can_win(const Fleet *f, int64_t *rows, Py_ssize_t count, const double *keys, int num_keys, Py_ssize_t limit,
-                          double *scratch, unsigned char *wins) {
-    if (limit <= 0 || count <= limit) return count;
-    Py_ssize_t others = 0;
+/* Scratch space of the pruning, for `count` rows. */
+typedef struct {
+    double *keys;              /* 6 x count */
+    double *heap;              /* count + 1 */
+    unsigned char *wins;       /* count */
+    Py_ssize_t *class_of;      /* count: the held class of each position */
+    Py_ssize_t *order;         /* count: positions grouped by class */
+    Py_ssize_t *start;         /* count + 1: where each class begins in `order` */
+    Py_ssize_t *slots;         /* 2 x count rounded up to a power of 2: the classes' hash table */
+} Scratch;
+
+/* Numbers each position of `rows` by its held class (matched, host, disk blocks: rows of a class
+   differ only in their own numbers, never in what the prompt finds there), into s->class_of;
+   returns the number of classes and leaves s->order grouped by class, s->start their bounds. */
+static Py_ssize_t held_classes(const Fleet *f, const int64_t *rows, Py_ssize_t count, Scratch *s) {
+    Py_ssize_t capacity = 2;
+    while (capacity < 2 * count) capacity *= 2;
+    for (Py_ssize_t i = 0; i < capacity; i++) s->slots[i] = -1;
+    Py_ssize_t num_classes = 0;
     for (Py_ssize_t k = 0; k < count; k++) {
-        wins[k] = MATCHED(f, rows[k]) > 0;
-        others += !wins[k];
+        const int64_t r = rows[k], m = MATCHED(f, r), h = HOST(f, r), d = DISK(f, r);
+        uint64_t hash = (uint64_t)m * 0x9E3779B97F4A7C15ull ^ (uint64_t)h * 0xC2B2AE3D27D4EB4Full ^ (uint64_t)d * 0x165667B19E3779F9ull;
+        Py_ssize_t slot = (Py_ssize_t)(hash & (uint64_t)(capacity - 1));
+        for (;;) {
+            const Py_ssize_t first = s->slots[slot]; /* a class is named by its first position */
+            if (first < 0) {
+                s->slots[slot] = k, s->class_of[k] = num_classes++;
+                break;
+            }
+            const int64_t q = rows[first];
+            if (MATCHED(f, q) == m && HOST(f, q) == h && DISK(f, q) == d) {
+                s->class_of[k] = s->class_of[first];
+                break;
+            }
+            slot = (slot + 1) & (capacity - 1);
+        }
     }
-    if (others <= limit) return count;
-    for (int key = 0; key < num_keys; key++) {
-        const double *values = keys + (Py_ssize_t)key * count;
-        const double bound = kth_least(f, rows, values, count, limit, scratch);
-        for (Py_ssize_t k = 0; k < count; k++)
-            if (MATCHED(f, rows[k]) <= 0 && values[k] <= bound) wins[k] = 1;
+    for (Py_ssize_t c = 0; c <= num_classes; c++) s->start[c] = 0;
+    for (Py_ssize_t k = 0; k < count; k++) s->start[s->class_of[k] + 1]++;
+    for (Py_ssize_t c = 0; c < num_classes; c++) s->start[c + 1] += s->start[c];
+    for (Py_ssize_t k = 0; k < count; k++) s->order[s->start[s->class_of[k]]++] = k;
+    for (Py_ssize_t c = num_classes; c > 0; c--) s->start[c] = s->start[c - 1];
+    s->start[0] = 0;
+    return num_classes;
+}
+
+/* The candidates that can win (seconds.py): of `rows` (count of them), within each held class,
+   those with one of the num_keys keys at most its `limit`-th least in the class (ties kept); a
+   class of `limit` rows or fewer is kept whole. In their order; returns how many, written over
+   `rows`. s->keys[key * count + k] is row k's key. */
+static Py_ssize_t can_win(const Fleet *f, int64_t *rows, Py_ssize_t count, int num_keys, Py_ssize_t limit, Scratch *s) {
+    if (limit <= 0 || count <= limit) return count;
+    const Py_ssize_t num_classes = held_classes(f, rows, count, s);
+    for (Py_ssize_t c = 0; c < num_classes; c++) {
+        const Py_ssize_t *members = s->order + s->start[c], size = s->start[c + 1] - s->start[c];
+        const int whole = size <= limit;
+        for (Py_ssize_t i = 0; i < size; i++) s->wins[members[i]] = whole;
+        if (whole) continue;
+        for (int key = 0; key < num_keys; key++) {
+            const double *values = s->keys + (Py_ssize_t)key * count;
+            const double bound = kth_least(values, members, size, limit, s->heap);
+            for (Py_ssize_t i = 0; i < size; i++)
+                if (values[members[i]] <= bound) s->wins[members[i]] = 1;
+        }
     }
     Py_ssize_t kept = 0;
     for (Py_ssize_t k = 0; k < count; k++)
-        if (wins[k]) rows[kept++] = rows[k];
+        if (s->wins[k]) rows[kept++] = rows[k];
     return kept;
 }
 
@@ -254,35 +300,32 @@ static int prefill_before(const Fleet *f, double ta, int64_t ra, double tb, int6
     return f->id_rank[ra] < f->id_rank[rb];
 }
 
+/* Row r as a remote prefill worker (the prompt's own blocks there, loaded from slower tiers). */
+static inline Prefiller prefiller_at(const Fleet *f, int64_t r, int slow, Steps *s) {
+    const int64_t own = min_i(MATCHED(f, r), f->max_blocks);
+    const double l = load_seconds(f, r, own, slow);
+    const Prefill here = prefill_at(f, r, own * f->bs, l, s);
+    return (Prefiller){.row = r, .queue = SEC(f, S_QUEUE, r), .load = 0.0 + l, .compute = here.prefill, .work = here.work,
+                       .total = here.ttft, .spent = here.ttft + here.work, .computed = f->P - own * f->bs};
+}
+
 /* The best remote prefill worker and the second best of `rows` (count of them) into part[0] and
    part[1] (row -1, no tokens cached and infinite seconds for none); 0 when there is none. */
-static int best_prefill(const Fleet *f, int64_t *rows, Py_ssize_t count, int prune, double *keys, double *scratch, unsigned char *wins,
-                        Prefiller part[2]) {
+static int best_prefill(const Fleet *f, int64_t *rows, Py_ssize_t count, int prune, Scratch *scratch, Prefiller part[2]) {
+    const int slow = any_slow(f, rows, count);
     if (prune) {
         Steps s = NO_STEPS;
-        for (Py_ssize_t k = 0; k < count; k++) {
-            const Prefill p = prefill_at(f, rows[k], 0, 0.0, &s); /* a holder is kept whatever its key */
-            keys[k] = p.ttft + p.work;
-        }
-        count = can_win(f, rows, count, keys, 1, 2, scratch, wins);
+        for (Py_ssize_t k = 0; k < count; k++) scratch->keys[k] = prefiller_at(f, rows[k], slow, &s).spent;
+        count = can_win(f, rows, count, 1, 2, scratch);
     }
     if (count == 0) return 0;
     const Prefiller none = {.row = -1, .total = INFINITY, .spent = INFINITY, .computed = f->P};
     part[0] = part[1] = none;
-    const int slow = any_slow(f, rows, count);
     Steps s = NO_STEPS;
     for (Py_ssize_t k = 0; k < count; k++) {
-        const Py_ssize_t r = rows[k];
-        const int64_t own = min_i(MATCHED(f, r), f->max_blocks);
-        const double l = load_seconds(f, r, own, slow), q = SEC(f, S_QUEUE, r);
-        const Prefill here = prefill_at(f, r, own * f->bs, l, &s);
-        const double c = here.prefill, w = here.work, t = here.ttft, key = t + w;
-        int slot;
-        if (part[0].row < 0 || prefill_before(f, key, r, part[0].spent, part[0].row)) slot = 0, part[1] = part[0];
-        else if (part[1].row < 0 || prefill_before(f, key, r, part[1].spent, part[1].row)) slot = 1;
-        else continue;
-        part[slot] = (Prefiller){.row = r, .queue = q, .load = 0.0 + l, .compute = c, .work = w, .total = t, .spent = key,
-                                 .computed = f->P - own * f->bs};
+        const Prefiller here = prefiller_at(f, rows[k], slow, &s);
+        if (part[0].row < 0 || prefill_before(f, here.spent, here.row, part[0].spent, part[0].row)) part[1] = part[0], part[0] = here;
+        else if (part[1].row < 0 || prefill_before(f, here.spent, here.row, part[1].spent, part[1].row)) part[1] = here;
     }
     return 1;
 }
@@ -303,6 +346,55 @@ static void best_two(const Fleet *f, const int64_t *rows, Py_ssize_t count, int6
         }
     }
     if (source[1] >= 0 && source[3] <= 0) source[1] = -1, source[3] = 0;
+}
+
+/* A decode row's placements, each priced as the choice reads it: the pruning's keys and the
+   candidate's own choice come from this one computation, so they agree to the last bit. */
+typedef struct {
+    int64_t own, gain; /* blocks the row holds of the prompt (at most max_blocks), blocks a fetch adds */
+    double load_s, per_work, tpot;
+    Prefill here;         /* prefilling after its own blocks */
+    double local, cost;   /* its TTFT (calibrated) and what its compute costs the others */
+    Prefill fetched;      /* after fetching `gain` blocks (gain > 0) */
+    double f_move, f_ttft, f_cost;
+    const Prefiller *p;   /* the remote prefill worker it would use (has_part) */
+    double tail_at, tail_step, remote_ttft, remote_cost;
+} Options;
+
+typedef struct {
+    const int64_t *source; /* best_two's answer */
+    const Prefiller *part; /* best_prefill's answer, or NULL: no remote prefill */
+    int slow;
+    /* chunked_parts' answers kept for the next row asking the same: a prompt's prefill after
+       none of it (most rows) apart from after a holder's blocks, so that the two do not evict
+       each other row after row */
+    Steps none, own, fetched, tail;
+} Pricing;
+
+static void options_at(const Fleet *f, Py_ssize_t r, Pricing *g, Options *o) {
+    const int64_t matched = MATCHED(f, r);
+    o->own = min_i(matched, f->max_blocks);
+    o->load_s = load_seconds(f, r, o->own, g->slow);
+    o->per_work = cost_per_work_s(f, r);
+    o->tpot = token_seconds(f, r, COL(f, PER_STEP, r) + COL(f, C3, r) + COL(f, C4, r) * f->tokens_x) + f->off[2];
+    o->here = prefill_at(f, r, o->own * f->bs, o->load_s, o->own == 0 ? &g->none : &g->own);
+    o->local = o->here.ttft + f->off[0], o->cost = o->here.work * o->per_work;
+    o->gain = 0;
+    if (g->source[0] >= 0) {
+        const int is_first = r == g->source[0];
+        o->gain = max_i((is_first ? g->source[3] : g->source[2]) - o->own, 0);
+        if (o->gain > 0) {
+            o->f_move = fetch_move(f, r, o->load_s, o->gain);
+            o->fetched = prefill_at(f, r, (o->own + o->gain) * f->bs, o->f_move, &g->fetched);
+            o->f_ttft = o->fetched.ttft + f->off[0], o->f_cost = o->fetched.work * o->per_work;
+        }
+    }
+    if (g->part != NULL) {
+        o->p = &g->part[r == g->part[0].row]; /* the best prefill worker decoding: the second best prefills */
+        remote_start_and_tail(f, r, matched, o->p->total, &g->tail, &o->tail_at, &o->tail_step);
+        o->remote_ttft = o->tail_at + o->tail_step + f->off[1];
+        o->remote_cost = o->p->work * remote_per_work(f, o->p->row, o->per_work);
+    }
 }
 
 typedef struct {
@@ -374,8 +466,7 @@ static PyObject *price_group(PyObject *self, PyObject *args) {
     if (P < 1 || bs < 1 || max_tokens < 0) return PyErr_Format(PyExc_ValueError, "price_group: prompt %lld, block size %lld", P, bs);
     Buffers bufs = {.used = 0};
     PyObject *result = NULL;
-    double *keys = NULL, *scratch = NULL;
-    unsigned char *wins = NULL;
+    Scratch scratch = {0};
     int64_t *rows = NULL, *prefill = NULL;
     Py_ssize_t n, num_decode = 0, num_prefill = 0, num_source = 0, num_device = 0, num_inflow = 0, num_carried = 0;
     const double *m = buffer_of(&bufs, o_m, 'd', -1, 0, "m", &n);
@@ -414,12 +505,17 @@ static PyObject *price_group(PyObject *self, PyObject *args) {
     f.tokens_x = (double)P + (double)max_tokens / 2;
 
     const Py_ssize_t most = num_decode > num_prefill ? num_decode : num_prefill;
-    keys = malloc(sizeof(double) * 6 * (most + 1));
-    scratch = malloc(sizeof(double) * (most + 1));
-    wins = malloc(most + 1);
+    scratch.keys = malloc(sizeof(double) * 6 * (most + 1));
+    scratch.heap = malloc(sizeof(double) * (most + 1));
+    scratch.wins = malloc(most + 1);
+    scratch.class_of = malloc(sizeof(Py_ssize_t) * (most + 1));
+    scratch.order = malloc(sizeof(Py_ssize_t) * (most + 1));
+    scratch.start = malloc(sizeof(Py_ssize_t) * (most + 2));
+    scratch.slots = malloc(sizeof(Py_ssize_t) * 4 * (most + 1)); /* a power of 2 of at least twice the rows */
     rows = malloc(sizeof(int64_t) * (num_decode + 1));
     prefill = malloc(sizeof(int64_t) * (num_prefill + 1));
-    if (!keys || !scratch || !wins || !rows || !prefill) {
+    if (!scratch.keys || !scratch.heap || !scratch.wins || !scratch.class_of || !scratch.order || !scratch.start || !scratch.slots || !rows ||
+        !prefill) {
         PyErr_NoMemory();
         goto done;
     }
@@ -429,83 +525,53 @@ static PyObject *price_group(PyObject *self, PyObject *args) {
     int64_t source[4] = {-1, -1, 0, 0};
     if (f.device != NULL) best_two(&f, source_rows, num_source, source);
     Prefiller part[2];
-    const int has_part = num_prefill > 0 && best_prefill(&f, prefill, num_prefill, prune, keys, scratch, wins, part);
+    const int has_part = num_prefill > 0 && best_prefill(&f, prefill, num_prefill, prune, &scratch, part);
+    Pricing g = {.source = source, .part = has_part ? part : NULL, .slow = any_slow(&f, rows, num_decode),
+                 .none = NO_STEPS, .own = NO_STEPS, .fetched = NO_STEPS, .tail = NO_STEPS};
+    Options o;
 
     Py_ssize_t count = num_decode;
-    if (prune) {
-        /* A non-holder's TTFT and its TTFT + cost prefilling locally or after a fetch, and after
-           the best remote prefill; its batch's step orders its TPOT (seconds.py's docstring). */
-        double *alone = keys, *alone_ttft = keys + count, *step = keys + 2 * count, *next = keys + 3 * count;
+    if (prune && count > limit) {
+        /* Per candidate: its TTFT and its TTFT + cost prefilling locally or after a fetch, and
+           after the best remote prefill; its batch's step orders its TPOT (seconds.py's docstring). */
+        double *alone = scratch.keys, *alone_ttft = alone + count, *step = alone + 2 * count, *next = alone + 3 * count;
         double *stretched = f.inflow != NULL ? next : NULL, *remote = has_part ? next + (f.inflow != NULL) * count : NULL;
         double *remote_spent = remote != NULL ? remote + count : NULL;
         const int num_keys = 3 + (stretched != NULL) + 2 * (remote != NULL);
-        Steps s_local = NO_STEPS, s_fetch = NO_STEPS, s_tail = NO_STEPS;
         for (Py_ssize_t k = 0; k < count; k++) {
             const Py_ssize_t r = rows[k];
-            if (MATCHED(&f, r) > 0) continue; /* holders are kept whatever their keys */
-            /* (each as the loop below computes it, to the last bit: the pruning keeps ties) */
-            const double per_work = cost_per_work_s(&f, r);
-            const Prefill local = prefill_at(&f, r, 0, 0.0, &s_local);
-            double t = local.ttft + f.off[0], a = t + local.work * per_work;
-            if (source[0] >= 0) { /* a non-holder is no fetch source: it pulls the best one's blocks */
-                const Prefill fetched = prefill_at(&f, r, source[2] * bs, fetch_move(&f, r, 0.0, source[2]), &s_fetch);
-                const double f_ttft = fetched.ttft + f.off[0];
-                t = min_nan(t, f_ttft), a = min_nan(a, f_ttft + fetched.work * per_work);
-            }
+            options_at(&f, r, &g, &o);
+            double t = o.local, a = o.local + o.cost;
+            if (o.gain > 0) t = min_nan(t, o.f_ttft), a = min_nan(a, o.f_ttft + o.f_cost);
             alone[k] = a, alone_ttft[k] = t;
             step[k] = COL(&f, PER_STEP, r);
             if (stretched != NULL) stretched[k] = token_seconds(&f, r, step[k]);
-            if (remote != NULL) {
-                double tail_at, tail_step;
-                const Prefiller *p = &part[r == part[0].row];
-                remote_start_and_tail(&f, r, 0, p->total, &s_tail, &tail_at, &tail_step); /* as the loop below */
-                remote[k] = tail_at + tail_step + f.off[1];
-                remote_spent[k] = remote[k] + p->work * remote_per_work(&f, p->row, per_work);
-            }
+            if (remote != NULL) remote[k] = o.remote_ttft, remote_spent[k] = o.remote_ttft + o.remote_cost;
         }
-        count = can_win(&f, rows, count, keys, num_keys, limit, scratch, wins);
+        count = can_win(&f, rows, count, num_keys, limit, &scratch);
     }
 
-    const int slow = any_slow(&f, rows, count);
-    Steps s_own = NO_STEPS, s_fetched = NO_STEPS, s_tail = NO_STEPS;
     for (Py_ssize_t k = 0; k < count; k++) {
         const Py_ssize_t r = rows[k];
-        const int64_t matched = MATCHED(&f, r), own = min_i(matched, f.max_blocks);
-        const double load_s = load_seconds(&f, r, own, slow), queue_s = SEC(&f, S_QUEUE, r);
-        const int64_t cached_tok = own * bs;
-        const double per_work = cost_per_work_s(&f, r);
-        const double tpot = token_seconds(&f, r, COL(&f, PER_STEP, r) + COL(&f, C3, r) + COL(&f, C4, r) * f.tokens_x) + f.off[2];
-        const Prefill here = prefill_at(&f, r, cached_tok, load_s, &s_own);
-        double local = here.ttft + f.off[0], cost = here.work * per_work;
+        options_at(&f, r, &g, &o);
+        const int64_t cached_tok = o.own * bs;
+        const double tpot = o.tpot;
+        double local = o.local, cost = o.cost;
         int64_t computed = P - cached_tok, fetch_blocks = 0, source_row = -1, prefill_row = -1, kind = LOCAL;
-        double move = load_s, prefill_k = here.prefill, transfer = 0.0, queue_k = queue_s;
-        if (source[0] >= 0) {
-            const int is_first = r == source[0];
-            const int64_t gain = max_i((is_first ? source[3] : source[2]) - own, 0);
-            const double f_move = fetch_move(&f, r, load_s, gain);
-            const Prefill fetched = prefill_at(&f, r, (own + gain) * bs, f_move, &s_fetched);
-            const double f_ttft = fetched.ttft + f.off[0], f_cost = fetched.work * per_work;
-            if (gain > 0 && beats(&f, tpot, f_ttft, f_ttft + f_cost, local, local + cost)) {
-                cost = f_cost, computed = P - (own + gain) * bs, local = f_ttft;
-                kind = FETCH, move = f_move, prefill_k = fetched.prefill, fetch_blocks = gain;
-                source_row = is_first ? source[1] : source[0];
-            }
+        double move = o.load_s, prefill_k = o.here.prefill, transfer = 0.0, queue_k = SEC(&f, S_QUEUE, r);
+        if (o.gain > 0 && beats(&f, tpot, o.f_ttft, o.f_ttft + o.f_cost, local, local + cost)) {
+            cost = o.f_cost, computed = P - (o.own + o.gain) * bs, local = o.f_ttft;
+            kind = FETCH, move = o.f_move, prefill_k = o.fetched.prefill, fetch_blocks = o.gain;
+            source_row = r == source[0] ? source[1] : source[0];
         }
         if (!allow_local) kind = REMOTE; /* no local placement: priced at infinite TTFT */
         double ttft = allow_local ? local : INFINITY;
-        if (has_part) {
-            const Prefiller *p = &part[r == part[0].row]; /* the best prefill worker decoding: the second best prefills */
-            const double best = p->total;
-            double tail_at, tail_step;
-            remote_start_and_tail(&f, r, matched, best, &s_tail, &tail_at, &tail_step);
-            const double remote_ttft = tail_at + tail_step + f.off[1];
-            const double remote_cost = p->work * remote_per_work(&f, p->row, per_work);
-            if (beats(&f, tpot, remote_ttft, remote_ttft + remote_cost, ttft, ttft + cost)) {
-                ttft = remote_ttft, cost = remote_cost, computed = p->computed;
-                transfer = (isfinite(best) ? tail_at - best : 0.0) + tail_step;
-                kind = REMOTE, queue_k = p->queue, move = p->load, prefill_k = p->compute;
-                fetch_blocks = 0, source_row = -1, prefill_row = p->row;
-            }
+        if (has_part && beats(&f, tpot, o.remote_ttft, o.remote_ttft + o.remote_cost, ttft, ttft + cost)) {
+            const double best = o.p->total;
+            ttft = o.remote_ttft, cost = o.remote_cost, computed = o.p->computed;
+            transfer = (isfinite(best) ? o.tail_at - best : 0.0) + o.tail_step;
+            kind = REMOTE, queue_k = o.p->queue, move = o.p->load, prefill_k = o.p->compute;
+            fetch_blocks = 0, source_row = -1, prefill_row = o.p->row;
         }
         out_i[O_ROW * num_decode + k] = r;
         out_i[O_CACHED * num_decode + k] = cached_tok;
@@ -524,7 +590,8 @@ static PyObject *price_group(PyObject *self, PyObject *args) {
     }
     result = PyLong_FromSsize_t(count);
 done:
-    free(keys), free(scratch), free(wins), free(rows), free(prefill);
+    free(scratch.keys), free(scratch.heap), free(scratch.wins), free(scratch.class_of), free(scratch.order), free(scratch.start);
+    free(scratch.slots), free(rows), free(prefill);
     release(&bufs);
     return result;
 }

@@ -71,18 +71,21 @@ already carry one pooled model per kind of worker, core/step_pool.py; this cover
 kind has none yet, and tables built without the control plane: the simulator, the benchmarks.)
 
 Only candidates that can win are priced in full (`limit` > 0, the router's
-max_uncached_candidates): every worker holding part of the prompt, and of the others (which
-differ only in load) the `limit` with the least TTFT prefilling locally or after a fetch, the
-`limit` with the least TTFT after the best remote prefill (their queue and step in flight order
-it, not their batch step alone), the `limit` with the shortest batch step (without prefill
-arriving, their TPOT) and, with prefill arriving, the `limit` with the least stretched step
-(their TPOT), each with every worker tied with the last. For workers of one step-time model that keeps the winner
-of pricing every worker; with objectives it can differ only when the fastest non-holders all
-miss an objective that a slower one meets. What does not depend on the request (each worker's
+max_uncached_candidates). The workers are taken in classes of equal matches (the same blocks of
+the prompt held, on the same tiers: the holders of a shared system prompt, and those holding
+none), whose members differ only in load; of each class of more than `limit`, the `limit` with
+the least TTFT + cost and the `limit` with the least TTFT prefilling locally or after a fetch, the
+`limit` with the least TTFT + cost and the least TTFT after the best remote prefill (their
+queue and step in flight order it, not their batch step alone), the `limit` with the shortest
+batch step (without prefill arriving, their TPOT) and, with prefill arriving, the `limit` with
+the least stretched step (their TPOT), each with every worker tied with the last; a smaller
+class is kept whole. For workers of one step-time model that keeps the winner of pricing every
+worker; with objectives it can differ only when a class's fastest all miss an objective that a
+slower one meets. What does not depend on the request (each worker's
 columns, batch step and queue seconds) is kept from one request to the next (FleetColumns) and
-redone only for the rows a new table changed. A remote prefill worker that holds
-none of the prompt costs exactly its local TTFT, so the two least of those (and their ties)
-are kept, all the choice of the best and second best prefill worker needs.
+redone only for the rows a new table changed. A remote prefill worker costs exactly its local
+TTFT + compute, so the two least of each class of prefill workers (and their ties) are kept,
+all the choice of the best and second best prefill worker needs.
 
 Where it is computed: kvplane/_pricing.c, the only implementation of these predictions for many
 workers at once (in numpy they cost ~0.5 ms per request at 1,000 workers, the overhead of a few

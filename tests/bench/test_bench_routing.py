@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from kvplane.apps.bench.routing import BLOCK_SIZE, HOT_PREFIX_BLOCKS, MODEL, build_fleet, staggered
+from kvplane.apps.bench.routing import BLOCK_SIZE, HOT_PREFIX_BLOCKS, MODEL, build_fleet, fleet_prompts, staggered
 from kvplane.block_hash import hash_blocks
 
 
@@ -24,6 +24,7 @@ def test_bench_routing_prints_a_row_per_fleet_and_admission_policy():
     rows = json.loads(done.stdout)["rows"]
     assert [(r["fleet"], r["admission"]) for r in rows] == [
         ("spread", "threshold"), ("spread", "predictive"), ("hot-prefix", "threshold"), ("hot-prefix", "predictive"),
+        ("system-prompt", "threshold"), ("system-prompt", "predictive"),
     ]  # fmt: skip
     for r in rows:
         assert r["workers"] == 40 and r["indexed_blocks"] == 4000
@@ -38,6 +39,19 @@ def test_hot_prefix_fleet_shares_its_first_blocks_on_every_worker():
     overlaps = [index.overlaps(hash_blocks(p, BLOCK_SIZE, model_salt=MODEL, tenant_salt="")) for p in prompts]
     assert set().union(*overlaps) == {w.worker_id for w in workers}
     assert all(o.num_blocks == HOT_PREFIX_BLOCKS for by_worker in overlaps for o in by_worker.values())
+
+
+def test_system_prompt_fleet_holds_the_same_prefix_of_every_prompt_on_every_worker():
+    prompts = [[random.Random(i).randrange(32000) for _ in range(2048)] for i in range(3)]
+    workers, index = build_fleet(12, 200, "system-prompt", prompts, random.Random(1))
+    asked = fleet_prompts("system-prompt", prompts)
+    assert [len(p) for p in asked] == [2048] * 3 and asked[1][HOT_PREFIX_BLOCKS * BLOCK_SIZE :] == prompts[1][
+        HOT_PREFIX_BLOCKS * BLOCK_SIZE :
+    ]
+    for p in asked:
+        by_worker = index.overlaps(hash_blocks(p, BLOCK_SIZE, model_salt=MODEL, tenant_salt=""))
+        assert set(by_worker) == {w.worker_id for w in workers}
+        assert {o.num_blocks for o in by_worker.values()} == {HOT_PREFIX_BLOCKS}
 
 
 @pytest.mark.cluster  # runs the CLI in a subprocess

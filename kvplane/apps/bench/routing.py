@@ -14,13 +14,16 @@ the ledger holds what reports have not shown yet): the steady state of a busy co
 which costs ~15-20 % more per request than the first few hundred requests do. The garbage
 collector is set as the control plane sets it (controlplane/gc_tuning.py).
 
-Two fleets: `spread` (three workers in ten hold a random part of one of 16 hot prompts beside
-their own blocks: about twenty holders per prompt at 1,000 workers) and `hot-prefix` (every
-worker holds the prompts' first 64 blocks: a shared system prompt, so every worker must be
-priced in full). Two admission policies: threshold (reads loads) and predictive (predicts
+Three fleets: `spread` (three workers in ten hold a random part of one of 16 hot prompts beside
+their own blocks: about twenty holders per prompt at 1,000 workers), `hot-prefix` (every worker
+holds the first 64 blocks of one of the 16 prompts: about 60 holders per prompt at 1,000 workers,
+each matching as much as the others) and `system-prompt` (the 16 prompts begin with the same 64
+blocks, a shared system prompt, and every worker holds them: the whole fleet holds the same
+prefix of every request). Two admission policies: threshold (reads loads) and predictive (predicts
 latencies). The baseline, measured in the same run, prices every worker
-(`--max-uncached-candidates 0`); the default prices the workers holding part of the prompt and
-the 16 least loaded others, the only ones that can win. `B/block` is the memory the fleet's
+(`--max-uncached-candidates 0`); the default prices, of the workers matching the same number of
+the prompt's blocks, the 16 least loaded by each key of the pruning (seconds.py), the only ones
+that can win. `B/block` is the memory the fleet's
 build allocates and keeps (tracemalloc: the cache index with its keys and per-worker sets, and
 the worker views) per indexed block.
 """
@@ -55,7 +58,7 @@ HOT_PREFIX_BLOCKS = 64
 REQUEST_INTERVAL_S = 0.001  # the planner's clock between two requests: 1,000 requests/s
 # A step-time model of a large GPU worker (seconds): predictions cost what real ones cost.
 LATENCY = StepTimeModel((0.008, 2e-5, 1e-9, 3e-4, 2e-7), num_samples=100, mean_abs_pct_error=0.05)
-FLEETS = ("spread", "hot-prefix")
+FLEETS = ("spread", "hot-prefix", "system-prompt")
 ADMISSIONS = ("threshold", "predictive")
 
 
@@ -65,7 +68,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt-tokens", type=int, default=4096, help="prompt length (default %(default)s)")
     parser.add_argument("--requests", type=int, default=200, help="measured requests per row (default %(default)s)")
     parser.add_argument("--in-flight", type=int, default=64, help="requests dispatched and not yet finished (default %(default)s)")
-    parser.add_argument("--fleets", default=",".join(FLEETS), help="comma-separated: spread, hot-prefix (default %(default)s)")
+    parser.add_argument(
+        "--fleets", default=",".join(FLEETS), help="comma-separated: spread, hot-prefix, system-prompt (default %(default)s)"
+    )
     parser.add_argument("--admissions", default=",".join(ADMISSIONS), help="comma-separated admission policies (default %(default)s)")
     parser.add_argument(
         "--report-interval", type=float, default=1.0, metavar="S",
@@ -95,15 +100,25 @@ def random_load(rng: random.Random) -> WorkerLoadView:
     )  # fmt: skip
 
 
+def fleet_prompts(fleet: str, prompts: list[list[int]]) -> list[list[int]]:
+    """The prompts a fleet is asked: for `system-prompt`, each begins with the first prompt's
+    first HOT_PREFIX_BLOCKS blocks."""
+    if fleet != "system-prompt":
+        return prompts
+    shared = prompts[0][: HOT_PREFIX_BLOCKS * BLOCK_SIZE]
+    return [shared + p[len(shared) :] for p in prompts]
+
+
 def build_fleet(num_workers: int, blocks_per_worker: int, fleet: str, prompts: list[list[int]], rng: random.Random):
-    """(worker views, cache index) for one fleet shape."""
+    """(worker views, cache index) for one fleet shape, asked `fleet_prompts(fleet, prompts)`."""
+    prompts = fleet_prompts(fleet, prompts)
     index = CacheIndex()
     hot = [hash_blocks(p, BLOCK_SIZE, model_salt=MODEL, tenant_salt="") for p in prompts]
     workers = []
     for i in range(num_workers):
         worker_id = WorkerId(f"w{i:04d}")
         prompt = hot[rng.randrange(len(hot))]
-        if fleet == "hot-prefix":
+        if fleet in ("hot-prefix", "system-prompt"):
             held = list(prompt[:HOT_PREFIX_BLOCKS])
         else:
             held = list(prompt[: rng.randrange(0, len(prompt))]) if rng.random() < 0.3 else []
@@ -222,7 +237,9 @@ def run(args: argparse.Namespace) -> int:
                     print(
                         f"  {admission}, {label}: {num_warm_up(args)} warm-up + {args.requests} requests ...", file=sys.stderr, flush=True
                     )
-                    seconds = measure(workers, index, prompts, admission, max_uncached, args, random.Random(args.seed))
+                    seconds = measure(
+                        workers, index, fleet_prompts(fleet, prompts), admission, max_uncached, args, random.Random(args.seed)
+                    )
                     result[label] = (percentile(seconds, 50) * 1e3, percentile(seconds, 99) * 1e3)
                 (all_p50, all_p99), (p50, p99) = result["all priced"], result["default"]
                 rows.append({
@@ -243,7 +260,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"{r['workers']:>7} {r['indexed_blocks']:>9} {_cell(r['bytes_per_block'], 7, 0)} {r['fleet']:<10} {r['admission']:<10} "
               f"{_cell(r['all_priced_p50_ms'], 8, 2)} {_cell(r['all_priced_p99_ms'], 8, 2)} {r['p50_ms']:>7.2f} {r['p99_ms']:>7.2f} "
               f"{_cell(r['p99_speedup'], 6, 1)}")  # fmt: skip
-    print("all = every worker priced (the baseline); p50/p99 = the default (holders + 16 least loaded others)")
+    print("all = every worker priced (the baseline); p50/p99 = the default (of each number of matched blocks, the 16 least loaded)")
     print(f"machine speed: a 1,000,000-step Python loop took {reference[0]:.0f} ms before the rows and {reference[1]:.0f} ms after")
     return 0
 
