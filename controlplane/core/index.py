@@ -126,6 +126,80 @@ class _Uncredited(dict):
         return tiers
 
 
+class Overlaps(Mapping[WorkerId, OverlapScore]):
+    """CacheIndex.overlaps' answer as the radix walk gives it: groups of workers with equal
+    matches, each one bit mask, read through the index's bit owners as they were at the walk.
+    One worker's score costs O(groups) and a worker table's numbers (`held_rows`) one numpy
+    gather per group; a dict of every holder (a hot prefix's thousands) is made only for a
+    reader that iterates."""
+
+    __slots__ = ("groups", "slower", "_owners", "_index", "_dict")
+
+    def __init__(self, groups: list[tuple[int, int]], slower: dict[int, list[int]], owners: tuple, index: CacheIndex) -> None:
+        self.groups = groups  # [(blocks matched, bits of the workers matching exactly that many)]
+        self.slower = slower  # bit -> [host, disk] blocks of its match held off the device
+        self._owners = owners
+        self._index = index
+        self._dict: dict[WorkerId, OverlapScore] | None = None
+
+    def __getitem__(self, worker_id: WorkerId) -> OverlapScore:
+        bit = self._index._worker_to_bit.get(worker_id)
+        if bit is None or bit >= len(self._owners) or self._owners[bit] != worker_id:  # none, or a bit given since
+            return self._as_dict()[worker_id]
+        for num_blocks, mask in self.groups:
+            if mask >> bit & 1:
+                return overlap_score(num_blocks, *self.slower.get(bit, (0, 0)))
+        raise KeyError(worker_id)
+
+    def __iter__(self):
+        return iter(self._as_dict())
+
+    def __len__(self) -> int:
+        return sum(mask.bit_count() for _, mask in self.groups)
+
+    def held_rows(self, row_of: Mapping[WorkerId, int]) -> tuple[np.ndarray, np.ndarray] | None:
+        """(rows of `row_of`, their (3, rows) matched / host / disk blocks) of the workers here
+        that `row_of` has; None when some match is held off the device (read the scores then)."""
+        if self.slower:
+            return None
+        bits: list[int] = []  # of the small groups (a prompt's holders in parts: one worker a length)
+        matched: list[int] = []
+        big = []  # (blocks, bits) of the groups of many workers (a shared prefix's holders)
+        for num_blocks, mask in self.groups:
+            if mask.bit_count() > 16:
+                big.append((num_blocks, bit_array(mask)))
+            else:
+                found = set_bits(mask)
+                bits += found
+                matched += [num_blocks] * len(found)
+        all_bits = np.concatenate([np.array(bits, np.int64), *(b for _, b in big)]) if big else np.array(bits, np.int64)
+        numbers = np.zeros((3, len(all_bits)), np.int64)
+        numbers[0] = np.concatenate([np.array(matched, np.int64), *(np.full(len(b), n, np.int64) for n, b in big)]) if big else matched
+        rows = self._index.rows_of_bits(self._owners, row_of)[all_bits]
+        known = rows >= 0
+        return (rows, numbers) if known.all() else (rows[known], numbers[:, known])
+
+    def _as_dict(self) -> dict[WorkerId, OverlapScore]:
+        if self._dict is not None:
+            return self._dict
+        worker_of, slower = self._owners.__getitem__, self.slower
+        result: dict[WorkerId, OverlapScore] = {}
+        if not slower:  # workers with the same match share its score (rare otherwise: most blocks sit on the device only)
+            for num_blocks, mask in self.groups:
+                if mask & (mask - 1):
+                    result.update(zip(map(worker_of, set_bits(mask)), repeat(overlap_score(num_blocks))))
+                else:  # one worker (most lengths of a prompt that holders share in parts)
+                    result[worker_of(mask.bit_length() - 1)] = overlap_score(num_blocks)
+        else:
+            result = {
+                worker_of(bit): overlap_score(num_blocks, *slower.get(bit, (0, 0)))
+                for num_blocks, mask in self.groups
+                for bit in set_bits(mask)
+            }
+        self._dict = result
+        return result
+
+
 class CacheIndex:
     """In-memory index of block hashes per worker and tier; one per control-plane replica.
 
@@ -136,7 +210,7 @@ class CacheIndex:
 
     __slots__ = (
         "_radix", "_worker_to_tier_blocks", "_worker_to_seq", "_worker_to_bit",
-        "_bit_to_worker", "_free_bits", "credit_routed_only", "max_vouched_per_worker", "_uncredited", "_vouched", "_departed",
+        "_bit_to_worker", "_rows_of_bits", "_free_bits", "credit_routed_only", "max_vouched_per_worker", "_uncredited", "_vouched", "_departed",
     )  # fmt: skip
 
     def __init__(self, credit_routed_only: bool = False, max_vouched_per_worker: int = 1 << 16) -> None:
@@ -155,7 +229,10 @@ class CacheIndex:
         self._worker_to_tier_blocks: dict[WorkerId, dict[Tier, set[BlockHash]]] = {}
         self._worker_to_seq: dict[WorkerId, int] = {}
         self._worker_to_bit: dict[WorkerId, int] = {}
-        self._bit_to_worker: dict[int, WorkerId] = {}
+        # bit -> worker (None: free), replaced whole when it changes (a worker's first block, its
+        # removal: rare), so an answer of `overlaps` reads the bits as they were at its walk.
+        self._bit_to_worker: tuple[WorkerId | None, ...] = ()
+        self._rows_of_bits: tuple[tuple, Mapping, np.ndarray] | None = None  # (owners, row_of, bit -> row)
         self._free_bits: list[int] = []  # bits of removed workers, reused so masks stay narrow
 
     # -- writes ----------------------------------------------------------------------------
@@ -261,26 +338,27 @@ class CacheIndex:
         self._uncredited.pop(worker_id, None)
         bit = self._worker_to_bit.pop(worker_id, None)
         if bit is not None:
-            del self._bit_to_worker[bit]
+            owners = list(self._bit_to_worker)
+            owners[bit] = None
+            self._bit_to_worker = tuple(owners)
             self._free_bits.append(bit)
 
     # -- reads -----------------------------------------------------------------------------
 
-    def overlaps(self, block_hashes: Sequence[BlockHash]) -> dict[WorkerId, OverlapScore]:
+    def overlaps(self, block_hashes: Sequence[BlockHash]) -> Overlaps:
         """Longest cached prefix of `block_hashes` per worker; workers matching no block are absent."""
         groups, slower = self._radix.prefix_groups(block_hashes)  # slower: bit -> [host, disk] blocks of its match
-        worker_of = self._bit_to_worker.__getitem__
-        if not slower:  # workers with the same match share its score (rare otherwise: most blocks sit on the device only)
-            result: dict[WorkerId, OverlapScore] = {}
-            for num_blocks, mask in groups:
-                if mask & (mask - 1):
-                    result.update(zip(map(worker_of, set_bits(mask)), repeat(overlap_score(num_blocks))))
-                else:  # one worker (most lengths of a prompt that holders share in parts)
-                    result[worker_of(mask.bit_length() - 1)] = overlap_score(num_blocks)
-            return result
-        return {
-            worker_of(bit): overlap_score(num_blocks, *slower.get(bit, (0, 0))) for num_blocks, mask in groups for bit in set_bits(mask)
-        }
+        return Overlaps(groups, slower, self._bit_to_worker, self)
+
+    def rows_of_bits(self, owners: tuple[WorkerId | None, ...], row_of: Mapping[WorkerId, int]) -> np.ndarray:
+        """bit -> row of `row_of` (-1: none) for the bit owners `owners`; kept while both stay
+        the same objects (a worker table keeps its row_of while its workers stay)."""
+        kept = self._rows_of_bits
+        if kept is not None and kept[0] is owners and kept[1] is row_of:
+            return kept[2]
+        rows = np.fromiter((-1 if w is None else row_of.get(w, -1) for w in owners), np.int64, len(owners))
+        self._rows_of_bits = (owners, row_of, rows)
+        return rows
 
     def holder_tiers(self, block_hash: BlockHash, worker_id: WorkerId) -> frozenset[Tier]:
         """Tiers at which the worker holds the block (empty when it does not)."""
@@ -346,7 +424,8 @@ class CacheIndex:
         if bit is None:
             bit = self._free_bits.pop() if self._free_bits else len(self._worker_to_bit)
             self._worker_to_bit[worker_id] = bit
-            self._bit_to_worker[bit] = worker_id
+            owners = self._bit_to_worker
+            self._bit_to_worker = (*owners, worker_id) if bit == len(owners) else (*owners[:bit], worker_id, *owners[bit + 1 :])
         return bit
 
     def _add(self, worker_id: WorkerId, block_hash: BlockHash, tier: Tier) -> None:
@@ -416,14 +495,21 @@ class CacheIndex:
 def set_bits(mask: int) -> list[int]:
     """The positions of the set bits of `mask`, lowest first."""
     if mask.bit_count() > 16:  # many workers: unpack all bytes at once
-        packed = np.frombuffer(mask.to_bytes((mask.bit_length() + 7) // 8, "little"), np.uint8)
-        return np.flatnonzero(np.unpackbits(packed, bitorder="little")).tolist()
+        return bit_array(mask).tolist()
     bits = []
     while mask:
         low = mask & -mask
         bits.append(low.bit_length() - 1)
         mask ^= low
     return bits
+
+
+def bit_array(mask: int) -> np.ndarray:
+    """set_bits as an int64 array."""
+    if mask & (mask - 1) == 0:  # one bit (or none)
+        return np.array([mask.bit_length() - 1] if mask else [], np.int64)
+    packed = np.frombuffer(mask.to_bytes((mask.bit_length() + 7) // 8, "little"), np.uint8)
+    return np.flatnonzero(np.unpackbits(packed, bitorder="little"))
 
 
 @functools.lru_cache(maxsize=1 << 14)

@@ -32,16 +32,27 @@ from kvplane.controlplane.core.index import CacheIndex, OverlapScore, overlap_sc
 from kvplane.types import BlockHash, Tier, WorkerId
 
 
-class Extended(dict):
-    """The index's overlaps with predicted prefixes added or extended; `extended` holds those
-    entries alone, so a reader of what predictions changed need not compare every holder's
-    (a hot prefix's thousands)."""
+class Extended(Mapping[WorkerId, OverlapScore]):
+    """The index's overlaps (`base`, not copied: a hot prefix's thousands of holders) with
+    predicted prefixes added or extended; `extended` holds those entries alone, so a reader of
+    what predictions changed need not compare every holder's."""
 
-    __slots__ = ("extended",)
+    __slots__ = ("base", "extended")
 
     def __init__(self, cached: Mapping[WorkerId, OverlapScore]) -> None:
-        super().__init__(cached)
+        self.base = cached
         self.extended: dict[WorkerId, OverlapScore] = {}
+
+    def __getitem__(self, worker_id: WorkerId) -> OverlapScore:
+        score = self.extended.get(worker_id)
+        return score if score is not None else self.base[worker_id]
+
+    def __iter__(self):
+        yield from self.base
+        yield from (w for w in self.extended if w not in self.base)
+
+    def __len__(self) -> int:
+        return len(self.base) + sum(1 for w in self.extended if w not in self.base)
 
 
 @dataclass(slots=True, eq=False)
@@ -151,9 +162,7 @@ class PrefixPredictions:
                 if tier is not Tier.DEVICE:
                     slower[tier] += 1
                 num_blocks += 1
-            result[worker_id] = result.extended[worker_id] = overlap_score(
-                num_blocks, slower[Tier.HOST], slower[Tier.DISK], num_predicted_prefix - num_indexed
-            )
+            result.extended[worker_id] = overlap_score(num_blocks, slower[Tier.HOST], slower[Tier.DISK], num_predicted_prefix - num_indexed)
         return result
 
     # -- internals -------------------------------------------------------------------------------

@@ -109,7 +109,7 @@ except ImportError as error:  # setup.py builds it where a C compiler and the Py
         "kvplane._pricing, the control plane's routing pricing (kvplane/_pricing.c), is not built: install a C compiler and the "
         "Python headers (Debian/Ubuntu: gcc python3-dev), then reinstall kvplane"
     ) from error
-from kvplane.controlplane.core.index import OverlapScore
+from kvplane.controlplane.core.index import Overlaps, OverlapScore
 from kvplane.controlplane.core.inflow import Inflow
 from kvplane.controlplane.core.pool import WorkerPool, WorkerTable
 from kvplane.controlplane.core.predictions import Extended
@@ -204,6 +204,9 @@ class Held:
         else:
             out = base.numbers.copy()
         if not overlaps:
+            return Held(out)
+        if isinstance(overlaps, Overlaps) and (found := overlaps.held_rows(table.row_of)) is not None:
+            out[:, found[0]] = found[1]  # the index's answer as groups: no score per holder
             return Held(out)
         row_of = table.row_of
         rows = list(map(row_of.get, overlaps))

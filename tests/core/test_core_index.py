@@ -317,3 +317,43 @@ def test_a_snapshot_applied_as_a_difference_leaves_what_clearing_and_storing_it_
                 assert fast.holder_tiers(h, worker) == ref.holder_tiers(h, worker), f"step {step}: {worker}"
     for prompt in prompts:
         assert fast.overlaps(prompt) == ref.overlaps(prompt)
+
+
+def test_the_answer_as_groups_reads_as_the_dict_of_every_holder():
+    """Overlaps: one worker's score, iteration and a table's rows agree with the scores one by one,
+    for a shared prefix's many holders, a prompt's holders in parts and blocks off the device."""
+    rng = random.Random(5)
+    names = [f"p{i}" for i in range(12)]
+    for trial in range(40):
+        index = CacheIndex()
+        workers = [WorkerId(f"w{i}") for i in range(rng.randrange(1, 80))]
+        for w in workers:
+            shared = rng.random() < 0.6
+            length = 4 if shared else rng.randrange(1, len(names))
+            tier = Tier.HOST if trial % 4 == 0 and rng.random() < 0.1 else Tier.DEVICE
+            index.apply_batch(w, 0, [stored(*names[:length], tier=tier)])
+        answer = query(index, *names)
+        scores = {w: index.overlaps([n.encode() for n in names])[w] for w in workers if w in answer}
+        assert dict(answer) == scores and len(answer) == len(scores)
+        assert answer.get(WorkerId("nobody")) is None
+        row_of = {w: i for i, w in enumerate(reversed(workers))}  # a table with its own order
+        found = answer.held_rows(row_of)
+        if answer.slower:
+            assert found is None
+            continue
+        rows, numbers = found
+        assert sorted(zip(rows.tolist(), numbers.T.tolist())) == sorted(
+            (row_of[w], [s.num_blocks, s.blocks_by_tier[Tier.HOST], s.blocks_by_tier[Tier.DISK]]) for w, s in scores.items()
+        )
+
+
+def test_the_answer_names_the_holders_of_its_walk_after_their_bits_are_reused(index):
+    index.apply_batch(W1, 0, [stored("a", "b")])
+    index.apply_batch(W2, 0, [stored("a")])
+    answer = query(index, "a", "b")
+    index.remove_worker(W1)
+    index.apply_batch(W3, 0, [stored("a", "b")])  # takes W1's freed bit
+    assert dict(answer) == {W1: OverlapScore(2, tiers(device=2)), W2: OverlapScore(1, tiers(device=1))}
+    assert answer[W1].num_blocks == 2 and W3 not in answer
+    assert answer.held_rows({W1: 0, W2: 1, W3: 2})[0].tolist() == [1, 0]  # W2 (1 block), W1 (2): the walk's order
+    assert query(index, "a", "b")[W3].num_blocks == 2

@@ -173,3 +173,20 @@ def test_predicted_lengths_equal_the_longest_shared_prefix_of_each_workers_live_
                 expected[w] = max(expected.get(w, 0), shared)
         found = predictions.overlaps(index, query, now)
         assert {w: s.num_blocks for w, s in found.items()} == expected, step
+
+
+def test_predictions_extend_the_index_answer_without_copying_it():
+    index = CacheIndex()
+    prompt = list(range(64))
+    hashes = hash_blocks(prompt, BLOCK_SIZE, model_salt=MODEL, tenant_salt="")
+    index.apply_batch(WorkerId("held"), 0, [StoredEvent(tuple(hashes[:1]), Tier.DEVICE)])
+    index.apply_batch(WorkerId("both"), 0, [StoredEvent(tuple(hashes[:1]), Tier.DEVICE)])
+    predictions = PrefixPredictions(ttl_s=5.0)
+    predictions.record(WorkerId("both"), hashes, now=0.0)
+    predictions.record(WorkerId("new"), hashes[:2], now=0.0)
+    cached = index.overlaps(hashes)
+    extended = predictions.overlaps(index, hashes, 1.0, cached)
+    assert extended.base is cached and set(extended.extended) == {WorkerId("both"), WorkerId("new")}
+    assert list(extended) == [*cached, WorkerId("new")] and len(extended) == 3
+    assert {w: s.num_blocks for w, s in extended.items()} == {WorkerId("held"): 1, WorkerId("both"): len(hashes), WorkerId("new"): 2}
+    assert cached[WorkerId("both")].num_blocks == 1  # the index's answer itself is unchanged
