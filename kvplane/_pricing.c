@@ -184,31 +184,38 @@ static inline void remote_start_and_tail(const Fleet *f, Py_ssize_t r, int64_t m
     *tail_at = max_nan(kv_in + in_flight, SEC(f, S_QUEUE, r));
 }
 
-/* The k-th least of values[at[i]] for the `count` positions `at` (k >= 1), NaN ordered last as
-   numpy sorts it: NaN when fewer than k of them are numbers. One pass keeping the k least in a
-   max-heap (`heap`: room for k): a value not under the k-th least so far costs one comparison. */
-static double kth_least(const double *values, const Py_ssize_t *at_positions, Py_ssize_t count, Py_ssize_t k, double *heap) {
+/* Offers v to the k least kept so far in the max-heap `heap` (`*size` of them, room for k). */
+static inline void heap_offer(double *heap, Py_ssize_t *size, Py_ssize_t k, double v) {
+    Py_ssize_t at;
+    if (*size < k) { /* sift up */
+        at = (*size)++;
+        while (at > 0 && heap[(at - 1) / 2] < v) heap[at] = heap[(at - 1) / 2], at = (at - 1) / 2;
+    } else if (v < heap[0]) { /* replace the largest, sift down */
+        at = 0;
+        for (;;) {
+            Py_ssize_t child = 2 * at + 1;
+            if (child >= k) break;
+            if (child + 1 < k && heap[child + 1] > heap[child]) child++;
+            if (heap[child] <= v) break;
+            heap[at] = heap[child], at = child;
+        }
+    } else {
+        return;
+    }
+    heap[at] = v;
+}
+
+/* The k-th least of the values of one class (k >= 1), NaN ordered last as numpy sorts it: NaN
+   when fewer than k of them are numbers. The class is the `count` positions `at`, or (at NULL)
+   the positions k with class_of[k] == 0 of `count`. One pass keeping the k least in a max-heap
+   (`heap`: room for k): a value not under the k-th least so far costs one comparison. */
+static double kth_least(const double *values, const Py_ssize_t *at, const Py_ssize_t *class_of, Py_ssize_t count, Py_ssize_t k,
+                        double *heap) {
     Py_ssize_t size = 0;
     for (Py_ssize_t i = 0; i < count; i++) {
-        double v = values[at_positions[i]];
-        if (v != v) continue;
-        Py_ssize_t at;
-        if (size < k) { /* sift up */
-            at = size++;
-            while (at > 0 && heap[(at - 1) / 2] < v) heap[at] = heap[(at - 1) / 2], at = (at - 1) / 2;
-        } else if (v < heap[0]) { /* replace the largest, sift down */
-            at = 0;
-            for (;;) {
-                Py_ssize_t child = 2 * at + 1;
-                if (child >= k) break;
-                if (child + 1 < k && heap[child + 1] > heap[child]) child++;
-                if (heap[child] <= v) break;
-                heap[at] = heap[child], at = child;
-            }
-        } else {
-            continue;
-        }
-        heap[at] = v;
+        if (at == NULL && class_of[i] != 0) continue;
+        const double v = values[at != NULL ? at[i] : i];
+        if (v == v) heap_offer(heap, &size, k, v);
     }
     return size < k ? NAN : heap[0];
 }
@@ -219,20 +226,29 @@ typedef struct {
     double *heap;              /* count + 1 */
     unsigned char *wins;       /* count */
     Py_ssize_t *class_of;      /* count: the held class of each position */
-    Py_ssize_t *order;         /* count: positions grouped by class */
+    Py_ssize_t *order;         /* 2 x count: holders' positions grouped by class, then as found */
     Py_ssize_t *start;         /* count + 1: where each class begins in `order` */
     Py_ssize_t *slots;         /* 2 x count rounded up to a power of 2: the classes' hash table */
 } Scratch;
 
 /* Numbers each position of `rows` by its held class (matched, host, disk blocks: rows of a class
    differ only in their own numbers, never in what the prompt finds there), into s->class_of;
-   returns the number of classes and leaves s->order grouped by class, s->start their bounds. */
+   returns the number of classes and leaves s->order grouped by class, s->start their bounds.
+   The rows holding none of the prompt (most of a fleet) are class 0 without a lookup. */
 static Py_ssize_t held_classes(const Fleet *f, const int64_t *rows, Py_ssize_t count, Scratch *s) {
-    Py_ssize_t capacity = 2;
-    while (capacity < 2 * count) capacity *= 2;
-    for (Py_ssize_t i = 0; i < capacity; i++) s->slots[i] = -1;
-    Py_ssize_t num_classes = 0;
+    Py_ssize_t num_holders = 0;
+    Py_ssize_t *holders = s->order + count; /* the holders' positions, in the second half of `order` */
     for (Py_ssize_t k = 0; k < count; k++) {
+        const int64_t r = rows[k];
+        if ((MATCHED(f, r) | HOST(f, r) | DISK(f, r)) == 0) s->class_of[k] = 0;
+        else holders[num_holders++] = k;
+    }
+    Py_ssize_t capacity = 2;
+    while (capacity < 2 * num_holders) capacity *= 2;
+    for (Py_ssize_t i = 0; i < capacity; i++) s->slots[i] = -1;
+    Py_ssize_t num_classes = 1; /* class 0: those holding none (maybe no row) */
+    for (Py_ssize_t i = 0; i < num_holders; i++) {
+        const Py_ssize_t k = holders[i];
         const int64_t r = rows[k], m = MATCHED(f, r), h = HOST(f, r), d = DISK(f, r);
         uint64_t hash = (uint64_t)m * 0x9E3779B97F4A7C15ull ^ (uint64_t)h * 0xC2B2AE3D27D4EB4Full ^ (uint64_t)d * 0x165667B19E3779F9ull;
         Py_ssize_t slot = (Py_ssize_t)(hash & (uint64_t)(capacity - 1));
@@ -250,12 +266,22 @@ static Py_ssize_t held_classes(const Fleet *f, const int64_t *rows, Py_ssize_t c
             slot = (slot + 1) & (capacity - 1);
         }
     }
+    /* The holders' positions grouped by class (class 0 is read in place: most of the rows);
+       class c >= 1 is order[start[c] : start[c + 1]]. */
     for (Py_ssize_t c = 0; c <= num_classes; c++) s->start[c] = 0;
-    for (Py_ssize_t k = 0; k < count; k++) s->start[s->class_of[k] + 1]++;
-    for (Py_ssize_t c = 0; c < num_classes; c++) s->start[c + 1] += s->start[c];
-    for (Py_ssize_t k = 0; k < count; k++) s->order[s->start[s->class_of[k]]++] = k;
-    for (Py_ssize_t c = num_classes; c > 0; c--) s->start[c] = s->start[c - 1];
-    s->start[0] = 0;
+    for (Py_ssize_t i = 0; i < num_holders; i++) s->start[s->class_of[holders[i]]]++;
+    Py_ssize_t at = 0;
+    for (Py_ssize_t c = 1; c < num_classes; c++) {
+        const Py_ssize_t size = s->start[c];
+        s->start[c] = at, at += size;
+    }
+    s->start[num_classes] = at;
+    for (Py_ssize_t i = 0; i < num_holders; i++) { /* start[c]: then the end of class c */
+        const Py_ssize_t k = holders[i];
+        s->order[s->start[s->class_of[k]]++] = k;
+    }
+    for (Py_ssize_t c = num_classes - 1; c > 1; c--) s->start[c] = s->start[c - 1];
+    s->start[1] = 0;
     return num_classes;
 }
 
@@ -266,16 +292,27 @@ static Py_ssize_t held_classes(const Fleet *f, const int64_t *rows, Py_ssize_t c
 static Py_ssize_t can_win(const Fleet *f, int64_t *rows, Py_ssize_t count, int num_keys, Py_ssize_t limit, Scratch *s) {
     if (limit <= 0 || count <= limit) return count;
     const Py_ssize_t num_classes = held_classes(f, rows, count, s);
+    Py_ssize_t none = 0; /* rows holding none of the prompt: class 0, read in place */
+    for (Py_ssize_t k = 0; k < count; k++) none += s->class_of[k] == 0;
+    for (Py_ssize_t k = 0; k < count; k++) s->wins[k] = s->class_of[k] == 0 ? none <= limit : 0;
     for (Py_ssize_t c = 0; c < num_classes; c++) {
-        const Py_ssize_t *members = s->order + s->start[c], size = s->start[c + 1] - s->start[c];
-        const int whole = size <= limit;
-        for (Py_ssize_t i = 0; i < size; i++) s->wins[members[i]] = whole;
-        if (whole) continue;
+        const int in_place = c == 0;
+        const Py_ssize_t *members = in_place ? NULL : s->order + s->start[c];
+        const Py_ssize_t size = in_place ? none : s->start[c + 1] - s->start[c];
+        if (size <= limit) {
+            for (Py_ssize_t i = 0; !in_place && i < size; i++) s->wins[members[i]] = 1;
+            continue;
+        }
         for (int key = 0; key < num_keys; key++) {
             const double *values = s->keys + (Py_ssize_t)key * count;
-            const double bound = kth_least(values, members, size, limit, s->heap);
-            for (Py_ssize_t i = 0; i < size; i++)
-                if (values[members[i]] <= bound) s->wins[members[i]] = 1;
+            const double bound = kth_least(values, members, s->class_of, in_place ? count : size, limit, s->heap);
+            if (in_place) {
+                for (Py_ssize_t k = 0; k < count; k++)
+                    if (s->class_of[k] == 0 && values[k] <= bound) s->wins[k] = 1;
+            } else {
+                for (Py_ssize_t i = 0; i < size; i++)
+                    if (values[members[i]] <= bound) s->wins[members[i]] = 1;
+            }
         }
     }
     Py_ssize_t kept = 0;
@@ -352,7 +389,7 @@ static void best_two(const Fleet *f, const int64_t *rows, Py_ssize_t count, int6
    candidate's own choice come from this one computation, so they agree to the last bit. */
 typedef struct {
     int64_t own, gain; /* blocks the row holds of the prompt (at most max_blocks), blocks a fetch adds */
-    double load_s, per_work, tpot;
+    double load_s, per_work;
     Prefill here;         /* prefilling after its own blocks */
     double local, cost;   /* its TTFT (calibrated) and what its compute costs the others */
     Prefill fetched;      /* after fetching `gain` blocks (gain > 0) */
@@ -371,12 +408,11 @@ typedef struct {
     Steps none, own, fetched, tail;
 } Pricing;
 
-static void options_at(const Fleet *f, Py_ssize_t r, Pricing *g, Options *o) {
+static inline void options_at(const Fleet *restrict f, Py_ssize_t r, Pricing *restrict g, Options *restrict o) {
     const int64_t matched = MATCHED(f, r);
     o->own = min_i(matched, f->max_blocks);
     o->load_s = load_seconds(f, r, o->own, g->slow);
     o->per_work = cost_per_work_s(f, r);
-    o->tpot = token_seconds(f, r, COL(f, PER_STEP, r) + COL(f, C3, r) + COL(f, C4, r) * f->tokens_x) + f->off[2];
     o->here = prefill_at(f, r, o->own * f->bs, o->load_s, o->own == 0 ? &g->none : &g->own);
     o->local = o->here.ttft + f->off[0], o->cost = o->here.work * o->per_work;
     o->gain = 0;
@@ -509,7 +545,7 @@ static PyObject *price_group(PyObject *self, PyObject *args) {
     scratch.heap = malloc(sizeof(double) * (most + 1));
     scratch.wins = malloc(most + 1);
     scratch.class_of = malloc(sizeof(Py_ssize_t) * (most + 1));
-    scratch.order = malloc(sizeof(Py_ssize_t) * (most + 1));
+    scratch.order = malloc(sizeof(Py_ssize_t) * 2 * (most + 1)); /* positions by class, then the holders' */
     scratch.start = malloc(sizeof(Py_ssize_t) * (most + 2));
     scratch.slots = malloc(sizeof(Py_ssize_t) * 4 * (most + 1)); /* a power of 2 of at least twice the rows */
     rows = malloc(sizeof(int64_t) * (num_decode + 1));
@@ -555,7 +591,7 @@ static PyObject *price_group(PyObject *self, PyObject *args) {
         const Py_ssize_t r = rows[k];
         options_at(&f, r, &g, &o);
         const int64_t cached_tok = o.own * bs;
-        const double tpot = o.tpot;
+        const double tpot = token_seconds(&f, r, COL(&f, PER_STEP, r) + COL(&f, C3, r) + COL(&f, C4, r) * f.tokens_x) + f.off[2];
         double local = o.local, cost = o.cost;
         int64_t computed = P - cached_tok, fetch_blocks = 0, source_row = -1, prefill_row = -1, kind = LOCAL;
         double move = o.load_s, prefill_k = o.here.prefill, transfer = 0.0, queue_k = SEC(&f, S_QUEUE, r);
