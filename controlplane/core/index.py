@@ -126,6 +126,9 @@ class _Uncredited(dict):
         return tiers
 
 
+_FEW_GROUPS = 4  # Overlaps: up to this many groups, one worker's score is looked up in the masks
+
+
 class Overlaps(Mapping[WorkerId, OverlapScore]):
     """CacheIndex.overlaps' answer as the radix walk gives it: groups of workers with equal
     matches, each one bit mask, read through the index's bit owners as they were at the walk.
@@ -144,8 +147,17 @@ class Overlaps(Mapping[WorkerId, OverlapScore]):
 
     def __getitem__(self, worker_id: WorkerId) -> OverlapScore:
         bit = self._index._worker_to_bit.get(worker_id)
-        if bit is None or bit >= len(self._owners) or self._owners[bit] != worker_id:  # none, or a bit given since
-            return self._as_dict()[worker_id]
+        # Testing a bit costs a pass over the mask (a bit a worker: 1,250 bytes at 10,000
+        # workers), so past a few groups the dict answers: a prompt's holders in parts are as
+        # many groups as holders, and predictions ask for dozens of them.
+        if (
+            self._dict is not None
+            or len(self.groups) > _FEW_GROUPS
+            or bit is None
+            or bit >= len(self._owners)
+            or self._owners[bit] != worker_id
+        ):
+            return self._as_dict()[worker_id]  # (the last three: none, or a bit given since the walk)
         for num_blocks, mask in self.groups:
             if mask >> bit & 1:
                 return overlap_score(num_blocks, *self.slower.get(bit, (0, 0)))
@@ -159,14 +171,18 @@ class Overlaps(Mapping[WorkerId, OverlapScore]):
 
     def held_rows(self, row_of: Mapping[WorkerId, int]) -> tuple[np.ndarray, np.ndarray] | None:
         """(rows of `row_of`, their (3, rows) matched / host / disk blocks) of the workers here
-        that `row_of` has; None when some match is held off the device (read the scores then)."""
-        if self.slower:
+        that `row_of` has; None when some match is held off the device, or the dict of scores
+        was made already (read the scores then: each group costs big-integer passes here)."""
+        if self.slower or self._dict is not None:
             return None
         bits: list[int] = []  # of the small groups (a prompt's holders in parts: one worker a length)
         matched: list[int] = []
         big = []  # (blocks, bits) of the groups of many workers (a shared prefix's holders)
         for num_blocks, mask in self.groups:
-            if mask.bit_count() > 16:
+            if not mask & (mask - 1):  # one worker (each big-integer step is a pass over the mask)
+                bits.append(mask.bit_length() - 1)
+                matched.append(num_blocks)
+            elif mask.bit_count() > 16:
                 big.append((num_blocks, bit_array(mask)))
             else:
                 found = set_bits(mask)
