@@ -157,17 +157,20 @@ class Overlaps(Mapping[WorkerId, OverlapScore]):
             or bit >= len(self._owners)
             or self._owners[bit] != worker_id
         ):
-            return self._as_dict()[worker_id]  # (the last three: none, or a bit given since the walk)
+            return self.as_dict()[worker_id]  # (the last three: none, or a bit given since the walk)
         for num_blocks, mask in self.groups:
             if mask >> bit & 1:
                 return overlap_score(num_blocks, *self.slower.get(bit, (0, 0)))
         raise KeyError(worker_id)
 
     def __iter__(self):
-        return iter(self._as_dict())
+        return iter(self.as_dict())
 
     def __len__(self) -> int:
-        return sum(mask.bit_count() for _, mask in self.groups)
+        return len(self.as_dict()) if self._dict is not None else sum(mask.bit_count() for _, mask in self.groups)
+
+    def __bool__(self) -> bool:
+        return bool(self.groups)
 
     def held_rows(self, row_of: Mapping[WorkerId, int]) -> tuple[np.ndarray, np.ndarray] | None:
         """(rows of `row_of`, their (3, rows) matched / host / disk blocks) of the workers here
@@ -195,7 +198,8 @@ class Overlaps(Mapping[WorkerId, OverlapScore]):
         known = rows >= 0
         return (rows, numbers) if known.all() else (rows[known], numbers[:, known])
 
-    def _as_dict(self) -> dict[WorkerId, OverlapScore]:
+    def as_dict(self) -> dict[WorkerId, OverlapScore]:
+        """Every holder's score (made once)."""
         if self._dict is not None:
             return self._dict
         worker_of, slower = self._owners.__getitem__, self.slower

@@ -205,9 +205,12 @@ class Held:
             out = base.numbers.copy()
         if not overlaps:
             return Held(out)
-        if isinstance(overlaps, Overlaps) and (found := overlaps.held_rows(table.row_of)) is not None:
-            out[:, found[0]] = found[1]  # the index's answer as groups: no score per holder
-            return Held(out)
+        if isinstance(overlaps, Overlaps):
+            found = overlaps.held_rows(table.row_of)
+            if found is not None:
+                out[:, found[0]] = found[1]  # the index's answer as groups: no score per holder
+                return Held(out)
+            overlaps = overlaps.as_dict()
         row_of = table.row_of
         rows = list(map(row_of.get, overlaps))
         numbers = [score.numbers for score in overlaps.values()]
