@@ -132,9 +132,10 @@ _FEW_GROUPS = 4  # Overlaps: up to this many groups, one worker's score is looke
 class Overlaps(Mapping[WorkerId, OverlapScore]):
     """CacheIndex.overlaps' answer as the radix walk gives it: groups of workers with equal
     matches, each one bit mask, read through the index's bit owners as they were at the walk.
-    One worker's score costs O(groups) and a worker table's numbers (`held_rows`) one numpy
-    gather per group; a dict of every holder (a hot prefix's thousands) is made only for a
-    reader that iterates."""
+    A worker table's numbers (`held_rows`) cost one numpy gather per group of many workers, and
+    one worker's score a test of its bit in each of a few groups; a dict of every holder (a hot
+    prefix's thousands) is made only for a reader that iterates, or to look up one of many groups
+    (a prompt's holders in parts)."""
 
     __slots__ = ("groups", "slower", "_owners", "_index", "_dict")
 
