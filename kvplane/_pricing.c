@@ -121,10 +121,10 @@ static inline int beats(const Fleet *f, double tpot, double ttft, double spent, 
    queued: the rate less the work queued there (inflow.py; predictor.next_step_with_prefill). */
 static inline double next_step(const Fleet *f, Py_ssize_t r, double step) {
     if (f->inflow == NULL) return step;
-    const double arriving = max_nan(f->inflow[r] - SEC(f, S_QUEUED_WORK, r) * f->per_work_s, 0.0);
+    const double queued = SEC(f, S_QUEUED_WORK, r);
+    const double arriving = max_nan(f->inflow[r] - queued * f->per_work_s, 0.0);
     /* With prefill queued there a step fills its chunk from that backlog; without, it carries
        what arrives: a prompt, the mean of those sent there (inflow.mean_work), a chunk at most. */
-    const double queued = SEC(f, S_QUEUED_WORK, r);
     const double carried = f->carried != NULL && !(queued > 0.0) ? min_nan(SEC(f, S_CHUNK_WORK, r), f->carried[r]) : SEC(f, S_CHUNK_WORK, r);
     return step + (0.0 + min_nan(arriving, 1.0) * carried);
 }
@@ -267,21 +267,15 @@ static Py_ssize_t held_classes(const Fleet *f, const int64_t *rows, Py_ssize_t c
         }
     }
     /* The holders' positions grouped by class (class 0 is read in place: most of the rows);
-       class c >= 1 is order[start[c] : start[c + 1]]. */
+       class c >= 1 is order[start[c] : start[c + 1]]. The hash table's slots, no longer needed,
+       hold each class's next place while they are filled in. */
     for (Py_ssize_t c = 0; c <= num_classes; c++) s->start[c] = 0;
-    for (Py_ssize_t i = 0; i < num_holders; i++) s->start[s->class_of[holders[i]]]++;
-    Py_ssize_t at = 0;
-    for (Py_ssize_t c = 1; c < num_classes; c++) {
-        const Py_ssize_t size = s->start[c];
-        s->start[c] = at, at += size;
-    }
-    s->start[num_classes] = at;
-    for (Py_ssize_t i = 0; i < num_holders; i++) { /* start[c]: then the end of class c */
+    for (Py_ssize_t i = 0; i < num_holders; i++) s->start[s->class_of[holders[i]] + 1]++;
+    for (Py_ssize_t c = 1; c < num_classes; c++) s->start[c + 1] += s->start[c], s->slots[c] = s->start[c];
+    for (Py_ssize_t i = 0; i < num_holders; i++) {
         const Py_ssize_t k = holders[i];
-        s->order[s->start[s->class_of[k]]++] = k;
+        s->order[s->slots[s->class_of[k]]++] = k;
     }
-    for (Py_ssize_t c = num_classes - 1; c > 1; c--) s->start[c] = s->start[c - 1];
-    s->start[1] = 0;
     return num_classes;
 }
 

@@ -168,7 +168,7 @@ class Overlaps(Mapping[WorkerId, OverlapScore]):
         return iter(self.as_dict())
 
     def __len__(self) -> int:
-        return len(self.as_dict()) if self._dict is not None else sum(mask.bit_count() for _, mask in self.groups)
+        return len(self._dict) if self._dict is not None else sum(mask.bit_count() for _, mask in self.groups)
 
     def __bool__(self) -> bool:
         return bool(self.groups)
