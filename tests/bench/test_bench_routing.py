@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import random
 import subprocess
@@ -9,7 +10,16 @@ import sys
 
 import pytest
 
-from kvplane.apps.bench.routing import BLOCK_SIZE, HOT_PREFIX_BLOCKS, MODEL, build_fleet, fleet_prompts, staggered
+from kvplane.apps.bench.routing import (
+    BLOCK_SIZE,
+    HOT_PREFIX_BLOCKS,
+    MODEL,
+    build_fleet,
+    fleet_prompts,
+    least_of_passes,
+    measure,
+    staggered,
+)
 from kvplane.block_hash import hash_blocks
 
 
@@ -81,3 +91,30 @@ def test_workers_report_one_at_a_time_in_the_order_the_bench_takes_them():
     due = [w.reported_at + 1.0 for w in staggered(workers, 1000.0, 1.0)]
     assert due == sorted(due) and due[0] == 1000.0
     assert [b - a for a, b in zip(due, due[1:])] == pytest.approx([1.0 / 50] * 49)
+
+
+def test_passes_over_the_same_requests_make_the_same_decisions():
+    # --passes keeps each request's least time over passes: only sound if every pass routes the
+    # same requests to the same workers (fresh planner, same draws, an index the passes leave as is).
+    args = argparse.Namespace(
+        requests=30, in_flight=4, warm_up=0.02, prompt_tokens=512, report_interval=1.0, seed=3, passes=3, blocks_per_worker=50
+    )
+    prompts = [[random.Random(i).randrange(32000) for _ in range(512)] for i in range(4)]
+    workers, index = build_fleet(30, 50, "spread", prompts, random.Random(2))
+    first, again = (measure(workers, index, prompts, "predictive", 16, args, random.Random(3)) for _ in range(2))
+    assert first[1] == again[1] and len(first[1]) == 30 and any(c is not None for c in first[1])
+    least = least_of_passes(workers, index, prompts, "predictive", 16, args)
+    assert len(least) == 30 and all(t > 0 for t in least)
+
+
+@pytest.mark.cluster  # runs the CLI in a subprocess
+def test_bench_routing_passes_are_shown_and_checked():
+    argv = ["--workers", "20", "--blocks-per-worker", "50", "--prompt-tokens", "256", "--requests", "5", "--in-flight", "2"]
+    argv += ["--warm-up", "0.002", "--fleets", "spread", "--admissions", "threshold", "--no-baseline", "--no-memory"]
+    run = [sys.executable, "-m", "kvplane", "bench", "routing", *argv]
+    done = subprocess.run([*run, "--passes", "2", "--json"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "threshold, default: 2 warm-up + 5 requests x 2 passes" in done.stderr
+    assert json.loads(done.stdout)["passes"] == 2
+    done = subprocess.run([*run, "--passes", "0"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and "--passes must be at least 1, got 0" in done.stderr
