@@ -539,15 +539,17 @@ def set_bits(mask: int) -> list[int]:
 
 
 def _by_bit(groups: list[tuple[int, int]]) -> tuple[dict[int, int], list[tuple[int, int]] | None]:
-    """({bit: blocks matched} of the groups of one worker, [the other groups], or None for them
-    when there are more than a few: then a dict of every holder answers faster)."""
+    """({bit: blocks matched} of the groups of one worker, [the other groups]), or ({}, None)
+    past a few of the others: then a dict of every holder answers faster."""
     singles, wide = {}, []
     for num_blocks, mask in groups:
         if one_bit(mask):
             singles[mask.bit_length() - 1] = num_blocks
-        else:
+        elif len(wide) < _FEW_GROUPS:
             wide.append((num_blocks, mask))
-    return singles, wide if len(wide) <= _FEW_GROUPS else None
+        else:  # the dict will answer: no more tests of each group (a pass over its mask each)
+            return {}, None
+    return singles, wide
 
 
 def one_bit(mask: int) -> bool:

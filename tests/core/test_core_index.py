@@ -358,8 +358,8 @@ def test_the_answer_as_groups_reads_as_the_dict_of_every_holder():
 
 def test_one_workers_score_is_read_without_a_dict_of_every_holder(index):
     """A prompt's holders in parts (one worker a length) and a few wider groups: one worker's
-    score comes from the groups' bits; only past a few wide groups (or for a reader that
-    iterates) is a dict of every holder made."""
+    score comes from the groups' bits; past a few wide groups (or for a reader that iterates) a
+    dict of every holder is made and answers."""
     names = [f"b{i}" for i in range(12)]
     lengths = {WorkerId(f"w{i}"): 1 + i for i in range(6)}  # six groups of one worker
     lengths |= {WorkerId(f"x{i}"): 8 + i // 2 for i in range(4)}  # two groups of two
@@ -369,13 +369,13 @@ def test_one_workers_score_is_read_without_a_dict_of_every_holder(index):
     answer = query(index, *names)
     assert {w: answer.get(w).num_blocks for w in lengths} == lengths and answer.get(WorkerId("none")) is None
     assert answer[WorkerId("x3")] == OverlapScore(9, tiers(device=9)) and answer._dict is None
-    for i in range(4, 12):  # six more groups of two: past a few, the dict answers
+    for i in range(4, 12):  # more groups of two: past a few, the dict answers every worker
         index.apply_batch(WorkerId(f"y{i}"), 0, [stored(*names[:i])])
         index.apply_batch(WorkerId(f"z{i}"), 0, [stored(*names[:i])])
     answer = query(index, *names)
-    assert answer.get(WorkerId("w0")).num_blocks == 1 and answer._dict is None  # a group of one still answers alone
-    assert answer.get(WorkerId("y5")).num_blocks == 5 and answer._dict is not None
-    assert answer.get(WorkerId("none")) is None and answer.get(WorkerId("x0")).num_blocks == 8
+    assert answer.get(WorkerId("w0")).num_blocks == 1 and answer._dict is not None
+    assert answer.get(WorkerId("y5")).num_blocks == 5 and answer.get(WorkerId("x0")).num_blocks == 8
+    assert answer.get(WorkerId("none")) is None
 
 
 def test_the_answer_names_the_holders_of_its_walk_after_their_bits_are_reused(index):
