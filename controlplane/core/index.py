@@ -172,8 +172,11 @@ class Overlaps(Mapping[WorkerId, OverlapScore]):
         if num_blocks is None:
             if wide is None:
                 return self.as_dict().get(worker_id, default)
-            num_blocks = next((n for n, mask in wide if mask >> bit & 1), None)
-            if num_blocks is None:
+            for n, mask in wide:
+                if mask >> bit & 1:
+                    num_blocks = n
+                    break
+            else:
                 return default
         return overlap_score(num_blocks, *self.slower.get(bit, (0, 0)))
 
