@@ -47,7 +47,7 @@ def _packed(token_ids: Sequence[int], block_size: int) -> bytes:
     if block_size <= 0:
         raise ValueError(f"block_size must be positive, got {block_size}")
     count = len(token_ids) // block_size * block_size
-    packed = array("I", token_ids if count == len(token_ids) else token_ids[:count])  # no copy of a whole prompt
+    packed = array("I", token_ids[:count])
     if sys.byteorder != "little":
         packed.byteswap()
     return packed.tobytes()

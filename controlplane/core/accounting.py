@@ -239,16 +239,13 @@ class LoadLedger:
         waiting, running = _take(waiting, running, gone_from_waiting)
         waiting = max(waiting, floor_requests - running)
         used = min(max(used, 0), max(load.num_total_blocks, load.num_used_blocks))
-        # Built, not dataclasses.replace'd (every field named): this runs for each corrected row of each request.
-        adjusted = WorkerLoadView(
+        adjusted = dataclasses.replace(
+            load,
             num_running=running,
             num_waiting=waiting,
             num_queued_prefill_tokens=max(tokens, floor_tokens, 0),
-            num_free_blocks=max(load.num_free_blocks + load.num_used_blocks - used, 0),
             num_used_blocks=used,
-            num_total_blocks=load.num_total_blocks,
-            running_remaining_tokens=load.running_remaining_tokens,
-            running_context_tokens=load.running_context_tokens,
+            num_free_blocks=max(load.num_free_blocks + load.num_used_blocks - used, 0),
         )
         return dataclasses.replace(view, load=adjusted, pending_blocks=view.pending_blocks + pending)
 

@@ -126,18 +126,18 @@ class _Uncredited(dict):
         return tiers
 
 
-_FEW_GROUPS = 4  # Overlaps: up to this many groups of several workers, one worker's bit is tested in their masks
+_FEW_GROUPS = 4  # Overlaps: up to this many groups, one worker's score is looked up in the masks
 
 
 class Overlaps(Mapping[WorkerId, OverlapScore]):
     """CacheIndex.overlaps' answer as the radix walk gives it: groups of workers with equal
     matches, each one bit mask, read through the index's bit owners as they were at the walk.
     A worker table's numbers (`held_rows`) cost one numpy gather per group of many workers, and
-    one worker's score a dict lookup among the groups of one worker (a prompt's holders in parts)
-    and a test of its bit in each of a few wider groups; a dict of every holder (a hot prefix's
-    thousands) is made only for a reader that iterates, or past a few wide groups."""
+    one worker's score a test of its bit in each of a few groups; a dict of every holder (a hot
+    prefix's thousands) is made only for a reader that iterates, or to look up one of many groups
+    (a prompt's holders in parts)."""
 
-    __slots__ = ("groups", "slower", "_owners", "_index", "_dict", "_by_bit")
+    __slots__ = ("groups", "slower", "_owners", "_index", "_dict")
 
     def __init__(self, groups: list[tuple[int, int]], slower: dict[int, list[int]], owners: tuple, index: CacheIndex) -> None:
         self.groups = groups  # [(blocks matched, bits of the workers matching exactly that many)]
@@ -145,40 +145,24 @@ class Overlaps(Mapping[WorkerId, OverlapScore]):
         self._owners = owners
         self._index = index
         self._dict: dict[WorkerId, OverlapScore] | None = None
-        self._by_bit: tuple[dict[int, int], list[tuple[int, int]] | None] | None = None  # _by_bit(groups), when asked
 
     def __getitem__(self, worker_id: WorkerId) -> OverlapScore:
-        score = self.get(worker_id)
-        if score is None:
-            raise KeyError(worker_id)
-        return score
-
-    def get(self, worker_id: WorkerId, default: OverlapScore | None = None) -> OverlapScore | None:
-        # Mapping.get would go through __getitem__ and catch its KeyError: predictions and the
-        # planner ask of workers that hold none, once per request.
-        if self._dict is not None:
-            return self._dict.get(worker_id, default)
         bit = self._index._worker_to_bit.get(worker_id)
-        if bit is None or bit >= len(self._owners) or self._owners[bit] != worker_id:
-            return self.as_dict().get(worker_id, default)  # none, or a bit given since the walk
         # Testing a bit costs a pass over the mask (a bit a worker: 1,250 bytes at 10,000
-        # workers), so only a few groups of several workers are tested; the groups of one worker
-        # (a prompt's holders in parts: as many groups as holders) answer from their bits.
-        found = self._by_bit
-        if found is None:
-            found = self._by_bit = _by_bit(self.groups)
-        singles, wide = found
-        num_blocks = singles.get(bit)
-        if num_blocks is None:
-            if wide is None:
-                return self.as_dict().get(worker_id, default)
-            for n, mask in wide:
-                if mask >> bit & 1:
-                    num_blocks = n
-                    break
-            else:
-                return default
-        return overlap_score(num_blocks, *self.slower.get(bit, (0, 0)))
+        # workers), so past a few groups the dict answers: a prompt's holders in parts are as
+        # many groups as holders, and predictions ask for dozens of them.
+        if (
+            self._dict is not None
+            or len(self.groups) > _FEW_GROUPS
+            or bit is None
+            or bit >= len(self._owners)
+            or self._owners[bit] != worker_id
+        ):
+            return self.as_dict()[worker_id]  # (the last three: none, or a bit given since the walk)
+        for num_blocks, mask in self.groups:
+            if mask >> bit & 1:
+                return overlap_score(num_blocks, *self.slower.get(bit, (0, 0)))
+        raise KeyError(worker_id)
 
     def __iter__(self):
         return iter(self.as_dict())
@@ -199,7 +183,7 @@ class Overlaps(Mapping[WorkerId, OverlapScore]):
         matched: list[int] = []
         big = []  # (blocks, bits) of the groups of many workers (a shared prefix's holders)
         for num_blocks, mask in self.groups:
-            if one_bit(mask):  # one worker (each big-integer step is a pass over the mask)
+            if not mask & (mask - 1):  # one worker (each big-integer step is a pass over the mask)
                 bits.append(mask.bit_length() - 1)
                 matched.append(num_blocks)
             elif mask.bit_count() > 16:
@@ -223,7 +207,7 @@ class Overlaps(Mapping[WorkerId, OverlapScore]):
         result: dict[WorkerId, OverlapScore] = {}
         if not slower:  # workers with the same match share its score (rare otherwise: most blocks sit on the device only)
             for num_blocks, mask in self.groups:
-                if not one_bit(mask):
+                if mask & (mask - 1):
                     result.update(zip(map(worker_of, set_bits(mask)), repeat(overlap_score(num_blocks))))
                 else:  # one worker (most lengths of a prompt that holders share in parts)
                     result[worker_of(mask.bit_length() - 1)] = overlap_score(num_blocks)
@@ -541,30 +525,9 @@ def set_bits(mask: int) -> list[int]:
     return bits
 
 
-def _by_bit(groups: list[tuple[int, int]]) -> tuple[dict[int, int], list[tuple[int, int]] | None]:
-    """({bit: blocks matched} of the groups of one worker, [the other groups]), or ({}, None)
-    past a few of the others: then a dict of every holder answers faster."""
-    singles, wide = {}, []
-    for num_blocks, mask in groups:
-        if one_bit(mask):
-            singles[mask.bit_length() - 1] = num_blocks
-        elif len(wide) < _FEW_GROUPS:
-            wide.append((num_blocks, mask))
-        else:  # the dict will answer: no more tests of each group (a pass over its mask each)
-            return {}, None
-    return singles, wide
-
-
-def one_bit(mask: int) -> bool:
-    """Whether the positive `mask` has exactly one bit set: one comparison with the power of two
-    of its length (mask & (mask - 1) builds two integers as wide as the mask: 2.7x the time at
-    9,000 bits here)."""
-    return mask == 1 << (mask.bit_length() - 1)
-
-
 def bit_array(mask: int) -> np.ndarray:
     """set_bits as an int64 array."""
-    if not mask or one_bit(mask):
+    if mask & (mask - 1) == 0:  # one bit (or none)
         return np.array([mask.bit_length() - 1] if mask else [], np.int64)
     packed = np.frombuffer(mask.to_bytes((mask.bit_length() + 7) // 8, "little"), np.uint8)
     return np.flatnonzero(np.unpackbits(packed, bitorder="little"))

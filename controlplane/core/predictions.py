@@ -47,10 +47,6 @@ class Extended(Mapping[WorkerId, OverlapScore]):
         score = self.extended.get(worker_id)
         return score if score is not None else self.base[worker_id]
 
-    def get(self, worker_id: WorkerId, default: OverlapScore | None = None) -> OverlapScore | None:
-        score = self.extended.get(worker_id)
-        return score if score is not None else self.base.get(worker_id, default)
-
     def __iter__(self):
         yield from self.base
         yield from (w for w in self.extended if w not in self.base)

@@ -14,7 +14,6 @@ from kvplane.controlplane.core.index import (
     RemovedEvent,
     StoredEvent,
     bit_array,
-    one_bit,
     set_bits,
 )
 from kvplane.types import BlockHash, Tier, WorkerId
@@ -254,8 +253,6 @@ def test_set_bits_on_sparse_and_dense_masks():
         positions = sorted(rng.sample(range(1200), num_bits))
         mask = sum(1 << p for p in positions)
         assert set_bits(mask) == positions and bit_array(mask).tolist() == positions
-        assert not mask or one_bit(mask) == (num_bits == 1)
-    assert [one_bit(m) for m in (1, 2, 3, 1 << 9000, (1 << 9000) | 1, (1 << 9001) - 1)] == [True, True, False, True, False, False]
 
 
 def _snapshot_by_clearing(index: CacheIndex, worker_id: WorkerId, seq: int, by_tier) -> None:
@@ -354,28 +351,6 @@ def test_the_answer_as_groups_reads_as_the_dict_of_every_holder():
         assert sorted(zip(rows.tolist(), numbers.T.tolist())) == sorted(
             (row_of[w], [s.num_blocks, s.blocks_by_tier[Tier.HOST], s.blocks_by_tier[Tier.DISK]]) for w, s in scores.items()
         )
-
-
-def test_one_workers_score_is_read_without_a_dict_of_every_holder(index):
-    """A prompt's holders in parts (one worker a length) and a few wider groups: one worker's
-    score comes from the groups' bits; past a few wide groups (or for a reader that iterates) a
-    dict of every holder is made and answers."""
-    names = [f"b{i}" for i in range(12)]
-    lengths = {WorkerId(f"w{i}"): 1 + i for i in range(6)}  # six groups of one worker
-    lengths |= {WorkerId(f"x{i}"): 8 + i // 2 for i in range(4)}  # two groups of two
-    for w, n in lengths.items():
-        index.apply_batch(w, 0, [stored(*names[:n])])
-    index.apply_batch(WorkerId("none"), 0, [stored("elsewhere")])
-    answer = query(index, *names)
-    assert {w: answer.get(w).num_blocks for w in lengths} == lengths and answer.get(WorkerId("none")) is None
-    assert answer[WorkerId("x3")] == OverlapScore(9, tiers(device=9)) and answer._dict is None
-    for i in range(4, 12):  # more groups of two: past a few, the dict answers every worker
-        index.apply_batch(WorkerId(f"y{i}"), 0, [stored(*names[:i])])
-        index.apply_batch(WorkerId(f"z{i}"), 0, [stored(*names[:i])])
-    answer = query(index, *names)
-    assert answer.get(WorkerId("w0")).num_blocks == 1 and answer._dict is not None
-    assert answer.get(WorkerId("y5")).num_blocks == 5 and answer.get(WorkerId("x0")).num_blocks == 8
-    assert answer.get(WorkerId("none")) is None
 
 
 def test_the_answer_names_the_holders_of_its_walk_after_their_bits_are_reused(index):
