@@ -286,8 +286,9 @@ static Py_ssize_t held_classes(const Fleet *f, const int64_t *rows, Py_ssize_t c
 static Py_ssize_t can_win(const Fleet *f, int64_t *rows, Py_ssize_t count, int num_keys, Py_ssize_t limit, Scratch *s) {
     if (limit <= 0 || count <= limit) return count;
     const Py_ssize_t num_classes = held_classes(f, rows, count, s);
-    Py_ssize_t none = 0; /* rows holding none of the prompt: class 0, read in place */
-    for (Py_ssize_t k = 0; k < count; k++) none += s->class_of[k] == 0;
+    /* Rows holding none of the prompt (class 0, read in place): all but the holders, whose
+       classes end at start[num_classes]. */
+    const Py_ssize_t none = count - s->start[num_classes];
     for (Py_ssize_t k = 0; k < count; k++) s->wins[k] = s->class_of[k] == 0 ? none <= limit : 0;
     for (Py_ssize_t c = 0; c < num_classes; c++) {
         const int in_place = c == 0;

@@ -335,7 +335,7 @@ def test_the_answer_as_groups_reads_as_the_dict_of_every_holder():
             tier = Tier.HOST if trial % 4 == 0 and rng.random() < 0.1 else Tier.DEVICE
             index.apply_batch(w, 0, [stored(*names[:length], tier=tier)])
         index.apply_batch(WorkerId("other"), 0, [stored("elsewhere")])  # indexed, holding none of the prompt
-        fresh = query(index, *names)  # one worker's score by its bit, no dict made
+        fresh = query(index, *names)  # each worker looked up before any reader iterates (by its bit where the groups are few)
         assert [fresh.get(w) for w in workers] == [fresh.as_dict().get(w) for w in workers]
         assert fresh.get(WorkerId("other")) is None and fresh.get(WorkerId("other"), "none") == "none"
         answer = query(index, *names)
