@@ -117,6 +117,9 @@ static inline int beats(const Fleet *f, double tpot, double ttft, double spent, 
     return meets ? spent < spent_b : ttft < ttft_b;
 }
 
+/* The prefill work a step at row r absorbs at no cost of its own: c1 x the kink (latency.StepTimeModel.slack_seconds). */
+static inline double slack(const Fleet *f, Py_ssize_t r) { return COL(f, C1, r) * COL(f, FREE, r); }
+
 /* One step at row r starting at some moment: with the prefill arriving there on top of what is
    queued: the rate less the work queued there (inflow.py; predictor.next_step_with_prefill). */
 static inline double next_step(const Fleet *f, Py_ssize_t r, double step) {
@@ -125,7 +128,8 @@ static inline double next_step(const Fleet *f, Py_ssize_t r, double step) {
     const double arriving = max_nan(f->inflow[r] - queued * f->per_work_s, 0.0);
     /* With prefill queued there a step fills its chunk from that backlog; without, it carries
        what arrives: a prompt, the mean of those sent there (inflow.mean_work), a chunk at most. */
-    const double carried = f->carried != NULL && !(queued > 0.0) ? min_nan(SEC(f, S_CHUNK_WORK, r), f->carried[r]) : SEC(f, S_CHUNK_WORK, r);
+    const double carried = f->carried != NULL && !(queued > 0.0) ? min_nan(SEC(f, S_CHUNK_WORK, r), max_nan(f->carried[r] - slack(f, r), 0.0))
+                                                                 : SEC(f, S_CHUNK_WORK, r);
     return step + (0.0 + min_nan(arriving, 1.0) * carried);
 }
 
@@ -133,7 +137,8 @@ static inline double next_step(const Fleet *f, Py_ssize_t r, double step) {
    prefill arriving there (predictor.shared_step_seconds). */
 static inline double token_seconds(const Fleet *f, Py_ssize_t r, double step) {
     if (f->inflow == NULL) return step;
-    return min_nan(step / max_nan(1.0 - f->inflow[r], 1e-9), step + SEC(f, S_CHUNK_WORK, r));
+    const double shared = max_nan(step, (step - slack(f, r)) / max_nan(1.0 - f->inflow[r], 1e-9));
+    return min_nan(shared, step + SEC(f, S_CHUNK_WORK, r));
 }
 
 /* Seconds loading the counted blocks held on a slower tier (`load` in seconds.py); `slow_any`:
@@ -441,6 +446,10 @@ static void release(Buffers *bufs) {
    '?' bool, as numpy formats them), `count` of them (count < 0: any number); NULL with ValueError
    otherwise. */
 static void *buffer_of(Buffers *bufs, PyObject *obj, char type, Py_ssize_t count, int writable, const char *name, Py_ssize_t *got) {
+    if (bufs->used == (int)(sizeof bufs->b / sizeof bufs->b[0])) {
+        PyErr_Format(PyExc_SystemError, "%s: more buffers than Buffers holds", name);
+        return NULL;
+    }
     Py_buffer *view = &bufs->b[bufs->used];
     if (PyObject_GetBuffer(obj, view, PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0)) < 0) return NULL;
     bufs->used++;

@@ -170,6 +170,21 @@ class StepTimeModel:
         hinge = chunked_hinge(num_new_tokens, chunk_tokens, self.free_prefill_tokens)
         return c[1] * hinge + c[2] * chunked_attention(num_new_tokens, num_cached_tokens, chunk_tokens)
 
+    def stream_work_seconds(self, num_new_tokens: int, num_cached_tokens: int, chunk_tokens: int) -> float:
+        """A prefill's work as one of a stream of prompts sharing a worker's steps: c1 x all its
+        tokens + c2 x its attention. The kink is a step's, not a prompt's: prompts arriving
+        together fill a step's free tokens once (slack_seconds), so a prompt shorter than the kink
+        still adds its tokens to what the steps carry."""
+        if num_new_tokens <= 0:
+            return 0.0
+        c = self.coefficients
+        return c[1] * num_new_tokens + c[2] * chunked_attention(num_new_tokens, num_cached_tokens, chunk_tokens)
+
+    @property
+    def slack_seconds(self) -> float:
+        """The prefill work one step absorbs at no cost of its own (c1 x the kink)."""
+        return self.coefficients[1] * self.free_prefill_tokens
+
     def decode_step_seconds(self, batch_size: int, context_tokens: int) -> float:
         """One decode step of batch_size sequences holding context_tokens tokens in all."""
         if batch_size <= 0:

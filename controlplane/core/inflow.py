@@ -3,11 +3,13 @@
 A decode's steps also carry the prefill chunks of the requests that arrive after it (chunked
 prefill co-schedules them), so its time per output token is not one decode step but
 
-    TPOT = step / (1 - inflow),  at most step + one full chunk's work,
+    TPOT = (step - slack) / (1 - inflow),  never below step, at most step + one full chunk's work,
 
 where inflow is the prefill work (seconds of compute beyond the steps' own, StepTimeModel.
-prefill_work_seconds) arriving at the worker per second: over a decode of n tokens lasting
-D = n x TPOT, the steps take n x step plus the inflow x D of prefill that arrives meanwhile. A
+stream_work_seconds: every token of each prompt) arriving at the worker per second and slack the
+work a step computes within its own time (c1 x the model's kink, once a step): over a decode of
+n tokens lasting D = n x TPOT, the steps take n x (step - slack) plus the inflow x D of prefill
+that arrives meanwhile (predictor.shared_step_seconds). A
 step carries at most one chunk (max_num_batched_tokens), which bounds TPOT when the inflow
 reaches the worker's capacity (inflow >= 1: prefill never drains). Without this a TPOT
 prediction is a bare decode step: 16 ms predicted against 200-285 ms measured for a 70B worker

@@ -92,7 +92,8 @@ class WorkerPerf:
         the prefill arriving here (shared_step_seconds)."""
         if self.prefill_inflow <= 0:
             return step_s
-        return shared_step_seconds(step_s, self.prefill_inflow, self._chunk_work_s())
+        assert self.model is not None
+        return shared_step_seconds(step_s, self.prefill_inflow, self._chunk_work_s(), self.model.slack_seconds)
 
     def next_step_seconds(self, step_s: float) -> float:
         """One step starting at some moment, `step_s` alone, with the prefill arriving here on top
@@ -105,7 +106,9 @@ class WorkerPerf:
         arriving = max(self.prefill_inflow - queued_work_s * self.inflow_per_work_s, 0.0)
         # With prefill queued here a step fills its chunk from that backlog; without, it carries
         # what arrives: a prompt, the mean of those sent here (PrefillInflow.mean_work).
-        carried_s = self._chunk_work_s() if queued_work_s > 0 else min(self._chunk_work_s(), self.carried_work_s)
+        carried_s = (
+            self._chunk_work_s() if queued_work_s > 0 else min(self._chunk_work_s(), max(self.carried_work_s - model.slack_seconds, 0.0))
+        )
         return next_step_with_prefill(step_s, arriving, carried_s)
 
     def _chunk_work_s(self) -> float:
@@ -133,7 +136,7 @@ class Prediction:
     decode_batch: int  # the decode batch this request is predicted to join
     slot_wait_s: float = 0.0  # waiting for a free decode slot on a full worker
     fetch_s: float = 0.0  # pulling a cached prefix from another worker or a slower tier
-    prefill_work_s: float = 0.0  # what its prefill adds to the prefill worker's steps (inflow.py)
+    prefill_work_s: float = 0.0  # its prefill as one of the stream the worker takes (StepTimeModel.stream_work_seconds; inflow.py)
     ttft_offset_s: float = 0.0  # calibration added to ttft_s / tpot_s (see Calibration)
     tpot_offset_s: float = 0.0
 
@@ -146,12 +149,18 @@ class Prediction:
         return self.tpot_s * 1000
 
 
-def shared_step_seconds(step_s: float, inflow: float, chunk_work_s: float) -> float:
+def shared_step_seconds(step_s: float, inflow: float, chunk_work_s: float, slack_s: float = 0.0) -> float:
     """A decode step's time per output token when prefill work arrives at `inflow` seconds per
-    second and rides along in its steps: step / (1 - inflow), at most step + `chunk_work_s` (a
-    step carries one chunk at most; inflow >= 1 is that bound). kvplane/_pricing.c computes the
-    same for every candidate."""
-    return min(step_s / max(1.0 - inflow, 1e-9), step_s + chunk_work_s)
+    second (StepTimeModel.stream_work_seconds) and rides along in its steps, each absorbing
+    `slack_s` of it at no cost (the model's kink): a step takes T = step + inflow x T - slack, so
+    T = (step - slack) / (1 - inflow), never below step, at most step + `chunk_work_s` (a step
+    carries one chunk at most; inflow >= 1 is that bound). Priced per prompt past the kink
+    instead, a stream of prompts shorter than it read as no work at all and longer ones as too
+    little: a decode's TPOT was predicted 47-122 ms short of what it measured on a worker
+    taking many (`kvplane sim --decisions`, the mix workload at 1.5x its capacity on 8 both
+    workers, with predictive admission: 73 % attainment). kvplane/_pricing.c computes the same
+    for every candidate."""
+    return min(max(step_s, (step_s - slack_s) / max(1.0 - inflow, 1e-9)), step_s + chunk_work_s)
 
 
 def next_step_with_prefill(step_s: float, inflow: float, chunk_work_s: float) -> float:
@@ -217,7 +226,7 @@ def predict(
         ttft_s = max(ttft_s + in_flight_s, decode_queue_s) + tail_s
     tpot_s, batch = _tpot_at(decode, ttft_s, prompt_tokens, max_tokens)
     chunk = max(prefill.chunk_tokens, 1)
-    work_s = prefill.model.prefill_work_seconds(prompt_tokens - prefill_cached_tokens, prefill_cached_tokens, chunk)
+    work_s = prefill.model.stream_work_seconds(prompt_tokens - prefill_cached_tokens, prefill_cached_tokens, chunk)
     return Prediction(ttft_s, tpot_s, queue_s, prefill_s, transfer_s, batch, slot_wait_s, fetch_s, work_s)
 
 

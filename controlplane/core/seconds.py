@@ -31,7 +31,8 @@ its corrected load (queued prefill tokens Q, running R, waiting W, running conte
                 calibration offset of that kind); TPOT(w) = one decode step of batch(w) + this
                 request, c0 + c3 x (R + W + 1) + c4 x (X + Q + P + max_tokens / 2), stretched by
                 the prefill arriving at w, whose chunks its steps carry (core/inflow.py:
-                step / (1 - inflow), at most step + a chunk's work) (+ offset).
+                predictor.shared_step_seconds: (step - slack) / (1 - inflow), never below
+                the step, at most step + a chunk's work) (+ offset).
 
 Choice (Mooncake's conductor, against the objectives, with what a placement spends): of the
 candidates whose predicted TTFT and TPOT meet the request's objectives, the least TTFT + cost,
@@ -55,7 +56,7 @@ recomputes a prefix on an idle worker the moment its holder's queue matches the 
 costs the fleet that prefill again and scatters the prefix; counting the work keeps a reader with
 the holder until the holder's queue costs more than the prefix's compute twice over. Ties (equal
 seconds: idle workers that hold nothing, or a model that cannot yet price prefill tokens) go to
-the fewer prompt tokens prefilled, then the lower TPOT, then the router's seeded draw.
+the fewer prompt tokens prefilled, then the lower TPOT, then the less prefill arriving, then the router's seeded draw.
 A hot prefix's holder keeps its readers until then; the next reader goes where the prefix
 arrives soonest, usually by a fetch from the holder: the prefix is replicated onto a second
 holder (which then draws readers itself once its KV events arrive: a fetched prefix is not
@@ -455,16 +456,21 @@ def _groups(decode: WorkerPool) -> list[WorkerPool]:
     return [decode.where_own(keys == k) for k in np.unique(keys).tolist()]
 
 
-def choose(priced: Priced, ttft_target_s: float | None, tpot_target_s: float | None, tie_rank: np.ndarray) -> np.ndarray:
+def choose(
+    priced: Priced, ttft_target_s: float | None, tpot_target_s: float | None, tie_rank: np.ndarray, arriving: np.ndarray | None = None
+) -> np.ndarray:
     """The candidates in the order of the module docstring's choice (indices): those meeting the
     objectives by TTFT + the prefill seconds they spend, then the others by their TTFT (how far
     it misses); ties by the fewer prompt tokens prefilled (a model fitted where prefill did not
     vary prices a prefix's compute at 0, and the cache is then the only evidence left), then
-    TPOT, then `tie_rank` (the router's draw among equals)."""
+    TPOT, then the less prefill `arriving` per second (per candidate: a stream its steps' slack
+    absorbs adds no predicted TPOT, yet an equal prediction holds likelier where less arrives),
+    then `tie_rank` (the router's draw among equals)."""
     ttft, tpot, computed = priced.ttft, priced.tpot, priced.computed
     spent = ttft + priced.work
+    spread = arriving if arriving is not None else np.zeros(len(ttft))
     if ttft_target_s is None or tpot_target_s is None:
-        return np.lexsort((tie_rank, tpot, computed, ttft, spent))
+        return np.lexsort((tie_rank, spread, tpot, computed, ttft, spent))
     meets = (ttft <= ttft_target_s) & (tpot <= tpot_target_s)
     key = np.where(meets, spent, _INF)
-    return np.lexsort((tie_rank, tpot, computed, np.where(meets, 0.0, ttft), key, ~meets))
+    return np.lexsort((tie_rank, spread, tpot, computed, np.where(meets, 0.0, ttft), key, ~meets))

@@ -120,6 +120,38 @@ def test_a_decode_shares_its_steps_with_the_prefill_arriving():
     assert shared_step_seconds(0.020, 3.0, 0.3) == pytest.approx(0.320)  # beyond capacity: every step carries a chunk
 
 
+def test_a_step_absorbs_its_slack_of_the_arriving_prefill_once():
+    """A model with a kink: each step computes `slack` of prefill work within its own time, once a
+    step however many prompts it carries. T = step + inflow x T - slack: (step - slack) / (1 -
+    inflow), never below the step alone, at most one chunk more."""
+    assert shared_step_seconds(0.020, 0.2, 0.3, slack_s=0.010) == pytest.approx(0.020)  # the stream fits the slack
+    assert shared_step_seconds(0.020, 0.6, 0.3, slack_s=0.010) == pytest.approx(0.025)  # 10 ms / 0.4
+    assert shared_step_seconds(0.020, 3.0, 0.3, slack_s=0.010) == pytest.approx(0.320)
+
+
+def test_a_stream_of_prompts_below_the_kink_is_work_all_the_same():
+    """StepTimeModel.stream_work_seconds: a prompt's work as one of many sharing the steps counts
+    all its tokens (the kink is a step's, paid once by slack_seconds); priced past the kink per
+    prompt, a stream of 40-token prompts on a model with a 100-token kink was no work at all."""
+    model = StepTimeModel((1e-3, 1e-5, 0.0, 1e-3, 0.0), num_samples=100, mean_abs_pct_error=0.0, free_prefill_tokens=100.0)
+    assert model.prefill_work_seconds(40, 0, 512) == 0.0
+    assert model.stream_work_seconds(40, 0, 512) == pytest.approx(40 * 1e-5)
+    assert model.stream_work_seconds(0, 0, 512) == 0.0
+    assert model.slack_seconds == pytest.approx(100 * 1e-5)
+
+    def perf(inflow: float, carried_s: float = math.inf) -> WorkerPerf:
+        return WorkerPerf(WorkerId("w"), model, 512, 16, 0, 0, 0, (), 0, prefill_inflow=inflow, carried_work_s=carried_s)
+
+    p = predict(prompt_tokens=40, max_tokens=10, prefill_cached_tokens=0, prefill=perf(0.0), decode=perf(0.0))
+    assert p.prefill_work_s == pytest.approx(40 * 1e-5)  # what the dispatch adds to the worker's inflow
+    # 2,000 such prompts a second: 0.8 s of work per second, 1 ms of it absorbed by each 2 ms step.
+    busy = predict(prompt_tokens=40, max_tokens=10, prefill_cached_tokens=0, prefill=perf(0.8), decode=perf(0.8))
+    assert busy.tpot_s == pytest.approx((0.002 - 0.001) / (1 - 0.8))
+    # A step landing among them carries one such prompt: its work past the step's slack, none here.
+    assert perf(0.36, carried_s=40 * 1e-5).next_step_seconds(0.002) == pytest.approx(0.002)
+    assert perf(0.36, carried_s=300 * 1e-5).next_step_seconds(0.002) == pytest.approx(0.002 + 0.36 * 200 * 1e-5)
+
+
 def test_tpot_predictions_count_the_workers_inflow_and_dispatches_record_their_work():
     model = StepTimeModel((1e-3, 1e-5, 0.0, 1e-3, 0.0), num_samples=100, mean_abs_pct_error=0.0)
 

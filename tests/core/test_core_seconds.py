@@ -275,6 +275,42 @@ def test_a_worker_taking_more_prefill_predicts_a_slower_tpot(worker_view, index)
     assert breakdown(d, "b").tpot_s == pytest.approx(0.012 + 2.048)
 
 
+def test_routing_prices_the_steps_slack_as_admission_does(worker_view, index):
+    """_pricing.c's TPOT of a worker taking a stream of prompts is predictor.shared_step_seconds'
+    with the model's slack (c1 x its kink): (step - slack) / (1 - inflow), not below the step."""
+    import numpy as np
+
+    from kvplane.controlplane.core.inflow import Inflow
+    from kvplane.controlplane.core.predictor import shared_step_seconds
+
+    kinked = StepTimeModel((0.010, 0.001, 0.0, 0.001, 0.0), num_samples=10, mean_abs_pct_error=0.0, free_prefill_tokens=4.0)
+    workers = [worker_view(w, latency=kinked) for w in ("a", "b", "c")]
+    request = RouteRequest("m", PROMPT_40, 16, DisaggMode.NEVER)
+    d = make_router().route(request, workers, index, NOW, prefill_inflow=Inflow(np.array([0.0, 0.2, 0.8]), 0.0))
+    step = 0.010 + 0.001  # this request alone in the batch
+    for worker, inflow in (("a", 0.0), ("b", 0.2), ("c", 0.8)):
+        assert breakdown(d, worker).tpot_s == pytest.approx(shared_step_seconds(step, inflow, np.inf, slack_s=0.004))
+    assert breakdown(d, "b").tpot_s == pytest.approx(step)  # its 4 ms of slack a step take what arrives
+    assert breakdown(d, "c").tpot_s == pytest.approx((step - 0.004) / 0.2)
+
+
+def test_at_equal_seconds_the_worker_taking_less_prefill_wins_before_the_draw(worker_view, index):
+    """Two idle workers whose steps' slack absorbs the prefill arriving at each: the same TTFT and
+    TPOT; the one taking less of it wins, whatever the router's draw (seconds.choose)."""
+    import numpy as np
+
+    from kvplane.controlplane.core.inflow import Inflow
+
+    kinked = StepTimeModel((0.010, 0.001, 0.0, 0.001, 0.0), num_samples=10, mean_abs_pct_error=0.0, free_prefill_tokens=4.0)
+    workers = [worker_view(w, latency=kinked) for w in ("a", "b")]
+    request = RouteRequest("m", PROMPT_40, 16, DisaggMode.NEVER)
+    inflow = Inflow(np.array([0.2, 0.1]), 0.0)
+    decisions = [make_router(seed=s).route(request, workers, index, NOW, prefill_inflow=inflow) for s in range(10)]
+    assert breakdown(decisions[0], "a").tpot_s == breakdown(decisions[0], "b").tpot_s
+    assert {d.decode_worker for d in decisions} == {"b"}
+    assert {make_router(seed=s).route(request, workers, index, NOW).decode_worker for s in range(10)} == {"a", "b"}  # none: the draw
+
+
 def test_when_none_meets_the_objectives_the_least_ttft_wins(worker_view, index, cache_prefix):
     """TTFT is the miss the placement decides; a TPOT missing everywhere is the prefill arriving
     everywhere (seconds.choose)."""

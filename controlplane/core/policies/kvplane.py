@@ -127,11 +127,13 @@ class KvplanePolicy(RoutingPolicy):
         # The draw among equal seconds: one rotation of the worker-id order (seeded, O(1) draws).
         tie_rank = (table.id_rank[placed.pool.rows] + rng.randrange(n)) % n
         objective = ctx.objective
+        inflow = ctx.prefill_inflow
         order = seconds.choose(
             placed,
             objective.ttft_ms / 1000 if objective else None,
             objective.tpot_ms / 1000 if objective else None,
             tie_rank,
+            inflow.rates[placed.pool.rows] if inflow is not None else None,
         )
         candidates = _as_priced(placed, ctx, order, objective)
         chosen = candidates[0]
