@@ -1,9 +1,7 @@
 """Policy `predictive`: admit to the best placement predicted to meet the request's objectives.
 
 Rule: walk the placements in the router's order (cheapest first); admit to the first whose
-predicted TTFT <= the TTFT objective and predicted TPOT + its margin (predictor.TpotSpread: how far
-one request's TPOT falls from its prediction 1 time in 20, by the steps it averages) <= the TPOT
-objective. A placement whose
+predicted TTFT <= the TTFT objective and predicted TPOT <= the TPOT objective. A placement whose
 workers have no latency model yet cannot be predicted and is admitted (the models appear after a
 worker's first steps, or at once after `kvplane profile`). When no placement meets both, reject at
 once, before any prefill work is spent, naming the objective missed by the placement that came
@@ -50,7 +48,7 @@ class PredictiveAdmission:
             if p is None:
                 return Admit(option)
             ttft_over = p.ttft_ms / objective.ttft_ms
-            tpot_over = (p.tpot_ms + p.tpot_margin_s * 1000) / objective.tpot_ms
+            tpot_over = p.tpot_ms / objective.tpot_ms
             if ttft_over <= 1 and tpot_over <= 1:
                 return Admit(option)
             which = "ttft" if ttft_over >= tpot_over else "tpot"
@@ -62,7 +60,7 @@ class PredictiveAdmission:
             predicted, target = p.ttft_ms, objective.ttft_ms
             retry_after_s = (predicted - target) / 1000
         else:
-            predicted, target = p.tpot_ms + p.tpot_margin_s * 1000, objective.tpot_ms
+            predicted, target = p.tpot_ms, objective.tpot_ms
             retry_after_s = closest.tpot_recovery_s if closest.tpot_recovery_s is not None else self._config.max_retry_after_s
         retry_after_s = min(max(retry_after_s, MIN_RETRY_AFTER_S), self._config.max_retry_after_s)
         # logfmt: machine-readable for clients, readable for people.

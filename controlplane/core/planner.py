@@ -46,16 +46,7 @@ from kvplane.controlplane.core.index import OverlapScore
 from kvplane.controlplane.core.inflow import PrefillInflow
 from kvplane.controlplane.core.params import check_numbers, param
 from kvplane.controlplane.core.pool import WorkerPool, table_of
-from kvplane.controlplane.core.predictor import (
-    Calibration,
-    LinkRate,
-    Prediction,
-    TpotSpread,
-    WorkerPerf,
-    blocks_to_transfer,
-    predict,
-    tpot_recovery_s,
-)
+from kvplane.controlplane.core.predictor import Calibration, LinkRate, Prediction, WorkerPerf, blocks_to_transfer, predict, tpot_recovery_s
 from kvplane.controlplane.core.router import Router, RouterConfig
 from kvplane.controlplane.core.routing import CandidateCost, NoCandidateError, RouteDecision, RouteRequest
 from kvplane.controlplane.core.settings import ClusterSettings
@@ -245,7 +236,6 @@ class Planner:
         # A disaggregated TTFT is calibrated as the local one plus its own extra (Calibration).
         bases = {ttft_kind(True): ttft_kind(False)}
         self.calibration = Calibration(config.calibration_weight, config.calibration_half_life_s, bases)
-        self.tpot_spread = TpotSpread(config.calibration_weight)
         self.link = LinkRate(config.initial_link_gb_per_s * 1e9, config.link_rate_weight)
         self.inflow = PrefillInflow(config.prefill_inflow_window_s)
         self._stated_link_bytes_per_s = 0.0  # the workers' stated rate, as the last routed view said
@@ -424,7 +414,6 @@ class Planner:
         )
         if prediction is not None:
             prediction = self.calibration.apply(prediction, ttft_kind(option.disaggregated), TPOT, now)
-            prediction = dataclasses.replace(prediction, tpot_margin_s=self.tpot_spread.margin_s(request.max_tokens - 1))
         target_tpot_s = objective.tpot_ms / 1000 - self.calibration.offset(TPOT, now)
         recovery = tpot_recovery_s(decode, target_tpot_s, prompt, request.max_tokens)
         return dataclasses.replace(option, prediction=prediction, tpot_recovery_s=recovery)
@@ -476,7 +465,7 @@ class Planner:
             if not plan.disaggregated:  # prefilled where it decoded: the decode worker's reports alone predicted it
                 self.trust.observe(plan.decode_worker, raw_ttft_s, outcome.ttft_s, now, discounts_s[0])
         if outcome.tpot_s is not None:
-            self._observe_tpot(p, outcome.tpot_s, plan.request.max_tokens - 1, now)
+            self.calibration.observe(TPOT, p.tpot_s - p.tpot_offset_s, outcome.tpot_s, now)
 
     def decoding(self, dispatch_id: int, now: float, tpot_s: float) -> None:
         """A request still decoding has measured `tpot_s` so far (once, after EARLY_TPOT_TOKENS
@@ -486,12 +475,7 @@ class Planner:
         plan = self._dispatched.get(dispatch_id)
         if plan is None or plan.prediction is None:
             return
-        self._observe_tpot(plan.prediction, tpot_s, EARLY_TPOT_TOKENS - 1, now)
-
-    def _observe_tpot(self, p: Prediction, tpot_s: float, steps: int, now: float) -> None:
-        """A TPOT measured over `steps` decode steps: the calibration learns its mean miss, the
-        spread how far one request's TPOT falls from its prediction."""
-        self.tpot_spread.observe(tpot_s - p.tpot_s, steps)
+        p = plan.prediction
         self.calibration.observe(TPOT, p.tpot_s - p.tpot_offset_s, tpot_s, now)
 
     def worker_stalled(self, worker_id: WorkerId, now: float) -> None:

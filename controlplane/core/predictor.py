@@ -139,8 +139,6 @@ class Prediction:
     prefill_work_s: float = 0.0  # its prefill as one of the stream the worker takes (StepTimeModel.stream_work_seconds; inflow.py)
     ttft_offset_s: float = 0.0  # calibration added to ttft_s / tpot_s (see Calibration)
     tpot_offset_s: float = 0.0
-    # How far over tpot_s this request's TPOT may fall as often as 1 in 20 (TpotSpread): admission's margin.
-    tpot_margin_s: float = 0.0
 
     @property
     def ttft_ms(self) -> float:
@@ -297,41 +295,6 @@ class Calibration:
         return dataclasses.replace(
             prediction, ttft_s=ttft_s, tpot_s=tpot_s, ttft_offset_s=ttft_s - prediction.ttft_s, tpot_offset_s=tpot_s - prediction.tpot_s
         )
-
-
-class TpotSpread:
-    """How far one request's TPOT falls from its (calibrated) prediction. A request's TPOT is the
-    mean of the steps it decodes in, each carrying whatever prefill arrived (core/inflow.py), so
-    its spread around the prediction shrinks with the steps it averages: as 1 / sqrt(steps) for
-    steps that vary independently. Learnt as an exponentially weighted mean of |measured -
-    predicted| x sqrt(steps) (a step's own spread, in seconds; `weight` for the newest), the way
-    Calibration learns the mean; `margin_s(steps)` is the one-sided 95 % point of a normal residual
-    with that mean absolute deviation (1.645 x 1.2533 of it) over the request's steps. Predictive
-    admission holds TPOT + margin to the objective: at 1.5x the mix workload's capacity (`kvplane
-    sim`, 8 both, 70B), where every worker's steps carry prefill and a short answer averages a few
-    140-310 ms steps, TPOT within 200 ms was taken for a pass while a third of the admitted requests
-    missed it (73 % attainment). A finished request's steps are counted from its max_tokens: one
-    that ended early averaged fewer, so the spread learnt from it is larger, the margin cautious."""
-
-    Z_PER_MEAN_ABS = 1.645 * 1.2533
-
-    __slots__ = ("weight", "_step_spread_s")
-
-    def __init__(self, weight: float = 0.2) -> None:
-        self.weight = weight
-        self._step_spread_s: float | None = None
-
-    def observe(self, residual_s: float, steps: int) -> None:
-        value = abs(residual_s) * math.sqrt(max(steps, 1))
-        old = self._step_spread_s
-        self._step_spread_s = value if old is None else old + self.weight * (value - old)
-
-    @property
-    def step_spread_s(self) -> float:
-        return self._step_spread_s or 0.0
-
-    def margin_s(self, steps: int) -> float:
-        return self.Z_PER_MEAN_ABS * self.step_spread_s / math.sqrt(max(steps, 1))
 
 
 class LinkRate:

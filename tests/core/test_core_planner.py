@@ -192,21 +192,6 @@ def test_a_decoding_request_s_tpot_so_far_calibrates_before_it_finishes(index, w
     assert third.prediction.tpot_offset_s == pytest.approx(0.03 * 0.5 ** (0.1 / 5.0))  # only faded (half-life 5 s)
 
 
-def test_measured_tpots_teach_admission_a_margin_that_shrinks_with_the_answer_s_length(index, worker_view, route_request):
-    """Each TPOT measured teaches the spread of one request's TPOT around its prediction
-    (TpotSpread, per step); the next predictions carry the margin for their own number of steps."""
-    cluster = ClusterView((worker_view("w", latency=STEP_MODEL),), index)
-    p = planner(admission_policy="none")
-    first = p.plan(route_request(PROMPT_40, max_tokens=10), cluster, NO_SETTINGS, now=0.0)
-    assert first.prediction.tpot_margin_s == 0.0  # nothing measured yet
-    p.finished(p.dispatched(first, now=0.0), now=0.5, outcome=Outcome(ttft_s=None, tpot_s=first.prediction.tpot_s + 0.004))
-    assert p.tpot_spread.step_spread_s == pytest.approx(0.004 * 3)  # 9 steps after the first token
-    short = p.plan(route_request(OTHER_40, max_tokens=10), cluster, NO_SETTINGS, now=0.5)
-    long = p.plan(route_request(OTHER_40, max_tokens=101), cluster, NO_SETTINGS, now=0.5)
-    assert short.prediction.tpot_margin_s == pytest.approx(1.645 * 1.2533 * 0.012 / 3)
-    assert long.prediction.tpot_margin_s == pytest.approx(1.645 * 1.2533 * 0.012 / 10)
-
-
 def test_a_measured_transfer_teaches_the_link_rate(index, worker_view, route_request):
     workers = (worker_view("d", latency=STEP_MODEL, block_nbytes=1_000_000), worker_view("p", Role.PREFILL, latency=STEP_MODEL))
     cluster = ClusterView(workers, index)

@@ -8,16 +8,7 @@ import pytest
 
 from kvplane.controlplane.core.admission import make_admission_policy
 from kvplane.controlplane.core.admission_base import AdmissionConfig, Admit, PlacementOption, Reject, RejectKind
-from kvplane.controlplane.core.predictor import (
-    Calibration,
-    LinkRate,
-    Prediction,
-    TpotSpread,
-    WorkerPerf,
-    blocks_to_transfer,
-    predict,
-    tpot_recovery_s,
-)
+from kvplane.controlplane.core.predictor import Calibration, LinkRate, Prediction, WorkerPerf, blocks_to_transfer, predict, tpot_recovery_s
 from kvplane.controlplane.core.routing import RouteRequest
 from kvplane.controlplane.core.settings import DEFAULT_OBJECTIVES, ClusterSettings, SettingError, validate_setting
 from kvplane.latency import StepTimeModel
@@ -136,31 +127,6 @@ def test_predictive_admits_the_first_option_meeting_both_objectives():
     options = [_option("a", 3.0, 0.01), _option("b", 0.5, 0.5), _option("c", 0.5, 0.05)]
     verdict = policy.decide(_request(), [], options, Objective(ttft_ms=1000, tpot_ms=100))
     assert verdict == Admit(options[2])
-
-
-def test_a_tpot_spread_is_learnt_per_step_and_shrinks_with_the_steps_a_request_averages():
-    spread = TpotSpread(weight=0.5)
-    assert spread.margin_s(9) == 0.0  # nothing measured: no margin
-    spread.observe(0.030, 9)  # 30 ms over its prediction, averaged over 9 steps: 90 ms a step (taken whole)
-    spread.observe(-0.010, 100)  # 10 ms under over 100 steps: 100 ms a step
-    assert spread.step_spread_s == pytest.approx(0.095)
-    # The one-sided 95 % point of a normal residual with that mean absolute deviation, per request.
-    assert spread.margin_s(9) == pytest.approx(1.645 * 1.2533 * 0.095 / 3)
-    assert spread.margin_s(100) == pytest.approx(1.645 * 1.2533 * 0.095 / 10)
-    assert spread.margin_s(0) == spread.margin_s(1)
-
-
-def test_predictive_holds_tpot_and_its_margin_to_the_objective():
-    """A short answer averages few steps: its TPOT may fall further from the prediction than a
-    long one's, so the margin can turn a predicted pass into a rejection."""
-    policy = make_admission_policy("predictive", AdmissionConfig())
-    objective = Objective(ttft_ms=1000, tpot_ms=100)
-    narrow = dataclasses.replace(_option("a", 0.5, 0.090), prediction=Prediction(0.5, 0.090, 0, 0.5, 0, 1, tpot_margin_s=0.005))
-    wide = dataclasses.replace(narrow, prediction=dataclasses.replace(narrow.prediction, tpot_margin_s=0.020))
-    assert policy.decide(_request(), [], [narrow], objective) == Admit(narrow)
-    verdict = policy.decide(_request(), [], [wide], objective)
-    assert isinstance(verdict, Reject) and verdict.kind is RejectKind.TPOT
-    assert "objective=tpot predicted_ms=110 target_ms=100" in verdict.reason
 
 
 def test_predictive_rejects_with_the_closest_miss_and_a_retry_after():
