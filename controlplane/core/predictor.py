@@ -158,8 +158,9 @@ def shared_step_seconds(step_s: float, inflow: float, chunk_work_s: float, slack
     instead, a stream of prompts shorter than it read as no work at all and longer ones as too
     little: a decode's TPOT was predicted 47-122 ms short of what it measured on a worker
     taking many (`kvplane sim --decisions`, the mix workload at 1.5x its capacity on 8 both
-    workers, with predictive admission: 73 % attainment). kvplane/_pricing.c computes the same
-    for every candidate."""
+    workers, with predictive admission), and 17-27 ms short with the slack counted once a step
+    (the rest is the spread of short answers' TPOT, docs/benchmarks.md). kvplane/_pricing.c
+    computes the same for every candidate."""
     return min(max(step_s, (step_s - slack_s) / max(1.0 - inflow, 1e-9)), step_s + chunk_work_s)
 
 
