@@ -164,21 +164,21 @@ class StepTimeModel:
         """What a prefill adds to the steps that carry it, beyond their own cost: c1 x its tokens
         past each step's kink + c2 x its attention. The seconds it takes from every request
         sharing those steps (a decode slowed by a co-scheduled chunk)."""
-        if num_new_tokens <= 0:
-            return 0.0
-        c = self.coefficients
-        hinge = chunked_hinge(num_new_tokens, chunk_tokens, self.free_prefill_tokens)
-        return c[1] * hinge + c[2] * chunked_attention(num_new_tokens, num_cached_tokens, chunk_tokens)
+        return self._work_seconds(num_new_tokens, num_cached_tokens, chunk_tokens, self.free_prefill_tokens)
 
     def stream_work_seconds(self, num_new_tokens: int, num_cached_tokens: int, chunk_tokens: int) -> float:
         """A prefill's work as one of a stream of prompts sharing a worker's steps: c1 x all its
         tokens + c2 x its attention. The kink is a step's, not a prompt's: prompts arriving
         together fill a step's free tokens once (slack_seconds), so a prompt shorter than the kink
         still adds its tokens to what the steps carry."""
+        return self._work_seconds(num_new_tokens, num_cached_tokens, chunk_tokens, 0.0)
+
+    def _work_seconds(self, num_new_tokens: int, num_cached_tokens: int, chunk_tokens: int, free_tokens: float) -> float:
         if num_new_tokens <= 0:
             return 0.0
         c = self.coefficients
-        return c[1] * num_new_tokens + c[2] * chunked_attention(num_new_tokens, num_cached_tokens, chunk_tokens)
+        hinge = chunked_hinge(num_new_tokens, chunk_tokens, free_tokens)
+        return c[1] * hinge + c[2] * chunked_attention(num_new_tokens, num_cached_tokens, chunk_tokens)
 
     @property
     def slack_seconds(self) -> float:

@@ -468,9 +468,9 @@ def choose(
     then `tie_rank` (the router's draw among equals)."""
     ttft, tpot, computed = priced.ttft, priced.tpot, priced.computed
     spent = ttft + priced.work
-    spread = arriving if arriving is not None else np.zeros(len(ttft))
+    arrivals = arriving if arriving is not None else np.zeros(len(ttft))
     if ttft_target_s is None or tpot_target_s is None:
-        return np.lexsort((tie_rank, spread, tpot, computed, ttft, spent))
+        return np.lexsort((tie_rank, arrivals, tpot, computed, ttft, spent))
     meets = (ttft <= ttft_target_s) & (tpot <= tpot_target_s)
     key = np.where(meets, spent, _INF)
-    return np.lexsort((tie_rank, spread, tpot, computed, np.where(meets, 0.0, ttft), key, ~meets))
+    return np.lexsort((tie_rank, arrivals, tpot, computed, np.where(meets, 0.0, ttft), key, ~meets))
