@@ -1,7 +1,9 @@
 """Policy `predictive`: admit to the best placement predicted to meet the request's objectives.
 
 Rule: walk the placements in the router's order (cheapest first); admit to the first whose
-predicted TTFT <= the TTFT objective and predicted TPOT <= the TPOT objective. A placement whose
+predicted TTFT <= the TTFT objective and whose TPOT stays under the TPOT objective with 95 %
+confidence (Prediction.tpot_high_ms: the mean plus the spread of a request's steps on a worker
+sharing them with arriving prefill, predictor.tpot_spread_seconds). A placement whose
 workers have no latency model yet cannot be predicted and is admitted (the models appear after a
 worker's first steps, or at once after `kvplane profile`). When no placement meets both, reject at
 once, before any prefill work is spent, naming the objective missed by the placement that came
@@ -48,7 +50,7 @@ class PredictiveAdmission:
             if p is None:
                 return Admit(option)
             ttft_over = p.ttft_ms / objective.ttft_ms
-            tpot_over = p.tpot_ms / objective.tpot_ms
+            tpot_over = p.tpot_high_ms / objective.tpot_ms
             if ttft_over <= 1 and tpot_over <= 1:
                 return Admit(option)
             which = "ttft" if ttft_over >= tpot_over else "tpot"
@@ -60,7 +62,7 @@ class PredictiveAdmission:
             predicted, target = p.ttft_ms, objective.ttft_ms
             retry_after_s = (predicted - target) / 1000
         else:
-            predicted, target = p.tpot_ms, objective.tpot_ms
+            predicted, target = p.tpot_high_ms, objective.tpot_ms
             retry_after_s = closest.tpot_recovery_s if closest.tpot_recovery_s is not None else self._config.max_retry_after_s
         retry_after_s = min(max(retry_after_s, MIN_RETRY_AFTER_S), self._config.max_retry_after_s)
         # logfmt: machine-readable for clients, readable for people.

@@ -72,7 +72,7 @@ class PrefillInflow:
     """Per-worker decayed sums of dispatched prefill work, and the decayed number of dispatches
     to the whole fleet; `now`: seconds on one monotonic clock."""
 
-    __slots__ = ("window_s", "_sums", "_counts", "_count", "_origin", "_first_at", "_column")
+    __slots__ = ("window_s", "_sums", "_squares", "_counts", "_count", "_origin", "_first_at", "_column")
 
     def __init__(self, window_s: float = 2.0) -> None:
         if not window_s > 0:
@@ -80,6 +80,7 @@ class PrefillInflow:
         self.window_s = window_s
         # Scaled to `_origin`: the decayed sum at time t is the stored one x exp(-(t - origin) / window).
         self._sums: dict[WorkerId, float] = {}
+        self._squares: dict[WorkerId, float] = {}  # each worker's sum of work squared, decayed as its sum
         self._counts: dict[WorkerId, float] = {}  # each worker's dispatches, decayed as its sum
         self._count = 0.0
         self._origin = 0.0
@@ -97,6 +98,7 @@ class PrefillInflow:
             self._rebase(now)
         growth = math.exp((now - self._origin) / self.window_s)
         self._sums[worker_id] = self._sums.get(worker_id, 0.0) + work_s * growth
+        self._squares[worker_id] = self._squares.get(worker_id, 0.0) + work_s * work_s * growth
         self._counts[worker_id] = self._counts.get(worker_id, 0.0) + growth
         self._count += growth
         if self._column is not None:
@@ -111,6 +113,7 @@ class PrefillInflow:
 
     def forget(self, worker_id: WorkerId) -> None:
         self._counts.pop(worker_id, None)
+        self._squares.pop(worker_id, None)
         if self._sums.pop(worker_id, None) is not None:
             self._column = None
 
@@ -126,6 +129,14 @@ class PrefillInflow:
         --decisions`, 128-512-token prompts on 4 prefill + 4 decode workers)."""
         count = self._counts.get(worker_id, 0.0)
         return self._sums[worker_id] / count if count > 0 else math.inf
+
+    def spread_work(self, worker_id: WorkerId) -> float:
+        """E[w^2] / E[w] over the prompts recently dispatched to `worker_id` (0: none), w each
+        one's work: the prefill arriving in a window of D seconds is a sum of a random number of
+        prompts, whose variance is inflow x D x this (predictor.tpot_spread_seconds). The mean
+        work when prompts are alike, more when a few long ones carry most of it."""
+        total = self._sums.get(worker_id, 0.0)
+        return self._squares[worker_id] / total if total > 0 else 0.0
 
     def view(self, table: WorkerTable, now: float) -> Inflow:
         """Every row of `table` (tables of one set of workers share their rows)."""
@@ -164,6 +175,7 @@ class PrefillInflow:
         factor = self._decay(now)
         self._sums = {w: total * factor for w, total in self._sums.items() if total * factor > 1e-12}
         self._counts = {w: self._counts[w] * factor for w in self._sums}
+        self._squares = {w: self._squares[w] * factor for w in self._sums}
         self._count *= factor
         self._origin = now
         self._column = None

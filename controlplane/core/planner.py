@@ -389,7 +389,13 @@ class Planner:
         decode_view, prefill_view = pool.get(option.decode_worker), pool.get(option.prefill_worker)
         assert decode_view is not None and prefill_view is not None  # options come from the pool
         inflow, per_work_s = self.inflow, self.inflow.per_work_s(now)
-        decode = WorkerPerf.of(decode_view, inflow.rate(option.decode_worker, now), per_work_s, inflow.mean_work(option.decode_worker))
+        decode = WorkerPerf.of(
+            decode_view,
+            inflow.rate(option.decode_worker, now),
+            per_work_s,
+            inflow.mean_work(option.decode_worker),
+            inflow.spread_work(option.decode_worker),
+        )
         prefill = WorkerPerf.of(prefill_view, inflow.rate(option.prefill_worker, now), per_work_s, inflow.mean_work(option.prefill_worker))
         prompt = len(request.prompt_token_ids)
 

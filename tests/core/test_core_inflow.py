@@ -6,11 +6,12 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import numpy as np
 import pytest
 
 from kvplane.controlplane.core.inflow import PrefillInflow
 from kvplane.controlplane.core.pool import WorkerTable
-from kvplane.controlplane.core.predictor import WorkerPerf, predict, shared_step_seconds
+from kvplane.controlplane.core.predictor import TPOT_Z, WorkerPerf, predict, shared_step_seconds, tpot_spread_seconds
 from kvplane.latency import StepTimeModel
 from kvplane.types import Role, WorkerId
 from tests.core.conftest import make_worker_view
@@ -89,6 +90,72 @@ def test_a_workers_prompts_carry_their_mean_work_weighed_as_its_rate():
     assert inflow.mean_work(WorkerId("a")) == math.inf and inflow.view(table, 3.0).carried[0] == math.inf
 
 
+def test_a_workers_prompts_spread_as_their_second_moment_over_their_mean():
+    """PrefillInflow.spread_work: E[w^2] / E[w] of the work dispatched to a worker, decayed as its
+    rate: the mean when prompts are alike, more when a few long ones carry most of it."""
+    inflow = PrefillInflow(window_s=1.0)
+    assert inflow.spread_work(WorkerId("a")) == 0.0
+    for _ in range(4):
+        inflow.add(WorkerId("a"), 0.010, 1.0)
+    assert inflow.spread_work(WorkerId("a")) == pytest.approx(0.010)
+    inflow.add(WorkerId("b"), 0.010, 1.0)
+    inflow.add(WorkerId("b"), 0.090, 1.0)
+    assert inflow.spread_work(WorkerId("b")) == pytest.approx((0.010**2 + 0.090**2) / 0.100)
+    inflow.add(WorkerId("b"), 0.100, 1.0 + math.log(2))  # weighs 2x the first two
+    assert inflow.spread_work(WorkerId("b")) == pytest.approx((0.010**2 + 0.090**2 + 2 * 0.100**2) / 0.300)
+    inflow._rebase(5.0)
+    assert inflow.spread_work(WorkerId("b")) == pytest.approx((0.010**2 + 0.090**2 + 2 * 0.100**2) / 0.300)
+    inflow.forget(WorkerId("b"))
+    assert inflow.spread_work(WorkerId("b")) == 0.0
+
+
+def _busy_decodes(intervals: int, own_s: float, rate: float, work, trials: int, rng: np.random.Generator) -> np.ndarray:
+    """TPOTs of `trials` decodes of `intervals` steps needing `own_s` each, on a worker whose
+    steps also compute every prompt arriving (Poisson, `rate` a second, `work(k)` seconds each)
+    before the decode ends: the busy period its own work starts."""
+    tpots = np.empty(trials)
+    for t in range(trials):
+        end = covered = intervals * own_s
+        arrivals = rng.poisson(rate * covered)
+        end += work(arrivals).sum()
+        while end > covered:
+            arrivals = rng.poisson(rate * (end - covered))
+            covered = end
+            end += work(arrivals).sum()
+        tpots[t] = end / intervals
+    return tpots
+
+
+@pytest.mark.parametrize("prompts", ["alike", "exponential"])
+def test_a_short_decodes_tpot_spreads_as_the_busy_period_it_is(prompts):
+    """predictor.tpot_spread_seconds against a Monte Carlo of the process it models: a decode of
+    n steps (20 ms each past the slack) on a worker taking prompts at 0.6 s of work a second;
+    its mean TPOT is shared_step_seconds' and its standard deviation the formula's, within 5 %."""
+    rng = np.random.default_rng(7)
+    mean_work = 0.010
+    if prompts == "alike":
+        work, spread_work = (lambda k: np.full(k, mean_work)), mean_work
+    else:
+        work, spread_work = (lambda k: rng.exponential(mean_work, k)), 2 * mean_work  # E[w^2] / E[w]
+    inflow, own_s, bound_s = 0.6, 0.020, 1.0
+    for intervals in (8, 32):
+        tpots = _busy_decodes(intervals, own_s, inflow / mean_work, work, 20000, rng)
+        mean_s = shared_step_seconds(own_s, inflow, bound_s)
+        assert tpots.mean() == pytest.approx(mean_s, rel=0.02)
+        assert tpots.std() == pytest.approx(tpot_spread_seconds(mean_s, inflow, spread_work, intervals, bound_s), rel=0.05)
+
+
+def test_the_tpot_spread_is_none_without_inflow_and_never_passes_the_chunk_bound():
+    assert tpot_spread_seconds(0.050, 0.0, 0.01, 10, 1.0) == 0.0
+    assert tpot_spread_seconds(0.050, 0.6, 0.0, 10, 1.0) == 0.0  # nothing dispatched there yet
+    assert tpot_spread_seconds(0.050, 0.6, 0.01, 0, 1.0) == 0.0  # one token: no interval to spread
+    wide = tpot_spread_seconds(0.200, 0.9, 0.05, 4, 0.250)
+    assert 0.200 + TPOT_Z * wide == pytest.approx(0.250)  # a step carries a chunk at most
+    assert tpot_spread_seconds(0.250, 1.5, 0.05, 4, 0.250) == 0.0  # every step carries one already
+    # Longer answers average more steps: the spread falls as 1 / sqrt(n).
+    assert tpot_spread_seconds(0.050, 0.6, 0.01, 40, 1.0) == pytest.approx(tpot_spread_seconds(0.050, 0.6, 0.01, 10, 1.0) / 2)
+
+
 def test_sums_stay_finite_over_a_long_run():
     inflow = PrefillInflow(window_s=0.1)
     for i in range(20000):  # 200 s, 2,000 windows: the stored sums are rebased as they go
@@ -97,6 +164,7 @@ def test_sums_stay_finite_over_a_long_run():
     assert inflow.rate(WorkerId("a"), 199.99) == pytest.approx(0.5 * (n - 1) / n, rel=0.06)
     assert all(math.isfinite(v) for v in inflow._sums.values()) and math.isfinite(inflow._count)
     assert inflow.mean_work(WorkerId("a")) == pytest.approx(0.005) and all(math.isfinite(v) for v in inflow._counts.values())
+    assert inflow.spread_work(WorkerId("a")) == pytest.approx(0.005) and all(math.isfinite(v) for v in inflow._squares.values())
 
 
 def test_admissions_landing_step_carries_the_mean_prompt_as_routing_does():

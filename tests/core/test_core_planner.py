@@ -12,6 +12,7 @@ from kvplane.block_hash import hash_blocks
 from kvplane.controlplane.core.admission_base import AdmissionConfig, Reject, RejectKind
 from kvplane.controlplane.core.index import CacheIndex, StoredEvent
 from kvplane.controlplane.core.planner import Outcome, Plan, Planner, PlannerConfig, ttft_kind
+from kvplane.controlplane.core.predictor import tpot_spread_seconds
 from kvplane.controlplane.core.settings import ClusterSettings
 from kvplane.controlplane.core.views import ClusterView
 from kvplane.latency import StepTimeModel
@@ -139,6 +140,25 @@ def test_a_finished_request_calibrates_the_next_prediction(index, worker_view, r
     # TPOT unchanged: one request routed there is no stream of prefill yet (inflow.py).
     assert p.inflow.rate(WorkerId("w"), 0.2) == 0.0
     assert second.prediction.tpot_s == pytest.approx(first.prediction.tpot_s)
+
+
+def test_a_workers_prefill_stream_spreads_the_tpot_predicted_there(index, worker_view, route_request):
+    """Dispatches record their prefill work (inflow.py); the next prediction on that worker
+    carries the spread of its TPOT at the worker's inflow and the prompts' E[w^2] / E[w]."""
+    cluster = ClusterView((worker_view("w", latency=STEP_MODEL),), index)
+    p = planner(admission_policy="none")
+    for i in range(20):
+        plan = p.plan(route_request([2000 + 40 * i + k for k in range(40)], max_tokens=9), cluster, NO_SETTINGS, now=0.01 * i)
+        p.dispatched(plan, now=0.01 * i)
+    w = WorkerId("w")
+    assert p.inflow.rate(w, 0.2) > 0 and p.inflow.spread_work(w) == pytest.approx(40 * 1e-5)
+    plan = p.plan(route_request(OTHER_40, max_tokens=9), cluster, NO_SETTINGS, now=0.2)
+    prediction = plan.prediction
+    assert prediction.tpot_spread_s > 0
+    inflow = p.inflow.rate(w, 0.2)
+    step_s = prediction.tpot_s * (1.0 - inflow)  # shared_step_seconds, no slack, below its bound
+    bound_s = step_s + STEP_MODEL.prefill_work_seconds(512, 0, 512)  # a step carries a chunk at most
+    assert prediction.tpot_spread_s == pytest.approx(tpot_spread_seconds(prediction.tpot_s, inflow, 40 * 1e-5, 8, bound_s), rel=1e-9)
 
 
 def test_a_calibration_pushed_below_zero_by_an_overload_comes_back_with_the_next_requests(index, worker_view, route_request):

@@ -8,7 +8,17 @@ import pytest
 
 from kvplane.controlplane.core.admission import make_admission_policy
 from kvplane.controlplane.core.admission_base import AdmissionConfig, Admit, PlacementOption, Reject, RejectKind
-from kvplane.controlplane.core.predictor import Calibration, LinkRate, Prediction, WorkerPerf, blocks_to_transfer, predict, tpot_recovery_s
+from kvplane.controlplane.core.predictor import (
+    TPOT_Z,
+    Calibration,
+    LinkRate,
+    Prediction,
+    WorkerPerf,
+    blocks_to_transfer,
+    predict,
+    tpot_recovery_s,
+    tpot_spread_seconds,
+)
 from kvplane.controlplane.core.routing import RouteRequest
 from kvplane.controlplane.core.settings import DEFAULT_OBJECTIVES, ClusterSettings, SettingError, validate_setting
 from kvplane.latency import StepTimeModel
@@ -141,6 +151,34 @@ def test_predictive_rejects_with_the_closest_miss_and_a_retry_after():
     verdict = policy.decide(_request(), [], [_option("a", 0.1, 0.25, recovery=4.0)], objective)
     assert isinstance(verdict, Reject) and verdict.reason.startswith("objective=tpot predicted_ms=250 target_ms=100")
     assert verdict.retry_after_s == 4.0 and verdict.kind is RejectKind.TPOT
+
+
+def test_predictive_holds_the_tpot_to_its_objective_with_confidence_not_on_average():
+    """A placement whose mean TPOT meets the objective but whose spread (a short answer on a
+    worker taking much prefill) puts its 95 % point past it is passed over for one that meets it
+    with confidence; with none such, the rejection names the 95 % point."""
+    policy = make_admission_policy("predictive", AdmissionConfig())
+    objective = Objective(ttft_ms=1000, tpot_ms=100)
+    spread = dataclasses.replace(_option("a", 0.1, 0.080), prediction=Prediction(0.1, 0.080, 0, 0.1, 0, 1, tpot_spread_s=0.020))
+    assert spread.prediction.tpot_high_ms == pytest.approx(80 + TPOT_Z * 20) and TPOT_Z == pytest.approx(1.645, abs=1e-3)
+    steady = _option("b", 0.3, 0.095)
+    assert policy.decide(_request(), [], [spread, steady], objective) == Admit(steady)
+    verdict = policy.decide(_request(), [], [spread], objective)
+    assert isinstance(verdict, Reject) and verdict.kind is RejectKind.TPOT
+    assert verdict.reason.startswith("objective=tpot predicted_ms=112.9 target_ms=100")
+
+
+def test_a_predictions_tpot_spread_comes_from_its_decode_workers_inflow():
+    """predictor.tpot_spread_seconds over the request's own output tokens, at the decode worker's
+    inflow and the spread of the prompts arriving there; none on a worker taking no prefill."""
+    busy = dataclasses.replace(perf(), prefill_inflow=0.5, spread_work_s=0.004)
+    p = predict(prompt_tokens=100, max_tokens=11, prefill_cached_tokens=0, prefill=busy, decode=busy)
+    chunk_s = 512 * 1e-5
+    assert p.tpot_s == pytest.approx(0.002 / 0.5)
+    assert p.tpot_spread_s == pytest.approx(tpot_spread_seconds(p.tpot_s, 0.5, 0.004, 10, 0.002 + chunk_s))
+    assert p.tpot_spread_s == pytest.approx(min((0.5 * 0.004 * 0.004 / 10) ** 0.5 / 0.5, (0.002 + chunk_s - 0.004) / TPOT_Z))
+    quiet = predict(prompt_tokens=100, max_tokens=11, prefill_cached_tokens=0, prefill=perf(), decode=perf())
+    assert quiet.tpot_spread_s == 0.0 and quiet.tpot_high_ms == quiet.tpot_ms
 
 
 def test_predictive_admits_when_no_model_exists_yet():
