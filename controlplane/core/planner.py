@@ -345,7 +345,8 @@ class Planner:
             if p is None or option.disaggregated or worker in self._probing:
                 continue
             excess_s = self.trust.excess_s(worker, routed.now)
-            if excess_s > 0 and p.ttft_ms - excess_s * 1000 <= objective.ttft_ms and p.tpot_ms <= objective.tpot_ms:
+            # TPOT as admission holds it (its 95 % point): the discount is all that may stand in the way.
+            if excess_s > 0 and p.ttft_ms - excess_s * 1000 <= objective.ttft_ms and p.tpot_high_ms <= objective.tpot_ms:
                 return option
         return None
 

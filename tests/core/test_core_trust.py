@@ -325,6 +325,25 @@ def test_a_worker_that_stays_late_gets_one_probe_at_a_time():
         assert planner.trust.excess_s(A, now) > 1.0
 
 
+def test_a_probe_is_admitted_only_where_the_tpot_meets_its_objective_as_admission_holds_it():
+    """A probe lifts the discount, not the TPOT's spread (predictor.tpot_spread_seconds): on a
+    worker taking a stream of prompts, a TPOT whose mean meets the objective and whose 95 %
+    point does not is refused, probe or not."""
+    index, planner = CacheIndex(), Planner(PlannerConfig(), rng=random.Random(0))
+    now = _hiccups(planner, "a", index, 1.5) + 10.0
+    for i in range(40):  # 40 prompts of 20 ms of work in 1 s: 0.8 s of prefill a second
+        planner.inflow.add(A, 0.020, now - 1.0 + i / 40)
+    cluster = ClusterView((make_worker_view("a", latency=STEP, reported_at=now),), index)
+    p = planner.route(make_request([400] * 40, max_tokens=4), cluster, PREDICTIVE_500_MS, now).options[0].prediction
+    assert p.tpot_spread_s > 0 and p.tpot_high_ms > p.tpot_ms
+    between = (p.tpot_ms + p.tpot_high_ms) / 2
+    tight = ClusterSettings({**PREDICTIVE_500_MS.values, "objectives.*.interactive.tpot_ms": f"{between}"})
+    assert isinstance(planner.plan(make_request([400] * 40, max_tokens=4), cluster, tight, now), Reject)
+    roomy = ClusterSettings({**PREDICTIVE_500_MS.values, "objectives.*.interactive.tpot_ms": f"{p.tpot_high_ms + 1}"})
+    plan = planner.plan(make_request([400] * 40, max_tokens=4), cluster, roomy, now)
+    assert isinstance(plan, Plan) and plan.probe
+
+
 def test_trust_switched_off_discounts_no_worker():
     """What kvplane sim gives the routing policies other than kvplane's own."""
     off = ReportTrust(TrustConfig())
