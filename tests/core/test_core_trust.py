@@ -344,6 +344,45 @@ def test_a_probe_is_admitted_only_where_the_tpot_meets_its_objective_as_admissio
     assert isinstance(plan, Plan) and plan.probe
 
 
+def test_after_slow_requests_the_calibration_is_measured_again_by_one_probe_at_a_time():
+    """One slow request on worker b (1.5 s against 5 ms predicted) makes the fleet's TTFT
+    calibration add 1.5 s to every prediction: an idle worker a is predicted over the 500 ms
+    objective, and predictive admission would refuse everything until the offset had faded.
+    Instead the router's placement is admitted as a calibration probe, one at a time, while only
+    the offset refuses it; as the probes come back on time the offset falls and requests are
+    admitted as usual."""
+    index, planner = CacheIndex(), Planner(PlannerConfig(), rng=random.Random(0))
+    slow = planner.plan(make_request([100] * 40), ClusterView((make_worker_view("b", latency=STEP),), index), ClusterSettings(), 0.0)
+    planner.finished(planner.dispatched(slow, 0.0), 1.5, Outcome(ttft_s=1.5))
+    now = 1.6
+    cluster = ClusterView((make_worker_view("a", latency=STEP, reported_at=now),), index)
+    assert planner.trust.excess_s(A, now) == 0.0 and planner.calibration.offset(ttft_kind(False), now) > 1.0
+    probes = 0
+    while True:
+        plan = planner.plan(make_request([200 + probes] * 40), cluster, PREDICTIVE_500_MS, now)
+        assert isinstance(plan, Plan), plan
+        if not plan.probe:
+            break
+        assert plan.probe == "calibration" and plan.prediction.ttft_s > 0.5
+        dispatch = planner.dispatched(plan, now)
+        assert isinstance(planner.plan(make_request([999] * 40), cluster, PREDICTIVE_500_MS, now), Reject)  # one at a time
+        raw_s = plan.prediction.ttft_s - plan.prediction.ttft_offset_s
+        planner.finished(dispatch, now + raw_s, Outcome(ttft_s=raw_s))  # as the model said
+        probes += 1
+        now += 0.01
+        assert probes <= 10
+    assert probes >= 3 and plan.prediction.ttft_s <= 0.5
+
+
+def test_no_calibration_probe_where_the_model_itself_misses_the_objective():
+    index, planner = CacheIndex(), Planner(PlannerConfig(), rng=random.Random(0))
+    slow = planner.plan(make_request([100] * 40), ClusterView((make_worker_view("b", latency=STEP),), index), ClusterSettings(), 0.0)
+    planner.finished(planner.dispatched(slow, 0.0), 1.5, Outcome(ttft_s=1.5))
+    # 10,000 queued prefill tokens: 1 s by the model alone, over the 500 ms objective.
+    queued = ClusterView((make_worker_view("a", latency=STEP, reported_at=1.6, num_queued_prefill_tokens=10_000),), index)
+    assert isinstance(planner.plan(make_request([200] * 40), queued, PREDICTIVE_500_MS, 1.6), Reject)
+
+
 def test_trust_switched_off_discounts_no_worker():
     """What kvplane sim gives the routing policies other than kvplane's own."""
     off = ReportTrust(TrustConfig())
