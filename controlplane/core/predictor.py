@@ -268,8 +268,7 @@ def predict(
         tail = prompt_tokens - ((prompt_tokens - 1) // decode.block_size) * decode.block_size
         tail_s = decode.next_step_seconds(_prefill_steps_seconds(decode, tail, prompt_tokens - tail))
         ttft_s = max(ttft_s + in_flight_s, decode_queue_s) + tail_s
-    tpot_s, batch, step_s = _tpot_at(decode, ttft_s, prompt_tokens, max_tokens)
-    spread_s = tpot_spread_seconds(tpot_s, decode.prefill_inflow, decode.spread_work_s, max_tokens - 1, step_s + decode._chunk_work_s())
+    tpot_s, spread_s, batch = _tpot_at(decode, ttft_s, prompt_tokens, max_tokens)
     chunk = max(prefill.chunk_tokens, 1)
     work_s = prefill.model.stream_work_seconds(prompt_tokens - prefill_cached_tokens, prefill_cached_tokens, chunk)
     return Prediction(ttft_s, tpot_s, queue_s, prefill_s, transfer_s, batch, slot_wait_s, fetch_s, work_s, tpot_spread_s=spread_s)
@@ -367,8 +366,8 @@ class LinkRate:
             self.measured_bytes_per_s = before + self.weight * (num_bytes / seconds - before)
 
 
-def _tpot_at(decode: WorkerPerf, arrival_s: float, prompt_tokens: int, max_tokens: int) -> tuple[float, int, float]:
-    """(TPOT, the batch it is predicted in, that batch's bare decode step)."""
+def _tpot_at(decode: WorkerPerf, arrival_s: float, prompt_tokens: int, max_tokens: int) -> tuple[float, float, int]:
+    """(TPOT, its spread, the batch it is predicted in)."""
     model = decode.model
     assert model is not None
     running = decode.num_running
@@ -379,13 +378,18 @@ def _tpot_at(decode: WorkerPerf, arrival_s: float, prompt_tokens: int, max_token
     survivors = max(running - finished, 0)
     batch = survivors + decode.num_waiting + 1
     context = (survivors + decode.num_waiting) * avg_context + prompt_tokens + max_tokens / 2
-    step_s = model.decode_step_seconds(batch, int(context))
-    return decode.token_seconds(step_s), batch, step_s
+    return (*_tpot_with_spread(decode, model.decode_step_seconds(batch, int(context)), max_tokens - 1), batch)
+
+
+def _tpot_with_spread(decode: WorkerPerf, step_s: float, intervals: int) -> tuple[float, float]:
+    """(TPOT, its spread) of a decode of `intervals` steps taking `step_s` alone on `decode`."""
+    tpot_s = decode.token_seconds(step_s)
+    return tpot_s, tpot_spread_seconds(tpot_s, decode.prefill_inflow, decode.spread_work_s, intervals, step_s + decode._chunk_work_s())
 
 
 def tpot_recovery_s(decode: WorkerPerf, target_tpot_s: float, prompt_tokens: int, max_tokens: int) -> float | None:
     """How long until enough running requests on `decode` finish for the TPOT objective to hold
-    (None when even an idle worker misses it)."""
+    as admission holds it, with its spread (None when even an idle worker misses it)."""
     model = decode.model
     if model is None:
         return None
@@ -396,7 +400,8 @@ def tpot_recovery_s(decode: WorkerPerf, target_tpot_s: float, prompt_tokens: int
         survivors = max(decode.num_running - num_finished, 0)
         batch = survivors + decode.num_waiting + 1
         context = (survivors + decode.num_waiting) * avg_context + prompt_tokens + max_tokens / 2
-        if decode.token_seconds(model.decode_step_seconds(batch, int(context))) <= target_tpot_s:
+        tpot_s, spread_s = _tpot_with_spread(decode, model.decode_step_seconds(batch, int(context)), max_tokens - 1)
+        if tpot_s + TPOT_Z * spread_s <= target_tpot_s:
             return 0.0 if num_finished == 0 else remaining[num_finished - 1] * step_now
     return None
 

@@ -118,6 +118,18 @@ def test_tpot_recovery_waits_for_enough_requests_to_finish():
     assert tpot_recovery_s(decode, 0.0015, 16, 4) is None
 
 
+def test_tpot_recovery_waits_until_the_tpot_meets_its_objective_with_its_spread():
+    """The retry-after of a TPOT rejection waits for what admission holds, the 95 % point: on a
+    worker with half its time prefill (steps of 1 + batch ms take twice that), a 7.5 ms objective
+    is met on average with 2 of 3 running requests gone (6 ms), with its spread (+2.1 ms: up to
+    the step + a 5.12 ms chunk) only with all 3 gone (4 ms + 3.1)."""
+    decode = dataclasses.replace(perf(running=3, remaining=(10, 20, 30), context=30), prefill_inflow=0.5, spread_work_s=0.004)
+    step_now = (0.001 + 3 * 0.001) / 0.5
+    assert tpot_recovery_s(decode, 0.0075, 16, 4) == pytest.approx(30 * step_now)
+    alike = dataclasses.replace(decode, spread_work_s=0.0)  # no spread: the mean alone
+    assert tpot_recovery_s(alike, 0.0075, 16, 4) == pytest.approx(20 * step_now)
+
+
 def test_blocks_to_transfer_counts_full_blocks_not_held():
     assert blocks_to_transfer(100, 16, 0) == 6
     assert blocks_to_transfer(100, 16, 4) == 2
