@@ -344,9 +344,9 @@ class Planner:
         the objectives and only the calibration's offsets (Calibration) refuse, while no other
         calibration probe runs. The offsets are the fleet's and fade with a half-life while
         nothing is measured: after a burst of slow requests they refuse everything, on an idle
-        fleet, until they have faded (the tests of test_core_trust.py; a likely cause, not confirmed, of a `kvplane
-        bench load` run that admitted 0 of 458 at 1x after its capacity run, one in seven). One
-        request at a time measures the model again."""
+        fleet, until they have faded (test_core_trust.py; a likely cause, not confirmed, of a
+        `kvplane bench load` run that admitted 0 of 458 at 1x after its capacity run, one run
+        in seven). One request at a time measures the model again."""
         objective = routed.objective
         if objective is None:
             return None, ""
