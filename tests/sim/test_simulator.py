@@ -235,3 +235,5 @@ def test_every_decision_is_written_with_its_candidates_prediction_and_outcome(tm
             # Admission holds the TPOT's 95 % point: the mean plus 1.645 spreads (predictor.tpot_spread_seconds).
             p = d["predicted"]
             assert p["tpot_high_ms"] >= p["tpot_ms"] and p["tpot_spread_ms"] >= 0
+            m = d["measured"]  # a transfer's time when KV moved, none when it did not
+            assert (m["kv_transfer_ms"] > 0) == (m["kv_transfer_bytes"] > 0)

@@ -73,6 +73,7 @@ def ended(entry: dict[str, Any], record) -> dict[str, Any]:
         entry["measured"] = {
             "ttft_ms": _ms(record.ttft_s), "tpot_ms": _ms(record.tpot_s), "cached_tokens": record.cached_tokens,
             "output_tokens": record.num_tokens, "decode_worker": record.decode_worker, "prefill_worker": record.prefill_worker,
+            "kv_transfer_ms": _ms(record.kv_transfer_s), "kv_transfer_bytes": record.kv_transfer_bytes,
         }  # fmt: skip
     return entry
 
