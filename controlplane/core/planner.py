@@ -246,7 +246,6 @@ class Planner:
         self._admission: dict[str, AdmissionPolicy] = {}
         self._dispatched: dict[int, Plan] = {}
         self._probing: dict[WorkerId, int] = {}  # a discounted worker -> the dispatch measuring it again
-        self._calibrating: int | None = None  # the dispatch measuring the model where the calibration refused
         self._next_dispatch_id = 1
 
     # -- planning --------------------------------------------------------------------------------
@@ -341,8 +340,8 @@ class Planner:
         without a probe, one worker serving alone was refused everything for the whole hold (30 s)
         after two slow requests (a pause, a warm-up). A worker that does run late gets one request
         at a time. "calibration": the router's placement, which the model alone predicts to meet
-        the objectives and only the calibration's offsets (Calibration) refuse, while no other
-        calibration probe runs. The offsets are the fleet's and fade with a half-life while
+        the objectives and only the calibration's offsets (Calibration) refuse, while no request
+        this planner admitted is under way (the probe included). The offsets are the fleet's and fade with a half-life while
         nothing is measured: after a burst of slow requests they refuse everything, on an idle
         fleet, until they have faded (test_core_trust.py; a likely cause, not confirmed, of a
         `kvplane bench load` run that admitted 0 of 458 at 1x after its capacity run, one run
@@ -354,7 +353,11 @@ class Planner:
             option = self._trust_probe(routed, objective)
             if option is not None:
                 return option, "trust"
-        if self._calibrating is None:
+        # Only while nothing admitted is under way: a request in flight will measure the model
+        # anyway, and a probe then is a placement the calibration refused, whose outcome biases
+        # it towards refusing more (on 8 P + 8 D with the trace at 16x and 32x, probing in the
+        # overload cost 10-12 % of goodput).
+        if not self._dispatched:
             option = routed.options[0]
             p = option.prediction
             # On a discounted worker the discount is trust's to measure (above), not the model's.
@@ -469,8 +472,6 @@ class Planner:
         self._dispatched[dispatch_id] = plan
         if plan.probe == "trust":
             self._probing[plan.decode_worker] = dispatch_id
-        elif plan.probe == "calibration":
-            self._calibrating = dispatch_id
         prefill_discount_s = self.trust.excess_s(plan.prefill_worker, now) if plan.prefill_worker is not None else 0.0
         self._discount_at_dispatch[dispatch_id] = (self.trust.excess_s(plan.decode_worker, now), prefill_discount_s)
         return dispatch_id
@@ -485,8 +486,6 @@ class Planner:
         discounts_s = self._discount_at_dispatch.pop(dispatch_id, (0.0, 0.0))
         if plan is not None and self._probing.get(plan.decode_worker) == dispatch_id:
             del self._probing[plan.decode_worker]
-        if self._calibrating == dispatch_id:
-            self._calibrating = None
         if plan is None or outcome is None:
             return
         self.link.observe(outcome.kv_transfer_bytes, outcome.kv_transfer_s, self._stated_link_bytes_per_s)

@@ -196,7 +196,7 @@ def tpot_spread_seconds(tpot_s: float, inflow: float, spread_work_s: float, inte
     A short answer averages few steps: on a worker taking prompts to 85-95 % of its time its TPOT
     spreads wide of the mean, and admission that held the mean to the objective kept 70.7 % and
     76.8 % attainment (`kvplane sim --workload mix --both 8 --rate 470 --admission predictive`,
-    seeds 0 and 1), the misses all TPOT, the means 17-27 ms short; with this, 99.9 % and 99.7 %.
+    seeds 0 and 1), the misses all TPOT, the means 17-27 ms short; with this, 100.0 % and 99.3 %.
     A model, not a learnt margin: it falls to zero with the inflow, so admission that rejects on
     it opens again (a margin learnt from measured TPOTs shut `kvplane bench load` for good)."""
     if inflow <= 0 or spread_work_s <= 0 or intervals < 1:

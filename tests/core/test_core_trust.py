@@ -374,6 +374,18 @@ def test_after_slow_requests_the_calibration_is_measured_again_by_one_probe_at_a
     assert probes >= 3 and plan.prediction.ttft_s <= 0.5
 
 
+def test_no_calibration_probe_while_an_admitted_request_is_under_way():
+    """A request in flight measures the model anyway; a probe then would be a placement the
+    calibration refused, whose outcome teaches it to refuse more."""
+    index, planner = CacheIndex(), Planner(PlannerConfig(), rng=random.Random(0))
+    cluster_b = ClusterView((make_worker_view("b", latency=STEP),), index)
+    slow = planner.plan(make_request([100] * 40), cluster_b, ClusterSettings(), 0.0)
+    planner.finished(planner.dispatched(slow, 0.0), 1.5, Outcome(ttft_s=1.5))
+    planner.dispatched(planner.plan(make_request([101] * 40), cluster_b, ClusterSettings({"admission.policy": "none"}), 1.5), 1.5)
+    cluster = ClusterView((make_worker_view("a", latency=STEP, reported_at=1.6),), index)
+    assert isinstance(planner.plan(make_request([200] * 40), cluster, PREDICTIVE_500_MS, 1.6), Reject)
+
+
 def test_no_calibration_probe_where_the_model_itself_misses_the_objective():
     index, planner = CacheIndex(), Planner(PlannerConfig(), rng=random.Random(0))
     slow = planner.plan(make_request([100] * 40), ClusterView((make_worker_view("b", latency=STEP),), index), ClusterSettings(), 0.0)
