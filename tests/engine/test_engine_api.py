@@ -294,3 +294,18 @@ def test_held_blocks_are_released_when_a_request_ends_before_admission(make_engi
     while engine.load().num_used_blocks and not deadline.wait(0.01):
         pass
     assert engine.load().num_used_blocks == 0
+
+
+@pytest.mark.parametrize("free", ["abort_import", "unpin"])
+def test_blocks_given_back_seat_the_request_waiting_for_them(make_engine: Callable[..., Engine], free: str) -> None:
+    """A request waiting at the queue's head for blocks is seated as soon as an import's or a
+    pin's blocks come back, not at the next submission (the step loop sleeps while it waits)."""
+    engine = make_engine(block_size=BS, num_blocks=8)
+    held = engine.allocate_for_import(8)
+    assert held is not None
+    sink = submit(engine, EngineRequest("r", prompt(9), SamplingParams(max_tokens=2)))
+    assert not sink.done.wait(0.2)  # no block to reserve: it waits
+    assert engine.load().num_waiting == 1
+    getattr(engine, free)(held)
+    assert sink.done.wait(10), "the freed blocks did not wake the engine"
+    assert sink.final.finish_reason == "length"

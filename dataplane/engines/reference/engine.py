@@ -232,6 +232,7 @@ class Engine:
     def unpin(self, block_ids: Sequence[int]) -> None:
         with self._cond:
             self._blocks.release(block_ids[::-1])
+            self._cond.notify_all()  # freed blocks may seat the request waiting at the queue's head
 
     def prompt_block_hashes(self, prompt_token_ids: Sequence[int], cache_salt: str = "") -> list[BlockHash]:
         return hash_blocks(prompt_token_ids, self.config.block_size, self.model_name, cache_salt)
@@ -259,6 +260,7 @@ class Engine:
     def abort_import(self, block_ids: Sequence[int]) -> None:
         with self._cond:
             self._blocks.release(block_ids[::-1])
+            self._cond.notify_all()
 
     # --- step thread ---------------------------------------------------------------------
     def _wake(self) -> None:
