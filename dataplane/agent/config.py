@@ -37,6 +37,11 @@ class AgentConfig:
     pin_check_interval_s: float = 1.0  # how often expired pins are looked for
     prefill_timeout_s: float = 120.0  # decode side gives up on a remote prefill after this (or the request's deadline)
     transfer_timeout_s: float = 60.0  # and on pulling its KV after this (or the request's deadline)
+    # A decode pool too full to pull a prefilled prompt into: wait this long for steps to free
+    # blocks (as vLLM and SGLang decode workers queue for memory) before prefilling locally. Keep
+    # it under the prefill workers' pin_timeout_s: a pull after they unpinned fails (and then
+    # prefills locally too). 0: prefill locally at once.
+    import_wait_s: float = 10.0
     # Testing only: SIGUSR1 drops the next KV event batch, SIGUSR2 cuts the next KV pull served
     # over the gRPC stream after its first chunk (the chaos suite's faults).
     fault_injection: bool = False
@@ -61,6 +66,8 @@ class AgentConfig:
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.import_wait_s < 0:
+            raise ValueError(f"import_wait_s must be >= 0 (0 = prefill locally at once when the KV pool is full), got {self.import_wait_s}")
         if self.nixl_progress_delay_us < 0:
             raise ValueError(f"nixl_progress_delay_us must be >= 0 (0 = poll without waiting), got {self.nixl_progress_delay_us}")
         if self.lease_ttl_s != 0 and not 2 <= self.lease_ttl_s <= 3600:

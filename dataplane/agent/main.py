@@ -69,6 +69,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds a prefilled transfer stays pinned waiting for its pull (default %(default)s)",
     )
     parser.add_argument(
+        "--import-wait",
+        type=float,
+        default=a.import_wait_s,
+        metavar="S",
+        help="seconds a decode worker whose KV pool is full waits for free blocks to pull a remotely prefilled prompt into "
+        "before prefilling it locally (0: at once); keep it under the prefill workers' --pin-timeout (default %(default)s)",
+    )
+    parser.add_argument(
         "--lease-ttl",
         type=int,
         default=a.lease_ttl_s,
@@ -117,6 +125,7 @@ def config_from_args(args: argparse.Namespace, certificate_name: str = "") -> Ag
         lease_ttl_s=args.lease_ttl,
         load_report_interval_s=args.load_report_interval,
         pin_timeout_s=args.pin_timeout,
+        import_wait_s=args.import_wait,
         fault_injection=args.fault_injection,
     ).validate()
 

@@ -73,6 +73,7 @@ from kvplane.v1 import agent_pb2, agent_pb2_grpc, common_pb2
 log = logging.getLogger(__name__)
 MAX_EARLY_RELEASES = 4096  # releases remembered for prefills not pinned yet (ReleaseKV)
 
+IMPORT_POLL_S = 0.005  # how often a pull waiting for free blocks looks again (an engine step frees them)
 LATENCY_REFIT_INTERVAL_S = 1.0  # the online model refits at most this often (on the event loop)
 
 
@@ -486,9 +487,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             if source.cached_only:
                 metrics.kv_fetched_tokens = len(missing) * layout.block_size
             if missing:
-                dst = kv.allocate_for_import(len(missing))
-                if dst is None:
-                    raise RuntimeError(f"no free KV blocks for {len(missing)} imported blocks")
+                dst = await self._allocate_for_import(kv, len(missing), deadline)
                 self._num_importing_blocks += len(dst)
                 try:
                     source_desc = PullSource(
@@ -526,6 +525,19 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                 # In the background: this call may be being cancelled, and the peer must unpin anyway.
                 self._spawn(self._release_peer(peer, reply.transfer_id, request.ticket), f"release-{reply.transfer_id}")
         return held
+
+    async def _allocate_for_import(self, kv: KVImportExport, num_blocks: int, deadline: float | None) -> list[int]:
+        """Blocks to pull `num_blocks` into. A full pool is waited on while its steps free blocks,
+        as vLLM's and SGLang's decode workers queue for memory: the prompt is computed already,
+        and prefilling it again here would need the same blocks. Gives up (RuntimeError: the
+        caller prefills locally) after import_wait_s or at the request's deadline."""
+        wait_s = _bounded(self._config.import_wait_s, deadline)
+        give_up_at = time.monotonic() + wait_s
+        while (dst := kv.allocate_for_import(num_blocks)) is None:
+            if time.monotonic() >= give_up_at:
+                raise RuntimeError(f"no free KV blocks for {num_blocks} imported blocks after waiting {wait_s:g} s")
+            await asyncio.sleep(IMPORT_POLL_S)
+        return dst
 
     async def _release_peer(self, peer: agent_pb2_grpc.AgentStub, transfer_id: str, ticket: common_pb2.Ticket) -> None:
         try:

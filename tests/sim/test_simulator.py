@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from collections import Counter
 
@@ -78,6 +79,26 @@ def test_a_disaggregated_request_s_ttft_adds_the_prefill_hop_the_transfer_and_th
     (rec,) = simulate(fleet, [one(4000, 2)]).result.records
     assert not rec.disaggregated and rec.decode_worker == "decode-0"
     assert rec.ttft_s == pytest.approx(2 * HOP + prefill, rel=1e-12)
+
+
+@pytest.mark.parametrize("import_wait_s", [10.0, 0.0])
+def test_a_pull_into_a_full_decode_pool_waits_for_blocks_else_prefills_locally(import_wait_s):
+    """Two 4,000-token prompts prefilled remotely (250 blocks each) for one decode worker of 400
+    blocks: the second's KV waits for the first to finish and free its blocks, as the agent waits
+    (AgentTiming.import_wait_s); with no wait it is computed again on the decode worker."""
+    engine = dataclasses.replace(ENGINE, num_blocks=400)
+    fleet = FleetSpec(engine, num_prefill=1, num_decode=1, num_both=0)
+    config = PlannerConfig(admission_policy="none", router=RouterConfig(policy=LeastLoadParams(), disagg_threshold_tokens=1024))
+    sim = Simulator(fleet, config, ClusterSettings(), agent=AgentTiming(hop_s=HOP, import_wait_s=import_wait_s))
+    other = tuple(range(5001, 9001))  # shares no block with the first
+    first, second = sim.run([one(4000, 50), SimRequest(0.001, 4000, 50, lambda: other)]).records
+    assert first.disaggregated and first.kv_wait_s == 0 and first.finished_s is not None
+    assert second.finished_s is not None and second.num_tokens == 50
+    if import_wait_s:
+        assert second.disaggregated and second.prefill_worker == "prefill-0" and second.kv_transfer_bytes == 250 * 2_097_152
+        assert second.kv_wait_s > 0 and second.ttft_s > first.ttft_s + second.kv_wait_s
+    else:
+        assert not second.disaggregated and second.prefill_worker == "decode-0" and second.kv_transfer_bytes == 0
 
 
 def test_a_repeated_prompt_hits_the_cache_of_the_worker_the_planner_sent_it_to():
@@ -237,3 +258,4 @@ def test_every_decision_is_written_with_its_candidates_prediction_and_outcome(tm
             assert p["tpot_high_ms"] >= p["tpot_ms"] and p["tpot_spread_ms"] >= 0
             m = d["measured"]  # a transfer's time when KV moved, none when it did not
             assert (m["kv_transfer_ms"] > 0) == (m["kv_transfer_bytes"] > 0)
+            assert p["room_wait_ms"] >= 0 and m["kv_wait_ms"] >= 0  # waiting for a slot or blocks: predicted, and for a pull, measured

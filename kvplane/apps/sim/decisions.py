@@ -60,7 +60,7 @@ def decided(index: int, arrival_s: float, now: float, routed: Routed, verdict: P
             "ttft_ms": _ms(p.ttft_s), "tpot_ms": _ms(p.tpot_s), "queue_ms": _ms(p.queue_s), "prefill_ms": _ms(p.prefill_s),
             "transfer_ms": _ms(p.transfer_s), "fetch_ms": _ms(p.fetch_s), "ttft_offset_ms": _ms(p.ttft_offset_s),
             "tpot_offset_ms": _ms(p.tpot_offset_s), "tpot_spread_ms": _ms(p.tpot_spread_s),
-            "tpot_high_ms": round(p.tpot_high_ms, 3),
+            "tpot_high_ms": round(p.tpot_high_ms, 3), "room_wait_ms": _ms(p.slot_wait_s),
         }  # fmt: skip
     return entry
 
@@ -74,6 +74,7 @@ def ended(entry: dict[str, Any], record) -> dict[str, Any]:
             "ttft_ms": _ms(record.ttft_s), "tpot_ms": _ms(record.tpot_s), "cached_tokens": record.cached_tokens,
             "output_tokens": record.num_tokens, "decode_worker": record.decode_worker, "prefill_worker": record.prefill_worker,
             "kv_transfer_ms": _ms(record.kv_transfer_s), "kv_transfer_bytes": record.kv_transfer_bytes,
+            "kv_wait_ms": _ms(record.kv_wait_s),
         }  # fmt: skip
     return entry
 

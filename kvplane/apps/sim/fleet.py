@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -37,11 +38,22 @@ class AgentTiming:
     load_report_interval_s: float = 0.2
     kv_event_interval_s: float = 0.1
     hop_s: float = 0.0005  # one RPC's one-way latency: client <-> control plane <-> agents
+    import_wait_s: float = 10.0  # how long a full decode pool is waited on before prefilling locally
 
     def validate(self) -> AgentTiming:
-        if self.load_report_interval_s <= 0 or self.kv_event_interval_s <= 0 or self.hop_s < 0:
-            raise ValueError(f"report intervals must be positive and the hop latency >= 0, got {self}")
+        if self.load_report_interval_s <= 0 or self.kv_event_interval_s <= 0 or self.hop_s < 0 or self.import_wait_s < 0:
+            raise ValueError(f"report intervals must be positive and the hop latency and import wait >= 0, got {self}")
         return self
+
+
+@dataclass(slots=True)
+class ImportWait:
+    """A pull waiting for free blocks on a full decode pool (SimWorker.allocate_for_import)."""
+
+    num_blocks: int
+    ready: Callable[[list[int]], None]
+    served: bool = False
+    cancelled: bool = False
 
 
 def index_events(events: Sequence[KVCacheEvent]) -> list[KVEvent]:
@@ -133,6 +145,7 @@ class SimWorker:
         self._report_armed = False
         self._events_armed = False
         self._kv_seq = 0
+        self._imports: deque[ImportWait] = deque()  # pulls waiting for blocks, first come first served
         self.view = self._make_view()
         # Work done here, for the load spread: prompt tokens computed and tokens generated.
         self.num_prefill_tokens = 0
@@ -146,9 +159,33 @@ class SimWorker:
         self.engine.submit(request, sink)  # raises before queueing when the request cannot run
         self.kick()
 
+    def allocate_for_import(self, num_blocks: int, ready: Callable[[list[int]], None]) -> ImportWait:
+        """Blocks to pull `num_blocks` into, handed to `ready` now or, when the pool is full, once
+        steps or released pins free them: the agent waits for memory as vLLM and SGLang decode
+        workers do. Waiting pulls are served first come first served, before the engine's own
+        queue takes freed blocks: their prompt is computed and holds the prefill worker's blocks
+        (serving them in arrival order with the engine's queue measured worse: the pulls waited
+        behind a long local prompt's reservation). Cancel the wait returned to give up."""
+        wait = ImportWait(num_blocks, ready)
+        self._imports.append(wait)
+        self._serve_imports()
+        return wait
+
+    def _serve_imports(self) -> None:
+        while self._imports:
+            wait = self._imports[0]
+            if not wait.cancelled:
+                dst = self.engine.allocate_for_import(wait.num_blocks)
+                if dst is None:
+                    return
+                wait.served = True
+                wait.ready(dst)
+            self._imports.popleft()
+
     def kick(self) -> None:
         """Starts the next step if none runs; arms the reports (something may have changed)."""
         self._arm()
+        self._serve_imports()  # blocks freed since go to waiting pulls before the engine's queue
         if self._stepping:
             return
         seconds = self.engine.begin_step()

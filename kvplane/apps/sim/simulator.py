@@ -10,7 +10,8 @@ dataplane/agent/service.py), with one hop of `hop_s` per RPC message:
    request) and pins its blocks; with a fetch, the holder pins its cached prefix; the decode worker
    then allocates the blocks it lacks, the transfer takes the link's time for the model's real KV
    bytes (kvplane.hardware.LinkSpec), and the blocks are committed to its prefix cache and unpinned
-   at the source. If the source fails or the decode pool is full, it prefills locally, as the agent does;
+   at the source. A full decode pool is waited on (AgentTiming.import_wait_s) until steps free
+   blocks; if the source fails or the wait runs out, it prefills locally, as the agent does;
 3. it runs on the decode worker; its first token reaches the control plane (Planner.prefill_ended)
    and so does its end (Planner.finished with the measured TTFT, TPOT and transfer), as in the servicer.
 Load reports and KV event batches reach the planner and the cache index on the agents' periods.
@@ -33,7 +34,7 @@ from dataclasses import dataclass, field
 from kvplane import hardware
 from kvplane.apps.sim import decisions as decision_log
 from kvplane.apps.sim.clock import EventLoop
-from kvplane.apps.sim.fleet import AgentTiming, SimWorker, fitted_step_model
+from kvplane.apps.sim.fleet import AgentTiming, ImportWait, SimWorker, fitted_step_model
 from kvplane.controlplane.core.admission_base import Reject
 from kvplane.controlplane.core.index import CacheIndex, KVEvent, StoredEvent
 from kvplane.controlplane.core.planner import EARLY_TPOT_TOKENS, Outcome, Plan, Planner, PlannerConfig
@@ -115,6 +116,7 @@ class Record:
     fetched: bool = False
     kv_transfer_bytes: int = 0
     kv_transfer_s: float = 0.0
+    kv_wait_s: float = 0.0  # waiting for the decode worker's blocks to pull its KV into
     predicted_ttft_s: float | None = None
     oracle_cached_tokens: int = 0
     infinite_cached_tokens: int = 0  # the bound of a cache that never evicts
@@ -373,13 +375,32 @@ class Simulator:
     def _pull(self, f: _Flight, source: SimWorker, hashes: list[BlockHash], pinned: list[int], fetch: bool) -> None:
         decode = self._by_id[f.plan.decode_worker]
         missing = decode.engine.missing_blocks(hashes)
-        dst = decode.engine.allocate_for_import(len(missing)) if missing else []
-        if dst is None:  # no room to pull into: prefill here instead
-            self._release(source, pinned)
-            self._local_fallback(f)
+        if not missing:
+            self.loop.after(0.0, self._pulled, f, source, [], pinned, [], 0.0, fetch)
             return
-        seconds = self.link.transfer_seconds(len(missing) * self.block_nbytes)
-        self.loop.after(seconds, self._pulled, f, source, [hashes[i] for i in missing], pinned, dst, seconds, fetch)
+        asked_at = self.loop.now
+
+        def ready(dst: list[int]) -> None:
+            into = missing
+            f.record.kv_wait_s = self.loop.now - asked_at
+            if f.record.kv_wait_s > 0:  # it waited: others may have brought some of its blocks in
+                into = decode.engine.missing_blocks(hashes)[: len(dst)]
+                decode.engine.abort_import(dst[len(into) :])
+                dst = dst[: len(into)]
+            seconds = self.link.transfer_seconds(len(dst) * self.block_nbytes)
+            self.loop.after(seconds, self._pulled, f, source, [hashes[i] for i in into], pinned, dst, seconds, fetch)
+
+        wait = decode.allocate_for_import(len(missing), ready)
+        if not wait.served:  # no room to pull into yet: wait for it, then prefill here instead
+            self.loop.after(self.agent.import_wait_s, self._import_timed_out, f, source, pinned, wait)
+
+    def _import_timed_out(self, f: _Flight, source: SimWorker, pinned: list[int], wait: ImportWait) -> None:
+        if wait.served:
+            return
+        wait.cancelled = True
+        f.record.kv_wait_s = self.agent.import_wait_s
+        self._release(source, pinned)
+        self._local_fallback(f)
 
     def _pulled(
         self, f: _Flight, source: SimWorker, hashes: list[BlockHash], pinned: list[int], dst: list[int], seconds: float, fetch: bool
