@@ -26,8 +26,13 @@ Rule (after Mooncake's early-rejection predictor):
     keeps admission from oscillating (Mooncake, FAST'25). Those steps also carry the prefill
     arriving there meanwhile: step / (1 - inflow), at most step + a full chunk's work
     (inflow.py: the worker's recent prefill work per second, `token_seconds`).
-  A worker whose batch is full (max_num_seqs) first has to finish a request: on the prefill side
-  that wait is queueing; on a separate decode worker it runs meanwhile, so only its rest counts.
+  A worker whose batch is full (max_num_seqs), or whose free KV blocks do not hold what the
+  requests waiting there and this one reserve (prompt + max_tokens each), first has to finish
+  requests (_room_wait_s): on the prefill side that wait is queueing; on a separate decode worker
+  it runs meanwhile, so only its rest counts. Without the blocks counted, admission sent
+  remotely prefilled prompts to a decode worker whose pool was full: they waited there 1-4 s
+  past their predicted TTFT (`kvplane sim --workload trace --prefill 8 --decode 8 --speed 16
+  --admission predictive`).
 What the model cannot see (RPC hops, process scheduling on a busy host) is learnt as a residual:
 Calibration keeps a running mean of measured - predicted per kind of placement and adds it; the
 link rate is learnt from measured transfers (LinkRate, an EWMA).
@@ -60,6 +65,8 @@ class WorkerPerf:
     running_remaining_tokens: tuple[int, ...]
     running_context_tokens: int
     max_num_seqs: int = 0  # 0 = no slot limit known
+    num_free_blocks: int = 0  # KV blocks free (cached ones it may evict included)
+    num_used_blocks: int = 0  # and held by running requests (0 = unknown: no wait for memory)
     decodes: bool = True  # False: a prefill-only worker (its waiting requests leave after prefill)
     prefill_inflow: float = 0.0  # seconds of prefill work arriving per second (inflow.py)
     inflow_per_work_s: float = 0.0  # what one second of work dispatched now counts for in it (Inflow.per_work_s)
@@ -88,6 +95,8 @@ class WorkerPerf:
             running_remaining_tokens=load.running_remaining_tokens,
             running_context_tokens=load.running_context_tokens,
             max_num_seqs=view.max_num_seqs,
+            num_free_blocks=load.num_free_blocks,
+            num_used_blocks=load.num_used_blocks,
             decodes=view.role.can_decode,
             prefill_inflow=prefill_inflow,
             inflow_per_work_s=inflow_per_work_s,
@@ -142,7 +151,7 @@ class Prediction:
     prefill_s: float
     transfer_s: float
     decode_batch: int  # the decode batch this request is predicted to join
-    slot_wait_s: float = 0.0  # waiting for a free decode slot on a full worker
+    slot_wait_s: float = 0.0  # waiting for a free decode slot and KV blocks on a full worker (_room_wait_s)
     fetch_s: float = 0.0  # pulling a cached prefix from another worker or a slower tier
     prefill_work_s: float = 0.0  # its prefill as one of the stream the worker takes (StepTimeModel.stream_work_seconds; inflow.py)
     ttft_offset_s: float = 0.0  # calibration added to ttft_s / tpot_s (see Calibration)
@@ -253,11 +262,14 @@ def predict(
     if prefill.model is None or decode.model is None:
         return None
     disaggregated = prefill.worker_id != decode.worker_id
-    queue_s = _in_flight_s(prefill) + _prefill_steps_seconds(prefill, prefill.num_queued_prefill_tokens, 0) + _slot_wait_s(prefill)
+    bs = decode.block_size
+    own_tokens = prompt_tokens + (0 if disaggregated else max_tokens)  # a remote prefill holds the prompt's blocks alone
+    room_s = _room_wait_s(prefill, -(-own_tokens // bs) - prefill_cached_tokens // bs)
+    queue_s = _in_flight_s(prefill) + _prefill_steps_seconds(prefill, prefill.num_queued_prefill_tokens, 0) + room_s
     prefill_s = _prefill_steps_seconds(prefill, prompt_tokens - prefill_cached_tokens, prefill_cached_tokens)
     transfer_s = transfer_bytes / link_bytes_per_s if disaggregated and link_bytes_per_s > 0 else 0.0
-    slot_wait_s = _slot_wait_s(decode) if disaggregated else 0.0
-    # The decode worker's slot frees meanwhile; only what is left of that wait adds up.
+    slot_wait_s = _room_wait_s(decode, -(-(prompt_tokens + max_tokens) // bs)) if disaggregated else 0.0
+    # The decode worker's slot and blocks free meanwhile; only what is left of that wait adds up.
     ttft_s = max(max(queue_s, fetch_s) + prefill_s + transfer_s, slot_wait_s)
     if disaggregated:
         # The decode worker computes the prompt's tail (the partial last block) before the first
@@ -274,19 +286,26 @@ def predict(
     return Prediction(ttft_s, tpot_s, queue_s, prefill_s, transfer_s, batch, slot_wait_s, fetch_s, work_s, tpot_spread_s=spread_s)
 
 
-def _slot_wait_s(perf: WorkerPerf) -> float:
-    """A worker running max_num_seqs requests admits a new one only when one finishes: the k-th
-    earliest finish, k counting the requests already waiting."""
-    if not perf.max_num_seqs or perf.model is None:
+def _room_wait_s(perf: WorkerPerf, num_blocks: int) -> float:
+    """A worker admits a request once it has a free slot (max_num_seqs) and every KV block the
+    request can need free (reserved at admission: prompt + max_tokens, less its cached prefix; a
+    vLLM or SGLang decode worker also queues for memory rather than evict): until then it waits
+    for running requests to finish, the k-th earliest finish, k counting the requests already
+    waiting there, each needing and each finish freeing the mean blocks of a running request."""
+    if perf.model is None or not perf.running_remaining_tokens:
         return 0.0
-    ahead = perf.num_running + perf.num_waiting - perf.max_num_seqs
-    if ahead < 0 or not perf.running_remaining_tokens:
+    finishes = perf.num_running + perf.num_waiting - perf.max_num_seqs + 1 if perf.max_num_seqs else 0
+    if perf.num_running > 0 and perf.num_used_blocks > 0:
+        per_request = perf.num_used_blocks / perf.num_running
+        short = num_blocks + perf.num_waiting * per_request - perf.num_free_blocks
+        finishes = max(finishes, math.ceil(short / per_request))
+    if finishes <= 0:
         return 0.0
     remaining = sorted(perf.running_remaining_tokens)
     step = perf.token_seconds(perf.model.decode_step_seconds(max(perf.num_running, 1), perf.running_context_tokens))
-    # The first len(remaining) waiters take the slots as today's requests finish; later ones wait
-    # whole rounds more, a round lasting about a mean request.
-    rounds, index = divmod(ahead, len(remaining))
+    # The first len(remaining) finishes are today's requests; later ones take whole rounds more,
+    # a round lasting about a mean request.
+    rounds, index = divmod(finishes - 1, len(remaining))
     return (remaining[index] + rounds * sum(remaining) / len(remaining)) * step
 
 

@@ -234,6 +234,31 @@ def test_a_full_decode_batch_waits_for_the_earliest_finish():
     assert p.ttft_s >= p.slot_wait_s
 
 
+def test_a_decode_pool_without_room_for_the_request_waits_for_finishes_to_free_blocks():
+    """Blocks are reserved at admission (prompt + max_tokens): 4 running requests hold 100 blocks
+    each, 50 are free, and a 1,600-token prompt with 320 tokens to go needs 120, so one request
+    must finish (the earliest, 10 tokens from now); one more waiting ahead needs a second."""
+    base = perf("d", running=4, remaining=(40, 10, 30, 20), context=400)
+    full = dataclasses.replace(base, num_used_blocks=400, num_free_blocks=50)
+    step = 0.001 + 4 * 0.001
+    p = predict(prompt_tokens=1600, max_tokens=320, prefill_cached_tokens=0, prefill=perf("p"), decode=full)
+    assert p.slot_wait_s == pytest.approx(10 * step)
+    assert p.ttft_s >= p.slot_wait_s
+    behind = predict(prompt_tokens=1600, max_tokens=320, prefill_cached_tokens=0, prefill=perf("p"),
+                     decode=dataclasses.replace(full, num_waiting=1))  # fmt: skip
+    assert behind.slot_wait_s == pytest.approx(20 * step)
+    # Room for it: no wait; nor where the blocks in use are not known (0 used).
+    roomy = dataclasses.replace(full, num_free_blocks=120)
+    assert predict(prompt_tokens=1600, max_tokens=320, prefill_cached_tokens=0, prefill=perf("p"), decode=roomy).slot_wait_s == 0
+    unknown = dataclasses.replace(full, num_used_blocks=0)
+    assert predict(prompt_tokens=1600, max_tokens=320, prefill_cached_tokens=0, prefill=perf("p"), decode=unknown).slot_wait_s == 0
+    # Prefilled where it decodes, the wait queues it there, less the blocks it finds cached.
+    local = predict(prompt_tokens=1600, max_tokens=320, prefill_cached_tokens=0, prefill=full, decode=full)
+    assert local.queue_s == pytest.approx(step / 2 + 10 * step)
+    cached = predict(prompt_tokens=1600, max_tokens=320, prefill_cached_tokens=70 * 16, prefill=full, decode=full)
+    assert cached.queue_s == pytest.approx(step / 2)  # 50 blocks to reserve: they are free
+
+
 def test_calibration_learns_the_residual_per_kind():
     calibration = Calibration(weight=0.5, half_life_s=10.0)
     raw = predict(prompt_tokens=100, max_tokens=4, prefill_cached_tokens=0, prefill=perf(), decode=perf())
