@@ -8,7 +8,8 @@ report saw it in, and corrects the report:
 
 - not yet in any report: the request adds 1 waiting (in prefill) or 1 running (decoding), its
   prefill tokens while in prefill, and its new KV blocks to `pending_blocks`, not to used
-  blocks (the cost);
+  blocks (the cost); a request prefilled on another worker keeps its blocks pending on its
+  decode worker until its first token: the engine sees it only once its KV is pulled in;
 - shown by a report: the report's numbers stand, less what has ended since: its prefill tokens
   once its prefill ended; the request itself (from waiting if the report saw it in prefill, else
   from running; the engine, not the ledger, decides which it counted) and its KV blocks once it
@@ -70,6 +71,7 @@ class Charge:
     num_blocks: int  # KV blocks it holds there while it runs (prompt + max_tokens)
     num_new_blocks: int  # of those, the blocks no cached or fetched prefix provides
     decodes: bool  # it decodes there (False: a prefill worker's share)
+    imported: bool = False  # its KV is prefilled elsewhere and pulled in: the worker sees it only then
 
 
 @dataclass(slots=True)
@@ -96,13 +98,26 @@ def _contribution(e: _Entry) -> tuple[tuple[int, ...], int | None]:
     if e.shown is None:  # no report shows it yet: it adds itself
         new_pending = c.num_new_blocks if here and c.decodes else 0
         return (floor_tokens, int(here), int(in_prefill), floor_tokens, int(here and not in_prefill), new_pending, 0, 0, 0, 0), None
-    # Shown by a report: what ended since leaves.
+    # Shown by a report: what ended since leaves. A pull's blocks are not in the report until the
+    # pull: they stay pending until the first token.
     ended_tokens = c.prefill_tokens if e.shown is Phase.PREFILL and not in_prefill else 0
     gone = (e.shown is Phase.PREFILL or c.decodes) and not here
     gone_waiting = int(gone and e.shown is Phase.PREFILL)
     released = gone and c.decodes
+    pulling = c.num_new_blocks if c.imported and in_prefill else 0
     return (
-        (floor_tokens, int(here), 0, 0, 0, 0, ended_tokens, gone_waiting, int(gone) - gone_waiting, c.num_new_blocks if released else 0),
+        (
+            floor_tokens,
+            int(here),
+            0,
+            0,
+            0,
+            pulling,
+            ended_tokens,
+            gone_waiting,
+            int(gone) - gone_waiting,
+            c.num_new_blocks if released else 0,
+        ),
         c.num_blocks - c.num_new_blocks if released else None,
     )
 

@@ -169,6 +169,7 @@ class Plan:
             num_blocks=num_blocks,
             num_new_blocks=num_blocks - reused // bs,
             decodes=True,
+            imported=self.disaggregated,
         )
         if self.prefill_worker is None:
             return (decode,)

@@ -65,7 +65,7 @@ class WorkerPerf:
     running_remaining_tokens: tuple[int, ...]
     running_context_tokens: int
     max_num_seqs: int = 0  # 0 = no slot limit known
-    num_free_blocks: int = 0  # KV blocks free (cached ones it may evict included)
+    num_free_blocks: int = 0  # KV blocks free (cached ones it may evict included) and not promised
     num_used_blocks: int = 0  # and held by running requests (0 = unknown: no wait for memory)
     decodes: bool = True  # False: a prefill-only worker (its waiting requests leave after prefill)
     prefill_inflow: float = 0.0  # seconds of prefill work arriving per second (inflow.py)
@@ -95,7 +95,7 @@ class WorkerPerf:
             running_remaining_tokens=load.running_remaining_tokens,
             running_context_tokens=load.running_context_tokens,
             max_num_seqs=view.max_num_seqs,
-            num_free_blocks=load.num_free_blocks,
+            num_free_blocks=max(load.num_free_blocks - view.pending_blocks, 0),  # less what is promised to requests on their way
             num_used_blocks=load.num_used_blocks,
             decodes=view.role.can_decode,
             prefill_inflow=prefill_inflow,

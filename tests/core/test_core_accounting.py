@@ -116,15 +116,20 @@ def test_own_requests_in_prefill_are_a_floor_under_a_report_that_predates_them(w
 
 def test_a_disaggregated_request_charges_its_prefill_worker_only_until_prefill_ends(worker_view):
     ledger = LoadLedger()
-    remote = Charge(W, prefill_tokens=0, num_blocks=14, num_new_blocks=14, decodes=True)
+    remote = Charge(W, prefill_tokens=0, num_blocks=14, num_new_blocks=14, decodes=True, imported=True)
     prefill = Charge(P, prefill_tokens=56, num_blocks=0, num_new_blocks=0, decodes=False)
     ledger.dispatched(7, [remote, prefill], now=0.0)
     assert load_of(ledger.adjust(worker_view("p"))) == (0, 1, 56, 0, 0)
     assert load_of(ledger.adjust(worker_view("w"))) == (0, 1, 0, 0, 14)
     ledger.reported(P, now=0.1)
+    ledger.reported(W, now=0.1)  # the decode worker does not have it yet: its blocks stay promised
+    assert load_of(ledger.adjust(worker_view("w"))) == (0, 1, 0, 0, 14)
     ledger.prefill_ended(7, now=0.5)
     assert load_of(ledger.adjust(worker_view("p", num_waiting=1, num_queued_prefill_tokens=56))) == (0, 0, 0, 0, 0)
-    assert load_of(ledger.adjust(worker_view("w"))) == (1, 0, 0, 0, 14)
+    # First token out: its KV was pulled in, and the next report shows its blocks as used.
+    assert load_of(ledger.adjust(worker_view("w"))) == (0, 1, 0, 0, 0)
+    ledger.reported(W, now=0.7)
+    assert load_of(ledger.adjust(worker_view("w", num_running=1, num_used_blocks=14))) == (1, 0, 0, 14, 0)
 
 
 def test_two_requests_on_one_worker_are_released_separately(worker_view):
@@ -211,7 +216,12 @@ def test_corrected_tables_kept_across_calls_equal_corrections_made_from_scratch(
         if action < 0.3:
             d = step + 1
             workers = rng.sample(ids, rng.choice([1, 2]))
-            ledger.dispatched(d, [Charge(w, rng.randrange(100), 5, rng.randrange(6), decodes=i == 0) for i, w in enumerate(workers)], now)
+            imported = len(workers) == 2  # prefilled on the second worker, pulled into the first
+            charges = [
+                Charge(w, rng.randrange(100), 5, rng.randrange(6), decodes=i == 0, imported=imported and i == 0)
+                for i, w in enumerate(workers)
+            ]
+            ledger.dispatched(d, charges, now)
             live.append(d)
         elif action < 0.45 and live:
             ledger.prefill_ended(rng.choice(live), now)
@@ -255,6 +265,8 @@ def _adjusted_by_a_loop(ledger: LoadLedger, view):
                 running += 1
             pending += c.num_new_blocks if here and c.decodes else 0
             continue
+        if c.imported and e.phase is Phase.PREFILL:
+            pending += c.num_new_blocks  # pulled in at its first token: no report shows it before
         if e.shown is Phase.PREFILL and e.phase is not Phase.PREFILL:
             tokens -= c.prefill_tokens
         if (e.shown is Phase.PREFILL or c.decodes) and not here:
