@@ -28,7 +28,7 @@ Rule (after Mooncake's early-rejection predictor):
     (inflow.py: the worker's recent prefill work per second, `token_seconds`).
   A worker whose batch is full (max_num_seqs), or whose free KV blocks do not hold what the
   requests waiting there and this one reserve (prompt + max_tokens each), first has to finish
-  requests (_room_wait_s): on the prefill side that wait is queueing; on a separate decode worker
+  requests (room_wait_s): on the prefill side that wait is queueing; on a separate decode worker
   it runs meanwhile, so only its rest counts. Without the blocks counted, admission sent
   remotely prefilled prompts to a decode worker whose pool was full: they waited there 1-4 s
   past their predicted TTFT (`kvplane sim --workload trace --prefill 8 --decode 8 --speed 16
@@ -151,7 +151,7 @@ class Prediction:
     prefill_s: float
     transfer_s: float
     decode_batch: int  # the decode batch this request is predicted to join
-    slot_wait_s: float = 0.0  # waiting for a free decode slot and KV blocks on a full worker (_room_wait_s)
+    slot_wait_s: float = 0.0  # waiting for a free decode slot and KV blocks on a full worker (room_wait_s)
     fetch_s: float = 0.0  # pulling a cached prefix from another worker or a slower tier
     prefill_work_s: float = 0.0  # its prefill as one of the stream the worker takes (StepTimeModel.stream_work_seconds; inflow.py)
     ttft_offset_s: float = 0.0  # calibration added to ttft_s / tpot_s (see Calibration)
@@ -264,11 +264,11 @@ def predict(
     disaggregated = prefill.worker_id != decode.worker_id
     bs = decode.block_size
     own_tokens = prompt_tokens + (0 if disaggregated else max_tokens)  # a remote prefill holds the prompt's blocks alone
-    room_s = _room_wait_s(prefill, -(-own_tokens // bs) - prefill_cached_tokens // bs)
+    room_s = room_wait_s(prefill, -(-own_tokens // bs) - prefill_cached_tokens // bs)
     queue_s = _in_flight_s(prefill) + _prefill_steps_seconds(prefill, prefill.num_queued_prefill_tokens, 0) + room_s
     prefill_s = _prefill_steps_seconds(prefill, prompt_tokens - prefill_cached_tokens, prefill_cached_tokens)
     transfer_s = transfer_bytes / link_bytes_per_s if disaggregated and link_bytes_per_s > 0 else 0.0
-    slot_wait_s = _room_wait_s(decode, -(-(prompt_tokens + max_tokens) // bs)) if disaggregated else 0.0
+    slot_wait_s = room_wait_s(decode, -(-(prompt_tokens + max_tokens) // bs)) if disaggregated else 0.0
     # The decode worker's slot and blocks free meanwhile; only what is left of that wait adds up.
     ttft_s = max(max(queue_s, fetch_s) + prefill_s + transfer_s, slot_wait_s)
     if disaggregated:
@@ -286,7 +286,7 @@ def predict(
     return Prediction(ttft_s, tpot_s, queue_s, prefill_s, transfer_s, batch, slot_wait_s, fetch_s, work_s, tpot_spread_s=spread_s)
 
 
-def _room_wait_s(perf: WorkerPerf, num_blocks: int) -> float:
+def room_wait_s(perf: WorkerPerf, num_blocks: int) -> float:
     """A worker admits a request once it has a free slot (max_num_seqs) and every KV block the
     request can need free (reserved at admission: prompt + max_tokens, less its cached prefix; a
     vLLM or SGLang decode worker also queues for memory rather than evict): until then it waits

@@ -96,6 +96,7 @@ _columns, FleetColumns, the groups) and makes the choice.
 
 from __future__ import annotations
 
+import math
 import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -114,6 +115,7 @@ from kvplane.controlplane.core.index import Overlaps, OverlapScore
 from kvplane.controlplane.core.inflow import Inflow
 from kvplane.controlplane.core.pool import WorkerPool, WorkerTable
 from kvplane.controlplane.core.predictions import Extended
+from kvplane.controlplane.core.predictor import WorkerPerf, room_wait_s
 from kvplane.types import WorkerId
 
 LOCAL, FETCH, REMOTE = 0, 1, 2
@@ -309,7 +311,22 @@ def _worker_seconds(table: WorkerTable, rows: np.ndarray, columns: np.ndarray) -
     KV waits for, half of it on average), computed by kvplane._pricing.worker_seconds."""
     out = np.empty((4, len(rows)))
     _pricing.worker_seconds(columns, table.running[rows], table.context[rows], out)
+    _add_room_waits(table, rows, out[0])
     return out
+
+
+def _add_room_waits(table: WorkerTable, rows: np.ndarray, queue: np.ndarray) -> None:
+    """Adds to `queue` (per row of `rows`) the wait of a worker whose free KV blocks do not hold
+    the requests waiting there and one more like those it runs (predictor._room_wait_s: they
+    wait for running requests to finish). Routing prices a running request's mean blocks, which
+    does not depend on the request, so a worker's queue is kept from one request to the next;
+    admission's prediction prices the request's own blocks."""
+    running, used = table.running[rows], table.used[rows]
+    per_request = used / np.maximum(running, 1)
+    free = table.total[rows] - used - table.pending[rows]
+    for k in np.flatnonzero((running > 0) & (per_request * (table.waiting[rows] + 1) > free)).tolist():
+        perf = WorkerPerf.of(table.views[int(rows[k])])
+        queue[k] += room_wait_s(perf, math.ceil(per_request[k]))
 
 
 @dataclass(frozen=True, slots=True)

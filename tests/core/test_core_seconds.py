@@ -98,6 +98,20 @@ def test_the_holder_loses_when_its_queue_costs_more_than_twice_the_prefix_comput
     assert d.decode_worker == "idle" and d.fetch_from is None  # never mode: no fetch either
 
 
+def test_a_worker_without_blocks_for_one_more_request_queues_it_until_a_finish(worker_view, index):
+    """Blocks are reserved at admission: 2 running requests hold 45 of the full worker's 100
+    blocks each and 10 are free, so one more like them waits for the earliest finish, 5 tokens
+    of 14 ms steps (10 ms + 2 x 2 ms) away (predictor.room_wait_s, with a running request's mean
+    blocks: routing's queue does not depend on the request)."""
+    full = view(worker_view, "full", num_running=2, num_used_blocks=90, running_remaining_tokens=(20, 5))
+    roomy = view(worker_view, "roomy", num_running=2, num_used_blocks=20, running_remaining_tokens=(20, 5))
+    d = make_router().route(RouteRequest("m", PROMPT_40, 16, DisaggMode.NEVER), [full, roomy], index, NOW)
+    in_flight = (0.010 + 2 * 0.002) / 2
+    assert breakdown(d, "full").queue_s == pytest.approx(in_flight + 5 * 0.014)
+    assert breakdown(d, "roomy").queue_s == pytest.approx(in_flight)
+    assert d.decode_worker == "roomy"
+
+
 def test_a_hot_prefix_is_replicated_by_fetch_when_the_pull_beats_the_prefill(worker_view, index, cache_prefix):
     cache_prefix("holder", PROMPT_40, 8)
     busy = view(worker_view, "holder", num_running=2, num_waiting=1, num_queued_prefill_tokens=100, block_nbytes=1000)
