@@ -284,9 +284,12 @@ class Router:
             weights = [math.exp(-(c.cost - lowest) / self._config.temperature) for c in listed]
             return self._rng.choices(listed, weights=weights)[0]
         cost = costs.cost
-        if len(cost) == 1 or cost[1] - cost[0] > _COST_TIE_EPSILON:  # the usual case: one cheapest
-            return costs[int(self._rng.choice((0,)))]  # the same draw as among ties, so a seeded run stays the same
-        tied = np.flatnonzero(cost - cost[0] <= _COST_TIE_EPSILON)
+        with np.errstate(invalid="ignore"):  # inf - inf is NaN: equal infinite costs are tied by ==
+            if len(cost) == 1 or cost[1] - cost[0] > _COST_TIE_EPSILON:  # the usual case: one cheapest
+                return costs[int(self._rng.choice((0,)))]  # the same draw as among ties, so a seeded run stays the same
+            tied = np.flatnonzero((cost - cost[0] <= _COST_TIE_EPSILON) | (cost == cost[0]))
+        if not len(tied):  # no cost is a number (NaN ranks last, so all are NaN): all are alike
+            tied = np.arange(len(cost))
         if prefer is not None:
             ranks = prefer[tied]
             tied = tied[ranks == ranks.min()]

@@ -14,12 +14,14 @@ Fleet defaults (conftest): model "m", block size 4, idle decode workers with 100
 
 from __future__ import annotations
 
+import math
 import random
 
+import numpy as np
 import pytest
 
 from kvplane.block_hash import hash_blocks
-from kvplane.controlplane.core.cost import CostConfig, price
+from kvplane.controlplane.core.cost import CostConfig, Priced, price
 from kvplane.controlplane.core.pool import WorkerPool
 from kvplane.controlplane.core.router import Router
 from kvplane.controlplane.core.routing import NoCandidateError
@@ -391,3 +393,14 @@ def test_tier_weights_come_from_the_cost_config():
 def test_invalid_config_names_the_field(kwargs, message):
     with pytest.raises(ValueError, match=message):
         make_router(**kwargs)
+
+
+@pytest.mark.parametrize("cost", [math.inf, math.nan])
+def test_candidates_of_equal_infinite_or_unknown_cost_are_a_tie_not_an_error(cost):
+    """Every candidate priced inf (or NaN): the draw is among all of them. `inf - inf` is NaN, so
+    a tie test by difference alone found none and the draw raised IndexError (seen as UNKNOWN
+    by a client in the chaos suite, with load reports dropped)."""
+    router = make_router()
+    costs = Priced(["a", "b"], np.array([0, 1]), np.array([cost, cost]), np.zeros(2, np.int64), np.zeros(2, np.int64), lambda i: None)
+    picked = {router._pick(costs).worker_id for _ in range(20)}
+    assert picked <= {"a", "b"} and picked
