@@ -210,6 +210,11 @@ def test_always_without_another_prefill_worker_is_an_error(index, worker_view, r
     for policy in ("kvplane", "least-load"):
         with pytest.raises(NoCandidateError, match=r"no active prefill worker for model 'm' other than decode worker 'b1'"):
             router(policy=policy).route(route_request(PROMPT_16, disagg=DisaggMode.ALWAYS), workers, index, NOW)
+    # Two decode workers, none allowed to prefill locally: every candidate is priced inf, a tie
+    # among them, then the same error (an IndexError from the draw before 2d7c442).
+    workers = [worker_view("d1"), worker_view("d2"), worker_view("p1", Role.PREFILL, active=False)]
+    with pytest.raises(NoCandidateError, match=r"no active prefill worker for model 'm' other than decode worker 'd[12]'"):
+        router(policy="kvplane").route(route_request(PROMPT_16, disagg=DisaggMode.ALWAYS), workers, index, NOW)
 
 
 @pytest.mark.parametrize(
