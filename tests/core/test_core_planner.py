@@ -144,21 +144,25 @@ def test_a_finished_request_calibrates_the_next_prediction(index, worker_view, r
 
 def test_a_workers_prefill_stream_spreads_the_tpot_predicted_there(index, worker_view, route_request):
     """Dispatches record their prefill work (inflow.py); the next prediction on that worker
-    carries the spread of its TPOT at the worker's inflow and the prompts' E[w^2] / E[w]."""
+    carries the spread of its TPOT at the worker's inflow and the prompts' spread_work: alike
+    prompts in pairs every 20 ms, E[w] x c_a^2: 19 gaps, 10 of 0 and 9 of 20 ms, whose squared
+    coefficient of variation is 19 / 9 - 1 (the decay over 0.2 s of a 2 s window aside)."""
     cluster = ClusterView((worker_view("w", latency=STEP_MODEL),), index)
     p = planner(admission_policy="none")
     for i in range(20):
-        plan = p.plan(route_request([2000 + 40 * i + k for k in range(40)], max_tokens=9), cluster, NO_SETTINGS, now=0.01 * i)
-        p.dispatched(plan, now=0.01 * i)
+        now = 0.02 * (i // 2)
+        plan = p.plan(route_request([2000 + 40 * i + k for k in range(40)], max_tokens=9), cluster, NO_SETTINGS, now=now)
+        p.dispatched(plan, now=now)
     w = WorkerId("w")
-    assert p.inflow.rate(w, 0.2) > 0 and p.inflow.spread_work(w) == pytest.approx(40 * 1e-5)
+    spread_work = p.inflow.spread_work(w)
+    assert p.inflow.rate(w, 0.2) > 0 and spread_work == pytest.approx(40 * 1e-5 * (19 / 9 - 1), rel=0.01)
     plan = p.plan(route_request(OTHER_40, max_tokens=9), cluster, NO_SETTINGS, now=0.2)
     prediction = plan.prediction
     assert prediction.tpot_spread_s > 0
     inflow = p.inflow.rate(w, 0.2)
     step_s = prediction.tpot_s * (1.0 - inflow)  # shared_step_seconds, no slack, below its bound
     bound_s = step_s + STEP_MODEL.prefill_work_seconds(512, 0, 512)  # a step carries a chunk at most
-    assert prediction.tpot_spread_s == pytest.approx(tpot_spread_seconds(prediction.tpot_s, inflow, 40 * 1e-5, 8, bound_s), rel=1e-9)
+    assert prediction.tpot_spread_s == pytest.approx(tpot_spread_seconds(prediction.tpot_s, inflow, spread_work, 8, bound_s), rel=1e-9)
 
 
 def test_a_calibration_pushed_below_zero_by_an_overload_comes_back_with_the_next_requests(index, worker_view, route_request):
