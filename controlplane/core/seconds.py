@@ -321,10 +321,12 @@ def _add_room_waits(table: WorkerTable, rows: np.ndarray, queue: np.ndarray) -> 
     wait for running requests to finish). Routing prices a running request's mean blocks, which
     does not depend on the request, so a worker's queue is kept from one request to the next;
     admission's prediction prices the request's own blocks."""
-    running, used = table.running[rows], table.used[rows]
+    running, used, waiting = table.running[rows], table.used[rows], table.waiting[rows]
     per_request = used / np.maximum(running, 1)
     free = table.total[rows] - used - table.pending[rows]
-    for k in np.flatnonzero((running > 0) & (per_request * (table.waiting[rows] + 1) > free)).tolist():
+    slots = np.fromiter((table.views[r].max_num_seqs for r in rows.tolist()), np.int64, len(rows))
+    full = (slots > 0) & (running + waiting >= slots)
+    for k in np.flatnonzero((running > 0) & ((per_request * (waiting + 1) > free) | full)).tolist():
         perf = WorkerPerf.of(table.views[int(rows[k])])
         queue[k] += room_wait_s(perf, math.ceil(per_request[k]))
 

@@ -98,7 +98,7 @@ def test_the_holder_loses_when_its_queue_costs_more_than_twice_the_prefix_comput
     assert d.decode_worker == "idle" and d.fetch_from is None  # never mode: no fetch either
 
 
-def test_a_worker_without_blocks_for_one_more_request_queues_it_until_a_finish(worker_view, index):
+def test_a_worker_without_blocks_or_a_slot_for_one_more_request_queues_it_until_a_finish(worker_view, index):
     """Blocks are reserved at admission: 2 running requests hold 45 of the full worker's 100
     blocks each and 10 are free, so one more like them waits for the earliest finish, 5 tokens
     of 14 ms steps (10 ms + 2 x 2 ms) away (predictor.room_wait_s, with a running request's mean
@@ -110,6 +110,10 @@ def test_a_worker_without_blocks_for_one_more_request_queues_it_until_a_finish(w
     assert breakdown(d, "full").queue_s == pytest.approx(in_flight + 5 * 0.014)
     assert breakdown(d, "roomy").queue_s == pytest.approx(in_flight)
     assert d.decode_worker == "roomy"
+    # Its slots taken (max_num_seqs 2), a worker with blocks to spare queues it the same way.
+    seated = dataclasses.replace(roomy, max_num_seqs=2)
+    d = make_router().route(RouteRequest("m", PROMPT_40, 16, DisaggMode.NEVER), [seated], index, NOW)
+    assert breakdown(d, "roomy").queue_s == pytest.approx(in_flight + 5 * 0.014)
 
 
 def test_a_hot_prefix_is_replicated_by_fetch_when_the_pull_beats_the_prefill(worker_view, index, cache_prefix):
