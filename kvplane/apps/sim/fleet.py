@@ -165,7 +165,9 @@ class SimWorker:
         workers do. Waiting pulls are served first come first served, before the engine's own
         queue takes freed blocks: their prompt is computed and holds the prefill worker's blocks
         (serving them in arrival order with the engine's queue measured worse: the pulls waited
-        behind a long local prompt's reservation). Cancel the wait returned to give up."""
+        behind a long local prompt's reservation). The agent differs here: it looks again every
+        IMPORT_POLL_S (5 ms), so the engine's own queue, seated at each step's end, may take
+        freed blocks first. Cancel the wait returned to give up."""
         wait = ImportWait(num_blocks, ready)
         self._imports.append(wait)
         self._serve_imports()
