@@ -317,8 +317,8 @@ def _worker_seconds(table: WorkerTable, rows: np.ndarray, columns: np.ndarray) -
 
 def _add_room_waits(table: WorkerTable, rows: np.ndarray, queue: np.ndarray) -> None:
     """Adds to `queue` (per row of `rows`) the wait of a worker whose free KV blocks do not hold
-    the requests waiting there and one more like those it runs (predictor._room_wait_s: they
-    wait for running requests to finish). Routing prices a running request's mean blocks, which
+    the requests waiting there and one more like those it runs, or whose slots (max_num_seqs)
+    are taken (predictor.room_wait_s: they wait for running requests to finish). Routing prices a running request's mean blocks, which
     does not depend on the request, so a worker's queue is kept from one request to the next;
     admission's prediction prices the request's own blocks."""
     running, used, waiting = table.running[rows], table.used[rows], table.waiting[rows]
