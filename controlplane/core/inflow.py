@@ -106,7 +106,9 @@ class PrefillInflow:
         self._count += growth
         last = self._last_at.get(worker_id)
         self._last_at[worker_id] = now
-        if last is not None:
+        # A gap longer than the window is an idle spell, after which a new stream begins: the rate
+        # forgets the old one as fast (a single idle minute read as a c_a^2 of 30 for seconds).
+        if last is not None and now - last <= self.window_s:
             n, total, squares = self._gaps.get(worker_id, (0.0, 0.0, 0.0))
             gap = now - last
             self._gaps[worker_id] = (n + growth, total + gap * growth, squares + gap * gap * growth)

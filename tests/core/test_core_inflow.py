@@ -125,6 +125,17 @@ def test_the_spread_of_a_workers_prompts_counts_how_regularly_they_arrive(arriva
     assert inflow.spread_work(WorkerId("b")) == pytest.approx((0.010**2 + 0.030**2 * math.exp(0.002)) / (0.010 + 0.030 * math.exp(0.002)))
 
 
+def test_an_idle_spell_is_not_a_gap_of_the_stream_after_it():
+    """Alike prompts every 100 ms after a minute with none: a regular stream (no spread from
+    its arrivals), not one whose single 60 s gap reads as wildly irregular arrivals."""
+    inflow = PrefillInflow(window_s=2.0)
+    for now in (0.0, 0.1, 0.2):
+        inflow.add(WorkerId("a"), 0.010, now)
+    for k in range(20):
+        inflow.add(WorkerId("a"), 0.010, 60.2 + 0.1 * k)
+    assert inflow.spread_work(WorkerId("a")) == pytest.approx(0.0, abs=1e-9)
+
+
 def _renewal_decodes(intervals: int, own_s: float, rate: float, arrivals_scv: float, work_s: float, trials: int, rng) -> np.ndarray:
     """TPOTs as _busy_decodes, the prompts (`work_s` each) arriving at gamma gaps of mean 1 / rate
     and squared coefficient of variation `arrivals_scv`, the decode starting at a random moment."""
