@@ -488,6 +488,9 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                 metrics.kv_fetched_tokens = len(missing) * layout.block_size
             if missing:
                 dst = await self._allocate_for_import(kv, len(missing), deadline)
+                # The pull from here: a wait for free blocks is not the link's time (the control
+                # plane learns the link's rate from kv_transfer_ms).
+                started = time.monotonic()
                 self._num_importing_blocks += len(dst)
                 try:
                     source_desc = PullSource(

@@ -7,6 +7,7 @@ pool by reserving its blocks as an import would."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 from kvplane.types import Role
 from kvplane.v1 import agent_pb2, common_pb2
@@ -48,13 +49,18 @@ def test_a_full_decode_pool_is_waited_on_and_the_prefilled_kv_pulled_in():
             await asyncio.sleep(0.2)
             assert not generating.done()
             kv.abort_import(filler)  # steps finishing elsewhere free the pool
+            released_at = time.monotonic()
             metrics = await generating
+            after_release_ms = (time.monotonic() - released_at) * 1000
             assert prefill.engine.load().num_used_blocks == 0  # the pins were released after the pull
-            return metrics
+            return metrics, after_release_ms
 
-    m = asyncio.run(main())
+    m, after_release_ms = asyncio.run(main())
     assert m.disaggregated and m.prefill_worker == "prefill" and m.decode_worker == "decode"
     assert m.kv_transfer_blocks == 4 and m.prefill_computed_tokens == len(PROMPT)
+    # The transfer's time is the pull's, which began after the release: the wait before it is
+    # not the link's time (the control plane learns the link's rate from it).
+    assert 0 < m.kv_transfer_ms <= after_release_ms
 
 
 def test_past_import_wait_the_decode_worker_prefills_locally():
