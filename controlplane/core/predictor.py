@@ -71,7 +71,7 @@ class WorkerPerf:
     prefill_inflow: float = 0.0  # seconds of prefill work arriving per second (inflow.py)
     inflow_per_work_s: float = 0.0  # what one second of work dispatched now counts for in it (Inflow.per_work_s)
     carried_work_s: float = math.inf  # the mean prefill work of a prompt arriving here (PrefillInflow.mean_work)
-    spread_work_s: float = 0.0  # E[w^2] / E[w] of the prompts arriving here (PrefillInflow.spread_work)
+    spread_work_s: float = 0.0  # E[w] (c_w^2 + c_a^2) of the prompts arriving here (PrefillInflow.spread_work)
 
     @classmethod
     def of(
@@ -151,7 +151,7 @@ class Prediction:
     prefill_s: float
     transfer_s: float
     decode_batch: int  # the decode batch this request is predicted to join
-    slot_wait_s: float = 0.0  # waiting for a free decode slot and KV blocks on a full worker (room_wait_s)
+    room_wait_s: float = 0.0  # disaggregated: the decode worker's wait for a free slot and KV blocks (room_wait_s())
     fetch_s: float = 0.0  # pulling a cached prefix from another worker or a slower tier
     prefill_work_s: float = 0.0  # its prefill as one of the stream the worker takes (StepTimeModel.stream_work_seconds; inflow.py)
     ttft_offset_s: float = 0.0  # calibration added to ttft_s / tpot_s (see Calibration)
@@ -271,9 +271,9 @@ def predict(
     queue_s = _in_flight_s(prefill) + _prefill_steps_seconds(prefill, prefill.num_queued_prefill_tokens, 0) + room_s
     prefill_s = _prefill_steps_seconds(prefill, prompt_tokens - prefill_cached_tokens, prefill_cached_tokens)
     transfer_s = transfer_bytes / link_bytes_per_s if disaggregated and link_bytes_per_s > 0 else 0.0
-    slot_wait_s = room_wait_s(decode, -(-(prompt_tokens + max_tokens) // bs)) if disaggregated else 0.0
+    decode_room_s = room_wait_s(decode, -(-(prompt_tokens + max_tokens) // bs)) if disaggregated else 0.0
     # The decode worker's slot and blocks free meanwhile; only what is left of that wait adds up.
-    ttft_s = max(max(queue_s, fetch_s) + prefill_s + transfer_s, slot_wait_s)
+    ttft_s = max(max(queue_s, fetch_s) + prefill_s + transfer_s, decode_room_s)
     if disaggregated:
         # The decode worker computes the prompt's tail (the partial last block) before the first
         # token, once what was queued there ahead of it has gone; the step in flight when the KV
@@ -286,7 +286,7 @@ def predict(
     tpot_s, spread_s, batch = _tpot_at(decode, ttft_s, prompt_tokens, max_tokens)
     chunk = max(prefill.chunk_tokens, 1)
     work_s = prefill.model.stream_work_seconds(prompt_tokens - prefill_cached_tokens, prefill_cached_tokens, chunk)
-    return Prediction(ttft_s, tpot_s, queue_s, prefill_s, transfer_s, batch, slot_wait_s, fetch_s, work_s, tpot_spread_s=spread_s)
+    return Prediction(ttft_s, tpot_s, queue_s, prefill_s, transfer_s, batch, decode_room_s, fetch_s, work_s, tpot_spread_s=spread_s)
 
 
 def room_wait_s(perf: WorkerPerf, num_blocks: int) -> float:

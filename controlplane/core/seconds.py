@@ -318,9 +318,10 @@ def _worker_seconds(table: WorkerTable, rows: np.ndarray, columns: np.ndarray) -
 def _add_room_waits(table: WorkerTable, rows: np.ndarray, queue: np.ndarray) -> None:
     """Adds to `queue` (per row of `rows`) the wait of a worker whose free KV blocks do not hold
     the requests waiting there and one more like those it runs, or whose slots (max_num_seqs)
-    are taken (predictor.room_wait_s: they wait for running requests to finish). Routing prices a running request's mean blocks, which
-    does not depend on the request, so a worker's queue is kept from one request to the next;
-    admission's prediction prices the request's own blocks."""
+    are taken (predictor.room_wait_s: they wait for running requests to finish). Routing prices
+    a running request's mean blocks and steps without the prefill arriving there, neither of which
+    changes from one request to the next, so a worker's queue is kept across requests;
+    admission's prediction prices the request's own blocks and the stretched steps."""
     running, used, waiting = table.running[rows], table.used[rows], table.waiting[rows]
     per_request = used / np.maximum(running, 1)
     free = table.total[rows] - used - table.pending[rows]

@@ -230,8 +230,8 @@ def test_a_full_decode_batch_waits_for_the_earliest_finish():
     full = WorkerPerf(**{**{f: getattr(full, f) for f in full.__slots__}, "max_num_seqs": 2})
     p = predict(prompt_tokens=16, max_tokens=4, prefill_cached_tokens=0, prefill=perf("p"), decode=full)
     step = 0.001 + 2 * 0.001
-    assert p.slot_wait_s == pytest.approx(10 * step)
-    assert p.ttft_s >= p.slot_wait_s
+    assert p.room_wait_s == pytest.approx(10 * step)
+    assert p.ttft_s >= p.room_wait_s
 
 
 def test_a_decode_pool_without_room_for_the_request_waits_for_finishes_to_free_blocks():
@@ -242,16 +242,16 @@ def test_a_decode_pool_without_room_for_the_request_waits_for_finishes_to_free_b
     full = dataclasses.replace(base, num_used_blocks=400, num_free_blocks=50)
     step = 0.001 + 4 * 0.001
     p = predict(prompt_tokens=1600, max_tokens=320, prefill_cached_tokens=0, prefill=perf("p"), decode=full)
-    assert p.slot_wait_s == pytest.approx(10 * step)
-    assert p.ttft_s >= p.slot_wait_s
+    assert p.room_wait_s == pytest.approx(10 * step)
+    assert p.ttft_s >= p.room_wait_s
     behind = predict(prompt_tokens=1600, max_tokens=320, prefill_cached_tokens=0, prefill=perf("p"),
                      decode=dataclasses.replace(full, num_waiting=1))  # fmt: skip
-    assert behind.slot_wait_s == pytest.approx(20 * step)
+    assert behind.room_wait_s == pytest.approx(20 * step)
     # Room for it: no wait; nor where the blocks in use are not known (0 used).
     roomy = dataclasses.replace(full, num_free_blocks=120)
-    assert predict(prompt_tokens=1600, max_tokens=320, prefill_cached_tokens=0, prefill=perf("p"), decode=roomy).slot_wait_s == 0
+    assert predict(prompt_tokens=1600, max_tokens=320, prefill_cached_tokens=0, prefill=perf("p"), decode=roomy).room_wait_s == 0
     unknown = dataclasses.replace(full, num_used_blocks=0)
-    assert predict(prompt_tokens=1600, max_tokens=320, prefill_cached_tokens=0, prefill=perf("p"), decode=unknown).slot_wait_s == 0
+    assert predict(prompt_tokens=1600, max_tokens=320, prefill_cached_tokens=0, prefill=perf("p"), decode=unknown).room_wait_s == 0
     # Prefilled where it decodes, the wait queues it there, less the blocks it finds cached.
     local = predict(prompt_tokens=1600, max_tokens=320, prefill_cached_tokens=0, prefill=full, decode=full)
     assert local.queue_s == pytest.approx(step / 2 + 10 * step)
@@ -312,5 +312,5 @@ def test_slot_wait_counts_whole_rounds_for_long_queues():
     p = predict(prompt_tokens=16, max_tokens=4, prefill_cached_tokens=0, prefill=full, decode=full)
     step = 0.001 + 2 * 0.001
     # Three ahead of us on two slots: one whole round (mean 20 tokens) plus the second finish (30).
-    assert p.slot_wait_s == 0.0  # local placement: the wait is queueing on the same worker
+    assert p.room_wait_s == 0.0  # local placement: the wait is queueing on the same worker
     assert p.queue_s == pytest.approx(step / 2 + (30 + 20) * step)  # after the rest of the step in flight
