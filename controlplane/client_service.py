@@ -412,7 +412,9 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
             if time_left is not None and time_left <= 0:
                 await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "the request's deadline passed while it was being moved")
             num_attempts += 1
-            attempt = await self._dispatch(v, request, sent, exclude, migrating, observation, context, tokens_only=text is not None)
+            attempt = await self._dispatch(
+                v, request, sent, exclude, migrating, observation, context, tokens_only=text is not None, report_prefill_done=True
+            )
             plan, fetch, dispatch = attempt.plan, attempt.fetch, attempt.dispatch_id
             if not migrating:
                 queued_s = attempt.queued_s
@@ -424,6 +426,10 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
                     paused_since=self._state.pauses.paused_since,
                 )):  # fmt: skip
                     relay_cpu = time.thread_time()  # this message's relay work, up to handing it to gRPC
+                    if reply.remote_prefill_done:
+                        self.planner.remote_prefill_ended(dispatch, self._clock())
+                        if not reply.token_ids and not reply.finished:
+                            continue  # news for this replica alone
                     if reply.token_ids:
                         last_token_at = self._clock()
                         if num_new_tokens == 0:
@@ -503,11 +509,12 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
 
     async def _dispatch(
         self, v: Validated, request: client_pb2.GenerateRequest, sent: list[int], exclude: set[str], migrating: bool,
-        observation: RequestObservation, context, *, tokens_only: bool = False,
+        observation: RequestObservation, context, *, tokens_only: bool = False, report_prefill_done: bool = False,
     ) -> Attempt:  # fmt: skip
         """Plans one attempt of the request after the tokens `sent` (admitted, unless migrating:
         it was admitted already), charges its workers and builds its agent request with a fresh
-        ticket (`tokens_only`: the agent sends no text). Aborts the call when no worker can take it."""
+        ticket (`tokens_only`: the agent sends no text; `report_prefill_done`: it says when a remote
+        prefill has ended). Aborts the call when no worker can take it."""
         route = failover.resumed(v.route, sent) if sent else v.route
         while True:
             queued_s = 0.0
@@ -527,6 +534,7 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
         dispatch_id = self.planner.dispatched(plan, self._clock())
         self._state.routed(plan)  # the index credits these workers with the prompt's blocks
         agent_request = self._agent_request(v, request, plan, route, prefill, fetch, num_resumed=len(sent), tokens_only=tokens_only)
+        agent_request.report_prefill_done = report_prefill_done and prefill is not None  # not a field the ticket binds
         return Attempt(plan, decode.info.endpoint, fetch, dispatch_id, agent_request, queued_s)
 
     def _agent_request(

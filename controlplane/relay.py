@@ -77,7 +77,8 @@ async def agent_stream(
     progress.timer = loop.call_later(longest_sleep, check)
     try:
         async for reply in call:
-            progress.at = time.monotonic()
+            if reply.token_ids or reply.finished:  # news without a token (a remote prefill's end) is not the first token
+                progress.at = time.monotonic()
             if reply.token_ids:
                 progress.got_token = True
             yield reply
@@ -136,6 +137,7 @@ async def coalesced(replies: AsyncIterator[agent_pb2.AgentGenerateResponse]) -> 
                 merged.CopyFrom(following)
                 merged.token_ids[:0] = item.token_ids
                 merged.text = item.text + following.text
+                merged.remote_prefill_done = item.remote_prefill_done or following.remote_prefill_done
                 item = merged
             if item is _END:
                 return

@@ -11,7 +11,8 @@ report saw it in, and corrects the report:
   blocks (the cost); a request prefilled on another worker keeps its blocks pending on its
   decode worker until its first token: the engine sees it only once its KV is pulled in;
 - shown by a report: the report's numbers stand, less what has ended since: its prefill tokens
-  once its prefill ended; the request itself (from waiting if the report saw it in prefill, else
+  once its prefill ended (on a prefill worker, when the decode agent says so: `remote_prefill_ended`,
+  not at the first token, which comes after the pull and the decode worker's queue); the request itself (from waiting if the report saw it in prefill, else
   from running; the engine, not the ledger, decides which it counted) and its KV blocks once it
   finished, or, on a prefill worker, once its prefill ended.
 
@@ -186,6 +187,11 @@ class LoadLedger:
         """The request's first token is out: its prefill tokens leave the queues."""
         self._advance(dispatch_id, Phase.DECODE, now)
 
+    def remote_prefill_ended(self, dispatch_id: int, now: float) -> None:
+        """Its prefill worker has computed the prompt (the KV is being pulled): that worker's
+        share ends; its decode worker's waits for the first token."""
+        self._advance(dispatch_id, Phase.DECODE, now, prefill_workers_only=True)
+
     def finished(self, dispatch_id: int, now: float) -> None:
         """The request ended (completed, failed or cancelled): it leaves its workers. Idempotent."""
         self._advance(dispatch_id, Phase.DONE, now)
@@ -313,10 +319,10 @@ class LoadLedger:
     def _entry(self, worker_id: WorkerId, dispatch_id: int) -> _Entry | None:
         return self._worker_to_entries.get(worker_id, {}).get(dispatch_id)
 
-    def _advance(self, dispatch_id: int, phase: Phase, now: float) -> None:
+    def _advance(self, dispatch_id: int, phase: Phase, now: float, prefill_workers_only: bool = False) -> None:
         for worker_id in list(self._dispatch_to_workers.get(dispatch_id, ())):
             e = self._entry(worker_id, dispatch_id)
-            if e is None or e.phase >= phase:
+            if e is None or e.phase >= phase or (prefill_workers_only and e.charge.decodes):
                 continue
             totals = self._worker_to_totals[worker_id]
             totals.add(e, -1)

@@ -18,6 +18,8 @@ The planner owns the state that planning learns from; whoever runs the requests 
 servicer, a simulator) feeds it:
 - dispatched(plan, now) -> dispatch id: the request was sent as planned; its load is charged and
   the routing policy records it (predicted prefixes, round-robin turns);
+- remote_prefill_ended(id, now): its prefill worker is done (the decode agent says so before it
+  pulls the KV): that worker's share is released;
 - prefill_ended(id, now) and finished(id, now, outcome): its load is released at once; a
   finished request's measured latencies calibrate later predictions, its transfer the link rate;
 - load_reported(worker, now, sampled_at), kv_stored(worker, hashes), worker_removed(worker);
@@ -479,6 +481,9 @@ class Planner:
 
     def prefill_ended(self, dispatch_id: int, now: float) -> None:
         self.ledger.prefill_ended(dispatch_id, now)
+
+    def remote_prefill_ended(self, dispatch_id: int, now: float) -> None:
+        self.ledger.remote_prefill_ended(dispatch_id, now)  # no-op for a request prefilled where it decodes
 
     def finished(self, dispatch_id: int, now: float, outcome: Outcome | None = None) -> None:
         """The request ended (outcome None: failed or cancelled, nothing learnt). Idempotent."""

@@ -299,9 +299,18 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                 metrics.disaggregated = False
         elif remote:
             await self._require_kv(context, "import KV from a peer")
+            prefilled = asyncio.Event()
+            pulling = asyncio.ensure_future(self._traced_remote_prefill(request, metrics, context.time_remaining(), prefilled.set))
             try:
-                with tracing.span(tracing.SPAN_REMOTE_PREFILL, {"kvplane.prefill_worker": request.prefill_from.worker_id}):
-                    held = await self._remote_prefill(request, metrics, context.time_remaining())
+                if request.report_prefill_done and not request.prefill_from.cached_only:
+                    # Told before the pull (which may wait for free blocks): the caller's count of
+                    # the prefill worker's queue drops when the prefill ends, not at the first token.
+                    waiting = asyncio.ensure_future(prefilled.wait())
+                    await asyncio.wait((pulling, waiting), return_when=asyncio.FIRST_COMPLETED)
+                    waiting.cancel()
+                    if prefilled.is_set():
+                        yield agent_pb2.AgentGenerateResponse(remote_prefill_done=True)
+                held = await pulling
                 record_transfer(metrics)
             except RemotePrefillRefused as e:
                 await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
@@ -311,6 +320,12 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                 metrics.disaggregated = False
                 metrics.kv_fetched_from = ""
                 metrics.kv_fetched_tokens = 0
+            finally:
+                if not pulling.done():
+                    pulling.cancel()  # the caller went away while it was told: the pull's own cleanup runs
+                elif not held and not pulling.cancelled() and pulling.exception() is None:
+                    self._unpin(pulling.result())  # pulled, but the caller went away before taking it
+                    self._num_importing_blocks -= len(pulling.result())
         engine_request = EngineRequest(
             request_id=request.request_id or uuid.uuid4().hex,
             prompt_token_ids=prompt,
@@ -427,9 +442,17 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         metrics.kv_transfer_bytes = num_prompt_tokens * layout.bytes_per_token
         return reply.transport_descriptor
 
+    async def _traced_remote_prefill(
+        self, request: agent_pb2.AgentGenerateRequest, metrics: common_pb2.RequestMetrics, time_left_s: float | None,
+        on_prefilled: Callable[[], None],
+    ) -> list[int]:  # fmt: skip
+        with tracing.span(tracing.SPAN_REMOTE_PREFILL, {"kvplane.prefill_worker": request.prefill_from.worker_id}):
+            return await self._remote_prefill(request, metrics, time_left_s, on_prefilled)
+
     async def _remote_prefill(
-        self, request: agent_pb2.AgentGenerateRequest, metrics: common_pb2.RequestMetrics, time_left_s: float | None
-    ) -> list[int]:
+        self, request: agent_pb2.AgentGenerateRequest, metrics: common_pb2.RequestMetrics, time_left_s: float | None,
+        on_prefilled: Callable[[], None],
+    ) -> list[int]:  # fmt: skip
         """Has the peer prefill, pulls the missing blocks into this pool; returns the refs taken on
         them (counted in num_pinned_blocks until the caller hands them to the engine).
 
@@ -469,6 +492,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             self._spawn(self._release_peer(peer, transfer_id, request.ticket), f"release-{transfer_id}")
             raise
         metrics.transport = reply.transport
+        on_prefilled()
         if source.cached_only:
             # Fetch instead of recompute: the prefill itself runs here, after the pulled prefix.
             metrics.kv_fetched_from = source.worker_id

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from kvplane.v1 import common_pb2 as kvplane_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16kvplane/v1/agent.proto\x12\nkvplane.v1\x1a\x17kvplane/v1/common.proto\"\\\n\rPrefillSource\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x10\n\x08\x65ndpoint\x18\x02 \x01(\t\x12\x11\n\ttransport\x18\x03 \x01(\t\x12\x13\n\x0b\x63\x61\x63hed_only\x18\x04 \x01(\x08\"\xa5\x02\n\x14\x41gentGenerateRequest\x12\"\n\x06ticket\x18\x01 \x01(\x0b\x32\x12.kvplane.v1.Ticket\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x03 \x03(\r\x12,\n\x08sampling\x18\x04 \x01(\x0b\x32\x1a.kvplane.v1.SamplingParams\x12\x12\n\ncache_salt\x18\x05 \x01(\t\x12/\n\x0cprefill_from\x18\x06 \x01(\x0b\x32\x19.kvplane.v1.PrefillSource\x12\x1a\n\x12num_resumed_tokens\x18\x1e \x01(\r\x12\x17\n\x0fstream_interval\x18\x1f \x01(\r\x12\x13\n\x0btokens_only\x18  \x01(\x08\"\x8e\x01\n\x15\x41gentGenerateResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x10\n\x08\x66inished\x18\x03 \x01(\x08\x12\x15\n\rfinish_reason\x18\x04 \x01(\t\x12+\n\x07metrics\x18\x05 \x01(\x0b\x32\x1a.kvplane.v1.RequestMetrics\"\x98\x02\n\x0ePrefillRequest\x12\"\n\x06ticket\x18\x01 \x01(\x0b\x32\x12.kvplane.v1.Ticket\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x03 \x03(\r\x12\x12\n\ncache_salt\x18\x04 \x01(\t\x12$\n\x06layout\x18\x05 \x01(\x0b\x32\x14.kvplane.v1.KVLayout\x12\x12\n\ntransports\x18\x06 \x03(\t\x12\x19\n\x11\x64\x65\x63ode_agent_name\x18\x07 \x01(\t\x12!\n\x19\x64\x65\x63ode_transport_metadata\x18\x08 \x01(\x0c\x12\x13\n\x0b\x63\x61\x63hed_only\x18\t \x01(\x08\x12\x13\n\x0btransfer_id\x18\x1e \x01(\t\"\xf6\x01\n\x0fPrefillResponse\x12\x13\n\x0btransfer_id\x18\x01 \x01(\t\x12\x14\n\x0c\x62lock_hashes\x18\x02 \x03(\x0c\x12\x1f\n\x17prefill_computed_tokens\x18\x03 \x01(\r\x12\x15\n\rcached_tokens\x18\x04 \x01(\r\x12\x11\n\ttransport\x18\x05 \x01(\t\x12\x1c\n\x14transport_descriptor\x18\x06 \x01(\x0c\x12\x12\n\nexpires_at\x18\x07 \x01(\x01\x12$\n\x06layout\x18\x08 \x01(\x0b\x32\x14.kvplane.v1.KVLayout\x12\x15\n\rblock_digests\x18\x14 \x03(\x0c\"\xb1\x01\n\rPullKVRequest\x12\x13\n\x0btransfer_id\x18\x01 \x01(\t\x12\x15\n\rblock_indices\x18\x02 \x03(\r\x12$\n\x06layout\x18\x03 \x01(\x0b\x32\x14.kvplane.v1.KVLayout\x12\x13\n\x0b\x63hunk_bytes\x18\x04 \x01(\r\x12\x15\n\rrelease_after\x18\x05 \x01(\x08\x12\"\n\x06ticket\x18\x06 \x01(\x0b\x32\x12.kvplane.v1.Ticket\"<\n\x07KVChunk\x12\x13\n\x0b\x62lock_index\x18\x01 \x01(\r\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"K\n\x10ReleaseKVRequest\x12\x13\n\x0btransfer_id\x18\x01 \x01(\t\x12\"\n\x06ticket\x18\x02 \x01(\x0b\x32\x12.kvplane.v1.Ticket\"%\n\x11ReleaseKVResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\"2\n\x0c\x44rainRequest\x12\"\n\x06ticket\x18\x01 \x01(\x0b\x32\x12.kvplane.v1.Ticket\"4\n\x0eUndrainRequest\x12\"\n\x06ticket\x18\x01 \x01(\x0b\x32\x12.kvplane.v1.Ticket\"L\n\rDrainResponse\x12&\n\x05state\x18\x01 \x01(\x0e\x32\x17.kvplane.v1.WorkerState\x12\x13\n\x0bnum_running\x18\x02 \x01(\r\"\x12\n\x10GetStatusRequest\"_\n\x11GetStatusResponse\x12$\n\x04info\x18\x01 \x01(\x0b\x32\x16.kvplane.v1.WorkerInfo\x12$\n\x04load\x18\x02 \x01(\x0b\x32\x16.kvplane.v1.WorkerLoad\"b\n\x0eProfileRequest\x12\x19\n\x11max_prompt_tokens\x18\x01 \x01(\r\x12\x11\n\tmax_batch\x18\x02 \x01(\r\x12\"\n\x06ticket\x18\x03 \x01(\x0b\x32\x12.kvplane.v1.Ticket\"g\n\x0fProfileResponse\x12+\n\x07profile\x18\x01 \x01(\x0b\x32\x1a.kvplane.v1.LatencyProfile\x12\'\n\x05model\x18\x02 \x01(\x0b\x32\x18.kvplane.v1.LatencyModel2\xb2\x04\n\x05\x41gent\x12Q\n\x08Generate\x12 .kvplane.v1.AgentGenerateRequest\x1a!.kvplane.v1.AgentGenerateResponse0\x01\x12\x42\n\x07Prefill\x12\x1a.kvplane.v1.PrefillRequest\x1a\x1b.kvplane.v1.PrefillResponse\x12:\n\x06PullKV\x12\x19.kvplane.v1.PullKVRequest\x1a\x13.kvplane.v1.KVChunk0\x01\x12H\n\tReleaseKV\x12\x1c.kvplane.v1.ReleaseKVRequest\x1a\x1d.kvplane.v1.ReleaseKVResponse\x12<\n\x05\x44rain\x12\x18.kvplane.v1.DrainRequest\x1a\x19.kvplane.v1.DrainResponse\x12@\n\x07Undrain\x12\x1a.kvplane.v1.UndrainRequest\x1a\x19.kvplane.v1.DrainResponse\x12H\n\tGetStatus\x12\x1c.kvplane.v1.GetStatusRequest\x1a\x1d.kvplane.v1.GetStatusResponse\x12\x42\n\x07Profile\x12\x1a.kvplane.v1.ProfileRequest\x1a\x1b.kvplane.v1.ProfileResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16kvplane/v1/agent.proto\x12\nkvplane.v1\x1a\x17kvplane/v1/common.proto\"\\\n\rPrefillSource\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x10\n\x08\x65ndpoint\x18\x02 \x01(\t\x12\x11\n\ttransport\x18\x03 \x01(\t\x12\x13\n\x0b\x63\x61\x63hed_only\x18\x04 \x01(\x08\"\xc2\x02\n\x14\x41gentGenerateRequest\x12\"\n\x06ticket\x18\x01 \x01(\x0b\x32\x12.kvplane.v1.Ticket\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x03 \x03(\r\x12,\n\x08sampling\x18\x04 \x01(\x0b\x32\x1a.kvplane.v1.SamplingParams\x12\x12\n\ncache_salt\x18\x05 \x01(\t\x12/\n\x0cprefill_from\x18\x06 \x01(\x0b\x32\x19.kvplane.v1.PrefillSource\x12\x1a\n\x12num_resumed_tokens\x18\x1e \x01(\r\x12\x17\n\x0fstream_interval\x18\x1f \x01(\r\x12\x13\n\x0btokens_only\x18  \x01(\x08\x12\x1b\n\x13report_prefill_done\x18! \x01(\x08\"\xab\x01\n\x15\x41gentGenerateResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x10\n\x08\x66inished\x18\x03 \x01(\x08\x12\x15\n\rfinish_reason\x18\x04 \x01(\t\x12+\n\x07metrics\x18\x05 \x01(\x0b\x32\x1a.kvplane.v1.RequestMetrics\x12\x1b\n\x13remote_prefill_done\x18\x06 \x01(\x08\"\x98\x02\n\x0ePrefillRequest\x12\"\n\x06ticket\x18\x01 \x01(\x0b\x32\x12.kvplane.v1.Ticket\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x03 \x03(\r\x12\x12\n\ncache_salt\x18\x04 \x01(\t\x12$\n\x06layout\x18\x05 \x01(\x0b\x32\x14.kvplane.v1.KVLayout\x12\x12\n\ntransports\x18\x06 \x03(\t\x12\x19\n\x11\x64\x65\x63ode_agent_name\x18\x07 \x01(\t\x12!\n\x19\x64\x65\x63ode_transport_metadata\x18\x08 \x01(\x0c\x12\x13\n\x0b\x63\x61\x63hed_only\x18\t \x01(\x08\x12\x13\n\x0btransfer_id\x18\x1e \x01(\t\"\xf6\x01\n\x0fPrefillResponse\x12\x13\n\x0btransfer_id\x18\x01 \x01(\t\x12\x14\n\x0c\x62lock_hashes\x18\x02 \x03(\x0c\x12\x1f\n\x17prefill_computed_tokens\x18\x03 \x01(\r\x12\x15\n\rcached_tokens\x18\x04 \x01(\r\x12\x11\n\ttransport\x18\x05 \x01(\t\x12\x1c\n\x14transport_descriptor\x18\x06 \x01(\x0c\x12\x12\n\nexpires_at\x18\x07 \x01(\x01\x12$\n\x06layout\x18\x08 \x01(\x0b\x32\x14.kvplane.v1.KVLayout\x12\x15\n\rblock_digests\x18\x14 \x03(\x0c\"\xb1\x01\n\rPullKVRequest\x12\x13\n\x0btransfer_id\x18\x01 \x01(\t\x12\x15\n\rblock_indices\x18\x02 \x03(\r\x12$\n\x06layout\x18\x03 \x01(\x0b\x32\x14.kvplane.v1.KVLayout\x12\x13\n\x0b\x63hunk_bytes\x18\x04 \x01(\r\x12\x15\n\rrelease_after\x18\x05 \x01(\x08\x12\"\n\x06ticket\x18\x06 \x01(\x0b\x32\x12.kvplane.v1.Ticket\"<\n\x07KVChunk\x12\x13\n\x0b\x62lock_index\x18\x01 \x01(\r\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"K\n\x10ReleaseKVRequest\x12\x13\n\x0btransfer_id\x18\x01 \x01(\t\x12\"\n\x06ticket\x18\x02 \x01(\x0b\x32\x12.kvplane.v1.Ticket\"%\n\x11ReleaseKVResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\"2\n\x0c\x44rainRequest\x12\"\n\x06ticket\x18\x01 \x01(\x0b\x32\x12.kvplane.v1.Ticket\"4\n\x0eUndrainRequest\x12\"\n\x06ticket\x18\x01 \x01(\x0b\x32\x12.kvplane.v1.Ticket\"L\n\rDrainResponse\x12&\n\x05state\x18\x01 \x01(\x0e\x32\x17.kvplane.v1.WorkerState\x12\x13\n\x0bnum_running\x18\x02 \x01(\r\"\x12\n\x10GetStatusRequest\"_\n\x11GetStatusResponse\x12$\n\x04info\x18\x01 \x01(\x0b\x32\x16.kvplane.v1.WorkerInfo\x12$\n\x04load\x18\x02 \x01(\x0b\x32\x16.kvplane.v1.WorkerLoad\"b\n\x0eProfileRequest\x12\x19\n\x11max_prompt_tokens\x18\x01 \x01(\r\x12\x11\n\tmax_batch\x18\x02 \x01(\r\x12\"\n\x06ticket\x18\x03 \x01(\x0b\x32\x12.kvplane.v1.Ticket\"g\n\x0fProfileResponse\x12+\n\x07profile\x18\x01 \x01(\x0b\x32\x1a.kvplane.v1.LatencyProfile\x12\'\n\x05model\x18\x02 \x01(\x0b\x32\x18.kvplane.v1.LatencyModel2\xb2\x04\n\x05\x41gent\x12Q\n\x08Generate\x12 .kvplane.v1.AgentGenerateRequest\x1a!.kvplane.v1.AgentGenerateResponse0\x01\x12\x42\n\x07Prefill\x12\x1a.kvplane.v1.PrefillRequest\x1a\x1b.kvplane.v1.PrefillResponse\x12:\n\x06PullKV\x12\x19.kvplane.v1.PullKVRequest\x1a\x13.kvplane.v1.KVChunk0\x01\x12H\n\tReleaseKV\x12\x1c.kvplane.v1.ReleaseKVRequest\x1a\x1d.kvplane.v1.ReleaseKVResponse\x12<\n\x05\x44rain\x12\x18.kvplane.v1.DrainRequest\x1a\x19.kvplane.v1.DrainResponse\x12@\n\x07Undrain\x12\x1a.kvplane.v1.UndrainRequest\x1a\x19.kvplane.v1.DrainResponse\x12H\n\tGetStatus\x12\x1c.kvplane.v1.GetStatusRequest\x1a\x1d.kvplane.v1.GetStatusResponse\x12\x42\n\x07Profile\x12\x1a.kvplane.v1.ProfileRequest\x1a\x1b.kvplane.v1.ProfileResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,35 +35,35 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PREFILLSOURCE']._serialized_start=63
   _globals['_PREFILLSOURCE']._serialized_end=155
   _globals['_AGENTGENERATEREQUEST']._serialized_start=158
-  _globals['_AGENTGENERATEREQUEST']._serialized_end=451
-  _globals['_AGENTGENERATERESPONSE']._serialized_start=454
-  _globals['_AGENTGENERATERESPONSE']._serialized_end=596
-  _globals['_PREFILLREQUEST']._serialized_start=599
-  _globals['_PREFILLREQUEST']._serialized_end=879
-  _globals['_PREFILLRESPONSE']._serialized_start=882
-  _globals['_PREFILLRESPONSE']._serialized_end=1128
-  _globals['_PULLKVREQUEST']._serialized_start=1131
-  _globals['_PULLKVREQUEST']._serialized_end=1308
-  _globals['_KVCHUNK']._serialized_start=1310
-  _globals['_KVCHUNK']._serialized_end=1370
-  _globals['_RELEASEKVREQUEST']._serialized_start=1372
-  _globals['_RELEASEKVREQUEST']._serialized_end=1447
-  _globals['_RELEASEKVRESPONSE']._serialized_start=1449
-  _globals['_RELEASEKVRESPONSE']._serialized_end=1486
-  _globals['_DRAINREQUEST']._serialized_start=1488
-  _globals['_DRAINREQUEST']._serialized_end=1538
-  _globals['_UNDRAINREQUEST']._serialized_start=1540
-  _globals['_UNDRAINREQUEST']._serialized_end=1592
-  _globals['_DRAINRESPONSE']._serialized_start=1594
-  _globals['_DRAINRESPONSE']._serialized_end=1670
-  _globals['_GETSTATUSREQUEST']._serialized_start=1672
-  _globals['_GETSTATUSREQUEST']._serialized_end=1690
-  _globals['_GETSTATUSRESPONSE']._serialized_start=1692
-  _globals['_GETSTATUSRESPONSE']._serialized_end=1787
-  _globals['_PROFILEREQUEST']._serialized_start=1789
-  _globals['_PROFILEREQUEST']._serialized_end=1887
-  _globals['_PROFILERESPONSE']._serialized_start=1889
-  _globals['_PROFILERESPONSE']._serialized_end=1992
-  _globals['_AGENT']._serialized_start=1995
-  _globals['_AGENT']._serialized_end=2557
+  _globals['_AGENTGENERATEREQUEST']._serialized_end=480
+  _globals['_AGENTGENERATERESPONSE']._serialized_start=483
+  _globals['_AGENTGENERATERESPONSE']._serialized_end=654
+  _globals['_PREFILLREQUEST']._serialized_start=657
+  _globals['_PREFILLREQUEST']._serialized_end=937
+  _globals['_PREFILLRESPONSE']._serialized_start=940
+  _globals['_PREFILLRESPONSE']._serialized_end=1186
+  _globals['_PULLKVREQUEST']._serialized_start=1189
+  _globals['_PULLKVREQUEST']._serialized_end=1366
+  _globals['_KVCHUNK']._serialized_start=1368
+  _globals['_KVCHUNK']._serialized_end=1428
+  _globals['_RELEASEKVREQUEST']._serialized_start=1430
+  _globals['_RELEASEKVREQUEST']._serialized_end=1505
+  _globals['_RELEASEKVRESPONSE']._serialized_start=1507
+  _globals['_RELEASEKVRESPONSE']._serialized_end=1544
+  _globals['_DRAINREQUEST']._serialized_start=1546
+  _globals['_DRAINREQUEST']._serialized_end=1596
+  _globals['_UNDRAINREQUEST']._serialized_start=1598
+  _globals['_UNDRAINREQUEST']._serialized_end=1650
+  _globals['_DRAINRESPONSE']._serialized_start=1652
+  _globals['_DRAINRESPONSE']._serialized_end=1728
+  _globals['_GETSTATUSREQUEST']._serialized_start=1730
+  _globals['_GETSTATUSREQUEST']._serialized_end=1748
+  _globals['_GETSTATUSRESPONSE']._serialized_start=1750
+  _globals['_GETSTATUSRESPONSE']._serialized_end=1845
+  _globals['_PROFILEREQUEST']._serialized_start=1847
+  _globals['_PROFILEREQUEST']._serialized_end=1945
+  _globals['_PROFILERESPONSE']._serialized_start=1947
+  _globals['_PROFILERESPONSE']._serialized_end=2050
+  _globals['_AGENT']._serialized_start=2053
+  _globals['_AGENT']._serialized_end=2615
 # @@protoc_insertion_point(module_scope)

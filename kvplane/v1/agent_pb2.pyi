@@ -20,7 +20,7 @@ class PrefillSource(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., endpoint: _Optional[str] = ..., transport: _Optional[str] = ..., cached_only: _Optional[bool] = ...) -> None: ...
 
 class AgentGenerateRequest(_message.Message):
-    __slots__ = ("ticket", "request_id", "prompt_token_ids", "sampling", "cache_salt", "prefill_from", "num_resumed_tokens", "stream_interval", "tokens_only")
+    __slots__ = ("ticket", "request_id", "prompt_token_ids", "sampling", "cache_salt", "prefill_from", "num_resumed_tokens", "stream_interval", "tokens_only", "report_prefill_done")
     TICKET_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -30,6 +30,7 @@ class AgentGenerateRequest(_message.Message):
     NUM_RESUMED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     STREAM_INTERVAL_FIELD_NUMBER: _ClassVar[int]
     TOKENS_ONLY_FIELD_NUMBER: _ClassVar[int]
+    REPORT_PREFILL_DONE_FIELD_NUMBER: _ClassVar[int]
     ticket: _common_pb2.Ticket
     request_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -39,21 +40,24 @@ class AgentGenerateRequest(_message.Message):
     num_resumed_tokens: int
     stream_interval: int
     tokens_only: bool
-    def __init__(self, ticket: _Optional[_Union[_common_pb2.Ticket, _Mapping]] = ..., request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., cache_salt: _Optional[str] = ..., prefill_from: _Optional[_Union[PrefillSource, _Mapping]] = ..., num_resumed_tokens: _Optional[int] = ..., stream_interval: _Optional[int] = ..., tokens_only: _Optional[bool] = ...) -> None: ...
+    report_prefill_done: bool
+    def __init__(self, ticket: _Optional[_Union[_common_pb2.Ticket, _Mapping]] = ..., request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., cache_salt: _Optional[str] = ..., prefill_from: _Optional[_Union[PrefillSource, _Mapping]] = ..., num_resumed_tokens: _Optional[int] = ..., stream_interval: _Optional[int] = ..., tokens_only: _Optional[bool] = ..., report_prefill_done: _Optional[bool] = ...) -> None: ...
 
 class AgentGenerateResponse(_message.Message):
-    __slots__ = ("token_ids", "text", "finished", "finish_reason", "metrics")
+    __slots__ = ("token_ids", "text", "finished", "finish_reason", "metrics", "remote_prefill_done")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     FINISHED_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     METRICS_FIELD_NUMBER: _ClassVar[int]
+    REMOTE_PREFILL_DONE_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     text: str
     finished: bool
     finish_reason: str
     metrics: _common_pb2.RequestMetrics
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., finished: _Optional[bool] = ..., finish_reason: _Optional[str] = ..., metrics: _Optional[_Union[_common_pb2.RequestMetrics, _Mapping]] = ...) -> None: ...
+    remote_prefill_done: bool
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., finished: _Optional[bool] = ..., finish_reason: _Optional[str] = ..., metrics: _Optional[_Union[_common_pb2.RequestMetrics, _Mapping]] = ..., remote_prefill_done: _Optional[bool] = ...) -> None: ...
 
 class PrefillRequest(_message.Message):
     __slots__ = ("ticket", "request_id", "prompt_token_ids", "cache_salt", "layout", "transports", "decode_agent_name", "decode_transport_metadata", "cached_only", "transfer_id")

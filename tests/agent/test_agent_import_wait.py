@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import time
 
+import grpc
+
 from kvplane.types import Role
 from kvplane.v1 import agent_pb2, common_pb2
 
@@ -81,3 +83,58 @@ def test_past_import_wait_the_decode_worker_prefills_locally():
     m = asyncio.run(main())
     assert not m.disaggregated and m.prefill_worker == m.decode_worker == "decode"
     assert m.kv_transfer_blocks == 0
+
+
+def _told(request: agent_pb2.AgentGenerateRequest) -> agent_pb2.AgentGenerateRequest:
+    request.report_prefill_done = True  # not a field the ticket binds
+    return request
+
+
+def test_the_caller_hears_the_remote_prefill_end_before_the_pull():
+    """A relaying control plane stops counting the prompt in the prefill worker's queue when it
+    is computed, not at the first token, which comes after the pull and any wait for blocks."""
+
+    async def main():
+        async with serve_agent("prefill", Role.PREFILL) as prefill, serve_agent("decode", Role.DECODE) as decode:
+            kv = decode.engine.kv_transfer
+            filler = kv.allocate_for_import(NUM_BLOCKS)  # the pull will wait for blocks
+            stream = decode.stub.Generate(_told(_remote(prefill.endpoint)))
+            first = await asyncio.wait_for(stream.read(), timeout=30)
+            assert first.remote_prefill_done and not first.token_ids and not first.finished
+            assert prefill.engine.load().num_used_blocks == 4  # computed and pinned, not pulled yet
+            kv.abort_import(filler)
+            rest = []
+            while (reply := await stream.read()) is not grpc.aio.EOF:
+                rest.append(reply)
+            return rest
+
+    rest = asyncio.run(main())
+    assert not any(r.remote_prefill_done for r in rest)
+    assert sum(len(r.token_ids) for r in rest) == 4 and rest[-1].finished and rest[-1].metrics.disaggregated
+
+
+def test_unasked_no_news_comes_before_the_tokens():
+    async def main():
+        async with serve_agent("prefill", Role.PREFILL) as prefill, serve_agent("decode", Role.DECODE) as decode:
+            return [reply async for reply in decode.stub.Generate(_remote(prefill.endpoint))]
+
+    replies = asyncio.run(main())
+    assert replies[0].token_ids and not any(r.remote_prefill_done for r in replies)
+
+
+def test_a_caller_gone_after_the_news_leaves_nothing_pinned():
+    async def main():
+        async with serve_agent("prefill", Role.PREFILL) as prefill, serve_agent("decode", Role.DECODE) as decode:
+            kv = decode.engine.kv_transfer
+            filler = kv.allocate_for_import(NUM_BLOCKS)
+            stream = decode.stub.Generate(_told(_remote(prefill.endpoint)))
+            first = await asyncio.wait_for(stream.read(), timeout=30)
+            assert first.remote_prefill_done
+            stream.cancel()  # the caller goes away while the pull waits for blocks
+            await wait_until(lambda: prefill.engine.load().num_used_blocks == 0, "the prefill worker's pins released")
+            kv.abort_import(filler)
+            await wait_until(lambda: decode.engine.load().num_used_blocks == 0, "the decode pool empty again")
+            return decode.engine.load(), decode.service.num_pinned_blocks
+
+    load, importing = asyncio.run(main())
+    assert load.num_running == 0 and load.num_waiting == 0 and importing == 0

@@ -85,3 +85,20 @@ def test_leaving_early_closes_the_agents_stream():
         return closed
 
     assert _run(read) == [True]
+
+
+def test_a_remote_prefills_end_survives_being_merged_with_the_tokens_after_it():
+    # (After a first message the reader takes at once: the news queues up with the tokens behind it.)
+    news = agent_pb2.AgentGenerateResponse(remote_prefill_done=True)
+    messages = [_msg([0]), news] + [_msg([i]) for i in range(1, 4)] + [_msg([], finished=True)]
+
+    async def read():
+        out = []
+        async for m in coalesced(_agent(messages)):
+            out.append(m)
+            await asyncio.sleep(0.05)
+        return out
+
+    out = _run(read)
+    assert [t for m in out for t in m.token_ids] == list(range(4))
+    assert len(out) == 2 and not out[0].remote_prefill_done and out[1].remote_prefill_done

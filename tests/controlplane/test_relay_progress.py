@@ -110,3 +110,51 @@ def test_a_relay_whose_own_loop_was_frozen_does_not_blame_the_worker():
             await server.stop(None)
 
     assert asyncio.run(asyncio.wait_for(body(), timeout=20)) == [0, 1, 2, 3, 4]
+
+
+class _NewsOnlyAgent(agent_pb2_grpc.AgentServicer):
+    """Says its remote prefill ended, again and again, and never sends a token."""
+
+    def __init__(self) -> None:
+        self.cancelled = asyncio.Event()
+
+    async def Generate(self, request, context):
+        try:
+            while True:
+                yield agent_pb2.AgentGenerateResponse(remote_prefill_done=True)
+                await asyncio.sleep(0.05)
+        except asyncio.CancelledError:
+            self.cancelled.set()
+            raise
+
+
+def test_news_without_a_token_does_not_hold_off_the_first_token_timeout():
+    async def body() -> tuple[int, WorkerFailed]:
+        agent = _NewsOnlyAgent()
+        server = grpc.aio.server()
+        agent_pb2_grpc.add_AgentServicer_to_server(agent, server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                news = 0
+
+                async def read() -> None:
+                    nonlocal news
+                    async for reply in agent_stream(
+                        agent_pb2_grpc.AgentStub(channel), agent_pb2.AgentGenerateRequest(), "w1", time_left_s=None,
+                        first_token_timeout_s=0.5, token_timeout_s=30.0,
+                    ):  # fmt: skip
+                        news += reply.remote_prefill_done
+
+                # Counted as progress, the news every 50 ms would keep the stream alive until this 20 s bound.
+                with pytest.raises(WorkerFailed) as info:
+                    await asyncio.wait_for(read(), timeout=20)
+                await asyncio.wait_for(agent.cancelled.wait(), timeout=10)
+                return news, info.value
+        finally:
+            await server.stop(None)
+
+    news, failure = asyncio.run(body())
+    assert news >= 1 and failure.failure is Failure.STALLED
+    assert "the first token did not come within 0.5 s" in failure.details

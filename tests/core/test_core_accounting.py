@@ -132,6 +132,32 @@ def test_a_disaggregated_request_charges_its_prefill_worker_only_until_prefill_e
     assert load_of(ledger.adjust(worker_view("w", num_running=1, num_used_blocks=14))) == (1, 0, 0, 14, 0)
 
 
+def test_a_remote_prefills_end_releases_its_prefill_worker_before_the_first_token(worker_view):
+    ledger = LoadLedger()
+    remote = Charge(W, prefill_tokens=0, num_blocks=14, num_new_blocks=14, decodes=True, imported=True)
+    prefill = Charge(P, prefill_tokens=56, num_blocks=0, num_new_blocks=0, decodes=False)
+    ledger.dispatched(7, [remote, prefill], now=0.0)
+    ledger.reported(P, now=0.1)
+    ledger.reported(W, now=0.1)
+    # The prefill worker has computed it; the KV is being pulled into the decode worker, which may
+    # wait for blocks and queue it: the prefill worker's report shows the prompt gone, and this
+    # replica's own count no longer holds it there as a floor.
+    ledger.remote_prefill_ended(7, now=0.5)
+    assert load_of(ledger.adjust(worker_view("p"))) == (0, 0, 0, 0, 0)
+    # The decode worker still waits for it: its blocks stay promised until the first token.
+    assert load_of(ledger.adjust(worker_view("w"))) == (0, 1, 0, 0, 14)
+    ledger.prefill_ended(7, now=0.9)
+    assert load_of(ledger.adjust(worker_view("w"))) == (0, 1, 0, 0, 0)
+    assert load_of(ledger.adjust(worker_view("p"))) == (0, 0, 0, 0, 0)
+
+
+def test_a_remote_prefills_end_changes_nothing_for_a_request_prefilled_where_it_decodes(worker_view):
+    ledger = LoadLedger()
+    ledger.dispatched(1, [DECODE], now=0.0)
+    ledger.remote_prefill_ended(1, now=0.1)
+    assert load_of(ledger.adjust(worker_view("w"))) == (0, 1, 30, 0, 8)
+
+
 def test_two_requests_on_one_worker_are_released_separately(worker_view):
     ledger = LoadLedger()
     ledger.dispatched(1, [DECODE], now=0.0)

@@ -30,6 +30,11 @@ def test_disaggregated_greedy_equals_local(transport):
             remote = client.generate(prompt, max_tokens=24, disagg="always")
             # Another cache salt: nothing cached, the same computation, done on one worker.
             local = client.generate(prompt, max_tokens=24, disagg="never", cache_salt="fresh")
+            # The decode agent tells the relaying replica when the remote prefill ends (a message
+            # without tokens); the caller gets tokens and the end only.
+            chunks = list(client.stream(prompt, max_tokens=4, disagg="always", cache_salt="streamed"))
+    assert chunks[-1].finished and chunks[-1].metrics.disaggregated
+    assert all(c.token_ids or c.finished for c in chunks) and sum(len(c.token_ids) for c in chunks) == 4
     m = remote.metrics
     assert (m.prefill_worker, m.decode_worker, m.disaggregated) == ("prefill-0", "decode-0", True)
     assert m.transport == transport

@@ -101,6 +101,22 @@ def test_a_pull_into_a_full_decode_pool_waits_for_blocks_else_prefills_locally(i
         assert not second.disaggregated and second.prefill_worker == "decode-0" and second.kv_transfer_bytes == 0
 
 
+def test_the_planner_hears_a_remote_prefill_end_before_the_pull_waits_for_blocks():
+    """As a relaying replica hears it from the decode agent (report_prefill_done): the prefill
+    worker's share of the request leaves its queue then, not at the first token."""
+    engine = dataclasses.replace(ENGINE, num_blocks=400)
+    fleet = FleetSpec(engine, num_prefill=1, num_decode=1, num_both=0)
+    config = PlannerConfig(admission_policy="none", router=RouterConfig(policy=LeastLoadParams(), disagg_threshold_tokens=1024))
+    sim = Simulator(fleet, config, ClusterSettings(), agent=AgentTiming(hop_s=HOP))
+    told: list[float] = []
+    heard = sim.planner.remote_prefill_ended
+    sim.planner.remote_prefill_ended = lambda dispatch_id, now: (told.append(now), heard(dispatch_id, now))  # type: ignore[method-assign]
+    other = tuple(range(5001, 9001))
+    first, second = sim.run([one(4000, 50), SimRequest(0.001, 4000, 50, lambda: other)]).records
+    assert second.disaggregated and second.kv_wait_s > 0 and len(told) == 2
+    assert told[0] < first.first_token_s and told[1] + second.kv_wait_s < second.first_token_s
+
+
 def test_a_repeated_prompt_hits_the_cache_of_the_worker_the_planner_sent_it_to():
     sim = simulate(FleetSpec(ENGINE, num_both=4), [one(1600, 4, 0.0), one(1600, 4, 5.0)])
     first, second = sim.result.records

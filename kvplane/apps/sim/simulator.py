@@ -7,7 +7,8 @@ dataplane/agent/service.py), with one hop of `hop_s` per RPC message:
    last reported it (a rejection ends it; the batch queue is not modeled: a rejected batch request
    is counted as rejected), then Planner.dispatched;
 2. the decode worker gets it; with a prefill worker, that worker prefills it (a prefill_only
-   request) and pins its blocks; with a fetch, the holder pins its cached prefix; the decode worker
+   request) and pins its blocks, and the decode agent tells the control plane that the prefill
+   has ended (Planner.remote_prefill_ended, as a relaying replica hears it); with a fetch, the holder pins its cached prefix; the decode worker
    then allocates the blocks it lacks, the transfer takes the link's time for the model's real KV
    bytes (kvplane.hardware.LinkSpec), and the blocks are committed to its prefix cache and unpinned
    at the source. A full decode pool is waited on (AgentTiming.import_wait_s) until steps free
@@ -364,6 +365,9 @@ class Simulator:
             return
         worker.num_prefill_tokens += out.num_prompt_tokens - out.num_cached_tokens
         _count_cached(f.record, out)
+        # The decode agent hears of it a hop later and tells the control plane (report_prefill_done).
+        at_cp = self.loop.now + 2 * self.agent.hop_s
+        self.loop.at(at_cp, self.planner.remote_prefill_ended, f.dispatch_id, at_cp)
         self.loop.after(self.agent.hop_s, self._pull, f, worker, out.block_hashes, out.pinned_block_ids, False)
 
     def _pin_cached(self, f: _Flight) -> None:
