@@ -161,7 +161,9 @@ class Plan:
     def charges(self) -> tuple[Charge, ...]:
         """The load this plan puts on each worker: the decode worker holds the prompt and output
         blocks and computes what no cached or fetched prefix provides (all of it comes over the
-        wire when disaggregated); a prefill worker computes the whole prompt."""
+        wire when disaggregated); a prefill worker computes the prompt after the prefix it holds
+        (as the prediction counts it: counted whole, a shared system prompt made every prefill
+        worker's queue look longer by that prompt per request sent there)."""
         prompt, bs = self.decision.prompt_tokens, max(self.block_size, 1)
         reused = self.cached_tokens + self.fetch_tokens
         num_blocks = math.ceil((prompt + self.request.max_tokens) / bs)
@@ -175,7 +177,10 @@ class Plan:
         )
         if self.prefill_worker is None:
             return (decode,)
-        return decode, Charge(self.prefill_worker, prompt, 0, 0, decodes=False)
+        d = self.decision
+        held = (d.policy_overlaps if d.policy_overlaps is not None else d.index_overlaps).get(self.prefill_worker)
+        own = min(held.num_blocks, (prompt - 1) // bs) * bs if held is not None else 0
+        return decode, Charge(self.prefill_worker, prompt - own, 0, 0, decodes=False)
 
 
 @dataclass(frozen=True, slots=True)

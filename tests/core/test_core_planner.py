@@ -231,6 +231,20 @@ def test_a_measured_transfer_teaches_the_link_rate(index, worker_view, route_req
     assert p.plan(other, cluster, NO_SETTINGS, now=1.0).prediction.transfer_s == pytest.approx(0.01 / 1.8)
 
 
+def test_a_prefill_worker_is_charged_the_prompt_after_the_prefix_it_holds(index, cache_prefix, worker_view, route_request):
+    cache_prefix("p", PROMPT_40, 6)  # a shared system prompt, say: 24 of the 40 tokens
+    workers = (worker_view("d", latency=STEP_MODEL), worker_view("p", Role.PREFILL, latency=STEP_MODEL))
+    plan = planner(admission_policy="none").plan(
+        route_request(PROMPT_40, disagg=DisaggMode.ALWAYS, max_tokens=4), ClusterView(workers, index), NO_SETTINGS, now=0.0
+    )
+    decode, prefill = plan.charges
+    # As the prediction counts it (16 tokens to compute there); counted whole, each request sent
+    # there made its queue look longer by the prefix, and held that as a floor until its end.
+    assert (prefill.worker_id, prefill.prefill_tokens, prefill.decodes) == ("p", 16, False)
+    assert plan.prediction.prefill_s == pytest.approx(1e-3 + 16 * 1e-5, rel=1e-9)
+    assert (decode.worker_id, decode.prefill_tokens, decode.imported) == ("d", 0, True)
+
+
 def test_agent_loop_steps_stay_on_the_prefix_holder():
     """Issue #8: four `both` workers; each step of a tool loop is sent right after the previous
     one finished and extends its prompt (+ its 16 output tokens + 8 new ones). The holder's last
