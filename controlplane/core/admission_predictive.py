@@ -1,9 +1,10 @@
 """Policy `predictive`: admit to the best placement predicted to meet the request's objectives.
 
-Rule: walk the placements in the router's order (cheapest first); admit to the first whose
-predicted TTFT <= the TTFT objective and whose TPOT stays under the TPOT objective with 95 %
-confidence (Prediction.tpot_high_ms: the mean plus the spread of a request's steps on a worker
-sharing them with arriving prefill, predictor.tpot_spread_seconds). A placement whose
+Rule: walk the placements in the router's order (cheapest first); admit to the first whose TTFT
+and TPOT stay under their objectives with 95 % confidence (Prediction.ttft_high_ms: the mean plus
+the spread of a remote prefill's tail step, which carries a chunk of the decode worker's prefill
+or not, WorkerPerf.tail_spread_seconds; Prediction.tpot_high_ms: the mean plus the spread of a
+request's steps on a worker sharing them with arriving prefill, predictor.tpot_spread_seconds). A placement whose
 workers have no latency model yet cannot be predicted and is admitted (the models appear after a
 worker's first steps, or at once after `kvplane profile`). When no placement meets both, reject at
 once, before any prefill work is spent, naming the objective missed by the placement that came
@@ -49,7 +50,7 @@ class PredictiveAdmission:
             p = option.prediction
             if p is None:
                 return Admit(option)
-            ttft_over = p.ttft_ms / objective.ttft_ms
+            ttft_over = p.ttft_high_ms / objective.ttft_ms
             tpot_over = p.tpot_high_ms / objective.tpot_ms
             if ttft_over <= 1 and tpot_over <= 1:
                 return Admit(option)
@@ -59,7 +60,7 @@ class PredictiveAdmission:
         p = closest.prediction
         assert p is not None
         if which == "ttft":
-            predicted, target = p.ttft_ms, objective.ttft_ms
+            predicted, target = p.ttft_high_ms, objective.ttft_ms
             retry_after_s = (predicted - target) / 1000
         else:
             predicted, target = p.tpot_high_ms, objective.tpot_ms

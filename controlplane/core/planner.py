@@ -373,7 +373,8 @@ class Planner:
                 self.trust.excess_s(w, routed.now) > 0 or w in self._probing for w in {option.decode_worker, option.prefill_worker}
             )
             if p is not None and trusted and (p.ttft_offset_s > 0 or p.tpot_offset_s > 0):
-                raw_ttft_ms, raw_tpot_ms = (p.ttft_s - p.ttft_offset_s) * 1000, p.tpot_high_ms - p.tpot_offset_s * 1000
+                # As admission holds them (their 95 % points), less the offsets.
+                raw_ttft_ms, raw_tpot_ms = p.ttft_high_ms - p.ttft_offset_s * 1000, p.tpot_high_ms - p.tpot_offset_s * 1000
                 if raw_ttft_ms <= objective.ttft_ms and raw_tpot_ms <= objective.tpot_ms:
                     return option, "calibration"
         return None, ""

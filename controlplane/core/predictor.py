@@ -117,6 +117,25 @@ class WorkerPerf:
         of what is queued (next_step_with_prefill; the rate less the queued work, inflow.py)."""
         if self.prefill_inflow <= 0:
             return step_s
+        return next_step_with_prefill(step_s, *self._arriving_and_carried())
+
+    def tail_spread_seconds(self) -> float:
+        """The standard deviation of a remotely prefilled request's TTFT from this decode worker's
+        steps: its KV lands in a step carrying a chunk of arriving prefill (half of it left, on
+        average) and its tail's own step carries one, with the chance p that the worker is
+        prefilling then (next_step_with_prefill's mean), else neither: 1.5 chunks or nothing,
+        variance p (1 - p) x (1.5 chunks)^2. The mean alone, held to the objective, admitted
+        requests whose TTFT then missed by the chunk (`kvplane sim --decisions`, the trace at 16x
+        on 8 prefill + 8 decode: the decode side took a median 51 ms and a mean 244-400 ms)."""
+        if self.prefill_inflow <= 0:
+            return 0.0
+        arriving, carried_s = self._arriving_and_carried()
+        p = min(arriving, 1.0)
+        return math.sqrt(p * (1.0 - p)) * 1.5 * carried_s
+
+    def _arriving_and_carried(self) -> tuple[float, float]:
+        """(the prefill arriving here on top of what is queued: the rate less the queued work,
+        inflow.py; the work a step then carries)."""
         model = self.model
         assert model is not None
         queued_work_s = model.prefill_work_seconds(self.num_queued_prefill_tokens, 0, max(self.chunk_tokens, 1))
@@ -126,7 +145,7 @@ class WorkerPerf:
         carried_s = (
             self._chunk_work_s() if queued_work_s > 0 else min(self._chunk_work_s(), max(self.carried_work_s - model.slack_seconds, 0.0))
         )
-        return next_step_with_prefill(step_s, arriving, carried_s)
+        return arriving, carried_s
 
     def _chunk_work_s(self) -> float:
         model = self.model
@@ -157,6 +176,7 @@ class Prediction:
     ttft_offset_s: float = 0.0  # calibration added to ttft_s / tpot_s (see Calibration)
     tpot_offset_s: float = 0.0
     tpot_spread_s: float = 0.0  # the standard deviation of this request's TPOT (tpot_spread_seconds)
+    ttft_spread_s: float = 0.0  # the standard deviation of its TTFT (disaggregated: WorkerPerf.tail_spread_seconds)
 
     @property
     def ttft_ms(self) -> float:
@@ -170,6 +190,11 @@ class Prediction:
     def tpot_high_ms(self) -> float:
         """The TPOT this request stays under with TPOT_CONFIDENCE (one-sided, normal)."""
         return (self.tpot_s + TPOT_Z * self.tpot_spread_s) * 1000
+
+    @property
+    def ttft_high_ms(self) -> float:
+        """The TTFT this request stays under with the same confidence (TPOT_CONFIDENCE)."""
+        return (self.ttft_s + TPOT_Z * self.ttft_spread_s) * 1000
 
 
 def shared_step_seconds(step_s: float, inflow: float, chunk_work_s: float, slack_s: float = 0.0) -> float:
@@ -187,8 +212,8 @@ def shared_step_seconds(step_s: float, inflow: float, chunk_work_s: float, slack
     return min(max(step_s, (step_s - slack_s) / max(1.0 - inflow, 1e-9)), step_s + chunk_work_s)
 
 
-# Admission holds a request's TPOT to its objective with this confidence: its mean plus TPOT_Z
-# standard deviations (the normal's one-sided point), so that >= 95 % of the admitted meet it.
+# Admission holds a request's TPOT (and TTFT) to its objective with this confidence: its mean plus
+# TPOT_Z standard deviations (the normal's one-sided point), so that >= 95 % of the admitted meet it.
 TPOT_CONFIDENCE = 0.95
 TPOT_Z = NormalDist().inv_cdf(TPOT_CONFIDENCE)
 
@@ -265,6 +290,7 @@ def predict(
     if prefill.model is None or decode.model is None:
         return None
     disaggregated = prefill.worker_id != decode.worker_id
+    ttft_spread_s = 0.0
     bs = decode.block_size
     own_tokens = prompt_tokens + (0 if disaggregated else max_tokens)  # a remote prefill holds the prompt's blocks alone
     room_s = room_wait_s(prefill, -(-own_tokens // bs) - prefill_cached_tokens // bs)
@@ -283,10 +309,23 @@ def predict(
         tail = prompt_tokens - ((prompt_tokens - 1) // decode.block_size) * decode.block_size
         tail_s = decode.next_step_seconds(_prefill_steps_seconds(decode, tail, prompt_tokens - tail))
         ttft_s = max(ttft_s + in_flight_s, decode_queue_s) + tail_s
+        ttft_spread_s = decode.tail_spread_seconds()
     tpot_s, spread_s, batch = _tpot_at(decode, ttft_s, prompt_tokens, max_tokens)
     chunk = max(prefill.chunk_tokens, 1)
     work_s = prefill.model.stream_work_seconds(prompt_tokens - prefill_cached_tokens, prefill_cached_tokens, chunk)
-    return Prediction(ttft_s, tpot_s, queue_s, prefill_s, transfer_s, batch, decode_room_s, fetch_s, work_s, tpot_spread_s=spread_s)
+    return Prediction(
+        ttft_s,
+        tpot_s,
+        queue_s,
+        prefill_s,
+        transfer_s,
+        batch,
+        decode_room_s,
+        fetch_s,
+        work_s,
+        tpot_spread_s=spread_s,
+        ttft_spread_s=ttft_spread_s,
+    )
 
 
 def room_wait_s(perf: WorkerPerf, num_blocks: int) -> float:

@@ -136,6 +136,23 @@ def test_blocks_to_transfer_counts_full_blocks_not_held():
     assert blocks_to_transfer(10, 16, 0) == 0
 
 
+def test_a_remote_tails_ttft_spread_is_the_chance_its_step_carries_a_chunk():
+    """The KV lands during a step that carries a chunk of prefill, and its tail's own step carries
+    one, with the chance the decode worker is prefilling (its inflow), else neither: half a chunk
+    and a chunk more or nothing, so the TTFT's standard deviation is sqrt(p (1 - p)) x 1.5 chunks."""
+    args = dict(prompt_tokens=100, max_tokens=10, prefill_cached_tokens=0, prefill=perf("p"))
+    chunk_work = 512 * 1e-5
+    prefilling = dataclasses.replace(perf("d"), prefill_inflow=0.2, inflow_per_work_s=0.5)
+    p = predict(decode=prefilling, **args)
+    assert p.ttft_spread_s == pytest.approx((0.2 * 0.8) ** 0.5 * 1.5 * chunk_work)
+    assert p.ttft_high_ms == pytest.approx((p.ttft_s + TPOT_Z * p.ttft_spread_s) * 1000)
+    # Always prefilling, never, or prefilled where it decodes: nothing uncertain in that step.
+    always = dataclasses.replace(perf("d"), prefill_inflow=1.5, inflow_per_work_s=0.5)
+    assert predict(decode=always, **args).ttft_spread_s == 0.0
+    assert predict(decode=perf("d"), **args).ttft_spread_s == 0.0
+    assert predict(prompt_tokens=100, max_tokens=10, prefill_cached_tokens=0, prefill=prefilling, decode=prefilling).ttft_spread_s == 0.0
+
+
 def _request() -> RouteRequest:
     return RouteRequest(model="m", prompt_token_ids=[1] * 100, max_tokens=10, disagg=DisaggMode.AUTO)
 
@@ -178,6 +195,21 @@ def test_predictive_holds_the_tpot_to_its_objective_with_confidence_not_on_avera
     verdict = policy.decide(_request(), [], [spread], objective)
     assert isinstance(verdict, Reject) and verdict.kind is RejectKind.TPOT
     assert verdict.reason.startswith("objective=tpot predicted_ms=112.9 target_ms=100")
+
+
+def test_predictive_holds_the_ttft_to_its_objective_with_confidence_not_on_average():
+    """A remote placement whose mean TTFT meets the objective but whose tail step may carry a
+    chunk of the decode worker's prefill (ttft_spread_s) past it is passed over for one that
+    meets it with confidence; with none such, the rejection names the 95 % point."""
+    policy = make_admission_policy("predictive", AdmissionConfig())
+    objective = Objective(ttft_ms=1000, tpot_ms=100)
+    spread = dataclasses.replace(_option("a", 0.9, 0.01), prediction=Prediction(0.9, 0.01, 0, 0.9, 0, 1, ttft_spread_s=0.2))
+    steady = _option("b", 0.95, 0.01)
+    assert policy.decide(_request(), [], [spread, steady], objective) == Admit(steady)
+    verdict = policy.decide(_request(), [], [spread], objective)
+    assert isinstance(verdict, Reject) and verdict.kind is RejectKind.TTFT
+    assert verdict.reason.startswith(f"objective=ttft predicted_ms={900 + TPOT_Z * 200:.4g} target_ms=1000")
+    assert verdict.retry_after_s == pytest.approx((0.9 + TPOT_Z * 0.2) - 1.0)
 
 
 def test_a_predictions_tpot_spread_comes_from_its_decode_workers_inflow():

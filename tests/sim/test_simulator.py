@@ -271,7 +271,7 @@ def test_every_decision_is_written_with_its_candidates_prediction_and_outcome(tm
             assert d["predicted"]["ttft_ms"] >= 0 and d["measured"]["ttft_ms"] > 0 and d["measured"]["output_tokens"] > 0
             # Admission holds the TPOT's 95 % point: the mean plus 1.645 spreads (predictor.tpot_spread_seconds).
             p = d["predicted"]
-            assert p["tpot_high_ms"] >= p["tpot_ms"] and p["tpot_spread_ms"] >= 0
+            assert p["tpot_high_ms"] >= p["tpot_ms"] and p["tpot_spread_ms"] >= 0 and p["ttft_spread_ms"] >= 0
             m = d["measured"]  # a transfer's time when KV moved, none when it did not
             assert (m["kv_transfer_ms"] > 0) == (m["kv_transfer_bytes"] > 0)
             assert p["room_wait_ms"] >= 0 and m["kv_wait_ms"] >= 0  # waiting for a slot or blocks: predicted, and for a pull, measured

@@ -60,7 +60,7 @@ def decided(index: int, arrival_s: float, now: float, routed: Routed, verdict: P
             "ttft_ms": _ms(p.ttft_s), "tpot_ms": _ms(p.tpot_s), "queue_ms": _ms(p.queue_s), "prefill_ms": _ms(p.prefill_s),
             "transfer_ms": _ms(p.transfer_s), "fetch_ms": _ms(p.fetch_s), "ttft_offset_ms": _ms(p.ttft_offset_s),
             "tpot_offset_ms": _ms(p.tpot_offset_s), "tpot_spread_ms": _ms(p.tpot_spread_s),
-            "tpot_high_ms": round(p.tpot_high_ms, 3), "room_wait_ms": _ms(p.room_wait_s),
+            "tpot_high_ms": round(p.tpot_high_ms, 3), "ttft_spread_ms": _ms(p.ttft_spread_s), "room_wait_ms": _ms(p.room_wait_s),
         }  # fmt: skip
     return entry
 
