@@ -615,7 +615,7 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
             cpu_seconds[PHASE_REPORT] += time.thread_time() - cpu  # a failure's re-planning included
 
     async def ReportStream(self, request_iterator, context):
-        """Report's FIRST_TOKEN, FINISHED and CANCELLED on one stream, an answer each, in order;
+        """Report's FIRST_TOKEN, PREFILL_DONE, FINISHED and CANCELLED on one stream, an answer each, in order;
         a report's error is its answer's, and the stream goes on."""
         owner = (caller() or ANONYMOUS).key
         async for request in request_iterator:
@@ -657,10 +657,13 @@ class ClientService(client_pb2_grpc.KvplaneServicer):
                 placed.observation.on_reply(1)
                 placed.expires_at = now + self._config.token_timeout_s * max(placed.validated.route.max_tokens - len(placed.sent), 1)
             return grpc.StatusCode.OK, ""
+        if request.event == events.PREFILL_DONE:
+            self.planner.remote_prefill_ended(placed.dispatch_id, now)  # no-op unless prefilled remotely
+            return grpc.StatusCode.OK, ""
         if request.event == events.FAILED:
             return grpc.StatusCode.FAILED_PRECONDITION, "send FAILED with Report: its answer is where the request continues"
         if request.event not in (events.FINISHED, events.CANCELLED):
-            return grpc.StatusCode.INVALID_ARGUMENT, "event must be FIRST_TOKEN, FINISHED, FAILED or CANCELLED"
+            return grpc.StatusCode.INVALID_ARGUMENT, "event must be FIRST_TOKEN, PREFILL_DONE, FINISHED, FAILED or CANCELLED"
         self._lookaside.pop(placed.placement_id)
         if request.event == events.FINISHED:
             self._lookaside_finished(placed, request, now)

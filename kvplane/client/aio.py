@@ -201,6 +201,8 @@ class AsyncClient(ClientCore):
                         chunk, report = run.chunk(response)
                         if report is not None:
                             self._background(self._report(report))
+                        if chunk is None:
+                            continue  # news for the control plane (the report above)
                         if response.finished:
                             await self._finished(run, response)
                         yield chunk

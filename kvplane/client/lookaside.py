@@ -5,7 +5,10 @@
 calls `Agent.Generate` on the placed worker with the agent request and single-use ticket it got,
 and reports back (`Kvplane.Report`): the first token (in the background), the end with the
 measured TTFT/TPOT and the agent's metrics (before the caller sees the last chunk, so its next
-request finds the worker free, as in relay mode), a cancel when the caller stops early. The
+request finds the worker free, as in relay mode), a cancel when the caller stops early, and, for a
+request prefilled on another worker, the prefill's end (the agent's message with
+`remote_prefill_done`, which the caller does not see; the control plane releases that worker's
+share of the request then). The
 asyncio client sends those three on one `ReportStream` per replica (a message costs the control
 plane a fraction of a call), the end again as a call if the stream fails; the blocking client
 makes a call for each.
@@ -49,7 +52,7 @@ class LookasideRun:
 
     __slots__ = ("attempts", "max_resumes", "num_resumes", "_request", "_clock", "_started", "_token_ids", "placement",
                  "_num_received", "_first_token_at", "_last_token_at", "_done", "_request_id", "_span", "metadata",
-                 "_last_chunk")  # fmt: skip
+                 "_last_chunk", "_placed_at")  # fmt: skip
 
     def __init__(
         self, call: calls.GenerateCall, attempts: calls.Attempts, tracer: trace.Tracer,
@@ -72,6 +75,7 @@ class LookasideRun:
         self._last_token_at = 0.0
         self._done = False
         self._request_id = ""
+        self._placed_at = self._started
 
     # -- placing ------------------------------------------------------------------------------
 
@@ -90,15 +94,23 @@ class LookasideRun:
         self.placement = placement
         self._num_received = 0
         self._done = False
+        self._placed_at = self._clock()
         agent_request = agent_pb2.AgentGenerateRequest.FromString(placement.agent_request)
         self._request_id = agent_request.request_id
+        # Not a field the ticket binds: this client reports the news (chunk) and hides it.
+        agent_request.report_prefill_done = agent_request.HasField("prefill_from")
         return agent_request
 
     def read_timeout(self) -> float | None:
         """How long to wait for the agent's next message: the placement's progress timeout, or
         the call's time left if that is shorter (None: no bound)."""
         p = self.placement
-        progress = p.token_timeout_s if self._num_received else p.first_token_timeout_s
+        if self._num_received:
+            progress = p.token_timeout_s
+        elif p.first_token_timeout_s:  # from the placement on: news without a token is not the first token
+            progress = max(p.first_token_timeout_s - (self._clock() - self._placed_at), 1e-3)
+        else:
+            progress = 0.0
         left = self.attempts.timeout()
         bounds = [t for t in (progress or None, left) if t is not None]
         return min(bounds) if bounds else None
@@ -110,10 +122,14 @@ class LookasideRun:
 
     # -- receiving ----------------------------------------------------------------------------
 
-    def chunk(self, response: agent_pb2.AgentGenerateResponse) -> tuple[GenerateChunk, client_pb2.ReportRequest | None]:
-        """The chunk for one agent message, and the report to send in the background (the first
-        token's), if any."""
+    def chunk(self, response: agent_pb2.AgentGenerateResponse) -> tuple[GenerateChunk | None, client_pb2.ReportRequest | None]:
+        """The chunk for one agent message (None: news for the control plane alone), and the
+        report to send in the background (the first token's, or the remote prefill's end), if any."""
         report = None
+        if response.remote_prefill_done:
+            report = self._report(Event.PREFILL_DONE)
+            if not response.token_ids and not response.finished:
+                return None, report
         if response.token_ids:
             now = self._clock()
             if self._num_received == 0:

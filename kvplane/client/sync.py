@@ -181,6 +181,8 @@ class Client(ClientCore):
                                     report, timeout=REPORT_TIMEOUT_S, metadata=run.metadata
                                 )
                             )
+                        if chunk is None:
+                            continue  # news for the control plane (the report above)
                         if response.finished:
                             self._finished(run, response)
                         yield chunk

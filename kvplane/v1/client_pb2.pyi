@@ -121,11 +121,13 @@ class ReportRequest(_message.Message):
         FINISHED: _ClassVar[ReportRequest.Event]
         FAILED: _ClassVar[ReportRequest.Event]
         CANCELLED: _ClassVar[ReportRequest.Event]
+        PREFILL_DONE: _ClassVar[ReportRequest.Event]
     EVENT_UNSPECIFIED: ReportRequest.Event
     FIRST_TOKEN: ReportRequest.Event
     FINISHED: ReportRequest.Event
     FAILED: ReportRequest.Event
     CANCELLED: ReportRequest.Event
+    PREFILL_DONE: ReportRequest.Event
     PLACEMENT_ID_FIELD_NUMBER: _ClassVar[int]
     EVENT_FIELD_NUMBER: _ClassVar[int]
     METRICS_FIELD_NUMBER: _ClassVar[int]

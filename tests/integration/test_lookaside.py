@@ -64,6 +64,16 @@ def test_lookaside_streams_what_relay_streams_with_the_same_metrics(cluster):
     assert sum(stats.values()) >= 2  # both requests are in the replica's stats window
 
 
+def test_a_lookaside_request_prefilled_on_another_worker_hides_the_prefills_end_and_reports_it(cluster):
+    """The SDK asks the decode agent for the remote prefill's end and reports it (PREFILL_DONE);
+    its caller sees tokens and the end only."""
+    prompt = prompt_ids(seed=84, length=40)
+    with Client(cluster.endpoint, timeout=120) as client:
+        chunks = list(client.stream(prompt, max_tokens=8, ignore_eos=True, lookaside=True, disagg="always"))
+    assert chunks[-1].finished and chunks[-1].metrics.disaggregated
+    assert all(c.token_ids or c.finished for c in chunks) and sum(len(c.token_ids) for c in chunks) == 8
+
+
 def test_the_async_client_streams_in_lookaside_mode_and_a_caller_that_stops_early_is_reported(cluster):
     prompt = prompt_ids(seed=81, length=40)
 
@@ -161,6 +171,7 @@ def test_reports_on_the_stream_are_answered_in_order_and_an_error_does_not_end_i
         report = client_pb2.ReportRequest
         sent = [
             (first.placement_id, report.FIRST_TOKEN, grpc.StatusCode.OK),
+            (first.placement_id, report.PREFILL_DONE, grpc.StatusCode.OK),  # prefilled where it decodes: nothing to release
             ("no-such-placement", report.FINISHED, grpc.StatusCode.NOT_FOUND),
             (second.placement_id, report.FAILED, grpc.StatusCode.FAILED_PRECONDITION),  # needs Report: its answer is the next placement
             (first.placement_id, report.EVENT_UNSPECIFIED, grpc.StatusCode.INVALID_ARGUMENT),
@@ -170,7 +181,7 @@ def test_reports_on_the_stream_are_answered_in_order_and_an_error_does_not_end_i
         ]
         answers = list(stub.ReportStream(iter(report(placement_id=p, event=e) for p, e, _ in sent), timeout=30))
         assert [(a.placement_id, a.code) for a in answers] == [(p, code.value[0]) for p, _, code in sent]
-        assert "route the request again" in answers[1].message and "send FAILED with Report" in answers[2].message
+        assert "route the request again" in answers[2].message and "send FAILED with Report" in answers[3].message
         assert metric_sum(scrape(metrics_url), PLACEMENTS, **{OUTCOME: "cancelled"}) == before + 2
         assert_nothing_pinned(cluster, client)
 

@@ -137,6 +137,8 @@ class ScriptedKvplane(client_pb2_grpc.KvplaneServicer):
         if request.lookaside:
             agent_request = agent_pb2.AgentGenerateRequest(request_id="req-l", prompt_token_ids=[ord(c) for c in request.text])
             agent_request.sampling.CopyFrom(request.sampling)
+            if request.text.startswith("remote"):  # prefilled on another worker (the echo agent only says so)
+                agent_request.prefill_from.CopyFrom(agent_pb2.PrefillSource(worker_id="prefill-0", endpoint="unused"))
             placement = client_pb2.Placement(
                 placement_id=f"p{len(self.requests)}", worker_id="decode-0", endpoint=self.endpoint,
                 agent_request=agent_request.SerializeToString(), ticket_expires_in_s=30, first_token_timeout_s=10, token_timeout_s=10,
@@ -228,6 +230,8 @@ class EchoAgent(agent_pb2_grpc.AgentServicer):
     """The decode agent of scripted lookaside placements: echoes the prompt, two tokens a message."""
 
     async def Generate(self, request, context):  # noqa: N802
+        if request.report_prefill_done:
+            yield agent_pb2.AgentGenerateResponse(remote_prefill_done=True)
         ids = list(request.prompt_token_ids)[: request.sampling.max_tokens or None]
         for start in range(0, len(ids), 2):
             part = ids[start : start + 2]

@@ -16,6 +16,7 @@ from kvplane.v1 import client_pb2, client_pb2_grpc
 from tests.sdk.scripted_server import ScriptedServer
 
 FIRST, FINISHED = client_pb2.ReportRequest.FIRST_TOKEN, client_pb2.ReportRequest.FINISHED
+PREFILL_DONE = client_pb2.ReportRequest.PREFILL_DONE
 
 
 async def _generate(server: ScriptedServer, prompts: list[str]) -> list[str]:
@@ -96,3 +97,25 @@ def test_a_caller_that_gives_up_before_its_message_is_written_leaves_the_stream_
 
     assert asyncio.run(scenario()) == ("first", "after")
     assert server.servicer.num_report_streams == 1
+
+
+def test_both_clients_report_a_remote_prefills_end_and_keep_it_from_their_caller(server: ScriptedServer) -> None:
+    """A placement prefilled on another worker: the SDK asks its agent for the prefill's end
+    (report_prefill_done), reports it, and yields tokens and the end only."""
+
+    async def stream_async() -> list:
+        async with AsyncClient(server.endpoint) as client:
+            return [c async for c in client.stream("remote-ab", max_tokens=16, lookaside=True)]
+
+    chunks = asyncio.run(stream_async())
+    with Client(server.endpoint) as client:
+        chunks += list(client.stream("remote-cd", max_tokens=16, lookaside=True))
+        assert client.generate("local", max_tokens=8, lookaside=True).text == "local"
+    assert "".join(c.text for c in chunks) == "remote-abremote-cd"
+    assert all(c.token_ids or c.finished for c in chunks)
+    assert sorted(server.servicer.reports) == sorted(
+        [("stream", PREFILL_DONE), ("stream", FIRST), ("stream", FINISHED)]
+        + [("call", PREFILL_DONE)]
+        + [("call", FIRST)] * 2
+        + [("call", FINISHED)] * 2
+    )
