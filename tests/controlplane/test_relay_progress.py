@@ -31,8 +31,10 @@ class _StallingAgent(agent_pb2_grpc.AgentServicer):
             raise
 
 
-async def _relay(num_tokens: int, first_token_timeout_s: float, token_timeout_s: float) -> tuple[list[int], WorkerFailed, bool]:
-    agent = _StallingAgent(num_tokens)
+async def _relay(
+    num_tokens: int, first_token_timeout_s: float, token_timeout_s: float, agent: agent_pb2_grpc.AgentServicer | None = None
+) -> tuple[list[int], WorkerFailed, bool]:
+    agent = agent or _StallingAgent(num_tokens)
     server = grpc.aio.server()
     agent_pb2_grpc.add_AgentServicer_to_server(agent, server)
     port = server.add_insecure_port("127.0.0.1:0")
@@ -117,11 +119,13 @@ class _NewsOnlyAgent(agent_pb2_grpc.AgentServicer):
 
     def __init__(self) -> None:
         self.cancelled = asyncio.Event()
+        self.num_sent = 0
 
     async def Generate(self, request, context):
         try:
             while True:
                 yield agent_pb2.AgentGenerateResponse(remote_prefill_done=True)
+                self.num_sent += 1
                 await asyncio.sleep(0.05)
         except asyncio.CancelledError:
             self.cancelled.set()
@@ -129,32 +133,8 @@ class _NewsOnlyAgent(agent_pb2_grpc.AgentServicer):
 
 
 def test_news_without_a_token_does_not_hold_off_the_first_token_timeout():
-    async def body() -> tuple[int, WorkerFailed]:
-        agent = _NewsOnlyAgent()
-        server = grpc.aio.server()
-        agent_pb2_grpc.add_AgentServicer_to_server(agent, server)
-        port = server.add_insecure_port("127.0.0.1:0")
-        await server.start()
-        try:
-            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-                news = 0
-
-                async def read() -> None:
-                    nonlocal news
-                    async for reply in agent_stream(
-                        agent_pb2_grpc.AgentStub(channel), agent_pb2.AgentGenerateRequest(), "w1", time_left_s=None,
-                        first_token_timeout_s=0.5, token_timeout_s=30.0,
-                    ):  # fmt: skip
-                        news += reply.remote_prefill_done
-
-                # Counted as progress, the news every 50 ms would keep the stream alive until this 20 s bound.
-                with pytest.raises(WorkerFailed) as info:
-                    await asyncio.wait_for(read(), timeout=20)
-                await asyncio.wait_for(agent.cancelled.wait(), timeout=10)
-                return news, info.value
-        finally:
-            await server.stop(None)
-
-    news, failure = asyncio.run(body())
-    assert news >= 1 and failure.failure is Failure.STALLED
+    # Counted as progress, the news every 50 ms would keep the stream alive until _relay's 20 s bound.
+    agent = _NewsOnlyAgent()
+    tokens, failure, cancelled = asyncio.run(_relay(0, first_token_timeout_s=0.5, token_timeout_s=30.0, agent=agent))
+    assert tokens == [] and agent.num_sent >= 2 and failure.failure is Failure.STALLED and cancelled
     assert "the first token did not come within 0.5 s" in failure.details
