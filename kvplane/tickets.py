@@ -48,6 +48,11 @@ class TicketError(Exception):
     """The ticket is missing, forged, expired, replayed or for another request or worker."""
 
 
+class VerifierNotReady(TicketError):
+    """The agent has no key to verify tickets with yet (it has not registered): the worker, not
+    the ticket, is at fault, and another worker or a moment later will do."""
+
+
 def new_signing_key() -> bytes:
     """A fresh Ed25519 private key (32 raw bytes)."""
     return os.urandom(32)
@@ -158,7 +163,7 @@ class TicketVerifier:
         if not ticket.signature:
             raise TicketError("the call carries no ticket: send it through a kvplane control plane")
         if self._key is None:
-            raise TicketError("this agent has not registered yet, so it cannot verify tickets; retry shortly")
+            raise VerifierNotReady("this agent has not registered yet, so it cannot verify tickets; retry shortly")
         try:
             self._key.verify(ticket.signature, signed_bytes(ticket))
         except InvalidSignature:

@@ -161,6 +161,10 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             tickets.check_request(ticket, worker_id=self.worker_id, **binding)
             if use is not None:
                 self._replays.use(ticket, use, now=self._clock())
+        except tickets.VerifierNotReady as e:
+            # Not yet registered (starting, or its control plane replica just died): a worker that
+            # cannot serve for now, so the control plane tries another (core/failover.py).
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
         except tickets.TicketError as e:
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(e))
 

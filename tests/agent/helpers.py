@@ -63,10 +63,12 @@ async def serve_agent(
     transports: tuple[str, ...] = ("grpc",),
     clock: Callable[[], float] = time.time,
     service_class: type[AgentService] = AgentService,
+    verifier: tickets.TicketVerifier | None = None,
     **config_overrides: object,
 ) -> AsyncIterator[RunningAgent]:
     """Starts `engine` (default: a reference engine with 64 blocks) and an agent service over it
-    (`service_class`: a subclass plays a compromised worker that runs the real code, then cheats)."""
+    (`service_class`: a subclass plays a compromised worker that runs the real code, then cheats;
+    `verifier`: the ticket verifier it holds, by default one with the test signer's key)."""
     if engine is None:
         engine = engines.create("reference", engine_config or EngineConfig(num_blocks=64))
     await engine.start()
@@ -75,7 +77,7 @@ async def serve_agent(
     endpoint = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
     kv = engine.kv_transfer
     made = {name: make_transport(name, kv.pool, agent_name=worker_id) for name in transports} if kv is not None else {}
-    verifier = tickets.TicketVerifier(SIGNER.public_key)
+    verifier = verifier or tickets.TicketVerifier(SIGNER.public_key)
     service = service_class(config, engine, made, lambda: verifier, endpoint, clock=clock, credentials=PLAINTEXT)
     agent_pb2_grpc.add_AgentServicer_to_server(service, server)
     await server.start()

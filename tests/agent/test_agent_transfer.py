@@ -13,6 +13,7 @@ import grpc
 import pytest
 
 from kvplane import tickets
+from kvplane.controlplane.core.failover import Failure, classify
 from kvplane.convert import layout_to_pb
 from kvplane.types import Role
 from kvplane.v1 import agent_pb2, common_pb2
@@ -148,3 +149,20 @@ def test_requests_need_a_valid_ticket():
             assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED and "single use" in info.value.details()
 
     asyncio.run(body())
+
+
+def test_an_agent_not_registered_yet_is_unavailable_so_the_control_plane_tries_another():
+    """Without the cluster's key (starting, or its replica just died) an agent cannot verify any
+    ticket: UNAVAILABLE, a worker failure the control plane routes around, not PERMISSION_DENIED,
+    which ends the request (a relayed request failed so while a replica of two was restarted)."""
+
+    async def body() -> grpc.aio.AioRpcError:
+        async with serve_agent("prefill-t", Role.PREFILL, verifier=tickets.TicketVerifier(b"")) as prefill:
+            engine = prefill.engine
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await prefill.stub.Prefill(prefill_request(engine, ticket=generate_ticket("r1", "decode-t", "prefill-t", PROMPT)))
+            return info.value
+
+    error = asyncio.run(body())
+    assert error.code() == grpc.StatusCode.UNAVAILABLE and "has not registered yet" in error.details()
+    assert classify(error.code().name) is Failure.WORKER
