@@ -11,9 +11,10 @@ report saw it in, and corrects the report:
   blocks (the cost); a request prefilled on another worker keeps its blocks pending on its
   decode worker until its first token: the engine sees it only once its KV is pulled in;
 - shown by a report: the report's numbers stand, less what has ended since: its prefill tokens
-  once its prefill ended (on a prefill worker, when the decode agent says so: `remote_prefill_ended`,
-  not at the first token, which comes after the pull and the decode worker's queue); the request itself (from waiting if the report saw it in prefill, else
-  from running; the engine, not the ledger, decides which it counted) and its KV blocks once it
+  once its prefill ended (on a prefill worker, when the decode agent says so,
+  `remote_prefill_ended`, not at the first token, which comes after the pull and the decode
+  worker's queue); the request itself (from waiting if the report saw it in prefill, else from
+  running; the engine, not the ledger, decides which it counted) and its KV blocks once it
   finished, or, on a prefill worker, once its prefill ended.
 
 So a request's queued prefill tokens leave its worker the moment its prefill ends and everything

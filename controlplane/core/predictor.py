@@ -314,18 +314,9 @@ def predict(
     chunk = max(prefill.chunk_tokens, 1)
     work_s = prefill.model.stream_work_seconds(prompt_tokens - prefill_cached_tokens, prefill_cached_tokens, chunk)
     return Prediction(
-        ttft_s,
-        tpot_s,
-        queue_s,
-        prefill_s,
-        transfer_s,
-        batch,
-        decode_room_s,
-        fetch_s,
-        work_s,
-        tpot_spread_s=spread_s,
-        ttft_spread_s=ttft_spread_s,
-    )
+        ttft_s, tpot_s, queue_s, prefill_s, transfer_s, batch, decode_room_s, fetch_s, work_s,
+        tpot_spread_s=spread_s, ttft_spread_s=ttft_spread_s,
+    )  # fmt: skip
 
 
 def room_wait_s(perf: WorkerPerf, num_blocks: int) -> float:

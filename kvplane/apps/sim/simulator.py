@@ -8,8 +8,8 @@ dataplane/agent/service.py), with one hop of `hop_s` per RPC message:
    is counted as rejected), then Planner.dispatched;
 2. the decode worker gets it; with a prefill worker, that worker prefills it (a prefill_only
    request) and pins its blocks, and the decode agent tells the control plane that the prefill
-   has ended (Planner.remote_prefill_ended, as a relaying replica hears it); with a fetch, the holder pins its cached prefix; the decode worker
-   then allocates the blocks it lacks, the transfer takes the link's time for the model's real KV
+   has ended (Planner.remote_prefill_ended, as a relaying replica hears it); with a fetch, the
+   holder pins its cached prefix; the decode worker then allocates the blocks it lacks, the transfer takes the link's time for the model's real KV
    bytes (kvplane.hardware.LinkSpec), and the blocks are committed to its prefix cache and unpinned
    at the source. A full decode pool is waited on (AgentTiming.import_wait_s) until steps free
    blocks; if the source fails or the wait runs out, it prefills locally, as the agent does;
