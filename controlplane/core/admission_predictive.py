@@ -4,9 +4,9 @@ Rule: walk the placements in the router's order (cheapest first); admit to the f
 and TPOT stay under their objectives with 95 % confidence (Prediction.ttft_high_ms: the mean plus
 the spread of a remote prefill's tail step, which carries a chunk of the decode worker's prefill
 or not, WorkerPerf.tail_spread_seconds; Prediction.tpot_high_ms: the mean plus the spread of a
-request's steps on a worker sharing them with arriving prefill, predictor.tpot_spread_seconds). A placement whose
-workers have no latency model yet cannot be predicted and is admitted (the models appear after a
-worker's first steps, or at once after `kvplane profile`). When no placement meets both, reject at
+request's steps on a worker sharing them with arriving prefill, predictor.tpot_spread_seconds).
+A placement whose workers have no latency model yet cannot be predicted and is admitted (the
+models appear after a worker's first steps, or at once after `kvplane profile`). When no placement meets both, reject at
 once, before any prefill work is spent, naming the objective missed by the placement that came
 closest (predicted vs target) and a retry-after from the prediction:
   TTFT missed: the predicted excess (predicted - target): about how long the queue ahead must drain;

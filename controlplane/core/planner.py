@@ -125,6 +125,13 @@ class Routed:
     now: float  # when it was routed (what trust.excess_s is asked at, for a probe)
 
 
+def reusable_tokens(held: Mapping[WorkerId, OverlapScore], worker_id: WorkerId, prompt_tokens: int, block_size: int) -> int:
+    """The prompt tokens `worker_id` does not compute again: its held blocks, all but the prompt's
+    last token at most (that one is computed for its logits)."""
+    score = held.get(worker_id)
+    return min(score.num_blocks, (prompt_tokens - 1) // block_size) * block_size if score is not None else 0
+
+
 @dataclass(frozen=True, slots=True)
 class Plan:
     request: RouteRequest
@@ -177,9 +184,7 @@ class Plan:
         )
         if self.prefill_worker is None:
             return (decode,)
-        d = self.decision
-        held = (d.policy_overlaps if d.policy_overlaps is not None else d.index_overlaps).get(self.prefill_worker)
-        own = min(held.num_blocks, (prompt - 1) // bs) * bs if held is not None else 0
+        own = reusable_tokens(self.decision.priced_overlaps, self.prefill_worker, prompt, bs)
         return decode, Charge(self.prefill_worker, prompt - own, 0, 0, decodes=False)
 
 
@@ -289,7 +294,7 @@ class Planner:
         candidates = pool.where(t.serving(request.model, "decode"))
         # The router already walked the index for the prompt; that walk serves every option. The
         # prefixes the policy predicted count: the request queues behind the work computing them.
-        held = decision.policy_overlaps if decision.policy_overlaps is not None else decision.index_overlaps
+        held = decision.priced_overlaps
         first = PlacementOption(decision.decode_worker, decision.prefill_worker or decision.decode_worker)
         fetch = (decision.fetch_tokens, decision.fetch_s) if decision.fetch_from is not None else (0, 0.0)
 
@@ -445,7 +450,7 @@ class Planner:
             score = held.get(worker_id)
             return score.num_blocks if score is not None else 0
 
-        prefill_cached = min(num_held(option.prefill_worker), (prompt - 1) // decode.block_size) * decode.block_size + fetch[0]
+        prefill_cached = reusable_tokens(held, option.prefill_worker, prompt, decode.block_size) + fetch[0]
         transfer_bytes = 0
         if option.disaggregated:
             num_blocks = blocks_to_transfer(prompt, decode.block_size, num_held(option.decode_worker))

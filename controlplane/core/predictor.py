@@ -290,7 +290,6 @@ def predict(
     if prefill.model is None or decode.model is None:
         return None
     disaggregated = prefill.worker_id != decode.worker_id
-    ttft_spread_s = 0.0
     bs = decode.block_size
     own_tokens = prompt_tokens + (0 if disaggregated else max_tokens)  # a remote prefill holds the prompt's blocks alone
     room_s = room_wait_s(prefill, -(-own_tokens // bs) - prefill_cached_tokens // bs)
@@ -309,13 +308,12 @@ def predict(
         tail = prompt_tokens - ((prompt_tokens - 1) // decode.block_size) * decode.block_size
         tail_s = decode.next_step_seconds(_prefill_steps_seconds(decode, tail, prompt_tokens - tail))
         ttft_s = max(ttft_s + in_flight_s, decode_queue_s) + tail_s
-        ttft_spread_s = decode.tail_spread_seconds()
     tpot_s, spread_s, batch = _tpot_at(decode, ttft_s, prompt_tokens, max_tokens)
     chunk = max(prefill.chunk_tokens, 1)
     work_s = prefill.model.stream_work_seconds(prompt_tokens - prefill_cached_tokens, prefill_cached_tokens, chunk)
     return Prediction(
         ttft_s, tpot_s, queue_s, prefill_s, transfer_s, batch, decode_room_s, fetch_s, work_s,
-        tpot_spread_s=spread_s, ttft_spread_s=ttft_spread_s,
+        tpot_spread_s=spread_s, ttft_spread_s=decode.tail_spread_seconds() if disaggregated else 0.0,
     )  # fmt: skip
 
 

@@ -61,6 +61,12 @@ class RouteDecision:
     # The overlaps the policy priced with (predicted prefixes included); None: index_overlaps.
     policy_overlaps: Mapping[WorkerId, OverlapScore] | None = field(default=None, compare=False, repr=False)
 
+    @property
+    def priced_overlaps(self) -> Mapping[WorkerId, OverlapScore]:
+        """The prompt's prefix per worker as the policy priced it: a request queues behind the
+        work computing a predicted prefix, and reuses it."""
+        return self.policy_overlaps if self.policy_overlaps is not None else self.index_overlaps
+
 
 @dataclass(frozen=True, slots=True)
 class RouteContext:

@@ -9,9 +9,9 @@ dataplane/agent/service.py), with one hop of `hop_s` per RPC message:
 2. the decode worker gets it; with a prefill worker, that worker prefills it (a prefill_only
    request) and pins its blocks, and the decode agent tells the control plane that the prefill
    has ended (Planner.remote_prefill_ended, as a relaying replica hears it); with a fetch, the
-   holder pins its cached prefix; the decode worker then allocates the blocks it lacks, the transfer takes the link's time for the model's real KV
-   bytes (kvplane.hardware.LinkSpec), and the blocks are committed to its prefix cache and unpinned
-   at the source. A full decode pool is waited on (AgentTiming.import_wait_s) until steps free
+   holder pins its cached prefix; the decode worker then allocates the blocks it lacks, the
+   transfer takes the link's time for the model's real KV bytes (kvplane.hardware.LinkSpec), and
+   the blocks are committed to its prefix cache and unpinned at the source. A full decode pool is waited on (AgentTiming.import_wait_s) until steps free
    blocks; if the source fails or the wait runs out, it prefills locally, as the agent does;
 3. it runs on the decode worker; its first token reaches the control plane (Planner.prefill_ended)
    and so does its end (Planner.finished with the measured TTFT, TPOT and transfer), as in the servicer.
