@@ -29,10 +29,16 @@ Rule (after Mooncake's early-rejection predictor):
   A worker whose batch is full (max_num_seqs), or whose free KV blocks do not hold what the
   requests waiting there and this one reserve (prompt + max_tokens each), first has to finish
   requests (room_wait_s): on the prefill side that wait is queueing; on a separate decode worker
-  it runs meanwhile, so only its rest counts. Without the blocks counted, admission sent
-  remotely prefilled prompts to a decode worker whose pool was full: they waited there 1-4 s
-  past their predicted TTFT (`kvplane sim --workload trace --prefill 8 --decode 8 --speed 16
-  --admission predictive`).
+  it begins once the prompt is prefilled, when the pull asks there for blocks (the agent's pulls,
+  as a vLLM decode worker's requests, wait from when they ask): blocks freed before then go to
+  requests already asking, among them requests routed after this one whose shorter prefill ended
+  sooner and prompts prefilled there. A pool full now stays about as full while new requests keep coming,
+  so the wait is counted in full after the prefill path, not overlapped with it. Without the
+  blocks counted, admission sent remotely prefilled prompts to a decode worker whose pool was
+  full: they waited there 1-4 s past their predicted TTFT (`kvplane sim --workload trace
+  --prefill 8 --decode 8 --speed 16 --admission predictive`); with the wait overlapped, 35 of
+  the 46 TTFT misses on lines 6,001-7,000 of the same trace at 16x had waited for blocks (up to
+  2.6 s), each behind a median 5 requests routed after it.
 What the model cannot see (RPC hops, process scheduling on a busy host) is learnt as a residual:
 Calibration keeps a running mean of measured - predicted per kind of placement and adds it; the
 link rate is learnt from measured transfers (LinkRate, an EWMA).
@@ -297,8 +303,9 @@ def predict(
     prefill_s = _prefill_steps_seconds(prefill, prompt_tokens - prefill_cached_tokens, prefill_cached_tokens)
     transfer_s = transfer_bytes / link_bytes_per_s if disaggregated and link_bytes_per_s > 0 else 0.0
     decode_room_s = room_wait_s(decode, -(-(prompt_tokens + max_tokens) // bs)) if disaggregated else 0.0
-    # The decode worker's slot and blocks free meanwhile; only what is left of that wait adds up.
-    ttft_s = max(max(queue_s, fetch_s) + prefill_s + transfer_s, decode_room_s)
+    # The pull asks for the decode worker's blocks once the prompt is prefilled: the wait for
+    # room starts then (module docstring).
+    ttft_s = max(queue_s, fetch_s) + prefill_s + decode_room_s + transfer_s
     if disaggregated:
         # The decode worker computes the prompt's tail (the partial last block) before the first
         # token, once what was queued there ahead of it has gone; the step in flight when the KV

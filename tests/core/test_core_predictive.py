@@ -291,6 +291,19 @@ def test_a_decode_pool_without_room_for_the_request_waits_for_finishes_to_free_b
     assert cached.queue_s == pytest.approx(step / 2)  # 50 blocks to reserve: they are free
 
 
+def test_a_remote_prefills_wait_for_decode_blocks_starts_when_its_prefill_ends():
+    """The pull asks for blocks once the prompt is prefilled; blocks freed before then go to
+    requests already asking: the decode worker's wait for room (10 steps, 50 ms) follows the
+    prefill path (20 ms) instead of overlapping it."""
+    base = perf("d", running=4, remaining=(40, 10, 30, 20), context=400)
+    full = dataclasses.replace(base, num_used_blocks=400, num_free_blocks=50)
+    roomy = dataclasses.replace(full, num_free_blocks=120)
+    waits = predict(prompt_tokens=1600, max_tokens=320, prefill_cached_tokens=0, prefill=perf("p"), decode=full)
+    free = predict(prompt_tokens=1600, max_tokens=320, prefill_cached_tokens=0, prefill=perf("p"), decode=roomy)
+    assert waits.room_wait_s > 0 and free.room_wait_s == 0
+    assert waits.ttft_s == pytest.approx(free.ttft_s + waits.room_wait_s)
+
+
 def test_calibration_learns_the_residual_per_kind():
     calibration = Calibration(weight=0.5, half_life_s=10.0)
     raw = predict(prompt_tokens=100, max_tokens=4, prefill_cached_tokens=0, prefill=perf(), decode=perf())
