@@ -32,13 +32,13 @@ Rule (after Mooncake's early-rejection predictor):
   it begins once the prompt is prefilled, when the pull asks there for blocks (the agent's pulls,
   as a vLLM decode worker's requests, wait from when they ask): blocks freed before then go to
   requests already asking, among them requests routed after this one whose shorter prefill ended
-  sooner and prompts prefilled there. A pool full now stays about as full while new requests keep coming,
-  so the wait is counted in full after the prefill path, not overlapped with it. Without the
-  blocks counted, admission sent remotely prefilled prompts to a decode worker whose pool was
-  full: they waited there 1-4 s past their predicted TTFT (`kvplane sim --workload trace
-  --prefill 8 --decode 8 --speed 16 --admission predictive`); with the wait overlapped, 35 of
-  the 46 TTFT misses on lines 6,001-7,000 of the same trace at 16x had waited for blocks (up to
-  2.6 s), each behind a median 5 requests routed after it.
+  sooner and prompts prefilled there. A pool full now stays about as full while new requests
+  keep coming, so the wait is counted in full after the prefill path, not overlapped with it.
+  Without the blocks counted, admission sent remotely prefilled prompts to a decode worker whose
+  pool was full: they waited there 1-4 s past their predicted TTFT (`kvplane sim --workload
+  trace --prefill 8 --decode 8 --speed 16 --admission predictive`); with the wait overlapped, 35
+  of the 46 TTFT misses on lines 6,001-7,000 of the same trace at 16x had waited for blocks (up
+  to 2.6 s), each behind a median 5 requests routed after it.
 What the model cannot see (RPC hops, process scheduling on a busy host) is learnt as a residual:
 Calibration keeps a running mean of measured - predicted per kind of placement and adds it; the
 link rate is learnt from measured transfers (LinkRate, an EWMA).

@@ -310,8 +310,10 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                     # Told before the pull (which may wait for free blocks): the caller's count of
                     # the prefill worker's queue drops when the prefill ends, not at the first token.
                     waiting = asyncio.ensure_future(prefilled.wait())
-                    await asyncio.wait((pulling, waiting), return_when=asyncio.FIRST_COMPLETED)
-                    waiting.cancel()
+                    try:
+                        await asyncio.wait((pulling, waiting), return_when=asyncio.FIRST_COMPLETED)
+                    finally:
+                        waiting.cancel()  # also when the caller goes away meanwhile: no task left waiting
                     if prefilled.is_set():
                         yield agent_pb2.AgentGenerateResponse(remote_prefill_done=True)
                 held = await pulling
