@@ -21,6 +21,9 @@ def parse(*argv: str) -> argparse.Namespace:
     return parser.parse_args(list(argv))
 
 
+# It plots (--plot), and matplotlib runs `fc-list` the first time a process lists the system's
+# fonts (no font cache yet, as on a fresh machine): a process, so the marker.
+@pytest.mark.cluster
 def test_a_tiny_grid_runs_every_policy_on_every_cell_and_judges_kvplane(capsys, tmp_path):
     logged: list[str] = []
     results = grid.run_grid(parse(*TINY), logged.append)
