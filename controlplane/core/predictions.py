@@ -1,7 +1,8 @@
 """Predicted cache entries: what the router just sent where, before the worker's KV events say so.
 
-Rule: when a request is routed, its prompt's block hashes are recorded as held on the chosen
-worker(s) for `ttl_s` seconds, so the next requests of a burst sharing a new prefix see it and
+Rule: when a request is routed, its prompt's block hashes are recorded as held on the worker
+that computes it (the routing policy's choice: kvplane's records no decode worker whose KV is
+pulled in, policies/kvplane.py) for `ttl_s` seconds, so the next requests of a burst sharing a new prefix see it and
 land together instead of spreading while the first one is still prefilling (Dynamo's
 "approximate" KV-router mode keeps such entries with a TTL). A recorded prompt is dropped when
 it expires, or when the worker reports its last block stored (engines store a prompt's blocks in

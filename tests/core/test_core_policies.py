@@ -108,6 +108,24 @@ def test_route_queries_without_record_predict_nothing(index, worker_view, route_
     assert all(c.cached_tokens == 0 for c in router.route(route_request(PROMPT_40), workers, index, NOW).candidates)
 
 
+def test_a_prefix_is_predicted_only_where_it_is_computed_not_where_its_kv_will_land(index, worker_view, route_request):
+    # A reader sent to a decode worker before a remote prefill's KV (or a fetch) lands there
+    # computes the prompt again, and holds the step the remote request's first token waits for.
+    router = make_router(prediction_ttl_s=2.0)
+    workers = [worker_view(w) for w in ("w1", "w2", "w3")]
+    first = router.route(route_request(PROMPT_40), workers, index, NOW)
+    router.record(dataclasses.replace(first, decode_worker="w1", prefill_worker="w2"), NOW)
+    d = router.route(route_request(PROMPT_40 + [1]), workers, index, NOW)
+    assert {c.worker_id: c.cached_tokens for c in d.candidates} == {"w1": 0, "w2": 40, "w3": 0}
+    router.record(dataclasses.replace(first, decode_worker="w3", prefill_worker=None, fetch_from="w2", fetch_tokens=36), NOW)
+    d = router.route(route_request(PROMPT_40 + [2]), workers, index, NOW)
+    assert {c.worker_id: c.cached_tokens for c in d.candidates} == {"w1": 0, "w2": 40, "w3": 0}
+    # Prefilled where it decodes: the next reader there queues behind the prompt and finds it.
+    router.record(dataclasses.replace(first, decode_worker="w1", prefill_worker=None), NOW)
+    d = router.route(route_request(PROMPT_40 + [3]), workers, index, NOW)
+    assert {c.worker_id: c.cached_tokens for c in d.candidates}["w1"] == 40
+
+
 def test_fetch_from_a_busy_holder_when_pull_beats_prefill(index, cache_prefix, worker_view, route_request):
     cache_prefix("holder", PROMPT_40, 10)
     workers = [worker_view("holder", num_queued_prefill_tokens=100, block_nbytes=8192), worker_view("idle", block_nbytes=8192)]
