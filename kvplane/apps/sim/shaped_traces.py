@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("directory", type=Path)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    for name, path in write(args.directory, args.seed).items():
+    for path in write(args.directory, args.seed).values():
         lines = [json.loads(line) for line in path.read_text().splitlines()]
         mean_in = sum(line["input_length"] for line in lines) / len(lines)
         print(f"{path}: {len(lines)} requests over {lines[-1]['timestamp'] / 1000:.0f} s, {mean_in:.0f} tokens in on average")
