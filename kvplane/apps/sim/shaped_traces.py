@@ -5,7 +5,8 @@ routing on traffic its rules were not built on (docs/benchmarks.md, "Traces of o
 
 writes four files to DIR, one JSON object a line as the bundled trace (`timestamp` ms,
 `input_length`, `output_length`, `hash_ids` of 512-token blocks, equal ids at equal positions a
-shared prefix), each from its own seeded draw, so the same seed writes the same files:
+shared prefix), shape k (in the order below) drawn with seed + k, so the same seed writes the
+same files:
 
 - toolagent.jsonl: agent sessions of 2-8 turns; each prompt is one of 12 tool definitions (4-8k
   tokens, Zipf-popular) then the session's growing history; 30-300 output tokens; a session
@@ -135,7 +136,7 @@ def write(directory: Path, seed: int = 0) -> dict[str, Path]:
     directory.mkdir(parents=True, exist_ok=True)
     paths = {}
     for k, (name, make) in enumerate(SHAPES.items()):
-        lines = sorted(make(random.Random(seed * len(SHAPES) + k)), key=lambda line: line["timestamp"])
+        lines = sorted(make(random.Random(seed + k)), key=lambda line: line["timestamp"])
         paths[name] = path = directory / f"{name}.jsonl"
         path.write_text("".join(json.dumps(line) + "\n" for line in lines))
     return paths
