@@ -4,9 +4,10 @@ Rule: when a request is routed, its prompt's block hashes are recorded as held o
 that computes it (the routing policy's choice: kvplane's records no decode worker whose KV is
 pulled in, policies/kvplane.py) for `ttl_s` seconds, so the next requests of a burst sharing a
 new prefix see it and land together instead of spreading while the first one is still
-prefilling (Dynamo's "approximate" KV-router mode keeps such entries with a TTL). A recorded prompt is dropped when
-it expires, or when the worker reports its last block stored (engines store a prompt's blocks in
-order, so the index then holds the whole prompt and the prediction has nothing left to add).
+prefilling (Dynamo's "approximate" KV-router mode keeps such entries with a TTL). A recorded
+prompt is dropped when it expires, or when the worker reports its last block stored (engines
+store a prompt's blocks in order, so the index then holds the whole prompt and the prediction
+has nothing left to add).
 
 A lookup merges both: a worker matches a prompt as far as its longest live recorded prompt
 shares blocks with it (credited as device: the worker is computing them now), then as far as the

@@ -151,15 +151,14 @@ class KvplanePolicy(RoutingPolicy):
 
     # -- hooks -----------------------------------------------------------------------------------
     def on_routed(self, decision: RouteDecision, now: float) -> None:
-        hashes = decision.block_hashes
-        if decision.fetch_from is None and decision.prefill_worker is None:
-            # Predicted only where the prompt is computed: a fetched prefix, or the KV of a remote
-            # prefill, is usable on the decode worker only once it lands (its KV events say so),
-            # and a reader sent there before computes it again and holds the step the remote
-            # request's first token needs.
-            self.predictions.record(decision.decode_worker, hashes, now)
+        # Predicted only where the prompt is computed: a fetched prefix, or the KV of a remote
+        # prefill, is usable on the decode worker only once it lands (its KV events say so), and a
+        # reader sent there before computes it again and holds the step the remote request's first
+        # token needs.
         if decision.prefill_worker is not None:
-            self.predictions.record(decision.prefill_worker, hashes, now)
+            self.predictions.record(decision.prefill_worker, decision.block_hashes, now)
+        elif decision.fetch_from is None:
+            self.predictions.record(decision.decode_worker, decision.block_hashes, now)
 
     def on_stored(self, worker_id: WorkerId, block_hashes: Sequence[BlockHash]) -> None:
         self.predictions.confirm(worker_id, block_hashes)

@@ -33,7 +33,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-BLOCK_TOKENS = 512  # the Mooncake traces' hash_ids block
+from kvplane.apps.bench.workload import TRACE_BLOCK_TOKENS as BLOCK_TOKENS
+from kvplane.apps.bench.workload import read_trace
 
 
 class _Blocks:
@@ -148,9 +149,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     for path in write(args.directory, args.seed).values():
-        lines = [json.loads(line) for line in path.read_text().splitlines()]
-        mean_in = sum(line["input_length"] for line in lines) / len(lines)
-        print(f"{path}: {len(lines)} requests over {lines[-1]['timestamp'] / 1000:.0f} s, {mean_in:.0f} tokens in on average")
+        records = read_trace(path)  # as `kvplane sim --trace` will read it
+        mean_in = sum(r.input_length for r in records) / len(records)
+        print(f"{path}: {len(records)} requests over {records[-1].timestamp_ms / 1000:.0f} s, {mean_in:.0f} tokens in on average")
     return 0
 
 
